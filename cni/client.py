@@ -1,0 +1,105 @@
+"""The thin CNI client: the binary the container runtime executes for every pod.
+
+It must start in milliseconds, so it imports only C modules (`_socket`, `_json`) on the
+fast path: no `json` (which pulls in `re`), no `socket` (which pulls in `enum`), no
+pyroute2. It reads the config's `agentSocket`, hands the whole request to the node agent
+over that root-only unix socket and relays the answer. When no agent listens there, it
+runs the very same dispatcher in-process (slower, since netlink support must be imported,
+but correct). An agent that accepts but does not answer in time gets code 11, never an
+in-process retry that could race with it.
+"""
+import os
+import sys
+
+import _socket
+
+from cni import wire
+
+AGENT_TIMEOUT = 120.0
+_NO_AGENT_ERRNOS = (2, 111, 13)  # ENOENT, ECONNREFUSED, EACCES
+
+
+class _ScanContext:
+    """What `_json.make_scanner` needs: the stdlib decoder's settings, minus `re`."""
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float
+    memo: dict = {}
+
+
+def read_config(stdin: bytes) -> dict:
+    """The config as a dict, or {} when unreadable (the dispatcher will say why)."""
+    import _json
+    try:
+        text = stdin.decode()
+        start = len(text) - len(text.lstrip())
+        config, _ = _json.make_scanner(_ScanContext())(text, start)
+    except Exception:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def ask_agent(path: str, env: dict, stdin: bytes, *, timeout: float = AGENT_TIMEOUT):
+    """Send the request; return (exit code, stdout bytes), or None when no agent listens."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            if exc.errno in _NO_AGENT_ERRNOS:
+                return None
+            raise
+        sock.settimeout(timeout)
+        sock.sendall(wire.encode_request(env, stdin))
+        sock.shutdown(_socket.SHUT_WR)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return wire.decode_reply(b"".join(chunks))
+    finally:
+        sock.close()
+
+
+def _error_reply(config: dict, code: int, msg: str, details: str) -> tuple[int, bytes]:
+    import json
+    from cni.config import peek_version
+    return 1, json.dumps({"cniVersion": peek_version(config), "code": code, "msg": msg,
+                          "details": details}).encode()
+
+
+def run_in_process(env: dict, stdin: bytes) -> tuple[int, bytes]:
+    import site
+    site.main()  # the binary runs with -I -S; netlink support lives in site-packages
+    from cni.dispatch import execute
+    handlers = None
+    if env.get("CNI_COMMAND") != "VERSION":
+        from cni.handlers import PluginHandlers
+        handlers = PluginHandlers()
+    code, out = execute(env, stdin, handlers)
+    return code, out.encode()
+
+
+def main() -> int:
+    stdin = sys.stdin.buffer.read()
+    env = dict(os.environ)
+    reply = None
+    config = read_config(stdin) if env.get("CNI_COMMAND") not in ("VERSION", None) else {}
+    path = config.get("agentSocket")
+    if path and isinstance(path, str):
+        try:
+            reply = ask_agent(path, env, stdin)
+        except (OSError, wire.WireError) as exc:
+            reply = _error_reply(config, 11, "the netagent agent did not answer", f"{path}: {exc}")
+    if reply is None:
+        reply = run_in_process(env, stdin)
+    code, out = reply
+    if out:
+        sys.stdout.buffer.write(out)
+        sys.stdout.buffer.flush()
+    return code

@@ -1,0 +1,117 @@
+"""The network configuration the runtime hands us on stdin, parsed and validated.
+
+Decoding problems are code 6, missing or ill-typed keys code 7, an unknown cniVersion
+code 1. The IPAM section is kept as a raw dict here and validated by `cni.ipam.config`,
+because the standalone IPAM binary and delegated IPAM plugins read it too.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+
+from cni import version as cni_version
+from cni.errors import CniError, ErrorCode
+from cni.request import interface_name_problem, valid_identifier
+
+DEFAULT_BRIDGE = "na0"
+DEFAULT_MTU = 1500
+BUILTIN_IPAM_TYPES = ("netagent", "netagent-ipam")
+
+
+class Mode(str, enum.Enum):
+    BRIDGE = "bridge"
+    ROUTED = "routed"
+
+
+@dataclass(frozen=True)
+class NetConf:
+    cni_version: str
+    name: str
+    type: str
+    mode: Mode = Mode.BRIDGE
+    bridge: str = DEFAULT_BRIDGE
+    mtu: int = DEFAULT_MTU
+    hairpin_mode: bool = False
+    agent_socket: str = ""
+    ipam: dict = field(default_factory=dict)
+    dns: dict = field(default_factory=dict)
+    runtime_config: dict = field(default_factory=dict)
+    prev_result: dict | None = None
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def ipam_type(self) -> str:
+        return self.ipam.get("type", "")
+
+    @property
+    def ipam_is_builtin(self) -> bool:
+        return self.ipam_type in BUILTIN_IPAM_TYPES
+
+
+def decode_json_object(data: bytes, what: str = "network configuration") -> dict:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CniError(ErrorCode.DECODE_FAILURE, f"cannot decode the {what}", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise CniError(ErrorCode.DECODE_FAILURE, f"the {what} must be a JSON object")
+    return obj
+
+
+def _typed(raw: dict, key: str, kind, default):
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    # bool is an int in Python; a config saying "mtu": true is still wrong.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise CniError(ErrorCode.INVALID_CONFIG, f"{key!r} must be of type {names}",
+                       f"got {type(value).__name__}: {value!r}")
+    return value
+
+
+def peek_version(raw: dict) -> str:
+    """The config's cniVersion if we speak it, else the latest (for error replies)."""
+    v = raw.get("cniVersion")
+    return v if v in cni_version.SUPPORTED_VERSIONS else cni_version.LATEST
+
+
+def parse_netconf(data: bytes, *, require_ipam: bool = True) -> NetConf:
+    raw = decode_json_object(data)
+    version = cni_version.require_supported(raw.get("cniVersion"))
+    name = _typed(raw, "name", str, "")
+    if not name:
+        raise CniError(ErrorCode.INVALID_CONFIG, "'name' is required")
+    if not valid_identifier(name):
+        raise CniError(ErrorCode.INVALID_CONFIG, f"network name {name!r} is not valid",
+                       "it must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+    plugin_type = _typed(raw, "type", str, "")
+    if not plugin_type:
+        raise CniError(ErrorCode.INVALID_CONFIG, "'type' is required")
+
+    mode_text = _typed(raw, "mode", str, Mode.BRIDGE.value)
+    try:
+        mode = Mode(mode_text)
+    except ValueError:
+        raise CniError(ErrorCode.INVALID_CONFIG, f"'mode' must be 'bridge' or 'routed', not {mode_text!r}") from None
+    bridge = _typed(raw, "bridge", str, DEFAULT_BRIDGE)
+    problem = interface_name_problem(bridge)
+    if problem:
+        raise CniError(ErrorCode.INVALID_CONFIG, f"bridge name {bridge!r} {problem}")
+    mtu = _typed(raw, "mtu", int, DEFAULT_MTU)
+    if not 68 <= mtu <= 65535:
+        raise CniError(ErrorCode.INVALID_CONFIG, f"'mtu' {mtu} is outside 68..65535")
+    ipam = _typed(raw, "ipam", dict, {})
+    if require_ipam and not (isinstance(ipam.get("type"), str) and ipam["type"]):
+        raise CniError(ErrorCode.INVALID_CONFIG, "'ipam.type' is required")
+    prev = raw.get("prevResult")
+    if prev is not None and not isinstance(prev, dict):
+        raise CniError(ErrorCode.INVALID_CONFIG, "'prevResult' must be an object")
+    return NetConf(
+        cni_version=version, name=name, type=plugin_type, mode=mode, bridge=bridge, mtu=mtu,
+        hairpin_mode=_typed(raw, "hairpinMode", bool, False),
+        agent_socket=_typed(raw, "agentSocket", str, ""),
+        ipam=ipam, dns=_typed(raw, "dns", dict, {}),
+        runtime_config=_typed(raw, "runtimeConfig", dict, {}),
+        prev_result=prev, raw=raw)

@@ -1,0 +1,110 @@
+"""The one code path from (environment, stdin) to (exit code, stdout).
+
+The node agent runs it for requests arriving on its socket; the thin client runs it
+in-process when no agent answers; the standalone IPAM binary runs it with its own handler
+table. It validates the request, checks that the config's version allows the operation,
+calls a handler and renders the result or the error in the version the config asked for.
+Handlers never print and never exit: they return results or raise `CniError`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from typing import Protocol
+
+from cni import result as cni_result
+from cni import version as cni_version
+from cni.config import NetConf, decode_json_object, parse_netconf, peek_version
+from cni.errors import CniError, ErrorCode
+from cni.request import CniRequest, request_from_environment
+
+log = logging.getLogger("netagent.cni")
+
+KNOWN_CNI_ARGS = frozenset({"IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME",
+                            "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID", "IP", "MAC"})
+VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+
+
+class Handlers(Protocol):
+    def add(self, conf: NetConf, req: CniRequest) -> dict: ...
+    def delete(self, conf: NetConf, req: CniRequest) -> None: ...
+    def check(self, conf: NetConf, req: CniRequest) -> None: ...
+    def gc(self, conf: NetConf, req: CniRequest, valid: set) -> None: ...
+    def status(self, conf: NetConf, req: CniRequest) -> None: ...
+
+
+def valid_attachments(raw: dict) -> set:
+    """GC's still-valid (containerID, ifname) pairs; both spellings of the key are accepted."""
+    for key in VALID_ATTACHMENT_KEYS:
+        if key in raw:
+            entries = raw[key]
+            break
+    else:
+        return set()
+    if not isinstance(entries, list):
+        raise CniError(ErrorCode.INVALID_CONFIG, f"{key!r} must be a list")
+    valid = set()
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("containerID"), str) \
+                or not isinstance(entry.get("ifname"), str):
+            raise CniError(ErrorCode.INVALID_CONFIG, f"{key!r} entries need string "
+                           "'containerID' and 'ifname'", json.dumps(entry)[:200])
+        valid.add((entry["containerID"], entry["ifname"]))
+    return valid
+
+
+def _check_args(req: CniRequest) -> None:
+    if req.args.get("IgnoreUnknown", "").lower() in ("1", "true"):
+        return
+    unknown = sorted(set(req.args) - KNOWN_CNI_ARGS)
+    if unknown:
+        raise CniError(ErrorCode.UNSUPPORTED_FIELD, f"CNI_ARGS has unknown keys: {', '.join(unknown)}",
+                       "set IgnoreUnknown=1 to ignore them")
+
+
+def _run(req: CniRequest, handlers: Handlers) -> str:
+    if req.command == "VERSION":
+        requested = None
+        if req.config_bytes.strip():
+            requested = decode_json_object(req.config_bytes).get("cniVersion")
+        return json.dumps(cni_version.version_answer(requested))
+
+    conf = parse_netconf(req.config_bytes)
+    cni_version.require_operation(req.command, conf.cni_version)
+    if req.command in ("ADD", "DEL", "CHECK"):
+        _check_args(req)
+    if req.command == "ADD":
+        own = handlers.add(conf, req)
+        merged = cni_result.merge(conf.prev_result, own) if conf.prev_result else own
+        return json.dumps(cni_result.to_version(merged, conf.cni_version))
+    if req.command == "DEL":
+        handlers.delete(conf, req)
+    elif req.command == "CHECK":
+        if conf.prev_result is None:
+            raise CniError(ErrorCode.INVALID_CONFIG, "CHECK needs 'prevResult'")
+        handlers.check(conf, req)
+    elif req.command == "GC":
+        handlers.gc(conf, req, valid_attachments(conf.raw))
+    elif req.command == "STATUS":
+        handlers.status(conf, req)
+    return ""
+
+
+def execute(environ, stdin: bytes, handlers: Handlers) -> tuple[int, str]:
+    """Run one CNI request; return (exit code, stdout text). Never raises."""
+    reply_version = cni_version.LATEST
+    try:
+        try:
+            reply_version = peek_version(json.loads(stdin)) if stdin.strip() else reply_version
+        except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
+            pass
+        req = request_from_environment(environ, stdin)
+        return 0, _run(req, handlers)
+    except CniError as err:
+        log.info("CNI %s failed: %s", environ.get("CNI_COMMAND", "?"), err)
+        return 1, json.dumps(err.to_dict(reply_version))
+    except Exception as exc:  # a bug or an unexpected kernel answer: still a spec error
+        log.error("CNI %s crashed:\n%s", environ.get("CNI_COMMAND", "?"), traceback.format_exc())
+        err = CniError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", str(exc))
+        return 1, json.dumps(err.to_dict(reply_version))

@@ -1,0 +1,1 @@
+"""eBPF sources, loader and typed map wrappers for the eBPF service backend."""

@@ -1,0 +1,1 @@
+"""The service proxy (kube-proxy replacement): model, trackers and backends."""
