@@ -92,7 +92,8 @@ def test_environment_is_read():
     {"CNI_CONTAINERID": "../../etc/passwd"}, {"CNI_CONTAINERID": "a;rm -rf /"},
     {"CNI_CONTAINERID": "x" * 2000}, {"CNI_CONTAINERID": "$(reboot)"},
     {"CNI_IFNAME": "eth0/../x"}, {"CNI_IFNAME": "a-very-long-ifname"}, {"CNI_IFNAME": "eth 0"},
-    {"CNI_IFNAME": ".."}, {"CNI_IFNAME": "eth:0"}, {"CNI_NETNS": "relative/path"},
+    {"CNI_IFNAME": ".."}, {"CNI_IFNAME": "eth:0"}, {"CNI_IFNAME": "eth0;reboot"},
+    {"CNI_IFNAME": "$(id)"}, {"CNI_NETNS": "relative/path"},
     {"CNI_ARGS": "novalue"},
 ])
 def test_hostile_or_missing_environment_is_code_4(changes):

@@ -1,0 +1,304 @@
+"""Pod wiring: the veth pair, the pod side, and the node side in bridge or routed mode.
+
+Shape of an attachment:
+- A veth pair created in one netlink request, its pod end born inside the pod's namespace
+  already named `CNI_IFNAME`, both MACs chosen by us (so no read-back is needed).
+- The host end's name is derived from (network, container ID, ifname): `na` + 12 hex
+  digits. DEL therefore needs neither the netns nor any saved state, and GC can tell which
+  host veths belong to still-valid attachments. The alias `netagent:<network>` scopes GC to
+  one network.
+- bridge mode: the host end joins a Linux bridge holding the gateway address (as the
+  reference `bridge` plugin with `isGateway`); the pod's default route goes via it.
+- routed mode (as Calico): no bridge; the pod address is a /32 (/128); the host end has
+  the fixed MAC ee:ee:ee:ee:ee:ee and proxy ARP; the pod routes via the link-local
+  gateway 169.254.1.1 (fe80::ecee:eeff:feee:eeee), pinned by a permanent neighbour entry
+  so the first packet needs no ARP round trip; the node routes the pod address to the veth.
+
+Every function here is a kernel write or read; the linear ADD with rollback lives in
+`cni.handlers`.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import ipaddress
+import os
+import threading
+
+from pyroute2 import NetlinkError
+
+from cni.errors import CniError, ErrorCode
+
+HOST_VETH_PREFIX = "na"
+ALIAS_PREFIX = "netagent:"
+BRIDGE_ALIAS = "netagent-bridge"
+ROUTED_HOST_MAC = "ee:ee:ee:ee:ee:ee"
+ROUTED_GATEWAY_V4 = ipaddress.ip_address("169.254.1.1")
+ROUTED_GATEWAY_V6 = ipaddress.ip_address("fe80::ecee:eeff:feee:eeee")
+IFA_F_NODAD = 0x02
+NUD_PERMANENT = 0x80
+_DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
+
+# Bridges already ensured by this process: (name, gateways) -> (index, mac). A stale entry
+# is dropped when a later request finds the bridge gone.
+_bridges: dict = {}
+_bridges_lock = threading.Lock()
+_forwarding_enabled: set = set()
+
+
+def host_veth_name(network: str, container_id: str, ifname: str) -> str:
+    digest = hashlib.sha256(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()
+    return HOST_VETH_PREFIX + digest[:12]
+
+
+def network_alias(network: str) -> str:
+    return ALIAS_PREFIX + network
+
+
+def random_mac() -> str:
+    raw = bytearray(os.urandom(6))
+    raw[0] = (raw[0] & 0xFE) | 0x02  # unicast, locally administered
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def _lookup(ipr, name: str) -> int | None:
+    found = ipr.link_lookup(ifname=name)
+    return found[0] if found else None
+
+
+def _ignore_exists(call, *args, **kwargs) -> None:
+    try:
+        call(*args, **kwargs)
+    except NetlinkError as exc:
+        if exc.code != errno.EEXIST:
+            raise
+
+
+def enable_forwarding(family: int) -> None:
+    """Turn on IP forwarding in the namespace this process runs in (the node's)."""
+    if family in _forwarding_enabled:
+        return
+    path = "/proc/sys/net/ipv4/ip_forward" if family == 4 else "/proc/sys/net/ipv6/conf/all/forwarding"
+    with open(path, "r+") as f:
+        if f.read().strip() != "1":
+            f.seek(0)
+            f.write("1")
+    _forwarding_enabled.add(family)
+
+
+def write_interface_sysctl(family: int, ifname: str, key: str, value: str) -> None:
+    base = "/proc/sys/net/ipv4/conf" if family == 4 else "/proc/sys/net/ipv6/conf"
+    with open(f"{base}/{ifname}/{key}", "w") as f:
+        f.write(value)
+
+
+# ---------------------------------------------------------------- bridge
+
+def ensure_bridge(ipr, *, name: str, mtu: int, gateways: list) -> tuple[int, str]:
+    """Create or repair the bridge with the gateway addresses; return (index, mac)."""
+    key = (name, tuple(str(g) for g in gateways))
+    with _bridges_lock:
+        cached = _bridges.get(key)
+    if cached is not None:
+        return cached
+    index = _lookup(ipr, name)
+    if index is None:
+        _ignore_exists(ipr.link, "add", ifname=name, kind="bridge", mtu=mtu, address=random_mac())
+        index = _lookup(ipr, name)
+        if index is None:
+            raise CniError(ErrorCode.INTERNAL, f"bridge {name} vanished right after creation")
+    link = ipr.get_links(index)[0]
+    if link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") != "bridge":
+        raise CniError(ErrorCode.INVALID_CONFIG, f"{name} exists and is not a bridge")
+    ipr.link("set", index=index, state="up",
+             **({"ifalias": BRIDGE_ALIAS} if link.get_attr("IFLA_IFALIAS") is None else {}))
+    for gateway in gateways:
+        _ignore_exists(ipr.addr, "add", index=index, address=str(gateway.ip),
+                       prefixlen=gateway.network.prefixlen,
+                       **({"flags": IFA_F_NODAD} if gateway.version == 6 else {}))
+        enable_forwarding(gateway.version)
+    mac = link.get_attr("IFLA_ADDRESS")
+    with _bridges_lock:
+        _bridges[key] = (index, mac)
+    return index, mac
+
+
+def forget_bridge(name: str) -> None:
+    with _bridges_lock:
+        for key in [k for k in _bridges if k[0] == name]:
+            del _bridges[key]
+
+
+# ---------------------------------------------------------------- veth
+
+def create_veth(ipr, *, host_name: str, pod_ifname: str, netns_fd: int, mtu: int,
+                host_mac: str, pod_mac: str) -> int:
+    """Create the pair with the pod end inside the pod; return the host end's index.
+
+    The kernel ignores an alias given at creation, so the host-side functions below set it
+    in the request that brings the host end up.
+    """
+    try:
+        ipr.link("add", ifname=host_name, kind="veth", mtu=mtu, address=host_mac,
+                 peer={"ifname": pod_ifname, "net_ns_fd": netns_fd, "mtu": mtu, "address": pod_mac})
+    except NetlinkError as exc:
+        if exc.code != errno.EEXIST:
+            raise
+        if _lookup(ipr, host_name) is not None:
+            raise CniError(ErrorCode.INTERFACE_EXISTS, f"host interface {host_name} already exists",
+                           "an earlier ADD for this container and interface was not cleaned up "
+                           "with DEL") from None
+        raise CniError(ErrorCode.INTERFACE_EXISTS,
+                       f"interface {pod_ifname} already exists in the container") from None
+    index = _lookup(ipr, host_name)
+    if index is None:
+        raise CniError(ErrorCode.INTERNAL, f"veth {host_name} vanished right after creation")
+    return index
+
+
+def delete_link(ipr, name: str) -> bool:
+    """Delete an interface by name; False when it was already gone."""
+    try:
+        ipr.link("del", ifname=name)
+        return True
+    except NetlinkError as exc:
+        if exc.code in (errno.ENODEV, errno.ENOENT):
+            return False
+        raise
+
+
+# ---------------------------------------------------------------- pod side
+
+def pod_gateway(mode, family: int, ipam_gateway):
+    if mode.value == "routed":
+        return ROUTED_GATEWAY_V4 if family == 4 else ROUTED_GATEWAY_V6
+    return ipam_gateway
+
+
+def pod_prefixlen(mode, interface) -> int:
+    if mode.value == "routed":
+        return interface.max_prefixlen
+    return interface.network.prefixlen
+
+
+def configure_pod(pod_ipr, *, ifname: str, mode, addresses: list, gateways: dict,
+                  routes: list, host_mac: str) -> list:
+    """Address the pod interface, bring it and lo up, add routes; return result routes.
+
+    `addresses` are ip_interface values as IPAM returned them; `gateways` maps family to
+    the IPAM gateway (or None); `routes` are the IPAM config's extra routes.
+    """
+    index = _lookup(pod_ipr, ifname)
+    if index is None:
+        raise CniError(ErrorCode.INTERNAL, f"{ifname} is missing in the pod right after creation")
+    lo = _lookup(pod_ipr, "lo")
+    if lo is not None:
+        pod_ipr.link("set", index=lo, state="up")
+    for addr in addresses:
+        extra = {"flags": IFA_F_NODAD} if addr.version == 6 else {}
+        pod_ipr.addr("add", index=index, address=str(addr.ip),
+                     prefixlen=pod_prefixlen(mode, addr), **extra)
+    pod_ipr.link("set", index=index, state="up")
+
+    result_routes = []
+    for family in sorted({a.version for a in addresses}):
+        gateway = pod_gateway(mode, family, gateways.get(family))
+        if gateway is None:
+            continue
+        if mode.value == "routed":
+            pod_ipr.route("add", dst=f"{gateway}/{gateway.max_prefixlen}", oif=index, scope=253)
+            pod_ipr.neigh("add", dst=str(gateway), lladdr=host_mac, ifindex=index, state=NUD_PERMANENT)
+        pod_ipr.route("add", dst=_DEFAULT_DST[family], gateway=str(gateway), oif=index)
+        result_routes.append({"dst": _DEFAULT_DST[family], "gw": str(gateway)})
+    for route in routes:
+        dst = ipaddress.ip_network(route["dst"], strict=False)
+        if str(dst) == _DEFAULT_DST[dst.version]:
+            continue  # already added above
+        gw = route.get("gw") or pod_gateway(mode, dst.version, gateways.get(dst.version))
+        if gw is None:
+            pod_ipr.route("add", dst=str(dst), oif=index, scope=253)
+        else:
+            pod_ipr.route("add", dst=str(dst), gateway=str(gw), oif=index)
+        result_routes.append({"dst": str(dst), **({"gw": str(gw)} if gw else {})})
+    return result_routes
+
+
+# ---------------------------------------------------------------- host side
+
+def attach_to_bridge(ipr, *, host_index: int, bridge_index: int, hairpin: bool, alias: str) -> None:
+    ipr.link("set", index=host_index, master=bridge_index, state="up", ifalias=alias)
+    if hairpin:
+        ipr.brport("set", index=host_index, mode=1)
+
+
+def route_to_pod(ipr, *, host_name: str, host_index: int, addresses: list, pod_mac: str,
+                 alias: str) -> None:
+    """Routed mode: bring the host end up, answer ARP for the gateway, route the pod's /32.
+
+    The pod's addresses are pinned to its MAC on the host end, as the gateway is pinned
+    inside the pod: no ARP or neighbour discovery is needed in either direction.
+    """
+    ipr.link("set", index=host_index, state="up", ifalias=alias)
+    for family in sorted({a.version for a in addresses}):
+        enable_forwarding(family)
+        if family == 4:
+            write_interface_sysctl(4, host_name, "proxy_arp", "1")
+    for addr in addresses:
+        ipr.route("add", dst=f"{addr.ip}/{addr.max_prefixlen}", oif=host_index, scope=253)
+        ipr.neigh("add", dst=str(addr.ip), lladdr=pod_mac, ifindex=host_index, state=NUD_PERMANENT)
+
+
+# ---------------------------------------------------------------- inspection (CHECK, GC)
+
+def pod_state(pod_ipr, ifname: str) -> dict | None:
+    """What the pod's interface looks like now: mac, addresses, routes; None if absent."""
+    index = _lookup(pod_ipr, ifname)
+    if index is None:
+        return None
+    link = pod_ipr.get_links(index)[0]
+    addresses = {f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}" for a in pod_ipr.get_addr(index=index)}
+    routes = set()
+    for family in (2, 10):
+        for r in pod_ipr.get_routes(family=family, oif=index, table=254):
+            dst = r.get_attr("RTA_DST")
+            dst = f"{dst}/{r['dst_len']}" if dst else _DEFAULT_DST[4 if family == 2 else 6]
+            routes.add((str(ipaddress.ip_network(dst, strict=False)), r.get_attr("RTA_GATEWAY")))
+    return {"index": index, "mac": link.get_attr("IFLA_ADDRESS"),
+            "up": bool(link["flags"] & 1), "addresses": addresses, "routes": routes}
+
+
+def host_state(ipr, host_name: str) -> dict | None:
+    index = _lookup(ipr, host_name)
+    if index is None:
+        return None
+    link = ipr.get_links(index)[0]
+    routes = set()
+    for family in (2, 10):
+        for r in ipr.get_routes(family=family, oif=index, table=254):
+            dst = r.get_attr("RTA_DST")
+            if dst:
+                routes.add(f"{dst}/{r['dst_len']}")
+    return {"index": index, "master": link.get_attr("IFLA_MASTER"),
+            "up": bool(link["flags"] & 1), "routes": routes}
+
+
+def network_host_veths(ipr, network: str) -> list[str]:
+    """Names of the host veths that carry this network's alias."""
+    alias = network_alias(network)
+    names = []
+    for link in ipr.get_links():
+        name = link.get_attr("IFLA_IFNAME") or ""
+        if (name.startswith(HOST_VETH_PREFIX) and link.get_attr("IFLA_IFALIAS") == alias
+                and link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "veth"):
+            names.append(name)
+    return names
+
+
+@contextlib.contextmanager
+def closing_netlink(ipr):
+    try:
+        yield ipr
+    finally:
+        with contextlib.suppress(Exception):
+            ipr.close()

@@ -1,0 +1,116 @@
+"""The `netagent` command line: run, cni install, cleanup, lab.
+
+Each subcommand is a thin layer over a module that owns the work; this file only parses
+arguments and reports errors in one consistent way (a message on stderr, exit code 2 for
+usage, 1 for failure).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import signal
+import sys
+import threading
+
+from netagent import __version__, cni_install
+
+
+def _cmd_run(args) -> int:
+    if not args.cni_only:
+        print("netagent run: the cluster mode (Kubernetes watch, node routes) is not part of this "
+              "release; use --cni-only to serve the CNI plugin on this node", file=sys.stderr)
+        return 2
+    from cni.handlers import PluginHandlers
+    from netagent.cni_server import CniServer
+
+    server = CniServer(args.cni_socket, handlers=PluginHandlers(), workers=args.workers)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+    except (OSError, RuntimeError) as exc:
+        print(f"netagent run: {exc}", file=sys.stderr)
+        return 1
+    print(f"netagent {__version__}: serving CNI on {args.cni_socket}", flush=True)
+    stop.wait()
+    server.stop()
+    return 0
+
+
+def _cmd_cni_install(args) -> int:
+    try:
+        for subnet in args.subnet:
+            ipaddress.ip_network(subnet, strict=False)
+        paths = cni_install.install(bin_dir=args.bin_dir, conf_dir=args.conf_dir, name=args.name,
+                                    subnets=args.subnet, mode=args.mode, bridge=args.bridge,
+                                    mtu=args.mtu, socket_path=args.socket, data_dir=args.data_dir)
+    except (OSError, ValueError) as exc:
+        print(f"netagent cni install: {exc}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _cmd_cleanup(args) -> int:
+    from netagent.cleanup import remove_owned_links
+    removed = remove_owned_links()
+    for name in removed:
+        print(f"removed {name}")
+    print(f"{len(removed)} interface(s) removed")
+    return 0
+
+
+def _cmd_lab(args) -> int:
+    from netagent.lab import run_demo
+    return run_demo(pods=args.pods, mode=args.mode, subnet=args.subnet)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="netagent", description="Kubernetes node network agent")
+    parser.add_argument("--version", action="version", version=f"netagent {__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the node agent")
+    run.add_argument("--cni-only", action="store_true",
+                     help="serve the CNI plugin only, with no cluster (plain containerd/podman hosts)")
+    run.add_argument("--cni-socket", default=cni_install.DEFAULT_SOCKET)
+    run.add_argument("--workers", type=int, default=8, help="CNI worker threads")
+    run.set_defaults(func=_cmd_run)
+
+    cni = sub.add_parser("cni", help="CNI plugin management").add_subparsers(dest="cni_command", required=True)
+    install = cni.add_parser("install", help="install the plugin binaries and a network config")
+    install.add_argument("--bin-dir", required=True)
+    install.add_argument("--conf-dir")
+    install.add_argument("--name", default="netagent")
+    install.add_argument("--subnet", action="append", default=[],
+                         help="pod subnet (repeat for dual stack)")
+    install.add_argument("--mode", choices=["bridge", "routed"], default="bridge")
+    install.add_argument("--bridge", default="na0")
+    install.add_argument("--mtu", type=int, default=1500)
+    install.add_argument("--socket", default=cni_install.DEFAULT_SOCKET)
+    install.add_argument("--data-dir", default=cni_install.DEFAULT_DATA_DIR)
+    install.set_defaults(func=_cmd_cni_install)
+
+    cleanup = sub.add_parser("cleanup", help="remove every interface netagent created on this node")
+    cleanup.set_defaults(func=_cmd_cleanup)
+
+    lab = sub.add_parser("lab", help="a throwaway one-node demonstration in network namespaces")
+    lab.add_argument("--pods", type=int, default=3)
+    lab.add_argument("--mode", choices=["bridge", "routed"], default="bridge")
+    lab.add_argument("--subnet", default="10.244.1.0/24")
+    lab.set_defaults(func=_cmd_lab)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""`netagent lab`: a throwaway node in a network namespace, with pods made by our plugin.
+
+`LabNode` is the building block: a node namespace, the plugin installed into a private
+directory, the agent (`netagent run --cni-only`) started inside the node, and pods created
+by executing the plugin binary exactly as a runtime would (environment, config on stdin,
+from the node's namespace). The tests and the benchmark use the same class, so what the
+demonstration shows is what is tested. Everything is removed on exit, also after errors.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from cni import invoke
+from cni.errors import CniError
+from netagent import cni_install, namespaces
+
+
+@dataclass
+class Pod:
+    name: str
+    container_id: str
+    netns_name: str
+    ifname: str
+    result: dict
+
+    @property
+    def netns(self) -> str:
+        return namespaces.netns_path(self.netns_name)
+
+    @property
+    def ip(self) -> str:
+        return self.result["ips"][0]["address"].split("/")[0]
+
+
+class LabNode:
+    """One node: its namespace, its plugin install, optionally its agent, and its pods."""
+
+    def __init__(self, *, prefix: str = "na-lab", mode: str = "bridge",
+                 subnets: tuple = ("10.244.1.0/24",), with_agent: bool = True,
+                 cni_version: str = "1.0.0", mtu: int = 1500, ipam: dict | None = None) -> None:
+        self.prefix = namespaces.unique_name(prefix)
+        self.node = f"{self.prefix}-node"
+        self.mode = mode
+        self.with_agent = with_agent
+        self.workdir = tempfile.mkdtemp(prefix=f"{self.prefix}-")
+        self.bin_dir = os.path.join(self.workdir, "bin")
+        self.data_dir = os.path.join(self.workdir, "ipam")
+        self.socket_path = os.path.join(self.workdir, "run", "cni.sock")
+        self.agent_log = os.path.join(self.workdir, "agent.log")
+        self.conflist = cni_install.render_conflist(
+            name="netagent", subnets=list(subnets), mode=mode, bridge="na0", mtu=mtu,
+            socket_path=self.socket_path, data_dir=self.data_dir, cni_version=cni_version)
+        if ipam is not None:
+            self.conflist["plugins"][0]["ipam"] = ipam
+        self.pods: dict[str, Pod] = {}
+        self.node_address = "198.18.0.1"  # RFC 2544 benchmarking range, inside the node only
+        self._agent: subprocess.Popen | None = None
+        self._netns_names: list[str] = []
+
+    # ------------------------------------------------------------ lifecycle
+    def __enter__(self) -> "LabNode":
+        try:
+            self._netns_names.append(self.node)
+            namespaces.create(self.node)
+            self._add_node_address()
+            cni_install.install(bin_dir=self.bin_dir, conf_dir=None, name="netagent", subnets=[],
+                                mode=self.mode, bridge="na0", mtu=1500,
+                                socket_path=self.socket_path, data_dir=self.data_dir)
+            if self.with_agent:
+                self.start_agent()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _add_node_address(self) -> None:
+        """Give the node an address of its own, as a real node has on its uplink."""
+        namespaces.run_in(self.node, ["ip", "addr", "add", self.node_address + "/32", "dev", "lo"],
+                          check=True)
+
+    def start_agent(self, *, timeout: float = 20.0) -> None:
+        log = open(self.agent_log, "ab")
+        self._agent = subprocess.Popen(
+            [*namespaces.exec_prefix(self.node), sys.executable, "-m", "netagent.cli",
+             "--log-level", "INFO", "run", "--cni-only", "--cni-socket", self.socket_path],
+            stdout=log, stderr=subprocess.STDOUT, cwd=cni_install.code_root())
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.socket_path):
+            if self._agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the agent did not start; its log:\n{self.agent_output()}")
+            time.sleep(0.02)
+
+    def stop_agent(self) -> None:
+        if self._agent is None:
+            return
+        if self._agent.poll() is None:
+            self._agent.send_signal(signal.SIGTERM)
+            try:
+                self._agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._agent.kill()
+                self._agent.wait()
+        self._agent = None
+
+    def agent_output(self) -> str:
+        with contextlib.suppress(OSError), open(self.agent_log, errors="replace") as f:
+            return f.read()
+        return ""
+
+    def close(self) -> None:
+        for pod in list(self.pods.values()):
+            with contextlib.suppress(Exception):
+                self.delete_pod(pod.name)
+        self.stop_agent()
+        for name in reversed(self._netns_names):
+            namespaces.remove(name)
+        self._netns_names.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ------------------------------------------------------------ the runtime's part
+    def plugin_config(self, *, prev_result: dict | None = None, **overrides) -> bytes:
+        conf = json.loads(invoke.plugin_config(self.conflist, 0, prev_result=prev_result))
+        conf.update(overrides)
+        return json.dumps(conf).encode()
+
+    def cni(self, command: str, *, container_id: str = "", netns: str = "", ifname: str = "eth0",
+            config: bytes | None = None, args: str = "", env_overrides: dict | None = None):
+        """Execute our plugin in the node namespace; return (exit code, decoded stdout)."""
+        env = invoke.cni_environment(command=command, container_id=container_id, netns=netns,
+                                     ifname=ifname, args=args, path=(self.bin_dir, "/usr/lib/cni"))
+        env.update(env_overrides or {})
+        proc = subprocess.run([*namespaces.exec_prefix(self.node), os.path.join(self.bin_dir, "netagent")],
+                              input=config if config is not None else self.plugin_config(),
+                              env=env, capture_output=True, timeout=120)
+        out = json.loads(proc.stdout) if proc.stdout.strip() else None
+        return proc.returncode, out
+
+    def new_pod_netns(self, name: str) -> str:
+        netns_name = f"{self.prefix}-{name}"
+        self._netns_names.append(netns_name)
+        namespaces.create(netns_name)
+        return netns_name
+
+    def add_pod(self, name: str, *, ifname: str = "eth0") -> Pod:
+        netns_name = self.new_pod_netns(name)
+        container_id = f"{self.prefix}-{name}"
+        code, out = self.cni("ADD", container_id=container_id, netns=namespaces.netns_path(netns_name),
+                             ifname=ifname)
+        if code != 0:
+            raise CniError(out.get("code", 100) if out else 100,
+                           (out or {}).get("msg", "ADD failed"), (out or {}).get("details", ""))
+        pod = Pod(name=name, container_id=container_id, netns_name=netns_name, ifname=ifname, result=out)
+        self.pods[name] = pod
+        return pod
+
+    def delete_pod(self, name: str) -> None:
+        pod = self.pods.pop(name)
+        code, out = self.cni("DEL", container_id=pod.container_id, netns=pod.netns, ifname=pod.ifname)
+        namespaces.remove(pod.netns_name)
+        if code != 0:
+            raise CniError(out.get("code", 100) if out else 100, (out or {}).get("msg", "DEL failed"))
+
+    def exec_in(self, pod_or_node: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
+        netns_name = self.node if pod_or_node == "node" else self.pods[pod_or_node].netns_name
+        return namespaces.run_in(netns_name, argv, **kwargs)
+
+    def ping(self, source: str, address: str) -> bool:
+        return self.exec_in(source, ["ping", "-c", "1", "-W", "2", address]).returncode == 0
+
+
+def run_demo(*, pods: int, mode: str, subnet: str) -> int:
+    """Build a node, add pods through the plugin, show that they talk, clean up."""
+    if os.geteuid() != 0:
+        print("netagent lab: needs root (it builds network namespaces)", file=sys.stderr)
+        return 1
+    print(f"netagent lab: one node, {pods} pods, {mode} mode, pod subnet {subnet}")
+    with LabNode(mode=mode, subnets=(subnet,)) as lab:
+        print(f"  node namespace {lab.node}; agent serving CNI on {lab.socket_path}")
+        for i in range(pods):
+            started = time.monotonic()
+            pod = lab.add_pod(f"pod{i}")
+            iface = pod.result["interfaces"][-1]
+            print(f"  ADD pod{i}: {pod.result['ips'][0]['address']:<18} gw {pod.result['ips'][0].get('gateway', '-'):<15}"
+                  f" {iface['name']} {iface['mac']}  ({(time.monotonic() - started) * 1000:.0f} ms)")
+        failures = 0
+        names = list(lab.pods)
+        gateway = lab.pods[names[0]].result["ips"][0].get("gateway")
+        checks = [(a, lab.pods[b].ip, b) for a in names for b in names if a != b]
+        node_ip = gateway if mode == "bridge" else lab.node_address
+        checks += [(a, node_ip, "node") for a in names]
+        for source, address, target in checks:
+            ok = lab.ping(source, address)
+            failures += not ok
+            print(f"  ping {source} -> {target} ({address}): {'ok' if ok else 'FAILED'}")
+        for name in names:
+            lab.delete_pod(name)
+        print(f"  DEL all pods; {len(checks) - failures}/{len(checks)} pings answered")
+    print("netagent lab: cleaned up")
+    return 1 if failures else 0

@@ -1,0 +1,18 @@
+"""Shared test switches: which tiers can run on this machine, and why not when they can't."""
+import os
+import shutil
+
+import pytest
+
+
+def require_root_netns():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to build network namespaces")
+    if not shutil.which("ip"):
+        pytest.skip("iproute2's `ip` is not installed")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "/tests/netns/" in str(item.fspath):
+            item.add_marker(pytest.mark.netns)

@@ -1,0 +1,51 @@
+"""Fixtures for tests that build real namespaces: a lab node with or without its agent.
+
+Every fixture removes what it built, and a final check per test asserts that no namespace
+of ours and no interface of ours in the root namespace outlived it.
+"""
+import re
+import subprocess
+
+import pytest
+
+from netagent.lab import LabNode
+from tests.conftest import require_root_netns
+
+PREFIX = "na-t"
+
+
+def ours_in_root_namespace() -> list:
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = [line.split(": ")[1].split("@")[0] for line in out.splitlines() if ": " in line]
+    return [n for n in names if n == "na0" or re.fullmatch(r"na[0-9a-f]{12}", n)]
+
+
+@pytest.fixture(autouse=True)
+def _root_and_no_leaks():
+    require_root_netns()
+    yield
+    leaked = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                         text=True).stdout.splitlines()
+              if line.startswith(PREFIX)]
+    assert not leaked, f"namespaces leaked: {leaked}"
+    assert not ours_in_root_namespace(), "an interface of ours appeared in the root namespace"
+
+
+@pytest.fixture(params=["agent", "in-process"])
+def where(request):
+    return request.param
+
+
+@pytest.fixture
+def make_node():
+    nodes = []
+
+    def make(**kwargs):
+        kwargs.setdefault("prefix", PREFIX)
+        node = LabNode(**kwargs).__enter__()
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.close()

@@ -1,0 +1,352 @@
+"""The CNI plugin against the real kernel: every operation, both modes, agent and in-process.
+
+Each test builds a node namespace with pods made by executing the installed plugin binary
+as a runtime would, sends real packets between them, and checks that after DEL, GC or a
+failed ADD nothing of ours is left: no veth, no reservation file, no namespace.
+"""
+import json
+import re
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from netagent import namespaces
+
+
+def node_links(node) -> dict:
+    out = namespaces.run_in(node.node, ["ip", "-j", "-d", "link", "show"], check=True).stdout
+    return {link["ifname"]: link for link in json.loads(out)}
+
+
+def our_veths(node) -> list:
+    return [name for name, link in node_links(node).items()
+            if link.get("linkinfo", {}).get("info_kind") == "veth" and re.fullmatch(r"na[0-9a-f]{12}", name)]
+
+
+def reservations(node) -> list:
+    directory = os.path.join(node.data_dir, "netagent")
+    if not os.path.isdir(directory):
+        return []
+    return [f for f in os.listdir(directory) if f != "lock" and not f.startswith("last_reserved_ip")]
+
+
+def pod_addresses(node, pod: str) -> set:
+    out = node.exec_in(pod, ["ip", "-j", "addr", "show", "dev", "eth0"], check=True).stdout
+    return {f"{a['local']}/{a['prefixlen']}" for a in json.loads(out)[0]["addr_info"]
+            if a.get("scope") == "global"}
+
+
+def assert_clean(node):
+    assert our_veths(node) == []
+    assert reservations(node) == []
+
+
+@pytest.mark.parametrize("mode", ["bridge", "routed"])
+def test_pods_get_addresses_and_reach_each_other(make_node, where, mode):
+    node = make_node(mode=mode, with_agent=(where == "agent"), subnets=("10.244.1.0/24",))
+    a, b = node.add_pod("a"), node.add_pod("b")
+    assert a.ip != b.ip
+    prefix = "24" if mode == "bridge" else "32"
+    assert pod_addresses(node, "a") == {f"{a.ip}/{prefix}"}
+    assert a.result["cniVersion"] == "1.0.0"
+    assert a.result["interfaces"][-1]["sandbox"] == a.netns
+    assert node.ping("a", b.ip) and node.ping("b", a.ip)
+    if mode == "bridge":
+        assert a.result["ips"][0]["gateway"] == "10.244.1.1"
+        assert node.ping("a", "10.244.1.1")
+        assert node_links(node)[a.result["interfaces"][1]["name"]]["master"] == "na0"
+    else:
+        host = a.result["interfaces"][0]["name"]
+        routes = namespaces.run_in(node.node, ["ip", "route", "show", "dev", host], check=True).stdout
+        assert f"{a.ip} " in routes and "scope link" in routes
+        assert namespaces.run_in(node.node, ["cat", f"/proc/sys/net/ipv4/conf/{host}/proxy_arp"]).stdout.strip() == "1"
+        assert node.ping("node", a.ip)
+        assert a.result["ips"][0]["gateway"] == "169.254.1.1"
+    mtu = json.loads(node.exec_in("a", ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]
+    assert mtu == 1500
+    node.delete_pod("a")
+    node.delete_pod("b")
+    assert_clean(node)
+
+
+def test_mtu_and_hairpin_are_applied(make_node):
+    node = make_node(mtu=1400)
+    node.conflist["plugins"][0]["hairpinMode"] = True
+    pod = node.add_pod("a")
+    assert json.loads(node.exec_in("a", ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"] == 1400
+    host = pod.result["interfaces"][1]["name"]
+    assert node_links(node)[host]["mtu"] == 1400
+    assert node_links(node)[host]["linkinfo"]["info_slave_data"]["hairpin"] is True
+
+
+def test_dual_stack(make_node, where):
+    node = make_node(subnets=("10.244.3.0/24", "fd00:244:3::/64"), with_agent=(where == "agent"))
+    a, b = node.add_pod("a"), node.add_pod("b")
+    assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["24", "64"]
+    v6 = b.result["ips"][1]["address"].split("/")[0]
+    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-W", "2", v6]).returncode == 0
+    routes = node.exec_in("a", ["ip", "-6", "route", "show", "default"]).stdout
+    assert "via fd00:244:3::1" in routes
+
+
+def test_dual_stack_routed(make_node):
+    node = make_node(mode="routed", subnets=("10.244.4.0/24", "fd00:244:4::/64"))
+    a, b = node.add_pod("a"), node.add_pod("b")
+    assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["32", "128"]
+    v6 = b.result["ips"][1]["address"].split("/")[0]
+    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-W", "2", v6]).returncode == 0
+    assert node.ping("a", b.ip)
+
+
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+def test_answers_in_the_version_asked_for(make_node, version):
+    node = make_node(cni_version=version)
+    result = node.add_pod("a").result
+    assert result["cniVersion"] == version
+    has_ip_version = "version" in result["ips"][0]
+    assert has_ip_version == (version in ("0.3.1", "0.4.0"))
+    assert ("mtu" in result["interfaces"][-1]) == (version == "1.1.0")
+
+
+def test_delete_is_forgiving(make_node, where):
+    node = make_node(with_agent=(where == "agent"))
+    pod = node.add_pod("a")
+    args = dict(container_id=pod.container_id, ifname="eth0")
+    assert node.cni("DEL", netns=pod.netns, **args)[0] == 0
+    assert node.cni("DEL", netns=pod.netns, **args)[0] == 0            # twice
+    assert node.cni("DEL", **args)[0] == 0                             # no CNI_NETNS at all
+    assert node.cni("DEL", netns="/var/run/netns/na-t-gone", **args)[0] == 0  # netns gone
+    node.pods.pop("a")
+    namespaces.remove(pod.netns_name)
+    assert_clean(node)
+
+
+def test_delete_after_the_netns_is_gone_removes_everything(make_node):
+    node = make_node()
+    pod = node.add_pod("a")
+    namespaces.remove(pod.netns_name)  # the runtime destroyed the sandbox first
+    assert node.cni("DEL", container_id=pod.container_id, netns=pod.netns)[0] == 0
+    node.pods.pop("a")
+    assert_clean(node)
+
+
+def test_add_into_missing_netns_is_code_3_and_leaks_nothing(make_node, where):
+    node = make_node(with_agent=(where == "agent"))
+    code, out = node.cni("ADD", container_id="c1", netns="/var/run/netns/na-t-nowhere")
+    assert (code, out["code"]) == (1, 3)
+    assert_clean(node)
+
+
+def test_add_when_interface_exists_in_container_fails_cleanly(make_node, where):
+    node = make_node(with_agent=(where == "agent"))
+    netns_name = node.new_pod_netns("busy")
+    namespaces.run_in(netns_name, ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "own0"],
+                      check=True)
+    code, out = node.cni("ADD", container_id="c1", netns=namespaces.netns_path(netns_name))
+    assert code == 1 and out["code"] == 104 and "already exists in the container" in out["msg"]
+    assert_clean(node)
+    # the runtime's DEL after a failed ADD must not remove the container's own eth0
+    assert node.cni("DEL", container_id="c1", netns=namespaces.netns_path(netns_name))[0] == 0
+    assert "eth0" in namespaces.run_in(netns_name, ["ip", "-o", "link"]).stdout
+
+
+def test_exhausted_range_is_code_102_and_leaks_nothing(make_node, where):
+    node = make_node(subnets=("10.244.9.0/30",), with_agent=(where == "agent"))  # one usable address
+    node.add_pod("a")
+    netns_name = node.new_pod_netns("b")
+    code, out = node.cni("ADD", container_id="cb", netns=namespaces.netns_path(netns_name))
+    assert (code, out["code"]) == (1, 102)
+    assert "no IP addresses available" in out["msg"]
+    assert len(our_veths(node)) == 1 and len(reservations(node)) == 1
+    assert "eth0" not in namespaces.run_in(netns_name, ["ip", "-o", "link"]).stdout
+
+
+def test_check_detects_missing_route_and_address(make_node, where):
+    node = make_node(with_agent=(where == "agent"))
+    pod = node.add_pod("a")
+    conf = node.plugin_config(prev_result=pod.result)
+    check = dict(container_id=pod.container_id, netns=pod.netns, config=conf)
+    assert node.cni("CHECK", **check) == (0, None)
+
+    node.exec_in("a", ["ip", "route", "del", "default"], check=True)
+    code, out = node.cni("CHECK", **check)
+    assert (code, out["code"]) == (1, 101) and "route 0.0.0.0/0 via 10.244.1.1 is missing" in out["msg"]
+
+    node.exec_in("a", ["ip", "addr", "flush", "dev", "eth0"], check=True)
+    code, out = node.cni("CHECK", **check)
+    assert out["code"] == 101 and f"address {pod.ip}/24 is missing" in out["msg"]
+
+
+def test_check_detects_missing_host_veth_and_needs_prev_result(make_node):
+    node = make_node(mode="routed")
+    pod = node.add_pod("a")
+    code, out = node.cni("CHECK", container_id=pod.container_id, netns=pod.netns)
+    assert out["code"] == 7 and "prevResult" in out["msg"]
+    host = pod.result["interfaces"][0]["name"]
+    namespaces.run_in(node.node, ["ip", "route", "del", f"{pod.ip}/32"], check=True)
+    code, out = node.cni("CHECK", container_id=pod.container_id, netns=pod.netns,
+                         config=node.plugin_config(prev_result=pod.result))
+    assert out["code"] == 101 and f"node route to {pod.ip} via {host} is missing" in out["msg"]
+
+
+def test_check_is_refused_for_old_config_versions(make_node):
+    node = make_node(cni_version="0.3.1")
+    pod = node.add_pod("a")
+    code, out = node.cni("CHECK", container_id=pod.container_id, netns=pod.netns,
+                         config=node.plugin_config(prev_result=pod.result))
+    assert (code, out["code"]) == (1, 1)
+
+
+def test_gc_removes_what_is_not_valid(make_node, where):
+    node = make_node(cni_version="1.1.0", with_agent=(where == "agent"))
+    keep, gone1, gone2 = node.add_pod("keep"), node.add_pod("gone1"), node.add_pod("gone2")
+    valid = [{"containerID": keep.container_id, "ifname": "eth0"}]
+    code, out = node.cni("GC", config=node.plugin_config(**{"cni.dev/valid-attachments": valid}))
+    assert (code, out) == (0, None)
+    assert our_veths(node) == [keep.result["interfaces"][1]["name"]]
+    assert reservations(node) == [keep.ip]
+    assert node.ping("keep", "10.244.1.1")
+    for pod in (gone1, gone2):
+        node.pods.pop(pod.name)
+    # the 1.1.0 tag's spelling of the key works too
+    code, _ = node.cni("GC", config=node.plugin_config(**{"cni.dev/attachments": []}))
+    assert code == 0 and our_veths(node) == [] and reservations(node) == []
+    node.pods.clear()
+
+
+def test_gc_leaves_other_networks_alone(make_node):
+    node = make_node(cni_version="1.1.0")
+    node.add_pod("a")
+    other = node.plugin_config(**{"name": "othernet", "cni.dev/valid-attachments": []})
+    assert node.cni("GC", config=other)[0] == 0
+    assert len(our_veths(node)) == 1 and len(reservations(node)) == 1
+
+
+def test_status(make_node, where):
+    node = make_node(cni_version="1.1.0", subnets=("10.244.9.0/30",), with_agent=(where == "agent"))
+    assert node.cni("STATUS") == (0, None)
+    node.add_pod("a")  # takes the only address
+    code, out = node.cni("STATUS")
+    assert (code, out["code"]) == (1, 50)
+    code, out = node.cni("STATUS", config=node.plugin_config(cniVersion="1.0.0"))
+    assert out["code"] == 1
+
+
+def test_version_command():
+    from netagent.lab import LabNode
+    with LabNode(prefix="na-t", with_agent=False) as node:
+        code, out = node.cni("VERSION", config=b'{"cniVersion": "0.4.0"}')
+        assert code == 0 and out["cniVersion"] == "0.4.0"
+        assert out["supportedVersions"] == ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+
+
+def test_prev_result_is_passed_on(make_node):
+    node = make_node()
+    netns_name = node.new_pod_netns("chained")
+    prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "lo0", "sandbox": "/x"}],
+            "ips": [{"address": "192.0.2.5/32", "interface": 0}], "dns": {"nameservers": ["192.0.2.53"]}}
+    code, out = node.cni("ADD", container_id="c1", netns=namespaces.netns_path(netns_name),
+                         config=node.plugin_config(prev_result=prev))
+    assert code == 0
+    assert out["interfaces"][0]["name"] == "lo0" and out["ips"][0]["address"] == "192.0.2.5/32"
+    assert out["ips"][1]["interface"] == 3  # lo0, na0, host veth, eth0
+    assert out["dns"] == {"nameservers": ["192.0.2.53"]}
+    assert node.cni("DEL", container_id="c1", netns=namespaces.netns_path(netns_name))[0] == 0
+
+
+def test_delegated_ipam_reference_host_local(make_node, where):
+    node = make_node(with_agent=(where == "agent"))
+    node.conflist["plugins"][0]["ipam"] = {"type": "host-local", "subnet": "10.244.7.0/24",
+                                           "dataDir": node.data_dir}
+    a, b = node.add_pod("a"), node.add_pod("b")
+    assert a.ip.startswith("10.244.7.") and node.ping("a", b.ip)
+    assert sorted(os.listdir(os.path.join(node.data_dir, "netagent"))) == \
+        sorted([a.ip, b.ip, "last_reserved_ip.0", "lock"])
+    node.delete_pod("a")
+    node.delete_pod("b")
+    assert_clean(node)
+
+
+@pytest.mark.parametrize("ipam, code", [
+    ({"type": "no-such-ipam"}, 7),
+    ({"type": "netagent", "ranges": [[{"subnet": "10.0.0.0/33"}]]}, 7),
+    ({"type": "netagent", "ranges": [[{"subnet": "not-a-cidr"}]]}, 7),
+])
+def test_bad_ipam_configs_fail_cleanly(make_node, ipam, code):
+    node = make_node()
+    node.conflist["plugins"][0]["ipam"] = ipam
+    netns_name = node.new_pod_netns("x")
+    got, out = node.cni("ADD", container_id="c1", netns=namespaces.netns_path(netns_name))
+    assert (got, out["code"]) == (1, code)
+    assert our_veths(node) == [] and "eth0" not in namespaces.run_in(netns_name, ["ip", "-o", "link"]).stdout
+
+
+def test_bad_input_is_rejected_before_touching_anything(make_node, where):
+    node = make_node(with_agent=(where == "agent"))
+    netns_name = node.new_pod_netns("x")
+    netns = namespaces.netns_path(netns_name)
+    cases = [
+        (dict(config=b"{oops"), 6),
+        (dict(config=b'{"cniVersion": "2.0.0", "name": "n", "type": "netagent"}'), 1),
+        (dict(config=node.plugin_config(mtu="big")), 7),
+        (dict(env_overrides={"CNI_CONTAINERID": "../../../etc"}), 4),
+        (dict(env_overrides={"CNI_CONTAINERID": "a$(touch /tmp/pwned)"}), 4),
+        (dict(ifname="eth0;reboot"), 4),
+        (dict(ifname="x" * 16), 4),
+        (dict(args="K8S_POD_NAME=a;Surprise=1"), 2),
+    ]
+    for kwargs, code in cases:
+        kwargs.setdefault("container_id", "c1")
+        got, out = node.cni("ADD", netns=netns, **kwargs)
+        assert (got, (out or {}).get("code")) == (1, code), (kwargs, out)
+    assert node.cni("ADD", container_id="c1", netns=netns, args="Surprise=1;IgnoreUnknown=1")[0] == 0
+    assert node.cni("DEL", container_id="c1", netns=netns)[0] == 0
+    assert_clean(node)
+    assert not os.path.exists("/tmp/pwned")
+
+
+def test_concurrent_adds_get_unique_addresses(make_node, where):
+    node = make_node(with_agent=(where == "agent"), subnets=("10.244.16.0/22",))
+    count = 40 if where == "agent" else 12
+    names = [node.new_pod_netns(f"p{i}") for i in range(count)]
+
+    def add(i):
+        return node.cni("ADD", container_id=f"c{i}", netns=namespaces.netns_path(names[i]))
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        results = list(pool.map(add, range(count)))
+    assert all(code == 0 for code, _ in results), [out for code, out in results if code]
+    addresses = [out["ips"][0]["address"] for _, out in results]
+    assert len(set(addresses)) == count
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        deleted = list(pool.map(lambda i: node.cni("DEL", container_id=f"c{i}",
+                                                   netns=namespaces.netns_path(names[i])), range(count)))
+    assert all(code == 0 for code, _ in deleted)
+    assert_clean(node)
+
+
+def test_agent_restart_keeps_pods_and_serves_del(make_node):
+    node = make_node()
+    a = node.add_pod("a")
+    node.stop_agent()
+    # with no agent, the plugin still works in-process
+    b = node.add_pod("b")
+    node.start_agent()
+    assert node.ping("a", b.ip)
+    node.delete_pod("a")
+    node.delete_pod("b")
+    assert_clean(node)
+
+
+def test_cleanup_removes_only_what_we_own(make_node):
+    node = make_node()
+    node.add_pod("a")
+    namespaces.run_in(node.node, ["ip", "link", "add", "na-admin", "type", "veth", "peer", "name", "na-admin2"],
+                      check=True)
+    out = namespaces.run_in(node.node, [sys.executable, "-m", "netagent.cli", "cleanup"], check=True).stdout
+    assert "2 interface(s) removed" in out
+    remaining = node_links(node)
+    assert "na-admin" in remaining and "na0" not in remaining and our_veths(node) == []
+    node.pods.clear()
