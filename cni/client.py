@@ -1,14 +1,14 @@
 """The thin CNI client: the binary the container runtime executes for every pod.
 
-It must start in milliseconds, so it imports only C modules (`_socket`, `_json`) on the
-fast path: no `json` (which pulls in `re`), no `socket` (which pulls in `enum`), no
-pyroute2. It reads the config's `agentSocket`, hands the whole request to the node agent
+It must start in milliseconds, so it imports only built-in C modules (`posix`, `_socket`,
+`_json`) on the fast path: no `json` (which pulls in `re`), no `socket` (which pulls in
+`enum`), not even `os` (1.8 ms with `_collections_abc` under `python -I -S`), no pyroute2. It reads the config's `agentSocket`, hands the whole request to the node agent
 over that root-only unix socket and relays the answer. When no agent listens there, it
 runs the very same dispatcher in-process (slower, since netlink support must be imported,
 but correct). An agent that accepts but does not answer in time gets code 11, never an
 in-process retry that could race with it.
 """
-import os
+import posix
 import sys
 
 import _socket
@@ -87,7 +87,8 @@ def run_in_process(env: dict, stdin: bytes) -> tuple[int, bytes]:
 
 def main() -> int:
     stdin = sys.stdin.buffer.read()
-    env = dict(os.environ)
+    env = {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
+           for k, v in posix.environ.items()}
     reply = None
     config = read_config(stdin) if env.get("CNI_COMMAND") not in ("VERSION", None) else {}
     path = config.get("agentSocket")

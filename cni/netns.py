@@ -17,6 +17,7 @@ import threading
 from pyroute2 import IPRoute
 
 from cni.errors import CniError, ErrorCode
+from cni.rtnl import Rtnl
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -65,18 +66,33 @@ def netlink_in(netns_fd: int) -> IPRoute:
         return IPRoute()
 
 
+def rtnl_in(netns_fd: int) -> Rtnl:
+    """A new hot-path socket (`cni.rtnl`) bound to the namespace `netns_fd`."""
+    with entered(netns_fd):
+        return Rtnl()
+
+
 def host_netlink() -> IPRoute:
-    """This thread's warm socket in its home namespace."""
+    """This thread's warm pyroute2 socket in its home namespace (slow paths)."""
     ipr = getattr(_local, "ipr", None)
     if ipr is None:
         ipr = _local.ipr = IPRoute()
     return ipr
 
 
+def host_rtnl() -> Rtnl:
+    """This thread's warm hot-path socket in its home namespace."""
+    rtnl = getattr(_local, "rtnl", None)
+    if rtnl is None:
+        rtnl = _local.rtnl = Rtnl()
+    return rtnl
+
+
 def drop_host_netlink() -> None:
-    """Forget this thread's warm socket (after an error that may have broken it)."""
-    ipr = getattr(_local, "ipr", None)
-    _local.ipr = None
-    if ipr is not None:
-        with contextlib.suppress(Exception):
-            ipr.close()
+    """Forget this thread's warm sockets (after an error that may have broken them)."""
+    for attr in ("ipr", "rtnl"):
+        sock = getattr(_local, attr, None)
+        setattr(_local, attr, None)
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                sock.close()

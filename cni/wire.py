@@ -1,12 +1,10 @@
 """The framing between the thin CNI client and the node agent's socket.
 
 Deliberately not JSON: the client must not pay for importing `json` (it pulls in `re`,
-about 10 ms at start-up). A request is a header line `NACNI1 <env bytes> <stdin bytes>`,
+about 10 ms at start-up); and no `from __future__` import either (0.2 ms). A request is a header line `NACNI1 <env bytes> <stdin bytes>`,
 then the `CNI_*` variables as NUL-separated `KEY=VALUE`, then stdin verbatim. A reply
 is `<exit code> <stdout bytes>` and the plugin's stdout verbatim.
 """
-from __future__ import annotations
-
 MAGIC = b"NACNI1"
 MAX_HEADER = 64
 MAX_ENV = 64 * 1024
@@ -22,7 +20,7 @@ def encode_request(env: dict, stdin: bytes) -> bytes:
     return b"%s %d %d\n" % (MAGIC, len(blob), len(stdin)) + blob + stdin
 
 
-def _request_lengths(header: bytes) -> tuple[int, int] | None:
+def _request_lengths(header: bytes) -> "tuple[int, int] | None":
     parts = header.split()
     if len(parts) != 3 or parts[0] != MAGIC or not parts[1].isdigit() or not parts[2].isdigit():
         return None
@@ -48,7 +46,7 @@ def decode_request(data: bytes) -> tuple[dict, bytes]:
     return env, rest[env_len:]
 
 
-def expected_request_length(header: bytes) -> int | None:
+def expected_request_length(header: bytes) -> "int | None":
     """Total length announced by a request header line, or None if it is malformed."""
     lengths = _request_lengths(header)
     return None if lengths is None else len(header) + 1 + sum(lengths)

@@ -15,7 +15,8 @@ Shape of an attachment:
   so the first packet needs no ARP round trip; the node routes the pod address to the veth.
 
 Every function here is a kernel write or read; the linear ADD with rollback lives in
-`cni.handlers`.
+`cni.handlers`. The per-pod writes go through `cni.rtnl` (batched, no asyncio); bridge
+set-up and inspection use pyroute2.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ import threading
 
 from pyroute2 import NetlinkError
 
+from cni import rtnl as rtnl_msg
 from cni.errors import CniError, ErrorCode
+from cni.netns import host_netlink as netns_host_netlink
 
 HOST_VETH_PREFIX = "na"
 ALIAS_PREFIX = "netagent:"
@@ -37,7 +40,7 @@ ROUTED_HOST_MAC = "ee:ee:ee:ee:ee:ee"
 ROUTED_GATEWAY_V4 = ipaddress.ip_address("169.254.1.1")
 ROUTED_GATEWAY_V6 = ipaddress.ip_address("fe80::ecee:eeff:feee:eeee")
 IFA_F_NODAD = 0x02
-NUD_PERMANENT = 0x80
+LOOPBACK_INDEX = 1  # the kernel registers lo first in every namespace
 _DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
 
 # Bridges already ensured by this process: (name, gateways) -> (index, mac). A stale entry
@@ -132,35 +135,34 @@ def forget_bridge(name: str) -> None:
 
 # ---------------------------------------------------------------- veth
 
-def create_veth(ipr, *, host_name: str, pod_ifname: str, netns_fd: int, mtu: int,
-                host_mac: str, pod_mac: str) -> int:
-    """Create the pair with the pod end inside the pod; return the host end's index.
+def create_veth(rtnl, *, host_name: str, pod_ifname: str, netns_fd: int, mtu: int,
+                host_mac: str, pod_mac: str) -> None:
+    """Create the pair with the pod end inside the pod, both ends named and addressed.
 
     The kernel ignores an alias given at creation, so the host-side functions below set it
     in the request that brings the host end up.
     """
     try:
-        ipr.link("add", ifname=host_name, kind="veth", mtu=mtu, address=host_mac,
-                 peer={"ifname": pod_ifname, "net_ns_fd": netns_fd, "mtu": mtu, "address": pod_mac})
+        rtnl.batch([rtnl_msg.new_veth(name=host_name, peer_name=pod_ifname, peer_netns_fd=netns_fd,
+                                      mtu=mtu, mac=host_mac, peer_mac=pod_mac)])
     except NetlinkError as exc:
         if exc.code != errno.EEXIST:
             raise
-        if _lookup(ipr, host_name) is not None:
+        if rtnl.link_index(host_name) is not None:
             raise CniError(ErrorCode.INTERFACE_EXISTS, f"host interface {host_name} already exists",
                            "an earlier ADD for this container and interface was not cleaned up "
                            "with DEL") from None
         raise CniError(ErrorCode.INTERFACE_EXISTS,
                        f"interface {pod_ifname} already exists in the container") from None
-    index = _lookup(ipr, host_name)
-    if index is None:
-        raise CniError(ErrorCode.INTERNAL, f"veth {host_name} vanished right after creation")
-    return index
 
 
-def delete_link(ipr, name: str) -> bool:
-    """Delete an interface by name; False when it was already gone."""
+def delete_link(sock, name: str) -> bool:
+    """Delete an interface by name (with an Rtnl or a pyroute2 socket); False if already gone."""
     try:
-        ipr.link("del", ifname=name)
+        if isinstance(sock, rtnl_msg.Rtnl):
+            sock.batch([rtnl_msg.delete_link(name)])
+        else:
+            sock.link("del", ifname=name)
         return True
     except NetlinkError as exc:
         if exc.code in (errno.ENODEV, errno.ENOENT):
@@ -182,24 +184,21 @@ def pod_prefixlen(mode, interface) -> int:
     return interface.network.prefixlen
 
 
-def configure_pod(pod_ipr, *, ifname: str, mode, addresses: list, gateways: dict,
+def configure_pod(pod_rtnl, *, ifname: str, mode, addresses: list, gateways: dict,
                   routes: list, host_mac: str) -> list:
     """Address the pod interface, bring it and lo up, add routes; return result routes.
 
-    `addresses` are ip_interface values as IPAM returned them; `gateways` maps family to
-    the IPAM gateway (or None); `routes` are the IPAM config's extra routes.
+    One lookup and one batched write. `addresses` are ip_interface values as IPAM returned
+    them; `gateways` maps family to the IPAM gateway (or None); `routes` are the IPAM
+    config's extra routes.
     """
-    index = _lookup(pod_ipr, ifname)
+    index = pod_rtnl.link_index(ifname)
     if index is None:
         raise CniError(ErrorCode.INTERNAL, f"{ifname} is missing in the pod right after creation")
-    lo = _lookup(pod_ipr, "lo")
-    if lo is not None:
-        pod_ipr.link("set", index=lo, state="up")
-    for addr in addresses:
-        extra = {"flags": IFA_F_NODAD} if addr.version == 6 else {}
-        pod_ipr.addr("add", index=index, address=str(addr.ip),
-                     prefixlen=pod_prefixlen(mode, addr), **extra)
-    pod_ipr.link("set", index=index, state="up")
+    batch = [rtnl_msg.set_link(index=LOOPBACK_INDEX)]
+    batch += [rtnl_msg.add_address(index=index, address=a.ip, prefixlen=pod_prefixlen(mode, a))
+              for a in addresses]
+    batch.append(rtnl_msg.set_link(index=index))
 
     result_routes = []
     for family in sorted({a.version for a in addresses}):
@@ -207,46 +206,46 @@ def configure_pod(pod_ipr, *, ifname: str, mode, addresses: list, gateways: dict
         if gateway is None:
             continue
         if mode.value == "routed":
-            pod_ipr.route("add", dst=f"{gateway}/{gateway.max_prefixlen}", oif=index, scope=253)
-            pod_ipr.neigh("add", dst=str(gateway), lladdr=host_mac, ifindex=index, state=NUD_PERMANENT)
-        pod_ipr.route("add", dst=_DEFAULT_DST[family], gateway=str(gateway), oif=index)
+            batch.append(rtnl_msg.add_route(dst=f"{gateway}/{gateway.max_prefixlen}", oif=index))
+            batch.append(rtnl_msg.add_permanent_neighbour(index=index, address=gateway, mac=host_mac))
+        batch.append(rtnl_msg.add_route(dst=_DEFAULT_DST[family], gateway=gateway, oif=index))
         result_routes.append({"dst": _DEFAULT_DST[family], "gw": str(gateway)})
     for route in routes:
         dst = ipaddress.ip_network(route["dst"], strict=False)
         if str(dst) == _DEFAULT_DST[dst.version]:
             continue  # already added above
         gw = route.get("gw") or pod_gateway(mode, dst.version, gateways.get(dst.version))
-        if gw is None:
-            pod_ipr.route("add", dst=str(dst), oif=index, scope=253)
-        else:
-            pod_ipr.route("add", dst=str(dst), gateway=str(gw), oif=index)
+        batch.append(rtnl_msg.add_route(dst=dst, gateway=gw, oif=index))
         result_routes.append({"dst": str(dst), **({"gw": str(gw)} if gw else {})})
+    pod_rtnl.batch(batch)
     return result_routes
 
 
 # ---------------------------------------------------------------- host side
 
-def attach_to_bridge(ipr, *, host_index: int, bridge_index: int, hairpin: bool, alias: str) -> None:
-    ipr.link("set", index=host_index, master=bridge_index, state="up", ifalias=alias)
+def attach_to_bridge(rtnl, *, host_name: str, bridge_index: int, hairpin: bool, alias: str) -> None:
+    rtnl.batch([rtnl_msg.set_link(name=host_name, master=bridge_index, alias=alias)])
     if hairpin:
-        ipr.brport("set", index=host_index, mode=1)
+        ipr = netns_host_netlink()
+        ipr.brport("set", index=ipr.link_lookup(ifname=host_name)[0], mode=1)
 
 
-def route_to_pod(ipr, *, host_name: str, host_index: int, addresses: list, pod_mac: str,
-                 alias: str) -> None:
+def route_to_pod(rtnl, *, host_name: str, addresses: list, pod_mac: str, alias: str) -> None:
     """Routed mode: bring the host end up, answer ARP for the gateway, route the pod's /32.
 
     The pod's addresses are pinned to its MAC on the host end, as the gateway is pinned
     inside the pod: no ARP or neighbour discovery is needed in either direction.
     """
-    ipr.link("set", index=host_index, state="up", ifalias=alias)
     for family in sorted({a.version for a in addresses}):
         enable_forwarding(family)
         if family == 4:
             write_interface_sysctl(4, host_name, "proxy_arp", "1")
+    index = rtnl.link_index(host_name)
+    batch = [rtnl_msg.set_link(index=index, alias=alias)]
     for addr in addresses:
-        ipr.route("add", dst=f"{addr.ip}/{addr.max_prefixlen}", oif=host_index, scope=253)
-        ipr.neigh("add", dst=str(addr.ip), lladdr=pod_mac, ifindex=host_index, state=NUD_PERMANENT)
+        batch.append(rtnl_msg.add_route(dst=f"{addr.ip}/{addr.max_prefixlen}", oif=index))
+        batch.append(rtnl_msg.add_permanent_neighbour(index=index, address=addr.ip, mac=pod_mac))
+    rtnl.batch(batch)
 
 
 # ---------------------------------------------------------------- inspection (CHECK, GC)

@@ -21,21 +21,31 @@ def _cmd_run(args) -> int:
         print("netagent run: the cluster mode (Kubernetes watch, node routes) is not part of this "
               "release; use --cni-only to serve the CNI plugin on this node", file=sys.stderr)
         return 2
+    import os
+
     from cni.handlers import PluginHandlers
     from netagent.cni_server import CniServer
+    from netagent.deferred_delete import DeferredDeleter
 
-    server = CniServer(args.cni_socket, handlers=PluginHandlers(), workers=args.workers)
+    handlers = PluginHandlers()
+    deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
+                               delete_now=handlers.delete_now)
+    handlers.deferred = deferred
+    deferred.start()
+    server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
+        deferred.stop()
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     print(f"netagent {__version__}: serving CNI on {args.cni_socket}", flush=True)
     stop.wait()
     server.stop()
+    deferred.stop()
     return 0
 
 

@@ -55,6 +55,7 @@ class LabNode:
         self.bin_dir = os.path.join(self.workdir, "bin")
         self.data_dir = os.path.join(self.workdir, "ipam")
         self.socket_path = os.path.join(self.workdir, "run", "cni.sock")
+        self.journal_dir = os.path.join(self.workdir, "run", "pending-del")  # next to the socket
         self.agent_log = os.path.join(self.workdir, "agent.log")
         self.conflist = cni_install.render_conflist(
             name="netagent", subnets=list(subnets), mode=mode, bridge="na0", mtu=mtu,
@@ -103,11 +104,25 @@ class LabNode:
                 raise RuntimeError(f"the agent did not start; its log:\n{self.agent_output()}")
             time.sleep(0.02)
 
-    def stop_agent(self) -> None:
+    def pending_deletes(self) -> int:
+        """DELs the agent acknowledged and is still finishing (its journal)."""
+        if not os.path.isdir(self.journal_dir):
+            return 0
+        return sum(name.endswith(".json") for name in os.listdir(self.journal_dir))
+
+    def settle(self, *, timeout: float = 30.0) -> None:
+        """Wait until the agent has finished every acknowledged DEL."""
+        deadline = time.monotonic() + timeout
+        while self.pending_deletes() and self._agent is not None and self._agent.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.pending_deletes()} DEL(s) still pending after {timeout} s")
+            time.sleep(0.01)
+
+    def stop_agent(self, *, sig: int = signal.SIGTERM) -> None:
         if self._agent is None:
             return
         if self._agent.poll() is None:
-            self._agent.send_signal(signal.SIGTERM)
+            self._agent.send_signal(sig)
             try:
                 self._agent.wait(timeout=10)
             except subprocess.TimeoutExpired:

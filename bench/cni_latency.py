@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""CNI ADD/DEL latency: netagent (through its agent, and in-process) against the reference
+`bridge` + `host-local` plugins from Debian's containernetworking-plugins, in one run.
+
+Every contender gets its own node namespace and the same number of fresh pod namespaces.
+The benchmark enters the node namespace itself (setns on its main thread, inherited by
+its worker threads and the plugins they exec), so each figure is one plugin exec as a
+runtime on that node would pay it: no `ip netns exec` in the timed path. Sequential ADDs
+then DELs give median and p95; then N concurrent ADDs (and DELs) give wall time, success
+count and address uniqueness.
+
+    sudo .venv/bin/python bench/cni_latency.py [--pods 60] [--concurrent 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cni import invoke, netns  # noqa: E402
+from netagent import namespaces  # noqa: E402
+from netagent.lab import LabNode  # noqa: E402
+
+REFERENCE_DIR = "/usr/lib/cni"
+
+
+class Contender:
+    def __init__(self, label: str, node: LabNode, binary: str, config: bytes) -> None:
+        self.label, self.node, self.binary, self.config = label, node, binary, config
+
+    def call(self, command: str, container_id: str, netns_path: str) -> tuple[float, dict | None]:
+        env = invoke.cni_environment(command=command, container_id=container_id, netns=netns_path,
+                                     ifname="eth0", path=(self.node.bin_dir, REFERENCE_DIR))
+        started = time.perf_counter()
+        proc = subprocess.run([self.binary], input=self.config, env=env, capture_output=True)
+        elapsed = time.perf_counter() - started
+        out = json.loads(proc.stdout) if proc.stdout.strip() else None
+        if proc.returncode != 0:
+            raise RuntimeError(f"{self.label} {command} failed: {proc.stdout!r} {proc.stderr!r}")
+        return elapsed, out
+
+
+def contenders(stack) -> list:
+    ours = stack(LabNode(prefix="na-bench", subnets=("10.60.0.0/16",)))
+    ours_config = ours.plugin_config()
+    inproc = stack(LabNode(prefix="na-bench", subnets=("10.61.0.0/16",), with_agent=False))
+    ref = stack(LabNode(prefix="na-bench", with_agent=False))
+    ref_config = json.dumps({
+        "cniVersion": "1.0.0", "name": "reference", "type": "bridge", "bridge": "cni0",
+        "isGateway": True, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.62.0.0/16"}]],
+                                    "dataDir": ref.data_dir}}).encode()
+    return [Contender("reference bridge+host-local", ref, f"{REFERENCE_DIR}/bridge", ref_config),
+            Contender("netagent (agent)", ours, os.path.join(ours.bin_dir, "netagent"), ours_config),
+            Contender("netagent (in-process)", inproc, os.path.join(inproc.bin_dir, "netagent"),
+                      inproc.plugin_config())]
+
+
+def percentile(values: list, pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+
+
+def measure(contender: Contender, *, pods: int, concurrent: int) -> dict:
+    node = contender.node
+    names = [node.new_pod_netns(f"s{i}") for i in range(pods)]
+    burst = [node.new_pod_netns(f"c{i}") for i in range(concurrent)]
+    node_fd = os.open(namespaces.netns_path(node.node), os.O_RDONLY)
+    try:
+        with netns.entered(node_fd):
+            # one warm-up pod, as a node that has served pods before
+            warm = node.new_pod_netns("warm")
+            contender.call("ADD", "warm", namespaces.netns_path(warm))
+            add_times, del_times = [], []
+            for i, name in enumerate(names):
+                add_times.append(contender.call("ADD", f"s{i}", namespaces.netns_path(name))[0])
+            for i, name in enumerate(names):
+                del_times.append(contender.call("DEL", f"s{i}", namespaces.netns_path(name))[0])
+            contender.call("DEL", "warm", namespaces.netns_path(warm))
+
+            def add(i):
+                try:
+                    return contender.call("ADD", f"c{i}", namespaces.netns_path(burst[i]))[1]
+                except RuntimeError as exc:
+                    return {"error": str(exc)}
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=concurrent) as pool:
+                results = list(pool.map(add, range(concurrent)))
+            burst_add = time.perf_counter() - started
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=concurrent) as pool:
+                list(pool.map(lambda i: contender.call("DEL", f"c{i}", namespaces.netns_path(burst[i])),
+                              range(concurrent)))
+            burst_del = time.perf_counter() - started
+    finally:
+        os.close(node_fd)
+    ok = [r for r in results if r and "ips" in r]
+    return {"add": add_times, "del": del_times, "burst_add": burst_add, "burst_del": burst_del,
+            "burst_ok": len(ok), "burst_unique": len({r["ips"][0]["address"] for r in ok}),
+            "errors": [r["error"] for r in results if r and "error" in r][:3]}
+
+
+def report(rows: dict, *, pods: int, concurrent: int) -> None:
+    ms = lambda s: s * 1000  # noqa: E731
+    ref = rows["reference bridge+host-local"]
+    ref_add, ref_del = statistics.median(ref["add"]), statistics.median(ref["del"])
+    print(f"\nCNI latency, {pods} sequential pods per contender (ms; ratio = median / reference median)")
+    print(f"{'contender':<30}{'ADD med':>9}{'ADD p95':>9}{'ratio':>7}{'DEL med':>10}{'DEL p95':>9}{'ratio':>7}")
+    for label, row in rows.items():
+        add_med, del_med = statistics.median(row["add"]), statistics.median(row["del"])
+        print(f"{label:<30}{ms(add_med):9.1f}{ms(percentile(row['add'], 95)):9.1f}{add_med / ref_add:7.2f}"
+              f"{ms(del_med):10.1f}{ms(percentile(row['del'], 95)):9.1f}{del_med / ref_del:7.2f}")
+    print(f"\n{concurrent} concurrent ADDs, then {concurrent} concurrent DELs")
+    print(f"{'contender':<30}{'ADD wall s':>11}{'ok':>6}{'unique':>8}{'DEL wall s':>12}")
+    for label, row in rows.items():
+        print(f"{label:<30}{row['burst_add']:11.2f}{row['burst_ok']:6d}{row['burst_unique']:8d}"
+              f"{row['burst_del']:12.2f}")
+        for error in row["errors"]:
+            print(f"    error: {error[:300]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=60)
+    parser.add_argument("--concurrent", type=int, default=100)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (it builds network namespaces)", file=sys.stderr)
+        return 1
+    if not os.access(f"{REFERENCE_DIR}/bridge", os.X_OK):
+        print("the reference plugins are missing: apt-get install containernetworking-plugins",
+              file=sys.stderr)
+        return 1
+    nodes: list = []
+
+    def stack(node: LabNode) -> LabNode:
+        nodes.append(node.__enter__())
+        return node
+
+    try:
+        rows = {}
+        for contender in contenders(stack):
+            rows[contender.label] = measure(contender, pods=args.pods, concurrent=args.concurrent)
+        report(rows, pods=args.pods, concurrent=args.concurrent)
+    finally:
+        for node in nodes:
+            node.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
