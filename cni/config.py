@@ -19,6 +19,16 @@ DEFAULT_MTU = 1500
 BUILTIN_IPAM_TYPES = ("netagent", "netagent-ipam")
 
 
+class ConfigScope(str, enum.Enum):
+    """Which keys a parse validates: all of ours, or only what an IPAM plugin owns.
+
+    An IPAM plugin receives the main plugin's whole config (macvlan's `"mode": "vepa"`,
+    ipvlan's `"mode": "l3"`, ...); those keys are not ours to judge.
+    """
+    PLUGIN = "plugin"
+    IPAM = "ipam"
+
+
 class Mode(str, enum.Enum):
     BRIDGE = "bridge"
     ROUTED = "routed"
@@ -77,7 +87,7 @@ def peek_version(raw: dict) -> str:
     return v if v in cni_version.SUPPORTED_VERSIONS else cni_version.LATEST
 
 
-def parse_netconf(data: bytes, *, require_ipam: bool = True) -> NetConf:
+def parse_netconf(data: bytes, *, require_ipam: bool = True, scope: ConfigScope = ConfigScope.PLUGIN) -> NetConf:
     raw = decode_json_object(data)
     version = cni_version.require_supported(raw.get("cniVersion"))
     name = _typed(raw, "name", str, "")
@@ -89,6 +99,16 @@ def parse_netconf(data: bytes, *, require_ipam: bool = True) -> NetConf:
     plugin_type = _typed(raw, "type", str, "")
     if not plugin_type:
         raise CniError(ErrorCode.INVALID_CONFIG, "'type' is required")
+    ipam = _typed(raw, "ipam", dict, {})
+    if require_ipam and not (isinstance(ipam.get("type"), str) and ipam["type"]):
+        raise CniError(ErrorCode.INVALID_CONFIG, "'ipam.type' is required")
+    prev = raw.get("prevResult")
+    if prev is not None and not isinstance(prev, dict):
+        raise CniError(ErrorCode.INVALID_CONFIG, "'prevResult' must be an object")
+    common = dict(cni_version=version, name=name, type=plugin_type, ipam=ipam,
+                  runtime_config=_typed(raw, "runtimeConfig", dict, {}), prev_result=prev, raw=raw)
+    if scope is ConfigScope.IPAM:
+        return NetConf(**common)
 
     mode_text = _typed(raw, "mode", str, Mode.BRIDGE.value)
     try:
@@ -102,16 +122,7 @@ def parse_netconf(data: bytes, *, require_ipam: bool = True) -> NetConf:
     mtu = _typed(raw, "mtu", int, DEFAULT_MTU)
     if not 68 <= mtu <= 65535:
         raise CniError(ErrorCode.INVALID_CONFIG, f"'mtu' {mtu} is outside 68..65535")
-    ipam = _typed(raw, "ipam", dict, {})
-    if require_ipam and not (isinstance(ipam.get("type"), str) and ipam["type"]):
-        raise CniError(ErrorCode.INVALID_CONFIG, "'ipam.type' is required")
-    prev = raw.get("prevResult")
-    if prev is not None and not isinstance(prev, dict):
-        raise CniError(ErrorCode.INVALID_CONFIG, "'prevResult' must be an object")
     return NetConf(
-        cni_version=version, name=name, type=plugin_type, mode=mode, bridge=bridge, mtu=mtu,
+        **common, mode=mode, bridge=bridge, mtu=mtu,
         hairpin_mode=_typed(raw, "hairpinMode", bool, False),
-        agent_socket=_typed(raw, "agentSocket", str, ""),
-        ipam=ipam, dns=_typed(raw, "dns", dict, {}),
-        runtime_config=_typed(raw, "runtimeConfig", dict, {}),
-        prev_result=prev, raw=raw)
+        agent_socket=_typed(raw, "agentSocket", str, ""), dns=_typed(raw, "dns", dict, {}))

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from cni import result as cni_result
 from cni import version as cni_version
-from cni.config import NetConf, decode_json_object, parse_netconf, peek_version
+from cni.config import ConfigScope, NetConf, decode_json_object, parse_netconf, peek_version
 from cni.errors import CniError, ErrorCode
 from cni.request import CniRequest, request_from_environment
 
@@ -63,14 +63,14 @@ def _check_args(req: CniRequest) -> None:
                        "set IgnoreUnknown=1 to ignore them")
 
 
-def _run(req: CniRequest, handlers: Handlers) -> str:
+def _run(req: CniRequest, handlers: Handlers, scope: ConfigScope) -> str:
     if req.command == "VERSION":
         requested = None
         if req.config_bytes.strip():
             requested = decode_json_object(req.config_bytes).get("cniVersion")
         return json.dumps(cni_version.version_answer(requested))
 
-    conf = parse_netconf(req.config_bytes)
+    conf = parse_netconf(req.config_bytes, scope=scope)
     cni_version.require_operation(req.command, conf.cni_version)
     if req.command in ("ADD", "DEL", "CHECK"):
         _check_args(req)
@@ -91,7 +91,8 @@ def _run(req: CniRequest, handlers: Handlers) -> str:
     return ""
 
 
-def execute(environ, stdin: bytes, handlers: Handlers) -> tuple[int, str]:
+def execute(environ, stdin: bytes, handlers: Handlers, *,
+            scope: ConfigScope = ConfigScope.PLUGIN) -> tuple[int, str]:
     """Run one CNI request; return (exit code, stdout text). Never raises."""
     reply_version = cni_version.LATEST
     try:
@@ -100,7 +101,7 @@ def execute(environ, stdin: bytes, handlers: Handlers) -> tuple[int, str]:
         except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
             pass
         req = request_from_environment(environ, stdin)
-        return 0, _run(req, handlers)
+        return 0, _run(req, handlers, scope)
     except CniError as err:
         log.info("CNI %s failed: %s", environ.get("CNI_COMMAND", "?"), err)
         return 1, json.dumps(err.to_dict(reply_version))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import sys
 
+from cni.config import ConfigScope
 from cni.dispatch import execute
 from cni.ipam.builtin import BuiltinIpam
 
 
 def main() -> int:
     stdin = sys.stdin.buffer.read()
-    code, out = execute(os.environ, stdin, BuiltinIpam())
+    code, out = execute(os.environ, stdin, BuiltinIpam(), scope=ConfigScope.IPAM)
     if out:
         sys.stdout.write(out)
         sys.stdout.flush()

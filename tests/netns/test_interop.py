@@ -14,8 +14,7 @@ Each test runs the real binaries from /usr/lib/cni and ours, exactly as a runtim
 (`cni.invoke.run_conflist`, from inside a node namespace), then proves the outcome with
 real packets, the kernel's state and the reservation files, and that DEL undoes it all.
 Everything lives in namespaces the test creates; the root namespace is never touched.
-The last test keeps a known bug of `netagent-ipam` executable (it reports xfail for exactly
-that error and starts passing when the bug is fixed).
+The last test holds `netagent-ipam` to ignoring another main plugin's own keys.
 """
 import json
 import os
@@ -352,15 +351,13 @@ def test_reference_loopback_and_netagent_in_one_conflist(make_node):
     assert reservation_files(os.path.join(node.data_dir, "netagent")) == {}
 
 
-# --------------------------------------------------------------------- known bug, kept executable
+# --------------------------------------------------------------------- another main plugin's own keys
 
 def test_reference_macvlan_vepa_with_netagent_ipam(make_node):
     """Another main plugin's keys are its own business: our IPAM must ignore them.
 
-    Known bug, kept executable: `netagent-ipam` parses the whole config it is handed as a
-    netagent config (`cni.config.parse_netconf`), so a main plugin's own `mode` (macvlan
-    vepa/private/passthru, ipvlan l2/l3/l3s) is refused with code 7. The test reports xfail
-    for exactly that error and passes, checking the reservation, once it is fixed.
+    macvlan's `"mode": "vepa"` shares a key name with our plugin's `mode`; `netagent-ipam`
+    parses with `ConfigScope.IPAM`, so only IPAM's keys are judged.
     """
     require_reference("macvlan")
     node = make_node(with_agent=False)
@@ -375,12 +372,7 @@ def test_reference_macvlan_vepa_with_netagent_ipam(make_node):
     chain = Chain(node, conflist)
     netns_name = node.new_pod_netns("a")
     container_id = f"{node.prefix}-a"
-    try:
-        result = chain.run("ADD", container_id=container_id, netns_name=netns_name)
-    except CniError as err:
-        if err.code == 7 and "'mode' must be 'bridge' or 'routed'" in err.msg:
-            pytest.xfail(f"netagent-ipam refuses macvlan's own key: {err.msg}")
-        raise
+    result = chain.run("ADD", container_id=container_id, netns_name=netns_name)
     ip = address_of(result)
     assert ip.startswith("10.250.5.")
     network_dir = os.path.join(data_dir, "mvnet")

@@ -144,3 +144,13 @@ def test_versions_gate_operations():
     assert code_of(cni_version.require_operation, "CHECK", "0.3.1") == ErrorCode.INCOMPATIBLE_VERSION
     assert code_of(cni_version.require_operation, "GC", "1.0.0") == ErrorCode.INCOMPATIBLE_VERSION
     cni_version.require_operation("STATUS", "1.1.0")
+
+
+def test_ipam_scope_ignores_the_main_plugins_own_keys():
+    from cni.config import ConfigScope
+    macvlan = conf_bytes(type="macvlan", mode="vepa", mtu="not ours", bridge="a/b")
+    with pytest.raises(CniError):
+        parse_netconf(macvlan)
+    conf = parse_netconf(macvlan, scope=ConfigScope.IPAM)
+    assert conf.type == "macvlan" and conf.ipam["type"] == "netagent"
+    assert code_of(parse_netconf, conf_bytes(ipam=None), scope=ConfigScope.IPAM) == ErrorCode.INVALID_CONFIG
