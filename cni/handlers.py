@@ -74,8 +74,10 @@ class PluginHandlers:
         host_mac = wiring.ROUTED_HOST_MAC if conf.mode is Mode.ROUTED else wiring.random_mac()
         pod_mac = wiring.random_mac()
         rtnl = netns.host_rtnl()
-        wiring.create_veth(rtnl, host_name=host_name, pod_ifname=req.ifname, netns_fd=netns_fd,
-                           mtu=conf.mtu, host_mac=host_mac, pod_mac=pod_mac)
+        known_bridge = wiring.known_bridge_index(conf.bridge) if conf.mode is Mode.BRIDGE else None
+        enslaved = wiring.create_veth(rtnl, host_name=host_name, pod_ifname=req.ifname,
+                                      netns_fd=netns_fd, mtu=conf.mtu, host_mac=host_mac,
+                                      pod_mac=pod_mac, alias=alias, master=known_bridge)
         undo.append(lambda: wiring.delete_link(rtnl, host_name))
 
         allocated = allocation.result()
@@ -102,15 +104,16 @@ class PluginHandlers:
                                           routes=allocated.get("routes", []), host_mac=host_mac)
         if conf.mode is Mode.BRIDGE:
             try:
-                wiring.attach_to_bridge(rtnl, host_name=host_name, bridge_index=bridge_index,
-                                        hairpin=conf.hairpin_mode, alias=alias)
+                if not (enslaved and bridge_index == known_bridge):
+                    wiring.attach_to_bridge(rtnl, host_name=host_name, bridge_index=bridge_index)
+                if conf.hairpin_mode:
+                    wiring.set_hairpin(host_name)
             except NetlinkError as exc:
                 wiring.forget_bridge(conf.bridge)  # someone removed it under us: next ADD repairs
                 raise CniError(ErrorCode.TRY_AGAIN_LATER, f"bridge {conf.bridge} changed during ADD",
                                str(exc)) from None
         else:
-            wiring.route_to_pod(rtnl, host_name=host_name, addresses=addresses, pod_mac=pod_mac,
-                                alias=alias)
+            wiring.route_to_pod(rtnl, host_name=host_name, addresses=addresses, pod_mac=pod_mac)
 
         os.close(netns_fd)
         undo.clear()

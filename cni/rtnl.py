@@ -137,12 +137,20 @@ class Rtnl:
 
 # ---------------------------------------------------------------- message builders
 
-def new_veth(*, name: str, peer_name: str, peer_netns_fd: int, mtu: int, mac: str, peer_mac: str):
-    peer = (_IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _str(IFLA_IFNAME, peer_name)
-            + _u32(IFLA_MTU, mtu) + _attr(IFLA_ADDRESS, _mac(peer_mac)) + _u32(IFLA_NET_NS_FD, peer_netns_fd))
+def new_veth(*, name: str, peer_name: str, peer_netns_fd: int, mtu: int, mac: str, peer_mac: str,
+             master: int | None = None):
+    """The host end born up (and enslaved when `master` is given): no later setlink for it.
+
+    The peer cannot be: the kernel refuses IFF_UP on a veth peer at creation (ENOTCONN).
+    """
+    up = _IFINFO.pack(socket.AF_UNSPEC, 0, 0, IFF_UP, IFF_UP)
+    peer = (_IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _str(IFLA_IFNAME, peer_name) + _u32(IFLA_MTU, mtu) + _attr(IFLA_ADDRESS, _mac(peer_mac))
+            + _u32(IFLA_NET_NS_FD, peer_netns_fd))
     linkinfo = _str(IFLA_INFO_KIND, "veth") + _attr(IFLA_INFO_DATA, _attr(VETH_INFO_PEER, peer))
-    body = (_IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _str(IFLA_IFNAME, name) + _u32(IFLA_MTU, mtu)
-            + _attr(IFLA_ADDRESS, _mac(mac)) + _attr(IFLA_LINKINFO, linkinfo))
+    body = (up + _str(IFLA_IFNAME, name) + _u32(IFLA_MTU, mtu) + _attr(IFLA_ADDRESS, _mac(mac))
+            + _attr(IFLA_LINKINFO, linkinfo))
+    if master is not None:
+        body += _u32(IFLA_MASTER, master)
     return RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body
 
 

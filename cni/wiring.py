@@ -127,6 +127,15 @@ def ensure_bridge(ipr, *, name: str, mtu: int, gateways: list) -> tuple[int, str
     return index, mac
 
 
+def known_bridge_index(name: str) -> int | None:
+    """The bridge's index if this process has ensured it already (no kernel call)."""
+    with _bridges_lock:
+        for key, (index, _) in _bridges.items():
+            if key[0] == name:
+                return index
+    return None
+
+
 def forget_bridge(name: str) -> None:
     with _bridges_lock:
         for key in [k for k in _bridges if k[0] == name]:
@@ -136,15 +145,28 @@ def forget_bridge(name: str) -> None:
 # ---------------------------------------------------------------- veth
 
 def create_veth(rtnl, *, host_name: str, pod_ifname: str, netns_fd: int, mtu: int,
-                host_mac: str, pod_mac: str) -> None:
-    """Create the pair with the pod end inside the pod, both ends named and addressed.
+                host_mac: str, pod_mac: str, alias: str, master: int | None = None) -> bool:
+    """Create the pair with the pod end inside the pod; return True if enslaved to `master`.
 
-    The kernel ignores an alias given at creation, so the host-side functions below set it
-    in the request that brings the host end up.
+    One write: the creation (host end enslaved to an already-known bridge) and the alias,
+    which the kernel ignores at creation and so takes as a second message. A stale bridge
+    index (the bridge was replaced) costs one retry without it.
     """
-    try:
+    def create(with_master):
         rtnl.batch([rtnl_msg.new_veth(name=host_name, peer_name=pod_ifname, peer_netns_fd=netns_fd,
-                                      mtu=mtu, mac=host_mac, peer_mac=pod_mac)])
+                                      mtu=mtu, mac=host_mac, peer_mac=pod_mac, master=with_master),
+                    rtnl_msg.set_link(name=host_name, alias=alias)])
+
+    try:
+        try:
+            create(master)
+            return master is not None
+        except NetlinkError as exc:
+            if master is None or exc.code not in (errno.ENODEV, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            delete_link(rtnl, host_name)
+            create(None)
+            return False
     except NetlinkError as exc:
         if exc.code != errno.EEXIST:
             raise
@@ -223,14 +245,16 @@ def configure_pod(pod_rtnl, *, ifname: str, mode, addresses: list, gateways: dic
 
 # ---------------------------------------------------------------- host side
 
-def attach_to_bridge(rtnl, *, host_name: str, bridge_index: int, hairpin: bool, alias: str) -> None:
-    rtnl.batch([rtnl_msg.set_link(name=host_name, master=bridge_index, alias=alias)])
-    if hairpin:
-        ipr = netns_host_netlink()
-        ipr.brport("set", index=ipr.link_lookup(ifname=host_name)[0], mode=1)
+def attach_to_bridge(rtnl, *, host_name: str, bridge_index: int) -> None:
+    rtnl.batch([rtnl_msg.set_link(name=host_name, master=bridge_index)])
 
 
-def route_to_pod(rtnl, *, host_name: str, addresses: list, pod_mac: str, alias: str) -> None:
+def set_hairpin(host_name: str) -> None:
+    ipr = netns_host_netlink()
+    ipr.brport("set", index=ipr.link_lookup(ifname=host_name)[0], mode=1)
+
+
+def route_to_pod(rtnl, *, host_name: str, addresses: list, pod_mac: str) -> None:
     """Routed mode: bring the host end up, answer ARP for the gateway, route the pod's /32.
 
     The pod's addresses are pinned to its MAC on the host end, as the gateway is pinned
@@ -241,7 +265,7 @@ def route_to_pod(rtnl, *, host_name: str, addresses: list, pod_mac: str, alias: 
         if family == 4:
             write_interface_sysctl(4, host_name, "proxy_arp", "1")
     index = rtnl.link_index(host_name)
-    batch = [rtnl_msg.set_link(index=index, alias=alias)]
+    batch = []
     for addr in addresses:
         batch.append(rtnl_msg.add_route(dst=f"{addr.ip}/{addr.max_prefixlen}", oif=index))
         batch.append(rtnl_msg.add_permanent_neighbour(index=index, address=addr.ip, mac=pod_mac))
