@@ -1,7 +1,7 @@
 """IPAM for the netagent CNI plugin: who hands out pod addresses, and where they are kept.
 
 Two implementations of one set of handlers (add, delete, check, gc, status; see the
-`Ipam` protocol): `BuiltinIpam` (ipam.type "netagent" or "netagent-ipam") allocates in
+`Ipam` = `cni.dispatch.Handlers`): `BuiltinIpam` (ipam.type "netagent" or "netagent-ipam") allocates in
 process from a host-local compatible data directory, and `DelegatedIpam` runs any other
 IPAM plugin binary found in CNI_PATH. `ipam_for` picks one per config.
 
@@ -12,21 +12,15 @@ and the builtin path never imports `subprocess`.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from cni.config import NetConf
-from cni.request import CniRequest
+
+if TYPE_CHECKING:  # IPAM answers the dispatcher's five operations; importing it costs `logging`
+    from cni.dispatch import Handlers as Ipam
 
 
-class Ipam(Protocol):
-    def add(self, conf: NetConf, req: CniRequest) -> dict: ...
-    def delete(self, conf: NetConf, req: CniRequest) -> None: ...
-    def check(self, conf: NetConf, req: CniRequest) -> None: ...
-    def gc(self, conf: NetConf, req: CniRequest, valid: set) -> None: ...
-    def status(self, conf: NetConf, req: CniRequest) -> None: ...
-
-
-def ipam_for(conf: NetConf) -> Ipam:
+def ipam_for(conf: NetConf) -> "Ipam":
     """The handlers serving `conf.ipam.type`: builtin for ours, delegated otherwise."""
     if conf.ipam_is_builtin:
         from cni.ipam.builtin import BuiltinIpam

@@ -24,7 +24,6 @@ import sys
 import pytest
 
 from cni import invoke
-from cni.errors import CniError
 from netagent import namespaces
 
 REFERENCE_DIR = "/usr/lib/cni"

@@ -15,6 +15,7 @@ from cni.config import parse_netconf
 from cni.errors import CniError, ErrorCode
 from cni.ipam.builtin import BuiltinIpam
 from cni.request import CniRequest
+from tests.unit.ipam_worker import WORKER_SCRIPT
 
 HOST_LOCAL = Path("/usr/lib/cni/host-local")
 REPO = Path(__file__).resolve().parents[2]
@@ -148,20 +149,6 @@ def test_old_format_files_are_released_by_both(tmp_path):
     assert [n for n in os.listdir(directory) if n.startswith("10.")] == []
 
 
-WORKER = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from cni.config import parse_netconf
-from cni.ipam.builtin import BuiltinIpam
-from cni.request import CniRequest
-conf = parse_netconf(sys.argv[2].encode())
-ipam = BuiltinIpam()
-out = []
-for i in range(20):
-    req = CniRequest(command="ADD", container_id=f"n{sys.argv[3]}-{i}", netns="/x", ifname="eth0")
-    out.append(ipam.add(conf, req)["ips"][0]["address"])
-print(json.dumps(out))
-"""
 
 HOST_LOCAL_LOOP = """
 set -e
@@ -177,7 +164,7 @@ def test_concurrent_host_local_and_ours_never_collide(tmp_path):
     raw = raw_config(tmp_path / "data", V4)
     config_file = tmp_path / "conf.json"
     config_file.write_text(json.dumps(raw))
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(REPO), json.dumps(raw), str(n)],
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, str(REPO), json.dumps(raw), f"n{n}", "20"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n in range(2)]
     procs += [subprocess.Popen(["sh", "-c", HOST_LOCAL_LOOP, "sh", str(n), str(config_file)],

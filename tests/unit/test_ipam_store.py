@@ -17,6 +17,7 @@ from cni.errors import CniError, ErrorCode
 from cni.ipam.builtin import BuiltinIpam
 from cni.ipam.store import DiskStore, FakeStore, owner_text
 from cni.request import CniRequest
+from tests.unit.ipam_worker import WORKER_SCRIPT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -174,27 +175,13 @@ def test_threads_allocate_distinct_addresses(tmp_path):
     assert owners == set(results)
 
 
-WORKER = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from cni.config import parse_netconf
-from cni.ipam.builtin import BuiltinIpam
-from cni.request import CniRequest
-conf = parse_netconf(sys.argv[2].encode())
-ipam = BuiltinIpam()
-out = []
-for i in range(25):
-    req = CniRequest(command="ADD", container_id=f"p{sys.argv[3]}-{i}", netns="/x", ifname="eth0")
-    out.append(ipam.add(conf, req)["ips"][0]["address"])
-print(json.dumps(out))
-"""
 
 
 def test_processes_allocate_distinct_addresses(tmp_path):
     raw = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "netagent",
                       "ipam": {"type": "netagent", "dataDir": str(tmp_path),
                                "subnet": "10.0.0.0/24"}})
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(REPO), raw, str(n)],
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, str(REPO), raw, f"p{n}", "25"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n in range(4)]
     got = []
