@@ -134,12 +134,11 @@ class PluginHandlers:
                 "dns": conf.dns or allocated.get("dns") or {}}
 
     def delete(self, conf: NetConf, req: CniRequest) -> None:
-        host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
         if self.deferred is None:
             self.delete_now(conf, req)
             return
         validate_ipam(conf, req)  # a config error is still reported to the runtime
-        self.deferred.submit(host_name, conf, req)
+        self.deferred.submit(wiring.host_veth_name(conf.name, req.container_id, req.ifname), conf, req)
 
     def delete_now(self, conf: NetConf, req: CniRequest) -> None:
         """The veth first, then the addresses, so no address is reused while a veth holds it.
