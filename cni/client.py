@@ -66,11 +66,10 @@ def ask_agent(path: str, env: dict, stdin: bytes, *, timeout: float = AGENT_TIME
         sock.close()
 
 
-def _error_reply(config: dict, code: int, msg: str, details: str) -> tuple[int, bytes]:
-    import json
-    from cni.config import peek_version
-    return 1, json.dumps({"cniVersion": peek_version(config), "code": code, "msg": msg,
-                          "details": details}).encode()
+def _error_reply(stdin: bytes, code: int, msg: str, details: str) -> tuple[int, bytes]:
+    from cni.dispatch import render_error  # error path only: loads json and logging
+    from cni.errors import CniError
+    return 1, render_error(stdin, CniError(code, msg, details)).encode()
 
 
 def run_in_process(env: dict, stdin: bytes) -> tuple[int, bytes]:
@@ -96,7 +95,7 @@ def main() -> int:
         try:
             reply = ask_agent(path, env, stdin)
         except (OSError, wire.WireError) as exc:
-            reply = _error_reply(config, 11, "the netagent agent did not answer", f"{path}: {exc}")
+            reply = _error_reply(stdin, 11, "the netagent agent did not answer", f"{path}: {exc}")
     if reply is None:
         reply = run_in_process(env, stdin)
     code, out = reply

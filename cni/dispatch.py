@@ -91,21 +91,28 @@ def _run(req: CniRequest, handlers: Handlers, scope: ConfigScope) -> str:
     return ""
 
 
+def render_error(stdin: bytes, error: CniError) -> str:
+    """The spec's error object, in the version the config on stdin asked for when readable.
+
+    Only failures pay for reading the version: the success path decodes the config once.
+    """
+    try:
+        config = json.loads(stdin) if stdin.strip() else {}
+    except (ValueError, UnicodeDecodeError):
+        config = {}
+    return json.dumps(error.to_dict(peek_version(config if isinstance(config, dict) else {})))
+
+
 def execute(environ, stdin: bytes, handlers: Handlers, *,
             scope: ConfigScope = ConfigScope.PLUGIN) -> tuple[int, str]:
     """Run one CNI request; return (exit code, stdout text). Never raises."""
-    reply_version = cni_version.LATEST
     try:
-        try:
-            reply_version = peek_version(json.loads(stdin)) if stdin.strip() else reply_version
-        except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
-            pass
         req = request_from_environment(environ, stdin)
         return 0, _run(req, handlers, scope)
     except CniError as err:
         log.info("CNI %s failed: %s", environ.get("CNI_COMMAND", "?"), err)
-        return 1, json.dumps(err.to_dict(reply_version))
+        return 1, render_error(stdin, err)
     except Exception as exc:  # a bug or an unexpected kernel answer: still a spec error
         log.error("CNI %s crashed:\n%s", environ.get("CNI_COMMAND", "?"), traceback.format_exc())
         err = CniError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", str(exc))
-        return 1, json.dumps(err.to_dict(reply_version))
+        return 1, render_error(stdin, err)

@@ -165,7 +165,7 @@ class PluginHandlers:
             raise CniError(ErrorCode.CHECK_FAILED, f"prevResult has no interface {req.ifname} in a sandbox")
         fd = netns.open_netns(req.netns)
         try:
-            with wiring.closing_netlink(netns.netlink_in(fd)) as pod_ipr:
+            with netns.netlink_in(fd) as pod_ipr:
                 state = wiring.pod_state(pod_ipr, req.ifname)
         finally:
             os.close(fd)

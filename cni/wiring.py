@@ -20,7 +20,6 @@ set-up and inspection use pyroute2.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import ipaddress
@@ -39,7 +38,6 @@ BRIDGE_ALIAS = "netagent-bridge"
 ROUTED_HOST_MAC = "ee:ee:ee:ee:ee:ee"
 ROUTED_GATEWAY_V4 = ipaddress.ip_address("169.254.1.1")
 ROUTED_GATEWAY_V6 = ipaddress.ip_address("fe80::ecee:eeff:feee:eeee")
-IFA_F_NODAD = 0x02
 LOOPBACK_INDEX = 1  # the kernel registers lo first in every namespace
 _DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
 
@@ -119,7 +117,7 @@ def ensure_bridge(ipr, *, name: str, mtu: int, gateways: list) -> tuple[int, str
     for gateway in gateways:
         _ignore_exists(ipr.addr, "add", index=index, address=str(gateway.ip),
                        prefixlen=gateway.network.prefixlen,
-                       **({"flags": IFA_F_NODAD} if gateway.version == 6 else {}))
+                       **({"flags": rtnl_msg.IFA_F_NODAD} if gateway.version == 6 else {}))
         enable_forwarding(gateway.version)
     mac = link.get_attr("IFLA_ADDRESS")
     with _bridges_lock:
@@ -316,12 +314,3 @@ def network_host_veths(ipr, network: str) -> list[str]:
                 and link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "veth"):
             names.append(name)
     return names
-
-
-@contextlib.contextmanager
-def closing_netlink(ipr):
-    try:
-        yield ipr
-    finally:
-        with contextlib.suppress(Exception):
-            ipr.close()

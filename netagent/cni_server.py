@@ -8,7 +8,6 @@ letting the runtime wait. STATUS when not ready is code 50, as the spec asks.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -20,8 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from cni import wire
-from cni.config import peek_version
-from cni.dispatch import Handlers, execute
+from cni.dispatch import Handlers, execute, render_error
 from cni.errors import CniError, ErrorCode
 
 log = logging.getLogger("netagent.cni_server")
@@ -35,12 +33,7 @@ def _peer_uid(conn: socket.socket) -> int:
 
 
 def _error_reply(stdin: bytes, error: CniError) -> bytes:
-    try:
-        config = json.loads(stdin) if stdin.strip() else {}
-    except ValueError:
-        config = {}
-    version = peek_version(config if isinstance(config, dict) else {})
-    return wire.encode_reply(1, json.dumps(error.to_dict(version)))
+    return wire.encode_reply(1, render_error(stdin, error))
 
 
 def _read_request(conn: socket.socket) -> bytes:

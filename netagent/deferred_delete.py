@@ -91,10 +91,6 @@ class DeferredDeleter:
             if not events[0].wait(max(0.0, deadline - time.monotonic())):
                 return False
 
-    def pending_count(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
     # ------------------------------------------------------------ worker
     def _enqueue(self, key: str) -> None:
         with self._lock:

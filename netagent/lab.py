@@ -41,6 +41,13 @@ class Pod:
         return self.result["ips"][0]["address"].split("/")[0]
 
 
+def _raise_for_failure(code: int, out: dict | None, command: str) -> None:
+    """A plugin exit status and its error object, as the CniError a runtime would report."""
+    if code != 0:
+        out = out or {}
+        raise CniError(out.get("code", 100), out.get("msg", f"{command} failed"), out.get("details", ""))
+
+
 class LabNode:
     """One node: its namespace, its plugin install, optionally its agent, and its pods."""
 
@@ -174,9 +181,7 @@ class LabNode:
         container_id = f"{self.prefix}-{name}"
         code, out = self.cni("ADD", container_id=container_id, netns=namespaces.netns_path(netns_name),
                              ifname=ifname)
-        if code != 0:
-            raise CniError(out.get("code", 100) if out else 100,
-                           (out or {}).get("msg", "ADD failed"), (out or {}).get("details", ""))
+        _raise_for_failure(code, out, "ADD")
         pod = Pod(name=name, container_id=container_id, netns_name=netns_name, ifname=ifname, result=out)
         self.pods[name] = pod
         return pod
@@ -185,8 +190,7 @@ class LabNode:
         pod = self.pods.pop(name)
         code, out = self.cni("DEL", container_id=pod.container_id, netns=pod.netns, ifname=pod.ifname)
         namespaces.remove(pod.netns_name)
-        if code != 0:
-            raise CniError(out.get("code", 100) if out else 100, (out or {}).get("msg", "DEL failed"))
+        _raise_for_failure(code, out, "DEL")
 
     def exec_in(self, pod_or_node: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
         netns_name = self.node if pod_or_node == "node" else self.pods[pod_or_node].netns_name
