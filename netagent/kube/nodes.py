@@ -1,0 +1,24 @@
+"""The Node reads and writes the agent makes itself (outside the Node reflector).
+
+At start the agent reads its own Node (podCIDR, addresses) before the reflector has synced,
+and it publishes its backend data (VTEP MAC, public IP) as annotations with one merge patch:
+a merge patch touches only the keys it names, so two writers of different annotations never
+conflict, and a None value removes a key. Plain dicts, like everything in `netagent.kube`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from netagent.kube.config import MERGE_PATCH, request_json
+from netagent.kube.resources import NODES
+
+
+def get_node(api_client, name: str) -> dict:
+    """The Node object; KubeApiError (status 404) when there is none."""
+    return request_json(api_client, "GET", NODES.object_path(name))
+
+
+def patch_node_annotations(api_client, node_name: str, annotations: Mapping[str, str | None]) -> dict:
+    """Set (str) or remove (None) annotations on a Node; returns the updated Node."""
+    body = {"metadata": {"annotations": dict(annotations)}}
+    return request_json(api_client, "PATCH", NODES.object_path(node_name), body=body, content_type=MERGE_PATCH)

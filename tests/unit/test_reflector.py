@@ -1,0 +1,403 @@
+"""The reflector against the lab API server over loopback TCP, through the official client.
+
+Outages are made two ways: a `FaultyProxy` between the reflector and the server that cuts
+every connection and refuses new ones, and a real stop/restart of the server on the same
+port with its state file (changed meanwhile by another server instance).
+"""
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+
+import pytest
+from kubernetes import client
+
+from netagent.kube.config import KubeApiError, request_json
+from netagent.kube.nodes import get_node, patch_node_annotations
+from netagent.kube.reflector import Backoff, Reflector
+from netagent.kube.resources import NODES, SERVICES, object_key
+from netagent.lab.apiserver import ApiServer
+
+FAST_BACKOFF = Backoff(initial=0.05, maximum=0.2, factor=2, jitter=0.2)
+
+
+def node(name: str, **labels: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {}}
+
+
+class RecordingHandler:
+    """Records (event, name) pairs; can be told to raise on chosen names."""
+
+    def __init__(self, *, raise_on: frozenset[str] = frozenset()) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.objects: list[dict] = []
+        self.raise_on = raise_on
+        self._changed = threading.Condition()
+
+    def _record(self, kind: str, obj: dict | None) -> None:
+        with self._changed:
+            self.events.append((kind, obj["metadata"]["name"] if obj else ""))
+            if obj is not None:
+                self.objects.append(obj)
+            self._changed.notify_all()
+        if obj is not None and obj["metadata"]["name"] in self.raise_on:
+            raise RuntimeError(f"handler bug on {obj['metadata']['name']}")
+
+    def on_add(self, obj: dict) -> None:
+        self._record("add", obj)
+
+    def on_update(self, old: dict, new: dict) -> None:
+        assert old["metadata"]["name"] == new["metadata"]["name"]
+        self._record("update", new)
+
+    def on_delete(self, obj: dict) -> None:
+        self._record("delete", obj)
+
+    def on_synced(self) -> None:
+        self._record("synced", None)
+
+    def wait_for(self, predicate, *, timeout: float = 5.0) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: predicate(self.events), timeout), f"got {self.events}"
+
+    def clear(self) -> None:
+        with self._changed:
+            self.events.clear()
+
+
+def wait_until(predicate, *, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+class FaultyProxy:
+    """A TCP proxy in front of the API server that can cut all connections and refuse new ones."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._up = True
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._up:
+                downstream.close()
+                continue
+            upstream = socket.create_connection(self._target)
+            with self._lock:
+                self._sockets.update((downstream, upstream))
+            for source, sink in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self._up = False
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def restore(self) -> None:
+        self._up = True
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+
+@pytest.fixture
+def server():
+    api_server = ApiServer(bookmark_interval=0.1)
+    api_server.start()
+    yield api_server
+    api_server.stop()
+
+
+def api_client_for(url: str) -> client.ApiClient:
+    return client.ApiClient(client.Configuration(host=url))
+
+
+@pytest.fixture
+def reflectors():
+    """Start reflectors through `make(...)`; all are stopped at the end."""
+    started: list[tuple[Reflector, client.ApiClient]] = []
+
+    def make(url: str, handler, **options) -> Reflector:
+        api_client = api_client_for(url)
+        options.setdefault("resource", NODES)
+        options.setdefault("backoff", FAST_BACKOFF)
+        reflector = Reflector(api_client=api_client, handler=handler, **options)
+        reflector.start()
+        started.append((reflector, api_client))
+        return reflector
+
+    yield make
+    for reflector, api_client in started:
+        reflector.stop()
+        api_client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+def test_initial_list_is_paged_delivered_then_synced(server, reflectors):
+    for index in range(7):
+        server.create(node(f"n{index}"))
+    handler = RecordingHandler()
+    reflector = reflectors(server.url, handler, page_size=3)
+    assert reflector.synced.wait(5)
+    assert handler.events == [("add", f"n{index}") for index in range(7)] + [("synced", "")]
+    assert reflector.stats.list_requests == 3 and reflector.stats.lists == 1
+    assert sorted(reflector.store.keys()) == [f"n{index}" for index in range(7)]
+    assert reflector.store.get("n3")["kind"] == "Node"  # list items get their kind back
+    assert reflector.last_resource_version == str(server.resource_version)
+
+
+def test_watch_events_reach_the_store_and_the_handler(server, reflectors):
+    handler = RecordingHandler()
+    reflector = reflectors(server.url, handler)
+    assert reflector.synced.wait(5)
+    server.create(node("n1"))
+    server.patch(NODES, "n1", {"metadata": {"labels": {"x": "1"}}})
+    handler.wait_for(lambda events: ("update", "n1") in events)
+    assert reflector.store.get("n1")["metadata"]["labels"] == {"x": "1"}
+    server.delete(NODES, "n1")
+    handler.wait_for(lambda events: ("delete", "n1") in events)
+    assert handler.events == [("synced", ""), ("add", "n1"), ("update", "n1"), ("delete", "n1")]
+    assert reflector.store.get("n1") is None
+    assert reflector.last_resource_version == str(server.resource_version)
+    counts = reflector.stats.events_by_type()
+    assert (counts["ADDED"], counts["MODIFIED"], counts["DELETED"]) == (1, 1, 1)
+
+
+def test_a_bookmark_only_advances_the_resource_version(server, reflectors):
+    handler = RecordingHandler()
+    reflector = reflectors(server.url, handler)
+    assert reflector.synced.wait(5)
+    before = int(reflector.last_resource_version)
+    server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "elsewhere"}})
+    wait_until(lambda: int(reflector.last_resource_version) == server.resource_version)
+    assert int(reflector.last_resource_version) > before
+    assert reflector.stats.events["BOOKMARK"] >= 1
+    assert handler.events == [("synced", "")]
+
+
+def test_a_watch_that_ends_is_reopened_from_the_last_resource_version(server, reflectors):
+    handler = RecordingHandler()
+    reflector = reflectors(server.url, handler, watch_timeout=1)
+    assert reflector.synced.wait(5)
+    wait_until(lambda: reflector.stats.watch_restarts >= 1, timeout=5)
+    server.create(node("late"))
+    handler.wait_for(lambda events: ("add", "late") in events)
+    assert reflector.stats.lists == 1 and reflector.stats.relists_after_expired == 0
+
+
+def test_outage_then_compaction_gives_410_and_a_relist_that_delivers_the_differences(server, reflectors):
+    for name in ("keep", "change", "remove"):
+        server.create(node(name))
+    proxy = FaultyProxy(server.port)
+    try:
+        handler = RecordingHandler()
+        reflector = reflectors(proxy.url, handler)
+        assert reflector.synced.wait(5)
+        handler.clear()
+        proxy.cut()
+        wait_until(lambda: reflector.stats.failed_requests >= 2)
+        server.patch(NODES, "change", {"metadata": {"labels": {"changed": "yes"}}})
+        server.delete(NODES, "remove")
+        server.create(node("new"))
+        server.compact()
+        proxy.restore()
+        handler.wait_for(lambda events: len(events) == 3)
+        assert sorted(handler.events) == [("add", "new"), ("delete", "remove"), ("update", "change")]
+        assert reflector.stats.relists_after_expired == 1 and reflector.stats.lists == 2
+        assert reflector.stats.outages == reflector.stats.errors == 1
+        assert reflector.stats.relists == 2
+        assert sorted(reflector.store.keys()) == ["change", "keep", "new"]
+        server.create(node("after"))
+        handler.wait_for(lambda events: ("add", "after") in events)
+    finally:
+        proxy.close()
+
+
+def test_api_server_restart_on_the_same_port_delivers_a_delete_made_while_it_was_down(tmp_path, reflectors):
+    state = str(tmp_path / "state.json")
+    first = ApiServer(state_file=state, bookmark_interval=0.1)
+    first.start()
+    port = first.port
+    first.create(node("stays"))
+    first.create(node("goes"))
+    handler = RecordingHandler()
+    reflector = reflectors(first.url, handler)
+    assert reflector.synced.wait(5)
+    handler.clear()
+    first.stop()
+    wait_until(lambda: reflector.stats.failed_requests >= 1)
+    offline = ApiServer(state_file=state)  # another instance edits the state while no server runs
+    offline.delete(NODES, "goes")
+    offline.stop()
+    restarted = ApiServer(state_file=state, bookmark_interval=0.1)
+    restarted.start(port=port)
+    try:
+        handler.wait_for(lambda events: ("delete", "goes") in events)
+        assert handler.events == [("delete", "goes")]
+        assert reflector.stats.outages == 1 and reflector.stats.relists_after_expired == 1
+        restarted.create(node("new"))
+        handler.wait_for(lambda events: ("add", "new") in events)
+    finally:
+        restarted.stop()
+
+
+def test_a_handler_that_raises_does_not_stop_the_reflector(server, reflectors):
+    handler = RecordingHandler(raise_on=frozenset({"bad"}))
+    reflector = reflectors(server.url, handler)
+    assert reflector.synced.wait(5)
+    server.create(node("bad"))
+    server.create(node("good"))
+    handler.wait_for(lambda events: ("add", "good") in events)
+    assert reflector.stats.handler_errors == 1
+    assert "bad" in reflector.store
+
+
+def test_a_label_selector_reflector_sees_objects_leave_and_enter(server, reflectors):
+    server.create(node("n1", role="edge"))
+    server.create(node("n2", role="core"))
+    handler = RecordingHandler()
+    reflector = reflectors(server.url, handler, label_selector="role=edge")
+    assert reflector.synced.wait(5)
+    server.patch(NODES, "n1", {"metadata": {"labels": {"role": "core"}}})
+    server.patch(NODES, "n2", {"metadata": {"labels": {"role": "edge"}}})
+    handler.wait_for(lambda events: len(events) == 4)
+    assert handler.events == [("add", "n1"), ("synced", ""), ("delete", "n1"), ("add", "n2")]
+    assert reflector.store.keys() == ["n2"]
+
+
+def test_namespaced_resource_keys(server, reflectors):
+    server.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}})
+    reflector = reflectors(server.url, RecordingHandler(), resource=SERVICES)
+    assert reflector.synced.wait(5)
+    assert reflector.store.keys() == ["default/web"]
+    assert object_key(reflector.store.get("default/web")) == "default/web"
+
+
+def test_stop_is_prompt_while_watching_and_while_backing_off(server):
+    watching = Reflector(api_client=api_client_for(server.url), resource=NODES, handler=RecordingHandler())
+    watching.start()
+    assert watching.synced.wait(5) and watching.running
+    wait_until(lambda: server.watcher_count() == 1)
+    started = time.monotonic()
+    watching.stop()
+    assert time.monotonic() - started < 1.0
+    assert not watching.running
+    wait_until(lambda: server.watcher_count() == 0)
+
+    unused = socket.create_server(("127.0.0.1", 0))
+    dead_port = unused.getsockname()[1]
+    unused.close()
+    backing_off = Reflector(
+        api_client=api_client_for(f"http://127.0.0.1:{dead_port}"),
+        resource=NODES,
+        handler=RecordingHandler(),
+        backoff=Backoff(initial=30, maximum=30),
+    )
+    backing_off.start()
+    wait_until(lambda: backing_off.stats.failed_requests >= 1)
+    started = time.monotonic()
+    backing_off.stop()
+    assert time.monotonic() - started < 1.0
+    assert not backing_off.running
+    assert backing_off.stats.outages == 1 and not backing_off.synced.is_set()
+
+
+def test_node_helpers_patch_annotations_and_read(server):
+    server.create(node("n1"))
+    with api_client_for(server.url) as api_client:
+        patched = patch_node_annotations(api_client, "n1", {"netagent.io/public-ip": "10.0.0.1", "x": "y"})
+        assert patched["metadata"]["annotations"] == {"netagent.io/public-ip": "10.0.0.1", "x": "y"}
+        patch_node_annotations(api_client, "n1", {"x": None})
+        assert get_node(api_client, "n1")["metadata"]["annotations"] == {"netagent.io/public-ip": "10.0.0.1"}
+        with pytest.raises(KubeApiError) as missing:
+            get_node(api_client, "nope")
+        assert missing.value.status == 404 and missing.value.reason == "NotFound"
+
+
+def test_backoff_grows_caps_and_jitters():
+    backoff = Backoff(initial=0.5, maximum=4, factor=2, jitter=0.2)
+    assert [round(Backoff(initial=0.5, maximum=4, factor=2, jitter=0).delay(n), 3) for n in range(6)] == [
+        0.5, 1.0, 2.0, 4.0, 4.0, 4.0
+    ]
+    delays = [backoff.delay(10) for _ in range(200)]
+    assert min(delays) >= 3.2 and max(delays) <= 4.8 and len(set(delays)) > 100
+
+
+# ---------------------------------------------------------------------------------------------
+# measurements (printed; run with -s to see them)
+# ---------------------------------------------------------------------------------------------
+def test_measure_listing_10000_nodes_through_the_reflector(server, reflectors):
+    for index in range(10000):
+        server.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{index:05d}"},
+                       "spec": {"podCIDR": f"10.{index // 256}.{index % 256}.0/24"}})
+    handler = RecordingHandler()
+    started = time.monotonic()
+    reflector = reflectors(server.url, handler, page_size=500)
+    assert reflector.synced.wait(30)
+    elapsed = time.monotonic() - started
+    assert len(reflector.store) == 10000 and len(handler.events) == 10001
+    print(f"\nreflector: list of 10,000 nodes in 20 pages delivered in {elapsed:.2f} s")
+    assert elapsed < 10
+
+
+def test_measure_watch_latency_from_create_to_handler(server, reflectors):
+    delivered: dict[str, float] = {}
+    arrived = threading.Condition()
+
+    class Timestamping(RecordingHandler):
+        def on_add(self, obj: dict) -> None:
+            with arrived:
+                delivered[obj["metadata"]["name"]] = time.perf_counter()
+                arrived.notify_all()
+
+    reflector = reflectors(server.url, Timestamping())
+    assert reflector.synced.wait(5)
+    latencies = []
+    with api_client_for(server.url) as writer:
+        for index in range(300):
+            name = f"lat-{index}"
+            sent = time.perf_counter()
+            request_json(writer, "POST", NODES.list_path(), body={"metadata": {"name": name}})
+            with arrived:
+                assert arrived.wait_for(lambda: name in delivered, 5)
+            latencies.append(delivered[name] - sent)
+    median = statistics.median(latencies)
+    p95 = sorted(latencies)[int(len(latencies) * 0.95)]
+    print(f"\nwatch latency create -> handler over 300 events: median {median * 1000:.2f} ms, p95 {p95 * 1000:.2f} ms")
+    assert median < 0.05
