@@ -1,0 +1,26 @@
+"""Cross-node pod routing: make every remote node's pod CIDR reachable from this node.
+
+The package is shaped like flannel's backends (one small module per mode) around the
+seams of ARCHITECTURE.md:
+
+    model.py        the vocabulary: settings, local node, peers, desired kernel objects,
+                    the report, and the kernel seam (`RoutingKernel`)
+    vxlan.py        VXLAN: one device, per peer a permanent neighbour, an FDB entry, a route
+    hostgw.py       host-gw: per peer a route via the peer's underlay address
+    ipip.py         IPIP: one NBMA tunnel device, per peer an onlink route via the peer
+    auto.py         per peer: host-gw on the same underlay subnet, encapsulation otherwise
+    plan.py         `render_plan` (pure: local node + peers + settings -> Plan), the object
+                    diff and the device drift check shared by both kernels
+    kernel.py       `NetlinkKernel`: the real kernel over one pyroute2 IPRoute socket
+    fake_kernel.py  `FakeKernel`: keeps state and validates like the kernel, for unit tests
+    routes.py       `RouteManager`: ensure the devices, then diff the plan against what is
+                    programmed (a kernel dump for `sync_all`, memory for `apply_changes`)
+                    and change only the difference
+
+Ownership: our devices are named `na-*` (kinds vxlan and ipip) and everything on them is
+ours; our routes carry route protocol 78 (`ROUTE_PROTOCOL`), so routes we add on the
+shared underlay device are found and removed without touching anyone else's.
+
+IPv4 only in this release: IPv6 pod CIDRs are ignored by routing (the plan lists them and
+the manager logs that once).
+"""

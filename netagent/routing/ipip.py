@@ -1,0 +1,25 @@
+"""The IPIP backend: one NBMA tunnel device, and per peer an onlink route via the peer.
+
+The device (`na-ipip`, kind ipip) has a local address and no remote: the kernel takes the
+outer destination from each route's gateway, so one device serves every peer and a peer
+costs a single route, `<peer CIDR> via <peer public IP> dev na-ipip onlink`. A dedicated
+device rather than the fallback `tunl0`, so that our device, its MTU and its address are
+ours alone. MTU is the underlay's less 20 bytes (the outer IPv4 header). IPIP carries no
+Ethernet header, so there are no neighbour or FDB entries.
+"""
+from __future__ import annotations
+
+from netagent.routing.model import IpipDevice, LocalNode, Mode, Peer, PeerPlan, Route, RoutingSettings
+
+IPIP_OVERHEAD = 20
+
+
+def render_ipip_device(local: LocalNode, settings: RoutingSettings) -> IpipDevice:
+    return IpipDevice(ifname=settings.ipip_ifname, local=local.public_ip,
+                      mtu=local.underlay_mtu - IPIP_OVERHEAD, address=local.tunnel_address)
+
+
+def render_ipip_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> PeerPlan:
+    return PeerPlan(name=peer.name, mode=Mode.IPIP,
+                    routes=tuple(Route(dst=cidr, gateway=peer.public_ip, ifname=settings.ipip_ifname,
+                                       onlink=True) for cidr in cidrs))

@@ -1,0 +1,337 @@
+"""`NetlinkKernel`: the routing kernel seam over one reused pyroute2 `IPRoute` instance.
+
+The object belongs to the network namespace of the thread that built it, whatever thread
+calls it later. That needs care: pyroute2 0.9 keeps its netlink socket per thread and
+opens a new one, in the calling thread's current namespace, on a thread's first call. So
+the constructor remembers its namespace, and every public method runs with the calling
+thread inside it (a `setns` there and back, skipped when the thread is already there,
+which is always the case in the agent). The ethtool ioctl socket is opened in the
+constructor and is bound to the namespace from then on.
+
+Interface indexes are cached by name and the cache is dropped whenever this class creates
+or deletes a link, or a call reports the device gone (the reconciler then re-runs a full
+sync, which re-ensures devices). pyroute2's `NetlinkError` is translated to the seam's
+`KernelError` so the reconciler never depends on pyroute2. Deletes of objects already
+gone succeed.
+
+The VXLAN checksum workaround uses pyroute2's ethtool ioctl support (`IoctlEthtool`,
+`ETHTOOL_SFEATURES`) to turn `tx-checksum-ip-generic` off: no `ethtool` binary is needed
+(none is installed on the build machine).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import errno
+import functools
+import logging
+import os
+import socket
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+
+from pyroute2 import IPRoute, NetlinkError
+from pyroute2.ethtool.ioctl import IoctlEthtool
+
+from netagent.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
+    Neighbour, ObservedDevice, Route, VxlanDevice
+from netagent.routing.plan import describe, device_drift
+
+log = logging.getLogger("netagent.routing")
+
+MAIN_TABLE = 254
+RTN_UNICAST = 1
+RTNH_F_ONLINK = 0x4
+NUD_PERMANENT = 0x80
+NTF_SELF = 0x02
+IFF_UP = 0x1
+TX_CHECKSUM_FEATURE = "tx-checksum-ip-generic"
+_GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV)
+
+
+class IfGone(enum.Enum):
+    RAISE = "raise"
+    SUCCEED = "succeed"  # deletes: the object being absent already is the goal
+
+
+CLONE_NEWNET = 0x40000000
+_THREAD_NETNS = "/proc/thread-self/ns/net"
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _identity(path_or_fd) -> tuple[int, int]:
+    found = os.stat(path_or_fd)
+    return found.st_dev, found.st_ino
+
+
+def _in_own_netns(method):
+    """Run `method` with the calling thread inside the kernel object's network namespace."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if _identity(_THREAD_NETNS) == self._netns_identity:
+            return method(self, *args, **kwargs)
+        home = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(self._netns_fd)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _setns(home)  # if this fails the thread is unusable: let it raise
+        finally:
+            os.close(home)
+    return run
+
+
+class NetlinkKernel:
+    def __init__(self, *, protocol: int = ROUTE_PROTOCOL) -> None:
+        self.protocol = protocol
+        self._netns_fd = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        self._netns_identity = _identity(self._netns_fd)
+        self._ipr = IPRoute()
+        self._ethtool = IoctlEthtool()
+        self._indexes: dict[str, int] = {}
+
+    def close(self) -> None:
+        self._ipr.close()
+        self._ethtool.close()
+        os.close(self._netns_fd)
+
+    def __enter__(self) -> "NetlinkKernel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ plumbing
+    @contextlib.contextmanager
+    def _call(self, what: str, *, ifname: str | None = None, if_gone: IfGone = IfGone.RAISE):
+        """Translate netlink errors; forget a vanished device's index; maybe accept "already gone"."""
+        try:
+            yield
+        except (NetlinkError, KernelError) as exc:
+            if exc.code == errno.ENODEV and ifname is not None:
+                self._indexes.pop(ifname, None)
+            if if_gone is IfGone.SUCCEED and exc.code in _GONE:
+                return
+            if isinstance(exc, KernelError):
+                raise
+            raise KernelError(exc.code, f"{what}: {exc.args[1] if len(exc.args) > 1 else exc}") from None
+
+    def _index(self, ifname: str) -> int:
+        index = self._indexes.get(ifname)
+        if index is None:
+            found = self._ipr.link_lookup(ifname=ifname)
+            if not found:
+                raise KernelError(errno.ENODEV, f"no device {ifname}")
+            index = self._indexes[ifname] = found[0]
+        return index
+
+    def _names_by_index(self) -> dict[int, str]:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in self._ipr.get_links()}
+        self._indexes = {name: index for index, name in names.items()}
+        return names
+
+    # ------------------------------------------------------------ links
+    @_in_own_netns
+    def links_with_prefix(self, prefix: str) -> dict[str, str]:
+        found = {}
+        for link in self._ipr.get_links():
+            name = link.get_attr("IFLA_IFNAME")
+            if name.startswith(prefix):
+                found[name] = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
+        return found
+
+    @_in_own_netns
+    def delete_link(self, ifname: str) -> None:
+        self._indexes.pop(ifname, None)
+        with self._call(f"delete link {ifname}", if_gone=IfGone.SUCCEED):
+            self._ipr.link("del", ifname=ifname)
+
+    @_in_own_netns
+    def observe(self, ifname: str) -> ObservedDevice | None:
+        """The device as the kernel reports it, or None when there is none."""
+        try:
+            link = self._ipr.link("get", ifname=ifname)[0]
+        except NetlinkError as exc:
+            if exc.code == errno.ENODEV:
+                return None
+            raise KernelError(exc.code, f"get link {ifname}") from None
+        index = link["index"]
+        self._indexes[ifname] = index
+        kind = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
+        data = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
+        addresses = frozenset(IPv4Interface(f"{a.get_attr('IFA_LOCAL') or a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
+                              for a in self._ipr.get_addr(family=socket.AF_INET, index=index))
+        common = dict(ifname=ifname, kind=kind, mtu=link.get_attr("IFLA_MTU"), up=bool(link["flags"] & IFF_UP),
+                      addresses=addresses)
+        if kind == "vxlan" and data is not None:
+            underlay = data.get_attr("IFLA_VXLAN_LINK")
+            local = data.get_attr("IFLA_VXLAN_LOCAL")
+            return ObservedDevice(
+                **common, mac=link.get_attr("IFLA_ADDRESS"), vni=data.get_attr("IFLA_VXLAN_ID"),
+                port=data.get_attr("IFLA_VXLAN_PORT"), local=IPv4Address(local) if local else None,
+                underlay_ifname=self._names_by_index().get(underlay) if underlay else None,
+                learning=bool(data.get_attr("IFLA_VXLAN_LEARNING")), tx_checksum=self._tx_checksum(ifname))
+        if kind == "ipip" and data is not None:
+            local, remote = data.get_attr("IFLA_IPIP_LOCAL"), data.get_attr("IFLA_IPIP_REMOTE")
+            return ObservedDevice(**common, local=IPv4Address(local) if local else None,
+                                  remote=IPv4Address(remote) if remote else None)
+        return ObservedDevice(**common)
+
+    @_in_own_netns
+    def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange:
+        def create() -> None:
+            self._ipr.link("add", ifname=device.ifname, kind="vxlan", vxlan_id=device.vni,
+                           vxlan_local=str(device.local), vxlan_link=self._index(device.underlay_ifname),
+                           vxlan_port=device.port, vxlan_learning=0, address=device.mac, mtu=device.mtu)
+        return self._ensure(device, create)
+
+    @_in_own_netns
+    def ensure_ipip(self, device: IpipDevice) -> DeviceChange:
+        def create() -> None:
+            # NBMA: a local address and no remote; each route's gateway is the outer destination
+            self._ipr.link("add", ifname=device.ifname, kind="ipip", ipip_local=str(device.local), mtu=device.mtu)
+        return self._ensure(device, create)
+
+    def _ensure(self, device, create) -> DeviceChange:
+        observed = self.observe(device.ifname)
+        drift = device_drift(device, observed)
+        if not drift:
+            return DeviceChange.UNCHANGED
+        emptied = drift.empties_device
+        if drift.recreate:
+            if observed is not None:
+                log.warning("recreating %s: %s", device.ifname, drift.recreate)
+                self.delete_link(device.ifname)
+            with self._call(f"create {describe(device)}"):
+                create()
+            drift = device_drift(device, self.observe(device.ifname))
+        else:
+            log.info("repairing %s: %s", device.ifname, drift)
+        if drift:
+            self._repair(device.ifname, drift)
+        return DeviceChange.EMPTIED if emptied else DeviceChange.REPAIRED
+
+    def _repair(self, ifname: str, drift) -> None:
+        index = self._index(ifname)
+        changes = {}
+        if drift.mtu is not None:
+            changes["mtu"] = drift.mtu
+        if drift.mac is not None:
+            changes["address"] = drift.mac
+        if drift.bring_up:
+            changes["state"] = "up"
+        with self._call(f"set link {ifname}", ifname=ifname):
+            if changes:
+                self._ipr.link("set", index=index, **changes)
+            for address in drift.remove_addresses:
+                self._ipr.addr("del", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
+            for address in drift.add_addresses:
+                self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
+        if drift.checksum_off:
+            self._set_tx_checksum_off(ifname)
+
+    def _tx_checksum(self, ifname: str) -> bool | None:
+        """Whether tx-checksum-ip-generic is on; None when the device cannot change it."""
+        try:
+            self._ethtool.change_ifname(ifname)
+            features = self._ethtool.get_features()
+        except OSError as exc:
+            raise KernelError(exc.errno or errno.EIO, f"ethtool features of {ifname}") from None
+        if TX_CHECKSUM_FEATURE not in features or not features.is_available(TX_CHECKSUM_FEATURE):
+            return None
+        return features[TX_CHECKSUM_FEATURE]
+
+    def _set_tx_checksum_off(self, ifname: str) -> None:
+        try:
+            self._ethtool.change_ifname(ifname)
+            features = self._ethtool.get_features()
+            features[TX_CHECKSUM_FEATURE] = False
+            self._ethtool.set_features(features)
+        except Exception as exc:  # pyroute2 raises its own NotSupportedError besides OSError
+            raise KernelError(getattr(exc, "errno", None) or errno.EOPNOTSUPP,
+                              f"ethtool -K {ifname} {TX_CHECKSUM_FEATURE} off: {exc!r}") from None
+
+    # ------------------------------------------------------------ routes
+    @_in_own_netns
+    def dump_routes(self) -> list[Route]:
+        names = self._names_by_index()
+        routes = []
+        for msg in self._ipr.route("dump", family=socket.AF_INET, table=MAIN_TABLE, proto=self.protocol):
+            table = msg.get_attr("RTA_TABLE") or msg["table"]
+            if table != MAIN_TABLE or msg["proto"] != self.protocol or msg["type"] != RTN_UNICAST:
+                continue
+            gateway = msg.get_attr("RTA_GATEWAY")
+            routes.append(Route(dst=IPv4Network(f"{msg.get_attr('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}"),
+                                gateway=IPv4Address(gateway) if gateway else None,
+                                ifname=names.get(msg.get_attr("RTA_OIF"), ""),
+                                onlink=bool(msg["flags"] & RTNH_F_ONLINK)))
+        return routes
+
+    @_in_own_netns
+    def replace_route(self, route: Route) -> None:
+        with self._call(f"replace {describe(route)}", ifname=route.ifname):
+            self._ipr.route("replace", dst=str(route.dst), gateway=str(route.gateway), oif=self._index(route.ifname),
+                            flags=RTNH_F_ONLINK if route.onlink else 0, proto=self.protocol, table=MAIN_TABLE)
+
+    @_in_own_netns
+    def delete_route(self, route: Route) -> None:
+        """Delete our route to `route.dst` (the kernel matches dst, table and our protocol only)."""
+        with self._call(f"delete {describe(route)}", if_gone=IfGone.SUCCEED):
+            self._ipr.route("del", dst=str(route.dst), proto=self.protocol, table=MAIN_TABLE)
+
+    # ------------------------------------------------------------ neighbours
+    @_in_own_netns
+    def dump_neighbours(self, ifname: str) -> list[Neighbour]:
+        try:
+            index = self._index(ifname)
+        except KernelError:
+            return []
+        with self._call(f"dump neighbours on {ifname}", ifname=ifname):
+            return [Neighbour(ip=IPv4Address(msg.get_attr("NDA_DST")), lladdr=msg.get_attr("NDA_LLADDR"),
+                              ifname=ifname)
+                    for msg in self._ipr.neigh("dump", ifindex=index, family=socket.AF_INET)
+                    if msg["ifindex"] == index and msg["state"] & NUD_PERMANENT
+                    and msg.get_attr("NDA_DST") and msg.get_attr("NDA_LLADDR")]
+
+    @_in_own_netns
+    def replace_neighbour(self, neighbour: Neighbour) -> None:
+        with self._call(f"replace {describe(neighbour)}", ifname=neighbour.ifname):
+            self._ipr.neigh("replace", ifindex=self._index(neighbour.ifname), dst=str(neighbour.ip),
+                            lladdr=neighbour.lladdr, state=NUD_PERMANENT)
+
+    @_in_own_netns
+    def delete_neighbour(self, neighbour: Neighbour) -> None:
+        with self._call(f"delete {describe(neighbour)}", ifname=neighbour.ifname, if_gone=IfGone.SUCCEED):
+            self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.ip))
+
+    # ------------------------------------------------------------ FDB
+    @_in_own_netns
+    def dump_fdb(self, ifname: str) -> list[FdbEntry]:
+        try:
+            index = self._index(ifname)
+        except KernelError:
+            return []
+        with self._call(f"dump FDB on {ifname}", ifname=ifname):
+            return [FdbEntry(lladdr=msg.get_attr("NDA_LLADDR"), dst=IPv4Address(msg.get_attr("NDA_DST")),
+                             ifname=ifname)
+                    for msg in self._ipr.fdb("dump", ifindex=index)
+                    if msg["ifindex"] == index and msg["flags"] & NTF_SELF and msg.get_attr("NDA_DST")]
+
+    @_in_own_netns
+    def replace_fdb(self, entry: FdbEntry) -> None:
+        with self._call(f"replace {describe(entry)}", ifname=entry.ifname):
+            self._ipr.fdb("replace", ifindex=self._index(entry.ifname), lladdr=entry.lladdr, dst=str(entry.dst),
+                          state=NUD_PERMANENT, flags=NTF_SELF)
+
+    @_in_own_netns
+    def delete_fdb(self, entry: FdbEntry) -> None:
+        """Delete the MAC's whole entry on the device (every destination it has)."""
+        with self._call(f"delete {describe(entry)}", ifname=entry.ifname, if_gone=IfGone.SUCCEED):
+            self._ipr.fdb("del", ifindex=self._index(entry.ifname), lladdr=entry.lladdr)

@@ -1,0 +1,250 @@
+"""The vocabulary of node routing: inputs, desired kernel objects, outputs, the kernel seam.
+
+Inputs (`LocalNode`, `Peer`, `RoutingSettings`) are built by the agent from Node objects.
+Desired kernel objects (`VxlanDevice`, `IpipDevice`, `Route`, `Neighbour`, `FdbEntry`) are
+plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
+and both kernels (real and fake) speak exactly these types. `RoutingKernel` is the seam:
+the handful of operations the reconciler needs, nothing else.
+
+Nothing here imports pyroute2: unit tests and the renderer stay light.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from typing import Mapping, Protocol
+
+ROUTE_PROTOCOL = 78  # 'N': unused by iproute2's rt_protos and linux/rtnetlink.h
+DEVICE_PREFIX = "na-"  # our routing devices; CNI's bridge `na0` and veths `na<hex>` never match
+ENCAP_KINDS = ("vxlan", "ipip")  # link kinds of ours that cleanup and mode switches remove
+IFNAMSIZ = 15
+
+
+class Mode(enum.Enum):
+    VXLAN = "vxlan"
+    HOST_GW = "host-gw"
+    IPIP = "ipip"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    name: str
+    public_ip: IPv4Address
+    underlay_ifname: str
+    underlay_network: IPv4Network  # connected prefix of the underlay address ("same subnet")
+    underlay_mtu: int
+    pod_cidrs: tuple  # IPv4Network, ...; IPv6 entries are ignored
+
+    @property
+    def tunnel_address(self) -> IPv4Interface:
+        """`<first IPv4 pod CIDR's network address>/32`, the encapsulation device's address.
+
+        As flannel does: traffic this host originates towards remote pods leaves with a
+        pod-network source address, so replies come back through the tunnel.
+        """
+        for cidr in self.pod_cidrs:
+            if cidr.version == 4:
+                return IPv4Interface(f"{cidr.network_address}/32")
+        raise ValueError(f"node {self.name} has no IPv4 pod CIDR: an encapsulation device needs one "
+                         f"for its address")
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    public_ip: IPv4Address
+    pod_cidrs: tuple  # IPv4Network, ...; IPv6 entries are ignored
+    vtep_mac: str | None = None  # from the peer's announcement, for VXLAN
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    mode: Mode
+    auto_encap: Mode = Mode.VXLAN  # the encapsulation `auto` uses across subnets
+    vxlan_vni: int = 1
+    vxlan_port: int = 4789
+    vxlan_ifname: str = "na-vxlan"
+    ipip_ifname: str = "na-ipip"
+
+    def __post_init__(self) -> None:
+        if self.auto_encap not in (Mode.VXLAN, Mode.IPIP):
+            raise ValueError(f"auto_encap must be vxlan or ipip, not {self.auto_encap.value}")
+        if not 1 <= self.vxlan_vni < 1 << 24:
+            raise ValueError(f"vxlan_vni {self.vxlan_vni} is outside 1..16777215")
+        if not 1 <= self.vxlan_port <= 65535:
+            raise ValueError(f"vxlan_port {self.vxlan_port} is outside 1..65535")
+        for name in (self.vxlan_ifname, self.ipip_ifname):
+            if not name.startswith(DEVICE_PREFIX) or len(name) > IFNAMSIZ:
+                raise ValueError(f"device name {name!r} must start with {DEVICE_PREFIX!r} and have at "
+                                 f"most {IFNAMSIZ} characters")
+        if self.vxlan_ifname == self.ipip_ifname:
+            raise ValueError("vxlan_ifname and ipip_ifname must differ")
+
+    @property
+    def encap(self) -> Mode | None:
+        """The encapsulation whose device this mode needs (None for host-gw)."""
+        if self.mode is Mode.AUTO:
+            return self.auto_encap
+        return None if self.mode is Mode.HOST_GW else self.mode
+
+
+# ---------------------------------------------------------------- desired kernel objects
+
+@dataclass(frozen=True)
+class VxlanDevice:
+    ifname: str
+    vni: int
+    port: int
+    local: IPv4Address
+    underlay_ifname: str
+    mac: str
+    mtu: int
+    address: IPv4Interface  # <first pod CIDR's network address>/32
+
+
+@dataclass(frozen=True)
+class IpipDevice:
+    ifname: str
+    local: IPv4Address
+    mtu: int
+    address: IPv4Interface
+
+
+@dataclass(frozen=True)
+class Route:
+    """`dst via gateway dev ifname [onlink]` in the main table, with our protocol."""
+    dst: IPv4Network
+    gateway: IPv4Address | None
+    ifname: str
+    onlink: bool
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A permanent neighbour entry `ip lladdr lladdr dev ifname`."""
+    ip: IPv4Address
+    lladdr: str
+    ifname: str
+
+
+@dataclass(frozen=True)
+class FdbEntry:
+    """A VXLAN forwarding entry `lladdr dst dst dev ifname self permanent`."""
+    lladdr: str
+    dst: IPv4Address
+    ifname: str
+
+
+KernelObject = Route | Neighbour | FdbEntry
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    """What one peer needs, in programming order: neighbours, then FDB, then routes."""
+    name: str
+    mode: Mode  # the concrete mode used for this peer (never AUTO)
+    neighbours: tuple = ()
+    fdb: tuple = ()
+    routes: tuple = ()
+
+    def objects(self) -> tuple:
+        return self.neighbours + self.fdb + self.routes
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The peer cannot be programmed yet (e.g. no VTEP MAC announced); not an error."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The peer must not be programmed (e.g. host-gw across subnets); an operator should look."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    devices: tuple  # VxlanDevice | IpipDevice
+    peers: Mapping[str, PeerPlan]
+    refused: Mapping[str, str] = field(default_factory=dict)
+    pending: Mapping[str, str] = field(default_factory=dict)
+    ignored_ipv6: tuple = ()  # "peer cidr" strings
+
+
+@dataclass
+class SyncReport:
+    added: int = 0  # kernel objects (routes, neighbours, FDB entries) created or replaced
+    removed: int = 0
+    unchanged: int = 0
+    refused: dict = field(default_factory=dict)  # peer -> why
+    pending: list = field(default_factory=list)
+    peers_by_mode: dict = field(default_factory=dict)  # "host-gw" / "vxlan" / "ipip" -> count
+
+
+# ---------------------------------------------------------------- the kernel seam
+
+class DeviceChange(enum.Enum):
+    UNCHANGED = "unchanged"
+    REPAIRED = "repaired"  # attributes fixed in place: the objects on it survived
+    EMPTIED = "emptied"    # (re)created, or its MAC changed (the kernel then flushes its
+                           # neighbours, permanent ones too): treat everything on it as gone
+
+
+@dataclass(frozen=True)
+class ObservedDevice:
+    """A link as a kernel reports it; the fields the drift check compares."""
+    ifname: str
+    kind: str
+    mtu: int
+    up: bool
+    mac: str | None = None
+    addresses: frozenset = frozenset()  # IPv4Interface
+    vni: int | None = None
+    port: int | None = None
+    local: IPv4Address | None = None
+    remote: IPv4Address | None = None
+    underlay_ifname: str | None = None
+    learning: bool | None = None
+    tx_checksum: bool | None = None  # tx-checksum-ip-generic; None when not changeable
+
+
+class KernelError(Exception):
+    """A kernel operation failed; `code` is the errno."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{message} (errno {code})")
+        self.code = code
+
+
+class RoutingApplyError(Exception):
+    """Some kernel writes failed; everything else was applied. A full sync retries them."""
+
+    def __init__(self, failures: Mapping[str, str], report: SyncReport) -> None:
+        listed = "; ".join(f"{what}: {why}" for what, why in sorted(failures.items())[:5])
+        more = f"; and {len(failures) - 5} more" if len(failures) > 5 else ""
+        super().__init__(f"{len(failures)} routing change(s) failed: {listed}{more}")
+        self.failures = dict(failures)
+        self.report = report
+
+
+class RoutingKernel(Protocol):
+    """The operations the reconciler needs; deletes of something already gone succeed."""
+
+    protocol: int
+
+    def links_with_prefix(self, prefix: str) -> dict[str, str]: ...  # name -> kind
+    def delete_link(self, ifname: str) -> None: ...
+    def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange: ...
+    def ensure_ipip(self, device: IpipDevice) -> DeviceChange: ...
+    def dump_routes(self) -> list[Route]: ...  # ours: main table, our protocol, IPv4
+    def replace_route(self, route: Route) -> None: ...
+    def delete_route(self, route: Route) -> None: ...  # matched by dst and our protocol
+    def dump_neighbours(self, ifname: str) -> list[Neighbour]: ...  # permanent IPv4 entries
+    def replace_neighbour(self, neighbour: Neighbour) -> None: ...
+    def delete_neighbour(self, neighbour: Neighbour) -> None: ...
+    def dump_fdb(self, ifname: str) -> list[FdbEntry]: ...
+    def replace_fdb(self, entry: FdbEntry) -> None: ...
+    def delete_fdb(self, entry: FdbEntry) -> None: ...

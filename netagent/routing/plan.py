@@ -1,0 +1,274 @@
+"""Pure routing logic shared by the reconciler and both kernels: render, diff, drift.
+
+`render_plan(local, peers, settings)` is the whole of "what should the kernel hold": the
+devices the mode needs and, per peer, its objects or the reason it has none (pending,
+refused). It has no side effects and no knowledge of what is programmed, so it is golden
+tested (`describe_plan` prints a plan the way `ip` would show it).
+
+The peer loop runs in name order and the first claim wins, so conflicts resolve the same
+way on every node and every run: a pod CIDR overlapping this node's or an earlier peer's
+is refused, as is a VTEP MAC already used. Overlap checks walk the prefix lengths of one
+CIDR (at most 33 integer lookups), never all pairs, and only when a sort-and-sweep over
+all CIDRs found an overlap at all: a plan for 1,000 peers renders in about 20 ms.
+
+`diff_objects` compares desired objects with current ones (from a kernel dump or from
+memory) by identity - a route by destination, a neighbour by (device, IP), an FDB entry by
+(device, MAC) - and returns writes in programming order and deletes in reverse
+dependency order. `device_drift` is the one definition of "this device is not what we
+want" that the real and the fake kernel both apply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from typing import Iterable
+
+from netagent.routing.auto import render_auto_peer
+from netagent.routing.hostgw import render_host_gw_peer
+from netagent.routing.ipip import render_ipip_device, render_ipip_peer
+from netagent.routing.model import FdbEntry, IpipDevice, LocalNode, Mode, Neighbour, ObservedDevice, Peer, \
+    PeerPlan, Pending, Plan, Refused, Route, RoutingSettings, VxlanDevice
+from netagent.routing.vxlan import render_vxlan_device, render_vxlan_peer
+
+_MASKS = tuple((0xFFFFFFFF << (32 - n)) & 0xFFFFFFFF for n in range(33))
+
+
+# ---------------------------------------------------------------- render
+
+def render_devices(local: LocalNode, settings: RoutingSettings) -> tuple:
+    """The encapsulation device the mode needs: (), (VxlanDevice,) or (IpipDevice,)."""
+    if settings.encap is Mode.VXLAN:
+        return (render_vxlan_device(local, settings),)
+    if settings.encap is Mode.IPIP:
+        return (render_ipip_device(local, settings),)
+    return ()
+
+
+class _Claims:
+    """Who holds which IPv4 prefix; an overlap check costs one lookup per prefix length."""
+
+    def __init__(self) -> None:
+        self._exact: dict[tuple, str] = {}  # (network int, prefixlen) -> owner
+        self._below: dict[tuple, str] = {}  # a supernet of some claimed prefix -> its owner
+
+    def overlapping_owner(self, cidr) -> str | None:
+        network = int(cidr.network_address)
+        for prefixlen in range(cidr.prefixlen, -1, -1):
+            owner = self._exact.get((network & _MASKS[prefixlen], prefixlen))
+            if owner is not None:
+                return owner
+        return self._below.get((network, cidr.prefixlen))
+
+    def claim(self, cidr, owner: str) -> None:
+        network = int(cidr.network_address)
+        self._exact[(network, cidr.prefixlen)] = owner
+        for prefixlen in range(cidr.prefixlen):
+            self._below.setdefault((network & _MASKS[prefixlen], prefixlen), owner)
+
+
+class _NoClaims:
+    """Stands in for `_Claims` when a sweep has shown that no two CIDRs overlap."""
+
+    def overlapping_owner(self, cidr) -> None:
+        return None
+
+    def claim(self, cidr, owner: str) -> None:
+        pass
+
+
+def _claims_for(local: LocalNode, peers: Iterable[Peer]) -> _Claims | _NoClaims:
+    """One sort and sweep over every IPv4 CIDR: only when some overlap is the lookup table needed."""
+    spans = sorted((int(c.network_address), int(c.broadcast_address))
+                   for node in (local, *peers) for c in node.pod_cidrs if c.version == 4)
+    reach = -1
+    for start, end in spans:
+        if start <= reach:
+            return _Claims()
+        reach = end
+    return _NoClaims()
+
+
+def _render_backend(local: LocalNode, peer: Peer, cidrs: tuple,
+                    settings: RoutingSettings) -> PeerPlan | Pending | Refused:
+    if settings.mode is Mode.VXLAN:
+        return render_vxlan_peer(peer, cidrs, settings)
+    if settings.mode is Mode.HOST_GW:
+        return render_host_gw_peer(local, peer, cidrs)
+    if settings.mode is Mode.IPIP:
+        return render_ipip_peer(peer, cidrs, settings)
+    return render_auto_peer(local, peer, cidrs, settings)
+
+
+def _render_peer(local: LocalNode, peer: Peer, cidrs: tuple, settings: RoutingSettings, *,
+                 claims: _Claims | _NoClaims, macs: dict) -> PeerPlan | Pending | Refused:
+    """One peer's outcome; records its CIDR and MAC claims so later peers see them."""
+    if peer.public_ip == local.public_ip:
+        return Refused(f"announces public IP {peer.public_ip}, which is this node's own")
+    for cidr in cidrs:
+        owner = claims.overlapping_owner(cidr)
+        if owner is not None:
+            return Refused(f"pod CIDR {cidr} overlaps one held by {owner}")
+    for cidr in cidrs:
+        claims.claim(cidr, peer.name)
+    result = _render_backend(local, peer, cidrs, settings)
+    if isinstance(result, PeerPlan):
+        for entry in result.fdb:
+            if entry.lladdr in macs:
+                return Refused(f"VTEP MAC {entry.lladdr} is already used by {macs[entry.lladdr]}")
+        for entry in result.fdb:
+            macs[entry.lladdr] = peer.name
+    return result
+
+
+def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettings) -> Plan:
+    """Everything the kernel should hold for `peers` (a peer named like the local node is skipped)."""
+    devices = render_devices(local, settings)
+    by_name = {peer.name: peer for peer in peers if peer.name != local.name}
+    claims = _claims_for(local, by_name.values())
+    for cidr in local.pod_cidrs:
+        if cidr.version == 4:
+            claims.claim(cidr, f"this node ({local.name})")
+    macs = {device.mac: f"this node ({local.name})" for device in devices if isinstance(device, VxlanDevice)}
+    planned, refused, pending = {}, {}, {}
+    ignored_ipv6 = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4]
+    for name in sorted(by_name):
+        peer = by_name[name]
+        cidrs = tuple(c for c in peer.pod_cidrs if c.version == 4)
+        if len(cidrs) != len(peer.pod_cidrs):
+            ignored_ipv6.extend(f"{name} {c}" for c in peer.pod_cidrs if c.version != 4)
+        if not peer.pod_cidrs:
+            pending[name] = "no pod CIDR yet"
+        elif cidrs:  # an IPv6-only peer has nothing to route in this release
+            result = _render_peer(local, peer, cidrs, settings, claims=claims, macs=macs)
+            if isinstance(result, PeerPlan):
+                planned[name] = result
+            elif isinstance(result, Pending):
+                pending[name] = result.reason
+            else:
+                refused[name] = result.reason
+    return Plan(devices=devices, peers=planned, refused=refused, pending=pending,
+                ignored_ipv6=tuple(ignored_ipv6))
+
+
+# ---------------------------------------------------------------- text form (logs, goldens)
+
+def describe(thing) -> str:
+    """One line in `ip`'s words for a device or a kernel object."""
+    if isinstance(thing, Route):
+        via = f" via {thing.gateway}" if thing.gateway is not None else ""
+        return f"route {thing.dst}{via} dev {thing.ifname}{' onlink' if thing.onlink else ''}"
+    if isinstance(thing, Neighbour):
+        return f"neigh {thing.ip} lladdr {thing.lladdr} dev {thing.ifname} permanent"
+    if isinstance(thing, FdbEntry):
+        return f"fdb {thing.lladdr} dst {thing.dst} dev {thing.ifname} self permanent"
+    if isinstance(thing, VxlanDevice):
+        return (f"link {thing.ifname} type vxlan id {thing.vni} dstport {thing.port} local {thing.local} "
+                f"dev {thing.underlay_ifname} nolearning address {thing.mac} mtu {thing.mtu} up, "
+                f"addr {thing.address}, tx-checksum-ip-generic off")
+    if isinstance(thing, IpipDevice):
+        return f"link {thing.ifname} type ipip local {thing.local} mtu {thing.mtu} up, addr {thing.address}"
+    raise TypeError(f"cannot describe {thing!r}")
+
+
+def describe_plan(plan: Plan) -> str:
+    lines = [describe(device) for device in plan.devices]
+    for name, peer in plan.peers.items():
+        lines.append(f"peer {name} {peer.mode.value}")
+        lines.extend(f"  {describe(obj)}" for obj in peer.objects())
+    lines.extend(f"pending {name}: {why}" for name, why in plan.pending.items())
+    lines.extend(f"refused {name}: {why}" for name, why in plan.refused.items())
+    lines.extend(f"ignored IPv6 {entry}" for entry in plan.ignored_ipv6)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- diff
+
+def object_key(obj) -> tuple:
+    """The identity of a kernel object: what a replace overwrites and a delete matches."""
+    if isinstance(obj, Route):
+        return ("route", obj.dst)
+    if isinstance(obj, Neighbour):
+        return ("neigh", obj.ifname, obj.ip)
+    return ("fdb", obj.ifname, obj.lladdr)
+
+
+_DELETE_ORDER = {Route: 0, FdbEntry: 1, Neighbour: 2}  # a route before the next hop it resolves through
+
+
+@dataclass(frozen=True)
+class ObjectChanges:
+    writes: tuple   # (peer name, object), each peer's in programming order
+    deletes: tuple  # objects nobody wants any more: routes, then FDB, then neighbours
+    unchanged: int
+
+
+def diff_objects(desired: Iterable[PeerPlan], current: Iterable) -> ObjectChanges:
+    have = {object_key(obj): obj for obj in current}
+    writes, wanted, unchanged = [], set(), 0
+    for peer in desired:
+        for obj in peer.objects():
+            key = object_key(obj)
+            wanted.add(key)
+            if have.get(key) == obj:
+                unchanged += 1
+            else:
+                writes.append((peer.name, obj))
+    deletes = sorted((obj for key, obj in have.items() if key not in wanted),
+                     key=lambda obj: _DELETE_ORDER[type(obj)])
+    return ObjectChanges(writes=tuple(writes), deletes=tuple(deletes), unchanged=unchanged)
+
+
+# ---------------------------------------------------------------- device drift
+
+@dataclass(frozen=True)
+class DeviceDrift:
+    """How an existing device differs from the wanted one; all-default means it does not."""
+    recreate: str = ""  # non-empty: why the device must be deleted and created again
+    mtu: int | None = None
+    mac: str | None = None
+    bring_up: bool = False
+    add_addresses: tuple = ()
+    remove_addresses: tuple = ()
+    checksum_off: bool = False
+
+    def __bool__(self) -> bool:
+        return self != DeviceDrift()
+
+    @property
+    def empties_device(self) -> bool:
+        """Recreating drops everything on the device; a new MAC makes the kernel flush its neighbours."""
+        return bool(self.recreate) or self.mac is not None
+
+
+_ANY = IPv4Address("0.0.0.0")
+
+
+def _identity_drift(device, observed: ObservedDevice) -> str:
+    """Why `observed` cannot be repaired in place into `device` ("" when it can)."""
+    kind = "vxlan" if isinstance(device, VxlanDevice) else "ipip"
+    if observed.kind != kind:
+        return f"it is a {observed.kind or 'plain'} device, not {kind}"
+    checks = [("local", observed.local, device.local)]
+    if isinstance(device, VxlanDevice):
+        checks += [("VNI", observed.vni, device.vni), ("port", observed.port, device.port),
+                   ("underlay", observed.underlay_ifname, device.underlay_ifname),
+                   ("learning", observed.learning, False)]
+    else:
+        checks.append(("remote", observed.remote or _ANY, _ANY))
+    return ", ".join(f"{what} is {have}, want {want}" for what, have, want in checks if have != want)
+
+
+def device_drift(device: VxlanDevice | IpipDevice, observed: ObservedDevice | None) -> DeviceDrift:
+    if observed is None:
+        return DeviceDrift(recreate="it does not exist")
+    reason = _identity_drift(device, observed)
+    if reason:
+        return DeviceDrift(recreate=reason)
+    mac = getattr(device, "mac", None)
+    return DeviceDrift(
+        mtu=device.mtu if observed.mtu != device.mtu else None,
+        mac=mac if mac is not None and observed.mac != mac else None,
+        bring_up=not observed.up,
+        add_addresses=() if device.address in observed.addresses else (device.address,),
+        remove_addresses=tuple(sorted(a for a in observed.addresses if a != device.address)),
+        checksum_off=isinstance(device, VxlanDevice) and observed.tx_checksum is True)

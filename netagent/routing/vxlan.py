@@ -1,0 +1,73 @@
+"""The VXLAN backend: one tunnel device, and per peer a neighbour, an FDB entry and a route.
+
+Why everything is static. Every node already learns every peer's three facts from the API
+(pod CIDR, underlay address, VTEP MAC in the peer's announcement), so the kernel is told
+them up front instead of discovering them: no multicast group, no flooding, no learning
+(`nolearning`, so a spoofed inner source MAC cannot redirect traffic). For a peer we write
+
+    neigh  <peer CIDR network address> lladdr <peer VTEP MAC> dev na-vxlan  (permanent)
+    fdb    <peer VTEP MAC> dst <peer public IP> dev na-vxlan                 (self, permanent)
+    route  <peer CIDR> via <peer CIDR network address> dev na-vxlan onlink
+
+in that order, so by the time the route exists the next hop resolves without ARP and the
+MAC resolves to an underlay destination: the first packet is never dropped. The gateway
+is the peer CIDR's network address, which is also the address the peer puts on its own
+VXLAN device; `onlink` because no connected prefix on na-vxlan contains it.
+
+The VTEP MAC is derived from the node name (a hash, locally administered, unicast), so a
+restart or a recreated device keeps the MAC the peers already have in their FDBs and no
+re-announcement is needed. A peer that has not announced its MAC yet is pending; one
+whose announced MAC is malformed is refused.
+
+MTU is the underlay's less 50 bytes (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+
+from netagent.routing.model import FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
+    Route, RoutingSettings, VxlanDevice
+
+VXLAN_OVERHEAD = 50
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+
+
+def vtep_mac(node_name: str) -> str:
+    """The node's VTEP MAC: stable across restarts, locally administered, unicast."""
+    raw = bytearray(hashlib.sha256(b"netagent-vtep\0" + node_name.encode()).digest()[:6])
+    raw[0] = (raw[0] & 0xFC) | 0x02
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+@functools.lru_cache(maxsize=8192)  # called for every peer on every render; strings hash cheaply
+def normalize_mac(text: str) -> str | None:
+    """Lower-case colon form of a unicast MAC, or None when `text` is not one."""
+    mac = text.strip().lower().replace("-", ":")
+    if not _MAC.fullmatch(mac) or int(mac[:2], 16) & 0x01 or mac == "00:00:00:00:00:00":
+        return None
+    return mac
+
+
+def render_vxlan_device(local: LocalNode, settings: RoutingSettings) -> VxlanDevice:
+    return VxlanDevice(ifname=settings.vxlan_ifname, vni=settings.vxlan_vni, port=settings.vxlan_port,
+                       local=local.public_ip, underlay_ifname=local.underlay_ifname,
+                       mac=vtep_mac(local.name), mtu=local.underlay_mtu - VXLAN_OVERHEAD,
+                       address=local.tunnel_address)
+
+
+def render_vxlan_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> PeerPlan | Pending | Refused:
+    """The peer's objects over VXLAN for its IPv4 `cidrs`; pending until it has a VTEP MAC."""
+    if peer.vtep_mac is None:
+        return Pending("no VTEP MAC announced yet (vxlan)")
+    mac = normalize_mac(peer.vtep_mac)
+    if mac is None:
+        return Refused(f"announced VTEP MAC {peer.vtep_mac!r} is not a unicast MAC address")
+    ifname = settings.vxlan_ifname
+    return PeerPlan(
+        name=peer.name, mode=Mode.VXLAN,
+        neighbours=tuple(Neighbour(ip=cidr.network_address, lladdr=mac, ifname=ifname) for cidr in cidrs),
+        fdb=(FdbEntry(lladdr=mac, dst=peer.public_ip, ifname=ifname),),
+        routes=tuple(Route(dst=cidr, gateway=cidr.network_address, ifname=ifname, onlink=True)
+                     for cidr in cidrs))
