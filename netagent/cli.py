@@ -9,44 +9,14 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import signal
 import sys
-import threading
 
 from netagent import __version__, cni_install
 
 
 def _cmd_run(args) -> int:
-    if not args.cni_only:
-        print("netagent run: the cluster mode (Kubernetes watch, node routes) is not part of this "
-              "release; use --cni-only to serve the CNI plugin on this node", file=sys.stderr)
-        return 2
-    import os
-
-    from cni.handlers import PluginHandlers
-    from netagent.cni_server import CniServer
-    from netagent.deferred_delete import DeferredDeleter
-
-    handlers = PluginHandlers()
-    deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
-                               delete_now=handlers.delete_now)
-    handlers.deferred = deferred
-    deferred.start()
-    server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        server.start()
-    except (OSError, RuntimeError) as exc:
-        deferred.stop()
-        print(f"netagent run: {exc}", file=sys.stderr)
-        return 1
-    print(f"netagent {__version__}: serving CNI on {args.cni_socket}", flush=True)
-    stop.wait()
-    server.stop()
-    deferred.stop()
-    return 0
+    from netagent.agent_main import run_agent
+    return run_agent(args)
 
 
 def _cmd_cni_install(args) -> int:
@@ -74,8 +44,8 @@ def _cmd_cleanup(args) -> int:
 
 
 def _cmd_lab(args) -> int:
-    from netagent.lab import run_demo
-    return run_demo(pods=args.pods, mode=args.mode, subnet=args.subnet)
+    from netagent.lab.commands import run_lab_command
+    return run_lab_command(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,10 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the node agent")
-    run.add_argument("--cni-only", action="store_true",
-                     help="serve the CNI plugin only, with no cluster (plain containerd/podman hosts)")
-    run.add_argument("--cni-socket", default=cni_install.DEFAULT_SOCKET)
-    run.add_argument("--workers", type=int, default=8, help="CNI worker threads")
+    from netagent.agent_main import add_run_arguments
+    add_run_arguments(run)
     run.set_defaults(func=_cmd_run)
 
     cni = sub.add_parser("cni", help="CNI plugin management").add_subparsers(dest="cni_command", required=True)
@@ -108,17 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove every interface netagent created on this node")
     cleanup.set_defaults(func=_cmd_cleanup)
 
-    lab = sub.add_parser("lab", help="a throwaway one-node demonstration in network namespaces")
-    lab.add_argument("--pods", type=int, default=3)
-    lab.add_argument("--mode", choices=["bridge", "routed"], default="bridge")
-    lab.add_argument("--subnet", default="10.244.1.0/24")
-    lab.set_defaults(func=_cmd_lab)
+    lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
+    from netagent.lab.commands import add_lab_arguments
+    add_lab_arguments(lab)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "lab":
+        return _cmd_lab(args)
     return args.func(args)
 
 

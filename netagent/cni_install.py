@@ -67,12 +67,19 @@ def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mod
                                                module=module, what=binary), 0o755)
         written.append(path)
     if conf_dir:
-        if not subnets:
-            raise ValueError("a network config needs at least one --subnet")
-        os.makedirs(conf_dir, exist_ok=True)
-        path = os.path.join(conf_dir, CONFLIST_NAME)
-        conflist = render_conflist(name=name, subnets=subnets, mode=mode, bridge=bridge, mtu=mtu,
-                                   socket_path=socket_path, data_dir=data_dir)
-        _write_atomically(path, json.dumps(conflist, indent=2) + "\n", 0o644)
-        written.append(path)
+        written.append(write_conflist(conf_dir=conf_dir, name=name, subnets=subnets, mode=mode,
+                                      bridge=bridge, mtu=mtu, socket_path=socket_path, data_dir=data_dir))
     return written
+
+
+def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: str, bridge: str, mtu: int,
+                   socket_path: str, data_dir: str) -> str:
+    """Write (atomically) the network config runtimes read; the agent calls this with its lease."""
+    if not subnets:
+        raise ValueError("a network config needs at least one --subnet")
+    os.makedirs(conf_dir, exist_ok=True)
+    path = os.path.join(conf_dir, CONFLIST_NAME)
+    conflist = render_conflist(name=name, subnets=subnets, mode=mode, bridge=bridge, mtu=mtu,
+                               socket_path=socket_path, data_dir=data_dir)
+    _write_atomically(path, json.dumps(conflist, indent=2) + "\n", 0o644)
+    return path

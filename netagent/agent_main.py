@@ -1,0 +1,157 @@
+"""`netagent run`: compose the daemon from its parts and run it until SIGTERM.
+
+Two shapes: `--cni-only` serves the CNI plugin alone (plain containerd or podman hosts);
+the default cluster mode adds the node agent (Kubernetes watch, node routes, masquerade)
+and the status server (/healthz, /metrics). The CNI server starts only once the node
+agent has its lease and has programmed the routes: until then the thin client finds no
+socket and works in-process, so pods are never refused while the agent starts.
+This module only wires; each part owns its behaviour.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from netagent import __version__, cni_install
+
+log = logging.getLogger("netagent")
+
+
+def add_run_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--cni-only", action="store_true",
+                     help="serve the CNI plugin only, with no cluster (plain containerd/podman hosts)")
+    run.add_argument("--cni-socket", default=cni_install.DEFAULT_SOCKET)
+    run.add_argument("--workers", type=int, default=8, help="CNI worker threads")
+    cluster = run.add_argument_group("cluster mode")
+    cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    cluster.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                         help="this node's Node name (default: $NODE_NAME)")
+    cluster.add_argument("--cluster-cidr", action="append", default=[],
+                         help="the cluster's pod network (repeat for dual stack)")
+    cluster.add_argument("--backend", choices=["vxlan", "host-gw", "ipip", "auto"], default="vxlan")
+    cluster.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan",
+                         help="in auto mode, the encapsulation for peers on other subnets")
+    cluster.add_argument("--vxlan-vni", type=int, default=1)
+    cluster.add_argument("--vxlan-port", type=int, default=4789)
+    cluster.add_argument("--iface", help="the underlay interface, by name")
+    cluster.add_argument("--iface-regex", help="the underlay interface, by a regex that must match one")
+    cluster.add_argument("--lease-timeout", type=float, default=60.0,
+                         help="seconds to wait for this Node and its spec.podCIDR")
+    cluster.add_argument("--masquerade", choices=["on", "off"], default="on",
+                         help="masquerade pod traffic leaving the cluster CIDR")
+    cluster.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
+    cluster.add_argument("--cni-conf-dir", default="/etc/cni/net.d",
+                         help="where to publish the network config with this node's pod CIDR ('' to skip)")
+    cluster.add_argument("--cni-mode", choices=["bridge", "routed"], default="bridge")
+    cluster.add_argument("--cni-data-dir", default=cni_install.DEFAULT_DATA_DIR)
+    cluster.add_argument("--status-bind", default="0.0.0.0:10258", help="/healthz and /metrics")
+    cluster.add_argument("--resync-period", type=float, default=30.0,
+                         help="seconds between full reconciles (drift repair)")
+    cluster.add_argument("--min-sync-period", type=float, default=0.0,
+                         help="minimum seconds between syncs (coalesces bursts of Node changes)")
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def _start_cni_server(args, *, not_ready=lambda: None):
+    from cni.handlers import PluginHandlers
+    from netagent.cni_server import CniServer
+    from netagent.deferred_delete import DeferredDeleter
+
+    handlers = PluginHandlers()
+    deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
+                               delete_now=handlers.delete_now)
+    handlers.deferred = deferred
+    deferred.start()
+    server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers, not_ready=not_ready)
+    try:
+        server.start()
+    except BaseException:
+        deferred.stop()
+        raise
+
+    def stop() -> None:
+        server.stop()
+        deferred.stop()
+    return stop
+
+
+def run_agent(args) -> int:
+    if args.cni_only:
+        try:
+            stop_cni = _start_cni_server(args)
+        except (OSError, RuntimeError) as exc:
+            print(f"netagent run: {exc}", file=sys.stderr)
+            return 1
+        print(f"netagent {__version__}: serving CNI on {args.cni_socket}", flush=True)
+        _wait_for_signal()
+        stop_cni()
+        return 0
+    return _run_cluster_mode(args)
+
+
+def _settings_from(args):
+    from netagent.node_agent import AgentSettings, AgentStartError, parse_cluster_cidrs
+    from netagent.routing.model import Mode, RoutingSettings
+    if not args.node_name:
+        raise AgentStartError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it "
+                              "from spec.nodeName)")
+    if not args.cluster_cidr:
+        raise AgentStartError("--cluster-cidr is required in cluster mode (the cluster's pod network)")
+    routing = RoutingSettings(mode=Mode(args.backend), auto_encap=Mode(args.auto_encap),
+                              vxlan_vni=args.vxlan_vni, vxlan_port=args.vxlan_port)
+    return AgentSettings(node_name=args.node_name, cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
+                         routing=routing, iface=args.iface, iface_regex=args.iface_regex,
+                         lease_timeout=args.lease_timeout, masquerade=args.masquerade == "on",
+                         cni_conf_dir=args.cni_conf_dir or None, cni_mode=args.cni_mode,
+                         cni_socket=args.cni_socket, cni_data_dir=args.cni_data_dir,
+                         min_sync_interval=args.min_sync_period, resync_interval=args.resync_period)
+
+
+def _run_cluster_mode(args) -> int:
+    from netagent.iptables.backend import IptablesNotInstalled, IpFamily, resolve_backend
+    from netagent.iptables.runner import IptablesRunner
+    from netagent.kube.config import KubeConfigError, load_api_client
+    from netagent.metrics import Registry
+    from netagent.node_agent import AgentStartError, NodeAgent
+    from netagent.routing.kernel import NetlinkKernel
+    from netagent.status_server import StatusServer
+
+    try:
+        settings = _settings_from(args)
+        api_client = load_api_client(kubeconfig=args.kubeconfig)
+        backend = resolve_backend(args.iptables_backend, family=IpFamily.V4)
+    except (AgentStartError, KubeConfigError, IptablesNotInstalled) as exc:
+        print(f"netagent run: {exc}", file=sys.stderr)
+        return 1
+    registry = Registry()
+    agent = NodeAgent(settings, api_client=api_client, kernel=NetlinkKernel(),
+                      iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry)
+    status = StatusServer(bind=args.status_bind, registry=registry, health=agent.health)
+    status.start()
+    try:
+        agent.start()
+        stop_cni = _start_cni_server(args)
+    except (AgentStartError, OSError, RuntimeError) as exc:
+        log.error("%s", exc)
+        print(f"netagent run: {exc}", file=sys.stderr)
+        agent.stop()
+        status.stop()
+        return 1
+    print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
+          f"iptables {backend.value}); serving CNI on {args.cni_socket}, status on {args.status_bind}",
+          flush=True)
+    _wait_for_signal()
+    stop_cni()
+    agent.stop()
+    status.stop()
+    return 0

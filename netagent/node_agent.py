@@ -1,0 +1,309 @@
+"""The node agent in cluster mode: from watched Nodes to this node's routes, and back.
+
+Start-up, in order, each step failing loudly rather than guessing:
+1. list and watch Nodes (one reflector); wait for the first complete list;
+2. read this node's lease (`spec.podCIDR(s)`, inside `--cluster-cidr`), waiting a bounded
+   time for the controller to assign one;
+3. choose the underlay interface and address (`node_address`);
+4. create or adopt the backend's device, then announce this node (annotations) - only
+   when they differ, so a restart writes nothing;
+5. publish the pod CIDR and MTU to the CNI plugin (the network config file), so pods get
+   addresses from the lease with no per-node configuration;
+6. program masquerade and every peer's routes, then serve.
+
+After that the seams of ARCHITECTURE.md hold: watch handlers only record which Nodes
+changed (`NodeChangeTracker`) and poke the runner; the runner's one thread applies the
+recorded changes (partial sync) or reconciles everything (periodic full sync, which is
+also the drift repair). Nothing is flushed on exit: a restarted agent adopts the kernel
+state it finds, so established connections never notice.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from netagent import cni_install, nodes
+from netagent.node_address import Underlay, choose_underlay, read_underlay_snapshot
+from netagent.routing.model import LocalNode, Mode, RoutingSettings
+
+log = logging.getLogger("netagent.node")
+
+ENCAP_OVERHEAD = {Mode.VXLAN: 50, Mode.IPIP: 20, Mode.HOST_GW: 0}
+
+
+class AgentStartError(Exception):
+    """The agent cannot start without guessing; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node_name: str
+    cluster_cidrs: tuple
+    routing: RoutingSettings
+    iface: str | None = None
+    iface_regex: str | None = None
+    lease_timeout: float = 60.0
+    masquerade: bool = True
+    cni_conf_dir: str | None = None
+    cni_network_name: str = "netagent"
+    cni_mode: str = "bridge"
+    cni_bridge: str = "na0"
+    cni_socket: str = cni_install.DEFAULT_SOCKET
+    cni_data_dir: str = cni_install.DEFAULT_DATA_DIR
+    min_sync_interval: float = 0.0
+    resync_interval: float = 30.0
+
+
+def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int) -> int:
+    """The MTU pods must use: the underlay's, less the worst encapsulation a packet may get."""
+    worst = auto_encap if mode is Mode.AUTO else mode
+    return underlay_mtu - ENCAP_OVERHEAD[worst]
+
+
+@dataclass
+class NodeChangeTracker:
+    """Names of Nodes changed since the last sync; filled by watch handlers, drained by sync."""
+    own_name: str
+    _changed: set = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    on_change: object = None  # callable poked after each record (the runner's request)
+
+    def _record(self, node: dict) -> None:
+        name = nodes.node_name(node)
+        with self._lock:
+            self._changed.add(name)
+        if self.on_change is not None:
+            self.on_change()
+
+    def on_add(self, node: dict) -> None:
+        self._record(node)
+
+    def on_update(self, old: dict, new: dict) -> None:
+        if _routing_view(old) != _routing_view(new):
+            self._record(new)
+
+    def on_delete(self, node: dict) -> None:
+        self._record(node)
+
+    def on_synced(self) -> None:
+        pass
+
+    def drain(self) -> set:
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        return changed
+
+
+def _routing_view(node: dict) -> tuple:
+    """The parts of a Node that routing depends on (status heartbeats change nothing)."""
+    notes = nodes.annotations(node)
+    return (tuple(nodes.pod_cidr_strings(node)), notes.get(nodes.PUBLIC_IP), notes.get(nodes.BACKEND_DATA))
+
+
+class NodeAgent:
+    """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
+
+    def __init__(self, settings: AgentSettings, *, api_client, kernel, iptables_runner, registry) -> None:
+        from netagent.agent_metrics import NodeAgentMetrics
+        self.settings = settings
+        self.api_client = api_client
+        self.kernel = kernel
+        self.iptables_runner = iptables_runner
+        self.metrics = NodeAgentMetrics(registry)
+        self.tracker = NodeChangeTracker(own_name=settings.node_name)
+        self.reflector = None
+        self.route_manager = None
+        self.masquerade = None
+        self.runner = None
+        self.underlay: Underlay | None = None
+        self.pod_cidrs: tuple = ()
+        self.last_report = None
+
+    # ------------------------------------------------------------ start-up
+    def start(self) -> None:
+        from netagent.kube.reflector import Reflector
+        from netagent.kube.resources import NODES
+        from netagent.sync_runner import SyncKind, SyncResult, SyncRunner
+
+        self.reflector = Reflector(api_client=self.api_client, resource=NODES, handler=self.tracker)
+        self.metrics.watch_reflector(self.reflector)
+        self.reflector.start()
+        own = self._wait_for_lease()
+        self.underlay = self._choose_underlay(own)
+        log.info("underlay: %s %s (%s), MTU %d", self.underlay.ifname, self.underlay.public_ip,
+                 self.underlay.reason, self.underlay.mtu)
+        self._enable_forwarding()
+        self._build_managers()
+        backend_data = self.route_manager.ensure_local()
+        self._announce(own, backend_data)
+        self._publish_to_cni()
+        self.runner = SyncRunner(name="node-routes", sync=self._sync,
+                                 min_interval=self.settings.min_sync_interval,
+                                 max_interval=self.settings.resync_interval, retry_interval=1.0)
+        self.tracker.on_change = lambda: self.runner.request(SyncKind.PARTIAL)
+        self.runner.start()
+        if self.runner.run_now_and_wait(timeout=120, kind=SyncKind.FULL) is not SyncResult.SUCCEEDED:
+            raise AgentStartError(f"the first route sync failed: {self.runner.status().last_error}")
+        report = self.last_report
+        log.info("first sync: %d peer(s) %s (added %d, removed %d, unchanged %d); refused %s; pending %s",
+                 sum(report.peers_by_mode.values()), report.peers_by_mode, report.added, report.removed,
+                 report.unchanged, report.refused or "none", report.pending or "none")
+
+    def health(self):
+        from netagent.status_server import HealthReport, health_from_sync_runner
+        if self.runner is None:
+            return HealthReport(healthy=False, reason="starting: waiting for the lease and the first sync",
+                                details={})
+        return health_from_sync_runner(self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))()
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.stop(timeout=5)
+        if self.reflector is not None:
+            self.reflector.stop()
+
+    def _wait_for_lease(self) -> dict:
+        name = self.settings.node_name
+        if not self.reflector.synced.wait(timeout=self.settings.lease_timeout):
+            raise AgentStartError(f"could not list Nodes from the API server within "
+                                  f"{self.settings.lease_timeout:.0f} s")
+        deadline = time.monotonic() + self.settings.lease_timeout
+        said = None
+        while True:
+            own = self.reflector.store.get(name)
+            if own is None:
+                problem = f"node {name} does not exist in the API (check --node-name / NODE_NAME)"
+            else:
+                try:
+                    self.pod_cidrs = nodes.node_pod_cidrs(own, cluster_cidrs=list(self.settings.cluster_cidrs))
+                    log.info("lease: node %s, pod CIDR(s) %s", name, ", ".join(map(str, self.pod_cidrs)))
+                    return own
+                except nodes.LeaseError as exc:
+                    if nodes.pod_cidr_strings(own):  # set but wrong: waiting will not fix it
+                        raise AgentStartError(str(exc)) from None
+                    problem = str(exc)
+            if time.monotonic() > deadline:
+                raise AgentStartError(problem)
+            if problem != said:
+                log.warning("waiting: %s", problem)
+                said = problem
+            time.sleep(0.2)
+
+    def _choose_underlay(self, own: dict) -> Underlay:
+        from pyroute2 import IPRoute
+
+        from netagent.node_address import UnderlayError
+        with IPRoute() as ipr:
+            snapshot = read_underlay_snapshot(ipr)
+        try:
+            return choose_underlay(snapshot, iface=self.settings.iface, iface_regex=self.settings.iface_regex,
+                                   public_ip_override=nodes.annotations(own).get(nodes.PUBLIC_IP_OVERWRITE))
+        except UnderlayError as exc:
+            raise AgentStartError(str(exc)) from None
+
+    @staticmethod
+    def _enable_forwarding() -> None:
+        """Pods' traffic is routed through this node: forwarding must be on in its namespace."""
+        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+            f.write("1\n")
+
+    def _build_managers(self) -> None:
+        from netagent.masquerade import MasqueradeManager
+        from netagent.routing.routes import RouteManager
+        local = LocalNode(name=self.settings.node_name, public_ip=self.underlay.public_ip,
+                          underlay_ifname=self.underlay.ifname, underlay_network=self.underlay.network,
+                          underlay_mtu=self.underlay.mtu,
+                          pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
+        self.route_manager = RouteManager(kernel=self.kernel, settings=self.settings.routing, local=local)
+        if self.settings.masquerade:
+            self.masquerade = MasqueradeManager(
+                runner=self.iptables_runner,
+                cluster_cidrs=[c for c in self.settings.cluster_cidrs if c.version == 4],
+                pod_cidrs=[c for c in self.pod_cidrs if c.version == 4])
+
+    def _announce(self, own: dict, backend_data: dict) -> None:
+        from netagent.kube.nodes import patch_node_annotations
+        wanted = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
+                                           public_ip=self.underlay.public_ip, backend_data=backend_data)
+        current = nodes.annotations(own)
+        changed = {k: v for k, v in wanted.items() if current.get(k) != v}
+        if not changed:
+            return
+        deadline = time.monotonic() + self.settings.lease_timeout
+        while True:
+            try:
+                patch_node_annotations(self.api_client, self.settings.node_name, changed)
+                break
+            except Exception as exc:  # the API server may be restarting: retry, then give up loudly
+                if time.monotonic() > deadline:
+                    raise AgentStartError(f"could not annotate node {self.settings.node_name}: {exc}") from None
+                log.warning("annotating node %s failed (%s); retrying", self.settings.node_name, exc)
+                time.sleep(1.0)
+        log.info("announced: %s", ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+
+    def _publish_to_cni(self) -> None:
+        if not self.settings.cni_conf_dir:
+            return
+        routing = self.settings.routing
+        mtu = pod_mtu(routing.mode, routing.auto_encap, self.underlay.mtu)
+        path = cni_install.write_conflist(
+            conf_dir=self.settings.cni_conf_dir, name=self.settings.cni_network_name,
+            subnets=[str(c) for c in self.pod_cidrs], mode=self.settings.cni_mode,
+            bridge=self.settings.cni_bridge, mtu=mtu, socket_path=self.settings.cni_socket,
+            data_dir=self.settings.cni_data_dir)
+        log.info("CNI config %s: pod CIDR(s) %s, MTU %d", path, ", ".join(map(str, self.pod_cidrs)), mtu)
+
+    # ------------------------------------------------------------ sync
+    def peers(self, names=None) -> tuple[list, list]:
+        """(peers, removed names) for the given Node names, or for all Nodes."""
+        store = self.reflector.store
+        wanted = store.keys() if names is None else names
+        peers, removed, pending = [], [], {}
+        for name in wanted:
+            if name == self.settings.node_name:
+                continue
+            node = store.get(name)
+            if node is None:
+                removed.append(name)
+                continue
+            peer, why = nodes.peer_from_node(node)
+            if peer is None:
+                pending[name] = why
+                removed.append(name)  # whatever we programmed for it is no longer right
+            else:
+                peers.append(peer)
+        if pending:
+            log.debug("pending peers: %s", pending)
+        return peers, removed
+
+    def _sync(self, kind) -> None:
+        from netagent.sync_runner import SyncKind
+        started = time.monotonic()
+        try:
+            if kind is SyncKind.FULL:
+                self.tracker.drain()
+                self.route_manager.ensure_local()
+                peers, _ = self.peers()
+                report = self.route_manager.sync_all(peers)
+                if self.masquerade is not None:
+                    self.masquerade.ensure()
+            else:
+                peers, removed = self.peers(self.tracker.drain())
+                report = self.route_manager.apply_changes(upserts=peers, removals=removed)
+        except Exception:
+            self.metrics.sync_errors.inc()
+            raise
+        self.last_report = report
+        self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
+        for peer, why in report.refused.items():
+            log.warning("peer %s refused: %s", peer, why)
+
+
+def parse_cluster_cidrs(values) -> tuple:
+    try:
+        return tuple(ipaddress.ip_network(v, strict=True) for v in values)
+    except ValueError as exc:
+        raise AgentStartError(f"--cluster-cidr: {exc}") from None

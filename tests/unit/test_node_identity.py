@@ -1,0 +1,128 @@
+"""The node's own identity: underlay choice, lease checks, announcement and peers from Nodes."""
+import ipaddress
+import json
+
+import pytest
+
+from netagent import nodes
+from netagent.node_address import (InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay)
+from netagent.node_agent import NodeChangeTracker, pod_mtu
+from netagent.routing.model import Mode
+
+
+def iface(name, index, *addresses, mtu=1500):
+    return InterfaceInfo(name=name, index=index, mtu=mtu,
+                         addresses=tuple(ipaddress.IPv4Interface(a) for a in addresses))
+
+
+SNAPSHOT = UnderlaySnapshot(
+    interfaces=(iface("lo", 1, "127.0.0.1/8"), iface("eth0", 2, "192.0.2.10/24", mtu=9000),
+                iface("eth1", 3, "198.51.100.7/25"), iface("eth2", 4), iface("ens5", 5, "203.0.113.9/24")),
+    default_route_ifindexes=(3, 2))
+
+
+def test_default_route_interface_is_the_default_choice():
+    chosen = choose_underlay(SNAPSHOT)
+    assert (chosen.ifname, str(chosen.public_ip), str(chosen.network), chosen.mtu) == \
+        ("eth1", "198.51.100.7", "198.51.100.0/25", 1500)
+    assert "default route" in chosen.reason
+
+
+def test_iface_by_name():
+    chosen = choose_underlay(SNAPSHOT, iface="eth0")
+    assert (chosen.ifname, str(chosen.public_ip), chosen.mtu) == ("eth0", "192.0.2.10", 9000)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"iface": "eth9"}, "no such interface"),
+    ({"iface": "eth2"}, "has no IPv4 address"),
+    ({"iface_regex": "eth[01]"}, "matches 2 interfaces"),
+    ({"iface_regex": "wlan.*"}, "matches no interface"),
+    ({"iface_regex": "eth[("}, "--iface-regex"),
+    ({"iface": "eth0", "iface_regex": "eth0"}, "not both"),
+    ({"public_ip_override": "not-an-ip"}, "public-ip-overwrite"),
+])
+def test_ambiguous_or_wrong_choices_fail_with_the_reason(kwargs, message):
+    with pytest.raises(UnderlayError, match=message):
+        choose_underlay(SNAPSHOT, **kwargs)
+
+
+def test_regex_matching_exactly_one_interface_with_an_address():
+    assert choose_underlay(SNAPSHOT, iface_regex="ens[0-9]+").ifname == "ens5"
+    assert choose_underlay(SNAPSHOT, iface_regex="eth[02]").ifname == "eth0"  # eth2 has no address
+
+
+def test_no_default_route_means_no_guess():
+    with pytest.raises(UnderlayError, match="no IPv4 default route"):
+        choose_underlay(UnderlaySnapshot(interfaces=SNAPSHOT.interfaces, default_route_ifindexes=()))
+
+
+def test_public_ip_override_local_and_behind_nat():
+    local = choose_underlay(SNAPSHOT, public_ip_override="192.0.2.10")
+    assert (local.ifname, str(local.network)) == ("eth0", "192.0.2.0/24")
+    nat = choose_underlay(SNAPSHOT, public_ip_override="100.64.0.5")
+    assert (nat.ifname, str(nat.public_ip), str(nat.network)) == ("eth1", "100.64.0.5", "100.64.0.5/32")
+
+
+CLUSTER = [ipaddress.ip_network("10.244.0.0/16")]
+
+
+def node(name="node-1", *, cidrs=("10.244.1.0/24",), annotations=None):
+    return {"metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"podCIDR": cidrs[0], "podCIDRs": list(cidrs)} if cidrs else {}}
+
+
+def test_lease_inside_the_cluster_cidr():
+    assert nodes.node_pod_cidrs(node(), cluster_cidrs=CLUSTER) == (ipaddress.ip_network("10.244.1.0/24"),)
+
+
+@pytest.mark.parametrize("cidrs, message", [
+    ((), "has no spec.podCIDR"),
+    (("10.99.1.0/24",), "outside the cluster CIDR"),
+    (("10.244.1.1/24",), "host bits"),
+    (("banana",), "does not appear"),
+])
+def test_bad_leases_name_the_problem(cidrs, message):
+    with pytest.raises(nodes.LeaseError, match=message):
+        nodes.node_pod_cidrs(node(cidrs=cidrs), cluster_cidrs=CLUSTER)
+
+
+def test_announcement_round_trips_into_a_peer():
+    notes = nodes.render_announcement(backend_type="vxlan", public_ip="192.0.2.11",
+                                      backend_data={"vtepMAC": "0e:00:00:00:00:01"})
+    assert json.loads(notes[nodes.BACKEND_DATA]) == {"vtepMAC": "0e:00:00:00:00:01"}
+    peer, why = nodes.peer_from_node(node("node-2", cidrs=("10.244.2.0/24",), annotations=notes))
+    assert why == ""
+    assert (peer.name, str(peer.public_ip), peer.pod_cidrs, peer.vtep_mac) == \
+        ("node-2", "192.0.2.11", (ipaddress.ip_network("10.244.2.0/24"),), "0e:00:00:00:00:01")
+
+
+@pytest.mark.parametrize("annotations, cidrs, why", [
+    ({}, ("10.244.2.0/24",), "not announced"),
+    ({nodes.PUBLIC_IP: "fe80::1"}, ("10.244.2.0/24",), "not an IPv4"),
+    ({nodes.PUBLIC_IP: "192.0.2.11"}, (), "no pod CIDR"),
+])
+def test_nodes_that_are_not_peers_yet(annotations, cidrs, why):
+    peer, reason = nodes.peer_from_node(node("node-2", cidrs=cidrs, annotations=annotations))
+    assert peer is None and why in reason
+
+
+def test_tracker_ignores_heartbeats_but_records_routing_changes():
+    pokes = []
+    tracker = NodeChangeTracker(own_name="node-1", on_change=lambda: pokes.append(1))
+    old = node("node-2", annotations={nodes.PUBLIC_IP: "192.0.2.11"})
+    heartbeat = dict(old, status={"conditions": [{"type": "Ready"}]})
+    tracker.on_update(old, heartbeat)
+    assert tracker.drain() == set() and pokes == []
+    moved = node("node-2", annotations={nodes.PUBLIC_IP: "192.0.2.12"})
+    tracker.on_update(old, moved)
+    tracker.on_delete(node("node-3"))
+    assert tracker.drain() == {"node-2", "node-3"} and len(pokes) == 2
+    assert tracker.drain() == set()
+
+
+def test_pod_mtu_leaves_room_for_the_worst_encapsulation():
+    assert pod_mtu(Mode.VXLAN, Mode.VXLAN, 1500) == 1450
+    assert pod_mtu(Mode.IPIP, Mode.VXLAN, 1500) == 1480
+    assert pod_mtu(Mode.HOST_GW, Mode.VXLAN, 9000) == 9000
+    assert pod_mtu(Mode.AUTO, Mode.IPIP, 1500) == 1480
