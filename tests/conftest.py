@@ -14,5 +14,5 @@ def require_root_netns():
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "/tests/netns/" in str(item.fspath):
+        if "/tests/netns/" in str(item.fspath) or "/tests/cluster/" in str(item.fspath):
             item.add_marker(pytest.mark.netns)

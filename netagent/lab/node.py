@@ -1,10 +1,10 @@
-"""`netagent lab`: a throwaway node in a network namespace, with pods made by our plugin.
+"""One lab node without a cluster: the CNI plugin and its agent (`--cni-only`) in a namespace.
 
-`LabNode` is the building block: a node namespace, the plugin installed into a private
+`LabNode` is a node namespace, the plugin installed into a private
 directory, the agent (`netagent run --cni-only`) started inside the node, and pods created
 by executing the plugin binary exactly as a runtime would (environment, config on stdin,
-from the node's namespace). The tests and the benchmark use the same class, so what the
-demonstration shows is what is tested. Everything is removed on exit, also after errors.
+from the node's namespace). The CNI tests and the CNI benchmark use it; `exec_plugin` is
+shared with the cluster lab. Everything is removed on exit, also after errors.
 """
 from __future__ import annotations
 
@@ -41,7 +41,19 @@ class Pod:
         return self.result["ips"][0]["address"].split("/")[0]
 
 
-def _raise_for_failure(code: int, out: dict | None, command: str) -> None:
+def exec_plugin(*, node_netns: str, bin_dir: str, command: str, config: bytes, container_id: str = "",
+                netns: str = "", ifname: str = "eth0", args: str = "", env_overrides: dict | None = None):
+    """Execute our plugin from a node's namespace as a runtime does; return (exit code, stdout JSON)."""
+    env = invoke.cni_environment(command=command, container_id=container_id, netns=netns,
+                                 ifname=ifname, args=args, path=(bin_dir, "/usr/lib/cni"))
+    env.update(env_overrides or {})
+    proc = subprocess.run([*namespaces.exec_prefix(node_netns), os.path.join(bin_dir, "netagent")],
+                          input=config, env=env, capture_output=True, timeout=120)
+    out = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, out
+
+
+def raise_for_failure(code: int, out: dict | None, command: str) -> None:
     """A plugin exit status and its error object, as the CniError a runtime would report."""
     if code != 0:
         out = out or {}
@@ -161,14 +173,10 @@ class LabNode:
     def cni(self, command: str, *, container_id: str = "", netns: str = "", ifname: str = "eth0",
             config: bytes | None = None, args: str = "", env_overrides: dict | None = None):
         """Execute our plugin in the node namespace; return (exit code, decoded stdout)."""
-        env = invoke.cni_environment(command=command, container_id=container_id, netns=netns,
-                                     ifname=ifname, args=args, path=(self.bin_dir, "/usr/lib/cni"))
-        env.update(env_overrides or {})
-        proc = subprocess.run([*namespaces.exec_prefix(self.node), os.path.join(self.bin_dir, "netagent")],
-                              input=config if config is not None else self.plugin_config(),
-                              env=env, capture_output=True, timeout=120)
-        out = json.loads(proc.stdout) if proc.stdout.strip() else None
-        return proc.returncode, out
+        return exec_plugin(node_netns=self.node, bin_dir=self.bin_dir, command=command,
+                           config=config if config is not None else self.plugin_config(),
+                           container_id=container_id, netns=netns, ifname=ifname, args=args,
+                           env_overrides=env_overrides)
 
     def new_pod_netns(self, name: str) -> str:
         netns_name = f"{self.prefix}-{name}"
@@ -181,7 +189,7 @@ class LabNode:
         container_id = f"{self.prefix}-{name}"
         code, out = self.cni("ADD", container_id=container_id, netns=namespaces.netns_path(netns_name),
                              ifname=ifname)
-        _raise_for_failure(code, out, "ADD")
+        raise_for_failure(code, out, "ADD")
         pod = Pod(name=name, container_id=container_id, netns_name=netns_name, ifname=ifname, result=out)
         self.pods[name] = pod
         return pod
@@ -190,7 +198,7 @@ class LabNode:
         pod = self.pods.pop(name)
         code, out = self.cni("DEL", container_id=pod.container_id, netns=pod.netns, ifname=pod.ifname)
         namespaces.remove(pod.netns_name)
-        _raise_for_failure(code, out, "DEL")
+        raise_for_failure(code, out, "DEL")
 
     def exec_in(self, pod_or_node: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
         netns_name = self.node if pod_or_node == "node" else self.pods[pod_or_node].netns_name
@@ -198,34 +206,3 @@ class LabNode:
 
     def ping(self, source: str, address: str) -> bool:
         return self.exec_in(source, ["ping", "-c", "1", "-W", "2", address]).returncode == 0
-
-
-def run_demo(*, pods: int, mode: str, subnet: str) -> int:
-    """Build a node, add pods through the plugin, show that they talk, clean up."""
-    if os.geteuid() != 0:
-        print("netagent lab: needs root (it builds network namespaces)", file=sys.stderr)
-        return 1
-    print(f"netagent lab: one node, {pods} pods, {mode} mode, pod subnet {subnet}")
-    with LabNode(mode=mode, subnets=(subnet,)) as lab:
-        print(f"  node namespace {lab.node}; agent serving CNI on {lab.socket_path}")
-        for i in range(pods):
-            started = time.monotonic()
-            pod = lab.add_pod(f"pod{i}")
-            iface = pod.result["interfaces"][-1]
-            print(f"  ADD pod{i}: {pod.result['ips'][0]['address']:<18} gw {pod.result['ips'][0].get('gateway', '-'):<15}"
-                  f" {iface['name']} {iface['mac']}  ({(time.monotonic() - started) * 1000:.0f} ms)")
-        failures = 0
-        names = list(lab.pods)
-        gateway = lab.pods[names[0]].result["ips"][0].get("gateway")
-        checks = [(a, lab.pods[b].ip, b) for a in names for b in names if a != b]
-        node_ip = gateway if mode == "bridge" else lab.node_address
-        checks += [(a, node_ip, "node") for a in names]
-        for source, address, target in checks:
-            ok = lab.ping(source, address)
-            failures += not ok
-            print(f"  ping {source} -> {target} ({address}): {'ok' if ok else 'FAILED'}")
-        for name in names:
-            lab.delete_pod(name)
-        print(f"  DEL all pods; {len(checks) - failures}/{len(checks)} pings answered")
-    print("netagent lab: cleaned up")
-    return 1 if failures else 0

@@ -1,0 +1,204 @@
+"""Benchmark: how fast Node changes become usable routes, what the agent costs, what pods get.
+
+    sudo .venv/bin/python bench/node_routes.py [--peers 10,100,1000] [--samples 20] [--iperf-seconds 3]
+
+1. Convergence, per mode (host-gw, vxlan): a one-node lab (the real agent, the in-repo API
+   server), then simulated peers: Node objects whose announcements point at addresses on the
+   node's segment (they need not answer; programming routes does not need them). For each
+   peer count, the time to program the whole batch, then, one by one, `--samples` single
+   Nodes created in the API: the time from the create call returning to the kernel's route
+   notification (`ip -ts monitor route` in the node's namespace), and the same for deletion.
+2. The agent's resident memory at each peer count (VmRSS).
+3. Throughput: iperf3 between two pods on two nodes per mode, against two namespaces joined
+   by a bare veth (the ceiling) in the same run. IPIP runs only in the VM tier (this kernel
+   has no IPIP), so it is not in this table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from netagent import namespaces, nodes  # noqa: E402
+from netagent.lab import underlay  # noqa: E402
+from netagent.lab.cluster import LabCluster  # noqa: E402
+
+
+class RouteMonitor:
+    """`ip -ts monitor route` in a namespace: when each destination was added or deleted."""
+
+    def __init__(self, netns: str) -> None:
+        self.added: dict[str, float] = {}
+        self.deleted: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen([*namespaces.exec_prefix(netns), "ip", "-ts", "monitor", "route"],
+                                     stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        time.sleep(0.3)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if not line.startswith("["):
+                continue
+            stamp, _, rest = line[1:].partition("] ")
+            when = datetime.datetime.fromisoformat(stamp).timestamp()
+            words = rest.split()
+            target = self.deleted if words[:1] == ["Deleted"] else self.added
+            dst = words[1] if words[:1] == ["Deleted"] else words[0]
+            with self.lock:
+                target.setdefault(dst, when)
+
+    def wait(self, table: dict, dsts, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if all(d in table for d in dsts):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"routes did not converge: {len([d for d in dsts if d not in table])} missing")
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def fake_node(index: int, segment_network, mode: str) -> dict:
+    pod_cidr = f"10.244.{128 + index // 16}.{(index % 16) * 16}/28"
+    address = segment_network[1000 + index]
+    data = {"vtepMAC": f"0e:42:{(index >> 8) & 0xff:02x}:{index & 0xff:02x}:00:01"} if mode != "host-gw" else {}
+    notes = nodes.render_announcement(backend_type=mode, public_ip=address, backend_data=data)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": f"sim-{index}", "annotations": notes},
+            "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]}}
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def convergence(mode: str, peer_counts: list[int], samples: int) -> list[dict]:
+    rows = []
+    with LabCluster.create(nodes=1, mode=mode, prefix="na-bench", resync_period=3600) as lab:
+        api = lab.api()
+        node = lab.state.nodes["node-1"]
+        monitor = RouteMonitor(node.netns)
+        network = underlay.segment_network(node.segment)
+        created = 0
+        try:
+            for count in peer_counts:
+                batch = [fake_node(i, network, mode) for i in range(created, count)]
+                started = time.time()
+                for obj in batch:
+                    api.create(obj)
+                monitor.wait(monitor.added, [o["spec"]["podCIDR"] for o in batch])
+                batch_seconds = max([monitor.added[o["spec"]["podCIDR"]] for o in batch] or [started]) - started
+                created = count
+                add_ms, del_ms = [], []
+                for k in range(samples):
+                    obj = fake_node(count + 500 + k, network, mode)
+                    cidr = obj["spec"]["podCIDR"]
+                    api.create(obj)
+                    posted = time.time()
+                    monitor.wait(monitor.added, [cidr])
+                    add_ms.append((monitor.added[cidr] - posted) * 1000)
+                    api.delete("v1", "Node", obj["metadata"]["name"])
+                    posted = time.time()
+                    monitor.wait(monitor.deleted, [cidr])
+                    del_ms.append((monitor.deleted[cidr] - posted) * 1000)
+                    with monitor.lock:
+                        monitor.added.pop(cidr, None)
+                        monitor.deleted.pop(cidr, None)
+                rows.append({"mode": mode, "peers": count, "batch_s": batch_seconds,
+                             "add_median_ms": statistics.median(add_ms), "add_p95_ms": percentile(add_ms, 0.95),
+                             "del_median_ms": statistics.median(del_ms), "del_p95_ms": percentile(del_ms, 0.95),
+                             "agent_rss_mib": rss_mib(node.agent_pid)})
+                print(f"  {mode:<8} {count:>5} peers: batch {batch_seconds:6.2f} s; one Node -> route "
+                      f"median {rows[-1]['add_median_ms']:6.1f} ms (p95 {rows[-1]['add_p95_ms']:6.1f}); "
+                      f"delete -> gone median {rows[-1]['del_median_ms']:6.1f} ms; agent RSS "
+                      f"{rows[-1]['agent_rss_mib']:.1f} MiB", flush=True)
+        finally:
+            monitor.stop()
+    return rows
+
+
+def iperf(lab_or_none, client_ns: str, server_ns: str, address: str, seconds: float) -> float:
+    server = subprocess.Popen([*namespaces.exec_prefix(server_ns), "iperf3", "-s", "-1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        out = subprocess.run([*namespaces.exec_prefix(client_ns), "iperf3", "-c", address, "-t", str(seconds),
+                              "-J"], capture_output=True, text=True, timeout=seconds + 30)
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+    finally:
+        server.kill()
+        server.wait()
+
+
+def veth_baseline(seconds: float) -> float:
+    a, b = namespaces.unique_name("na-bench-a"), namespaces.unique_name("na-bench-b")
+    try:
+        namespaces.create(a)
+        namespaces.create(b)
+        namespaces.run_in(a, ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0",
+                              "netns", namespaces.netns_path(b)], check=True)
+        for ns, addr in ((a, "10.99.0.1/24"), (b, "10.99.0.2/24")):
+            namespaces.run_in(ns, ["ip", "addr", "add", addr, "dev", "eth0"], check=True)
+            namespaces.run_in(ns, ["ip", "link", "set", "eth0", "up"], check=True)
+        return iperf(None, a, b, "10.99.0.2", seconds)
+    finally:
+        namespaces.remove(a)
+        namespaces.remove(b)
+
+
+def throughput(mode: str, seconds: float) -> float:
+    with LabCluster.create(nodes=2, mode=mode, pods_per_node=1, prefix="na-bench") as lab:
+        pods = {p.node: p for p in lab.state.pods.values()}
+        return iperf(lab, pods["node-1"].netns, pods["node-2"].netns, pods["node-2"].ip, seconds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", default="10,100,1000")
+    parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--modes", default="host-gw,vxlan")
+    parser.add_argument("--iperf-seconds", type=float, default=3)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (it builds network namespaces)", file=sys.stderr)
+        return 1
+    counts = sorted(int(c) for c in args.peers.split(","))
+    modes = args.modes.split(",")
+    print("== convergence: Node created in the API -> route in the kernel")
+    rows = [row for mode in modes for row in convergence(mode, counts, args.samples)]
+    print("\n== pod-to-pod throughput (iperf3 TCP, one stream)")
+    baseline = veth_baseline(args.iperf_seconds)
+    print(f"  bare veth between two namespaces: {baseline:6.2f} Gbit/s (the ceiling)")
+    for mode in modes:
+        gbps = throughput(mode, args.iperf_seconds)
+        print(f"  {mode:<8} pod -> pod across nodes:    {gbps:6.2f} Gbit/s  ({gbps / baseline:.2f}x the bare veth)")
+    print("\n== summary (json)")
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

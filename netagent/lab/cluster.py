@@ -1,0 +1,450 @@
+"""A multi-node cluster in network namespaces: API server, nodes with agents, pods.
+
+`LabCluster` plays every part a real cluster has around our agent, and nothing more:
+- the control plane: the in-repo Kubernetes API test server (`apiserver.py`), run in the
+  router namespace, reachable from every node at 198.18.16.1:6443;
+- the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
+  as kube-controller-manager's node IPAM would;
+- the kubelet and container runtime: pods are network namespaces wired by executing our
+  CNI plugin from the node's namespace with the config the agent published, exactly as
+  containerd does;
+- the machines and wires: `underlay.py`.
+
+Every agent is the real `netagent run`, started with `ip netns exec` in its node.
+The state (namespaces, pids, pods) lives in `<workdir>/state.json`, so the CLI can build
+a lab with `lab up` and drive or remove it from later commands; tests use the same class
+in-process as a context manager.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from netagent import cni_install, namespaces
+from netagent.lab import underlay
+from netagent.lab.node import exec_plugin, raise_for_failure
+
+CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
+API_PORT = 6443
+MODES = ("vxlan", "host-gw", "ipip", "auto")
+
+
+class LabError(Exception):
+    """The lab could not do what was asked; the message says why."""
+
+
+@dataclass
+class NodeState:
+    name: str
+    index: int
+    segment: int
+    netns: str
+    address: str
+    pod_cidr: str
+    port: str                      # its cable's end in the switch namespace
+    agent_pid: int | None = None
+
+
+@dataclass
+class PodState:
+    name: str
+    node: str
+    netns: str
+    container_id: str
+    ip: str
+    labels: dict = field(default_factory=dict)
+    ifname: str = "eth0"
+
+
+@dataclass
+class LabState:
+    prefix: str
+    workdir: str
+    mode: str
+    auto_encap: str
+    segments: int
+    resync_period: float
+    switch: str
+    router: str
+    internet: str
+    api_pid: int | None = None
+    nodes: dict = field(default_factory=dict)   # name -> NodeState
+    pods: dict = field(default_factory=dict)    # name -> PodState
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LabState":
+        data = dict(data)
+        data["nodes"] = {k: NodeState(**v) for k, v in data["nodes"].items()}
+        data["pods"] = {k: PodState(**v) for k, v in data["pods"].items()}
+        return cls(**data)
+
+
+def _process_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class LabCluster:
+    """Build, drive and remove a lab cluster. Use `create()` or `load()`, then `close()`/`down()`."""
+
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        self._children: dict[int, subprocess.Popen] = {}  # processes this Python started
+
+    # ------------------------------------------------------------ paths
+    @property
+    def workdir(self) -> str:
+        return self.state.workdir
+
+    @property
+    def bin_dir(self) -> str:
+        return os.path.join(self.workdir, "bin")
+
+    @property
+    def api_socket(self) -> str:
+        return os.path.join(self.workdir, "api.sock")
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{underlay.router_address(1)}:{API_PORT}"
+
+    def node_dir(self, name: str) -> str:
+        return os.path.join(self.workdir, "nodes", name)
+
+    def agent_log(self, name: str) -> str:
+        return os.path.join(self.node_dir(name), "agent.log")
+
+    def cni_socket(self, name: str) -> str:
+        return os.path.join(self.node_dir(name), "run", "cni.sock")
+
+    def conflist_path(self, name: str) -> str:
+        return os.path.join(self.node_dir(name), "net.d", cni_install.CONFLIST_NAME)
+
+    # ------------------------------------------------------------ life cycle
+    @classmethod
+    def create(cls, *, nodes: int = 3, mode: str = "vxlan", segments: int = 1, pods_per_node: int = 0,
+               auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
+               resync_period: float = 30.0) -> "LabCluster":
+        if mode not in MODES:
+            raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+        if segments not in (1, 2):
+            raise LabError("segments must be 1 or 2")
+        if not 1 <= nodes <= 200:
+            raise LabError("nodes must be between 1 and 200")
+        prefix = namespaces.unique_name(prefix)
+        if workdir is None:
+            workdir = tempfile.mkdtemp(prefix=f"{prefix}-")
+        os.makedirs(workdir, exist_ok=True)
+        state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
+                         resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
+                         internet=f"{prefix}-inet")
+        lab = cls(state)
+        try:
+            lab.save()
+            underlay.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
+                                    segments=segments)
+            cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
+                                bridge="na0", mtu=1500, socket_path="", data_dir="")
+            lab._write_kubeconfig()
+            lab.start_apiserver()
+            for i in range(nodes):
+                lab.add_node(segment=(i % segments) + 1, wait=False)
+            for name in state.nodes:
+                lab.wait_for_agent(name)
+            for name in list(state.nodes):
+                for k in range(pods_per_node):
+                    lab.add_pod(f"{name}-pod{k + 1}", node=name)
+        except BaseException:
+            lab.down()
+            raise
+        return lab
+
+    @classmethod
+    def load(cls, workdir: str) -> "LabCluster":
+        path = os.path.join(workdir, "state.json")
+        try:
+            with open(path) as f:
+                return cls(LabState.from_json(json.load(f)))
+        except FileNotFoundError:
+            raise LabError(f"no lab is up (no {path}); start one with `netagent lab up`") from None
+
+    def save(self) -> None:
+        path = os.path.join(self.workdir, "state.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.state.to_json(), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def __enter__(self) -> "LabCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def down(self) -> None:
+        """Stop every process and remove every namespace and file of the lab; safe to repeat."""
+        for node in self.state.nodes.values():
+            self._kill(node.agent_pid)
+        self._kill(self.state.api_pid)
+        for pod in self.state.pods.values():
+            namespaces.remove(pod.netns)
+        for node in self.state.nodes.values():
+            namespaces.remove(node.netns)
+        for ns in (self.state.switch, self.state.router, self.state.internet):
+            namespaces.remove(ns)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ------------------------------------------------------------ processes
+    def _spawn(self, netns: str, argv: list, log_path: str) -> int:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([*namespaces.exec_prefix(netns), *argv], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=cni_install.code_root(), start_new_session=True)
+        self._children[proc.pid] = proc
+        return proc.pid
+
+    def _kill(self, pid: int | None, *, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if not _process_alive(pid):
+            self._reap(pid)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while _process_alive(pid) and time.monotonic() < deadline:
+            self._reap(pid)
+            time.sleep(0.02)
+        if _process_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        self._reap(pid)
+
+    def _reap(self, pid: int | None) -> None:
+        proc = self._children.get(pid)
+        if proc is not None and proc.poll() is not None:
+            del self._children[pid]
+
+    def _write_kubeconfig(self) -> None:
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": "lab",
+                  "clusters": [{"name": "lab", "cluster": {"server": self.api_url}}],
+                  "users": [{"name": "lab", "user": {}}],
+                  "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}
+        with open(os.path.join(self.workdir, "kubeconfig"), "w") as f:
+            json.dump(config, f, indent=1)  # JSON is YAML
+
+    def api(self):
+        from netagent.lab.apiclient import LabApiClient
+        return LabApiClient(unix_path=self.api_socket)
+
+    def start_apiserver(self, *, timeout: float = 20.0) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.api_socket)
+        pid = self._spawn(self.state.router, [
+            sys.executable, "-m", "netagent.lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
+            "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json")],
+            os.path.join(self.workdir, "apiserver.log"))
+        self.state.api_pid = pid
+        self.save()
+        deadline = time.monotonic() + timeout
+        while True:
+            if os.path.exists(self.api_socket):
+                with contextlib.suppress(Exception):
+                    self.api().list("v1", "Node")
+                    return
+            if not _process_alive(pid) or time.monotonic() > deadline:
+                raise LabError("the API server did not start:\n" + self._tail(os.path.join(self.workdir, "apiserver.log")))
+            time.sleep(0.05)
+
+    def stop_apiserver(self, *, sig: int = signal.SIGTERM) -> None:
+        self._kill(self.state.api_pid, sig=sig)
+        self.state.api_pid = None
+        self.save()
+
+    @staticmethod
+    def _tail(path: str, lines: int = 40) -> str:
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+        return f"(no log at {path})"
+
+    # ------------------------------------------------------------ nodes
+    def add_node(self, *, name: str | None = None, segment: int = 1, wait: bool = True) -> NodeState:
+        if not 1 <= segment <= self.state.segments:
+            raise LabError(f"segment {segment}: this lab has {self.state.segments} segment(s)")
+        used = {n.index for n in self.state.nodes.values()}
+        index = next(i for i in range(1, 250) if i not in used)
+        name = name or f"node-{index}"
+        if name in self.state.nodes:
+            raise LabError(f"node {name} already exists")
+        node = NodeState(name=name, index=index, segment=segment, netns=f"{self.state.prefix}-n{index}",
+                         address="", pod_cidr=str(ipaddress.ip_network(f"10.244.{index}.0/24")), port=f"n{index}")
+        self.state.nodes[name] = node
+        self.save()
+        node.address = str(underlay.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
+                                              index=index, port=node.port))
+        self.api().create({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                                                  "topology.kubernetes.io/zone": f"segment-{segment}"}},
+            "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
+            "status": {"addresses": [{"type": "InternalIP", "address": node.address},
+                                     {"type": "Hostname", "address": name}]}})
+        self.start_agent(name, wait=wait)
+        return node
+
+    def remove_node(self, name: str) -> None:
+        node = self._node(name)
+        for pod in [p for p in self.state.pods.values() if p.node == name]:
+            self.remove_pod(pod.name)
+        self.stop_agent(name)
+        with contextlib.suppress(Exception):
+            self.api().delete("v1", "Node", name)
+        namespaces.remove(node.netns)
+        del self.state.nodes[name]
+        self.save()
+
+    def _node(self, name: str) -> NodeState:
+        try:
+            return self.state.nodes[name]
+        except KeyError:
+            raise LabError(f"no node {name} (have: {', '.join(self.state.nodes) or 'none'})") from None
+
+    def agent_argv(self, name: str) -> list:
+        directory = self.node_dir(name)
+        argv = [sys.executable, "-m", "netagent.cli", "--log-level", "INFO", "run",
+                "--kubeconfig", os.path.join(self.workdir, "kubeconfig"), "--node-name", name,
+                "--cluster-cidr", str(CLUSTER_CIDR), "--backend", self.state.mode,
+                "--auto-encap", self.state.auto_encap, "--iface", "eth0",
+                "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
+                "--cni-data-dir", os.path.join(directory, "ipam"), "--status-bind", "0.0.0.0:10258",
+                "--resync-period", str(self.state.resync_period)]
+        return argv
+
+    def start_agent(self, name: str, *, wait: bool = True) -> None:
+        node = self._node(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.cni_socket(name))
+        node.agent_pid = self._spawn(node.netns, self.agent_argv(name), self.agent_log(name))
+        self.save()
+        if wait:
+            self.wait_for_agent(name)
+
+    def wait_for_agent(self, name: str, *, timeout: float = 60.0) -> None:
+        """Until the agent serves CNI (it does so only after its first route sync)."""
+        node = self._node(name)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.cni_socket(name)):
+            if not _process_alive(node.agent_pid) or time.monotonic() > deadline:
+                raise LabError(f"the agent on {name} did not become ready:\n{self._tail(self.agent_log(name))}")
+            time.sleep(0.05)
+
+    def stop_agent(self, name: str, *, sig: int = signal.SIGTERM) -> None:
+        node = self._node(name)
+        self._kill(node.agent_pid, sig=sig)
+        node.agent_pid = None
+        self.save()
+
+    # ------------------------------------------------------------ pods
+    def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None) -> PodState:
+        if name in self.state.pods:
+            raise LabError(f"pod {name} already exists")
+        if node is None:  # the emptiest node, as a scheduler spreading pods would
+            counts = {n: 0 for n in self.state.nodes}
+            for pod in self.state.pods.values():
+                counts[pod.node] += 1
+            if not counts:
+                raise LabError("the lab has no nodes")
+            node = min(counts, key=lambda n: (counts[n], self.state.nodes[n].index))
+        node_state = self._node(node)
+        netns = f"{self.state.prefix}-p-{name}"[:60]
+        container_id = f"{self.state.prefix}-{name}"
+        pod = PodState(name=name, node=node, netns=netns, container_id=container_id, ip="",
+                       labels=dict(labels or {}))
+        self.state.pods[name] = pod
+        self.save()
+        try:
+            namespaces.create(netns)
+            code, out = exec_plugin(node_netns=node_state.netns, bin_dir=self.bin_dir, command="ADD",
+                                    config=self._plugin_config(node), container_id=container_id,
+                                    netns=namespaces.netns_path(netns))
+            raise_for_failure(code, out, "ADD")
+        except BaseException:
+            namespaces.remove(netns)
+            del self.state.pods[name]
+            self.save()
+            raise
+        pod.ip = out["ips"][0]["address"].split("/")[0]
+        self.save()
+        return pod
+
+    def _plugin_config(self, node: str) -> bytes:
+        from cni import invoke
+        try:
+            with open(self.conflist_path(node)) as f:
+                conflist = json.load(f)
+        except FileNotFoundError:
+            raise LabError(f"node {node} has no network config yet (its agent publishes it once it has "
+                           f"its pod CIDR)") from None
+        return invoke.plugin_config(conflist, 0, prev_result=None)
+
+    def remove_pod(self, name: str) -> None:
+        try:
+            pod = self.state.pods[name]
+        except KeyError:
+            raise LabError(f"no pod {name}") from None
+        code, out = exec_plugin(node_netns=self._node(pod.node).netns, bin_dir=self.bin_dir, command="DEL",
+                                config=self._plugin_config(pod.node), container_id=pod.container_id,
+                                netns=namespaces.netns_path(pod.netns))
+        namespaces.remove(pod.netns)
+        del self.state.pods[name]
+        self.save()
+        raise_for_failure(code, out, "DEL")
+
+    def netns_of(self, target: str) -> str:
+        """A pod's or node's namespace by name ("internet" and "router" too)."""
+        if target in self.state.pods:
+            return self.state.pods[target].netns
+        if target in self.state.nodes:
+            return self.state.nodes[target].netns
+        extra = {"internet": self.state.internet, "router": self.state.router, "switch": self.state.switch}
+        if target in extra:
+            return extra[target]
+        raise LabError(f"no pod or node named {target}")
+
+    def exec(self, target: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
+        return namespaces.run_in(self.netns_of(target), argv, **kwargs)
+
+    def ping(self, source: str, address: str, *, count: int = 1) -> bool:
+        return self.exec(source, ["ping", "-c", str(count), "-W", "2", "-i", "0.2", address]).returncode == 0
+
+    # ------------------------------------------------------------ status
+    def status(self) -> dict:
+        nodes = []
+        for node in self.state.nodes.values():
+            nodes.append({"name": node.name, "address": node.address, "podCIDR": node.pod_cidr,
+                          "segment": node.segment, "netns": node.netns, "mode": self.state.mode,
+                          "agent": {"pid": node.agent_pid, "running": _process_alive(node.agent_pid),
+                                    "log": self.agent_log(node.name)}})
+        pods = [{"name": p.name, "node": p.node, "ip": p.ip, "netns": p.netns, "labels": p.labels}
+                for p in self.state.pods.values()]
+        return {"mode": self.state.mode, "segments": self.state.segments, "workdir": self.workdir,
+                "apiServer": {"url": self.api_url, "unixSocket": self.api_socket,
+                              "running": _process_alive(self.state.api_pid)},
+                "internet": {"netns": self.state.internet, "address": str(underlay.INTERNET_HOST)},
+                "nodes": nodes, "pods": pods}

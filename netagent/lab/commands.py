@@ -1,0 +1,193 @@
+"""`netagent lab ...`: the scriptable front of `LabCluster`.
+
+    netagent lab                      the demo: a 3-node cluster, pods on each, cross-node pings, removed
+    netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K]   build it and leave it running
+    netagent lab status [--json]      nodes, pods, agents
+    netagent lab exec POD -- CMD...   run a command in a pod (or node, "internet", "router")
+    netagent lab node add [--name N] [--segment S] | node remove NAME
+    netagent lab pod add NAME [--node NODE] [--labels k=v,...] | pod remove NAME
+    netagent lab down                 remove everything
+
+One lab at a time lives in the state directory (`--state-dir`, default /run/netagent-lab);
+every command loads it from there, so the lab survives between commands.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from netagent import namespaces
+from netagent.lab.cluster import MODES, LabCluster, LabError
+
+DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
+
+
+def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
+    lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
+    lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan")
+    sub = lab.add_subparsers(dest="lab_command")
+
+    def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
+        p.add_argument("--nodes", type=int, default=3)
+        p.add_argument("--mode", choices=MODES, default="vxlan")
+        p.add_argument("--segments", type=int, choices=[1, 2], default=1)
+        p.add_argument("--pods-per-node", type=int, default=pods)
+        p.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan")
+
+    demo = sub.add_parser("demo", help="build a cluster, show cross-node traffic, remove it (the default)")
+    cluster_shape(demo, pods=2)
+    demo.set_defaults(func=_cmd_demo)
+    up = sub.add_parser("up", help="build a cluster and leave it running")
+    cluster_shape(up, pods=0)
+    up.set_defaults(func=_cmd_up)
+    status = sub.add_parser("status", help="show the running lab")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_status)
+    run = sub.add_parser("exec", help="run a command in a pod or node: lab exec POD -- CMD...")
+    run.add_argument("target")
+    run.add_argument("argv", nargs=argparse.REMAINDER)
+    run.set_defaults(func=_cmd_exec)
+    down = sub.add_parser("down", help="remove the lab")
+    down.set_defaults(func=_cmd_down)
+
+    node = sub.add_parser("node", help="add or remove a node").add_subparsers(dest="node_command", required=True)
+    node_add = node.add_parser("add")
+    node_add.add_argument("--name")
+    node_add.add_argument("--segment", type=int, default=1)
+    node_add.set_defaults(func=_cmd_node_add)
+    node_remove = node.add_parser("remove")
+    node_remove.add_argument("name")
+    node_remove.set_defaults(func=_cmd_node_remove)
+
+    pod = sub.add_parser("pod", help="add or remove a pod").add_subparsers(dest="pod_command", required=True)
+    pod_add = pod.add_parser("add")
+    pod_add.add_argument("name")
+    pod_add.add_argument("--node")
+    pod_add.add_argument("--labels", default="", help="k=v,k2=v2")
+    pod_add.set_defaults(func=_cmd_pod_add)
+    pod_remove = pod.add_parser("remove")
+    pod_remove.add_argument("name")
+    pod_remove.set_defaults(func=_cmd_pod_remove)
+
+
+def parse_labels(text: str) -> dict:
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise LabError(f"label {item!r}: expected key=value")
+        labels[key] = value
+    return labels
+
+
+def run_lab_command(args) -> int:
+    if os.geteuid() != 0:
+        print("netagent lab: needs root (it builds network namespaces)", file=sys.stderr)
+        return 1
+    try:
+        return args.func(args)
+    except LabError as exc:
+        print(f"netagent lab: {exc}", file=sys.stderr)
+        return 1
+
+
+def _load(args) -> LabCluster:
+    return LabCluster.load(args.state_dir)
+
+
+def _create(args, *, workdir: str | None) -> LabCluster:
+    return LabCluster.create(nodes=args.nodes, mode=args.mode, segments=args.segments,
+                             pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir)
+
+
+def _cmd_up(args) -> int:
+    if os.path.exists(os.path.join(args.state_dir, "state.json")):
+        raise LabError(f"a lab is already up in {args.state_dir}; `netagent lab down` first")
+    started = time.monotonic()
+    lab = _create(args, workdir=args.state_dir)
+    print(f"netagent lab: {args.nodes} node(s), {args.mode} mode, {args.segments} segment(s), up in "
+          f"{time.monotonic() - started:.1f} s; state in {args.state_dir}")
+    _print_status(lab.status())
+    return 0
+
+
+def _print_status(status: dict) -> None:
+    print(f"  API server {status['apiServer']['url']} ({'running' if status['apiServer']['running'] else 'STOPPED'})")
+    for node in status["nodes"]:
+        print(f"  node {node['name']:<10} {node['address']:<14} segment {node['segment']}  podCIDR "
+              f"{node['podCIDR']:<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
+    for pod in status["pods"]:
+        labels = ",".join(f"{k}={v}" for k, v in pod["labels"].items())
+        print(f"  pod  {pod['name']:<16} on {pod['node']:<10} {pod['ip']:<14} {labels}")
+
+
+def _cmd_status(args) -> int:
+    status = _load(args).status()
+    if args.json:
+        print(json.dumps(status, indent=1))
+    else:
+        _print_status(status)
+    return 0
+
+
+def _cmd_exec(args) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise LabError("nothing to run: lab exec POD -- CMD...")
+    netns = _load(args).netns_of(args.target)
+    return subprocess.run([*namespaces.exec_prefix(netns), *argv]).returncode
+
+
+def _cmd_down(args) -> int:
+    LabCluster.load(args.state_dir).down()
+    print("netagent lab: removed")
+    return 0
+
+
+def _cmd_node_add(args) -> int:
+    node = _load(args).add_node(name=args.name, segment=args.segment)
+    print(f"node {node.name} {node.address} podCIDR {node.pod_cidr}")
+    return 0
+
+
+def _cmd_node_remove(args) -> int:
+    _load(args).remove_node(args.name)
+    print(f"node {args.name} removed")
+    return 0
+
+
+def _cmd_pod_add(args) -> int:
+    pod = _load(args).add_pod(args.name, node=args.node, labels=parse_labels(args.labels))
+    print(f"pod {pod.name} on {pod.node}: {pod.ip}")
+    return 0
+
+
+def _cmd_pod_remove(args) -> int:
+    _load(args).remove_pod(args.name)
+    print(f"pod {args.name} removed")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    """A cluster in namespaces, pods pinging across nodes and the internet, then removed."""
+    started = time.monotonic()
+    print(f"netagent lab: building {args.nodes} nodes ({args.mode}, {args.segments} segment(s)), "
+          f"{args.pods_per_node} pods each")
+    with _create(args, workdir=None) as lab:
+        print(f"  up in {time.monotonic() - started:.1f} s")
+        _print_status(lab.status())
+        pods = list(lab.state.pods.values())
+        checks = [(a.name, b.ip, f"{b.name} on {b.node}") for a in pods for b in pods if a.node != b.node]
+        checks += [(a.name, "203.0.113.2", "the internet (masqueraded)") for a in pods[:1]]
+        failures = 0
+        for source, address, what in checks:
+            ok = lab.ping(source, address)
+            failures += not ok
+            print(f"  ping {source:<16} -> {address:<14} {what:<28} {'ok' if ok else 'FAILED'}")
+        print(f"  {len(checks) - failures}/{len(checks)} answered across nodes")
+    print("netagent lab: removed")
+    return 1 if failures else 0

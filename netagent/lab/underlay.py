@@ -1,0 +1,81 @@
+"""The lab's simulated physical network, all inside network namespaces.
+
+    segment 1  198.18.16.0/20 ─┐                        ┌─ internet 203.0.113.0/24
+    segment 2  198.18.32.0/20 ─┼─ router (.1 on each) ──┘  (a namespace playing the internet)
+    (bridges in one "switch" namespace)
+
+Nodes hang off a segment with `eth0` (the segment's 10+i-th address; /20 leaves room
+for the benchmark's thousand simulated peers) and a default route via the router,
+so nodes on one segment share L2 (host-gw works) and nodes on different segments meet only
+through the router (host-gw cannot, encapsulation must). The router knows no pod CIDRs and
+does no NAT, so a pod packet reaches the internet only if its node masquerades it. The
+addresses come from the benchmarking (198.18/15) and documentation (203.0.113/24) ranges and
+exist only inside these namespaces; the root namespace is never touched.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from netagent import namespaces
+
+INTERNET_NETWORK = ipaddress.ip_network("203.0.113.0/24")
+INTERNET_HOST = ipaddress.ip_address("203.0.113.2")
+ROUTER_INTERNET_ADDRESS = ipaddress.ip_address("203.0.113.1")
+UNDERLAY_SUPERNET = ipaddress.ip_network("198.18.0.0/15")
+
+
+def segment_network(segment: int) -> ipaddress.IPv4Network:
+    return ipaddress.ip_network(f"198.18.{16 * segment}.0/20")
+
+
+def router_address(segment: int) -> ipaddress.IPv4Address:
+    return segment_network(segment)[1]
+
+
+def node_address(segment: int, index: int) -> ipaddress.IPv4Address:
+    return segment_network(segment)[10 + index]
+
+
+def _ip(ns: str, *args: str) -> None:
+    namespaces.run_in(ns, ["ip", *args], check=True)
+
+
+def _sysctl(ns: str, key: str, value: str) -> None:
+    namespaces.run_in(ns, ["sysctl", "-qw", f"{key}={value}"], check=True)
+
+
+def _cable(ns_a: str, name_a: str, ns_b: str, name_b: str) -> None:
+    """A veth from one namespace to another, both ends up."""
+    _ip(ns_a, "link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", namespaces.netns_path(ns_b))
+    _ip(ns_a, "link", "set", name_a, "up")
+    _ip(ns_b, "link", "set", name_b, "up")
+
+
+def build_backbone(*, switch: str, router: str, internet: str, segments: int) -> None:
+    """The switch with one bridge per segment, the router on every segment, the internet."""
+    for ns in (switch, router, internet):
+        namespaces.create(ns)
+    _sysctl(router, "net.ipv4.ip_forward", "1")
+    for segment in range(1, segments + 1):
+        bridge = f"seg{segment}"
+        _ip(switch, "link", "add", bridge, "type", "bridge")
+        _ip(switch, "link", "set", bridge, "up")
+        _cable(switch, f"r{segment}", router, f"seg{segment}")
+        _ip(switch, "link", "set", f"r{segment}", "master", bridge)
+        _ip(router, "addr", "add", f"{router_address(segment)}/{segment_network(segment).prefixlen}",
+            "dev", f"seg{segment}")
+    _cable(router, "inet", internet, "eth0")
+    _ip(router, "addr", "add", f"{ROUTER_INTERNET_ADDRESS}/24", "dev", "inet")
+    _ip(internet, "addr", "add", f"{INTERNET_HOST}/24", "dev", "eth0")
+    _ip(internet, "route", "add", str(UNDERLAY_SUPERNET), "via", str(ROUTER_INTERNET_ADDRESS))
+
+
+def plug_node(*, switch: str, node: str, segment: int, index: int, port: str) -> ipaddress.IPv4Address:
+    """Create the node namespace and cable it to its segment; return its address."""
+    namespaces.create(node)
+    _cable(switch, port, node, "eth0")
+    _ip(switch, "link", "set", port, "master", f"seg{segment}")
+    address = node_address(segment, index)
+    _ip(node, "addr", "add", f"{address}/{segment_network(segment).prefixlen}", "dev", "eth0")
+    _ip(node, "route", "add", "default", "via", str(router_address(segment)))
+    return address
