@@ -1,9 +1,13 @@
 """`netagent cleanup`: remove what netagent created on this node, and nothing else.
 
-Ownership is read from the interface alias the plugin sets at creation (`netagent:<network>`
-on host veths, `netagent-bridge` on bridges), never guessed from a name alone, so an
-administrator's own `na...` interface survives. Deleting a host veth removes its pod end
-and the node routes through it.
+- pod interfaces: ownership is read from the interface alias the plugin sets at creation
+  (`netagent:<network>` on host veths, `netagent-bridge` on bridges), never guessed from a
+  name alone, so an administrator's own `na...` interface survives. Deleting a host veth
+  removes its pod end and the node routes through it;
+- node routing: routes carrying our route protocol number and our `na-` VXLAN/IPIP devices
+  (their neighbour and FDB entries go with them);
+- iptables: every `NETAGENT-` chain and every jump to one, on both backends (legacy and
+  nft), since a previous run may have used either.
 """
 from __future__ import annotations
 
@@ -23,4 +27,22 @@ def owned_links(ipr) -> list[str]:
 def remove_owned_links() -> list[str]:
     ipr = host_netlink()
     removed = [name for name in owned_links(ipr) if wiring.delete_link(ipr, name)]
+    return removed
+
+
+def remove_owned_routing() -> list[str]:
+    from netagent.routing.kernel import NetlinkKernel
+    from netagent.routing.routes import remove_owned_routing as remove
+    return remove(NetlinkKernel())
+
+
+def remove_owned_chains() -> list[str]:
+    from netagent.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from netagent.iptables.runner import IptablesRunner
+    removed = []
+    for backend in IptablesBackend:
+        if missing_binaries(IpFamily.V4, backend):
+            continue
+        removed += [f"iptables ({backend.value}) chain {chain}"
+                    for chain in IptablesRunner(backend=backend, family=IpFamily.V4).delete_owned()]
     return removed

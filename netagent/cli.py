@@ -35,11 +35,12 @@ def _cmd_cni_install(args) -> int:
 
 
 def _cmd_cleanup(args) -> int:
-    from netagent.cleanup import remove_owned_links
-    removed = remove_owned_links()
-    for name in removed:
-        print(f"removed {name}")
-    print(f"{len(removed)} interface(s) removed")
+    from netagent.cleanup import remove_owned_chains, remove_owned_links, remove_owned_routing
+    removed = [f"interface {name}" for name in remove_owned_links()]
+    removed += remove_owned_routing() + remove_owned_chains()
+    for line in removed:
+        print(f"removed {line}")
+    print(f"{len(removed)} item(s) removed")
     return 0
 
 
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--data-dir", default=cni_install.DEFAULT_DATA_DIR)
     install.set_defaults(func=_cmd_cni_install)
 
-    cleanup = sub.add_parser("cleanup", help="remove every interface netagent created on this node")
+    cleanup = sub.add_parser("cleanup", help="remove every interface, route, device and iptables chain netagent created on this node")
     cleanup.set_defaults(func=_cmd_cleanup)
 
     lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")

@@ -94,11 +94,7 @@ class RouteManager:
 
     def cleanup(self) -> None:
         """Remove every route of our protocol and every device of ours (with their neighbours and FDB)."""
-        for route in self.kernel.dump_routes():
-            self.kernel.delete_route(route)
-        for name, kind in self.kernel.links_with_prefix(DEVICE_PREFIX).items():
-            if kind in ENCAP_KINDS:
-                self.kernel.delete_link(name)
+        remove_owned_routing(self.kernel)
         self._programmed.clear()
         self._peers.clear()
         self.log.info("routing cleaned up: our routes (protocol %d) and devices removed", self.kernel.protocol)
@@ -205,3 +201,17 @@ class RouteManager:
             self._ipv6_logged = True
             shown = ", ".join(plan.ignored_ipv6[:3]) + (" ..." if len(plan.ignored_ipv6) > 3 else "")
             self.log.warning("IPv6 pod CIDRs are not routed in this release; ignoring %s", shown)
+
+
+def remove_owned_routing(kernel) -> list[str]:
+    """Delete our routes (by protocol) and our encapsulation devices; what `netagent cleanup`
+    and `RouteManager.cleanup` share. Returns a line per thing removed."""
+    removed = []
+    for route in kernel.dump_routes():
+        kernel.delete_route(route)
+        removed.append(f"route {route.dst}")
+    for name, kind in kernel.links_with_prefix(DEVICE_PREFIX).items():
+        if kind in ENCAP_KINDS:
+            kernel.delete_link(name)
+            removed.append(f"device {name} ({kind})")
+    return removed

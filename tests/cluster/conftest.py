@@ -94,7 +94,7 @@ class Capture:
     def __init__(self, netns: str, iface: str, path: str, *, bpf: str = "") -> None:
         self.path = path
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        argv = ["tcpdump", "-n", "-U", "-Z", "root", "-i", iface, "-w", path, *bpf.split()]
+        argv = ["tcpdump", "-n", "-U", "--immediate-mode", "-Z", "root", "-i", iface, "-w", path, *bpf.split()]
         self.proc = subprocess.Popen([*namespaces.exec_prefix(netns), *argv], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10

@@ -372,7 +372,7 @@ def test_cleanup_removes_only_what_we_own(make_node):
     namespaces.run_in(node.node, ["ip", "link", "add", "na-admin", "type", "veth", "peer", "name", "na-admin2"],
                       check=True)
     out = namespaces.run_in(node.node, [sys.executable, "-m", "netagent.cli", "cleanup"], check=True).stdout
-    assert "2 interface(s) removed" in out
+    assert "removed interface na0" in out and "2 item(s) removed" in out
     remaining = node_links(node)
     assert "na-admin" in remaining and "na0" not in remaining and our_veths(node) == []
     node.pods.clear()
