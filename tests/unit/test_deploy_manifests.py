@@ -1,0 +1,377 @@
+"""deploy/ and the Vagrantfile must agree with the code they ship.
+
+Nothing here can run a cluster or build an image, so these tests check what can be checked
+offline, against the real code rather than against copies of it:
+- every object in deploy/netagent.yaml survives a round trip through the official client's
+  models (a misspelled or misplaced field is dropped by the models, so the trip shows it);
+- the container arguments parse with `netagent.cli.build_parser()`, so renaming a flag
+  breaks this test instead of a rollout;
+- the paths the agent writes into the network config (socket, IPAM data directory) are
+  mounted at the same path on the host, where the runtime's plugin reads them;
+- RBAC grants what the agent's API calls need (the resources come from `netagent.kube`);
+- the Containerfile copies every package folder pyproject.toml declares, installs them into
+  a venv and ends in the `netagent` console script;
+- the lab's Vagrantfile uses the manifest's cluster CIDR, image and argument layout.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import re
+import shlex
+import tomllib
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from netagent.cli import build_parser
+from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "deploy" / "netagent.yaml"
+CONTAINERFILE = REPO / "deploy" / "Containerfile"
+VAGRANTFILE = REPO / "Vagrantfile"
+SAMPLE_NODE_NAME = "node-a"
+
+
+# ------------------------------------------------------------------ manifest helpers
+@functools.cache
+def _parsed_manifest() -> tuple[dict, ...]:
+    return tuple(doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc)
+
+
+def load_manifest() -> list[dict]:
+    """Fresh copies each call: a test may change what it gets."""
+    return copy.deepcopy(list(_parsed_manifest()))
+
+
+def objects_of_kind(kind: str) -> list[dict]:
+    return [doc for doc in load_manifest() if doc["kind"] == kind]
+
+
+def the_daemonset() -> dict:
+    (daemonset,) = objects_of_kind("DaemonSet")
+    return daemonset
+
+
+def pod_spec() -> dict:
+    return the_daemonset()["spec"]["template"]["spec"]
+
+
+def agent_container() -> dict:
+    (container,) = [c for c in pod_spec()["containers"] if c["name"] == "netagent"]
+    return container
+
+
+def expand_env_references(args: list[str], env: list[dict], *, values: dict[str, str]) -> list[str]:
+    """Expand `$(VAR)` as the kubelet does; every VAR must be declared in the container's env."""
+    declared = {entry["name"] for entry in env}
+
+    def substitute(match: re.Match) -> str:
+        name = match.group(1)
+        assert name in declared, f"$({name}) is used in args but not declared in the container's env"
+        return values[name]
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", substitute, arg) for arg in args]
+
+
+def parsed_agent_args():
+    container = agent_container()
+    args = expand_env_references(container["args"], container.get("env", []),
+                                 values={"NODE_NAME": SAMPLE_NODE_NAME})
+    return build_parser().parse_args(args)
+
+
+def host_path_of(container: dict, path: str) -> str | None:
+    """Where a path inside the container lives on the host (None: not on a hostPath volume)."""
+    volumes = {v["name"]: v for v in pod_spec()["volumes"]}
+    best = None
+    for mount in container.get("volumeMounts", []):
+        mount_path = PurePosixPath(mount["mountPath"])
+        target = PurePosixPath(path)
+        if target == mount_path or mount_path in target.parents:
+            if best is None or len(mount_path.parts) > len(PurePosixPath(best["mountPath"]).parts):
+                best = mount
+    if best is None or "hostPath" not in volumes[best["name"]]:
+        return None
+    relative = PurePosixPath(path).relative_to(best["mountPath"])
+    return str(PurePosixPath(volumes[best["name"]]["hostPath"]["path"]) / relative)
+
+
+def round_trip_through_api_models(obj: dict) -> dict:
+    """The object as the official client's models see it: unknown fields are dropped."""
+    from kubernetes.client import ApiClient
+    client = ApiClient()
+    version = obj["apiVersion"].split("/")[-1].capitalize()
+    model = client._ApiClient__deserialize(obj, f"{version}{obj['kind']}")
+    return client.sanitize_for_serialization(model)
+
+
+# ------------------------------------------------------------------ manifest: objects
+def test_manifest_holds_the_agent_objects_in_kube_system():
+    kinds = sorted(doc["kind"] for doc in load_manifest())
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    for doc in load_manifest():
+        if doc["kind"] in ("ServiceAccount", "DaemonSet"):
+            assert doc["metadata"]["namespace"] == "kube-system"
+
+
+@pytest.mark.parametrize("kind", ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"])
+def test_every_field_is_known_to_the_api_models(kind):
+    (obj,) = objects_of_kind(kind)
+    assert round_trip_through_api_models(obj) == obj
+
+
+def test_the_round_trip_reveals_a_misspelled_field():
+    daemonset = the_daemonset()
+    daemonset["spec"]["template"]["spec"]["hostnetwork"] = True
+    assert round_trip_through_api_models(daemonset) != daemonset
+
+
+def test_the_binding_gives_the_role_to_the_daemonsets_service_account():
+    (binding,) = objects_of_kind("ClusterRoleBinding")
+    (role,) = objects_of_kind("ClusterRole")
+    (account,) = objects_of_kind("ServiceAccount")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"]} in binding["subjects"]
+    assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
+
+
+def granted_permissions() -> set[tuple[str, str, str]]:
+    (role,) = objects_of_kind("ClusterRole")
+    return {(group, resource, verb)
+            for rule in role["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+@pytest.mark.parametrize("group, resource, verbs", [
+    (NODES.group, NODES.plural, ("get", "list", "watch", "patch")),  # reflector, get_node, announcement
+    (NODES.group, f"{NODES.plural}/status", ("patch",)),
+    (SERVICES.group, SERVICES.plural, ("get", "list", "watch")),
+    (ENDPOINT_SLICES.group, ENDPOINT_SLICES.plural, ("get", "list", "watch")),
+    ("", "events", ("create",)),
+])
+def test_rbac_grants_what_the_agent_calls(group, resource, verbs):
+    granted = granted_permissions()
+    missing = [verb for verb in verbs if (group, resource, verb) not in granted]
+    assert not missing, f"{group or 'core'}/{resource}: {missing} not granted"
+
+
+def test_rbac_grants_no_wildcards_or_secrets():
+    for group, resource, verb in granted_permissions():
+        assert "*" not in (group, resource, verb)
+        assert resource != "secrets"
+
+
+# ------------------------------------------------------------------ manifest: the pod
+def test_the_pod_runs_first_and_everywhere():
+    daemonset = the_daemonset()
+    spec = pod_spec()
+    assert spec["hostNetwork"] is True
+    assert spec["priorityClassName"] == "system-node-critical"
+    # A toleration with no key and operator Exists matches every taint of every effect.
+    assert any(t.get("operator") == "Exists" and "key" not in t and "effect" not in t
+               for t in spec["tolerations"])
+    assert daemonset["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                                   "rollingUpdate": {"maxUnavailable": 1}}
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= \
+        daemonset["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_agent_arguments_parse_with_the_real_cli():
+    args = parsed_agent_args()
+    assert args.command == "run"
+    assert args.cni_only is False
+    assert args.node_name == SAMPLE_NODE_NAME
+    assert args.cluster_cidr == ["10.244.0.0/16"]
+    assert args.backend == "vxlan"
+
+
+def subcommand_option_strings(*path: str) -> set[str]:
+    parser = build_parser()
+    for name in path:
+        (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = subparsers.choices[name]
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+@pytest.mark.parametrize("container_kind, subcommand", [("containers", ("run",)),
+                                                        ("initContainers", ("cni", "install"))])
+def test_flags_are_spelled_in_full(container_kind, subcommand):
+    # argparse accepts a prefix of a flag: a rename that lengthens a flag would still parse.
+    known = subcommand_option_strings(*subcommand)
+    for container in pod_spec()[container_kind]:
+        for arg in container["args"]:
+            if arg.startswith("--"):
+                assert arg.split("=", 1)[0] in known, f"{container['name']}: {arg}"
+
+
+def test_node_name_comes_from_the_pods_node():
+    env = {entry["name"]: entry for entry in agent_container()["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_an_undeclared_env_reference_is_refused():
+    with pytest.raises(AssertionError, match="NODE_IP"):
+        expand_env_references(["--iface-address=$(NODE_IP)"], [{"name": "NODE_NAME"}], values={})
+
+
+def test_the_agent_is_privileged():
+    assert agent_container()["securityContext"]["privileged"] is True
+
+
+def test_probes_point_at_the_status_bind_port():
+    port = int(parsed_agent_args().status_bind.rsplit(":", 1)[1])
+    container = agent_container()
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port}, probe
+    assert {"name": "status", "containerPort": port, "protocol": "TCP"} in container["ports"]
+
+
+def test_init_container_installs_only_the_binaries_into_the_hosts_cni_bin_dir():
+    (init,) = pod_spec()["initContainers"]
+    args = build_parser().parse_args(init["args"])
+    assert (args.command, args.cni_command) == ("cni", "install")
+    assert args.conf_dir is None  # the agent publishes the config once it has the pod CIDR
+    assert host_path_of(init, args.bin_dir) == "/opt/cni/bin"
+    assert init["image"] == agent_container()["image"]
+
+
+def test_every_volume_mount_has_a_volume_and_every_volume_is_mounted():
+    volumes = [v["name"] for v in pod_spec()["volumes"]]
+    assert len(volumes) == len(set(volumes))
+    mounted = set()
+    for container in pod_spec()["containers"] + pod_spec()["initContainers"]:
+        for mount in container.get("volumeMounts", []):
+            assert mount["name"] in volumes, f"{container['name']}: {mount['name']} has no volume"
+            mounted.add(mount["name"])
+    assert mounted == set(volumes)
+
+
+def test_paths_written_into_the_network_config_are_the_same_on_the_host():
+    # The runtime's plugin runs on the host and reads agentSocket and ipam.dataDir from the
+    # config the agent writes, so the agent's paths must be the host's paths.
+    args = parsed_agent_args()
+    container = agent_container()
+    assert host_path_of(container, args.cni_socket) == args.cni_socket
+    assert host_path_of(container, args.cni_data_dir) == args.cni_data_dir
+    assert host_path_of(container, args.cni_conf_dir) == "/etc/cni/net.d"
+
+
+@pytest.mark.parametrize("host_path, host_path_type, read_only", [
+    ("/run/netagent", "DirectoryOrCreate", False),
+    ("/var/lib/cni/networks", "DirectoryOrCreate", False),
+    ("/etc/cni/net.d", "DirectoryOrCreate", False),
+    ("/opt/cni/bin", "DirectoryOrCreate", True),  # delegated IPAM plugins run from CNI_PATH
+    ("/run/xtables.lock", "FileOrCreate", False),
+    ("/lib/modules", None, True),
+])
+def test_the_agent_sees_the_host_paths_it_needs(host_path, host_path_type, read_only):
+    volumes = {v["hostPath"]["path"]: v for v in pod_spec()["volumes"] if "hostPath" in v}
+    assert volumes[host_path]["hostPath"].get("type") == host_path_type
+    (mount,) = [m for m in agent_container()["volumeMounts"] if m["name"] == volumes[host_path]["name"]]
+    assert mount.get("readOnly", False) is read_only
+    assert host_path_of(agent_container(), mount["mountPath"]) == host_path
+
+
+def test_pod_network_namespaces_created_later_are_visible_to_the_agent():
+    (mount,) = [m for m in agent_container()["volumeMounts"] if m["mountPath"] == "/run/netns"]
+    assert mount["mountPropagation"] == "HostToContainer"
+    assert host_path_of(agent_container(), "/run/netns/cni-1234") == "/run/netns/cni-1234"
+
+
+# ------------------------------------------------------------------ Containerfile
+def containerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs: continuation lines joined, comments dropped."""
+    lines = [line for line in CONTAINERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    instructions = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            instructions.append((keyword.upper(), " ".join(rest.split())))
+    return instructions
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_containerfile_base_and_system_packages():
+    instructions = containerfile_instructions()
+    assert instructions[0][0] == "FROM"
+    assert re.fullmatch(r"(docker\.io/(library/)?)?debian:12-slim", instructions[0][1])
+    installed = set()
+    for keyword, rest in instructions:
+        if keyword == "RUN":
+            for command in rest.split("&&"):
+                words = shlex.split(command)
+                if words[:2] == ["apt-get", "install"]:
+                    installed.update(w for w in words[2:] if not w.startswith("-"))
+    assert {"python3", "python3-venv", "iproute2", "iptables", "ipset", "conntrack"} <= installed
+
+
+def test_containerfile_copies_every_package_and_installs_them_into_a_venv():
+    instructions = containerfile_instructions()
+    copied = {}
+    for keyword, rest in instructions:
+        if keyword == "COPY":
+            *sources, destination = rest.split()
+            for source in sources:
+                copied[source] = destination
+    declared = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pattern in declared:
+        package = pattern.rstrip("*")
+        assert (REPO / package).is_dir(), package
+        assert copied.get(package, "").rstrip("/") == f"/src/{package}", f"{package} is not copied to /src"
+    assert copied["pyproject.toml"] == "/src/"
+    runs = " && ".join(rest for keyword, rest in instructions if keyword == "RUN")
+    venv = re.search(r"python3 -m venv --system-site-packages (\S+)", runs)
+    assert venv, "no venv made with --system-site-packages"
+    assert re.search(rf"{re.escape(venv.group(1))}/bin/pip install [^&]*/src\b", runs)
+
+
+def containerfile_venv() -> str:
+    runs = " ".join(rest for keyword, rest in containerfile_instructions() if keyword == "RUN")
+    return re.search(r"python3 -m venv --system-site-packages (\S+)", runs).group(1)
+
+
+def test_containerfile_entrypoint_is_the_netagent_console_script():
+    (entrypoint,) = [rest for keyword, rest in containerfile_instructions() if keyword == "ENTRYPOINT"]
+    assert yaml.safe_load(entrypoint) == [f"{containerfile_venv()}/bin/netagent"]  # exec form
+    assert pyproject()["project"]["scripts"]["netagent"] == "netagent.cli:main"
+    for container in pod_spec()["containers"] + pod_spec()["initContainers"]:
+        assert "command" not in container, f"{container['name']} overrides the entrypoint"
+
+
+def test_image_tag_is_the_project_version():
+    images = {c["image"] for c in pod_spec()["containers"] + pod_spec()["initContainers"]}
+    (image,) = images
+    assert image.rsplit(":", 1)[1] == pyproject()["project"]["version"]
+
+
+# ------------------------------------------------------------------ Vagrantfile
+def vagrant_constant(name: str) -> str:
+    match = re.search(rf'^{name} = "([^"]+)"', VAGRANTFILE.read_text(), re.MULTILINE)
+    assert match, f"{name} is not defined in the Vagrantfile"
+    return match.group(1)
+
+
+def test_vagrant_lab_matches_the_manifest():
+    text = VAGRANTFILE.read_text()
+    assert [vagrant_constant("POD_NETWORK_CIDR")] == parsed_agent_args().cluster_cidr
+    assert vagrant_constant("NETAGENT_IMAGE") == agent_container()["image"]
+    assert "--pod-network-cidr=#{POD_NETWORK_CIDR}" in text
+    assert "--skip-phases=addon/kube-proxy" in text
+    assert "kubectl apply -f -" in text and "/vagrant/deploy/netagent.yaml" in text
+    # The lab adds --iface after this line of the manifest (sed anchor).
+    anchor = re.search(r"\^\\\\\( \*\\\\\)(- [^$]+)\$", text).group(1)
+    assert re.search(rf"^ *{re.escape(anchor)}$", MANIFEST.read_text(), re.MULTILINE), anchor
+
+
+def test_vagrant_lab_workaround_installs_at_the_images_venv_path():
+    text = VAGRANTFILE.read_text()
+    assert f"python3 -m venv --system-site-packages {containerfile_venv()}\n" in text
