@@ -6,7 +6,7 @@
    server), then simulated peers: Node objects whose announcements point at addresses on the
    node's segment (they need not answer; programming routes does not need them). For each
    peer count, the time to program the whole batch, then, one by one, `--samples` single
-   Nodes created in the API: the time from the create call returning to the kernel's route
+   Nodes created in the API: the time from just before the create call to the kernel's route
    notification (`ip -ts monitor route` in the node's namespace), and the same for deletion.
 2. The agent's resident memory at each peer count (VmRSS).
 3. Throughput: iperf3 between two pods on two nodes per mode, against two namespaces joined
@@ -116,12 +116,12 @@ def convergence(mode: str, peer_counts: list[int], samples: int) -> list[dict]:
                 for k in range(samples):
                     obj = fake_node(count + 500 + k, network, mode)
                     cidr = obj["spec"]["podCIDR"]
-                    api.create(obj)
                     posted = time.time()
+                    api.create(obj)
                     monitor.wait(monitor.added, [cidr])
                     add_ms.append((monitor.added[cidr] - posted) * 1000)
-                    api.delete("v1", "Node", obj["metadata"]["name"])
                     posted = time.time()
+                    api.delete("v1", "Node", obj["metadata"]["name"])
                     monitor.wait(monitor.deleted, [cidr])
                     del_ms.append((monitor.deleted[cidr] - posted) * 1000)
                     with monitor.lock:

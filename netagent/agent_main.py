@@ -37,6 +37,9 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                          help="in auto mode, the encapsulation for peers on other subnets")
     cluster.add_argument("--vxlan-vni", type=int, default=1)
     cluster.add_argument("--vxlan-port", type=int, default=4789)
+    cluster.add_argument("--vxlan-checksum-offload", choices=["auto", "on", "off"], default="auto",
+                         help="tx checksum offload on the VXLAN device; auto: off on kernels before 5.7 "
+                              "(their NAT checksum bug) and behind NAT, on otherwise")
     cluster.add_argument("--iface", help="the underlay interface, by name")
     cluster.add_argument("--iface-regex", help="the underlay interface, by a regex that must match one")
     cluster.add_argument("--lease-timeout", type=float, default=60.0,
@@ -101,15 +104,17 @@ def run_agent(args) -> int:
 
 def _settings_from(args):
     from netagent.node_agent import AgentSettings, AgentStartError, parse_cluster_cidrs
-    from netagent.routing.model import Mode, RoutingSettings
+    from netagent.routing.model import ChecksumOffload, Mode, RoutingSettings
     if not args.node_name:
         raise AgentStartError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it "
                               "from spec.nodeName)")
     if not args.cluster_cidr:
         raise AgentStartError("--cluster-cidr is required in cluster mode (the cluster's pod network)")
     routing = RoutingSettings(mode=Mode(args.backend), auto_encap=Mode(args.auto_encap),
-                              vxlan_vni=args.vxlan_vni, vxlan_port=args.vxlan_port)
-    return AgentSettings(node_name=args.node_name, cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
+                              vxlan_vni=args.vxlan_vni, vxlan_port=args.vxlan_port,
+                              vxlan_checksum_offload=ChecksumOffload.OFF if args.vxlan_checksum_offload == "off"
+                              else ChecksumOffload.ON)
+    return AgentSettings(node_name=args.node_name, checksum_offload_auto=args.vxlan_checksum_offload == "auto", cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
                          routing=routing, iface=args.iface, iface_regex=args.iface_regex,
                          lease_timeout=args.lease_timeout, masquerade=args.masquerade == "on",
                          cni_conf_dir=args.cni_conf_dir or None, cni_mode=args.cni_mode,

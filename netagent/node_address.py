@@ -48,6 +48,7 @@ class Underlay:
     public_ip: ipaddress.IPv4Address
     network: ipaddress.IPv4Network  # the connected prefix: peers inside it share our L2
     reason: str                     # how it was chosen, for the log
+    behind_nat: bool = False        # the announced address is not on this node
 
 
 def read_underlay_snapshot(ipr) -> UnderlaySnapshot:
@@ -109,7 +110,7 @@ def choose_underlay(snapshot: UnderlaySnapshot, *, iface: str | None = None,
                                 network=iface_address.network,
                                 reason=f"{address} from the public-ip-overwrite annotation, held by {info.name}")
     return Underlay(ifname=chosen.ifname, mtu=chosen.mtu, public_ip=address,
-                    network=ipaddress.IPv4Network(f"{address}/32"),
+                    network=ipaddress.IPv4Network(f"{address}/32"), behind_nat=True,
                     reason=f"{address} from the public-ip-overwrite annotation (not local: NAT), "
                            f"sent out of {chosen.ifname}")
 

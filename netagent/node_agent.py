@@ -19,8 +19,10 @@ state it finds, so established connections never notice.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +57,24 @@ class AgentSettings:
     cni_data_dir: str = cni_install.DEFAULT_DATA_DIR
     min_sync_interval: float = 0.0
     resync_interval: float = 30.0
+    checksum_offload_auto: bool = False  # decide routing.vxlan_checksum_offload from kernel and NAT
+
+
+def kernel_release_at_least(release: str, wanted: tuple) -> bool:
+    parts = []
+    for piece in release.split("-")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts) >= wanted
+
+
+def auto_checksum_offload(*, kernel_release: str, behind_nat: bool):
+    """On unless the kernel predates the 5.7 netfilter fix or the node is behind NAT (where
+    rewritten outer headers still break offloaded checksums)."""
+    from netagent.routing.model import ChecksumOffload
+    if behind_nat or not kernel_release_at_least(kernel_release, (5, 7)):
+        return ChecksumOffload.OFF
+    return ChecksumOffload.ON
 
 
 def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int) -> int:
@@ -217,7 +237,11 @@ class NodeAgent:
                           underlay_ifname=self.underlay.ifname, underlay_network=self.underlay.network,
                           underlay_mtu=self.underlay.mtu,
                           pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
-        self.route_manager = RouteManager(kernel=self.kernel, settings=self.settings.routing, local=local)
+        routing = self.settings.routing
+        if self.settings.checksum_offload_auto:
+            routing = dataclasses.replace(routing, vxlan_checksum_offload=auto_checksum_offload(
+                kernel_release=os.uname().release, behind_nat=self.underlay.behind_nat))
+        self.route_manager = RouteManager(kernel=self.kernel, settings=routing, local=local)
         if self.settings.masquerade:
             self.masquerade = MasqueradeManager(
                 runner=self.iptables_runner,

@@ -96,7 +96,7 @@ class FakeKernel:
             addresses = (link.addresses | set(drift.add_addresses)) - set(drift.remove_addresses)
             self.links[device.ifname] = dataclasses.replace(
                 link, mtu=device.mtu, mac=getattr(device, "mac", None), up=True, addresses=frozenset(addresses),
-                tx_checksum=False if drift.checksum_off else link.tx_checksum)
+                tx_checksum=link.tx_checksum if drift.tx_checksum is None else drift.tx_checksum)
             self.writes.append(f"link set {device.ifname} {drift}")
         return DeviceChange.EMPTIED if emptied else DeviceChange.REPAIRED
 

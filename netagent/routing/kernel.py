@@ -15,7 +15,7 @@ sync, which re-ensures devices). pyroute2's `NetlinkError` is translated to the 
 gone succeed.
 
 The VXLAN checksum workaround uses pyroute2's ethtool ioctl support (`IoctlEthtool`,
-`ETHTOOL_SFEATURES`) to turn `tx-checksum-ip-generic` off: no `ethtool` binary is needed
+`ETHTOOL_SFEATURES`) to set `tx-checksum-ip-generic` (off or on, `ChecksumOffload`): no `ethtool` binary is needed
 (none is installed on the build machine).
 """
 from __future__ import annotations
@@ -234,8 +234,8 @@ class NetlinkKernel:
                 self._ipr.addr("del", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
             for address in drift.add_addresses:
                 self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
-        if drift.checksum_off:
-            self._set_tx_checksum_off(ifname)
+        if drift.tx_checksum is not None:
+            self._set_tx_checksum(ifname, drift.tx_checksum)
 
     def _tx_checksum(self, ifname: str) -> bool | None:
         """Whether tx-checksum-ip-generic is on; None when the device cannot change it."""
@@ -248,15 +248,15 @@ class NetlinkKernel:
             return None
         return features[TX_CHECKSUM_FEATURE]
 
-    def _set_tx_checksum_off(self, ifname: str) -> None:
+    def _set_tx_checksum(self, ifname: str, on: bool) -> None:
         try:
             self._ethtool.change_ifname(ifname)
             features = self._ethtool.get_features()
-            features[TX_CHECKSUM_FEATURE] = False
+            features[TX_CHECKSUM_FEATURE] = on
             self._ethtool.set_features(features)
         except Exception as exc:  # pyroute2 raises its own NotSupportedError besides OSError
             raise KernelError(getattr(exc, "errno", None) or errno.EOPNOTSUPP,
-                              f"ethtool -K {ifname} {TX_CHECKSUM_FEATURE} off: {exc!r}") from None
+                              f"ethtool -K {ifname} {TX_CHECKSUM_FEATURE} {'on' if on else 'off'}: {exc!r}") from None
 
     # ------------------------------------------------------------ routes
     @_in_own_netns

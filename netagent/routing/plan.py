@@ -164,7 +164,7 @@ def describe(thing) -> str:
     if isinstance(thing, VxlanDevice):
         return (f"link {thing.ifname} type vxlan id {thing.vni} dstport {thing.port} local {thing.local} "
                 f"dev {thing.underlay_ifname} nolearning address {thing.mac} mtu {thing.mtu} up, "
-                f"addr {thing.address}, tx-checksum-ip-generic off")
+                f"addr {thing.address}, tx-checksum-ip-generic {'on' if thing.tx_checksum else 'off'}")
     if isinstance(thing, IpipDevice):
         return f"link {thing.ifname} type ipip local {thing.local} mtu {thing.mtu} up, addr {thing.address}"
     raise TypeError(f"cannot describe {thing!r}")
@@ -229,7 +229,7 @@ class DeviceDrift:
     bring_up: bool = False
     add_addresses: tuple = ()
     remove_addresses: tuple = ()
-    checksum_off: bool = False
+    tx_checksum: bool | None = None  # set tx-checksum-ip-generic to this
 
     def __bool__(self) -> bool:
         return self != DeviceDrift()
@@ -271,4 +271,5 @@ def device_drift(device: VxlanDevice | IpipDevice, observed: ObservedDevice | No
         bring_up=not observed.up,
         add_addresses=() if device.address in observed.addresses else (device.address,),
         remove_addresses=tuple(sorted(a for a in observed.addresses if a != device.address)),
-        checksum_off=isinstance(device, VxlanDevice) and observed.tx_checksum is True)
+        tx_checksum=device.tx_checksum if isinstance(device, VxlanDevice) and observed.tx_checksum is not None
+        and observed.tx_checksum != device.tx_checksum else None)

@@ -28,7 +28,7 @@ import hashlib
 import re
 
 from netagent.routing.model import FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
-    Route, RoutingSettings, VxlanDevice
+    Route, RoutingSettings, VxlanDevice, ChecksumOffload
 
 VXLAN_OVERHEAD = 50
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
@@ -54,7 +54,8 @@ def render_vxlan_device(local: LocalNode, settings: RoutingSettings) -> VxlanDev
     return VxlanDevice(ifname=settings.vxlan_ifname, vni=settings.vxlan_vni, port=settings.vxlan_port,
                        local=local.public_ip, underlay_ifname=local.underlay_ifname,
                        mac=vtep_mac(local.name), mtu=local.underlay_mtu - VXLAN_OVERHEAD,
-                       address=local.tunnel_address)
+                       address=local.tunnel_address,
+                       tx_checksum=settings.vxlan_checksum_offload is ChecksumOffload.ON)
 
 
 def render_vxlan_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> PeerPlan | Pending | Refused:

@@ -63,6 +63,11 @@ def test_metrics_and_health_are_served(lab):
     assert 'netagent_kube_watch_events{resource="nodes",type="ADDED"}' in metrics
 
 
+def test_vxlan_checksum_offload_stays_on_with_a_fixed_kernel(lab):
+    features = lab.exec("node-1", ["ethtool", "-k", "na-vxlan"], check=True).stdout
+    assert "tx-checksum-ip-generic: on" in features  # this kernel (>= 5.7) has the netfilter fix
+
+
 def test_cleanup_removes_routes_devices_and_chains_only(lab):
     lab.stop_agent("node-2")
     lab.exec("node-2", ["ip", "route", "add", "192.0.2.0/24", "via", "198.18.16.1"], check=True)  # not ours

@@ -6,8 +6,8 @@ import pytest
 
 from netagent import nodes
 from netagent.node_address import (InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay)
-from netagent.node_agent import NodeChangeTracker, pod_mtu
-from netagent.routing.model import Mode
+from netagent.node_agent import NodeChangeTracker, auto_checksum_offload, pod_mtu
+from netagent.routing.model import ChecksumOffload, Mode
 
 
 def iface(name, index, *addresses, mtu=1500):
@@ -62,6 +62,7 @@ def test_public_ip_override_local_and_behind_nat():
     assert (local.ifname, str(local.network)) == ("eth0", "192.0.2.0/24")
     nat = choose_underlay(SNAPSHOT, public_ip_override="100.64.0.5")
     assert (nat.ifname, str(nat.public_ip), str(nat.network)) == ("eth1", "100.64.0.5", "100.64.0.5/32")
+    assert nat.behind_nat and not local.behind_nat
 
 
 CLUSTER = [ipaddress.ip_network("10.244.0.0/16")]
@@ -126,3 +127,14 @@ def test_pod_mtu_leaves_room_for_the_worst_encapsulation():
     assert pod_mtu(Mode.IPIP, Mode.VXLAN, 1500) == 1480
     assert pod_mtu(Mode.HOST_GW, Mode.VXLAN, 9000) == 9000
     assert pod_mtu(Mode.AUTO, Mode.IPIP, 1500) == 1480
+
+
+@pytest.mark.parametrize("release, behind_nat, expected", [
+    ("6.18.0-1-amd64", False, ChecksumOffload.ON),
+    ("5.7.0", False, ChecksumOffload.ON),
+    ("5.4.0-150-generic", False, ChecksumOffload.OFF),   # before the netfilter checksum fix
+    ("4.18.0-513.el8.x86_64", False, ChecksumOffload.OFF),
+    ("6.1.0-56-amd64", True, ChecksumOffload.OFF),        # NAT rewrites still break offloaded sums
+])
+def test_vxlan_checksum_offload_auto_choice(release, behind_nat, expected):
+    assert auto_checksum_offload(kernel_release=release, behind_nat=behind_nat) is expected

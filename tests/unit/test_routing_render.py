@@ -257,7 +257,7 @@ def test_device_drift_repairs_in_place_what_it_can():
     drift = device_drift(VXLAN, drifted)
     assert (drift.recreate, drift.mtu, drift.mac, drift.bring_up) == ("", 1450, "56:57:5a:8a:3a:9a", True)
     assert drift.add_addresses == (VXLAN.address,) and drift.remove_addresses == (stray,)
-    assert drift.checksum_off
+    assert drift.tx_checksum is False
 
 
 @pytest.mark.parametrize("change, reason", [
