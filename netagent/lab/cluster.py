@@ -253,7 +253,7 @@ class LabCluster:
         from netagent.lab.apiclient import LabApiClient
         return LabApiClient(unix_path=self.api_socket)
 
-    def start_apiserver(self, *, timeout: float = 20.0) -> None:
+    def start_apiserver(self, *, timeout: float = 60.0) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.api_socket)
         pid = self._spawn(self.state.router, [
@@ -345,7 +345,7 @@ class LabCluster:
         if wait:
             self.wait_for_agent(name)
 
-    def wait_for_agent(self, name: str, *, timeout: float = 60.0) -> None:
+    def wait_for_agent(self, name: str, *, timeout: float = 180.0) -> None:
         """Until the agent serves CNI (it does so only after its first route sync)."""
         node = self._node(name)
         deadline = time.monotonic() + timeout

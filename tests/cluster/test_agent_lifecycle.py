@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import lab_cluster
+from tests.cluster.lab_tools import lab_cluster
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.vxlan import VXLAN
 
-from tests.cluster.conftest import Capture, lab_cluster, serve, traffic
+from tests.cluster.lab_tools import Capture, lab_cluster, serve, traffic
 
 VXLAN_PORT = 4789
 

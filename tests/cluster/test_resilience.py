@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.cluster.conftest import ip_routes, lab_cluster, serve, traffic, wait_for
+from tests.cluster.lab_tools import ip_routes, lab_cluster, serve, traffic, wait_for
 
 
 def routes_to(lab, node, cidr):
