@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import processes_with
 from tests.e2e.containerd_harness import build_busybox_image, missing_prerequisites
 
 PREFIX = "na-e2e"
@@ -73,18 +74,9 @@ def _addresses():
 
 
 def _our_processes():
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            # containerd, its shims and ctr all name the node directory /tmp/na-e2e-*; a
-            # container's own processes are covered by the cgroup check.
-            if f"/{PREFIX}-".encode() in cmdline:
-                found.add((int(entry), cmdline.replace(b"\0", b" ").decode(errors="replace")))
-    return found
+    # containerd, its shims and ctr all name the node directory /tmp/na-e2e-*; a
+    # container's own processes are covered by the cgroup check.
+    return set(processes_with(f"/{PREFIX}-".encode()).items())
 
 
 def _host_state() -> dict:

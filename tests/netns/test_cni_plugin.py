@@ -331,7 +331,7 @@ def test_concurrent_adds_get_unique_addresses(make_node, where):
 
 def test_agent_restart_keeps_pods_and_serves_del(make_node):
     node = make_node()
-    a = node.add_pod("a")
+    node.add_pod("a")
     node.stop_agent()
     # with no agent, the plugin still works in-process
     b = node.add_pod("b")

@@ -9,14 +9,13 @@
 """
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import processes_with
 from tests.vm import qemu
 from tests.vm.conftest import GUEST_DIR, Outcome
 
@@ -71,16 +70,7 @@ def test_guest_runs_debian_kernel_loads_ipip_and_passes_the_exit_code_through(vm
 
 
 def _qemu_pids_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if qemu.QEMU.encode() in cmdline and text.encode() in cmdline:
-                found.append(int(entry))
-    return found
+    return sorted(processes_with(qemu.QEMU.encode(), text.encode()))
 
 
 def test_guest_that_overruns_its_timeout_is_killed_without_leaving_qemu(vm, tmp_path):
