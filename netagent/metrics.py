@@ -18,6 +18,7 @@ process-global default registry) for that. This module is the small part of it w
 """
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import re
@@ -79,7 +80,7 @@ def _render_labels(pairs: Sequence[tuple[str, str]]) -> str:
 
 
 # ------------------------------------------------------------------ families
-class _Family:
+class _Family(abc.ABC):
     """Shared by every metric type: name, help, label names, children keyed by label values."""
     type_name = ""
     reserved_labels: frozenset[str] = frozenset()
@@ -102,8 +103,9 @@ class _Family:
         if not self.label_names:
             self._children[()] = self._new_child()
 
+    @abc.abstractmethod
     def _new_child(self) -> object:
-        raise NotImplementedError
+        """A fresh child (one label combination's value) of this metric type."""
 
     def _key(self, values: Mapping[str, object]) -> tuple[str, ...]:
         if set(values) != set(self.label_names):
