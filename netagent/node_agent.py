@@ -141,6 +141,7 @@ class NodeAgent:
         self.underlay: Underlay | None = None
         self.pod_cidrs: tuple = ()
         self.last_report = None
+        self._runner_health = None
 
     # ------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -177,7 +178,10 @@ class NodeAgent:
         if self.runner is None:
             return HealthReport(healthy=False, reason="starting: waiting for the lease and the first sync",
                                 details={})
-        return health_from_sync_runner(self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))()
+        if self._runner_health is None:
+            self._runner_health = health_from_sync_runner(
+                self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))
+        return self._runner_health()
 
     def stop(self) -> None:
         if self.runner is not None:
@@ -320,10 +324,8 @@ class NodeAgent:
         except Exception:
             self.metrics.sync_errors.inc()
             raise
-        self.last_report = report
+        self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
-        for peer, why in report.refused.items():
-            log.warning("peer %s refused: %s", peer, why)
 
 
 def parse_cluster_cidrs(values) -> tuple:

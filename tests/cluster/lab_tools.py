@@ -112,3 +112,21 @@ def wait_for(predicate, *, timeout: float = 10.0, interval: float = 0.05, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def pods_by_node(lab: LabCluster) -> dict:
+    """The first pod of each node (tests build one per node)."""
+    pods = {}
+    for pod in lab.state.pods.values():
+        pods.setdefault(pod.node, pod)
+    return pods
+
+
+def capture_ping(lab: LabCluster, source, target, pcap_path: str, *, size: int = 56, df: bool = False):
+    """Ping `target` from pod `source` twice while capturing on the source node's switch port;
+    return (answered, packets)."""
+    node = lab.state.nodes[source.node]
+    capture = Capture(lab.state.switch, node.port, pcap_path)
+    argv = ["ping", "-c", "2", "-i", "0.2", "-W", "3", "-s", str(size), *(["-M", "do"] if df else []), target.ip]
+    ok = lab.exec(source.name, argv, timeout=60).returncode == 0
+    return ok, capture.packets()

@@ -12,7 +12,7 @@ import pytest
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.vxlan import VXLAN
 
-from tests.cluster.lab_tools import Capture, lab_cluster, serve, traffic
+from tests.cluster.lab_tools import capture_ping, lab_cluster, pods_by_node, serve, traffic
 
 VXLAN_PORT = 4789
 
@@ -24,10 +24,8 @@ def two_nodes(request):
 
 
 def pods_on_two_nodes(lab):
-    pods = list(lab.state.pods.values())
-    a = next(p for p in pods if p.node == "node-1")
-    b = next(p for p in pods if p.node != "node-1")
-    return a, b
+    pods = pods_by_node(lab)
+    return pods["node-1"], pods["node-2"]
 
 
 def test_tcp_and_udp_between_pods_on_different_nodes(two_nodes):
@@ -39,16 +37,9 @@ def test_tcp_and_udp_between_pods_on_different_nodes(two_nodes):
     assert udp.stdout.split() == [a.ip, "over-udp"], udp.stderr
 
 
-def capture_ping(lab, source, target, tmp_path, *, size=56):
-    node = lab.state.nodes[source.node]
-    capture = Capture(lab.state.switch, node.port, os.path.join(tmp_path, "underlay.pcap"))
-    ok = lab.exec(source.name, ["ping", "-c", "2", "-i", "0.2", "-W", "2", "-s", str(size), target.ip]).returncode == 0
-    return ok, capture.packets()
-
-
 def test_underlay_shows_the_mode(two_nodes, tmp_path):
     a, b = pods_on_two_nodes(two_nodes)
-    ok, packets = capture_ping(two_nodes, a, b, tmp_path)
+    ok, packets = capture_ping(two_nodes, a, b, os.path.join(tmp_path, "underlay.pcap"))
     assert ok
     node_a, node_b = two_nodes.state.nodes[a.node], two_nodes.state.nodes[b.node]
     if two_nodes.state.mode == "vxlan":
@@ -85,14 +76,14 @@ def test_full_mtu_packets_pass_without_fragmentation(two_nodes):
 
 def test_auto_mode_routes_same_segment_and_encapsulates_across(tmp_path):
     with lab_cluster(nodes=3, mode="auto", segments=2, pods_per_node=1) as lab:
-        pods = {p.node: p for p in lab.state.pods.values()}
+        pods = pods_by_node(lab)
         assert [lab.state.nodes[n].segment for n in ("node-1", "node-2", "node-3")] == [1, 2, 1]
         source = pods["node-1"]
-        ok, packets = capture_ping(lab, source, pods["node-3"], tmp_path / "same")  # same segment
+        ok, packets = capture_ping(lab, source, pods["node-3"], os.path.join(tmp_path, "same.pcap"))  # same segment
         assert ok
         assert [p for p in packets if ICMP in p and IP in p and p[IP].dst == pods["node-3"].ip and VXLAN not in p]
         assert not [p for p in packets if VXLAN in p]
-        ok, packets = capture_ping(lab, source, pods["node-2"], tmp_path / "across")  # through the router
+        ok, packets = capture_ping(lab, source, pods["node-2"], os.path.join(tmp_path, "across.pcap"))  # through the router
         assert ok
         tunnelled = [p for p in packets if VXLAN in p]
         assert tunnelled and all(p[VXLAN].payload[IP].dst in (pods["node-2"].ip, source.ip) for p in tunnelled)

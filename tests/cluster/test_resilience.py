@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.cluster.lab_tools import ip_routes, lab_cluster, serve, traffic, wait_for
+from tests.cluster.lab_tools import ip_routes, lab_cluster, pods_by_node, serve, traffic, wait_for
 
 
 def routes_to(lab, node, cidr):
@@ -47,10 +47,6 @@ def assert_unbroken(summary):
 def churn_lab():
     with lab_cluster(nodes=2, mode="vxlan", pods_per_node=1, resync_period=2.0) as lab:
         yield lab
-
-
-def pods_by_node(lab):
-    return {p.node: p for p in lab.state.pods.values()}
 
 
 def test_node_churn_while_traffic_flows(churn_lab):

@@ -11,19 +11,7 @@ import os
 
 from scapy.layers.inet import ICMP, IP
 
-from tests.cluster.lab_tools import Capture, lab_cluster, serve, traffic
-
-
-def pods_by_node(lab):
-    return {p.node: p for p in lab.state.pods.values()}
-
-
-def capture_ping(lab, source, target, path, *, size=56, df=False):
-    node = lab.state.nodes[source.node]
-    capture = Capture(lab.state.switch, node.port, path)
-    argv = ["ping", "-c", "2", "-i", "0.2", "-W", "3", "-s", str(size), *(["-M", "do"] if df else []), target.ip]
-    ok = lab.exec(source.name, argv, timeout=60).returncode == 0
-    return ok, capture.packets()
+from tests.cluster.lab_tools import capture_ping, lab_cluster, pods_by_node, serve, traffic
 
 
 def ipip_packets(packets):
