@@ -254,8 +254,9 @@ class Reflector:
         response = open_request(self._api_client, "GET", self._path, query=query, timeout=timeout)
         with self._response_lock:
             self._response = response
-        if self._stopping.is_set():
-            _interrupt(response)
+        if self._stopping.is_set():  # stop() came while the request was opening
+            self._forget(response)
+            response.close()
             raise _Stopped()
         if 200 <= response.status <= 299:
             return response
@@ -288,6 +289,8 @@ class Reflector:
                 raise
             finally:
                 self._forget(response)
+                if self._stopping.is_set():
+                    response.close()
                 response.release_conn()
             page = json.loads(data)
             kind = page.get("kind", "")
@@ -353,7 +356,9 @@ class Reflector:
             raise
         finally:
             self._forget(response)
-            if finished:
+            # After stop() shut the socket's read side, the stream ends as if complete: a
+            # connection handed back to the pool then stays open and the server keeps its watch.
+            if finished and not self._stopping.is_set():
                 response.release_conn()
             else:
                 response.close()

@@ -316,7 +316,7 @@ def test_stop_is_prompt_while_watching_and_while_backing_off(server):
     wait_until(lambda: server.watcher_count() == 1)
     started = time.monotonic()
     watching.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # no wait for the watch's timeout (minutes)
     assert not watching.running
     wait_until(lambda: server.watcher_count() == 0)
 
@@ -333,7 +333,7 @@ def test_stop_is_prompt_while_watching_and_while_backing_off(server):
     wait_until(lambda: backing_off.stats.failed_requests >= 1)
     started = time.monotonic()
     backing_off.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # no wait for the 30 s backoff
     assert not backing_off.running
     assert backing_off.stats.outages == 1 and not backing_off.synced.is_set()
 
