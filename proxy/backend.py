@@ -1,0 +1,64 @@
+"""The one interface every service-proxy backend (iptables, IPVS, eBPF) implements.
+
+The proxy core owns the watch, the trackers and the sync runner; a backend only turns a
+`ProxyState` snapshot into kernel state. Each sync hands it the whole desired state plus
+`changed`: the service ports that differ from the last state the backend programmed
+successfully (`None` asks for a full sync: the first one, the periodic one, and every
+one after a failure). A backend may use `changed` to write less (a partial sync) but must
+reach the same kernel state either way; when it cannot apply a partial sync it raises, and
+the core's next sync is a full one.
+
+`programmed()` reads back what is in the kernel (not what was meant), for
+`netagent status services`; `cleanup()` removes everything the backend owns.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+
+from proxy.model import ProxyState, ServicePortName
+
+
+class ProxyMode(str, Enum):
+    IPTABLES = "iptables"
+    IPVS = "ipvs"
+
+
+class SyncScope(str, Enum):
+    FULL = "full"
+    PARTIAL = "partial"
+
+
+@dataclass(frozen=True)
+class BackendSyncReport:
+    scope: SyncScope
+    services_written: int  # service ports whose kernel objects were (re)written
+    rules: int             # the size of what is programmed: iptables rules, or IPVS real servers
+    detail: str = ""       # one line for the log
+
+
+@dataclass(frozen=True)
+class ProgrammedService:
+    """One service address as the kernel has it, for `netagent status services`."""
+
+    name: str                  # "namespace/name:port", as the backend labelled it
+    address: str               # "10.96.0.10:53/UDP"
+    kind: str                  # "ClusterIP", "NodePort", "ExternalIP", "LoadBalancer"
+    backends: tuple[str, ...]  # "10.244.1.5:53" each; weight or condition in parentheses if not plain
+
+
+class ProxyBackend(ABC):
+    mode: ProxyMode
+
+    @abstractmethod
+    def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        """Program `state`; `changed` None means a full sync (adopt, repair, remove stale)."""
+
+    @abstractmethod
+    def programmed(self) -> list[ProgrammedService]:
+        """What the kernel holds now, read back."""
+
+    @abstractmethod
+    def cleanup(self) -> None:
+        """Remove every rule, set, virtual server and device this backend owns; idempotent."""

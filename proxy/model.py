@@ -1,0 +1,152 @@
+"""The service proxy's model: what a node must program, free of Kubernetes objects and kernels.
+
+Trackers turn Services and EndpointSlices into these values; backends (iptables, IPVS, eBPF)
+turn them into kernel state. Everything here is a frozen value, so a `ProxyState` snapshot
+can be handed to a backend while the watch keeps recording, and two snapshots compare with
+`==` (which is how a partial sync finds what changed).
+
+The unit is the *service port* (one Service, one of its ports), as in kube-proxy: each has
+its own virtual addresses, its own endpoints (EndpointSlice ports are matched to it by
+name) and its own chain, virtual server or map slot. IPv4 only: IPv6 cluster IPs are not
+programmed (a Service's IPv6 family is skipped with a reason by the parser).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, the Kubernetes default for ClientIP affinity
+
+
+class Protocol(str, Enum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+    @property
+    def lower(self) -> str:
+        """The spelling iptables, ipset and conntrack use."""
+        return self.value.lower()
+
+
+class TrafficPolicy(str, Enum):
+    CLUSTER = "Cluster"
+    LOCAL = "Local"
+
+
+@dataclass(frozen=True, order=True)
+class ServicePortName:
+    """Names one port of one Service: `namespace/name:port` (`namespace/name` when unnamed)."""
+
+    namespace: str
+    name: str
+    port: str = ""
+
+    @property
+    def service(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def __str__(self) -> str:
+        return f"{self.service}:{self.port}" if self.port else self.service
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """One port of one Service, with every address it is reachable at and how to balance it.
+
+    `node_port`, `external_ips` and `load_balancer_ips` are the *external* entry points:
+    `external_policy` applies to them; `internal_policy` to the cluster IP. Source ranges
+    restrict only the load-balancer IPs, as in Kubernetes.
+    """
+
+    name: ServicePortName
+    protocol: Protocol
+    port: int
+    cluster_ip: str
+    node_port: int | None = None
+    external_ips: tuple[str, ...] = ()
+    load_balancer_ips: tuple[str, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    affinity_timeout: int | None = None  # seconds of ClientIP affinity; None: no affinity
+    internal_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    external_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    health_check_node_port: int | None = None
+    prefer_close: bool = False  # trafficDistribution PreferClose or topology-mode Auto: use hints
+
+    @property
+    def has_external_addresses(self) -> bool:
+        return bool(self.node_port or self.external_ips or self.load_balancer_ips)
+
+    @property
+    def external_local(self) -> bool:
+        return self.has_external_addresses and self.external_policy is TrafficPolicy.LOCAL
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One backend address of a service port, with its EndpointSlice conditions and placement."""
+
+    ip: str
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    node_name: str | None = None
+    zone: str | None = None
+    zone_hints: frozenset[str] = frozenset()
+    node_hints: frozenset[str] = frozenset()
+
+    @property
+    def address(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def serving_terminating(self) -> bool:
+        return self.serving and self.terminating
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What the proxy knows about its own node.
+
+    `nodeport_addresses` are the local addresses NodePorts answer on (empty: every local
+    address, kube-proxy's default); `cluster_cidr` is the pod network, used to tell pod
+    traffic (not masqueraded) from host and off-cluster traffic (masqueraded) to a cluster IP.
+    """
+
+    name: str
+    zone: str | None = None
+    cluster_cidr: str | None = None
+    nodeport_addresses: tuple[str, ...] = ()
+
+
+def _frozen(mapping: Mapping) -> Mapping:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class ProxyState:
+    """A snapshot of everything a backend programs: service ports and their endpoints."""
+
+    node: NodeContext
+    services: Mapping[ServicePortName, ServicePort] = field(default_factory=dict)
+    endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "services", _frozen(self.services))
+        object.__setattr__(self, "endpoints", _frozen(self.endpoints))
+
+    def endpoints_of(self, name: ServicePortName) -> tuple[Endpoint, ...]:
+        return self.endpoints.get(name, ())
+
+    def changed_since(self, previous: "ProxyState") -> frozenset[ServicePortName]:
+        """Service ports added, removed, or whose definition or endpoints differ from `previous`."""
+        names = set(self.services) | set(previous.services)
+        return frozenset(
+            name
+            for name in names
+            if self.services.get(name) != previous.services.get(name)
+            or self.endpoints_of(name) != previous.endpoints_of(name)
+        )
