@@ -112,7 +112,9 @@ class NodeContext:
     """What the proxy knows about its own node.
 
     `nodeport_addresses` are the local addresses NodePorts answer on (empty: every local
-    address, kube-proxy's default); `cluster_cidr` is the pod network, used to tell pod
+    address, kube-proxy's default); `local_addresses` are all the node's IPv4 addresses
+    (not loopback, not a proxy's own service-address device), for backends that need NodePort
+    addresses spelled out (IPVS); `cluster_cidr` is the pod network, used to tell pod
     traffic (not masqueraded) from host and off-cluster traffic (masqueraded) to a cluster IP.
     """
 
@@ -120,6 +122,12 @@ class NodeContext:
     zone: str | None = None
     cluster_cidr: str | None = None
     nodeport_addresses: tuple[str, ...] = ()
+    local_addresses: tuple[str, ...] = ()
+
+    @property
+    def nodeport_targets(self) -> tuple[str, ...]:
+        """The addresses a NodePort answers on, spelled out."""
+        return self.nodeport_addresses or self.local_addresses
 
 
 def _frozen(mapping: Mapping) -> Mapping:

@@ -1,0 +1,224 @@
+"""The service proxy: Services and EndpointSlices in, one backend's kernel state out.
+
+Shape (ARCHITECTURE.md's seams, kube-proxy's behaviour):
+
+- three reflectors (Services, EndpointSlices, and this node's own Node for its zone label)
+  feed `ChangeRecorder`s, which only record and ask the `SyncRunner` for a run;
+- nothing is programmed before all three have listed once: the first request is made by
+  whichever of them syncs last, so a restarting agent never writes a ruleset computed from
+  half a cache (which would briefly delete services);
+- each run (`_sync`) drains the recorders into the `ServiceCatalog`, hands the backend the
+  new snapshot plus the service ports that changed (or `None`: a full sync, the first, the
+  periodic one every `sync_period`, and every one after a failure), then deletes stale UDP
+  conntrack entries, updates the health-check node ports and the metrics;
+- runs are at least `min_sync_period` apart (with a burst of 2 as kube-proxy), so a storm
+  of endpoint changes becomes a few syncs, each writing only what changed.
+
+Services and slices carrying `service.kubernetes.io/service-proxy-name` belong to another
+proxy and are not watched, as with kube-proxy; nor are headless services' slices.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from netagent.kube.reflector import Reflector
+from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
+from netagent.metrics import Registry
+from netagent.sync_runner import SyncKind, SyncRunner
+from proxy.backend import BackendSyncReport, ProxyBackend
+from proxy.changes import ChangeRecorder, ServiceCatalog
+from proxy.conntrack import ConntrackCommand, stale_flows
+from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
+from proxy.kube_objects import node_zone
+from proxy.metrics import ProxyMetrics
+from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
+from proxy.selection import select_endpoints
+
+log = logging.getLogger("netagent.proxy")
+
+OTHER_PROXY_SELECTOR = "!service.kubernetes.io/service-proxy-name"
+SLICE_SELECTOR = f"{OTHER_PROXY_SELECTOR},!service.kubernetes.io/headless"
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    node_name: str
+    cluster_cidr: str | None = None
+    nodeport_addresses: tuple[str, ...] = ()  # resolved local addresses; empty: all local addresses
+    min_sync_period: float = 1.0
+    sync_period: float = 30.0
+    retry_period: float = 5.0
+
+
+class ServiceProxy:
+    def __init__(
+        self,
+        *,
+        api_client,
+        settings: ProxySettings,
+        backend: ProxyBackend,
+        registry: Registry,
+        conntrack: ConntrackCommand | None = None,
+        healthcheck: HealthCheckPorts | None = None,
+        local_addresses: Callable[[], tuple[str, ...]] = tuple,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.metrics = ProxyMetrics(registry)
+        self._conntrack = conntrack
+        self._healthcheck = healthcheck
+        self._local_addresses = local_addresses
+        self.services = ChangeRecorder("services", on_change=self._on_change)
+        self.slices = ChangeRecorder("endpointslices", on_change=self._on_change)
+        self.node = ChangeRecorder("node", on_change=self._on_change)
+        self.reflectors = [
+            Reflector(api_client=api_client, resource=SERVICES, handler=self.services,
+                      label_selector=OTHER_PROXY_SELECTOR),
+            Reflector(api_client=api_client, resource=ENDPOINT_SLICES, handler=self.slices,
+                      label_selector=SLICE_SELECTOR),
+            Reflector(api_client=api_client, resource=NODES, handler=self.node,
+                      field_selector=f"metadata.name={settings.node_name}"),
+        ]
+        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr,
+                                                  nodeport_addresses=settings.nodeport_addresses))
+        self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
+        self._trigger_times: list[float] = []    # of slice changes not yet programmed
+        self.last_report: BackendSyncReport | None = None
+        self._missing_local: dict[ServicePortName, frozenset[str]] = {}
+        self.runner = SyncRunner(name="proxy", sync=self._sync, min_interval=settings.min_sync_period,
+                                 max_interval=settings.sync_period, retry_interval=settings.retry_period, burst=2)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.runner.start()
+        for reflector in self.reflectors:
+            reflector.start()
+
+    def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
+        self.runner.stop()
+        if self._healthcheck is not None:
+            self._healthcheck.close()
+
+    @property
+    def synced(self) -> bool:
+        return all(recorder.synced.is_set() for recorder in (self.services, self.slices, self.node))
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for recorder in (self.services, self.slices, self.node):
+            if not recorder.synced.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def _on_change(self) -> None:
+        self.metrics.last_queued.set(time.time())
+        if self.synced:
+            self.runner.request(SyncKind.PARTIAL)
+
+    # -- one run ---------------------------------------------------------------------------------
+    def _node_context(self, kind: SyncKind) -> NodeContext:
+        node_object = None
+        for _, current in self.node.drain().values():
+            node_object = current
+        node = self.catalog.node
+        if node_object is not None:
+            node = replace(node, zone=node_zone(node_object))
+        if kind is SyncKind.FULL:
+            node = replace(node, local_addresses=tuple(self._local_addresses()))
+        return node
+
+    def _sync(self, kind: SyncKind) -> None:
+        started = time.monotonic()
+        node_changed = self.catalog.set_node(self._node_context(kind))
+        service_changes, slice_changes = self.services.drain(), self.slices.drain()
+        self.metrics.service_changes.inc(len(service_changes))
+        self.metrics.endpoint_changes.inc(len(slice_changes))
+        update = self.catalog.apply(service_changes, slice_changes)
+        self._trigger_times.extend(update.trigger_times)
+        full = kind is SyncKind.FULL or node_changed
+        try:
+            report = self.backend.sync(update.state, changed=None if full else update.changed)
+        except Exception:
+            self.metrics.failures.inc()
+            if not full:
+                self.metrics.partial_failures.inc()
+            raise
+        finally:
+            self.metrics.service_changes_pending.set(self.services.pending())
+            self.metrics.endpoint_changes_pending.set(self.slices.pending())
+        changed = update.state.changed_since(self._programmed) if full else update.changed
+        previous, self._programmed = self._programmed, update.state
+        self.last_report = report
+        self._after_sync(previous, update.state, changed)
+        self._observe(report, full=full, changed=changed, seconds=time.monotonic() - started)
+
+    def _after_sync(self, previous: ProxyState, current: ProxyState, changed: frozenset[ServicePortName]) -> None:
+        if self._conntrack is not None and changed:
+            flows = stale_flows(previous, current, changed)
+            if flows:
+                self.metrics.conntrack_deleted.inc(self._conntrack.delete_all(flows))
+        if self._healthcheck is not None:
+            self._healthcheck.sync(health_check_answers(current))
+
+    def _count_missing_local(self, *, full: bool, changed: frozenset[ServicePortName]) -> None:
+        """Which service ports have a Local policy and no endpoint here (kept per port, so a
+        partial sync recounts only what changed)."""
+        state = self._programmed
+        names = state.services.keys() if full else changed
+        if full:
+            self._missing_local.clear()
+        for name in names:
+            service = state.services.get(name)
+            self._missing_local.pop(name, None)
+            if service is None:
+                continue
+            selection = select_endpoints(service, state.endpoints_of(name), state.node)
+            missing = set()
+            if service.internal_policy is TrafficPolicy.LOCAL and not selection.cluster:
+                missing.add("internal")
+            if service.external_local and not selection.external:
+                missing.add("external")
+            if missing:
+                self._missing_local[name] = frozenset(missing)
+
+    def _observe(self, report: BackendSyncReport, *, full: bool, changed: frozenset[ServicePortName],
+                 seconds: float) -> None:
+        now = time.time()
+        self.metrics.sync.observe(seconds)
+        (self.metrics.sync_full if full else self.metrics.sync_partial).observe(seconds)
+        self.metrics.last_sync.set(now)
+        for trigger in self._trigger_times:
+            self.metrics.programming.observe(max(0.0, now - trigger))
+        self._trigger_times.clear()
+        state = self._programmed
+        self.metrics.rules.labels(table="nat").set(report.rules)
+        self.metrics.services.set(len(state.services))
+        self.metrics.endpoints.set(sum(len(endpoints) for endpoints in state.endpoints.values()))
+        self._count_missing_local(full=full, changed=changed)
+        for policy in ("internal", "external"):
+            self.metrics.no_local_endpoints.labels(traffic_policy=policy).set(
+                sum(1 for missing in self._missing_local.values() if policy in missing))
+        log.log(logging.INFO if full else logging.DEBUG, "%s sync: %d service ports, %d written, %d rules in %.3fs%s",
+                report.scope.value, len(state.services), report.services_written, report.rules, seconds,
+                f" ({report.detail})" if report.detail else "")
+
+
+def health_check_answers(state: ProxyState) -> dict[int, HealthCheckAnswer]:
+    """The health-check node ports a state needs, each with the number of distinct local ready
+    endpoints of its service (a service's ports share one health-check port)."""
+    owners: dict[int, ServicePortName] = {}
+    local: dict[int, set[str]] = {}
+    for name, service in state.services.items():
+        port = service.health_check_node_port
+        if port is None:
+            continue
+        owners.setdefault(port, name)
+        local.setdefault(port, set()).update(
+            e.ip for e in state.endpoints_of(name) if e.ready and e.node_name == state.node.name)
+    return {port: HealthCheckAnswer(namespace=name.namespace, name=name.name, local_endpoints=len(local[port]))
+            for port, name in owners.items()}
