@@ -34,6 +34,7 @@ from proxy.conntrack import ConntrackCommand, stale_flows
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
 from proxy.metrics import ProxyMetrics
+from proxy.node_addresses import nodeport_addresses
 from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints
 
@@ -47,7 +48,7 @@ SLICE_SELECTOR = f"{OTHER_PROXY_SELECTOR},!service.kubernetes.io/headless"
 class ProxySettings:
     node_name: str
     cluster_cidr: str | None = None
-    nodeport_addresses: tuple[str, ...] = ()  # resolved local addresses; empty: all local addresses
+    nodeport_cidrs: tuple[str, ...] = ()  # NodePorts answer on local addresses in these; empty: on all
     min_sync_period: float = 1.0
     sync_period: float = 30.0
     retry_period: float = 5.0
@@ -82,8 +83,7 @@ class ServiceProxy:
             Reflector(api_client=api_client, resource=NODES, handler=self.node,
                       field_selector=f"metadata.name={settings.node_name}"),
         ]
-        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr,
-                                                  nodeport_addresses=settings.nodeport_addresses))
+        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr))
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed
         self.last_report: BackendSyncReport | None = None
@@ -129,7 +129,16 @@ class ServiceProxy:
         if node_object is not None:
             node = replace(node, zone=node_zone(node_object))
         if kind is SyncKind.FULL:
-            node = replace(node, local_addresses=tuple(self._local_addresses()))
+            local = tuple(self._local_addresses())
+            node = replace(node, local_addresses=local)
+            if self.settings.nodeport_cidrs:
+                chosen = nodeport_addresses(local, self.settings.nodeport_cidrs)
+                if chosen:
+                    node = replace(node, nodeport_addresses=chosen)
+                else:
+                    log.warning("no local address is inside --nodeport-addresses %s (local: %s); NodePorts keep "
+                                "answering on %s", ",".join(self.settings.nodeport_cidrs), ", ".join(local) or "none",
+                                ", ".join(node.nodeport_addresses) or "no address")
         return node
 
     def _sync(self, kind: SyncKind) -> None:

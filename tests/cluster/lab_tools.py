@@ -71,9 +71,11 @@ def traffic(lab: LabCluster, pod: str, *args: str) -> subprocess.CompletedProces
     return lab.exec(pod, [sys.executable, "-m", "tests.cluster.traffic", *args], timeout=60)
 
 
-def serve(lab: LabCluster, pod: str, kind: str, port: int, *, lifetime: float = 120) -> Background:
+def serve(lab: LabCluster, pod: str, kind: str, port: int, *, lifetime: float = 120, named: bool = False) -> Background:
+    """A server in `pod`; `named` answers start with the pod's name (to tell endpoints apart)."""
     return Background(lab.netns_of(pod), [sys.executable, "-m", "tests.cluster.traffic", f"serve-{kind}",
-                                          str(port), "--lifetime", str(lifetime)], ready_line="ready")
+                                          str(port), "--lifetime", str(lifetime), *(["--name", pod] if named else [])],
+                      ready_line="ready")
 
 
 class Capture:

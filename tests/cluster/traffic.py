@@ -4,10 +4,15 @@ Run as a program inside a namespace (`ip netns exec NS python -m tests.cluster.t
 
     serve-tcp PORT        echo every line back, prefixed with the peer address it came from
     serve-udp PORT        answer each datagram with "<peer address> <datagram>"
+                          (both with `--name NAME`: answers start with "NAME ", to tell endpoints apart)
     ask-tcp ADDR PORT     one connection, one line; print the answer
     ask-udp ADDR PORT     one datagram; print the answer
+    poll-tcp ADDR PORT COUNT       COUNT new connections in a row; print a JSON list, per
+                          connection the answer or "error: ..." and the seconds it took
     stream-tcp ADDR PORT SECONDS   one long connection, a line every 20 ms for SECONDS; print a JSON
                           summary {"sent", "answered", "error"}: an established connection's fate
+    stream-udp ADDR PORT SECONDS   one socket (one conntrack entry), a datagram every 50 ms; print
+                          a JSON list of [seconds since start, answer] for every answer
 
 The servers exit after `--lifetime` seconds so a failed test can never leave them behind.
 """
@@ -21,7 +26,8 @@ import threading
 import time
 
 
-def serve_tcp(port: int, lifetime: float) -> None:
+def serve_tcp(port: int, lifetime: float, name: str = "") -> None:
+    prefix = f"{name} ".encode() if name else b""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("0.0.0.0", port))
@@ -31,7 +37,7 @@ def serve_tcp(port: int, lifetime: float) -> None:
     def handle(conn: socket.socket, peer) -> None:
         with conn, conn.makefile("rwb") as stream:
             for line in stream:
-                stream.write(f"{peer[0]} ".encode() + line)
+                stream.write(prefix + f"{peer[0]} ".encode() + line)
                 stream.flush()
 
     listener.settimeout(0.5)
@@ -44,7 +50,8 @@ def serve_tcp(port: int, lifetime: float) -> None:
         threading.Thread(target=handle, args=(conn, peer), daemon=True).start()
 
 
-def serve_udp(port: int, lifetime: float) -> None:
+def serve_udp(port: int, lifetime: float, name: str = "") -> None:
+    prefix = f"{name} ".encode() if name else b""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("0.0.0.0", port))
     sock.settimeout(0.5)
@@ -55,7 +62,7 @@ def serve_udp(port: int, lifetime: float) -> None:
             data, peer = sock.recvfrom(65535)
         except socket.timeout:
             continue
-        sock.sendto(f"{peer[0]} ".encode() + data, peer)
+        sock.sendto(prefix + f"{peer[0]} ".encode() + data, peer)
 
 
 def ask_tcp(address: str, port: int, payload: str) -> str:
@@ -95,21 +102,56 @@ def stream_tcp(address: str, port: int, seconds: float) -> dict:
     return summary
 
 
+def poll_tcp(address: str, port: int, count: int, payload: str) -> list:
+    results = []
+    for _ in range(count):
+        started = time.monotonic()
+        try:
+            answer = ask_tcp(address, port, payload)
+        except OSError as exc:
+            answer = f"error: {type(exc).__name__}: {exc}"
+        results.append([answer, round(time.monotonic() - started, 3)])
+    return results
+
+
+def stream_udp(address: str, port: int, seconds: float) -> list:
+    answers = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(0.05)
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < seconds:
+            sock.sendto(f"{sent}".encode(), (address, port))
+            sent += 1
+            try:
+                answers.append([round(time.monotonic() - started, 3), sock.recv(65535).decode().strip()])
+            except OSError:  # timeout, or an ICMP error reported on the socket
+                pass
+            time.sleep(0.05)
+    return answers
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("action", choices=["serve-tcp", "serve-udp", "ask-tcp", "ask-udp", "stream-tcp"])
+    parser.add_argument("action", choices=["serve-tcp", "serve-udp", "ask-tcp", "ask-udp", "poll-tcp", "stream-tcp",
+                                           "stream-udp"])
     parser.add_argument("args", nargs="*")
     parser.add_argument("--lifetime", type=float, default=120)
     parser.add_argument("--payload", default="hello")
+    parser.add_argument("--name", default="", help="servers: start every answer with this name")
     ns = parser.parse_args(argv)
     if ns.action == "serve-tcp":
-        serve_tcp(int(ns.args[0]), ns.lifetime)
+        serve_tcp(int(ns.args[0]), ns.lifetime, ns.name)
     elif ns.action == "serve-udp":
-        serve_udp(int(ns.args[0]), ns.lifetime)
+        serve_udp(int(ns.args[0]), ns.lifetime, ns.name)
     elif ns.action == "ask-tcp":
         print(ask_tcp(ns.args[0], int(ns.args[1]), ns.payload))
     elif ns.action == "ask-udp":
         print(ask_udp(ns.args[0], int(ns.args[1]), ns.payload))
+    elif ns.action == "poll-tcp":
+        print(json.dumps(poll_tcp(ns.args[0], int(ns.args[1]), int(ns.args[2]), ns.payload)))
+    elif ns.action == "stream-udp":
+        print(json.dumps(stream_udp(ns.args[0], int(ns.args[1]), float(ns.args[2]))))
     else:
         print(json.dumps(stream_tcp(ns.args[0], int(ns.args[1]), float(ns.args[2]))))
     return 0
