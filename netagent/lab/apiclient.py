@@ -175,9 +175,22 @@ class LabApiClient:
             path = f"{path}/{subresource}"
         return self.request("PATCH", path, body=patch, content_type=patch_type.value)
 
-    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        *,
+        namespace: str | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> dict:
+        """Delete; a pod given a grace period > 0 is only marked terminating (deletionTimestamp)."""
         resource = resource_for(api_version, kind)
-        return self.request("DELETE", resource.object_path(name, _default_namespace(resource, namespace)))
+        return self.request(
+            "DELETE",
+            resource.object_path(name, _default_namespace(resource, namespace)),
+            query={"gracePeriodSeconds": grace_period_seconds} if grace_period_seconds is not None else None,
+        )
 
     def apply(self, obj: dict) -> dict:
         """Create the object, or replace the stored one (spec and, when given, status) like kubectl."""

@@ -24,9 +24,18 @@ reproduces is what a watch-based agent can observe of a real server:
 - PATCH: merge (RFC 7386), JSON patch (RFC 6902, all six operations) and strategic merge,
   which here is a merge patch (lists are replaced, `$patch` directives are not understood):
   good enough for annotations, labels and status, and said plainly here.
-- Services get a clusterIP from `service_cidr` and node ports from 30000-32767 when they do
-  not name them, and keep them on updates that omit them; deleting a namespace deletes what
-  is in it at once (no Terminating phase); creating in a missing namespace is 404.
+- Services are defaulted, validated and given a clusterIP, node ports and a health-check
+  node port as the real registry does (`service_spec.py`; 422 Invalid otherwise), and keep
+  them on updates that omit them; deleting a namespace deletes what is in it at once (no
+  Terminating phase); creating in a missing namespace is 404.
+- Pods: DELETE with `gracePeriodSeconds` > 0 (query or DeleteOptions body) only sets
+  `metadata.deletionTimestamp` (the deadline) and `deletionGracePeriodSeconds`, as the real
+  server does; the lab's kubelet part deletes the pod for good later. Without a grace
+  period, or with 0, a pod goes at once (the real server would default to the pod's
+  terminationGracePeriodSeconds; the lab's callers say what they want). Updates cannot
+  set or clear those two fields.
+- In-process listeners (`_Store.add_listener`) see every write, in order, under the store
+  lock: the lab's EndpointSlice controller (`--endpointslice-controller`) runs on them.
 - Persistence (optional `state_file`): a snapshot written atomically (temp + rename) plus
   an append-only journal of every write, so a server killed right after a write loses
   nothing and writes stay O(1); `stop()` folds the journal into the snapshot, after which
@@ -47,7 +56,6 @@ import base64
 import collections
 import enum
 import http.server
-import ipaddress
 import json
 import logging
 import os
@@ -62,6 +70,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -75,6 +84,7 @@ from netagent.kube.resources import (
     resource_for,
 )
 from netagent.lab.apiclient import PatchType
+from netagent.lab.service_spec import InvalidService, ServiceAddresses
 
 _log = logging.getLogger("netagent.lab.apiserver")
 
@@ -422,110 +432,6 @@ def json_patch(target: object, operations: object) -> object:
 
 
 # --------------------------------------------------------------------------------------------
-# Service address allocation (what the real server's service registry does on create)
-# --------------------------------------------------------------------------------------------
-class _ServiceAddresses:
-    NODE_PORTS = range(30000, 32768)
-
-    def __init__(self, cidr: str) -> None:
-        self.network = ipaddress.ip_network(cidr)
-        self.used_ips: set[str] = set()
-        self.used_node_ports: set[tuple[str, int]] = set()
-        self._next_ip = 1
-        self._next_port = self.NODE_PORTS.start
-
-    def observe(self, service: dict) -> None:
-        spec = service.get("spec") or {}
-        for ip in spec.get("clusterIPs") or [spec.get("clusterIP")]:
-            if ip and ip != "None":
-                self.used_ips.add(ip)
-        for port in spec.get("ports") or []:
-            if port.get("nodePort"):
-                self.used_node_ports.add((port.get("protocol", "TCP"), int(port["nodePort"])))
-
-    def release(self, service: dict) -> None:
-        spec = service.get("spec") or {}
-        for ip in spec.get("clusterIPs") or [spec.get("clusterIP")]:
-            self.used_ips.discard(ip)
-        for port in spec.get("ports") or []:
-            if port.get("nodePort"):
-                self.used_node_ports.discard((port.get("protocol", "TCP"), int(port["nodePort"])))
-
-    def _allocate_ip(self, name: str) -> str:
-        size = self.network.num_addresses
-        for _ in range(size):
-            offset = self._next_ip
-            self._next_ip = self._next_ip + 1 if self._next_ip + 1 < size - 1 else 1
-            candidate = str(self.network.network_address + offset)
-            if candidate not in self.used_ips:
-                return candidate
-        raise _invalid(SERVICES, name, f"spec.clusterIP: no free address in {self.network}")
-
-    def _allocate_node_port(self, name: str, protocol: str) -> int:
-        for _ in self.NODE_PORTS:
-            candidate = self._next_port
-            self._next_port = candidate + 1 if candidate + 1 < self.NODE_PORTS.stop else self.NODE_PORTS.start
-            if (protocol, candidate) not in self.used_node_ports:
-                return candidate
-        raise _invalid(SERVICES, name, "spec.ports: no free node port")
-
-    def complete(self, name: str, spec: dict, *, old_spec: dict | None) -> dict:
-        """The spec with the server's defaults and allocations; validates before allocating."""
-        spec = _clone(spec)
-        service_type = spec.setdefault("type", "ClusterIP")
-        old_ip = (old_spec or {}).get("clusterIP")
-        wanted_ip = spec.get("clusterIP") or ""
-        if old_spec is not None and wanted_ip and wanted_ip != old_ip:
-            raise _invalid(SERVICES, name, "spec.clusterIP: field is immutable")
-        new_ips: list[str] = []
-        if service_type != "ExternalName":
-            if old_ip:
-                wanted_ip = old_ip
-            elif wanted_ip == "":
-                wanted_ip = self._allocate_ip(name)
-                new_ips.append(wanted_ip)
-            elif wanted_ip != "None":
-                if wanted_ip in self.used_ips:
-                    raise _invalid(SERVICES, name, f"spec.clusterIP: {wanted_ip} is already allocated")
-                new_ips.append(wanted_ip)
-            spec["clusterIP"] = wanted_ip
-            spec["clusterIPs"] = [wanted_ip]
-            spec.setdefault("ipFamilies", ["IPv4"])
-            spec.setdefault("ipFamilyPolicy", "SingleStack")
-            spec.setdefault("internalTrafficPolicy", "Cluster")
-        spec.setdefault("sessionAffinity", "None")
-        old_node_ports = {
-            (p.get("port"), p.get("protocol", "TCP")): p.get("nodePort")
-            for p in (old_spec or {}).get("ports") or []
-            if p.get("nodePort")
-        }
-        wants_node_ports = service_type in ("NodePort", "LoadBalancer")
-        if wants_node_ports:
-            spec.setdefault("externalTrafficPolicy", "Cluster")
-        new_ports: list[tuple[str, int]] = []
-        for port in spec.get("ports") or []:
-            if "port" not in port:
-                raise _invalid(SERVICES, name, "spec.ports[].port: required")
-            protocol = port.setdefault("protocol", "TCP")
-            port.setdefault("targetPort", port["port"])
-            if not wants_node_ports:
-                port.pop("nodePort", None)
-                continue
-            kept = old_node_ports.get((port["port"], protocol))
-            if port.get("nodePort"):
-                node_port = (protocol, int(port["nodePort"]))
-                if node_port[1] != kept and node_port in self.used_node_ports:
-                    raise _invalid(SERVICES, name, f"spec.ports[].nodePort: {node_port[1]} is already allocated")
-            else:
-                port["nodePort"] = kept or self._allocate_node_port(name, protocol)
-            if port["nodePort"] != kept:
-                new_ports.append((protocol, int(port["nodePort"])))
-        self.used_ips.update(new_ips)
-        self.used_node_ports.update(new_ports)
-        return spec
-
-
-# --------------------------------------------------------------------------------------------
 # Persistence: snapshot + journal
 # --------------------------------------------------------------------------------------------
 class _StateFile:
@@ -623,7 +529,10 @@ def _event_line(resource: Resource, obj: dict, *, event_type: str) -> bytes:
     return json.dumps({"type": event_type, "object": _typed(resource, obj)}, separators=(",", ":")).encode() + b"\n"
 
 
-class _Event:
+class StoreEvent:
+    """One write: `type` ADDED/MODIFIED/DELETED, `obj` as stored (a DELETED one with the deleting
+    revision), `prev` the object before (None for ADDED). Shared and read-only."""
+
     __slots__ = ("revision", "resource", "type", "obj", "prev", "_line")
 
     def __init__(self, resource: Resource, obj: dict, *, revision: int, event_type: str, prev: dict | None) -> None:
@@ -647,9 +556,9 @@ class _Watch:
     def __init__(self, resource: Resource, selection: _Filter) -> None:
         self.resource = resource
         self.selection = selection
-        self.queue: queue.SimpleQueue[_Event | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[StoreEvent | None] = queue.SimpleQueue()
 
-    def render(self, event: _Event) -> bytes | None:
+    def render(self, event: StoreEvent) -> bytes | None:
         """The line this watcher must see for `event`, or None; selectors turn updates into adds/deletes."""
         if self.selection.selects_all:
             return event.line()
@@ -672,12 +581,13 @@ class _Store:
         self.lock = threading.RLock()
         self.revision = 0
         self.objects: dict[Resource, dict[tuple[str, str], dict]] = {r: {} for r in ALL_RESOURCES}
-        self.history: collections.deque[_Event] = collections.deque()
+        self.history: collections.deque[StoreEvent] = collections.deque()
         self.history_limit = history
         self.floor = 0  # every event newer than this revision is still in `history`
         self.watches: dict[Resource, set[_Watch]] = {r: set() for r in ALL_RESOURCES}
         self.snapshots: collections.OrderedDict[str, tuple[int, list[dict]]] = collections.OrderedDict()
-        self.service_addresses = _ServiceAddresses(service_cidr)
+        self.service_addresses = ServiceAddresses(service_cidr)
+        self.listeners: list[Callable[[StoreEvent], None]] = []
         self.state = state
         self.closed = False
         if state is not None:
@@ -712,7 +622,7 @@ class _Store:
             del table[key]
         else:
             table[key] = obj
-        event = _Event(resource, obj, revision=revision, event_type=event_type, prev=prev)
+        event = StoreEvent(resource, obj, revision=revision, event_type=event_type, prev=prev)
         if self.history_limit <= 0:
             self.floor = revision
         else:
@@ -721,11 +631,45 @@ class _Store:
             self.history.append(event)
         for watch in self.watches[resource]:
             watch.queue.put(event)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 (a listener's bug must not fail a write already made)
+                _log.exception("a store listener failed on %s %s", event_type, resource.plural)
         if self.state is not None:
             self.state.record(revision, deleted=event_type == "DELETED", typed_object=_typed(resource, obj))
             if self.state.needs_snapshot(self.object_count()):
                 self.state.write_snapshot(revision, self.typed_objects())
         return obj
+
+    # -- in-process access (controllers running inside the server) ---------------------------
+    def add_listener(self, listener: Callable[[StoreEvent], None]) -> None:
+        """Call `listener(event)` after every write, under the store lock: record and return."""
+        with self.lock:
+            self.listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[StoreEvent], None]) -> None:
+        with self.lock:
+            if listener in self.listeners:
+                self.listeners.remove(listener)
+
+    def items(self, resource: Resource, *, namespace: str | None = None) -> list[dict]:
+        """The stored objects (shared: read-only, without kind/apiVersion), one namespace or all."""
+        with self.lock:
+            table = self.objects[resource]
+            if namespace is None or not resource.namespaced:
+                return list(table.values())
+            return [obj for key, obj in table.items() if key[0] == namespace]
+
+    def find(self, resource: Resource, name: str, *, namespace: str | None) -> dict | None:
+        """The stored object (shared, read-only) or None."""
+        return self.objects[resource].get(((namespace or "") if resource.namespaced else "", name))
+
+    def _complete_service(self, name: str, spec: dict, *, old_spec: dict | None) -> dict:
+        try:
+            return self.service_addresses.complete(spec, old_spec=old_spec)
+        except InvalidService as invalid:
+            raise _invalid(SERVICES, name, str(invalid)) from None
 
     def object_count(self) -> int:
         return sum(len(table) for table in self.objects.values())
@@ -783,13 +727,13 @@ class _Store:
             key = (namespace or "", name)
             if key in table:
                 raise _already_exists(resource, name)
-            for server_owned in ("resourceVersion", "deletionTimestamp", "selfLink"):
+            for server_owned in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
                 metadata.pop(server_owned, None)
             metadata["uid"] = str(uuid.uuid4())
             metadata["creationTimestamp"] = _now()
             metadata["generation"] = 1
             if resource is SERVICES:
-                obj["spec"] = self.service_addresses.complete(name, obj.get("spec") or {}, old_spec=None)
+                obj["spec"] = self._complete_service(name, obj.get("spec") or {}, old_spec=None)
                 obj.setdefault("status", {"loadBalancer": {}})
             elif resource is NAMESPACES:
                 obj.setdefault("spec", {"finalizers": ["kubernetes"]})
@@ -819,14 +763,15 @@ class _Store:
         metadata = dict(proposed.get("metadata") or {})
         if metadata.get("name", name) != name:
             raise _invalid(resource, name, "metadata.name: field is immutable")
-        for kept in ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion"):
+        for kept in ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion",
+                     "deletionTimestamp", "deletionGracePeriodSeconds"):
             if kept in old["metadata"]:
                 metadata[kept] = old["metadata"][kept]
             else:
                 metadata.pop(kept, None)
         new["metadata"] = metadata
         if resource is SERVICES:
-            new["spec"] = self.service_addresses.complete(name, new.get("spec") or {}, old_spec=old.get("spec") or {})
+            new["spec"] = self._complete_service(name, new.get("spec") or {}, old_spec=old.get("spec") or {})
         outside = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
         if outside(new) != outside(old):
             metadata["generation"] = int(old["metadata"].get("generation", 1)) + 1
@@ -878,15 +823,34 @@ class _Store:
             self._check_precondition(resource, old, proposed=proposed)
             return self._update(resource, old, proposed=proposed, part=part)
 
-    def delete(self, resource: Resource, name: str, *, namespace: str | None) -> dict:
+    def delete(
+        self, resource: Resource, name: str, *, namespace: str | None, grace_period_seconds: int | None = None
+    ) -> dict:
+        """Remove the object; a pod given a grace period > 0 is only marked (deletionTimestamp) instead."""
         with self.lock:
             old = self.get(resource, name, namespace=namespace)
+            if resource is PODS and grace_period_seconds is not None and grace_period_seconds > 0:
+                return self._start_graceful_deletion(old, grace_period_seconds)
             if resource is NAMESPACES:
                 for contained in ALL_RESOURCES:
                     if contained.namespaced:
                         for key in [k for k in self.objects[contained] if k[0] == name]:
                             self._delete_key(contained, key)
             return self._delete_key(resource, self._key(resource, old))
+
+    def _start_graceful_deletion(self, old: dict, grace_period_seconds: int) -> dict:
+        """What the real server does for a pod: set the deadline, leave removal to the kubelet."""
+        if old["metadata"].get("deletionTimestamp"):
+            return old
+        deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + grace_period_seconds))
+        metadata = {
+            **old["metadata"],
+            "deletionTimestamp": deadline,
+            "deletionGracePeriodSeconds": grace_period_seconds,
+            "generation": int(old["metadata"].get("generation", 1)) + 1,
+        }
+        marked = {**old, "metadata": metadata}
+        return self._write(PODS, marked, key=self._key(PODS, old), event_type="MODIFIED", prev=old)
 
     def _delete_key(self, resource: Resource, key: tuple[str, str]) -> dict:
         old = self.objects[resource][key]
@@ -1047,6 +1011,19 @@ def _parse_target(path: str) -> _Target | None:
             return None
         part = Subresource.STATUS
     return _Target(resource, namespace, name, part, watch_path)
+
+
+def _grace_period(query: dict[str, str], body: object) -> int | None:
+    """`gracePeriodSeconds` from the query or a DeleteOptions body; None when not given."""
+    given = query.get("gracePeriodSeconds")
+    if given is None and isinstance(body, dict):
+        given = body.get("gracePeriodSeconds")
+    if given is None or given == "":
+        return None
+    value = _integer(str(given))
+    if value is None or value < 0:
+        raise _bad_request(f"gracePeriodSeconds {given!r}: expected a whole number of seconds >= 0")
+    return value
 
 
 def _truthy(value: str | None) -> bool:
@@ -1252,7 +1229,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             )
             return self._send_json(200, _typed(resource, patched))
         if method == "DELETE" and target.part is Subresource.MAIN:
-            deleted = store.delete(resource, target.name, namespace=target.namespace)
+            deleted = store.delete(
+                resource, target.name, namespace=target.namespace,
+                grace_period_seconds=_grace_period(query, self._json_body(raw_body)),
+            )
             return self._send_json(200, _typed(resource, deleted))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
 
@@ -1533,8 +1513,11 @@ class ApiServer:
         )
         return _clone(_typed(resource, patched))
 
-    def delete(self, resource: Resource, name: str, *, namespace: str | None = None) -> dict:
-        return _clone(_typed(resource, self.store.delete(resource, name, namespace=namespace)))
+    def delete(
+        self, resource: Resource, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
+    ) -> dict:
+        deleted = self.store.delete(resource, name, namespace=namespace, grace_period_seconds=grace_period_seconds)
+        return _clone(_typed(resource, deleted))
 
     def compact(self) -> int:
         return self.store.compact()
@@ -1561,6 +1544,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bookmark-interval", type=float, default=5.0, metavar="SECONDS")
     parser.add_argument("--history", type=int, default=10000, metavar="EVENTS")
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--endpointslice-controller", action="store_true",
+                        help="also run the lab's EndpointSlice controller (slices for Services with selectors)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop_requested = threading.Event()
@@ -1568,10 +1553,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop_requested.set())
     server = ApiServer(state_file=args.state, history=args.history, bookmark_interval=args.bookmark_interval)
     host, port = args.listen
+    controller = None
+    if args.endpointslice_controller:
+        from netagent.lab.endpointslice_controller import EndpointSliceController  # it imports this module
+
+        controller = EndpointSliceController(server.store)
+        controller.start()  # before serving: its start-up sync sees the state as loaded
     server.start(host=host, port=port, unix_path=args.unix)
     print(f"listening {server.url}", flush=True)
     while not stop_requested.wait(0.5):
         pass
+    if controller is not None:
+        controller.stop()
     server.stop()
     return 0
 

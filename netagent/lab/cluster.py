@@ -2,15 +2,18 @@
 
 `LabCluster` plays every part a real cluster has around our agent, and nothing more:
 - the control plane: the in-repo Kubernetes API test server (`apiserver.py`), run in the
-  router namespace, reachable from every node at 198.18.16.1:6443;
+  router namespace, reachable from every node at 198.18.16.1:6443, with the lab's
+  EndpointSlice controller inside it (slices for Services with selectors, from the pods);
 - the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
   as kube-controller-manager's node IPAM would;
 - the kubelet and container runtime: pods are network namespaces wired by executing our
   CNI plugin from the node's namespace with the config the agent published, exactly as
-  containerd does;
+  containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
+  the Ready condition, termination with a grace period: `pod_objects.py`);
 - the machines and wires: `underlay.py`.
 
-Every agent is the real `netagent run`, started with `ip netns exec` in its node.
+Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
+lab's `--proxy-mode` (iptables, ipvs or none: always said, as the agent's default is iptables).
 The state (namespaces, pids, pods) lives in `<workdir>/state.json`, so the CLI can build
 a lab with `lab up` and drive or remove it from later commands; tests use the same class
 in-process as a context manager.
@@ -21,6 +24,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import math
 import os
 import shutil
 import signal
@@ -31,12 +35,16 @@ import time
 from dataclasses import dataclass, field
 
 from netagent import cni_install, namespaces
-from netagent.lab import underlay
+from netagent.lab import pod_objects, underlay
+from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.node import exec_plugin, raise_for_failure
+from netagent.lab.endpointslices import pod_is_ready
+from netagent.lab.service_status import summarize_services
 
 CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
 API_PORT = 6443
 MODES = ("vxlan", "host-gw", "ipip", "auto")
+PROXY_MODES = ("iptables", "ipvs", "none")
 
 
 class LabError(Exception):
@@ -64,6 +72,8 @@ class PodState:
     ip: str
     labels: dict = field(default_factory=dict)
     ifname: str = "eth0"
+    namespace: str = "default"
+    ports: dict = field(default_factory=dict)  # container port name -> [number, protocol]
 
 
 @dataclass
@@ -78,6 +88,7 @@ class LabState:
     router: str
     internet: str
     api_pid: int | None = None
+    proxy_mode: str = "iptables"
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
 
@@ -142,9 +153,11 @@ class LabCluster:
     @classmethod
     def create(cls, *, nodes: int = 3, mode: str = "vxlan", segments: int = 1, pods_per_node: int = 0,
                auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
-               resync_period: float = 30.0) -> "LabCluster":
+               resync_period: float = 30.0, proxy_mode: str = "iptables") -> "LabCluster":
         if mode not in MODES:
             raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+        if proxy_mode not in PROXY_MODES:
+            raise LabError(f"proxy mode {proxy_mode!r}: choose one of {', '.join(PROXY_MODES)}")
         if segments not in (1, 2):
             raise LabError("segments must be 1 or 2")
         if not 1 <= nodes <= 200:
@@ -155,7 +168,7 @@ class LabCluster:
         os.makedirs(workdir, exist_ok=True)
         state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
                          resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
-                         internet=f"{prefix}-inet")
+                         internet=f"{prefix}-inet", proxy_mode=proxy_mode)
         lab = cls(state)
         try:
             lab.save()
@@ -249,8 +262,7 @@ class LabCluster:
         with open(os.path.join(self.workdir, "kubeconfig"), "w") as f:
             json.dump(config, f, indent=1)  # JSON is YAML
 
-    def api(self):
-        from netagent.lab.apiclient import LabApiClient
+    def api(self) -> LabApiClient:
         return LabApiClient(unix_path=self.api_socket)
 
     def start_apiserver(self, *, timeout: float = 60.0) -> None:
@@ -258,7 +270,8 @@ class LabCluster:
             os.unlink(self.api_socket)
         pid = self._spawn(self.state.router, [
             sys.executable, "-m", "netagent.lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
-            "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json")],
+            "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
+            "--endpointslice-controller"],
             os.path.join(self.workdir, "apiserver.log"))
         self.state.api_pid = pid
         self.save()
@@ -333,7 +346,7 @@ class LabCluster:
                 "--auto-encap", self.state.auto_encap, "--iface", "eth0",
                 "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
                 "--cni-data-dir", os.path.join(directory, "ipam"), "--status-bind", "0.0.0.0:10258",
-                "--resync-period", str(self.state.resync_period)]
+                "--resync-period", str(self.state.resync_period), "--proxy-mode", self.state.proxy_mode]
         return argv
 
     def start_agent(self, name: str, *, wait: bool = True) -> None:
@@ -361,9 +374,20 @@ class LabCluster:
         self.save()
 
     # ------------------------------------------------------------ pods
-    def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None) -> PodState:
+    def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None,
+                ports: dict | None = None, namespace: str = "default") -> PodState:
+        """A pod: its network namespace wired by the CNI plugin, then its v1 Pod object (Running, Ready).
+
+        `ports` names container ports for named targetPorts: {"http": 8080, "dns": (53, "UDP")}.
+        """
         if name in self.state.pods:
             raise LabError(f"pod {name} already exists")
+        try:
+            pod_objects.check_pod_name(name)
+            container_ports = pod_objects.normalize_ports(ports)
+        except pod_objects.PodSpecError as error:
+            raise LabError(str(error)) from None
+        self._require_namespace(namespace)
         if node is None:  # the emptiest node, as a scheduler spreading pods would
             counts = {n: 0 for n in self.state.nodes}
             for pod in self.state.pods.values():
@@ -375,23 +399,43 @@ class LabCluster:
         netns = f"{self.state.prefix}-p-{name}"[:60]
         container_id = f"{self.state.prefix}-{name}"
         pod = PodState(name=name, node=node, netns=netns, container_id=container_id, ip="",
-                       labels=dict(labels or {}))
+                       labels=dict(labels or {}), namespace=namespace, ports=container_ports)
         self.state.pods[name] = pod
         self.save()
+        wired = False
         try:
             namespaces.create(netns)
             code, out = exec_plugin(node_netns=node_state.netns, bin_dir=self.bin_dir, command="ADD",
                                     config=self._plugin_config(node), container_id=container_id,
                                     netns=namespaces.netns_path(netns))
             raise_for_failure(code, out, "ADD")
+            wired = True
+            pod.ip = out["ips"][0]["address"].split("/")[0]
+            self.api().create(pod_objects.render_pod(name, namespace=namespace, node=node,
+                                                     host_ip=node_state.address, pod_ip=pod.ip,
+                                                     labels=pod.labels, ports=container_ports))
         except BaseException:
+            if wired:
+                with contextlib.suppress(Exception):
+                    exec_plugin(node_netns=node_state.netns, bin_dir=self.bin_dir, command="DEL",
+                                config=self._plugin_config(node), container_id=container_id,
+                                netns=namespaces.netns_path(netns))
             namespaces.remove(netns)
             del self.state.pods[name]
             self.save()
             raise
-        pod.ip = out["ips"][0]["address"].split("/")[0]
         self.save()
         return pod
+
+    def _require_namespace(self, namespace: str) -> None:
+        try:
+            self.api().get("v1", "Namespace", namespace)
+        except LabApiError as error:
+            if error.code == 404:
+                raise LabError(f"namespace {namespace} does not exist: apply a Namespace manifest first") from None
+            raise LabError(f"the API server refused to show namespace {namespace}: {error}") from None
+        except OSError as error:
+            raise LabError(f"the API server is not reachable ({error}); pods need it") from None
 
     def _plugin_config(self, node: str) -> bytes:
         from cni import invoke
@@ -403,18 +447,65 @@ class LabCluster:
                            f"its pod CIDR)") from None
         return invoke.plugin_config(conflist, 0, prev_result=None)
 
-    def remove_pod(self, name: str) -> None:
+    def _pod(self, name: str) -> PodState:
         try:
-            pod = self.state.pods[name]
+            return self.state.pods[name]
         except KeyError:
-            raise LabError(f"no pod {name}") from None
+            raise LabError(f"no pod {name} (have: {', '.join(self.state.pods) or 'none'})") from None
+
+    def pod_object(self, name: str) -> dict:
+        pod = self._pod(name)
+        return self.api().get("v1", "Pod", name, namespace=pod.namespace)
+
+    def set_pod_ready(self, name: str, *, ready: bool) -> None:
+        """Flip the pod's Ready condition, as its readiness probe would."""
+        pod = self._pod(name)
+        try:
+            patch = pod_objects.with_readiness(self.pod_object(name), ready=ready)
+            if patch is not None:
+                self.api().patch("v1", "Pod", name, patch, namespace=pod.namespace, subresource="status")
+        except LabApiError as error:
+            raise LabError(f"pod {name}: {error}") from None
+
+    def terminate_pod(self, name: str, *, grace_period: int = 30) -> None:
+        """Start a graceful deletion: the Pod gets its deletionTimestamp; its network stays up."""
+        if grace_period < 1:
+            raise LabError("a graceful termination needs a grace period of at least 1 s")
+        pod = self._pod(name)
+        try:
+            self.api().delete("v1", "Pod", name, namespace=pod.namespace, grace_period_seconds=grace_period)
+        except LabApiError as error:
+            raise LabError(f"pod {name}: {error}") from None
+
+    def remove_pod(self, name: str, *, grace_period: float = 0) -> None:
+        """Remove the pod; with a grace period, it terminates (still serving) that long first."""
+        self._pod(name)
+        if grace_period > 0:
+            self.terminate_pod(name, grace_period=max(1, math.ceil(grace_period)))
+            time.sleep(grace_period)
+        self.finish_pod_removal(name)
+
+    def finish_pod_removal(self, name: str) -> None:
+        """What the kubelet does at the end: tear the network down, then delete the Pod for good."""
+        pod = self._pod(name)
         code, out = exec_plugin(node_netns=self._node(pod.node).netns, bin_dir=self.bin_dir, command="DEL",
                                 config=self._plugin_config(pod.node), container_id=pod.container_id,
                                 netns=namespaces.netns_path(pod.netns))
         namespaces.remove(pod.netns)
         del self.state.pods[name]
         self.save()
+        api_error = None
+        try:
+            self.api().delete("v1", "Pod", name, namespace=pod.namespace, grace_period_seconds=0)
+        except LabApiError as error:
+            if error.code != 404:
+                api_error = str(error)
+        except OSError as error:
+            api_error = f"the API server is not reachable ({error})"
         raise_for_failure(code, out, "DEL")
+        if api_error:
+            raise LabError(f"pod {name}: its network is gone but its Pod object is not: {api_error}; "
+                           f"delete it with the API (namespace {pod.namespace}) once the server is back")
 
     def netns_of(self, target: str) -> str:
         """A pod's or node's namespace by name ("internet" and "router" too)."""
@@ -435,16 +526,38 @@ class LabCluster:
 
     # ------------------------------------------------------------ status
     def status(self) -> dict:
+        """Nodes, pods and (from the API server, when it answers) Services with their endpoints."""
         nodes = []
         for node in self.state.nodes.values():
             nodes.append({"name": node.name, "address": node.address, "podCIDR": node.pod_cidr,
                           "segment": node.segment, "netns": node.netns, "mode": self.state.mode,
                           "agent": {"pid": node.agent_pid, "running": _process_alive(node.agent_pid),
                                     "log": self.agent_log(node.name)}})
-        pods = [{"name": p.name, "node": p.node, "ip": p.ip, "netns": p.netns, "labels": p.labels}
-                for p in self.state.pods.values()]
-        return {"mode": self.state.mode, "segments": self.state.segments, "workdir": self.workdir,
-                "apiServer": {"url": self.api_url, "unixSocket": self.api_socket,
-                              "running": _process_alive(self.state.api_pid)},
+        api_running = _process_alive(self.state.api_pid)
+        api_error = None
+        pod_objects_by_name: dict = {}
+        services: list = []
+        if api_running:
+            try:
+                client = self.api()
+                for obj in client.list("v1", "Pod"):
+                    pod_objects_by_name[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+                services = summarize_services(client.list("v1", "Service"),
+                                              client.list("discovery.k8s.io/v1", "EndpointSlice"))
+            except (OSError, LabApiError) as error:
+                api_error = str(error)
+        pods = []
+        for p in self.state.pods.values():
+            obj = pod_objects_by_name.get((p.namespace, p.name))
+            pods.append({"name": p.name, "namespace": p.namespace, "node": p.node, "ip": p.ip, "netns": p.netns,
+                         "labels": p.labels, "ports": p.ports,
+                         "ready": None if obj is None else pod_is_ready(obj),
+                         "terminating": None if obj is None else bool(obj["metadata"].get("deletionTimestamp"))})
+        api_server = {"url": self.api_url, "unixSocket": self.api_socket, "running": api_running}
+        if api_error:
+            api_server["error"] = api_error
+        return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
+                "workdir": self.workdir, "apiServer": api_server,
                 "internet": {"netns": self.state.internet, "address": str(underlay.INTERNET_HOST)},
-                "nodes": nodes, "pods": pods}
+                "nodes": nodes, "pods": pods, "services": services}
+

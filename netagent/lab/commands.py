@@ -1,11 +1,15 @@
 """`netagent lab ...`: the scriptable front of `LabCluster`.
 
     netagent lab                      the demo: a 3-node cluster, pods on each, cross-node pings, removed
-    netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K]   build it and leave it running
-    netagent lab status [--json]      nodes, pods, agents
+    netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K] [--proxy-mode iptables|ipvs|none]
+                                      build it and leave it running
+    netagent lab status [--json]      nodes, pods, agents, services and their endpoints
     netagent lab exec POD -- CMD...   run a command in a pod (or node, "internet", "router")
     netagent lab node add [--name N] [--segment S] | node remove NAME
-    netagent lab pod add NAME [--node NODE] [--labels k=v,...] | pod remove NAME
+    netagent lab pod add NAME [--node NODE] [--labels k=v,...] [--ports name=port[/proto],...] [--namespace NS]
+    netagent lab pod ready NAME --ready true|false       flip its Ready condition
+    netagent lab pod remove NAME [--grace S]             terminating (still serving) S seconds, then gone
+    netagent lab apply -f FILE.yaml | delete -f FILE.yaml    Services, EndpointSlices, Namespaces ("-" = stdin)
     netagent lab down                 remove everything
 
 One lab at a time lives in the state directory (`--state-dir`, default /run/netagent-lab);
@@ -21,14 +25,18 @@ import sys
 import time
 
 from netagent import namespaces
-from netagent.lab.cluster import MODES, LabCluster, LabError
+from netagent.lab import manifests
+from netagent.lab.cluster import MODES, PROXY_MODES, LabCluster, LabError
+from netagent.lab.pod_objects import PodSpecError, parse_ports
+from netagent.lab.service_status import describe_service
 
 DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 
 
 def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
-    lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan")
+    lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan",
+                     proxy_mode="iptables")
     sub = lab.add_subparsers(dest="lab_command")
 
     def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
@@ -37,6 +45,8 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
         p.add_argument("--segments", type=int, choices=[1, 2], default=1)
         p.add_argument("--pods-per-node", type=int, default=pods)
         p.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan")
+        p.add_argument("--proxy-mode", choices=PROXY_MODES, default="iptables",
+                       help="the agents' service proxy (none: the agents run without one)")
 
     demo = sub.add_parser("demo", help="build a cluster, show cross-node traffic, remove it (the default)")
     cluster_shape(demo, pods=2)
@@ -63,15 +73,30 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     node_remove.add_argument("name")
     node_remove.set_defaults(func=_cmd_node_remove)
 
-    pod = sub.add_parser("pod", help="add or remove a pod").add_subparsers(dest="pod_command", required=True)
+    pod = sub.add_parser("pod", help="add or remove a pod, or set its readiness").add_subparsers(
+        dest="pod_command", required=True)
     pod_add = pod.add_parser("add")
     pod_add.add_argument("name")
     pod_add.add_argument("--node")
     pod_add.add_argument("--labels", default="", help="k=v,k2=v2")
+    pod_add.add_argument("--ports", default="", help="named container ports: http=8080,dns=53/UDP")
+    pod_add.add_argument("--namespace", default="default")
     pod_add.set_defaults(func=_cmd_pod_add)
+    pod_ready = pod.add_parser("ready", help="set the pod's Ready condition")
+    pod_ready.add_argument("name")
+    pod_ready.add_argument("--ready", required=True, choices=["true", "false"])
+    pod_ready.set_defaults(func=_cmd_pod_ready)
     pod_remove = pod.add_parser("remove")
     pod_remove.add_argument("name")
+    pod_remove.add_argument("--grace", type=int, default=0, metavar="SECONDS",
+                            help="terminate gracefully: terminating (still serving) this long, then removed")
     pod_remove.set_defaults(func=_cmd_pod_remove)
+
+    for verb, func, text in (("apply", _cmd_apply, "create or update objects from manifests"),
+                             ("delete", _cmd_delete, "delete the objects a manifest names")):
+        command = sub.add_parser(verb, help=f"{text} (Service, EndpointSlice, Namespace)")
+        command.add_argument("-f", "--filename", required=True, metavar="FILE", help="YAML or JSON; - for stdin")
+        command.set_defaults(func=func)
 
 
 def parse_labels(text: str) -> dict:
@@ -101,7 +126,8 @@ def _load(args) -> LabCluster:
 
 def _create(args, *, workdir: str | None) -> LabCluster:
     return LabCluster.create(nodes=args.nodes, mode=args.mode, segments=args.segments,
-                             pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir)
+                             pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir,
+                             proxy_mode=args.proxy_mode)
 
 
 def _cmd_up(args) -> int:
@@ -122,7 +148,14 @@ def _print_status(status: dict) -> None:
               f"{node['podCIDR']:<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
     for pod in status["pods"]:
         labels = ",".join(f"{k}={v}" for k, v in pod["labels"].items())
-        print(f"  pod  {pod['name']:<16} on {pod['node']:<10} {pod['ip']:<14} {labels}")
+        state = {True: "", False: " NOT-READY", None: ""}[pod.get("ready")]
+        state += " TERMINATING" if pod.get("terminating") else ""
+        namespace = "" if pod.get("namespace", "default") == "default" else f"{pod['namespace']}/"
+        print(f"  pod  {namespace + pod['name']:<16} on {pod['node']:<10} {pod['ip']:<14} {labels}{state}")
+    for service in status.get("services") or []:
+        print(describe_service(service))
+    if status["apiServer"].get("error"):
+        print(f"  (services unknown: {status['apiServer']['error']})")
 
 
 def _cmd_status(args) -> int:
@@ -161,15 +194,73 @@ def _cmd_node_remove(args) -> int:
 
 
 def _cmd_pod_add(args) -> int:
-    pod = _load(args).add_pod(args.name, node=args.node, labels=parse_labels(args.labels))
+    try:
+        ports = parse_ports(args.ports)
+    except PodSpecError as error:
+        raise LabError(str(error)) from None
+    pod = _load(args).add_pod(args.name, node=args.node, labels=parse_labels(args.labels), ports=ports,
+                              namespace=args.namespace)
     print(f"pod {pod.name} on {pod.node}: {pod.ip}")
     return 0
 
 
+def _cmd_pod_ready(args) -> int:
+    ready = args.ready == "true"
+    _load(args).set_pod_ready(args.name, ready=ready)
+    print(f"pod {args.name} {'ready' if ready else 'not ready'}")
+    return 0
+
+
 def _cmd_pod_remove(args) -> int:
-    _load(args).remove_pod(args.name)
+    if args.grace < 0:
+        raise LabError("--grace: seconds >= 0")
+    lab = _load(args)
+    if args.grace:
+        lab.terminate_pod(args.name, grace_period=args.grace)
+        print(f"pod {args.name} terminating for {args.grace} s", flush=True)
+        time.sleep(args.grace)
+    lab.finish_pod_removal(args.name)
     print(f"pod {args.name} removed")
     return 0
+
+
+def _read_manifests(path: str) -> list[dict]:
+    try:
+        if path == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            with open(path) as f:
+                text, source = f.read(), path
+    except OSError as error:
+        raise LabError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        return manifests.load_manifests(text, source=source)
+    except manifests.ManifestError as error:
+        raise LabError(f"{error} (nothing applied)") from None
+
+
+def _report(outcomes: list) -> int:
+    for outcome in outcomes:
+        print(outcome.describe(), file=sys.stderr if outcome.failed else sys.stdout)
+    return 1 if any(outcome.failed for outcome in outcomes) else 0
+
+
+def _cmd_apply(args) -> int:
+    objects = _read_manifests(args.filename)
+    lab = _load(args)
+    try:
+        return _report(manifests.apply_manifests(lab.api(), objects))
+    except OSError as error:
+        raise LabError(f"the API server is not reachable at {lab.api_socket}: {error}") from None
+
+
+def _cmd_delete(args) -> int:
+    objects = _read_manifests(args.filename)
+    lab = _load(args)
+    try:
+        return _report(manifests.delete_manifests(lab.api(), objects))
+    except OSError as error:
+        raise LabError(f"the API server is not reachable at {lab.api_socket}: {error}") from None
 
 
 def _cmd_demo(args) -> int:

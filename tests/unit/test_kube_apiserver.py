@@ -514,7 +514,7 @@ def test_lab_client_verbs_and_errors(server):
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}
     created = lab.apply(service)
     assert created["metadata"]["namespace"] == "default"
-    applied = lab.apply({**service, "spec": {"ports": [{"port": 80}, {"port": 443}]}})
+    applied = lab.apply({**service, "spec": {"ports": [{"name": "http", "port": 80}, {"name": "https", "port": 443}]}})
     assert applied["spec"]["clusterIP"] == created["spec"]["clusterIP"]
     assert len(lab.get("v1", "Service", "web")["spec"]["ports"]) == 2
     patched = lab.patch("v1", "Service", "web", {"metadata": {"labels": {"a": "b"}}}, patch_type=PatchType.STRATEGIC)
