@@ -55,7 +55,10 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--resync-period", type=float, default=30.0,
                          help="seconds between full reconciles (drift repair)")
     cluster.add_argument("--min-sync-period", type=float, default=0.0,
-                         help="minimum seconds between syncs (coalesces bursts of Node changes)")
+                         help="minimum seconds between syncs (coalesces bursts of Node changes; the service "
+                              "proxy uses at least 1 s, kube-proxy's default)")
+    from netagent.proxy_main import add_proxy_arguments
+    add_proxy_arguments(run)
 
 
 def _wait_for_signal() -> None:
@@ -128,6 +131,7 @@ def _run_cluster_mode(args) -> int:
     from netagent.kube.config import KubeConfigError, load_api_client
     from netagent.metrics import Registry
     from netagent.node_agent import AgentStartError, NodeAgent
+    from netagent.proxy_main import ProxyStartError, start_proxy
     from netagent.routing.kernel import NetlinkKernel
     from netagent.status_server import StatusServer
 
@@ -143,20 +147,28 @@ def _run_cluster_mode(args) -> int:
                       iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry)
     status = StatusServer(bind=args.status_bind, registry=registry, health=agent.health)
     status.start()
+    proxy = None
     try:
         agent.start()
+        cluster_cidr = next((str(c) for c in settings.cluster_cidrs if c.version == 4), None)
+        proxy = start_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
+                            cluster_cidr=cluster_cidr)
         stop_cni = _start_cni_server(args)
-    except (AgentStartError, OSError, RuntimeError) as exc:
+    except (AgentStartError, ProxyStartError, OSError, RuntimeError) as exc:
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
+        if proxy is not None:
+            proxy.stop()
         agent.stop()
         status.stop()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
-          f"iptables {backend.value}); serving CNI on {args.cni_socket}, status on {args.status_bind}",
-          flush=True)
+          f"iptables {backend.value}, proxy {args.proxy_mode}); serving CNI on {args.cni_socket}, "
+          f"status on {args.status_bind}", flush=True)
     _wait_for_signal()
     stop_cni()
+    if proxy is not None:
+        proxy.stop()
     agent.stop()
     status.stop()
     return 0

@@ -7,7 +7,9 @@
 - node routing: routes carrying our route protocol number and our `na-` VXLAN/IPIP devices
   (their neighbour and FDB entries go with them);
 - iptables: every `NETAGENT-` chain and every jump to one, on both backends (legacy and
-  nft), since a previous run may have used either.
+  nft), since a previous run may have used either;
+- the service proxy: first its own cleanup (rules, then the ipsets they used, IPVS virtual
+  servers on its device and the device), for whichever mode left state behind.
 """
 from __future__ import annotations
 
@@ -45,4 +47,21 @@ def remove_owned_chains() -> list[str]:
             continue
         removed += [f"iptables ({backend.value}) chain {chain}"
                     for chain in IptablesRunner(backend=backend, family=IpFamily.V4).delete_owned()]
+    return removed
+
+
+def remove_proxy_state() -> list[str]:
+    """The service proxy's rules, ipsets, IPVS virtual servers and device, on every iptables
+    backend present (each backend's own cleanup knows its objects; run before the generic
+    chain sweep, since ipsets can only go once no rule references them)."""
+    from netagent.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from proxy.factory import build_backend, programmed_mode
+    removed = []
+    for backend in IptablesBackend:
+        if missing_binaries(IpFamily.V4, backend):
+            continue
+        mode = programmed_mode(iptables_backend=backend)
+        if mode is not None:
+            build_backend(mode, iptables_backend=backend).cleanup()
+            removed.append(f"service proxy state ({mode.value}, iptables {backend.value})")
     return removed

@@ -35,12 +35,24 @@ def _cmd_cni_install(args) -> int:
 
 
 def _cmd_cleanup(args) -> int:
-    from netagent.cleanup import remove_owned_chains, remove_owned_links, remove_owned_routing
-    removed = [f"interface {name}" for name in remove_owned_links()]
+    from netagent.cleanup import remove_owned_chains, remove_owned_links, remove_owned_routing, remove_proxy_state
+    removed = remove_proxy_state()
+    removed += [f"interface {name}" for name in remove_owned_links()]
     removed += remove_owned_routing() + remove_owned_chains()
     for line in removed:
         print(f"removed {line}")
     print(f"{len(removed)} item(s) removed")
+    return 0
+
+
+def _cmd_status_services(args) -> int:
+    from netagent.iptables.backend import IptablesNotInstalled
+    from netagent.status_services import status_services
+    try:
+        print(status_services(iptables_backend=args.iptables_backend, as_json=args.json))
+    except (IptablesNotInstalled, OSError) as exc:
+        print(f"netagent status services: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -76,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     cleanup = sub.add_parser("cleanup", help="remove every interface, route, device and iptables chain netagent created on this node")
     cleanup.set_defaults(func=_cmd_cleanup)
+
+    status = sub.add_parser("status", help="what netagent has programmed on this node").add_subparsers(
+        dest="status_command", required=True)
+    services = status.add_parser("services", help="service addresses and their backends, read from the kernel")
+    services.add_argument("--json", action="store_true")
+    services.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
+    services.set_defaults(func=_cmd_status_services)
 
     lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
     from netagent.lab.commands import add_lab_arguments

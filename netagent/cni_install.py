@@ -53,6 +53,8 @@ def render_conflist(*, name: str, subnets: list, mode: str, bridge: str, mtu: in
                        "dataDir": data_dir}}
     if mode == "routed":
         del plugin["bridge"]
+    else:  # a pod reaching itself through a Service is DNATed back out of its own bridge port
+        plugin["hairpinMode"] = True
     return {"cniVersion": cni_version, "name": name, "plugins": [plugin]}
 
 

@@ -60,7 +60,7 @@ class _Handler(BaseHTTPRequestHandler):
 class HealthCheckPorts:
     def __init__(self, *, bind_address: str = "0.0.0.0", proxy_healthy: Callable[[], bool] = lambda: True) -> None:
         self._bind_address = bind_address
-        self._proxy_healthy = proxy_healthy
+        self.proxy_healthy = proxy_healthy  # read at every request; the agent sets it once it has one
         self._listeners: dict[int, _Listener] = {}
         self._lock = threading.Lock()
 
@@ -91,7 +91,7 @@ class HealthCheckPorts:
             log.warning("health-check node port %d: cannot listen (%s); retrying at the next sync", port, error)
             return
         listener.answer = answer
-        listener.proxy_healthy = self._proxy_healthy
+        listener.proxy_healthy = lambda: self.proxy_healthy()
         threading.Thread(target=listener.serve_forever, kwargs={"poll_interval": 0.2},
                          name=f"healthcheck-{port}", daemon=True).start()
         self._listeners[port] = listener

@@ -375,10 +375,12 @@ class LabCluster:
 
     # ------------------------------------------------------------ pods
     def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None,
-                ports: dict | None = None, namespace: str = "default") -> PodState:
+                ports: dict | None = None, namespace: str = "default", ready: bool = True) -> PodState:
         """A pod: its network namespace wired by the CNI plugin, then its v1 Pod object (Running, Ready).
 
         `ports` names container ports for named targetPorts: {"http": 8080, "dns": (53, "UDP")}.
+        `ready=False` starts it not Ready, as a pod whose readiness probe has not passed yet
+        (`set_pod_ready` flips it once its server listens).
         """
         if name in self.state.pods:
             raise LabError(f"pod {name} already exists")
@@ -413,7 +415,7 @@ class LabCluster:
             pod.ip = out["ips"][0]["address"].split("/")[0]
             self.api().create(pod_objects.render_pod(name, namespace=namespace, node=node,
                                                      host_ip=node_state.address, pod_ip=pod.ip,
-                                                     labels=pod.labels, ports=container_ports))
+                                                     labels=pod.labels, ports=container_ports, ready=ready))
         except BaseException:
             if wired:
                 with contextlib.suppress(Exception):

@@ -50,6 +50,13 @@ class Background:
                     self.stop()
                     raise RuntimeError(f"{argv} did not start: {self.proc.stderr.read()}")
 
+    def stop_when_done(self, *, timeout: float) -> tuple[str, str]:
+        """Wait for the process to finish by itself (killed after `timeout`); its output."""
+        try:
+            return self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return self.stop(signal.SIGKILL)
+
     def stop(self, sig: int = signal.SIGTERM) -> tuple[str, str]:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -1,0 +1,93 @@
+"""The service proxy inside `netagent run`: its flags, and starting and stopping it.
+
+kube-proxy's operational surface, so existing probes, scrapes and habits carry over:
+`--proxy-mode iptables|ipvs|none`, `--nodeport-addresses CIDR,...`, `--sync-period`
+(full resync; the agent's `--min-sync-period` also spaces proxy syncs, as kube-proxy's
+does), healthz on `--healthz-bind-address` (0.0.0.0:10256: /healthz and /livez, what cloud
+load balancers probe) and metrics on `--metrics-bind-address` (127.0.0.1:10249). Both
+servers are the agent's `StatusServer`: the healthz one answers for the proxy alone, the
+metrics one serves the agent's whole registry.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger("netagent.proxy_main")
+
+PROXY_MODES = ("iptables", "ipvs", "none")
+DEFAULT_MIN_SYNC_PERIOD = 1.0
+
+
+def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
+    proxy = parser.add_argument_group("service proxy (kube-proxy replacement)")
+    proxy.add_argument("--proxy-mode", choices=PROXY_MODES, default="iptables",
+                       help="how Services are programmed; none leaves them to another proxy")
+    proxy.add_argument("--nodeport-addresses", action="append", default=[],
+                       help="CIDRs: NodePorts answer only on local addresses inside them (default: all)")
+    proxy.add_argument("--sync-period", type=float, default=30.0,
+                       help="seconds between full proxy syncs (drift repair)")
+    proxy.add_argument("--healthz-bind-address", default="0.0.0.0:10256",
+                       help="the proxy's /healthz and /livez, as kube-proxy's")
+    proxy.add_argument("--metrics-bind-address", default="127.0.0.1:10249",
+                       help="Prometheus /metrics, as kube-proxy's")
+    proxy.add_argument("--ipvs-scheduler", default="rr", help="IPVS scheduler (rr, wrr, lc, sh, ...)")
+
+
+@dataclass
+class RunningProxy:
+    proxy: object
+    stop: Callable[[], None]
+
+
+class ProxyStartError(Exception):
+    pass
+
+
+def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: str | None) -> RunningProxy | None:
+    """Build and start the proxy and its two servers; None with --proxy-mode none."""
+    if args.proxy_mode == "none":
+        return None
+    from netagent.status_server import StatusServer, health_from_sync_runner
+    from proxy.conntrack import ConntrackCommand
+    from proxy.factory import build_backend
+    from proxy.healthcheck import HealthCheckPorts
+    from proxy.node_addresses import (NodePortAddressError, local_ipv4_addresses, nodeport_addresses,
+                                      parse_nodeport_cidrs)
+    from proxy.service_proxy import ProxySettings, ServiceProxy
+
+    try:
+        cidrs = parse_nodeport_cidrs(args.nodeport_addresses)
+    except NodePortAddressError as error:
+        raise ProxyStartError(str(error)) from None
+    if cidrs and not nodeport_addresses(local_ipv4_addresses(), cidrs):
+        raise ProxyStartError(f"--nodeport-addresses {','.join(cidrs)}: no local address is inside them "
+                              f"(local: {', '.join(local_ipv4_addresses()) or 'none'})")
+    min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
+    settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidr, nodeport_cidrs=cidrs,
+                             min_sync_period=min_sync, sync_period=args.sync_period)
+    backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler)
+    health_checks = HealthCheckPorts()
+    proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
+                         conntrack=ConntrackCommand(), healthcheck=health_checks, local_addresses=local_ipv4_addresses)
+    # a change left unprogrammed for longer than this makes the proxy unhealthy
+    health = health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0))
+    health_checks.proxy_healthy = lambda: health().healthy
+
+    healthz = StatusServer(bind=args.healthz_bind_address, registry=registry, health=health)
+    metrics = StatusServer(bind=args.metrics_bind_address, registry=registry, health=health)
+    healthz.start()
+    try:
+        metrics.start()
+    except BaseException:
+        healthz.stop()
+        raise
+    proxy.start()
+
+    def stop() -> None:
+        proxy.stop()
+        metrics.stop()
+        healthz.stop()
+    return RunningProxy(proxy=proxy, stop=stop)

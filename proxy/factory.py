@@ -1,0 +1,46 @@
+"""Building a proxy backend on the real kernel, for the agent, `status services` and `cleanup`.
+
+The one place that knows each backend's constructor and its kernel parts (iptables
+runner, ipset, IPVS netlink table, dummy device, sysctls), so callers only name a mode.
+Everything runs in the caller's network namespace unless `netns` names another (tests and
+benchmarks program a namespace they created, from the root namespace).
+"""
+from __future__ import annotations
+
+from netagent.iptables.backend import IpFamily, IptablesBackend
+from netagent.iptables.runner import IptablesRunner
+from netagent.ipset import IpsetRunner
+from proxy.backend import ProxyBackend, ProxyMode
+
+
+def _prefix(netns: str | None) -> list[str]:
+    return ["ip", "netns", "exec", netns] if netns else []
+
+
+def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
+                  netns: str | None = None) -> ProxyBackend:
+    mode = ProxyMode(mode)
+    iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=_prefix(netns))
+    ipset = IpsetRunner(exec_prefix=_prefix(netns))
+    if mode is ProxyMode.IPTABLES:
+        from proxy.iptables.backend import IptablesProxy
+        return IptablesProxy(iptables=iptables, ipset=ipset)
+    from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
+    from proxy.ipvs.proxy import IpvsProxy
+    from proxy.ipvs.render import IpvsSettings
+    from proxy.ipvs.sysctls import ProcSysctls
+    from proxy.ipvs.table import Scheduler
+    return IpvsProxy(table=NetlinkIpvsTable(netns=netns), device=NetlinkAddressDevice(netns=netns), ipset=ipset,
+                     iptables=iptables, sysctls=ProcSysctls(exec_prefix=_prefix(netns)),
+                     settings=IpvsSettings(scheduler=Scheduler(scheduler)))
+
+
+def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None) -> ProxyMode | None:
+    """Which backend has programmed this namespace: IPVS when its device exists, iptables
+    when our service chain does, None when neither."""
+    from proxy.ipvs.netlink import NetlinkAddressDevice
+    if NetlinkAddressDevice(netns=netns).exists():
+        return ProxyMode.IPVS
+    from proxy.iptables.names import FIXED_CHAINS
+    runner = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=_prefix(netns))
+    return ProxyMode.IPTABLES if set(runner.list_chains("nat")) & set(FIXED_CHAINS["nat"]) else None

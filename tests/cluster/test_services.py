@@ -1,0 +1,233 @@
+"""Services in a lab cluster, iptables mode: real connections from pods and from outside.
+
+One 2-node vxlan lab for the module, with the EndpointSlice controller deriving slices
+from the pods' labels exactly as `kubectl apply` of a plain Service would in a cluster.
+Servers answer with their pod's name and the peer address they saw, so each test can say
+which endpoint answered and whether the proxy masqueraded.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from tests.cluster.lab_tools import Background, lab_cluster, serve, traffic, wait_for
+
+WEB_PORT, UDP_PORT = 8080, 5353
+
+
+def manifest(name: str, *, selector: dict, ports: list, **spec) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": selector, "ports": ports, **spec}}
+
+
+def http_port(**extra) -> dict:
+    return {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP", **extra}
+
+
+def service_of(lab, name: str) -> dict:
+    return lab.api().get("v1", "Service", name, namespace="default")
+
+
+def slice_addresses(lab, name: str) -> set[str]:
+    slices = lab.api().list("discovery.k8s.io/v1", "EndpointSlice", namespace="default",
+                            label_selector=f"kubernetes.io/service-name={name}")
+    return {e["addresses"][0] for s in slices for e in s.get("endpoints") or []
+            if (e.get("conditions") or {}).get("ready", True)}
+
+
+def poll(lab, pod: str, address: str, port: int, count: int) -> list:
+    return json.loads(traffic(lab, pod, "poll-tcp", address, str(port), str(count)).stdout)
+
+
+def answered_by(results: list) -> list[str]:
+    return [answer.split()[0] for answer, _ in results if not answer.startswith("error")]
+
+
+def programmed(lab, node: str, service: str, expected: set[str], port: int = WEB_PORT) -> None:
+    """Wait until the slices list `expected` and the node's rules DNAT to each of them."""
+    wait_for(lambda: slice_addresses(lab, service) == expected, timeout=15, what=f"slices of {service}")
+
+    def rules_ready() -> bool:
+        saved = lab.exec(node, ["iptables-save", "-t", "nat"]).stdout
+        return all(f"--to-destination {ip}:{port}" in saved for ip in expected)
+    wait_for(rules_ready, timeout=15, what=f"DNAT rules of {service} on {node}")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with lab_cluster(nodes=2, mode="vxlan", proxy_mode="iptables") as lab:
+        node1, node2 = sorted(lab.state.nodes)
+        lab.add_pod("web-1", node=node1, labels={"app": "web", "tier": "front"}, ports={"http": WEB_PORT})
+        lab.add_pod("web-2", node=node2, labels={"app": "web"}, ports={"http": WEB_PORT})
+        lab.add_pod("web-3", node=node1, labels={"app": "web"}, ports={"http": WEB_PORT})
+        lab.add_pod("client", node=node1)
+        servers = [serve(lab, pod, "tcp", WEB_PORT, lifetime=600, named=True) for pod in ("web-1", "web-2", "web-3")]
+        lab.api().apply(manifest("web", selector={"app": "web"}, ports=[http_port()]))
+        lab.api().apply(manifest("web-sticky", selector={"app": "web"}, ports=[http_port()],
+                                 sessionAffinity="ClientIP",
+                                 sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}}))
+        lab.api().apply(manifest("web-local", selector={"tier": "front"}, type="LoadBalancer",
+                                 externalTrafficPolicy="Local", ports=[http_port()]))
+        lab.api().apply(manifest("web-external", selector={"app": "web"}, type="NodePort", ports=[http_port()]))
+        lab.api().apply(manifest("nobody", selector={"app": "nobody"}, ports=[http_port()]))
+        pods = {p["name"]: p["ip"] for p in lab.status()["pods"]}
+        for node in (node1, node2):
+            programmed(lab, node, "web", {pods["web-1"], pods["web-2"], pods["web-3"]})
+            programmed(lab, node, "web-local", {pods["web-1"]})
+        try:
+            yield lab
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def pod_ips(lab) -> dict:
+    return {p["name"]: p["ip"] for p in lab.status()["pods"]}
+
+
+def node_address(lab, name: str) -> str:
+    return lab.state.nodes[name].address
+
+
+def test_cluster_ip_reaches_every_endpoint_and_keeps_the_pod_source(lab):
+    cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
+    results = poll(lab, "client", cluster_ip, 80, 40)
+    assert set(answered_by(results)) == {"web-1", "web-2", "web-3"}, results
+    assert {answer.split()[1] for answer, _ in results} == {pod_ips(lab)["client"]}
+
+
+def test_node_port_from_outside_the_cluster(lab):
+    node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+    for node in sorted(lab.state.nodes):
+        results = poll(lab, "internet", node_address(lab, node), node_port, 20)
+        assert len(answered_by(results)) == 20 and set(answered_by(results)) <= {"web-1", "web-2", "web-3"}, results
+
+
+def test_external_traffic_policy_local_keeps_the_client_address(lab):
+    service = service_of(lab, "web-local")
+    node1, node2 = sorted(lab.state.nodes)
+    node_port = service["spec"]["ports"][0]["nodePort"]
+    results = poll(lab, "internet", node_address(lab, node1), node_port, 10)
+    assert answered_by(results) == ["web-1"] * 10, results
+    assert {answer.split()[1] for answer, _ in results} == {lab.status()["internet"]["address"]}
+    health_port = service["spec"]["healthCheckNodePort"]
+    for node, code, local in ((node1, 200, 1), (node2, 503, 0)):
+        out = lab.exec("internet", [sys.executable, "-c", (
+            "import json,sys,urllib.request,urllib.error\n"
+            f"try: r=urllib.request.urlopen('http://{node_address(lab, node)}:{health_port}/',timeout=5)\n"
+            "except urllib.error.HTTPError as e: r=e\n"
+            "print(r.status if hasattr(r,'status') else r.code, r.read().decode())")],
+            ).stdout.split(" ", 1)
+        assert int(out[0]) == code and json.loads(out[1])["localEndpoints"] == local, out
+
+
+def test_session_affinity_pins_a_client(lab):
+    cluster_ip = service_of(lab, "web-sticky")["spec"]["clusterIP"]
+    answers = answered_by(poll(lab, "client", cluster_ip, 80, 15))
+    assert len(answers) == 15 and len(set(answers)) == 1, answers
+
+
+def test_a_service_without_endpoints_refuses_at_once(lab):
+    cluster_ip = service_of(lab, "nobody")["spec"]["clusterIP"]
+    ((answer, seconds),) = poll(lab, "client", cluster_ip, 80, 1)
+    assert "ConnectionRefusedError" in answer and seconds < 1.0, (answer, seconds)
+
+
+def test_hairpin_a_pod_reaches_itself_through_its_service(lab):
+    cluster_ip = service_of(lab, "web-local")["spec"]["clusterIP"]  # web-1 is its only endpoint
+    results = poll(lab, "web-1", cluster_ip, 80, 3)
+    assert answered_by(results) == ["web-1"] * 3, results
+    assert {answer.split()[1] for answer, _ in results} != {pod_ips(lab)["web-1"]}  # masqueraded
+
+
+def test_udp_client_moves_to_the_new_endpoint_when_the_old_one_goes(lab):
+    node1, node2 = sorted(lab.state.nodes)
+    lab.add_pod("dns-1", node=node2, labels={"app": "dns"}, ports={"dns": (UDP_PORT, "UDP")})
+    old = serve(lab, "dns-1", "udp", UDP_PORT, lifetime=120, named=True)
+    try:
+        lab.api().apply(manifest("dns", selector={"app": "dns"},
+                                 ports=[{"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP"}]))
+        cluster_ip = service_of(lab, "dns")["spec"]["clusterIP"]
+        programmed(lab, node1, "dns", {pod_ips(lab)["dns-1"]}, port=UDP_PORT)
+        stream = Background(lab.netns_of("client"), [sys.executable, "-m", "tests.cluster.traffic", "stream-udp",
+                                                      cluster_ip, "53", "8"])
+        time.sleep(2)
+        lab.add_pod("dns-2", node=node1, labels={"app": "dns"}, ports={"dns": (UDP_PORT, "UDP")}, ready=False)
+        new = serve(lab, "dns-2", "udp", UDP_PORT, lifetime=120, named=True)
+        lab.set_pod_ready("dns-2", ready=True)
+        try:
+            lab.remove_pod("dns-1")
+            switched_at = time.monotonic()
+            out, _ = stream.stop_when_done(timeout=20)
+            answers = json.loads(out)
+            names = [answer.split()[0] for _, answer in answers]
+            assert names[0] == "dns-1" and names[-1] == "dns-2", names
+            last_old = max(t for t, answer in answers if answer.startswith("dns-1"))
+            first_new = min(t for t, answer in answers if answer.startswith("dns-2"))
+            assert first_new > last_old and time.monotonic() - switched_at < 20
+        finally:
+            new.stop()
+            lab.remove_pod("dns-2")
+    finally:
+        old.stop()
+
+
+def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
+    node1, node2 = sorted(lab.state.nodes)
+    cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
+    streams = [Background(lab.netns_of("client"), [sys.executable, "-m", "tests.cluster.traffic", "stream-tcp",
+                                                    cluster_ip, "80", "6"]) for _ in range(4)]
+    new_servers = []
+    try:
+        for index, node in ((4, node1), (5, node2)):
+            name = f"web-{index}"
+            lab.add_pod(name, node=node, labels={"app": "web"}, ports={"http": WEB_PORT}, ready=False)
+            new_servers.append(serve(lab, name, "tcp", WEB_PORT, lifetime=120, named=True))
+            lab.set_pod_ready(name, ready=True)  # the readiness probe passes once it listens
+        lab.terminate_pod("web-2")  # terminating: serving, not ready; its network stays until finished
+        during = poll(lab, "client", cluster_ip, 80, 20)  # new connections while the change propagates
+        ips = pod_ips(lab)
+        programmed(lab, node1, "web", {ips[p] for p in ("web-1", "web-3", "web-4", "web-5")})
+        wait_for(lambda: f"{ips['web-2']}:{WEB_PORT}" not in lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout,
+                 timeout=15, what="web-2 out of every service's rules")
+        after = poll(lab, "client", cluster_ip, 80, 30)
+        summaries = [json.loads(stream.stop_when_done(timeout=30)[0]) for stream in streams]
+        assert all(s["error"] is None and s["answered"] == s["sent"] > 100 for s in summaries), summaries
+        assert len(answered_by(during)) == 20, during
+        assert len(answered_by(after)) == 30 and "web-2" not in answered_by(after), after
+        assert {"web-4", "web-5"} <= set(answered_by(after)), after
+    finally:
+        for server in new_servers:
+            server.stop()
+        for name in ("web-2", "web-4", "web-5"):  # web-2's grace period ends: its network goes
+            if name in lab.state.pods:
+                lab.remove_pod(name)
+
+
+def test_status_services_lists_what_is_programmed(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    out = lab.exec(node1, [sys.executable, "-m", "netagent.cli", "status", "services", "--json"],
+                   )
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    web = [s for s in listed["services"] if s["name"] == "default/web:http" and s["kind"] == "ClusterIP"]
+    assert listed["mode"] == "iptables" and len(web) == 1
+    assert set(web[0]["backends"]) >= {f"{pod_ips(lab)[p]}:{WEB_PORT}" for p in ("web-1", "web-3")}
+
+
+def test_deleted_service_leaves_no_chain(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    lab.api().apply(manifest("short-lived", selector={"app": "web"}, ports=[http_port()]))
+    cluster_ip = service_of(lab, "short-lived")["spec"]["clusterIP"]
+
+    def nat_rules() -> str:
+        return lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout
+    wait_for(lambda: f"-d {cluster_ip}/32" in nat_rules(), timeout=15, what="rules of short-lived")
+    chains_before = {line.split()[0] for line in nat_rules().splitlines() if line.startswith(":NETAGENT-")}
+    lab.api().delete("v1", "Service", "short-lived", namespace="default")
+    wait_for(lambda: f"-d {cluster_ip}/32" not in nat_rules(), timeout=15, what="rules of short-lived gone")
+    chains_after = {line.split()[0] for line in nat_rules().splitlines() if line.startswith(":NETAGENT-")}
+    assert chains_after < chains_before
