@@ -1,0 +1,180 @@
+"""`IptablesProxy`: the iptables service-proxy backend, writing `render_ruleset`'s output.
+
+Full sync (the first, the periodic one, and every one after a failure): one
+`iptables-restore --noflush` writes every chain of ours (a `:CHAIN` line creates or empties
+it, atomically with its new rules, per table), removes stale per-service chains found in the
+kernel (emptied by the same `:CHAIN` mechanism, their parents rewritten in the same input,
+then `-X`), and repairs the jumps from the built-in chains, all in that one restore. It
+adopts what an earlier agent left: nothing is flushed beforehand, so traffic never meets an
+empty table (legacy replaces a table in one call; the nft backend applies a restore as one
+transaction). The kernel is read once, cheaply (`read_kernel_view`), to find stale chains and
+drifted jumps.
+
+Partial sync (`changed` given, and this backend remembers what it last wrote): only the
+chains of the changed service ports are written, plus the shared chains (NETAGENT-SERVICES,
+NODEPORTS, the filter chains) whose rendered text changed since the last write; chains of
+removed service ports are emptied and deleted. Nothing is read from the kernel, which is
+what makes one endpoint change cheap at 10,000 services. Any failure raises (the core then
+asks for a full sync) and forgets the memory, so the next sync is full even if the core
+did not ask for one.
+
+The hairpin ipset is referenced by a rule, so its order matters: the set is created and
+new members added before the restore that may start using them; stale members are
+deleted after it; the set itself is destroyed only by `cleanup()`, after every rule that
+references it is gone.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from netagent.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
+from netagent.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
+from netagent.ipset import Ipset, IpsetSpec, IpsetType
+from netagent.masquerade import PortRandomization
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
+from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
+from proxy.iptables.readback import programmed_services, read_kernel_view
+from proxy.iptables.render import (TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset,
+                                   render_ruleset)
+from proxy.model import ProxyState, ServicePortName
+
+HAIRPIN_COMMENT = "netagent service proxy: endpoints reaching themselves through their service"
+
+
+class IptablesProxy(ProxyBackend):
+    mode = ProxyMode.IPTABLES
+
+    def __init__(self, *, iptables: Iptables, ipset: Ipset, settings: IptablesProxySettings | None = None):
+        self.iptables = iptables
+        self.ipset = ipset
+        if settings is None:
+            ports = PortRandomization.FULLY if iptables.supports_random_fully else PortRandomization.KERNEL_DEFAULT
+            settings = IptablesProxySettings(ports=ports)
+        self.settings = settings
+        self.hairpin_spec = IpsetSpec(settings.hairpin_set, IpsetType.HASH_IP_PORT_IP, comment=HAIRPIN_COMMENT)
+        self._written: Ruleset | None = None   # what the last successful sync left in the kernel
+
+    # ---- sync ---------------------------------------------------------------------------------
+
+    def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        previous, self._written = self._written, None   # forgotten until this sync succeeds
+        partial = changed is not None and previous is not None and previous.node == state.node
+        if partial:
+            ruleset = render_ruleset(state, settings=self.settings, reuse=previous, changed=changed)
+            written = self._apply_partial(ruleset, previous, changed)
+            scope = SyncScope.PARTIAL
+        else:
+            ruleset = render_ruleset(state, settings=self.settings)
+            written = self._apply_full(ruleset)
+            scope = SyncScope.FULL
+        self._written = ruleset
+        return BackendSyncReport(scope=scope, services_written=written, rules=ruleset.rule_count,
+                                 detail=f"{scope.value} sync: {written} service port(s) written, "
+                                        f"{ruleset.rule_count} rules, {len(ruleset.hairpin_members)} hairpin members")
+
+    def _apply_full(self, ruleset: Ruleset) -> int:
+        views = {table: read_kernel_view(self.iptables.save(table)).get(table) or Table(table)
+                 for table in TABLE_ORDER}
+        self.ipset.ensure_set(self.hairpin_spec)
+        present = self.ipset.members(self.hairpin_spec.name)
+        self.ipset.update(self.hairpin_spec.name, add=ruleset.hairpin_members - present)
+        self.iptables.restore(render_full_restore(ruleset, views))
+        self.ipset.update(self.hairpin_spec.name, remove=present - ruleset.hairpin_members)
+        return len(ruleset.ports)
+
+    def _apply_partial(self, ruleset: Ruleset, previous: Ruleset, changed: Iterable[ServicePortName]) -> int:
+        write: list[RenderedChain] = []
+        delete: list[RenderedChain] = []
+        written = 0
+        for name in sorted(set(changed), key=lambda n: (n.namespace, n.name, n.port)):
+            new = ruleset.ports.get(name)
+            old = previous.ports.get(name)
+            new_chains = new.chains if new is not None else ()
+            written += new is not None or old is not None
+            write.extend(new_chains)
+            kept = {chain.name for chain in new_chains}
+            delete.extend(chain for chain in (old.chains if old is not None else ()) if chain.name not in kept)
+        before = {(chain.table, chain.name): chain for chain in previous.shared}
+        write.extend(chain for chain in ruleset.shared if before.get((chain.table, chain.name)) != chain)
+        adding = ruleset.hairpin_members - previous.hairpin_members
+        removing = previous.hairpin_members - ruleset.hairpin_members
+        if adding:
+            self.ipset.update(self.hairpin_spec.name, add=adding)
+        text = render_partial_restore(write, delete)
+        if text:
+            self.iptables.restore(text)
+        if removing:
+            self.ipset.update(self.hairpin_spec.name, remove=removing)
+        return written
+
+    # ---- read back and clean up ----------------------------------------------------------------
+
+    def programmed(self) -> list[ProgrammedService]:
+        return programmed_services(self.iptables.tables())
+
+    def cleanup(self) -> None:
+        """Every chain of ours and the jumps to them, in one restore; then the hairpin set.
+        masquerade.py's NETAGENT-POSTRTG and NETAGENT-FORWARD are not ours and stay."""
+        self._written = None
+        builder = RestoreBuilder()
+        for table_name in TABLE_ORDER:
+            table = self.iptables.table(table_name)
+            add_chain_removal(builder, table, {name for name in table.chains if is_owned_chain(name)})
+        if builder:
+            self.iptables.restore(builder.text())
+        self.ipset.destroy(self.hairpin_spec.name)
+
+
+# ---- restore text -------------------------------------------------------------------------------
+
+def render_full_restore(ruleset: Ruleset, views: dict[str, Table]) -> str:
+    """Everything in `ruleset`, stale per-service chains removed, built-in jumps repaired;
+    `views` are the tables as `read_kernel_view` saw them."""
+    out: list[str] = []
+    for table_name in TABLE_ORDER:
+        view = views.get(table_name) or Table(table_name)
+        chains = ruleset.chains(table_name)
+        wanted = {chain.name for chain in chains}
+        stale = sorted(name for name in view.chains if PER_SERVICE_CHAIN.match(name) and name not in wanted)
+        out.append(f"*{table_name}")
+        out.extend(chain.declaration for chain in chains)
+        out.extend(f":{name} - [0:0]" for name in stale)
+        for chain in chains:
+            out.extend(chain.rules)
+        doomed = set(stale)
+        for holder_name, holder in view.chains.items():   # foreign rules jumping into stale chains
+            if holder_name in doomed:
+                continue
+            out.extend(f"-D {holder_name} {join_tokens(rule)}" for rule in holder.rules
+                       if jump_target(rule) in doomed)
+        for jump in ruleset.jumps:
+            if jump.table != table_name:
+                continue
+            spec = canonical_spec(jump.spec)
+            if jump_drift(view, jump.chain, spec, position=JumpPosition.FIRST):
+                out.extend(f"-D {jump.chain} {join_tokens(rule)}" for rule in
+                           (view.chains[jump.chain].rules if jump.chain in view.chains else ())
+                           if jump_target(rule) == jump.target)
+                out.append(f"-I {jump.chain} 1 {join_tokens(spec)}")
+        out.extend(f"-X {name}" for name in stale)
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def render_partial_restore(write: Iterable[RenderedChain], delete: Iterable[RenderedChain]) -> str:
+    """Rewrite `write`, empty and delete `delete`; only the tables that have something."""
+    write, delete = list(write), list(delete)
+    out: list[str] = []
+    for table_name in TABLE_ORDER:
+        writing = [chain for chain in write if chain.table == table_name]
+        deleting = [chain for chain in delete if chain.table == table_name]
+        if not writing and not deleting:
+            continue
+        out.append(f"*{table_name}")
+        out.extend(chain.declaration for chain in writing)
+        out.extend(chain.declaration for chain in deleting)
+        for chain in writing:
+            out.extend(chain.rules)
+        out.extend(f"-X {chain.name}" for chain in deleting)
+        out.append("COMMIT")
+    return "\n".join(out) + "\n" if out else ""

@@ -1,0 +1,263 @@
+"""The iptables service proxy on the real kernel, legacy and nft backends, with real packets.
+
+Topology (every namespace created here and removed afterwards; the root namespace is untouched):
+
+    ep1 10.244.1.2 --+                                  +-- 10.244.9.2  pod (a client on this node)
+    ep2 10.244.2.2 --+-- [node, ip_forward, the rules] -+
+    ep3 10.244.3.2 --+     default via 192.168.77.2     +-- 192.168.77.2 outside (192.168.77.1 is the node)
+
+Each endpoint namespace runs a server on TCP and UDP 8080 answering "<its name> <the source
+address it saw>", so every probe tells which endpoint answered and whether the client was
+masqueraded. ep1 and ep2 are "on this node" for the model, ep3 on another. The node's
+default route points at the outside namespace, which does not forward: a packet to a
+service address that no rule translates disappears, so "refused at once" can only come
+from our REJECT, and the control probes before the first sync show it.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from netagent import namespaces
+from netagent.iptables.backend import IptablesBackend
+from netagent.iptables.restore_format import parse_save, split_tokens
+from netagent.iptables.runner import IptablesRunner
+from netagent.ipset import IpsetRunner
+from proxy.iptables import IptablesProxy
+from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
+from proxy.iptables.render import render_ruleset
+from proxy.model import Endpoint, NodeContext, ProxyState, Protocol, ServicePort, ServicePortName, TrafficPolicy
+
+PREFIX = "na-t"
+NODE_NAME = "node"
+OUTSIDE, NODE_OUTSIDE = "192.168.77.2", "192.168.77.1"
+POD = "10.244.9.2"
+ENDPOINT_IPS = {"ep1": "10.244.1.2", "ep2": "10.244.2.2", "ep3": "10.244.3.2"}
+NODE_OF = {"ep1": NODE_NAME, "ep2": NODE_NAME, "ep3": "other-node"}
+SERVER_PORT = 8080
+
+SERVER = r"""
+import socket, sys, threading
+name, port = sys.argv[1], int(sys.argv[2])
+tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("0.0.0.0", port)); tcp.listen(64)
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("0.0.0.0", port))
+def serve_udp():
+    while True:
+        data, peer = udp.recvfrom(64)
+        udp.sendto(f"{name} {peer[0]}".encode(), peer)
+threading.Thread(target=serve_udp, daemon=True).start()
+print("ready", flush=True)
+while True:
+    connection, peer = tcp.accept()
+    connection.sendall(f"{name} {peer[0]}".encode())
+    connection.close()
+"""
+
+PROBE = r"""
+import errno, socket, sys, time
+protocol, host, port, count, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+for _ in range(count):
+    started = time.monotonic()
+    try:
+        if protocol == "tcp":
+            client = socket.create_connection((host, port), timeout=timeout)
+            answer = client.recv(64).decode()
+        else:
+            client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            client.settimeout(timeout)
+            client.connect((host, port))
+            client.send(b"hello")
+            answer = client.recv(64).decode()
+        client.close()
+    except ConnectionRefusedError:
+        answer = "refused"
+    except socket.timeout:
+        answer = "timeout"
+    except OSError as error:
+        answer = errno.errorcode.get(error.errno, str(error))
+    print(f"{answer}|{time.monotonic() - started:.3f}", flush=True)
+"""
+
+
+class Lab:
+    def __init__(self):
+        self.names = {role: namespaces.unique_name(f"{PREFIX}-{role}")
+                      for role in ("node", "pod", "out", *ENDPOINT_IPS)}
+        self.servers: list[subprocess.Popen] = []
+
+    def __enter__(self):
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def run(self, role: str, *argv: str):
+        return namespaces.run_in(self.names[role], list(argv), check=True)
+
+    def _build(self):
+        for name in self.names.values():
+            namespaces.create(name)
+        self.run("node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        links = {"pod": ("10.244.9.1/24", POD + "/24"), "out": (NODE_OUTSIDE + "/24", OUTSIDE + "/24")}
+        links.update({role: (ip.rsplit(".", 1)[0] + ".1/24", ip + "/24") for role, ip in ENDPOINT_IPS.items()})
+        for role, (node_address, far_address) in links.items():
+            self.run("node", "ip", "link", "add", f"n-{role}", "type", "veth", "peer", "name", "eth0",
+                     "netns", self.names[role])
+            self.run("node", "ip", "addr", "add", node_address, "dev", f"n-{role}")
+            self.run("node", "ip", "link", "set", f"n-{role}", "up")
+            self.run(role, "ip", "addr", "add", far_address, "dev", "eth0")
+            self.run(role, "ip", "link", "set", "eth0", "up")
+            if role != "out":
+                self.run(role, "ip", "route", "add", "default", "via", node_address.split("/")[0])
+        self.run("node", "ip", "route", "add", "default", "via", OUTSIDE)
+        for role in ENDPOINT_IPS:
+            server = subprocess.Popen([*namespaces.exec_prefix(self.names[role]), sys.executable, "-c", SERVER,
+                                       role, str(SERVER_PORT)], stdout=subprocess.PIPE, text=True)
+            self.servers.append(server)
+            assert server.stdout.readline().strip() == "ready"
+
+    def probe(self, role: str, host: str, port: int, *, count: int = 1, protocol: str = "tcp",
+              timeout: float = 2.0) -> list[tuple[str, float]]:
+        done = namespaces.run_in(self.names[role], [sys.executable, "-c", PROBE, protocol, host, str(port),
+                                                    str(count), str(timeout)], check=True,
+                                 timeout=count * timeout + 10)
+        return [(answer, float(elapsed)) for answer, elapsed in
+                (line.rsplit("|", 1) for line in done.stdout.splitlines())]
+
+    def answers(self, role: str, host: str, port: int, **kwargs) -> list[str]:
+        return [answer for answer, _ in self.probe(role, host, port, **kwargs)]
+
+    def close(self):
+        for server in self.servers:
+            server.kill()
+            server.wait()
+        for name in self.names.values():
+            namespaces.remove(name)
+
+
+@pytest.fixture(params=[IptablesBackend.LEGACY, IptablesBackend.NFT], ids=lambda b: b.value)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def lab():
+    with Lab() as lab:
+        yield lab
+
+
+@pytest.fixture
+def runner(lab, backend):
+    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(lab.names["node"]), timeout=30)
+
+
+@pytest.fixture
+def proxy(lab, runner):
+    return IptablesProxy(iptables=runner, ipset=IpsetRunner(exec_prefix=namespaces.exec_prefix(lab.names["node"])))
+
+
+NODE = NodeContext(name=NODE_NAME, cluster_cidr="10.244.0.0/16")
+
+
+def name(service: str) -> ServicePortName:
+    return ServicePortName("default", service, "p")
+
+
+def endpoints(*roles: str) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(ENDPOINT_IPS[role], SERVER_PORT, node_name=NODE_OF[role]) for role in roles)
+
+
+def state(*entries: tuple[ServicePort, tuple[Endpoint, ...]]) -> ProxyState:
+    return ProxyState(NODE, {s.name: s for s, _ in entries}, {s.name: e for s, e in entries})
+
+
+def assert_kernel_holds_the_render(runner, proxy, desired: ProxyState):
+    """What iptables-save prints for our chains is, line for line, what was rendered."""
+    ruleset = render_ruleset(desired, settings=proxy.settings)
+    saved = parse_save(runner.save())
+    for chain in ruleset.chains():
+        assert saved[chain.table].chains[chain.name].rules == [tuple(split_tokens(line)[2:]) for line in chain.rules]
+    ours = {name for table in saved.values() for name in table.chains if is_owned_chain(name)}
+    assert ours == {chain.name for chain in ruleset.chains()}
+
+
+def who(answers: list[str]) -> set[str]:
+    return {answer.split()[0] for answer in answers}
+
+
+def seen_sources(answers: list[str]) -> set[str]:
+    return {answer.split()[1] for answer in answers}
+
+
+WEB = ServicePort(name("web"), Protocol.TCP, 80, "10.96.0.10", node_port=30080)
+DNS = ServicePort(name("dns"), Protocol.UDP, 53, "10.96.0.53")
+
+
+def test_cluster_ip_node_port_and_udp_reach_every_endpoint(lab, runner, proxy):
+    desired = state((WEB, endpoints("ep1", "ep2", "ep3")), (DNS, endpoints("ep1", "ep2", "ep3")))
+    proxy.sync(desired, changed=None)
+    assert_kernel_holds_the_render(runner, proxy, desired)
+
+    from_pod = lab.answers("pod", "10.96.0.10", 80, count=30)
+    assert who(from_pod) == {"ep1", "ep2", "ep3"} and seen_sources(from_pod) == {POD}
+    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=30)
+    assert who(from_outside) == {"ep1", "ep2", "ep3"}
+    assert seen_sources(from_outside) == {"10.244.1.1", "10.244.2.1", "10.244.3.1"}   # masqueraded
+    over_udp = lab.answers("pod", "10.96.0.53", 53, count=30, protocol="udp")
+    assert who(over_udp) == {"ep1", "ep2", "ep3"}
+    assert {(entry.kind, entry.address) for entry in proxy.programmed()} == {
+        ("ClusterIP", "10.96.0.10:80/TCP"), ("NodePort", "*:30080/TCP"), ("ClusterIP", "10.96.0.53:53/UDP")}
+
+
+def test_external_local_keeps_the_client_address_and_affinity_pins(lab, runner, proxy):
+    local_web = ServicePort(name("web"), Protocol.TCP, 80, "10.96.0.10", node_port=30080,
+                            external_policy=TrafficPolicy.LOCAL)
+    sticky = ServicePort(name("sticky"), Protocol.TCP, 80, "10.96.0.11", affinity_timeout=60)
+    desired = state((local_web, endpoints("ep1", "ep2", "ep3")), (sticky, endpoints("ep1", "ep2", "ep3")))
+    proxy.sync(desired, changed=None)
+    assert_kernel_holds_the_render(runner, proxy, desired)
+
+    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=20)
+    assert who(from_outside) == {"ep1", "ep2"} and seen_sources(from_outside) == {OUTSIDE}
+    pinned = lab.answers("pod", "10.96.0.11", 80, count=12)
+    assert len(who(pinned)) == 1
+    spread = lab.answers("pod", "10.96.0.10", 80, count=30)   # the same client, no affinity: spread
+    assert who(spread) == {"ep1", "ep2", "ep3"}
+
+
+def test_no_endpoints_refuses_at_once_and_partial_syncs_follow_endpoint_changes(lab, runner, proxy):
+    assert lab.answers("pod", "10.96.0.10", 80, timeout=0.5) == ["timeout"]   # control: nothing refuses yet
+    empty = state((WEB, ()))
+    proxy.sync(empty, changed=None)
+    for role, host, port in (("pod", "10.96.0.10", 80), ("out", NODE_OUTSIDE, 30080)):
+        [(answer, elapsed)] = lab.probe(role, host, port, timeout=3.0)
+        assert answer == "refused" and elapsed < 1.0
+
+    one = state((WEB, endpoints("ep1")))
+    assert proxy.sync(one, changed=frozenset({WEB.name})).scope.value == "partial"
+    assert who(lab.answers("pod", "10.96.0.10", 80, count=5)) == {"ep1"}
+    moved = state((WEB, endpoints("ep2", "ep3")))
+    proxy.sync(moved, changed=frozenset({WEB.name}))
+    assert who(lab.answers("pod", "10.96.0.10", 80, count=20)) == {"ep2", "ep3"}
+    assert_kernel_holds_the_render(runner, proxy, moved)
+
+
+def test_hairpin_is_masqueraded_and_cleanup_leaves_nothing_of_ours(lab, runner, proxy):
+    runner.restore("*nat\n:OTHER-TOOL - [0:0]\n-A POSTROUTING -j OTHER-TOOL\nCOMMIT\n")
+    foreign = runner.table("nat")
+    lonely = ServicePort(name("lonely"), Protocol.TCP, 80, "10.96.0.12")
+    proxy.sync(state((lonely, endpoints("ep1"))), changed=None)
+    assert lab.answers("ep1", "10.96.0.12", 80) == ["ep1 10.244.1.1"]   # itself, via the node's address
+
+    proxy.cleanup()
+    proxy.cleanup()
+    assert "NETAGENT" not in runner.save()
+    assert runner.table("nat") == foreign
+    assert HAIRPIN_SET not in lab.run("node", "ipset", "list", "-n").stdout.split()
+    assert lab.answers("pod", "10.96.0.12", 80, timeout=0.5) == ["timeout"]
