@@ -26,6 +26,7 @@ import time
 
 from netagent import namespaces
 from netagent.lab import manifests
+from netagent.lab.demo_service import demo_service
 from netagent.lab.cluster import MODES, PROXY_MODES, LabCluster, LabError
 from netagent.lab.pod_objects import PodSpecError, parse_ports
 from netagent.lab.service_status import describe_service
@@ -280,5 +281,7 @@ def _cmd_demo(args) -> int:
             failures += not ok
             print(f"  ping {source:<16} -> {address:<14} {what:<28} {'ok' if ok else 'FAILED'}")
         print(f"  {len(checks) - failures}/{len(checks)} answered across nodes")
+        if lab.state.proxy_mode != "none":
+            failures += demo_service(lab)
     print("netagent lab: removed")
     return 1 if failures else 0

@@ -1,0 +1,68 @@
+"""The demo's Service act: every pod serves its name, one pod connects to a ClusterIP.
+
+A Service without a selector plus its EndpointSlice listing every demo pod (what a user
+writes for endpoints they manage), so the demo does not depend on pod labels. Each pod runs
+a one-line TCP server answering with its name; the first pod then opens a new connection
+to the Service's cluster IP, five per endpoint, and the demo prints which pods answered:
+the node agents' service proxy spreads them at random over pods on every node (a pod may
+reach itself: hairpin). Only a failed connection fails the demo; the spread is random.
+"""
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import time
+
+from netagent import namespaces
+
+PORT = 8080
+_SERVER = ("import socket,sys\n"
+           "s=socket.create_server(('0.0.0.0',%d));s.settimeout(60)\n"
+           "while True:\n"
+           "    c,_=s.accept();c.sendall(sys.argv[1].encode());c.close()\n") % PORT
+_CLIENT = ("import socket,sys,time\n"
+           "deadline=time.monotonic()+15\n"
+           "for _ in range(int(sys.argv[2])):\n"
+           "    while True:\n"
+           "        try:\n"
+           "            with socket.create_connection((sys.argv[1],80),timeout=2) as c: print(c.recv(100).decode())\n"
+           "            break\n"
+           "        except OSError as e:\n"
+           "            if time.monotonic()>deadline: print('error',e); break\n"
+           "            time.sleep(0.2)\n")
+
+
+def demo_service(lab) -> int:
+    """Run the act and print it; answers the number of failed connections."""
+    pods = list(lab.state.pods.values())
+    servers = [subprocess.Popen([*namespaces.exec_prefix(pod.netns), sys.executable, "-c", _SERVER, pod.name],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pod in pods]
+    try:
+        api = lab.api()
+        service = api.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "demo", "namespace": "default"},
+                             "spec": {"ports": [{"name": "http", "port": 80, "targetPort": PORT}]}})
+        api.apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                   "metadata": {"name": "demo-1", "namespace": "default",
+                                "labels": {"kubernetes.io/service-name": "demo"}},
+                   "addressType": "IPv4", "ports": [{"name": "http", "port": PORT, "protocol": "TCP"}],
+                   "endpoints": [{"addresses": [pod.ip], "nodeName": pod.node, "conditions": {"ready": True}}
+                                 for pod in pods]})
+        cluster_ip = service["spec"]["clusterIP"]
+        time.sleep(1.5)  # the agents' minimum sync interval
+        answers = namespaces.run_in(pods[0].netns, [sys.executable, "-c", _CLIENT, cluster_ip, str(5 * len(pods))],
+                                    timeout=60).stdout.split("\n")
+        answers = [a for a in answers if a]
+        failed = sum(1 for a in answers if a.startswith("error"))
+        counts = collections.Counter(a for a in answers if not a.startswith("error"))
+        print(f"  service default/demo {cluster_ip}:80 -> {len(pods)} pods; {len(answers)} connections from "
+              f"{pods[0].name}:")
+        for pod in pods:
+            print(f"    {pod.name:<16} on {pod.node:<8} answered {counts.get(pod.name, 0)}")
+        if failed:
+            print(f"    {failed} connection(s) FAILED")
+        return failed
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
