@@ -80,3 +80,6 @@ def test_cleanup_removes_routes_devices_and_chains_only(lab):
     assert not [link["ifname"] for link in links if link["ifname"].startswith("na")]
     for save in ("iptables-nft-save", "iptables-legacy-save"):
         assert "NETAGENT" not in lab.exec("node-2", [save], check=True).stdout
+    assert "service proxy state (iptables" in out, out
+    sets = lab.exec("node-2", ["ipset", "list", "-n"], check=True).stdout.split()
+    assert not [name for name in sets if name.startswith("NETAGENT-")], sets

@@ -8,6 +8,7 @@ which endpoint answered and whether the proxy masqueraded.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
@@ -205,6 +206,25 @@ def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
         for name in ("web-2", "web-4", "web-5"):  # web-2's grace period ends: its network goes
             if name in lab.state.pods:
                 lab.remove_pod(name)
+
+
+def test_agent_restart_keeps_connections_and_traffic_through_services(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
+    before = lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout
+    stream = Background(lab.netns_of("client"), [sys.executable, "-m", "tests.cluster.traffic", "stream-tcp",
+                                                  cluster_ip, "80", "6"])
+    time.sleep(0.5)
+    lab.stop_agent(node1, sig=signal.SIGKILL)
+    during = poll(lab, "client", cluster_ip, 80, 10)  # no agent on the node: the kernel keeps serving
+    lab.start_agent(node1)
+    after = poll(lab, "client", cluster_ip, 80, 10)
+    summary = json.loads(stream.stop_when_done(timeout=30)[0])
+    assert summary["error"] is None and summary["answered"] == summary["sent"] > 100, summary
+    assert len(answered_by(during)) == 10 and len(answered_by(after)) == 10, (during, after)
+    rules = lambda text: sorted(line for line in text.splitlines() if line.startswith("-A"))  # noqa: E731
+    wait_for(lambda: rules(lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout) == rules(before), timeout=15,
+             what="the restarted agent's rules equal the ones it adopted")
 
 
 def test_status_services_lists_what_is_programmed(lab):
