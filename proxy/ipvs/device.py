@@ -1,0 +1,95 @@
+"""The service-address device: a dummy interface holding every address a virtual server listens on.
+
+IPVS only sees packets the node delivers locally (its hooks sit in LOCAL_IN and LOCAL_OUT), so
+every cluster IP, external IP and load-balancer IP must be a local address of the node. They
+are put, as /32s, on one dummy device of ours (`na-ipvs0`) that is never brought up: an
+address on a device that is down still gets its local route (the kernel adds it with the
+address), the device answers nothing itself (no ARP, no routes through it), and removing the
+device removes every address at once. NodePort virtual servers listen on the node's own
+addresses and need nothing here.
+
+Which virtual servers are ours is decided from this device: one whose address is on it was
+made by this backend (NodePort ones are recognised through our ipsets, see proxy/ipvs/rules.py).
+
+`AddressDevice` is the interface; `NetlinkAddressDevice` (proxy/ipvs/netlink.py) is the real
+one over pyroute2's IPRoute, `FakeAddressDevice` keeps the addresses in memory. Adding an
+address already there and removing one already gone are quiet in both.
+"""
+from __future__ import annotations
+
+import abc
+import ipaddress
+from dataclasses import dataclass
+
+DEFAULT_DEVICE = "na-ipvs0"
+
+
+class AddressDevice(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def exists(self) -> bool: ...
+
+    @abc.abstractmethod
+    def ensure(self) -> bool:
+        """Create the dummy device if missing (left down). Returns whether it was created."""
+
+    @abc.abstractmethod
+    def addresses(self) -> frozenset[str]:
+        """IPv4 addresses on the device (empty when it does not exist)."""
+
+    @abc.abstractmethod
+    def add_address(self, address: str) -> None: ...
+
+    @abc.abstractmethod
+    def remove_address(self, address: str) -> None: ...
+
+    @abc.abstractmethod
+    def delete(self) -> None:
+        """Remove the device and its addresses; quiet when it does not exist."""
+
+
+@dataclass(frozen=True)
+class DeviceWrite:
+    operation: str      # "create", "add", "remove", "delete"
+    detail: str = ""
+
+
+class FakeAddressDevice(AddressDevice):
+    def __init__(self, name: str = DEFAULT_DEVICE):
+        self.name = name
+        self.present = False
+        self.held: set[str] = set()
+        self.writes: list[DeviceWrite] = []
+
+    def exists(self) -> bool:
+        return self.present
+
+    def ensure(self) -> bool:
+        if self.present:
+            return False
+        self.present = True
+        self.writes.append(DeviceWrite("create", self.name))
+        return True
+
+    def addresses(self) -> frozenset[str]:
+        return frozenset(self.held)
+
+    def add_address(self, address: str) -> None:
+        if not self.present:
+            raise LookupError(f"device {self.name} does not exist")
+        address = str(ipaddress.IPv4Address(address))
+        if address not in self.held:
+            self.held.add(address)
+            self.writes.append(DeviceWrite("add", address))
+
+    def remove_address(self, address: str) -> None:
+        if address in self.held:
+            self.held.discard(address)
+            self.writes.append(DeviceWrite("remove", address))
+
+    def delete(self) -> None:
+        if self.present:
+            self.present = False
+            self.held.clear()
+            self.writes.append(DeviceWrite("delete", self.name))

@@ -1,0 +1,364 @@
+"""`IpvsProxy`: the IPVS service-proxy backend, reconciling the kernel with a rendered plan.
+
+Four kernel touchpoints, each an interface with a fake: the IPVS table (virtual and real
+servers), the dummy device holding service addresses, ipsets, iptables; plus sysctls.
+
+Full sync (`changed` None, the first sync, and whenever the node context changed): render the
+whole plan (reusing the plans of service ports unchanged since the last render: rendering is
+pure, so that is the same plan), then diff every touchpoint against the kernel and write only
+the differences: sysctls, the device, the sets (`sync_sets`: one read, one restore), the
+constant rules (rewritten only on drift), the
+device's addresses, and every virtual server with its real servers. Virtual servers in the
+kernel that no service port wants are deleted when they are ours: their address is on our
+device, or they sit on a node address and are listed in our NodePort sets (read before the
+sets are synced, so a NodePort removed while the agent was down is still recognised). Anyone
+else's virtual servers are never touched. A restarted agent adopts what it finds: the same
+state renders the same plan and the sync writes nothing.
+
+Partial sync: re-render only the changed service ports (plus those with draining real
+servers), patch the plan and its index, write the set members and addresses that changed
+(idempotently: `-exist`, quiet adds), and diff the affected virtual servers against the
+kernel. Any failure leaves the backend wanting a full sync (the core's next sync is full).
+
+Real servers are reconciled with graceful removal (proxy/ipvs/graceful.py): wanted ones at
+weight 1, unwanted ones drained at weight 0 until idle or timed out. A sync (full or partial,
+even with nothing changed) also advances the drains; `reap_drained()` does only that and
+`drain_deadline()` says when it is next needed, for a caller that wants drains to end on time
+between syncs.
+
+Sockets: the netlink objects open sockets per thread (proxy/ipvs/netlink.py), so the backend
+may be driven from the sync runner's thread; a lock keeps sync, reap, status and cleanup apart.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from netagent import namespaces
+from netagent.iptables.backend import IptablesBackend, detect_backend
+from netagent.iptables.runner import Iptables, IptablesRunner
+from netagent.ipset import (Ipset, IpsetNotInstalled, IpsetRunner, SetContents, delete_owned_sets, entry,
+                            sync_sets)
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
+from proxy.ipvs.device import AddressDevice
+from proxy.ipvs.graceful import GracefulRemovals, Removal
+from proxy.ipvs.render import (IpvsPlan, IpvsSettings, PlanIndex, PlannedVirtualServer, ServicePortPlan,
+                               render_service_port)
+from proxy.ipvs.rules import (IPVS_SETS, NODEPORT_SETS, SET_PREFIX, IpvsChain, ensure_ipvs_rules,
+                              remove_ipvs_rules, render_ipvs_chains)
+from proxy.ipvs.sysctls import ProcSysctls, Sysctls, ensure_sysctls
+from proxy.ipvs.table import (IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer,
+                              VirtualServerKey)
+from proxy.model import Endpoint, ProxyState, ServicePort, ServicePortName
+
+log = logging.getLogger("netagent.proxy.ipvs")
+
+READY_WEIGHT = 1
+DRAINING_WEIGHT = 0
+
+
+class IpvsProxy(ProxyBackend):
+    mode = ProxyMode.IPVS
+
+    def __init__(self, *, table: IpvsTable, device: AddressDevice, ipset: Ipset, iptables: Iptables,
+                 sysctls: Sysctls, settings: IpvsSettings = IpvsSettings(),
+                 clock: Callable[[], float] = time.monotonic):
+        self.table = table
+        self.device = device
+        self.ipset = ipset
+        self.iptables = iptables
+        self.sysctls = sysctls
+        self.settings = settings
+        self.clock = clock
+        self._graceful = GracefulRemovals(timeout=settings.graceful_timeout)
+        self._plan: IpvsPlan | None = None
+        self._index: PlanIndex | None = None
+        self._node = None
+        self._rendered: dict[ServicePortName, tuple[ServicePort, tuple[Endpoint, ...], ServicePortPlan]] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def in_namespace(cls, *, netns: str | None = None, settings: IpvsSettings = IpvsSettings(),
+                     iptables_backend: IptablesBackend | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> IpvsProxy:
+        """The real thing, for the namespace `netns` (None: the caller's, where the agent runs)."""
+        from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
+        prefix = namespaces.exec_prefix(netns) if netns else []
+        backend = iptables_backend or detect_backend(exec_prefix=prefix)
+        return cls(table=NetlinkIpvsTable(netns=netns),
+                   device=NetlinkAddressDevice(name=settings.device, netns=netns),
+                   ipset=IpsetRunner(exec_prefix=prefix),
+                   iptables=IptablesRunner(backend=backend, exec_prefix=prefix),
+                   sysctls=ProcSysctls(exec_prefix=prefix), settings=settings, clock=clock)
+
+    def close(self) -> None:
+        for part in (self.table, self.device):
+            closer = getattr(part, "close", None)
+            if closer is not None:
+                closer()
+
+    # ---- sync ------------------------------------------------------------------------------------
+
+    def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        with self._lock:
+            full = changed is None or self._plan is None or state.node != self._node
+            try:
+                return self._sync_full(state) if full else self._sync_partial(state, changed)
+            except BaseException:
+                self._plan, self._index = None, None
+                raise
+
+    def chains(self, state: ProxyState) -> tuple[IpvsChain, ...]:
+        return render_ipvs_chains(cluster_cidr=state.node.cluster_cidr,
+                                  random_fully=self.iptables.supports_random_fully,
+                                  mark=self.settings.masquerade_mark)
+
+    def _render(self, state: ProxyState) -> IpvsPlan:
+        """render_ipvs, reusing the plans of service ports whose service and endpoints are
+        unchanged since the last render (same node): the same pure result, several times faster
+        at 10,000 services."""
+        if state.node != self._node:
+            self._rendered = {}
+        rendered = {}
+        for name, service in sorted(state.services.items()):
+            endpoints = state.endpoints_of(name)
+            cached = self._rendered.get(name)
+            if cached is not None and cached[0] == service and cached[1] == endpoints:
+                rendered[name] = cached
+            else:
+                rendered[name] = (service, endpoints,
+                                  render_service_port(service, endpoints, state.node, self.settings))
+        self._rendered = rendered
+        return IpvsPlan({name: plan for name, (_, _, plan) in rendered.items()})
+
+    def _sync_full(self, state: ProxyState) -> BackendSyncReport:
+        now = self.clock()
+        plan = self._render(state)
+        index = plan.index()
+        written: set[ServicePortName] = set()
+
+        sysctl_writes = ensure_sysctls(self.sysctls)
+        self.device.ensure()
+        addresses_before = self.device.addresses()
+        sets_before = self.ipset.snapshot()
+        nodeports_before = _nodeport_entries(sets_before)
+        counts = sync_sets(self.ipset, {spec: index.set_members(spec.name) for spec in IPVS_SETS},
+                           current=sets_before)
+        set_changes = sum(added + removed for added, removed in counts.values())
+        repaired = ensure_ipvs_rules(self.iptables, self.chains(state))
+        for address in sorted(set(index.addresses) - addresses_before):
+            self.device.add_address(address)
+
+        kernel = {server.key: server for server in self.table.virtual_servers()}
+        for planned in index.all_servers():
+            if self._sync_virtual_server(planned, kernel.get(planned.key), now=now):
+                written.add(planned.service)
+        stale = [key for key in kernel if key not in index.servers
+                 and _owned(key, addresses=addresses_before | set(index.addresses), nodeports=nodeports_before)]
+        for key in stale:
+            log.info("removing stale virtual server %s", key)
+            self.table.delete_virtual_server(key)
+            self._graceful.forget(key)
+        for key in self._graceful.draining() - set(index.servers):
+            self._graceful.forget(key)
+        for address in sorted(addresses_before - set(index.addresses)):
+            self.device.remove_address(address)
+
+        self._plan, self._index, self._node = plan, index, state.node
+        detail = (f"{len(index.servers)} virtual servers, {len(stale)} stale removed, {set_changes} set "
+                  f"member changes, {len(repaired)} rule repairs, {len(sysctl_writes)} sysctls set")
+        return BackendSyncReport(SyncScope.FULL, services_written=len(written), rules=_real_server_count(index),
+                                 detail=detail)
+
+    def _sync_partial(self, state: ProxyState, changed: frozenset[ServicePortName]) -> BackendSyncReport:
+        now = self.clock()
+        plan, index = self._plan, self._index
+        services = dict(plan.services)
+        touched_members: dict[str, set[str]] = defaultdict(set)
+        touched_addresses: set[str] = set()
+        touched_keys: set[VirtualServerKey] = set(self._graceful.draining())
+        rerendered: set[ServicePortName] = set()
+        for name in sorted(changed):
+            old = services.get(name)
+            service = state.services.get(name)
+            new = (render_service_port(service, state.endpoints_of(name), state.node, self.settings)
+                   if service is not None else None)
+            if old == new:
+                continue
+            rerendered.add(name)
+            old_members = old.members if old else {}
+            new_members = new.members if new else {}
+            for set_name in set(old_members) | set(new_members):
+                touched_members[set_name] |= (old_members.get(set_name, frozenset())
+                                              ^ new_members.get(set_name, frozenset()))
+            touched_addresses |= (old.addresses if old else frozenset()) ^ (new.addresses if new else frozenset())
+            touched_keys |= {s.key for s in (old.virtual_servers if old else ())}
+            touched_keys |= {s.key for s in (new.virtual_servers if new else ())}
+            if old is not None:
+                index.remove(old)
+                del services[name]
+                self._rendered.pop(name, None)
+            if new is not None:
+                index.add(new)
+                services[name] = new
+                self._rendered[name] = (service, state.endpoints_of(name), new)
+        self._plan = IpvsPlan(services)
+
+        set_changes = {}
+        for set_name, members in sorted(touched_members.items()):
+            wanted = {m for m in members if index.wanted_member(set_name, m)}
+            set_changes[set_name] = (wanted, members - wanted)
+        self.ipset.update_many(set_changes, types={spec.name: spec.type for spec in IPVS_SETS})
+        for address in sorted(a for a in touched_addresses if index.wanted_address(a)):
+            self.device.add_address(address)
+        written = set(rerendered)
+        for key in sorted(touched_keys):
+            planned = index.server(key)
+            current = self.table.virtual_server(key)
+            if planned is None:
+                if current is not None:
+                    self.table.delete_virtual_server(key)
+                self._graceful.forget(key)
+            elif self._sync_virtual_server(planned, current, now=now):
+                written.add(planned.service)
+        for address in sorted(a for a in touched_addresses if not index.wanted_address(a)):
+            self.device.remove_address(address)
+        return BackendSyncReport(SyncScope.PARTIAL, services_written=len(written), rules=_real_server_count(index),
+                                 detail=f"{len(rerendered)} service ports re-rendered, {len(touched_keys)} "
+                                        f"virtual servers checked")
+
+    def _sync_virtual_server(self, planned: PlannedVirtualServer, current: VirtualServer | None, *,
+                             now: float) -> bool:
+        """Make one virtual server and its real servers as planned; returns whether it wrote."""
+        key = planned.key
+        if current is None:
+            self.table.add_virtual_server(planned.server)
+            for destination in planned.destinations:
+                self.table.add_real_server(key, RealServer(destination, READY_WEIGHT))
+            self._graceful.forget(key)
+            return True
+        wrote = False
+        if current != planned.server:
+            self.table.update_virtual_server(planned.server)
+            wrote = True
+        reals = {real.destination: real for real in self.table.real_servers(key)}
+        wanted = set(planned.destinations)
+        for destination in planned.destinations:
+            real = reals.get(destination)
+            if real is None:
+                self.table.add_real_server(key, RealServer(destination, READY_WEIGHT))
+                wrote = True
+            elif real.weight != READY_WEIGHT:
+                self.table.update_real_server(key, RealServer(destination, READY_WEIGHT))
+                self._graceful.forget(key, destination)
+                wrote = True
+        for destination, real in reals.items():
+            if destination not in wanted:
+                wrote |= self._retire(key, real, now=now)
+        return wrote
+
+    def _retire(self, key: VirtualServerKey, real: RealServerStatus, *, now: float) -> bool:
+        if self._graceful.decide(key, real, now=now) is Removal.DELETE:
+            log.debug("deleting real server %s of %s (%d connections)", real.destination, key, real.connections)
+            self.table.delete_real_server(key, real.destination)
+            return True
+        if real.weight != DRAINING_WEIGHT:
+            log.debug("draining real server %s of %s (%d connections)", real.destination, key, real.connections)
+            self.table.update_real_server(key, RealServer(real.destination, DRAINING_WEIGHT))
+            return True
+        return False
+
+    # ---- drains between syncs --------------------------------------------------------------------
+
+    def drain_deadline(self) -> float | None:
+        """When (on `clock`) the next draining real server times out; None when nothing drains."""
+        with self._lock:
+            return self._graceful.deadline()
+
+    def next_sync_due(self) -> float | None:
+        """Drains end by timing out as well as by going idle: a sync at the deadline reaps them."""
+        return self.drain_deadline()
+
+    def reap_drained(self) -> int:
+        """Advance the drains: delete real servers that are idle or timed out. Returns how many
+        virtual servers were written. Needs a plan (does nothing before the first sync)."""
+        with self._lock:
+            if self._index is None:
+                return 0
+            now = self.clock()
+            count = 0
+            for key in sorted(self._graceful.draining()):
+                planned = self._index.server(key)
+                current = self.table.virtual_server(key)
+                if planned is None or current is None:
+                    self._graceful.forget(key)
+                    continue
+                count += self._sync_virtual_server(planned, current, now=now)
+            return count
+
+    # ---- read back and clean up ------------------------------------------------------------------
+
+    def programmed(self) -> list[ProgrammedService]:
+        with self._lock:
+            addresses = self.device.addresses()
+            nodeports = _nodeport_entries(self.ipset.snapshot())
+            found = []
+            for server in sorted(self.table.virtual_servers(), key=lambda s: s.key):
+                if not _owned(server.key, addresses=addresses, nodeports=nodeports):
+                    continue
+                planned = self._index.server(server.key) if self._index is not None else None
+                reals = sorted(self.table.real_servers(server.key), key=lambda r: r.destination)
+                found.append(ProgrammedService(
+                    name=str(planned.service) if planned else "(not in the current plan)",
+                    address=str(server.key),
+                    kind=planned.kind.value if planned else ("ServiceAddress" if server.key.address in addresses
+                                                             else "NodePort"),
+                    backends=tuple(_describe_real(real) for real in reals)))
+            return found
+
+    def cleanup(self) -> None:
+        """Remove our virtual servers (and only ours), rules, sets and device. Idempotent; works on
+        a kernel without IPVS or a host without ipset (then there is nothing of that kind to remove)."""
+        with self._lock:
+            addresses = self.device.addresses()
+            try:
+                nodeports = _nodeport_entries(self.ipset.snapshot())
+            except IpsetNotInstalled:
+                nodeports = frozenset()
+            try:
+                servers = self.table.virtual_servers()
+            except IpvsUnavailable:
+                servers = []
+            for server in servers:
+                if _owned(server.key, addresses=addresses, nodeports=nodeports):
+                    self.table.delete_virtual_server(server.key)
+            remove_ipvs_rules(self.iptables, render_ipvs_chains(cluster_cidr=None))
+            try:
+                delete_owned_sets(self.ipset, prefix=SET_PREFIX)
+            except IpsetNotInstalled:
+                pass
+            self.device.delete()
+            self._graceful.clear()
+            self._plan, self._index, self._node, self._rendered = None, None, None, {}
+
+
+def _nodeport_entries(sets: dict[str, SetContents]) -> frozenset[str]:
+    """Members of our NodePort sets: the virtual servers on node addresses that are ours."""
+    return frozenset(member for spec in NODEPORT_SETS if spec.name in sets for member in sets[spec.name].members)
+
+
+def _owned(key: VirtualServerKey, *, addresses: Iterable[str], nodeports: frozenset[str]) -> bool:
+    return key.address in addresses or entry(key.address, key.protocol, key.port) in nodeports
+
+
+def _describe_real(real: RealServerStatus) -> str:
+    if real.weight == READY_WEIGHT:
+        return str(real.destination)
+    return f"{real.destination} (weight {real.weight}, {real.connections} connections)"
+
+
+def _real_server_count(index: PlanIndex) -> int:
+    return sum(len(planned.destinations) for planned in index.all_servers())
