@@ -6,7 +6,8 @@ kube-proxy's operational surface, so existing probes, scrapes and habits carry o
 does), healthz on `--healthz-bind-address` (0.0.0.0:10256: /healthz and /livez, what cloud
 load balancers probe) and metrics on `--metrics-bind-address` (127.0.0.1:10249). Both
 servers are the agent's `StatusServer`: the healthz one answers for the proxy alone, the
-metrics one serves the agent's whole registry.
+metrics one serves the agent's whole registry, kube-proxy's `/proxyMode`, and `/services`
+(what `netagent status services` shows, with the names the running agent knows).
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     if args.proxy_mode == "none":
         return None
     from netagent.status_server import StatusServer, health_from_sync_runner
+    from netagent.status_services import services_json
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import build_backend
     from proxy.healthcheck import HealthCheckPorts
@@ -77,7 +79,10 @@ def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     health_checks.proxy_healthy = lambda: health().healthy
 
     healthz = StatusServer(bind=args.healthz_bind_address, registry=registry, health=health)
-    metrics = StatusServer(bind=args.metrics_bind_address, registry=registry, health=health)
+    metrics = StatusServer(bind=args.metrics_bind_address, registry=registry, health=health, pages={
+        "/proxyMode": ("text/plain; charset=utf-8", lambda: args.proxy_mode),
+        "/services": ("application/json", lambda: services_json(args.proxy_mode, backend.programmed())),
+    })
     healthz.start()
     try:
         metrics.start()

@@ -10,7 +10,8 @@ Endpoints:
 - `/livez`: 200 while the process serves HTTP (the kubelet's liveness probe);
 - `/healthz`: the health function's `HealthReport` as JSON, 200 when healthy, else 503;
 - `/readyz`: the same from a separate readiness function (defaults to the health one);
-- `/metrics`: the registry in Prometheus text format 0.0.4.
+- `/metrics`: the registry in Prometheus text format 0.0.4;
+- extra read-only `pages` an owner adds (the proxy's `/proxyMode` and `/services`).
 
 `health_from_sync_runner` gives kube-proxy's healthz meaning to a `SyncRunner`: unhealthy
 until the first successful sync, then unhealthy while some demand (a request, a failed run,
@@ -147,6 +148,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_health(owner.health)
         elif path == "/readyz":
             self._send_health(owner.ready)
+        elif path in owner.pages:
+            content_type, produce = owner.pages[path]
+            try:
+                body = produce()
+            except Exception as e:
+                log.exception("%s failed", path)
+                self._send(500, "text/plain; charset=utf-8", f"{path} failed: {e}\n")
+                return
+            self._send(200, content_type, body)
         elif path == "/metrics":
             try:
                 body = owner.registry.render()
@@ -183,8 +193,10 @@ class StatusServer:
     """Serves the endpoints above from `start()` until `stop()`; `.port` is the bound port."""
 
     def __init__(self, *, bind: str, registry: Registry, health: HealthFunction,
-                 ready: HealthFunction | None = None) -> None:
+                 ready: HealthFunction | None = None,
+                 pages: Mapping[str, tuple[str, Callable[[], str]]] | None = None) -> None:
         self.host, self._requested_port = parse_bind(bind)
+        self.pages = dict(pages or {})  # path -> (content type, body producer): extra read-only pages
         self.registry = registry
         self.health = health
         self.ready = ready if ready is not None else health

@@ -1,32 +1,54 @@
-"""`netagent status services`: what the service proxy has programmed on this node, read back.
+"""`netagent status services`: what the service proxy has programmed on this node.
 
-It reads the kernel (iptables rules, or IPVS virtual servers), not the agent's memory, so it
-answers the question an operator has when traffic misbehaves ("what does the node really
-do with this address?") even while the agent is down. The mode is whichever backend's
-objects exist here; `--json` prints `{"mode", "services": [{"name", "address", "kind",
-"backends"}]}`.
+The addresses and backends are always read back from the kernel (iptables rules, or IPVS
+virtual servers), never taken from what the agent meant to write. The running agent is
+asked first (`/services` on its metrics address, 127.0.0.1:10249), because it reads the
+kernel too and also knows every service's name: IPVS keeps no names, and iptables keeps
+them only as rule comments. When no agent answers, the kernel is read here, so the command
+still works while the agent is down (IPVS entries are then unnamed). `--json` prints
+`{"mode", "source", "services": [{"name", "address", "kind", "backends"}]}`.
 """
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from dataclasses import asdict
 
-from netagent.iptables.backend import IpFamily, resolve_backend
-from proxy.factory import build_backend, programmed_mode
+AGENT_URL = "http://127.0.0.1:10249/services"
 
 
-def status_services(*, iptables_backend: str = "auto", as_json: bool = False) -> str:
+def services_json(mode: str, services) -> str:
+    return json.dumps({"mode": mode, "services": [asdict(s) for s in services]})
+
+
+def _from_agent(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return {**json.loads(response.read()), "source": "agent"}
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def _from_kernel(iptables_backend: str) -> dict:
+    from netagent.iptables.backend import IpFamily, resolve_backend
+    from proxy.factory import build_backend, programmed_mode
     backend_choice = resolve_backend(iptables_backend, family=IpFamily.V4)
     mode = programmed_mode(iptables_backend=backend_choice)
     services = [] if mode is None else build_backend(mode, iptables_backend=backend_choice).programmed()
+    return {**json.loads(services_json(mode.value if mode else None, services)), "source": "kernel"}
+
+
+def status_services(*, iptables_backend: str = "auto", as_json: bool = False, agent_url: str = AGENT_URL) -> str:
+    listing = _from_agent(agent_url) or _from_kernel(iptables_backend)
     if as_json:
-        return json.dumps({"mode": mode.value if mode else None, "services": [asdict(s) for s in services]},
-                          indent=2)
-    if mode is None:
+        return json.dumps(listing, indent=2)
+    if listing["mode"] is None:
         return "no service proxy rules on this node"
-    lines = [f"mode: {mode.value}, {len(services)} service address(es)"]
-    width = max((len(s.name) for s in services), default=0)
+    services = listing["services"]
+    lines = [f"mode: {listing['mode']} (read by the {listing['source']}), {len(services)} service address(es)"]
+    width = max((len(s["name"]) for s in services), default=0)
     for service in services:
-        backends = ", ".join(service.backends) or "no endpoints (rejects)"
-        lines.append(f"{service.name:<{width}}  {service.kind:<12} {service.address:<24} -> {backends}")
+        backends = ", ".join(service["backends"]) or "no endpoints (rejects)"
+        lines.append(f"{service['name']:<{width}}  {service['kind']:<12} {service['address']:<24} -> {backends}")
     return "\n".join(lines)

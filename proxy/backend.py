@@ -59,6 +59,11 @@ class ProxyBackend(ABC):
     def programmed(self) -> list[ProgrammedService]:
         """What the kernel holds now, read back."""
 
+    def next_sync_due(self) -> float | None:
+        """A `time.monotonic()` time by which the backend needs a sync even if nothing changes
+        (IPVS: a draining real server's timeout); None when it needs none."""
+        return None
+
     @abstractmethod
     def cleanup(self) -> None:
         """Remove every rule, set, virtual server and device this backend owns; idempotent."""

@@ -19,20 +19,16 @@ def _prefix(netns: str | None) -> list[str]:
 
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
                   netns: str | None = None) -> ProxyBackend:
-    mode = ProxyMode(mode)
-    iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=_prefix(netns))
-    ipset = IpsetRunner(exec_prefix=_prefix(netns))
-    if mode is ProxyMode.IPTABLES:
+    if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
-        return IptablesProxy(iptables=iptables, ipset=ipset)
-    from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
+        return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,
+                                                     exec_prefix=_prefix(netns)),
+                             ipset=IpsetRunner(exec_prefix=_prefix(netns)))
     from proxy.ipvs.proxy import IpvsProxy
     from proxy.ipvs.render import IpvsSettings
-    from proxy.ipvs.sysctls import ProcSysctls
     from proxy.ipvs.table import Scheduler
-    return IpvsProxy(table=NetlinkIpvsTable(netns=netns), device=NetlinkAddressDevice(netns=netns), ipset=ipset,
-                     iptables=iptables, sysctls=ProcSysctls(exec_prefix=_prefix(netns)),
-                     settings=IpvsSettings(scheduler=Scheduler(scheduler)))
+    return IpvsProxy.in_namespace(netns=netns, iptables_backend=iptables_backend,
+                                  settings=IpvsSettings(scheduler=Scheduler(scheduler)))
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None) -> ProxyMode | None:

@@ -11,6 +11,8 @@ Shape (ARCHITECTURE.md's seams, kube-proxy's behaviour):
   new snapshot plus the service ports that changed (or `None`: a full sync, the first, the
   periodic one every `sync_period`, and every one after a failure), then deletes stale UDP
   conntrack entries, updates the health-check node ports and the metrics;
+- a backend that needs a sync at a given time with nothing changed (IPVS, when a draining
+  real server's timeout ends) says so through `next_sync_due()`, and a timer asks for one;
 - runs are at least `min_sync_period` apart (with a burst of 2 as kube-proxy), so a storm
   of endpoint changes becomes a few syncs, each writing only what changed.
 
@@ -20,6 +22,7 @@ proxy and are not watched, as with kube-proxy; nor are headless services' slices
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -88,6 +91,7 @@ class ServiceProxy:
         self._trigger_times: list[float] = []    # of slice changes not yet programmed
         self.last_report: BackendSyncReport | None = None
         self._missing_local: dict[ServicePortName, frozenset[str]] = {}
+        self._wake_up: threading.Timer | None = None
         self.runner = SyncRunner(name="proxy", sync=self._sync, min_interval=settings.min_sync_period,
                                  max_interval=settings.sync_period, retry_interval=settings.retry_period, burst=2)
 
@@ -98,6 +102,7 @@ class ServiceProxy:
             reflector.start()
 
     def stop(self) -> None:
+        self._wake_up_at(None)
         for reflector in self.reflectors:
             reflector.stop()
         self.runner.stop()
@@ -163,8 +168,20 @@ class ServiceProxy:
         changed = update.state.changed_since(self._programmed) if full else update.changed
         previous, self._programmed = self._programmed, update.state
         self.last_report = report
+        self._wake_up_at(self.backend.next_sync_due())
         self._after_sync(previous, update.state, changed)
         self._observe(report, full=full, changed=changed, seconds=time.monotonic() - started)
+
+    def _wake_up_at(self, due: float | None) -> None:
+        """Ask for a sync at `due` (monotonic), replacing an earlier wake-up."""
+        if self._wake_up is not None:
+            self._wake_up.cancel()
+            self._wake_up = None
+        if due is not None:
+            self._wake_up = threading.Timer(max(0.0, due - time.monotonic()) + 0.05, self.runner.request,
+                                            args=(SyncKind.PARTIAL,))
+            self._wake_up.daemon = True
+            self._wake_up.start()
 
     def _after_sync(self, previous: ProxyState, current: ProxyState, changed: frozenset[ServicePortName]) -> None:
         if self._conntrack is not None and changed:

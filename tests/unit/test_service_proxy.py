@@ -213,3 +213,24 @@ def test_health_check_answers_count_distinct_local_ready_endpoints():
                             ports=[{"name": "a", "port": 8080}, {"name": "b", "port": 8081}])
     update = catalog.apply({"default/lb": (None, lb)}, {"default/lb-1": (None, slice_)})
     assert health_check_answers(update.state) == {31000: HealthCheckAnswer("default", "lb", 1)}
+
+
+def test_status_services_asks_the_running_agent_first():
+    from netagent.status_server import HealthReport, StatusServer
+    from netagent.status_services import services_json, status_services
+    listing = [ProgrammedService(name="default/web:http", address="10.96.0.10:80/TCP", kind="ClusterIP",
+                                 backends=("10.244.1.5:8080",))]
+    server = StatusServer(bind="127.0.0.1:0", registry=Registry(), health=lambda: HealthReport(True, "ok"),
+                          pages={"/services": ("application/json", lambda: services_json("iptables", listing))})
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/services"
+        assert json.loads(status_services(as_json=True, agent_url=url)) == {
+            "mode": "iptables", "source": "agent", "services": [
+                {"name": "default/web:http", "address": "10.96.0.10:80/TCP", "kind": "ClusterIP",
+                 "backends": ["10.244.1.5:8080"]}]}
+        text = status_services(agent_url=url)
+        assert text.splitlines()[1].split() == ["default/web:http", "ClusterIP", "10.96.0.10:80/TCP", "->",
+                                                "10.244.1.5:8080"]
+    finally:
+        server.stop()

@@ -24,7 +24,7 @@ from tests.vm import qemu
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
 GUEST_REPORT = "guest-junit.xml"
 # Preloaded for the guest suite: IPIP (issue 3) and IPVS with its schedulers (issue 4).
-GUEST_SUITE_MODULES = ("ipip", "veth", "dummy", "nf_conntrack", "ip_vs", "ip_vs_rr", "ip_vs_wrr",
+GUEST_SUITE_MODULES = ("ipip", "veth", "dummy", "nf_conntrack", "br_netfilter", "ip_vs", "ip_vs_rr", "ip_vs_wrr",
                        "ip_vs_sh")
 GUEST_SUITE_TIMEOUT = 420
 
