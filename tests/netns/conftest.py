@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from netagent.iptables.backend import IptablesBackend
 from netagent.lab import LabNode
 from tests.conftest import require_root_netns
 
@@ -49,3 +50,9 @@ def make_node():
     yield make
     for node in nodes:
         node.close()
+
+
+@pytest.fixture(params=[IptablesBackend.LEGACY, IptablesBackend.NFT], ids=lambda b: b.value)
+def backend(request):
+    """Each iptables test runs on both backends the host may use."""
+    return request.param

@@ -21,11 +21,6 @@ def netns():
         namespaces.remove(name)
 
 
-@pytest.fixture(params=[IptablesBackend.LEGACY, IptablesBackend.NFT], ids=lambda b: b.value)
-def backend(request):
-    return request.param
-
-
 @pytest.fixture
 def runner(netns, backend):
     return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=30)

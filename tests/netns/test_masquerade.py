@@ -20,7 +20,6 @@ import sys
 import pytest
 
 from netagent import namespaces
-from netagent.iptables.backend import IptablesBackend
 from netagent.iptables.runner import IptablesRunner
 from netagent.masquerade import MasqueradeManager
 
@@ -110,11 +109,6 @@ class Lab:
             server.wait()
         for name in self.names.values():
             namespaces.remove(name)
-
-
-@pytest.fixture(params=[IptablesBackend.LEGACY, IptablesBackend.NFT], ids=lambda b: b.value)
-def backend(request):
-    return request.param
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import sys
 import pytest
 
 from netagent import namespaces
-from netagent.iptables.backend import IptablesBackend
 from netagent.iptables.restore_format import parse_save, split_tokens
 from netagent.iptables.runner import IptablesRunner
 from netagent.ipset import IpsetRunner
@@ -139,11 +138,6 @@ class Lab:
             server.wait()
         for name in self.names.values():
             namespaces.remove(name)
-
-
-@pytest.fixture(params=[IptablesBackend.LEGACY, IptablesBackend.NFT], ids=lambda b: b.value)
-def backend(request):
-    return request.param
 
 
 @pytest.fixture
