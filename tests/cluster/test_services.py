@@ -57,6 +57,18 @@ def programmed(lab, node: str, service: str, expected: set[str], port: int = WEB
     wait_for(rules_ready, timeout=15, what=f"DNAT rules of {service} on {node}")
 
 
+def settled(lab) -> None:
+    """Wait until every node's DNAT rules point only at pods that exist (after pods went away)."""
+    for node in sorted(lab.state.nodes):
+        def only_live_targets() -> bool:
+            live = set(pod_ips(lab).values())
+            saved = lab.exec(node, ["iptables-save", "-t", "nat"]).stdout
+            targets = {word.split(":")[0] for line in saved.splitlines() if "--to-destination" in line
+                       for word in line.split()[line.split().index("--to-destination") + 1:][:1]}
+            return targets <= live
+        wait_for(only_live_targets, timeout=15, what=f"{node}'s rules to forget removed pods")
+
+
 @pytest.fixture(scope="module")
 def lab():
     with lab_cluster(nodes=2, mode="vxlan", proxy_mode="iptables") as lab:
@@ -172,6 +184,7 @@ def test_udp_client_moves_to_the_new_endpoint_when_the_old_one_goes(lab):
         finally:
             new.stop()
             lab.remove_pod("dns-2")
+            settled(lab)
     finally:
         old.stop()
 
@@ -206,11 +219,13 @@ def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
         for name in ("web-2", "web-4", "web-5"):  # web-2's grace period ends: its network goes
             if name in lab.state.pods:
                 lab.remove_pod(name)
+        settled(lab)
 
 
 def test_agent_restart_keeps_connections_and_traffic_through_services(lab):
     node1 = sorted(lab.state.nodes)[0]
     cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
+    settled(lab)
     before = lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout
     stream = Background(lab.netns_of("client"), [sys.executable, "-m", "tests.cluster.traffic", "stream-tcp",
                                                   cluster_ip, "80", "6"])
