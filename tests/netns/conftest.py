@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from netagent import namespaces
 from netagent.iptables.backend import IptablesBackend
 from netagent.lab import LabNode
 from tests.conftest import require_root_netns
@@ -56,3 +57,14 @@ def make_node():
 def backend(request):
     """Each iptables test runs on both backends the host may use."""
     return request.param
+
+
+@pytest.fixture
+def netns():
+    """One empty namespace of the test's own, removed afterwards."""
+    name = namespaces.unique_name(f"{PREFIX}-ns")
+    namespaces.create(name)
+    try:
+        yield name
+    finally:
+        namespaces.remove(name)

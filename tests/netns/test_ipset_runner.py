@@ -9,19 +9,6 @@ from netagent import namespaces
 from netagent.ipset import (FakeIpset, IpsetError, IpsetRunner, IpsetSpec, IpsetType, delete_owned_sets,
                             sync_set, sync_sets)
 
-PREFIX = "na-t"
-
-
-@pytest.fixture
-def netns():
-    name = namespaces.unique_name(f"{PREFIX}-ips")
-    namespaces.create(name)
-    try:
-        yield name
-    finally:
-        namespaces.remove(name)
-
-
 @pytest.fixture
 def runner(netns):
     return IpsetRunner(exec_prefix=namespaces.exec_prefix(netns), timeout=30)

@@ -8,19 +8,6 @@ from netagent.iptables.backend import IptablesBackend, detect_backend
 from netagent.iptables.fake import FakeIptables
 from netagent.iptables.runner import FlushMode, IptablesError, IptablesRunner
 
-PREFIX = "na-t"
-
-
-@pytest.fixture
-def netns():
-    name = namespaces.unique_name(f"{PREFIX}-ipt")
-    namespaces.create(name)
-    try:
-        yield name
-    finally:
-        namespaces.remove(name)
-
-
 @pytest.fixture
 def runner(netns, backend):
     return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=30)

@@ -14,7 +14,6 @@ without masquerade its server sees the pod address: the control probes show the 
 can fail.
 """
 import itertools
-import subprocess
 import sys
 
 import pytest
@@ -22,8 +21,8 @@ import pytest
 from netagent import namespaces
 from netagent.iptables.runner import IptablesRunner
 from netagent.masquerade import MasqueradeManager
+from tests.netns.topology import NamespaceTopology
 
-PREFIX = "na-t"
 PORT = 7777
 POD, REMOTE_POD, INTERNET = "10.244.1.2", "10.244.2.2", "203.0.113.2"
 NODE_TOWARDS_INTERNET, NODE_TOWARDS_REMOTE = "203.0.113.1", "10.244.2.1"
@@ -51,32 +50,17 @@ except socket.timeout:
 """
 
 
-class Lab:
+class Lab(NamespaceTopology):
     """The five-address topology above; `seen_by(src_ns, dst_addr)` is what the far end saw."""
 
     def __init__(self):
-        self.names = {role: namespaces.unique_name(f"{PREFIX}-{role}") for role in
-                      ("node", "pod", "remote", "inet")}
-        self.servers: list[subprocess.Popen] = []
+        super().__init__(("node", "pod", "remote", "inet"))
         self.source_ports = itertools.count(40000)  # a fresh port per probe: a fresh conntrack entry
-
-    def __enter__(self):
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def node(self, *argv):
         namespaces.run_in(self.names["node"], list(argv), check=True)
 
     def _build(self):
-        for name in self.names.values():
-            namespaces.create(name)
         self.node("sysctl", "-qw", "net.ipv4.ip_forward=1")
         for role, node_address, far_address, gateway in (
                 ("pod", "10.244.1.1/24", POD + "/24", "10.244.1.1"),
@@ -92,23 +76,13 @@ class Lab:
             route = ["default", "via", gateway] if gateway else ["10.244.0.0/16", "via", "203.0.113.1"]
             namespaces.run_in(far, ["ip", "route", "add", *route], check=True)
         for role in ("pod", "remote", "inet"):
-            server = subprocess.Popen([*namespaces.exec_prefix(self.names[role]), sys.executable, "-c",
-                                       SOURCE_ECHO, str(PORT)], stdout=subprocess.PIPE, text=True)
-            self.servers.append(server)
-            assert server.stdout.readline().strip() == "ready"
+            self.start_server(role, [sys.executable, "-c", SOURCE_ECHO, str(PORT)])
 
     def seen_by(self, source_role: str, destination: str, *, timeout: float = 2.0) -> str:
         done = namespaces.run_in(self.names[source_role],
                                  [sys.executable, "-c", PROBE, destination, str(PORT),
                                   str(next(self.source_ports)), str(timeout)], check=True)
         return done.stdout.strip()
-
-    def close(self):
-        for server in self.servers:
-            server.kill()
-            server.wait()
-        for name in self.names.values():
-            namespaces.remove(name)
 
 
 @pytest.fixture

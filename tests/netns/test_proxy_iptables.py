@@ -13,7 +13,6 @@ default route points at the outside namespace, which does not forward: a packet 
 service address that no rule translates disappears, so "refused at once" can only come
 from our REJECT, and the control probes before the first sync show it.
 """
-import subprocess
 import sys
 
 import pytest
@@ -26,8 +25,8 @@ from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
 from proxy.iptables.render import render_ruleset
 from proxy.model import Endpoint, NodeContext, ProxyState, Protocol, ServicePort, ServicePortName, TrafficPolicy
+from tests.netns.topology import NamespaceTopology
 
-PREFIX = "na-t"
 NODE_NAME = "node"
 OUTSIDE, NODE_OUTSIDE = "192.168.77.2", "192.168.77.1"
 POD = "10.244.9.2"
@@ -79,29 +78,11 @@ for _ in range(count):
 """
 
 
-class Lab:
+class Lab(NamespaceTopology):
     def __init__(self):
-        self.names = {role: namespaces.unique_name(f"{PREFIX}-{role}")
-                      for role in ("node", "pod", "out", *ENDPOINT_IPS)}
-        self.servers: list[subprocess.Popen] = []
-
-    def __enter__(self):
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def run(self, role: str, *argv: str):
-        return namespaces.run_in(self.names[role], list(argv), check=True)
+        super().__init__(("node", "pod", "out", *ENDPOINT_IPS))
 
     def _build(self):
-        for name in self.names.values():
-            namespaces.create(name)
         self.run("node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
         links = {"pod": ("10.244.9.1/24", POD + "/24"), "out": (NODE_OUTSIDE + "/24", OUTSIDE + "/24")}
         links.update({role: (ip.rsplit(".", 1)[0] + ".1/24", ip + "/24") for role, ip in ENDPOINT_IPS.items()})
@@ -116,10 +97,7 @@ class Lab:
                 self.run(role, "ip", "route", "add", "default", "via", node_address.split("/")[0])
         self.run("node", "ip", "route", "add", "default", "via", OUTSIDE)
         for role in ENDPOINT_IPS:
-            server = subprocess.Popen([*namespaces.exec_prefix(self.names[role]), sys.executable, "-c", SERVER,
-                                       role, str(SERVER_PORT)], stdout=subprocess.PIPE, text=True)
-            self.servers.append(server)
-            assert server.stdout.readline().strip() == "ready"
+            self.start_server(role, [sys.executable, "-c", SERVER, role, str(SERVER_PORT)])
 
     def probe(self, role: str, host: str, port: int, *, count: int = 1, protocol: str = "tcp",
               timeout: float = 2.0) -> list[tuple[str, float]]:
@@ -131,13 +109,6 @@ class Lab:
 
     def answers(self, role: str, host: str, port: int, **kwargs) -> list[str]:
         return [answer for answer, _ in self.probe(role, host, port, **kwargs)]
-
-    def close(self):
-        for server in self.servers:
-            server.kill()
-            server.wait()
-        for name in self.names.values():
-            namespaces.remove(name)
 
 
 @pytest.fixture
