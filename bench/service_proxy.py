@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from netagent import namespaces  # noqa: E402
-from netagent.iptables.backend import IptablesBackend  # noqa: E402
+from netagent.kernel.iptables.backend import IptablesBackend  # noqa: E402
 from proxy.factory import build_backend  # noqa: E402
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName  # noqa: E402
 
@@ -132,7 +132,7 @@ def bench_agent_path(services: int, samples: int) -> float:
     from kubernetes import client
 
     from netagent.lab.apiserver import ApiServer
-    from netagent.metrics import Registry
+    from netagent.infra.metrics import Registry
     from proxy.service_proxy import ProxySettings, ServiceProxy
 
     api = ApiServer()

@@ -11,11 +11,11 @@ import ipaddress
 import logging
 import sys
 
-from netagent import __version__, cni_install
+from netagent import __version__
 
-
+from netagent.cniserver import install as cni_install
 def _cmd_run(args) -> int:
-    from netagent.agent_main import run_agent
+    from netagent.daemon.run import run_agent
     return run_agent(args)
 
 
@@ -35,7 +35,7 @@ def _cmd_cni_install(args) -> int:
 
 
 def _cmd_cleanup(args) -> int:
-    from netagent.cleanup import remove_owned_chains, remove_owned_links, remove_owned_routing, remove_proxy_state
+    from netagent.daemon.cleanup import remove_owned_chains, remove_owned_links, remove_owned_routing, remove_proxy_state
     removed = remove_proxy_state()
     removed += [f"interface {name}" for name in remove_owned_links()]
     removed += remove_owned_routing() + remove_owned_chains()
@@ -46,8 +46,8 @@ def _cmd_cleanup(args) -> int:
 
 
 def _cmd_status_services(args) -> int:
-    from netagent.iptables.backend import IptablesNotInstalled
-    from netagent.status_services import status_services
+    from netagent.kernel.iptables.backend import IptablesNotInstalled
+    from netagent.daemon.status_services import status_services
     try:
         print(status_services(iptables_backend=args.iptables_backend, as_json=args.json))
     except (IptablesNotInstalled, OSError) as exc:
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the node agent")
-    from netagent.agent_main import add_run_arguments
+    from netagent.daemon.run import add_run_arguments
     add_run_arguments(run)
     run.set_defaults(func=_cmd_run)
 

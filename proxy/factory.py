@@ -7,9 +7,9 @@ benchmarks program a namespace they created, from the root namespace).
 """
 from __future__ import annotations
 
-from netagent.iptables.backend import IpFamily, IptablesBackend
-from netagent.iptables.runner import IptablesRunner
-from netagent.ipset import IpsetRunner
+from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
+from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.ipset import IpsetRunner
 from proxy.backend import ProxyBackend, ProxyMode
 
 

@@ -22,7 +22,7 @@ netagent's shared sync buckets.
 """
 from __future__ import annotations
 
-from netagent.metrics import Registry, exponential_buckets
+from netagent.infra.metrics import Registry, exponential_buckets
 
 PROGRAMMING_BUCKETS = (0.25, 0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 45, 60, 120, 180, 240, 300,
                        *exponential_buckets(360, 2, 6))

@@ -29,15 +29,15 @@ from dataclasses import dataclass, replace
 
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
-from netagent.metrics import Registry
-from netagent.sync_runner import SyncKind, SyncRunner
+from netagent.infra.metrics import Registry
+from netagent.infra.sync_runner import SyncKind, SyncRunner
 from proxy.backend import BackendSyncReport, ProxyBackend
 from proxy.changes import ChangeRecorder, ServiceCatalog
 from proxy.conntrack import ConntrackCommand, stale_flows
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
 from proxy.metrics import ProxyMetrics
-from proxy.node_addresses import nodeport_addresses
+from proxy.nodeport_addresses import nodeport_addresses
 from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints
 

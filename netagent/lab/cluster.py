@@ -10,7 +10,7 @@
   CNI plugin from the node's namespace with the config the agent published, exactly as
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
   the Ready condition, termination with a grace period: `pod_objects.py`);
-- the machines and wires: `underlay.py`.
+- the machines and wires: `segments.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
 lab's `--proxy-mode` (iptables, ipvs or none: always said, as the agent's default is iptables).
@@ -34,8 +34,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from netagent import cni_install, namespaces
-from netagent.lab import pod_objects, underlay
+from netagent.cniserver import install as cni_install
+
+from netagent.kernel import namespaces
+from netagent.lab import pod_objects, segments
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.endpointslices import pod_is_ready
@@ -135,7 +137,7 @@ class LabCluster:
 
     @property
     def api_url(self) -> str:
-        return f"http://{underlay.router_address(1)}:{API_PORT}"
+        return f"http://{segments.router_address(1)}:{API_PORT}"
 
     def node_dir(self, name: str) -> str:
         return os.path.join(self.workdir, "nodes", name)
@@ -172,7 +174,7 @@ class LabCluster:
         lab = cls(state)
         try:
             lab.save()
-            underlay.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
+            segments.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
                                     segments=segments)
             cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
                                 bridge="na0", mtu=1500, socket_path="", data_dir="")
@@ -309,7 +311,7 @@ class LabCluster:
                          address="", pod_cidr=str(ipaddress.ip_network(f"10.244.{index}.0/24")), port=f"n{index}")
         self.state.nodes[name] = node
         self.save()
-        node.address = str(underlay.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
+        node.address = str(segments.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
                                               index=index, port=node.port))
         self.api().create({
             "apiVersion": "v1", "kind": "Node",
@@ -560,6 +562,6 @@ class LabCluster:
             api_server["error"] = api_error
         return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
                 "workdir": self.workdir, "apiServer": api_server,
-                "internet": {"netns": self.state.internet, "address": str(underlay.INTERNET_HOST)},
+                "internet": {"netns": self.state.internet, "address": str(segments.INTERNET_HOST)},
                 "nodes": nodes, "pods": pods, "services": services}
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from netagent import namespaces
+from netagent.kernel import namespaces
 from netagent.lab import manifests
 from netagent.lab.demo_service import demo_service
 from netagent.lab.cluster import MODES, PROXY_MODES, LabCluster, LabError

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 from cni import invoke
 from cni.errors import CniError
-from netagent import cni_install, namespaces
-
-
+from netagent.cniserver import install as cni_install
+from netagent.kernel import namespaces
 @dataclass
 class Pod:
     name: str

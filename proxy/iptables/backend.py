@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from netagent.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
-from netagent.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
-from netagent.ipset import Ipset, IpsetSpec, IpsetType
-from netagent.masquerade import PortRandomization
+from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
+from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
+from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
+from netagent.noderoutes.masquerade import PortRandomization
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.readback import programmed_services, read_kernel_view

@@ -19,7 +19,7 @@ import functools
 import hashlib
 import re
 
-from netagent.iptables.runner import OWNED_PREFIX
+from netagent.kernel.iptables.runner import OWNED_PREFIX
 from proxy.model import Endpoint, ServicePort, ServicePortName, Protocol
 
 HASH_LENGTH = 15

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from netagent.iptables.restore_format import Chain, RestoreSyntaxError, Table, jump_target, split_tokens
+from netagent.kernel.iptables.restore_format import Chain, RestoreSyntaxError, Table, jump_target, split_tokens
 from proxy.backend import ProgrammedService
-from netagent.iptables.runner import OWNED_PREFIX
+from netagent.kernel.iptables.runner import OWNED_PREFIX
 from proxy.iptables.names import FILTER_CHAIN, NODEPORTS_CHAIN, SERVICES_CHAIN, ChainKind, chain_kind
 from proxy.iptables.render import EntryKind
 

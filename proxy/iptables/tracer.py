@@ -31,7 +31,7 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from netagent.iptables.restore_format import Table, parse_save
+from netagent.kernel.iptables.restore_format import Table, parse_save
 from proxy.model import Protocol
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")

@@ -37,10 +37,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from netagent import namespaces
-from netagent.iptables.backend import IptablesBackend, detect_backend
-from netagent.iptables.runner import Iptables, IptablesRunner
-from netagent.ipset import (Ipset, IpsetNotInstalled, IpsetRunner, SetContents, delete_owned_sets, entry,
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
+from netagent.kernel.iptables.runner import Iptables, IptablesRunner
+from netagent.kernel.ipset import (Ipset, IpsetNotInstalled, IpsetRunner, SetContents, delete_owned_sets, entry,
                             sync_sets)
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
 from proxy.ipvs.device import AddressDevice

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from netagent.ipset import entry
+from netagent.kernel.ipset import entry
 from proxy.ipvs.device import DEFAULT_DEVICE
 from proxy.ipvs.rules import (CLUSTER_IP_SET, EXTERNAL_SET, HAIRPIN_SET, IPVS_SETS, LB_FIREWALL_SET,
                               LB_SOURCES_SET, MASQUERADE_MARK, NO_ENDPOINTS_SET, NODEPORT_LOCAL_SET,

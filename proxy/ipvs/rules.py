@@ -5,7 +5,7 @@ or filtered. Every rule matches an ipset, so the ruleset is the same ten rules a
 or ten thousand, and a sync changes set members, never rules (kube-proxy's IPVS design; the
 names and the rules are ours).
 
-Sets (hash types, `family inet`; members spelled by netagent.ipset.entry):
+Sets (hash types, `family inet`; members spelled by netagent.kernel.ipset.entry):
   CLUSTER-IP      cluster IP,proto:port of every service port
   EXTERNAL        external and load-balancer IP,proto:port, externalTrafficPolicy Cluster
   NODEPORT        node address,proto:nodePort, externalTrafficPolicy Cluster
@@ -50,9 +50,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from netagent.ipset import IpsetSpec, IpsetType
-from netagent.iptables.restore_format import RestoreBuilder, Table, canonical_spec
-from netagent.iptables.runner import (Iptables, JumpPosition, add_jump_repair, jump_drift, jump_spec)
+from netagent.kernel.ipset import IpsetSpec, IpsetType
+from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
+from netagent.kernel.iptables.runner import (Iptables, JumpPosition, add_jump_repair, jump_drift, jump_spec)
 
 SET_PREFIX = "NETAGENT-IPVS-"
 CHAIN_PREFIX = "NETAGENT-IPVS-"

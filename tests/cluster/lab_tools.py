@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from netagent import namespaces
+from netagent.kernel import namespaces
 from netagent.lab.cluster import LabCluster
 
 PREFIX = "na-tc"

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from netagent import namespaces
-from netagent.iptables.backend import IptablesBackend
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.lab import LabNode
 from tests.conftest import require_root_netns
 

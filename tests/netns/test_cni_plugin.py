@@ -13,9 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from netagent import namespaces
-
-
+from netagent.kernel import namespaces
 def node_links(node) -> dict:
     out = namespaces.run_in(node.node, ["ip", "-j", "-d", "link", "show"], check=True).stdout
     return {link["ifname"]: link for link in json.loads(out)}

@@ -24,8 +24,7 @@ import sys
 import pytest
 
 from cni import invoke
-from netagent import namespaces
-
+from netagent.kernel import namespaces
 REFERENCE_DIR = "/usr/lib/cni"
 LINE_BREAK = "\r\n"
 

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from netagent import namespaces
-from netagent.ipset import (FakeIpset, IpsetError, IpsetRunner, IpsetSpec, IpsetType, delete_owned_sets,
+from netagent.kernel import namespaces
+from netagent.kernel.ipset import (FakeIpset, IpsetError, IpsetRunner, IpsetSpec, IpsetType, delete_owned_sets,
                             sync_set, sync_sets)
 
 @pytest.fixture

@@ -3,10 +3,10 @@ failing line, owned-rule operations leave foreign rules alone, backend detection
 namespace it is pointed at, and FakeIptables agrees with the real tools step by step."""
 import pytest
 
-from netagent import namespaces
-from netagent.iptables.backend import IptablesBackend, detect_backend
-from netagent.iptables.fake import FakeIptables
-from netagent.iptables.runner import FlushMode, IptablesError, IptablesRunner
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.iptables.runner import FlushMode, IptablesError, IptablesRunner
 
 @pytest.fixture
 def runner(netns, backend):

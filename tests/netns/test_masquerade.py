@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from netagent import namespaces
-from netagent.iptables.runner import IptablesRunner
-from netagent.masquerade import MasqueradeManager
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.noderoutes.masquerade import MasqueradeManager
 from tests.netns.topology import NamespaceTopology
 
 PORT = 7777

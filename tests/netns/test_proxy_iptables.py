@@ -17,10 +17,10 @@ import sys
 
 import pytest
 
-from netagent import namespaces
-from netagent.iptables.restore_format import parse_save, split_tokens
-from netagent.iptables.runner import IptablesRunner
-from netagent.ipset import IpsetRunner
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.restore_format import parse_save, split_tokens
+from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.ipset import IpsetRunner
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
 from proxy.iptables.render import render_ruleset

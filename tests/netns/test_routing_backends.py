@@ -24,11 +24,11 @@ from ipaddress import IPv4Address, IPv4Network
 import pytest
 
 from cni.netns import entered
-from netagent import namespaces
-from netagent.routing.kernel import NetlinkKernel
-from netagent.routing.model import ROUTE_PROTOCOL, LocalNode, Mode, Peer, RoutingSettings
-from netagent.routing.routes import RouteManager
-from netagent.routing.vxlan import vtep_mac
+from netagent.kernel import namespaces
+from netagent.noderoutes.routing.kernel import NetlinkKernel
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, LocalNode, Mode, Peer, RoutingSettings
+from netagent.noderoutes.routing.routes import RouteManager
+from netagent.noderoutes.routing.vxlan import vtep_mac
 
 SEGMENTS = {"a": IPv4Network("192.0.2.0/24"), "b": IPv4Network("198.51.100.0/24")}
 ROUTER_HOST = 254

@@ -9,8 +9,7 @@ from __future__ import annotations
 import abc
 import subprocess
 
-from netagent import namespaces
-
+from netagent.kernel import namespaces
 PREFIX = "na-t"
 
 

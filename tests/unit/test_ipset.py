@@ -4,8 +4,8 @@ namespace; tests/netns/test_ipset_runner.py replays them against the real tool a
 side by side."""
 import pytest
 
-from netagent.iptables.fake import FakeIptables
-from netagent.ipset import (FakeIpset, IpsetError, IpsetNotInstalled, IpsetRunner, IpsetSpec, IpsetType, IpsetWrite,
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.ipset import (FakeIpset, IpsetError, IpsetNotInstalled, IpsetRunner, IpsetSpec, IpsetType, IpsetWrite,
                             canonical_member, create_arguments, delete_owned_sets, entry,
                             iptables_references, parse_header, parse_save, sync_set, sync_sets)
 from proxy.model import Protocol

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from netagent.iptables.backend import (IpFamily, IptablesBackend, IptablesNotInstalled, choose_backend,
+from netagent.kernel.iptables.backend import (IpFamily, IptablesBackend, IptablesNotInstalled, choose_backend,
                                       missing_binaries)
-from netagent.iptables.fake import FakeIptables
-from netagent.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, canonical_spec,
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, canonical_spec,
                                               parse_restore, parse_save, quote_token, render_save,
                                               split_tokens)
-from netagent.iptables.runner import (FlushMode, IptablesError, IptablesRunner, JumpPosition,
+from netagent.kernel.iptables.runner import (FlushMode, IptablesError, IptablesRunner, JumpPosition,
                                       explain_restore_failure)
 
 # ---- the text format ------------------------------------------------------------------------

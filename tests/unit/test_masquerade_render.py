@@ -4,10 +4,10 @@ import ipaddress
 
 import pytest
 
-from netagent.iptables.backend import IpFamily
-from netagent.iptables.fake import FakeIptables
-from netagent.iptables.restore_format import jump_target
-from netagent.masquerade import MasqueradeManager, PortRandomization, render_masquerade_rules
+from netagent.kernel.iptables.backend import IpFamily
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.iptables.restore_format import jump_target
+from netagent.noderoutes.masquerade import MasqueradeManager, PortRandomization, render_masquerade_rules
 
 GOLDEN_ONE_CIDR = """\
 *nat

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from netagent.metrics import (CONTENT_TYPE, SYNC_DURATION_BUCKETS, Registry, escape_help,
+from netagent.infra.metrics import (CONTENT_TYPE, SYNC_DURATION_BUCKETS, Registry, escape_help,
                               escape_label_value, exponential_buckets)
 
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from netagent import nodes
-from netagent.node_address import (InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay)
-from netagent.node_agent import NodeChangeTracker, auto_checksum_offload, pod_mtu
-from netagent.routing.model import ChecksumOffload, Mode
+from netagent.noderoutes import node_objects as nodes
+from netagent.noderoutes.underlay import (InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay)
+from netagent.noderoutes.agent import NodeChangeTracker, auto_checksum_offload, pod_mtu
+from netagent.noderoutes.routing.model import ChecksumOffload, Mode
 
 
 def iface(name, index, *addresses, mtu=1500):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from netagent.iptables.fake import FakeIptables
-from netagent.iptables.restore_format import MAX_CHAIN_NAME_LENGTH, parse_save, split_tokens
-from netagent.ipset import entry
-from netagent.masquerade import PortRandomization
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.iptables.restore_format import MAX_CHAIN_NAME_LENGTH, parse_save, split_tokens
+from netagent.kernel.ipset import entry
+from netagent.noderoutes.masquerade import PortRandomization
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.render import (IptablesProxySettings, JumpLines, MasqueradeScope, _probability,
                                    render_ruleset)

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from netagent.iptables.fake import FakeIptables
-from netagent.iptables.restore_format import parse_save, split_tokens
-from netagent.iptables.runner import IptablesError
-from netagent.ipset import FakeIpset, IpsetError, iptables_references
-from netagent.masquerade import MasqueradeManager, PortRandomization
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.iptables.restore_format import parse_save, split_tokens
+from netagent.kernel.iptables.runner import IptablesError
+from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
+from netagent.noderoutes.masquerade import MasqueradeManager, PortRandomization
 from proxy.backend import ProgrammedService, SyncScope
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, is_owned_chain

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from netagent.iptables.fake import FakeIptables
-from netagent.ipset import FakeIpset, iptables_references
-from netagent.masquerade import MasqueradeManager
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.ipset import FakeIpset, iptables_references
+from netagent.noderoutes.masquerade import MasqueradeManager
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, endpoint_chain
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset

@@ -8,7 +8,7 @@ import socket
 import pytest
 from pyroute2.netlink.generic import ipvs as genl
 
-from netagent.iptables.fake import FakeIptables
+from netagent.kernel.iptables.fake import FakeIptables
 from proxy.ipvs.graceful import GracefulRemovals, Removal
 from proxy.ipvs.netlink import _dest_record, _full_service_record, _parse_dest, _parse_service
 from proxy.ipvs.rules import ensure_ipvs_rules, remove_ipvs_rules, render_ipvs_chains

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from netagent.iptables.fake import FakeIptables
-from netagent.ipset import FakeIpset, IpsetError, iptables_references
+from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
 from proxy.backend import ProgrammedService, SyncScope
 from proxy.ipvs.device import FakeAddressDevice
 from proxy.ipvs.proxy import IpvsProxy

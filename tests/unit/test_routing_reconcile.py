@@ -10,11 +10,11 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, ip_network
 
 import pytest
 
-from netagent.routing.fake_kernel import FakeKernel
-from netagent.routing.model import ROUTE_PROTOCOL, FdbEntry, KernelError, LocalNode, Mode, Neighbour, Peer, Route, \
+from netagent.noderoutes.routing.fake_kernel import FakeKernel
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, FdbEntry, KernelError, LocalNode, Mode, Neighbour, Peer, Route, \
     RoutingApplyError, RoutingSettings
-from netagent.routing.routes import RouteManager
-from netagent.routing.vxlan import vtep_mac
+from netagent.noderoutes.routing.routes import RouteManager
+from netagent.noderoutes.routing.vxlan import vtep_mac
 
 LOCAL = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                   underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,
@@ -228,7 +228,7 @@ def test_refusals_are_reported_every_sync_but_logged_once(caplog):
     routes = manager(kernel, Mode.HOST_GW)
     routes.ensure_local()
     dual = peer("node-e", "192.0.2.5", "10.244.5.0/24", "2001:db8:5::/64")
-    with caplog.at_level(logging.INFO, logger="netagent.routing"):
+    with caplog.at_level(logging.INFO, logger="netagent.noderoutes.routing"):
         for _ in range(3):
             report = routes.sync_all([B, C, dual])
             assert report.refused["node-c"].startswith("public IP 198.51.100.3 is not on this node's underlay")

@@ -11,10 +11,10 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, ip_network
 
 import pytest
 
-from netagent.routing.model import FdbEntry, IpipDevice, LocalNode, Mode, Neighbour, ObservedDevice, Peer, \
+from netagent.noderoutes.routing.model import FdbEntry, IpipDevice, LocalNode, Mode, Neighbour, ObservedDevice, Peer, \
     PeerPlan, Route, RoutingSettings, VxlanDevice
-from netagent.routing.plan import describe_plan, device_drift, diff_objects, render_devices, render_plan
-from netagent.routing.vxlan import normalize_mac, vtep_mac
+from netagent.noderoutes.routing.plan import describe_plan, device_drift, diff_objects, render_devices, render_plan
+from netagent.noderoutes.routing.vxlan import normalize_mac, vtep_mac
 
 LOCAL = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                   underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,

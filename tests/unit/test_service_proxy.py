@@ -18,7 +18,7 @@ from kubernetes import client
 
 from netagent.kube.resources import ENDPOINT_SLICES, SERVICES
 from netagent.lab.apiserver import ApiServer
-from netagent.metrics import Registry
+from netagent.infra.metrics import Registry
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
 from proxy.changes import ChangeRecorder, ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
@@ -216,8 +216,8 @@ def test_health_check_answers_count_distinct_local_ready_endpoints():
 
 
 def test_status_services_asks_the_running_agent_first():
-    from netagent.status_server import HealthReport, StatusServer
-    from netagent.status_services import services_json, status_services
+    from netagent.infra.status_server import HealthReport, StatusServer
+    from netagent.daemon.status_services import services_json, status_services
     listing = [ProgrammedService(name="default/web:http", address="10.96.0.10:80/TCP", kind="ClusterIP",
                                  backends=("10.244.1.5:8080",))]
     server = StatusServer(bind="127.0.0.1:0", registry=Registry(), health=lambda: HealthReport(True, "ok"),

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from netagent.metrics import Registry
-from netagent.status_server import (HealthReport, StatusServer, all_healthy, health_from_sync_runner,
+from netagent.infra.metrics import Registry
+from netagent.infra.status_server import (HealthReport, StatusServer, all_healthy, health_from_sync_runner,
                                     parse_bind)
-from netagent.sync_runner import FakeClock, SyncKind, SyncResult, SyncRunner
+from netagent.infra.sync_runner import FakeClock, SyncKind, SyncResult, SyncRunner
 from tests.unit.test_metrics import parse_exposition
 
 SETTLE = 2.0

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from netagent.sync_runner import (FakeClock, SyncKind, SyncResult, SyncRunner, SyncRunRecord,
+from netagent.infra.sync_runner import (FakeClock, SyncKind, SyncResult, SyncRunner, SyncRunRecord,
                                   SyncSchedule)
 
 FULL, PARTIAL = SyncKind.FULL, SyncKind.PARTIAL

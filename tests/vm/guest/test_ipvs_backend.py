@@ -30,10 +30,10 @@ import time
 
 import pytest
 
-from netagent import namespaces
-from netagent.ipset import IpsetRunner
-from netagent.iptables.backend import IptablesBackend
-from netagent.iptables.runner import IptablesRunner
+from netagent.kernel import namespaces
+from netagent.kernel.ipset import IpsetRunner
+from netagent.kernel.iptables.backend import IptablesBackend
+from netagent.kernel.iptables.runner import IptablesRunner
 from proxy.ipvs import IpvsProxy, IpvsSettings
 from proxy.ipvs.netlink import NetlinkIpvsTable
 from proxy.ipvs.table import Destination, VirtualServerKey

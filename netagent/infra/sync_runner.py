@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-log = logging.getLogger("netagent.sync_runner")
+log = logging.getLogger("netagent.infra.sync_runner")
 
 
 class SyncKind(enum.Enum):

@@ -36,9 +36,9 @@ import re
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from netagent.iptables.backend import (IpFamily, IptablesBackend, IptablesTool, binary_name,
+from netagent.kernel.iptables.backend import (IpFamily, IptablesBackend, IptablesTool, binary_name,
                                        require_binaries)
-from netagent.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, Table, canonical_spec,
+from netagent.kernel.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, Table, canonical_spec,
                                               jump_target, parse_save, split_tokens)
 
 OWNED_PREFIX = "NETAGENT-"

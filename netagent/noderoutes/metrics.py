@@ -14,7 +14,7 @@ The reflector keeps its own counters; this module only exposes them, read at scr
 """
 from __future__ import annotations
 
-from netagent.metrics import Registry
+from netagent.infra.metrics import Registry
 
 
 class NodeAgentMetrics:

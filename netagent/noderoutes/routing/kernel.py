@@ -33,11 +33,11 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
-from netagent.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
     Neighbour, ObservedDevice, Route, VxlanDevice
-from netagent.routing.plan import describe, device_drift
+from netagent.noderoutes.routing.plan import describe, device_drift
 
-log = logging.getLogger("netagent.routing")
+log = logging.getLogger("netagent.noderoutes.routing")
 
 MAIN_TABLE = 254
 RTN_UNICAST = 1

@@ -27,9 +27,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from netagent import cni_install, nodes
-from netagent.node_address import Underlay, choose_underlay, read_underlay_snapshot
-from netagent.routing.model import LocalNode, Mode, RoutingSettings
+from netagent.cniserver import install as cni_install
+
+from netagent.noderoutes import node_objects as nodes
+from netagent.noderoutes.underlay import Underlay, choose_underlay, read_underlay_snapshot
+from netagent.noderoutes.routing.model import LocalNode, Mode, RoutingSettings
 
 log = logging.getLogger("netagent.node")
 
@@ -71,7 +73,7 @@ def kernel_release_at_least(release: str, wanted: tuple) -> bool:
 def auto_checksum_offload(*, kernel_release: str, behind_nat: bool):
     """On unless the kernel predates the 5.7 netfilter fix or the node is behind NAT (where
     rewritten outer headers still break offloaded checksums)."""
-    from netagent.routing.model import ChecksumOffload
+    from netagent.noderoutes.routing.model import ChecksumOffload
     if behind_nat or not kernel_release_at_least(kernel_release, (5, 7)):
         return ChecksumOffload.OFF
     return ChecksumOffload.ON
@@ -127,7 +129,7 @@ class NodeAgent:
     """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
 
     def __init__(self, settings: AgentSettings, *, api_client, kernel, iptables_runner, registry) -> None:
-        from netagent.agent_metrics import NodeAgentMetrics
+        from netagent.noderoutes.metrics import NodeAgentMetrics
         self.settings = settings
         self.api_client = api_client
         self.kernel = kernel
@@ -147,7 +149,7 @@ class NodeAgent:
     def start(self) -> None:
         from netagent.kube.reflector import Reflector
         from netagent.kube.resources import NODES
-        from netagent.sync_runner import SyncKind, SyncResult, SyncRunner
+        from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
 
         self.reflector = Reflector(api_client=self.api_client, resource=NODES, handler=self.tracker)
         self.metrics.watch_reflector(self.reflector)
@@ -174,7 +176,7 @@ class NodeAgent:
                  report.unchanged, report.refused or "none", report.pending or "none")
 
     def health(self):
-        from netagent.status_server import HealthReport, health_from_sync_runner
+        from netagent.infra.status_server import HealthReport, health_from_sync_runner
         if self.runner is None:
             return HealthReport(healthy=False, reason="starting: waiting for the lease and the first sync",
                                 details={})
@@ -219,7 +221,7 @@ class NodeAgent:
     def _choose_underlay(self, own: dict) -> Underlay:
         from pyroute2 import IPRoute
 
-        from netagent.node_address import UnderlayError
+        from netagent.noderoutes.underlay import UnderlayError
         with IPRoute() as ipr:
             snapshot = read_underlay_snapshot(ipr)
         try:
@@ -235,8 +237,8 @@ class NodeAgent:
             f.write("1\n")
 
     def _build_managers(self) -> None:
-        from netagent.masquerade import MasqueradeManager
-        from netagent.routing.routes import RouteManager
+        from netagent.noderoutes.masquerade import MasqueradeManager
+        from netagent.noderoutes.routing.routes import RouteManager
         local = LocalNode(name=self.settings.node_name, public_ip=self.underlay.public_ip,
                           underlay_ifname=self.underlay.ifname, underlay_network=self.underlay.network,
                           underlay_mtu=self.underlay.mtu,
@@ -308,7 +310,7 @@ class NodeAgent:
         return peers, removed
 
     def _sync(self, kind) -> None:
-        from netagent.sync_runner import SyncKind
+        from netagent.infra.sync_runner import SyncKind
         started = time.monotonic()
         try:
             if kind is SyncKind.FULL:

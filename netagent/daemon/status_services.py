@@ -31,7 +31,7 @@ def _from_agent(url: str) -> dict | None:
 
 
 def _from_kernel(iptables_backend: str) -> dict:
-    from netagent.iptables.backend import IpFamily, resolve_backend
+    from netagent.kernel.iptables.backend import IpFamily, resolve_backend
     from proxy.factory import build_backend, programmed_mode
     backend_choice = resolve_backend(iptables_backend, family=IpFamily.V4)
     mode = programmed_mode(iptables_backend=backend_choice)

@@ -16,8 +16,9 @@ import signal
 import sys
 import threading
 
-from netagent import __version__, cni_install
+from netagent import __version__
 
+from netagent.cniserver import install as cni_install
 log = logging.getLogger("netagent")
 
 
@@ -57,7 +58,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--min-sync-period", type=float, default=0.0,
                          help="minimum seconds between syncs (coalesces bursts of Node changes; the service "
                               "proxy uses at least 1 s, kube-proxy's default)")
-    from netagent.proxy_main import add_proxy_arguments
+    from netagent.daemon.proxy_start import add_proxy_arguments
     add_proxy_arguments(run)
 
 
@@ -70,8 +71,8 @@ def _wait_for_signal() -> None:
 
 def _start_cni_server(args, *, not_ready=lambda: None):
     from cni.handlers import PluginHandlers
-    from netagent.cni_server import CniServer
-    from netagent.deferred_delete import DeferredDeleter
+    from netagent.cniserver.server import CniServer
+    from netagent.cniserver.deferred_delete import DeferredDeleter
 
     handlers = PluginHandlers()
     deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
@@ -106,8 +107,8 @@ def run_agent(args) -> int:
 
 
 def _settings_from(args):
-    from netagent.node_agent import AgentSettings, AgentStartError, parse_cluster_cidrs
-    from netagent.routing.model import ChecksumOffload, Mode, RoutingSettings
+    from netagent.noderoutes.agent import AgentSettings, AgentStartError, parse_cluster_cidrs
+    from netagent.noderoutes.routing.model import ChecksumOffload, Mode, RoutingSettings
     if not args.node_name:
         raise AgentStartError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it "
                               "from spec.nodeName)")
@@ -126,14 +127,14 @@ def _settings_from(args):
 
 
 def _run_cluster_mode(args) -> int:
-    from netagent.iptables.backend import IptablesNotInstalled, IpFamily, resolve_backend
-    from netagent.iptables.runner import IptablesRunner
+    from netagent.kernel.iptables.backend import IptablesNotInstalled, IpFamily, resolve_backend
+    from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kube.config import KubeConfigError, load_api_client
-    from netagent.metrics import Registry
-    from netagent.node_agent import AgentStartError, NodeAgent
-    from netagent.proxy_main import ProxyStartError, start_proxy
-    from netagent.routing.kernel import NetlinkKernel
-    from netagent.status_server import StatusServer
+    from netagent.infra.metrics import Registry
+    from netagent.noderoutes.agent import AgentStartError, NodeAgent
+    from netagent.daemon.proxy_start import ProxyStartError, start_proxy
+    from netagent.noderoutes.routing.kernel import NetlinkKernel
+    from netagent.infra.status_server import StatusServer
 
     try:
         settings = _settings_from(args)

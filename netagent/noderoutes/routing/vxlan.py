@@ -27,7 +27,7 @@ import functools
 import hashlib
 import re
 
-from netagent.routing.model import FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
+from netagent.noderoutes.routing.model import FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
     Route, RoutingSettings, VxlanDevice, ChecksumOffload
 
 VXLAN_OVERHEAD = 50

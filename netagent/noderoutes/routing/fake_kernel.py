@@ -22,9 +22,9 @@ import dataclasses
 import errno
 from ipaddress import IPv4Interface
 
-from netagent.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
     Neighbour, ObservedDevice, Route, VxlanDevice
-from netagent.routing.plan import describe, device_drift
+from netagent.noderoutes.routing.plan import describe, device_drift
 
 VXLAN_HEADROOM = 50
 

@@ -9,7 +9,7 @@ Ethernet header, so there are no neighbour or FDB entries.
 """
 from __future__ import annotations
 
-from netagent.routing.model import IpipDevice, LocalNode, Mode, Peer, PeerPlan, Route, RoutingSettings
+from netagent.noderoutes.routing.model import IpipDevice, LocalNode, Mode, Peer, PeerPlan, Route, RoutingSettings
 
 IPIP_OVERHEAD = 20
 

@@ -22,7 +22,7 @@ from cni import wire
 from cni.dispatch import Handlers, execute, render_error
 from cni.errors import CniError, ErrorCode
 
-log = logging.getLogger("netagent.cni_server")
+log = logging.getLogger("netagent.cniserver.server")
 
 READ_TIMEOUT = 10.0
 

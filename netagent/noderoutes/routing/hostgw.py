@@ -9,7 +9,7 @@ carry our route protocol.
 """
 from __future__ import annotations
 
-from netagent.routing.model import LocalNode, Mode, Peer, PeerPlan, Refused, Route
+from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerPlan, Refused, Route
 
 
 def on_underlay_subnet(local: LocalNode, peer: Peer) -> bool:

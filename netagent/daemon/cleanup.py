@@ -33,14 +33,14 @@ def remove_owned_links() -> list[str]:
 
 
 def remove_owned_routing() -> list[str]:
-    from netagent.routing.kernel import NetlinkKernel
-    from netagent.routing.routes import remove_owned_routing as remove
+    from netagent.noderoutes.routing.kernel import NetlinkKernel
+    from netagent.noderoutes.routing.routes import remove_owned_routing as remove
     return remove(NetlinkKernel())
 
 
 def remove_owned_chains() -> list[str]:
-    from netagent.iptables.backend import IpFamily, IptablesBackend, missing_binaries
-    from netagent.iptables.runner import IptablesRunner
+    from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from netagent.kernel.iptables.runner import IptablesRunner
     removed = []
     for backend in IptablesBackend:
         if missing_binaries(IpFamily.V4, backend):
@@ -54,7 +54,7 @@ def remove_proxy_state() -> list[str]:
     """The service proxy's rules, ipsets, IPVS virtual servers and device, on every iptables
     backend present (each backend's own cleanup knows its objects; run before the generic
     chain sweep, since ipsets can only go once no rule references them)."""
-    from netagent.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
     from proxy.factory import build_backend, programmed_mode
     removed = []
     for backend in IptablesBackend:

@@ -40,8 +40,8 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from netagent.iptables.restore_format import RestoreBuilder, Table, canonical_spec
-from netagent.iptables.runner import (OWNED_PREFIX, Iptables, JumpPosition, add_jump_repair,
+from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
+from netagent.kernel.iptables.runner import (OWNED_PREFIX, Iptables, JumpPosition, add_jump_repair,
                                       jump_drift, jump_spec)
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

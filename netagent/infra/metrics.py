@@ -25,7 +25,7 @@ import re
 import threading
 from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
-log = logging.getLogger("netagent.metrics")
+log = logging.getLogger("netagent.infra.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -25,7 +25,7 @@ from typing import Callable
 from cni.config import NetConf, parse_netconf
 from cni.request import CniRequest
 
-log = logging.getLogger("netagent.deferred_delete")
+log = logging.getLogger("netagent.cniserver.deferred_delete")
 
 RETRY_DELAYS = (0.1, 0.5, 2.0)
 

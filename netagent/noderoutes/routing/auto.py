@@ -9,10 +9,10 @@ the next peer may need it at any moment and its VTEP MAC must be announced up fr
 """
 from __future__ import annotations
 
-from netagent.routing.hostgw import on_underlay_subnet, render_host_gw_peer
-from netagent.routing.ipip import render_ipip_peer
-from netagent.routing.model import LocalNode, Mode, Peer, PeerPlan, Pending, Refused, RoutingSettings
-from netagent.routing.vxlan import render_vxlan_peer
+from netagent.noderoutes.routing.hostgw import on_underlay_subnet, render_host_gw_peer
+from netagent.noderoutes.routing.ipip import render_ipip_peer
+from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerPlan, Pending, Refused, RoutingSettings
+from netagent.noderoutes.routing.vxlan import render_vxlan_peer
 
 
 def choose_mode(local: LocalNode, peer: Peer, settings: RoutingSettings) -> Mode:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 
-from netagent.routing.model import Peer
+from netagent.noderoutes.routing.model import Peer
 
 PREFIX = "netagent.io/"
 BACKEND_TYPE = PREFIX + "backend-type"

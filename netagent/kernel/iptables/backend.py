@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-log = logging.getLogger("netagent.iptables")
+log = logging.getLogger("netagent.kernel.iptables")
 
 KUBELET_HINT_CHAINS = frozenset({"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"})
 DETECTION_TIMEOUT_SECONDS = 30

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-log = logging.getLogger("netagent.proxy_main")
+log = logging.getLogger("netagent.daemon.proxy_start")
 
 PROXY_MODES = ("iptables", "ipvs", "none")
 DEFAULT_MIN_SYNC_PERIOD = 1.0
@@ -51,12 +51,12 @@ def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     """Build and start the proxy and its two servers; None with --proxy-mode none."""
     if args.proxy_mode == "none":
         return None
-    from netagent.status_server import StatusServer, health_from_sync_runner
-    from netagent.status_services import services_json
+    from netagent.infra.status_server import StatusServer, health_from_sync_runner
+    from netagent.daemon.status_services import services_json
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import build_backend
     from proxy.healthcheck import HealthCheckPorts
-    from proxy.node_addresses import (NodePortAddressError, local_ipv4_addresses, nodeport_addresses,
+    from proxy.nodeport_addresses import (NodePortAddressError, local_ipv4_addresses, nodeport_addresses,
                                       parse_nodeport_cidrs)
     from proxy.service_proxy import ProxySettings, ServiceProxy
 

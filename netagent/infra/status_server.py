@@ -32,11 +32,11 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 
-from netagent.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from netagent.metrics import Registry
-from netagent.sync_runner import SyncRunner
+from netagent.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from netagent.infra.metrics import Registry
+from netagent.infra.sync_runner import SyncRunner
 
-log = logging.getLogger("netagent.status_server")
+log = logging.getLogger("netagent.infra.status_server")
 
 REQUEST_TIMEOUT_SECONDS = 10.0
 

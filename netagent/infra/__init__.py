@@ -1,0 +1,2 @@
+"""Infrastructure for long-running loops: the bounded-frequency sync runner, the metrics
+registry and the HTTP server for health and metrics."""

@@ -1,0 +1,2 @@
+"""Cross-node pod routing: the node agent (lease, underlay choice, announcement), masquerade,
+and the routing backends (`routing/`: vxlan, host-gw, ipip, auto)."""
