@@ -10,7 +10,7 @@
   CNI plugin from the node's namespace with the config the agent published, exactly as
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
   the Ready condition, termination with a grace period: `pod_objects.py`);
-- the machines and wires: `segments.py`.
+- the machines and wires: `physical.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
 lab's `--proxy-mode` (iptables, ipvs or none: always said, as the agent's default is iptables).
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from netagent.cniserver import install as cni_install
 
 from netagent.kernel import namespaces
-from netagent.lab import pod_objects, segments
+from netagent.lab import physical, pod_objects
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.endpointslices import pod_is_ready
@@ -137,7 +137,7 @@ class LabCluster:
 
     @property
     def api_url(self) -> str:
-        return f"http://{segments.router_address(1)}:{API_PORT}"
+        return f"http://{physical.router_address(1)}:{API_PORT}"
 
     def node_dir(self, name: str) -> str:
         return os.path.join(self.workdir, "nodes", name)
@@ -174,7 +174,7 @@ class LabCluster:
         lab = cls(state)
         try:
             lab.save()
-            segments.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
+            physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
                                     segments=segments)
             cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
                                 bridge="na0", mtu=1500, socket_path="", data_dir="")
@@ -311,7 +311,7 @@ class LabCluster:
                          address="", pod_cidr=str(ipaddress.ip_network(f"10.244.{index}.0/24")), port=f"n{index}")
         self.state.nodes[name] = node
         self.save()
-        node.address = str(segments.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
+        node.address = str(physical.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
                                               index=index, port=node.port))
         self.api().create({
             "apiVersion": "v1", "kind": "Node",
@@ -562,6 +562,6 @@ class LabCluster:
             api_server["error"] = api_error
         return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
                 "workdir": self.workdir, "apiServer": api_server,
-                "internet": {"netns": self.state.internet, "address": str(segments.INTERNET_HOST)},
+                "internet": {"netns": self.state.internet, "address": str(physical.INTERNET_HOST)},
                 "nodes": nodes, "pods": pods, "services": services}
 
