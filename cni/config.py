@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from cni import version as cni_version
 from cni.errors import CniError, ErrorCode
 from cni.request import interface_name_problem, valid_identifier
+from netagent.kernel import owned
 
-DEFAULT_BRIDGE = "na0"
+DEFAULT_BRIDGE = owned.DEFAULT_BRIDGE
 DEFAULT_MTU = 1500
 BUILTIN_IPAM_TYPES = ("netagent", "netagent-ipam")
 

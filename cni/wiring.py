@@ -31,10 +31,12 @@ from pyroute2 import NetlinkError
 from cni import rtnl as rtnl_msg
 from cni.errors import CniError, ErrorCode
 from cni.netns import host_netlink as netns_host_netlink
+from netagent.kernel import owned, sysctl
+from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
 
-HOST_VETH_PREFIX = "na"
-ALIAS_PREFIX = "netagent:"
-BRIDGE_ALIAS = "netagent-bridge"
+HOST_VETH_PREFIX = owned.HOST_VETH_PREFIX
+ALIAS_PREFIX = owned.VETH_ALIAS_PREFIX
+BRIDGE_ALIAS = owned.BRIDGE_ALIAS
 ROUTED_HOST_MAC = "ee:ee:ee:ee:ee:ee"
 ROUTED_GATEWAY_V4 = ipaddress.ip_address("169.254.1.1")
 ROUTED_GATEWAY_V6 = ipaddress.ip_address("fe80::ecee:eeff:feee:eeee")
@@ -77,14 +79,10 @@ def _ignore_exists(call, *args, **kwargs) -> None:
 
 
 def enable_forwarding(family: int) -> None:
-    """Turn on IP forwarding in the namespace this process runs in (the node's)."""
+    """Turn on IP forwarding in the namespace this process runs in (the node's), once."""
     if family in _forwarding_enabled:
         return
-    path = "/proc/sys/net/ipv4/ip_forward" if family == 4 else "/proc/sys/net/ipv6/conf/all/forwarding"
-    with open(path, "r+") as f:
-        if f.read().strip() != "1":
-            f.seek(0)
-            f.write("1")
+    ensure_sysctls(ProcSysctls(), [sysctl.forwarding(family)])
     _forwarding_enabled.add(family)
 
 

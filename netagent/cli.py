@@ -14,6 +14,9 @@ import sys
 from netagent import __version__
 
 from netagent.cniserver import install as cni_install
+from netagent.kernel import owned
+
+
 def _cmd_run(args) -> int:
     from netagent.daemon.run import run_agent
     return run_agent(args)
@@ -80,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--subnet", action="append", default=[],
                          help="pod subnet (repeat for dual stack)")
     install.add_argument("--mode", choices=["bridge", "routed"], default="bridge")
-    install.add_argument("--bridge", default="na0")
+    install.add_argument("--bridge", default=owned.DEFAULT_BRIDGE)
     install.add_argument("--mtu", type=int, default=1500)
     install.add_argument("--socket", default=cni_install.DEFAULT_SOCKET)
     install.add_argument("--data-dir", default=cni_install.DEFAULT_DATA_DIR)

@@ -57,8 +57,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
+from netagent.kernel import owned
 
-OWNED_PREFIX = "NETAGENT-"
+OWNED_PREFIX = owned.CHAIN_PREFIX
 MAX_NAME_LENGTH = 31
 DEFAULT_MAX_ELEMENTS = 262144
 PORT_RANGE = (0, 65535)

@@ -1,16 +1,58 @@
-"""Named network namespaces for the lab, the tests and the benchmarks.
+"""Network namespaces: named ones for the lab, the tests and the benchmarks, and a thread's
+brief visit to another one.
 
 Everything netagent builds for demonstration or testing lives in namespaces created here
 (named with a caller's prefix and a random suffix, so parallel runs never collide) and is
 removed by the same code, also on failure. Nothing here touches the root namespace.
+
+`entered(fd)` is the one `setns(2)` of the project: a netlink socket belongs to the namespace
+it was created in and `setns` moves only the calling thread, so the CNI server and the
+routing kernel step one thread in, open or use a socket, and step back before anything else.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import secrets
 import subprocess
+from collections.abc import Iterator
 
 NETNS_DIR = "/var/run/netns"
+THREAD_NETNS = "/proc/thread-self/ns/net"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def setns(fd: int) -> None:
+    """Move the calling thread into the network namespace open at `fd`; OSError on failure."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def identity(path_or_fd: str | int) -> tuple[int, int]:
+    """(device, inode): equal for two handles on the same namespace."""
+    found = os.stat(path_or_fd)
+    return found.st_dev, found.st_ino
+
+
+@contextlib.contextmanager
+def entered(netns_fd: int) -> Iterator[None]:
+    """Run the block with this thread inside the namespace `netns_fd`, then return it home.
+
+    Entering fails with OSError (EINVAL: `netns_fd` is not a network namespace); leaving
+    cannot fail short of a broken thread, and then it raises, since the thread is unusable.
+    """
+    home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns(netns_fd)
+        try:
+            yield
+        finally:
+            setns(home)
+    finally:
+        os.close(home)
 
 
 def unique_name(prefix: str) -> str:

@@ -42,6 +42,7 @@ from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.service_status import summarize_services
+from netagent.kernel import owned
 
 CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
 API_PORT = 6443
@@ -177,7 +178,7 @@ class LabCluster:
             physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
                                     segments=segments)
             cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
-                                bridge="na0", mtu=1500, socket_path="", data_dir="")
+                                bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="", data_dir="")
             lab._write_kubeconfig()
             lab.start_apiserver()
             for i in range(nodes):

@@ -23,6 +23,9 @@ from cni import invoke
 from cni.errors import CniError
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces
+from netagent.kernel import owned
+
+
 @dataclass
 class Pod:
     name: str
@@ -76,7 +79,7 @@ class LabNode:
         self.journal_dir = os.path.join(self.workdir, "run", "pending-del")  # next to the socket
         self.agent_log = os.path.join(self.workdir, "agent.log")
         self.conflist = cni_install.render_conflist(
-            name="netagent", subnets=list(subnets), mode=mode, bridge="na0", mtu=mtu,
+            name="netagent", subnets=list(subnets), mode=mode, bridge=owned.DEFAULT_BRIDGE, mtu=mtu,
             socket_path=self.socket_path, data_dir=self.data_dir, cni_version=cni_version)
         if ipam is not None:
             self.conflist["plugins"][0]["ipam"] = ipam
@@ -92,7 +95,7 @@ class LabNode:
             namespaces.create(self.node)
             self._add_node_address()
             cni_install.install(bin_dir=self.bin_dir, conf_dir=None, name="netagent", subnets=[],
-                                mode=self.mode, bridge="na0", mtu=1500,
+                                mode=self.mode, bridge=owned.DEFAULT_BRIDGE, mtu=1500,
                                 socket_path=self.socket_path, data_dir=self.data_dir)
             if self.with_agent:
                 self.start_agent()

@@ -32,6 +32,8 @@ from netagent.cniserver import install as cni_install
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.underlay import Underlay, choose_underlay, read_underlay_snapshot
 from netagent.noderoutes.routing.model import LocalNode, Mode, RoutingSettings
+from netagent.kernel import owned
+from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
 
 log = logging.getLogger("netagent.node")
 
@@ -54,7 +56,7 @@ class AgentSettings:
     cni_conf_dir: str | None = None
     cni_network_name: str = "netagent"
     cni_mode: str = "bridge"
-    cni_bridge: str = "na0"
+    cni_bridge: str = owned.DEFAULT_BRIDGE
     cni_socket: str = cni_install.DEFAULT_SOCKET
     cni_data_dir: str = cni_install.DEFAULT_DATA_DIR
     min_sync_interval: float = 0.0
@@ -233,8 +235,7 @@ class NodeAgent:
     @staticmethod
     def _enable_forwarding() -> None:
         """Pods' traffic is routed through this node: forwarding must be on in its namespace."""
-        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
-            f.write("1\n")
+        ensure_sysctls(ProcSysctls(), [IP_FORWARD])
 
     def _build_managers(self) -> None:
         from netagent.noderoutes.masquerade import MasqueradeManager

@@ -68,6 +68,7 @@ from proxy.iptables.names import (FILTER_CHAIN, FORWARD_CHAIN, HAIRPIN_SET, NODE
                                   SERVICES_CHAIN, ChainKind, chain_name, endpoint_chain, service_hash)
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints
+from netagent.kernel import owned
 
 TABLE_ORDER = ("filter", "nat")
 LOOPBACK = "127.0.0.0/8"
@@ -97,7 +98,7 @@ class EntryKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class IptablesProxySettings:
-    masquerade_mark: int = 0x4000          # one bit; kube-proxy's bit 14
+    masquerade_mark: int = owned.MASQUERADE_MARK  # one bit
     masquerade: MasqueradeScope = MasqueradeScope.OFF_CLUSTER
     ports: PortRandomization = PortRandomization.FULLY
     hairpin_set: str = HAIRPIN_SET

@@ -20,8 +20,9 @@ from __future__ import annotations
 import abc
 import ipaddress
 from dataclasses import dataclass
+from netagent.kernel import owned
 
-DEFAULT_DEVICE = "na-ipvs0"
+DEFAULT_DEVICE = owned.IPVS_DEVICE
 
 
 class AddressDevice(abc.ABC):

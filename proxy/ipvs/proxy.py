@@ -49,7 +49,8 @@ from proxy.ipvs.render import (IpvsPlan, IpvsSettings, PlanIndex, PlannedVirtual
                                render_service_port)
 from proxy.ipvs.rules import (IPVS_SETS, NODEPORT_SETS, SET_PREFIX, IpvsChain, ensure_ipvs_rules,
                               remove_ipvs_rules, render_ipvs_chains)
-from proxy.ipvs.sysctls import ProcSysctls, Sysctls, ensure_sysctls
+from netagent.kernel.sysctl import ProcSysctls, Sysctls, ensure_sysctls
+from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.ipvs.table import (IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer,
                               VirtualServerKey)
 from proxy.model import Endpoint, ProxyState, ServicePort, ServicePortName
@@ -140,7 +141,7 @@ class IpvsProxy(ProxyBackend):
         index = plan.index()
         written: set[ServicePortName] = set()
 
-        sysctl_writes = ensure_sysctls(self.sysctls)
+        sysctl_writes = ensure_sysctls(self.sysctls, IPVS_SYSCTLS)
         self.device.ensure()
         addresses_before = self.device.addresses()
         sets_before = self.ipset.snapshot()

@@ -53,10 +53,11 @@ from dataclasses import dataclass
 from netagent.kernel.ipset import IpsetSpec, IpsetType
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
 from netagent.kernel.iptables.runner import (Iptables, JumpPosition, add_jump_repair, jump_drift, jump_spec)
+from netagent.kernel import owned
 
-SET_PREFIX = "NETAGENT-IPVS-"
-CHAIN_PREFIX = "NETAGENT-IPVS-"
-MASQUERADE_MARK = 0x4000
+SET_PREFIX = owned.IPVS_SET_PREFIX
+CHAIN_PREFIX = owned.IPVS_SET_PREFIX
+MASQUERADE_MARK = owned.MASQUERADE_MARK
 
 CLUSTER_IP_SET = IpsetSpec(f"{SET_PREFIX}CLUSTER-IP", IpsetType.HASH_IP_PORT,
                            "cluster IP,proto:port of every service port")

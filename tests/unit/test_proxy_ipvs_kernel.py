@@ -12,7 +12,8 @@ from netagent.kernel.iptables.fake import FakeIptables
 from proxy.ipvs.graceful import GracefulRemovals, Removal
 from proxy.ipvs.netlink import _dest_record, _full_service_record, _parse_dest, _parse_service
 from proxy.ipvs.rules import ensure_ipvs_rules, remove_ipvs_rules, render_ipvs_chains
-from proxy.ipvs.sysctls import FakeSysctls, ProcSysctls, Sysctl, ensure_sysctls
+from netagent.kernel.fake_sysctl import FakeSysctls
+from netagent.kernel.sysctl import ProcSysctls, Sysctl, ensure_sysctls
 from proxy.ipvs.table import (Destination, FakeIpvsTable, IpvsError, RealServer, RealServerStatus, VirtualServer,
                               VirtualServerKey)
 from proxy.model import Protocol

@@ -13,7 +13,8 @@ from proxy.ipvs.device import FakeAddressDevice
 from proxy.ipvs.proxy import IpvsProxy
 from proxy.ipvs.render import IpvsSettings
 from proxy.ipvs.rules import IPVS_SETS
-from proxy.ipvs.sysctls import IPVS_SYSCTLS, FakeSysctls
+from netagent.kernel.fake_sysctl import FakeSysctls
+from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.ipvs.table import (Destination, FakeIpvsTable, IpvsUnavailable, RealServer, VirtualServer,
                               VirtualServerKey)
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
@@ -59,7 +60,7 @@ class Kernel:
 def kernel():
     iptables = FakeIptables()
     return Kernel(FakeIpvsTable(), FakeAddressDevice(), FakeIpset(in_use=iptables_references(iptables)),
-                  iptables, FakeSysctls())
+                  iptables, FakeSysctls({s.key: "0" for s in IPVS_SYSCTLS}))
 
 
 def web(*ips, node_port=30080, **changes):

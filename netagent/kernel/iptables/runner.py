@@ -40,8 +40,9 @@ from netagent.kernel.iptables.backend import (IpFamily, IptablesBackend, Iptable
                                        require_binaries)
 from netagent.kernel.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, Table, canonical_spec,
                                               jump_target, parse_save, split_tokens)
+from netagent.kernel import owned
 
-OWNED_PREFIX = "NETAGENT-"
+OWNED_PREFIX = owned.CHAIN_PREFIX
 RANDOM_FULLY_SINCE = (1, 6, 2)
 
 

@@ -21,7 +21,6 @@ The VXLAN checksum workaround uses pyroute2's ethtool ioctl support (`IoctlEthto
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import enum
 import errno
 import functools
@@ -33,6 +32,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
+from netagent.kernel import namespaces
 from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
     Neighbour, ObservedDevice, Route, VxlanDevice
 from netagent.noderoutes.routing.plan import describe, device_drift
@@ -54,45 +54,22 @@ class IfGone(enum.Enum):
     SUCCEED = "succeed"  # deletes: the object being absent already is the goal
 
 
-CLONE_NEWNET = 0x40000000
-_THREAD_NETNS = "/proc/thread-self/ns/net"
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-
-
-def _identity(path_or_fd) -> tuple[int, int]:
-    found = os.stat(path_or_fd)
-    return found.st_dev, found.st_ino
-
-
 def _in_own_netns(method):
     """Run `method` with the calling thread inside the kernel object's network namespace."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        if _identity(_THREAD_NETNS) == self._netns_identity:
+        if namespaces.identity(namespaces.THREAD_NETNS) == self._netns_identity:
             return method(self, *args, **kwargs)
-        home = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(self._netns_fd)
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                _setns(home)  # if this fails the thread is unusable: let it raise
-        finally:
-            os.close(home)
+        with namespaces.entered(self._netns_fd):
+            return method(self, *args, **kwargs)
     return run
 
 
 class NetlinkKernel:
     def __init__(self, *, protocol: int = ROUTE_PROTOCOL) -> None:
         self.protocol = protocol
-        self._netns_fd = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-        self._netns_identity = _identity(self._netns_fd)
+        self._netns_fd = os.open(namespaces.THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        self._netns_identity = namespaces.identity(self._netns_fd)
         self._ipr = IPRoute()
         self._ethtool = IoctlEthtool()
         self._indexes: dict[str, int] = {}

@@ -14,9 +14,10 @@ import enum
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Mapping, Protocol
+from netagent.kernel import owned
 
-ROUTE_PROTOCOL = 78  # 'N': unused by iproute2's rt_protos and linux/rtnetlink.h
-DEVICE_PREFIX = "na-"  # our routing devices; CNI's bridge `na0` and veths `na<hex>` never match
+ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL
+DEVICE_PREFIX = owned.DEVICE_PREFIX
 ENCAP_KINDS = ("vxlan", "ipip")  # link kinds of ours that cleanup and mode switches remove
 IFNAMSIZ = 15
 
@@ -75,8 +76,8 @@ class RoutingSettings:
     vxlan_vni: int = 1
     vxlan_port: int = 4789
     vxlan_checksum_offload: ChecksumOffload = ChecksumOffload.OFF
-    vxlan_ifname: str = "na-vxlan"
-    ipip_ifname: str = "na-ipip"
+    vxlan_ifname: str = owned.VXLAN_DEVICE
+    ipip_ifname: str = owned.IPIP_DEVICE
 
     def __post_init__(self) -> None:
         if self.auto_encap not in (Mode.VXLAN, Mode.IPIP):

@@ -1,0 +1,28 @@
+"""Every name, prefix, mark and number by which netagent recognises its own kernel state.
+
+netagent shares the node with kubelet, the runtime, other CNI plugins and the administrator,
+so it touches only what it can prove is its own (ARCHITECTURE.md, "only touch what you own").
+This module is that proof's one home: the code that creates an object names it from here, and
+`netagent cleanup` finds what to remove from here, so the two can never drift apart.
+"""
+from __future__ import annotations
+
+# ---- iptables and ipset
+CHAIN_PREFIX = "NETAGENT-"      # every chain and every ipset of ours starts with it
+IPVS_SET_PREFIX = CHAIN_PREFIX + "IPVS-"  # the IPVS backend's sets and chains
+MASQUERADE_MARK = 0x4000        # one bit marks packets to masquerade (kube-proxy's bit 14)
+
+# ---- pod interfaces (the CNI plugin)
+DEFAULT_BRIDGE = "na0"          # the pods' bridge in bridge mode
+HOST_VETH_PREFIX = "na"         # host ends of pod veths: "na" + 12 hex digits
+VETH_ALIAS_PREFIX = "netagent:"  # host veth alias: "netagent:<network name>" (ownership proof)
+BRIDGE_ALIAS = "netagent-bridge"  # alias of a bridge we created
+
+# ---- node routing
+DEVICE_PREFIX = "na-"           # our routing and proxy devices; the bridge `na0` and veths `na<hex>` never match
+VXLAN_DEVICE = "na-vxlan"
+IPIP_DEVICE = "na-ipip"
+ROUTE_PROTOCOL = 78             # 'N': unused by iproute2's rt_protos and linux/rtnetlink.h
+
+# ---- service proxy
+IPVS_DEVICE = "na-ipvs0"        # holds IPVS service addresses; never brought up
