@@ -27,12 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from netagent.kube.changes import ChangeRecorder
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from netagent.infra.metrics import Registry
 from netagent.infra.sync_runner import SyncKind, SyncRunner
 from proxy.backend import BackendSyncReport, ProxyBackend
-from proxy.changes import ChangeRecorder, ServiceCatalog
+from proxy.catalog import ServiceCatalog
 from proxy.conntrack import ConntrackCommand, stale_flows
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone

@@ -12,7 +12,7 @@ Start-up, in order, each step failing loudly rather than guessing:
 6. program masquerade and every peer's routes, then serve.
 
 After that the seams of ARCHITECTURE.md hold: watch handlers only record which Nodes
-changed (`NodeChangeTracker`) and poke the runner; the runner's one thread applies the
+changed (a `ChangeRecorder`, `node_changes`) and poke the runner; the runner's one thread applies the
 recorded changes (partial sync) or reconciles everything (periodic full sync, which is
 also the drift repair). Nothing is flushed on exit: a restarted agent adopts the kernel
 state it finds, so established connections never notice.
@@ -23,22 +23,22 @@ import dataclasses
 import ipaddress
 import logging
 import os
-import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from netagent.cniserver import install as cni_install
 
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.underlay import Underlay, choose_underlay, read_underlay_snapshot
-from netagent.noderoutes.routing.model import LocalNode, Mode, RoutingSettings
+from netagent.noderoutes.routing.model import LocalNode, RoutingSettings, pod_mtu
+from netagent.infra.sync_runner import SyncKind
+from netagent.kube.changes import ChangeRecorder, FanOut
+from netagent.kube.reflector import EventHandler
 from netagent.kernel import owned
 from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
 
 log = logging.getLogger("netagent.node")
-
-ENCAP_OVERHEAD = {Mode.VXLAN: 50, Mode.IPIP: 20, Mode.HOST_GW: 0}
-
 
 class AgentStartError(Exception):
     """The agent cannot start without guessing; the message says what to fix."""
@@ -81,44 +81,10 @@ def auto_checksum_offload(*, kernel_release: str, behind_nat: bool):
     return ChecksumOffload.ON
 
 
-def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int) -> int:
-    """The MTU pods must use: the underlay's, less the worst encapsulation a packet may get."""
-    worst = auto_encap if mode is Mode.AUTO else mode
-    return underlay_mtu - ENCAP_OVERHEAD[worst]
-
-
-@dataclass
-class NodeChangeTracker:
-    """Names of Nodes changed since the last sync; filled by watch handlers, drained by sync."""
-    own_name: str
-    _changed: set = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    on_change: object = None  # callable poked after each record (the runner's request)
-
-    def _record(self, node: dict) -> None:
-        name = nodes.node_name(node)
-        with self._lock:
-            self._changed.add(name)
-        if self.on_change is not None:
-            self.on_change()
-
-    def on_add(self, node: dict) -> None:
-        self._record(node)
-
-    def on_update(self, old: dict, new: dict) -> None:
-        if _routing_view(old) != _routing_view(new):
-            self._record(new)
-
-    def on_delete(self, node: dict) -> None:
-        self._record(node)
-
-    def on_synced(self) -> None:
-        pass
-
-    def drain(self) -> set:
-        with self._lock:
-            changed, self._changed = self._changed, set()
-        return changed
+def node_changes(*, on_change: Callable[[], None] = lambda: None) -> ChangeRecorder:
+    """The Nodes whose routing view changed since the last sync (status heartbeats are not changes)."""
+    return ChangeRecorder("nodes", on_change=on_change,
+                          relevant=lambda old, new: _routing_view(old) != _routing_view(new))
 
 
 def _routing_view(node: dict) -> tuple:
@@ -130,14 +96,18 @@ def _routing_view(node: dict) -> tuple:
 class NodeAgent:
     """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
 
-    def __init__(self, settings: AgentSettings, *, api_client, kernel, iptables_runner, registry) -> None:
+    def __init__(self, settings: AgentSettings, *, api_client, kernel, iptables_runner, registry,
+                 node_listeners: Sequence[EventHandler] = ()) -> None:
+        """`node_listeners` share this agent's Node watch (the service proxy's own-Node recorder):
+        one process, one Node reflector."""
         from netagent.noderoutes.metrics import NodeAgentMetrics
         self.settings = settings
         self.api_client = api_client
         self.kernel = kernel
         self.iptables_runner = iptables_runner
         self.metrics = NodeAgentMetrics(registry)
-        self.tracker = NodeChangeTracker(own_name=settings.node_name)
+        self.tracker = node_changes(on_change=self._request_partial)
+        self.node_listeners = tuple(node_listeners)
         self.reflector = None
         self.route_manager = None
         self.masquerade = None
@@ -151,9 +121,10 @@ class NodeAgent:
     def start(self) -> None:
         from netagent.kube.reflector import Reflector
         from netagent.kube.resources import NODES
-        from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
+        from netagent.infra.sync_runner import SyncResult, SyncRunner
 
-        self.reflector = Reflector(api_client=self.api_client, resource=NODES, handler=self.tracker)
+        self.reflector = Reflector(api_client=self.api_client, resource=NODES,
+                                   handler=FanOut(self.tracker, *self.node_listeners))
         self.metrics.watch_reflector(self.reflector)
         self.reflector.start()
         own = self._wait_for_lease()
@@ -168,7 +139,6 @@ class NodeAgent:
         self.runner = SyncRunner(name="node-routes", sync=self._sync,
                                  min_interval=self.settings.min_sync_interval,
                                  max_interval=self.settings.resync_interval, retry_interval=1.0)
-        self.tracker.on_change = lambda: self.runner.request(SyncKind.PARTIAL)
         self.runner.start()
         if self.runner.run_now_and_wait(timeout=120, kind=SyncKind.FULL) is not SyncResult.SUCCEEDED:
             raise AgentStartError(f"the first route sync failed: {self.runner.status().last_error}")
@@ -176,6 +146,10 @@ class NodeAgent:
         log.info("first sync: %d peer(s) %s (added %d, removed %d, unchanged %d); refused %s; pending %s",
                  sum(report.peers_by_mode.values()), report.peers_by_mode, report.added, report.removed,
                  report.unchanged, report.refused or "none", report.pending or "none")
+
+    def _request_partial(self) -> None:
+        if self.runner is not None:
+            self.runner.request(SyncKind.PARTIAL)
 
     def health(self):
         from netagent.infra.status_server import HealthReport, health_from_sync_runner
@@ -311,7 +285,6 @@ class NodeAgent:
         return peers, removed
 
     def _sync(self, kind) -> None:
-        from netagent.infra.sync_runner import SyncKind
         started = time.monotonic()
         try:
             if kind is SyncKind.FULL:
@@ -322,7 +295,7 @@ class NodeAgent:
                 if self.masquerade is not None:
                     self.masquerade.ensure()
             else:
-                peers, removed = self.peers(self.tracker.drain())
+                peers, removed = self.peers(set(self.tracker.drain()))
                 report = self.route_manager.apply_changes(upserts=peers, removals=removed)
         except Exception:
             self.metrics.sync_errors.inc()

@@ -6,7 +6,8 @@ import pytest
 
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.underlay import (InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay)
-from netagent.noderoutes.agent import NodeChangeTracker, auto_checksum_offload, pod_mtu
+from netagent.noderoutes.agent import auto_checksum_offload, node_changes
+from netagent.noderoutes.routing.model import pod_mtu
 from netagent.noderoutes.routing.model import ChecksumOffload, Mode
 
 
@@ -110,16 +111,16 @@ def test_nodes_that_are_not_peers_yet(annotations, cidrs, why):
 
 def test_tracker_ignores_heartbeats_but_records_routing_changes():
     pokes = []
-    tracker = NodeChangeTracker(own_name="node-1", on_change=lambda: pokes.append(1))
+    tracker = node_changes(on_change=lambda: pokes.append(1))
     old = node("node-2", annotations={nodes.PUBLIC_IP: "192.0.2.11"})
     heartbeat = dict(old, status={"conditions": [{"type": "Ready"}]})
     tracker.on_update(old, heartbeat)
-    assert tracker.drain() == set() and pokes == []
+    assert tracker.drain().keys() == set() and pokes == []
     moved = node("node-2", annotations={nodes.PUBLIC_IP: "192.0.2.12"})
     tracker.on_update(old, moved)
     tracker.on_delete(node("node-3"))
-    assert tracker.drain() == {"node-2", "node-3"} and len(pokes) == 2
-    assert tracker.drain() == set()
+    assert tracker.drain().keys() == {"node-2", "node-3"} and len(pokes) == 2
+    assert tracker.drain().keys() == set()
 
 
 def test_pod_mtu_leaves_room_for_the_worst_encapsulation():

@@ -16,11 +16,12 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from netagent.kube.resources import ENDPOINT_SLICES, SERVICES
+from netagent.kube.resources import SERVICES
 from netagent.lab.apiserver import ApiServer
 from netagent.infra.metrics import Registry
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
-from proxy.changes import ChangeRecorder, ServiceCatalog
+from netagent.kube.changes import ChangeRecorder
+from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.model import NodeContext, ServicePortName
 from proxy.service_proxy import ProxySettings, ServiceProxy, health_check_answers

@@ -9,14 +9,13 @@ Ethernet header, so there are no neighbour or FDB entries.
 """
 from __future__ import annotations
 
-from netagent.noderoutes.routing.model import IpipDevice, LocalNode, Mode, Peer, PeerPlan, Route, RoutingSettings
+from netagent.noderoutes.routing.model import ENCAP_OVERHEAD, IpipDevice, LocalNode, Mode, Peer, PeerPlan, Route, RoutingSettings
 
-IPIP_OVERHEAD = 20
 
 
 def render_ipip_device(local: LocalNode, settings: RoutingSettings) -> IpipDevice:
     return IpipDevice(ifname=settings.ipip_ifname, local=local.public_ip,
-                      mtu=local.underlay_mtu - IPIP_OVERHEAD, address=local.tunnel_address)
+                      mtu=local.underlay_mtu - ENCAP_OVERHEAD[Mode.IPIP], address=local.tunnel_address)
 
 
 def render_ipip_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> PeerPlan:

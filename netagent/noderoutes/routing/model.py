@@ -29,6 +29,15 @@ class Mode(enum.Enum):
     AUTO = "auto"
 
 
+ENCAP_OVERHEAD = {Mode.VXLAN: 50, Mode.IPIP: 20, Mode.HOST_GW: 0}  # outer headers per packet
+
+
+def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int) -> int:
+    """The MTU pods must use: the underlay's, less the worst encapsulation a packet may get."""
+    worst = auto_encap if mode is Mode.AUTO else mode
+    return underlay_mtu - ENCAP_OVERHEAD[worst]
+
+
 @dataclass(frozen=True)
 class LocalNode:
     name: str

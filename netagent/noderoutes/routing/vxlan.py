@@ -27,10 +27,9 @@ import functools
 import hashlib
 import re
 
-from netagent.noderoutes.routing.model import FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
+from netagent.noderoutes.routing.model import ENCAP_OVERHEAD, FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
     Route, RoutingSettings, VxlanDevice, ChecksumOffload
 
-VXLAN_OVERHEAD = 50
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
@@ -53,7 +52,7 @@ def normalize_mac(text: str) -> str | None:
 def render_vxlan_device(local: LocalNode, settings: RoutingSettings) -> VxlanDevice:
     return VxlanDevice(ifname=settings.vxlan_ifname, vni=settings.vxlan_vni, port=settings.vxlan_port,
                        local=local.public_ip, underlay_ifname=local.underlay_ifname,
-                       mac=vtep_mac(local.name), mtu=local.underlay_mtu - VXLAN_OVERHEAD,
+                       mac=vtep_mac(local.name), mtu=local.underlay_mtu - ENCAP_OVERHEAD[Mode.VXLAN],
                        address=local.tunnel_address,
                        tx_checksum=settings.vxlan_checksum_offload is ChecksumOffload.ON)
 

@@ -1,79 +1,24 @@
-"""Change trackers and the catalog they feed: watch events in, `ProxyState` snapshots out.
+"""The service catalog: recorded Service and EndpointSlice changes in, `ProxyState` snapshots out.
 
-Two halves, split by thread (ARCHITECTURE.md, seam 1):
-
-- `ChangeRecorder` is a reflector event handler. It only records `(previous, current)` per
-  object key under a lock and pokes the sync runner; several events for one object between
-  two syncs collapse into one pair (the first previous, the last current), and an add
-  followed by a delete vanishes. Nothing is parsed on the watch thread, so no amount of
-  work can stall the watch.
-- `ServiceCatalog` lives on the sync thread. `apply(service_changes, slice_changes)` parses
-  only what changed, keeps the parsed Services and EndpointSlices, recomputes endpoints only
-  for the services touched, and answers the new `ProxyState`, the service ports that
-  changed, and the EndpointSlice trigger times the sync is about to honour (for
-  `network_programming_duration_seconds`). At 10,000 services a one-endpoint change costs
-  one slice parse and one merge, not a rebuild.
+The watch side is `netagent.kube.changes.ChangeRecorder` (record only, on the watch thread);
+`ServiceCatalog` lives on the sync thread. `apply(service_changes, slice_changes)` parses only
+what changed, keeps the parsed Services and EndpointSlices, recomputes endpoints only for the
+services touched, and answers the new `ProxyState`, the service ports that changed, and the
+EndpointSlice trigger times the sync is about to honour (for
+`network_programming_duration_seconds`). At 10,000 services a one-endpoint change costs one
+slice parse and one merge, not a rebuild.
 """
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from netagent.kube.resources import object_key
+from netagent.kube.changes import Change
 from proxy.kube_objects import ParsedSlice, merge_endpoints, parse_endpoint_slice, parse_service
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName
 
-log = logging.getLogger("netagent.proxy.changes")
-
-Change = tuple[dict | None, dict | None]
-
-
-class ChangeRecorder:
-    """A reflector handler that records changes per key and calls `on_change` after each."""
-
-    def __init__(self, name: str, *, on_change: Callable[[], None] = lambda: None) -> None:
-        self.name = name
-        self.synced = threading.Event()
-        self._on_change = on_change
-        self._lock = threading.Lock()
-        self._pending: dict[str, Change] = {}
-        self.total_changes = 0
-
-    def on_add(self, obj: dict) -> None:
-        self._record(obj, None, obj)
-
-    def on_update(self, old: dict, new: dict) -> None:
-        self._record(new, old, new)
-
-    def on_delete(self, obj: dict) -> None:
-        self._record(obj, obj, None)
-
-    def on_synced(self) -> None:
-        self.synced.set()
-        self._on_change()
-
-    def _record(self, obj: dict, previous: dict | None, current: dict | None) -> None:
-        key = object_key(obj)
-        with self._lock:
-            if key in self._pending:
-                previous = self._pending[key][0]
-            if previous is None and current is None:
-                self._pending.pop(key, None)
-            else:
-                self._pending[key] = (previous, current)
-            self.total_changes += 1
-        self._on_change()
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
-    def drain(self) -> dict[str, Change]:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        return pending
+log = logging.getLogger("netagent.proxy.catalog")
 
 
 @dataclass(frozen=True)
