@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 
+from netagent.infra.sync_runner import SyncKind
 from proxy.model import ProxyState, ServicePortName
 
 
@@ -25,14 +26,9 @@ class ProxyMode(str, Enum):
     IPVS = "ipvs"
 
 
-class SyncScope(str, Enum):
-    FULL = "full"
-    PARTIAL = "partial"
-
-
 @dataclass(frozen=True)
 class BackendSyncReport:
-    scope: SyncScope
+    scope: SyncKind
     services_written: int  # service ports whose kernel objects were (re)written
     rules: int             # the size of what is programmed: iptables rules, or IPVS real servers
     detail: str = ""       # one line for the log

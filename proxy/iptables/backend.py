@@ -31,7 +31,8 @@ from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canon
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
 from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
 from netagent.noderoutes.masquerade import PortRandomization
-from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
+from netagent.infra.sync_runner import SyncKind
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.readback import programmed_services, read_kernel_view
 from proxy.iptables.render import (TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset,
@@ -62,11 +63,11 @@ class IptablesProxy(ProxyBackend):
         if partial:
             ruleset = render_ruleset(state, settings=self.settings, reuse=previous, changed=changed)
             written = self._apply_partial(ruleset, previous, changed)
-            scope = SyncScope.PARTIAL
+            scope = SyncKind.PARTIAL
         else:
             ruleset = render_ruleset(state, settings=self.settings)
             written = self._apply_full(ruleset)
-            scope = SyncScope.FULL
+            scope = SyncKind.FULL
         self._written = ruleset
         return BackendSyncReport(scope=scope, services_written=written, rules=ruleset.rule_count,
                                  detail=f"{scope.value} sync: {written} service port(s) written, "

@@ -42,7 +42,8 @@ from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
 from netagent.kernel.iptables.runner import Iptables, IptablesRunner
 from netagent.kernel.ipset import (Ipset, IpsetNotInstalled, IpsetRunner, SetContents, delete_owned_sets, entry,
                             sync_sets)
-from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
+from netagent.infra.sync_runner import SyncKind
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.ipvs.device import AddressDevice
 from proxy.ipvs.graceful import GracefulRemovals, Removal
 from proxy.ipvs.render import (IpvsPlan, IpvsSettings, PlanIndex, PlannedVirtualServer, ServicePortPlan,
@@ -171,7 +172,7 @@ class IpvsProxy(ProxyBackend):
         self._plan, self._index, self._node = plan, index, state.node
         detail = (f"{len(index.servers)} virtual servers, {len(stale)} stale removed, {set_changes} set "
                   f"member changes, {len(repaired)} rule repairs, {len(sysctl_writes)} sysctls set")
-        return BackendSyncReport(SyncScope.FULL, services_written=len(written), rules=_real_server_count(index),
+        return BackendSyncReport(SyncKind.FULL, services_written=len(written), rules=_real_server_count(index),
                                  detail=detail)
 
     def _sync_partial(self, state: ProxyState, changed: frozenset[ServicePortName]) -> BackendSyncReport:
@@ -227,7 +228,7 @@ class IpvsProxy(ProxyBackend):
                 written.add(planned.service)
         for address in sorted(a for a in touched_addresses if not index.wanted_address(a)):
             self.device.remove_address(address)
-        return BackendSyncReport(SyncScope.PARTIAL, services_written=len(written), rules=_real_server_count(index),
+        return BackendSyncReport(SyncKind.PARTIAL, services_written=len(written), rules=_real_server_count(index),
                                  detail=f"{len(rerendered)} service ports re-rendered, {len(touched_keys)} "
                                         f"virtual servers checked")
 

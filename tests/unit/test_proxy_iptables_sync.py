@@ -12,7 +12,8 @@ from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesError
 from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
 from netagent.noderoutes.masquerade import MasqueradeManager, PortRandomization
-from proxy.backend import ProgrammedService, SyncScope
+from netagent.infra.sync_runner import SyncKind
+from proxy.backend import ProgrammedService
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
 from proxy.iptables.render import render_ruleset
@@ -86,7 +87,7 @@ def test_full_sync_writes_the_rendered_ruleset_and_the_jumps_on_top():
     kernel.iptables.restore("*nat\n:OTHER - [0:0]\n-A PREROUTING -j OTHER\nCOMMIT\n")
     report = kernel.backend().sync(BASE, changed=None)
     ruleset = render_ruleset(BASE, settings=kernel.backend().settings)
-    assert report.scope is SyncScope.FULL and report.services_written == 2 and report.rules == ruleset.rule_count
+    assert report.scope is SyncKind.FULL and report.services_written == 2 and report.rules == ruleset.rule_count
     saved = parse_save(kernel.iptables.save())
     for chain in ruleset.chains():
         assert saved[chain.table].chains[chain.name].rules == [tuple(split_tokens(line)[2:]) for line in chain.rules]
@@ -105,7 +106,7 @@ def test_a_second_backend_adopts_without_changing_anything():
     before = kernel.snapshot()
     writes = len(kernel.ipset.writes)
     report = kernel.backend().sync(BASE, changed=None)   # a restarted agent: no memory
-    assert report.scope is SyncScope.FULL
+    assert report.scope is SyncKind.FULL
     assert kernel.snapshot() == before
     assert all(not write.added and not write.removed for write in kernel.ipset.writes[writes:])
     assert "-I" not in kernel.iptables.restores[-1].text   # the jumps were in place: not rewritten
@@ -174,7 +175,7 @@ def test_partial_syncs_reach_the_same_state_as_a_full_sync_from_scratch():
         following = random_state(rng)
         changed = following.changed_since(current)
         report = backend.sync(following, changed=changed)
-        assert report.scope is SyncScope.PARTIAL
+        assert report.scope is SyncKind.PARTIAL
         assert kernel.snapshot() == fresh_full(following)
         current = following
 
@@ -186,7 +187,7 @@ def test_partial_sync_writes_only_the_changed_service_chains():
     moved = ProxyState(NODE, BASE.services, {**BASE.endpoints, WEB: endpoints(2, 3, 5)})
     report = backend.sync(moved, changed=frozenset({WEB}))
     text = kernel.iptables.restores[-1].text
-    assert report.scope is SyncScope.PARTIAL and report.services_written == 1
+    assert report.scope is SyncKind.PARTIAL and report.services_written == 1
     assert "*filter" not in text and "NETAGENT-SERVICES" not in text and "10.96.0.53" not in text
     assert "10.244.1.5:8080" in text
     assert kernel.snapshot() == fresh_full(moved)
@@ -204,13 +205,13 @@ def test_nothing_changed_writes_nothing():
     backend = kernel.backend()
     backend.sync(BASE, changed=None)
     restores, writes = len(kernel.iptables.restores), len(kernel.ipset.writes)
-    assert backend.sync(BASE, changed=frozenset()).scope is SyncScope.PARTIAL
+    assert backend.sync(BASE, changed=frozenset()).scope is SyncKind.PARTIAL
     assert len(kernel.iptables.restores) == restores and len(kernel.ipset.writes) == writes
 
 
 def test_the_first_sync_is_full_even_when_given_changes():
     kernel = Kernel()
-    assert kernel.backend().sync(BASE, changed=frozenset({WEB})).scope is SyncScope.FULL
+    assert kernel.backend().sync(BASE, changed=frozenset({WEB})).scope is SyncKind.FULL
     assert kernel.snapshot() == fresh_full(BASE)
 
 
@@ -219,7 +220,7 @@ def test_a_changed_node_makes_the_sync_full():
     backend = kernel.backend()
     backend.sync(BASE, changed=None)
     moved = ProxyState(dataclasses.replace(NODE, cluster_cidr="10.245.0.0/16"), BASE.services, BASE.endpoints)
-    assert backend.sync(moved, changed=frozenset()).scope is SyncScope.FULL
+    assert backend.sync(moved, changed=frozenset()).scope is SyncKind.FULL
     assert kernel.snapshot() == fresh_full(moved)
 
 
@@ -233,7 +234,7 @@ def test_a_failed_restore_raises_and_the_next_sync_is_full():
     with pytest.raises(IptablesError):
         backend.sync(moved, changed=frozenset({WEB}))
     report = backend.sync(moved, changed=frozenset())   # the core forgot to ask: still full
-    assert report.scope is SyncScope.FULL
+    assert report.scope is SyncKind.FULL
     assert kernel.snapshot() == fresh_full(moved)
 
 
@@ -246,7 +247,7 @@ def test_a_failed_hairpin_update_raises_and_the_next_sync_is_full():
     moved = ProxyState(NODE, BASE.services, {**BASE.endpoints, WEB: endpoints(2, 3, 4, 5)})
     with pytest.raises(IpsetError):
         backend.sync(moved, changed=frozenset({WEB}))
-    assert backend.sync(moved, changed=frozenset({WEB})).scope is SyncScope.FULL
+    assert backend.sync(moved, changed=frozenset({WEB})).scope is SyncKind.FULL
     assert kernel.snapshot() == fresh_full(moved)
 
 
@@ -331,7 +332,7 @@ def test_cleanup_removes_ours_and_leaves_masquerade_and_other_tools_alone():
     assert masquerade.check() == []
     assert HAIRPIN_SET not in kernel.ipset.sets
     backend.cleanup()   # idempotent
-    assert backend.sync(BASE, changed=frozenset({WEB})).scope is SyncScope.FULL   # memory forgotten
+    assert backend.sync(BASE, changed=frozenset({WEB})).scope is SyncKind.FULL   # memory forgotten
 
 
 def test_old_iptables_gets_masquerade_without_random_fully():

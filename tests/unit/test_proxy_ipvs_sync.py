@@ -8,7 +8,8 @@ import pytest
 
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
-from proxy.backend import ProgrammedService, SyncScope
+from netagent.infra.sync_runner import SyncKind
+from proxy.backend import ProgrammedService
 from proxy.ipvs.device import FakeAddressDevice
 from proxy.ipvs.proxy import IpvsProxy
 from proxy.ipvs.render import IpvsSettings
@@ -81,7 +82,7 @@ BASE = state([web(), ServicePort(DNS, Protocol.UDP, 53, "10.96.0.53"), ServicePo
 
 def test_full_sync_programs_everything(kernel):
     report = kernel.proxy().sync(BASE, changed=None)
-    assert report.scope is SyncScope.FULL and report.services_written == 3 and report.rules == 6
+    assert report.scope is SyncKind.FULL and report.services_written == 3 and report.rules == 6
     assert {str(s.key) for s in kernel.table.virtual_servers()} == {
         "10.96.0.10:80/TCP", "192.168.1.10:30080/TCP", "10.96.0.53:53/UDP", "10.96.0.53:53/TCP"}
     assert kernel.reals(WEB_KEY) == kernel.reals(WEB_NODEPORT_KEY) == {"10.244.1.5:8080": 1, "10.244.2.6:8080": 1}
@@ -117,7 +118,7 @@ def test_partial_sync_writes_only_the_changed_endpoint(kernel):
     table_writes, set_writes = len(kernel.table.writes), len(kernel.ipset.writes)
     changed = state(BASE.services.values(), {**BASE.endpoints, WEB: eps("10.244.1.5", "10.244.2.6", "10.244.3.7")})
     report = proxy.sync(changed, changed=changed.changed_since(BASE))
-    assert report.scope is SyncScope.PARTIAL and report.services_written == 1
+    assert report.scope is SyncKind.PARTIAL and report.services_written == 1
     new_writes = kernel.table.writes[table_writes:]
     assert sorted((w.operation, str(w.key), str(w.destination)) for w in new_writes) == [
         ("add-rs", "10.96.0.10:80/TCP", "10.244.3.7:8080"), ("add-rs", "192.168.1.10:30080/TCP", "10.244.3.7:8080")]
@@ -250,7 +251,7 @@ def test_a_failed_partial_sync_makes_the_next_one_full(kernel):
     with pytest.raises(IpsetError):
         proxy.sync(changed, changed=changed.changed_since(BASE))
     report = proxy.sync(changed, changed=frozenset())
-    assert report.scope is SyncScope.FULL
+    assert report.scope is SyncKind.FULL
     assert "10.244.3.7,tcp:8080,10.244.3.7" in kernel.ipset.members("NETAGENT-IPVS-HAIRPIN")
 
 
@@ -259,7 +260,7 @@ def test_a_changed_node_context_makes_a_full_sync(kernel):
     proxy.sync(BASE, changed=None)
     moved = dataclasses.replace(NODE, local_addresses=("192.168.1.11",))
     report = proxy.sync(state(BASE.services.values(), BASE.endpoints, node=moved), changed=frozenset())
-    assert report.scope is SyncScope.FULL
+    assert report.scope is SyncKind.FULL
     assert kernel.table.virtual_server(WEB_NODEPORT_KEY) is None
     assert kernel.table.virtual_server(VirtualServerKey("192.168.1.11", Protocol.TCP, 30080)) is not None
 

@@ -19,7 +19,8 @@ from kubernetes import client
 from netagent.kube.resources import SERVICES
 from netagent.lab.apiserver import ApiServer
 from netagent.infra.metrics import Registry
-from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode, SyncScope
+from netagent.infra.sync_runner import SyncKind
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from netagent.kube.changes import ChangeRecorder
 from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
@@ -42,7 +43,7 @@ class RecordingBackend(ProxyBackend):
             self.fail_next = False
             raise RuntimeError("injected failure")
         self.calls.append((state, changed))
-        return BackendSyncReport(scope=SyncScope.FULL if changed is None else SyncScope.PARTIAL,
+        return BackendSyncReport(scope=SyncKind.FULL if changed is None else SyncKind.PARTIAL,
                                  services_written=len(state.services) if changed is None else len(changed),
                                  rules=sum(len(e) for e in state.endpoints.values()))
 
