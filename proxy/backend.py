@@ -26,6 +26,10 @@ class ProxyMode(str, Enum):
     IPVS = "ipvs"
 
 
+NO_PROXY = "none"  # --proxy-mode none: Services are left to another proxy
+PROXY_MODE_CHOICES = (*(mode.value for mode in ProxyMode), NO_PROXY)  # what --proxy-mode accepts
+
+
 @dataclass(frozen=True)
 class BackendSyncReport:
     scope: SyncKind

@@ -2,8 +2,9 @@
 
 Shape (ARCHITECTURE.md's seams, kube-proxy's behaviour):
 
-- three reflectors (Services, EndpointSlices, and this node's own Node for its zone label)
-  feed `ChangeRecorder`s, which only record and ask the `SyncRunner` for a run;
+- three reflectors (Services, EndpointSlices, and this node's own Node for its zone label;
+  inside `netagent run` the Node events come from the node agent's reflector instead,
+  `NodeSource.SHARED`, so one process watches Nodes once) feed `ChangeRecorder`s, which only record and ask the `SyncRunner` for a run;
 - nothing is programmed before all three have listed once: the first request is made by
   whichever of them syncs last, so a restarting agent never writes a ruleset computed from
   half a cache (which would briefly delete services);
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from netagent.kube.changes import ChangeRecorder
 from netagent.kube.reflector import Reflector
@@ -46,6 +48,12 @@ log = logging.getLogger("netagent.proxy")
 
 OTHER_PROXY_SELECTOR = "!service.kubernetes.io/service-proxy-name"
 SLICE_SELECTOR = f"{OTHER_PROXY_SELECTOR},!service.kubernetes.io/headless"
+
+
+class NodeSource(Enum):
+    """Where the proxy hears about its own Node."""
+    OWN_WATCH = "own-watch"  # its own reflector, field-selected to this node (the proxy alone)
+    SHARED = "shared"        # the caller feeds `proxy.node` from a Node reflector it already runs
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class ServiceProxy:
         conntrack: ConntrackCommand | None = None,
         healthcheck: HealthCheckPorts | None = None,
         local_addresses: Callable[[], tuple[str, ...]] = tuple,
+        node_source: NodeSource = NodeSource.OWN_WATCH,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -78,15 +87,17 @@ class ServiceProxy:
         self._local_addresses = local_addresses
         self.services = ChangeRecorder("services", on_change=self._on_change)
         self.slices = ChangeRecorder("endpointslices", on_change=self._on_change)
-        self.node = ChangeRecorder("node", on_change=self._on_change)
+        self.node = ChangeRecorder("node", on_change=self._on_change,
+                                   accept=lambda node: node["metadata"]["name"] == settings.node_name)
         self.reflectors = [
             Reflector(api_client=api_client, resource=SERVICES, handler=self.services,
                       label_selector=OTHER_PROXY_SELECTOR),
             Reflector(api_client=api_client, resource=ENDPOINT_SLICES, handler=self.slices,
                       label_selector=SLICE_SELECTOR),
-            Reflector(api_client=api_client, resource=NODES, handler=self.node,
-                      field_selector=f"metadata.name={settings.node_name}"),
         ]
+        if node_source is NodeSource.OWN_WATCH:
+            self.reflectors.append(Reflector(api_client=api_client, resource=NODES, handler=self.node,
+                                             field_selector=f"metadata.name={settings.node_name}"))
         self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr))
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed

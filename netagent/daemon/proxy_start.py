@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
+
+from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
+
+if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.infra.status_server import StatusServer
+    from proxy.service_proxy import ServiceProxy
 
 log = logging.getLogger("netagent.daemon.proxy_start")
 
-PROXY_MODES = ("iptables", "ipvs", "none")
 DEFAULT_MIN_SYNC_PERIOD = 1.0
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy = parser.add_argument_group("service proxy (kube-proxy replacement)")
-    proxy.add_argument("--proxy-mode", choices=PROXY_MODES, default="iptables",
+    proxy.add_argument("--proxy-mode", choices=PROXY_MODE_CHOICES, default="iptables",
                        help="how Services are programmed; none leaves them to another proxy")
     proxy.add_argument("--nodeport-addresses", action="append", default=[],
                        help="CIDRs: NodePorts answer only on local addresses inside them (default: all)")
@@ -37,19 +43,35 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--ipvs-scheduler", default="rr", help="IPVS scheduler (rr, wrr, lc, sh, ...)")
 
 
-@dataclass
-class RunningProxy:
-    proxy: object
-    stop: Callable[[], None]
-
-
 class ProxyStartError(Exception):
     pass
 
 
-def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: str | None) -> RunningProxy | None:
-    """Build and start the proxy and its two servers; None with --proxy-mode none."""
-    if args.proxy_mode == "none":
+@dataclass
+class ProxyParts:
+    """The proxy and its two servers, built but not started (`start`, then `stop`)."""
+    proxy: ServiceProxy
+    servers: tuple[StatusServer, ...]
+    started: list[StatusServer] = field(default_factory=list)
+
+    def start(self) -> None:
+        for server in self.servers:
+            server.start()
+            self.started.append(server)
+        self.proxy.start()
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        while self.started:
+            self.started.pop().stop()
+
+
+def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: str | None) -> ProxyParts | None:
+    """Check the flags and build the proxy and its servers; None with --proxy-mode none.
+
+    The proxy's Node events are shared (`NodeSource.SHARED`): the caller feeds
+    `parts.proxy.node` from the Node reflector it already runs."""
+    if args.proxy_mode == NO_PROXY:
         return None
     from netagent.infra.status_server import StatusServer, health_from_sync_runner
     from netagent.daemon.status_services import services_json
@@ -57,8 +79,8 @@ def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     from proxy.factory import build_backend
     from proxy.healthcheck import HealthCheckPorts
     from proxy.nodeport_addresses import (NodePortAddressError, local_ipv4_addresses, nodeport_addresses,
-                                      parse_nodeport_cidrs)
-    from proxy.service_proxy import ProxySettings, ServiceProxy
+                                          parse_nodeport_cidrs)
+    from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy
 
     try:
         cidrs = parse_nodeport_cidrs(args.nodeport_addresses)
@@ -73,7 +95,8 @@ def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler)
     health_checks = HealthCheckPorts()
     proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
-                         conntrack=ConntrackCommand(), healthcheck=health_checks, local_addresses=local_ipv4_addresses)
+                         conntrack=ConntrackCommand(), healthcheck=health_checks,
+                         local_addresses=local_ipv4_addresses, node_source=NodeSource.SHARED)
     # a change left unprogrammed for longer than this makes the proxy unhealthy
     health = health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0))
     health_checks.proxy_healthy = lambda: health().healthy
@@ -83,16 +106,4 @@ def start_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
         "/proxyMode": ("text/plain; charset=utf-8", lambda: args.proxy_mode),
         "/services": ("application/json", lambda: services_json(args.proxy_mode, backend.programmed())),
     })
-    healthz.start()
-    try:
-        metrics.start()
-    except BaseException:
-        healthz.stop()
-        raise
-    proxy.start()
-
-    def stop() -> None:
-        proxy.stop()
-        metrics.stop()
-        healthz.stop()
-    return RunningProxy(proxy=proxy, stop=stop)
+    return ProxyParts(proxy=proxy, servers=(healthz, metrics))

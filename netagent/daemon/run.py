@@ -19,6 +19,7 @@ import threading
 from netagent import __version__
 
 from netagent.cniserver import install as cni_install
+from netagent.noderoutes.routing.model import Mode
 log = logging.getLogger("netagent")
 
 
@@ -33,8 +34,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                          help="this node's Node name (default: $NODE_NAME)")
     cluster.add_argument("--cluster-cidr", action="append", default=[],
                          help="the cluster's pod network (repeat for dual stack)")
-    cluster.add_argument("--backend", choices=["vxlan", "host-gw", "ipip", "auto"], default="vxlan")
-    cluster.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan",
+    cluster.add_argument("--backend", choices=[mode.value for mode in Mode], default=Mode.VXLAN.value)
+    cluster.add_argument("--auto-encap", choices=[Mode.VXLAN.value, Mode.IPIP.value], default=Mode.VXLAN.value,
                          help="in auto mode, the encapsulation for peers on other subnets")
     cluster.add_argument("--vxlan-vni", type=int, default=1)
     cluster.add_argument("--vxlan-port", type=int, default=4789)
@@ -132,7 +133,7 @@ def _run_cluster_mode(args) -> int:
     from netagent.kube.config import KubeConfigError, load_api_client
     from netagent.infra.metrics import Registry
     from netagent.noderoutes.agent import AgentStartError, NodeAgent
-    from netagent.daemon.proxy_start import ProxyStartError, start_proxy
+    from netagent.daemon.proxy_start import ProxyStartError, build_proxy
     from netagent.noderoutes.routing.kernel import NetlinkKernel
     from netagent.infra.status_server import StatusServer
 
@@ -144,18 +145,25 @@ def _run_cluster_mode(args) -> int:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     registry = Registry()
+    cluster_cidr = next((str(c) for c in settings.cluster_cidrs if c.version == 4), None)
+    try:
+        proxy = build_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
+                            cluster_cidr=cluster_cidr)
+    except ProxyStartError as exc:
+        print(f"netagent run: {exc}", file=sys.stderr)
+        return 1
+    # one Node reflector per process: the proxy hears about its own Node through the agent's
     agent = NodeAgent(settings, api_client=api_client, kernel=NetlinkKernel(),
-                      iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry)
+                      iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry,
+                      node_listeners=[proxy.proxy.node] if proxy is not None else [])
     status = StatusServer(bind=args.status_bind, registry=registry, health=agent.health)
     status.start()
-    proxy = None
     try:
         agent.start()
-        cluster_cidr = next((str(c) for c in settings.cluster_cidrs if c.version == 4), None)
-        proxy = start_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
-                            cluster_cidr=cluster_cidr)
+        if proxy is not None:
+            proxy.start()
         stop_cni = _start_cni_server(args)
-    except (AgentStartError, ProxyStartError, OSError, RuntimeError) as exc:
+    except (AgentStartError, OSError, RuntimeError) as exc:
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
         if proxy is not None:

@@ -43,11 +43,12 @@ from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.service_status import summarize_services
 from netagent.kernel import owned
+from netagent.noderoutes.routing.model import Mode
+from proxy.backend import PROXY_MODE_CHOICES
 
 CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
 API_PORT = 6443
-MODES = ("vxlan", "host-gw", "ipip", "auto")
-PROXY_MODES = ("iptables", "ipvs", "none")
+MODES = tuple(mode.value for mode in Mode)  # the backends --backend accepts
 
 
 class LabError(Exception):
@@ -159,8 +160,8 @@ class LabCluster:
                resync_period: float = 30.0, proxy_mode: str = "iptables") -> "LabCluster":
         if mode not in MODES:
             raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
-        if proxy_mode not in PROXY_MODES:
-            raise LabError(f"proxy mode {proxy_mode!r}: choose one of {', '.join(PROXY_MODES)}")
+        if proxy_mode not in PROXY_MODE_CHOICES:
+            raise LabError(f"proxy mode {proxy_mode!r}: choose one of {', '.join(PROXY_MODE_CHOICES)}")
         if segments not in (1, 2):
             raise LabError("segments must be 1 or 2")
         if not 1 <= nodes <= 200:

@@ -27,7 +27,8 @@ import time
 from netagent.kernel import namespaces
 from netagent.lab import manifests
 from netagent.lab.demo_service import demo_service
-from netagent.lab.cluster import MODES, PROXY_MODES, LabCluster, LabError
+from netagent.lab.cluster import MODES, LabCluster, LabError
+from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
 from netagent.lab.pod_objects import PodSpecError, parse_ports
 from netagent.lab.service_status import describe_service
 
@@ -46,7 +47,7 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
         p.add_argument("--segments", type=int, choices=[1, 2], default=1)
         p.add_argument("--pods-per-node", type=int, default=pods)
         p.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan")
-        p.add_argument("--proxy-mode", choices=PROXY_MODES, default="iptables",
+        p.add_argument("--proxy-mode", choices=PROXY_MODE_CHOICES, default="iptables",
                        help="the agents' service proxy (none: the agents run without one)")
 
     demo = sub.add_parser("demo", help="build a cluster, show cross-node traffic, remove it (the default)")
@@ -281,7 +282,7 @@ def _cmd_demo(args) -> int:
             failures += not ok
             print(f"  ping {source:<16} -> {address:<14} {what:<28} {'ok' if ok else 'FAILED'}")
         print(f"  {len(checks) - failures}/{len(checks)} answered across nodes")
-        if lab.state.proxy_mode != "none":
+        if lab.state.proxy_mode != NO_PROXY:
             failures += demo_service(lab)
     print("netagent lab: removed")
     return 1 if failures else 0

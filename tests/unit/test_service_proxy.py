@@ -16,16 +16,17 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from netagent.kube.resources import SERVICES
+from netagent.kube.reflector import Reflector
+from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from netagent.lab.apiserver import ApiServer
 from netagent.infra.metrics import Registry
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
-from netagent.kube.changes import ChangeRecorder
+from netagent.kube.changes import ChangeRecorder, FanOut
 from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.model import NodeContext, ServicePortName
-from proxy.service_proxy import ProxySettings, ServiceProxy, health_check_answers
+from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy, health_check_answers
 from tests.unit.proxy_objects import endpoint, endpoint_slice, service
 
 WEB = ServicePortName("default", "web", "http")
@@ -78,13 +79,13 @@ def server():
 def make_proxy(server):
     made = []
 
-    def make(**settings):
+    def make(node_source=NodeSource.OWN_WATCH, **settings):
         backend = RecordingBackend()
         registry = Registry()
         proxy = ServiceProxy(api_client=client.ApiClient(client.Configuration(host=server.url)),
                              settings=ProxySettings(node_name="node-a", min_sync_period=0.05, sync_period=3600,
                                                     retry_period=0.05, **settings),
-                             backend=backend, registry=registry)
+                             backend=backend, registry=registry, node_source=node_source)
         made.append(proxy)
         return proxy, backend, registry
 
@@ -174,6 +175,31 @@ def test_services_of_another_proxy_and_headless_slices_are_not_watched(server, m
     wait_for(lambda: backend.calls)
     state, _ = backend.calls[0]
     assert list(state.services) == [WEB] and state.endpoints_of(WEB) == ()
+
+
+def test_a_shared_node_watch_gives_the_proxy_only_its_own_node(server, make_proxy):
+    server.create(node("node-b", zone="zone-9"))
+    server.create(node(zone="zone-2"))
+    server.create(service("web"))
+    proxy, backend, _ = make_proxy(node_source=NodeSource.SHARED)
+    assert [r.resource for r in proxy.reflectors] == [SERVICES, ENDPOINT_SLICES]
+    every_node = ChangeRecorder("nodes")
+    shared = Reflector(api_client=client.ApiClient(client.Configuration(host=server.url)), resource=NODES,
+                       handler=FanOut(every_node, proxy.node))
+    proxy.start()
+    shared.start()
+    try:
+        wait_for(lambda: backend.calls)
+        assert backend.calls[0][0].node.zone == "zone-2"
+        assert every_node.drain().keys() == {"node-a", "node-b"}
+        own_changes = proxy.node.total_changes
+        server.update(node("node-b", zone="zone-8"))
+        wait_for(lambda: every_node.pending())
+        assert proxy.node.total_changes == own_changes
+        server.update(node(zone="zone-3"))
+        wait_for(lambda: backend.calls[-1][0].node.zone == "zone-3")
+    finally:
+        shared.stop()
 
 
 def free_port() -> int:
