@@ -7,14 +7,11 @@ benchmarks program a namespace they created, from the root namespace).
 """
 from __future__ import annotations
 
+from netagent.kernel.namespaces import exec_prefix
 from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.ipset import IpsetRunner
 from proxy.backend import ProxyBackend, ProxyMode
-
-
-def _prefix(netns: str | None) -> list[str]:
-    return ["ip", "netns", "exec", netns] if netns else []
 
 
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
@@ -22,8 +19,8 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
     if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
         return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,
-                                                     exec_prefix=_prefix(netns)),
-                             ipset=IpsetRunner(exec_prefix=_prefix(netns)))
+                                                     exec_prefix=exec_prefix(netns)),
+                             ipset=IpsetRunner(exec_prefix=exec_prefix(netns)))
     from proxy.ipvs.proxy import IpvsProxy
     from proxy.ipvs.render import IpvsSettings
     from proxy.ipvs.table import Scheduler
@@ -38,5 +35,5 @@ def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = No
     if NetlinkAddressDevice(netns=netns).exists():
         return ProxyMode.IPVS
     from proxy.iptables.names import FIXED_CHAINS
-    runner = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=_prefix(netns))
+    runner = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=exec_prefix(netns))
     return ProxyMode.IPTABLES if set(runner.list_chains("nat")) & set(FIXED_CHAINS["nat"]) else None

@@ -87,6 +87,6 @@ def run_in(name: str, argv: list, *, check: bool = False, timeout: float = 30,
                           check=check, timeout=timeout, input=input, env=env)
 
 
-def exec_prefix(name: str) -> list:
-    """argv prefix that runs a program inside the namespace."""
-    return ["ip", "netns", "exec", name]
+def exec_prefix(name: str | None) -> list[str]:
+    """argv prefix that runs a program inside the namespace; none for None (the caller's own)."""
+    return ["ip", "netns", "exec", name] if name else []

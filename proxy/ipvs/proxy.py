@@ -88,7 +88,7 @@ class IpvsProxy(ProxyBackend):
                      clock: Callable[[], float] = time.monotonic) -> IpvsProxy:
         """The real thing, for the namespace `netns` (None: the caller's, where the agent runs)."""
         from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
-        prefix = namespaces.exec_prefix(netns) if netns else []
+        prefix = namespaces.exec_prefix(netns)
         backend = iptables_backend or detect_backend(exec_prefix=prefix)
         return cls(table=NetlinkIpvsTable(netns=netns),
                    device=NetlinkAddressDevice(name=settings.device, netns=netns),
