@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_conditions
 from proxy.model import DEFAULT_AFFINITY_TIMEOUT, Endpoint, Protocol, ServicePort, ServicePortName, TrafficPolicy
 
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 TOPOLOGY_MODE_ANNOTATIONS = ("service.kubernetes.io/topology-mode", "service.kubernetes.io/topology-aware-hints")
 SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
@@ -189,14 +189,10 @@ def _endpoint(raw: Mapping, port: int) -> Endpoint | None:
     ip = _ipv4(addresses[0]) if addresses else None
     if ip is None:
         return None
-    conditions = raw.get("conditions") or {}
-    ready = conditions.get("ready")
-    ready = True if ready is None else bool(ready)
-    serving = conditions.get("serving")
-    serving = ready if serving is None else bool(serving)
+    conditions = endpoint_conditions(raw)
     hints = raw.get("hints") or {}
     return Endpoint(
-        ip=ip, port=port, ready=ready, serving=serving, terminating=bool(conditions.get("terminating")),
+        ip=ip, port=port, ready=conditions.ready, serving=conditions.serving, terminating=conditions.terminating,
         node_name=raw.get("nodeName"), zone=raw.get("zone"),
         zone_hints=_names(hints, "forZones"), node_hints=_names(hints, "forNodes"),
     )

@@ -43,7 +43,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
+
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 MANAGED_BY = "endpointslice-controller.netagent.lab"
 HEADLESS_LABEL = "service.kubernetes.io/headless"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from netagent.lab.endpointslices import SERVICE_NAME_LABEL
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_conditions
 
 
 def _address_order(text: str) -> tuple:
@@ -33,10 +33,10 @@ def _endpoint_lists(slices: list[dict]) -> dict[str, list[str]]:
     for endpoint_slice in slices:
         ports = [p["port"] for p in endpoint_slice.get("ports") or [] if p.get("port") is not None]
         for endpoint in endpoint_slice.get("endpoints") or []:
-            conditions = endpoint.get("conditions") or {}
-            if conditions.get("terminating"):
+            conditions = endpoint_conditions(endpoint)
+            if conditions.terminating:
                 bucket = "terminating"
-            elif conditions.get("ready") is False:
+            elif not conditions.ready:
                 bucket = "notReady"
             else:
                 bucket = "endpoints"

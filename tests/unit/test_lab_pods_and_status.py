@@ -5,7 +5,7 @@ import pytest
 
 from netagent.lab import pod_objects
 from netagent.lab.cluster import LabCluster, LabError, LabState, NodeState
-from netagent.lab.endpointslices import SERVICE_NAME_LABEL
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.lab.service_status import describe_service, summarize_services
 
 
