@@ -17,8 +17,8 @@ decides *when*:
   (a sync from empty caches would delete everything). That first run is FULL.
 
 The policy is `SyncSchedule`, a pure state machine driven by explicit timestamps so it can
-be tested without threads. `SyncRunner` wraps it with a thread, a lock and a `Clock`;
-`FakeClock` lets tests move time by hand and `wait_settled()` tells them when the thread
+be tested without threads. `SyncRunner` wraps it with a thread, a lock and a `Clock`
+(infra/clock.py); `FakeClock` lets tests move time by hand and `wait_settled()` tells them when the thread
 has caught up, so runner tests assert counts and ordering, never wall times.
 
 The schedule also tracks demand that no successful run has served yet (`unserved_since`:
@@ -31,9 +31,10 @@ import enum
 import logging
 import threading
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
+
+from netagent.infra.clock import Clock, MonotonicClock
 
 log = logging.getLogger("netagent.infra.sync_runner")
 
@@ -51,69 +52,6 @@ class SyncResult(enum.Enum):
 
 
 SyncFunction = Callable[[SyncKind], "SyncResult | None"]
-
-
-# ------------------------------------------------------------------ clocks
-class Clock(Protocol):
-    """Time as the runner sees it: monotonic seconds, wall seconds, and a wait on a condition."""
-
-    def now(self) -> float: ...
-
-    def wall(self) -> float: ...
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        """Wait on `cond` (held by the caller) until notified or `timeout` seconds pass."""
-
-
-class MonotonicClock:
-    """The real clock: time.monotonic for scheduling, time.time for reporting."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        cond.wait(timeout)
-
-
-class FakeClock:
-    """A clock that moves only when told to; `advance()` wakes every thread waiting on it.
-
-    A condition that has waited on this clock once is remembered, so an `advance()` that
-    lands between a waiter reading the time and starting to wait still wakes it (the
-    notify needs the condition's lock, which the waiter releases only inside its wait).
-    """
-
-    def __init__(self, *, start: float = 1000.0, wall_offset: float = 1_700_000_000.0) -> None:
-        self._now = start
-        self._wall_offset = wall_offset
-        self._lock = threading.Lock()
-        self._conditions: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
-
-    def now(self) -> float:
-        with self._lock:
-            return self._now
-
-    def wall(self) -> float:
-        with self._lock:
-            return self._now + self._wall_offset
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        with self._lock:
-            self._conditions.add(cond)
-        cond.wait()
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("time only moves forward")
-        with self._lock:
-            self._now += seconds
-            conditions = list(self._conditions)
-        for cond in conditions:
-            with cond:
-                cond.notify_all()
 
 
 # ------------------------------------------------------------------ the pure policy

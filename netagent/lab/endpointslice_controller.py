@@ -38,9 +38,9 @@ import collections
 import datetime
 import logging
 import threading
-import time
 from collections.abc import Callable
 
+from netagent.infra.clock import Clock, MonotonicClock
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, PODS, SERVICES
 from netagent.lab import endpointslices
 from netagent.lab.apiserver import ApiError, StoreEvent, Subresource
@@ -75,12 +75,12 @@ class EndpointSliceController:
         store,
         *,
         max_endpoints_per_slice: int = endpointslices.MAX_ENDPOINTS_PER_SLICE,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         retry_delay: float = 0.5,
     ) -> None:
         self._store = store
         self._max_per_slice = max_endpoints_per_slice
-        self._clock = clock
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._retry_delay = retry_delay
         self._changed = threading.Condition()
         self._events: collections.deque[tuple[StoreEvent, float]] = collections.deque()
@@ -146,7 +146,7 @@ class EndpointSliceController:
         if event.resource not in (SERVICES, PODS, NODES, ENDPOINT_SLICES):
             return
         with self._changed:
-            self._events.append((event, self._clock()))
+            self._events.append((event, self._clock.wall()))
             self._changed.notify()
 
     def _index(self, endpoint_slice: dict, *, present: bool) -> None:

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
+from netagent.infra.clock import Clock, MonotonicClock
 from netagent.kernel import namespaces
 from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
 from netagent.kernel.iptables.runner import Iptables, IptablesRunner
@@ -67,14 +67,14 @@ class IpvsProxy(ProxyBackend):
 
     def __init__(self, *, table: IpvsTable, device: AddressDevice, ipset: Ipset, iptables: Iptables,
                  sysctls: Sysctls, settings: IpvsSettings = IpvsSettings(),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Clock | None = None):
         self.table = table
         self.device = device
         self.ipset = ipset
         self.iptables = iptables
         self.sysctls = sysctls
         self.settings = settings
-        self.clock = clock
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         self._graceful = GracefulRemovals(timeout=settings.graceful_timeout)
         self._plan: IpvsPlan | None = None
         self._index: PlanIndex | None = None
@@ -85,7 +85,7 @@ class IpvsProxy(ProxyBackend):
     @classmethod
     def in_namespace(cls, *, netns: str | None = None, settings: IpvsSettings = IpvsSettings(),
                      iptables_backend: IptablesBackend | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> IpvsProxy:
+                     clock: Clock | None = None) -> IpvsProxy:
         """The real thing, for the namespace `netns` (None: the caller's, where the agent runs)."""
         from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
         prefix = namespaces.exec_prefix(netns)
@@ -137,7 +137,7 @@ class IpvsProxy(ProxyBackend):
         return IpvsPlan({name: plan for name, (_, _, plan) in rendered.items()})
 
     def _sync_full(self, state: ProxyState) -> BackendSyncReport:
-        now = self.clock()
+        now = self.clock.now()
         plan = self._render(state)
         index = plan.index()
         written: set[ServicePortName] = set()
@@ -176,7 +176,7 @@ class IpvsProxy(ProxyBackend):
                                  detail=detail)
 
     def _sync_partial(self, state: ProxyState, changed: frozenset[ServicePortName]) -> BackendSyncReport:
-        now = self.clock()
+        now = self.clock.now()
         plan, index = self._plan, self._index
         services = dict(plan.services)
         touched_members: dict[str, set[str]] = defaultdict(set)
@@ -290,7 +290,7 @@ class IpvsProxy(ProxyBackend):
         with self._lock:
             if self._index is None:
                 return 0
-            now = self.clock()
+            now = self.clock.now()
             count = 0
             for key in sorted(self._graceful.draining()):
                 planned = self._index.server(key)

@@ -14,21 +14,10 @@ from netagent.kube.resources import ENDPOINT_SLICES, NODES, PODS, SERVICES
 from netagent.lab import endpointslices, pod_objects
 from netagent.lab.apiclient import LabApiClient
 from netagent.lab.apiserver import ApiServer, Subresource
+from netagent.infra.fake_clock import FakeClock
 from netagent.lab.endpointslice_controller import EndpointSliceController, format_trigger_time
 
 SERVICE_LABEL = endpointslices.SERVICE_NAME_LABEL
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 @pytest.fixture
@@ -43,7 +32,7 @@ def server():
 
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return FakeClock(start=1_700_000_000.0, wall_offset=0.0)
 
 
 @pytest.fixture

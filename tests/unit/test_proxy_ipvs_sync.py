@@ -9,6 +9,7 @@ import pytest
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
 from netagent.infra.sync_runner import SyncKind
+from netagent.infra.fake_clock import FakeClock
 from proxy.backend import ProgrammedService
 from proxy.ipvs.device import FakeAddressDevice
 from proxy.ipvs.proxy import IpvsProxy
@@ -29,14 +30,6 @@ WEB_NODEPORT_KEY = VirtualServerKey("192.168.1.10", Protocol.TCP, 30080)
 DNS_KEY = VirtualServerKey("10.96.0.53", Protocol.UDP, 53)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 @dataclasses.dataclass
 class Kernel:
     table: FakeIpvsTable
@@ -51,7 +44,7 @@ class Kernel:
 
     def proxy(self, clock=None, **settings) -> IpvsProxy:
         return IpvsProxy(table=self.table, device=self.device, ipset=self.ipset, iptables=self.iptables,
-                         sysctls=self.sysctls, settings=IpvsSettings(**settings), clock=clock or Clock())
+                         sysctls=self.sysctls, settings=IpvsSettings(**settings), clock=clock or FakeClock())
 
     def reals(self, key) -> dict[str, int]:
         return {str(r.destination): r.weight for r in self.table.real_servers(key)}
@@ -157,7 +150,7 @@ def test_a_service_without_endpoints_is_listed_for_rejection_and_leaves_when_one
 
 
 def test_an_endpoint_that_goes_drains_at_weight_zero_until_idle(kernel):
-    clock = Clock()
+    clock = FakeClock()
     proxy = kernel.proxy(clock)
     proxy.sync(BASE, changed=None)
     kernel.table.set_connections(WEB_KEY, Destination("10.244.2.6", 8080), active=1)
@@ -165,8 +158,8 @@ def test_an_endpoint_that_goes_drains_at_weight_zero_until_idle(kernel):
     proxy.sync(gone, changed=gone.changed_since(BASE))
     assert kernel.reals(WEB_KEY) == {"10.244.1.5:8080": 1, "10.244.2.6:8080": 0}
     assert kernel.reals(WEB_NODEPORT_KEY) == {"10.244.1.5:8080": 1}, "no connections there: deleted at once"
-    assert proxy.drain_deadline() == clock.now + 15
-    clock.now += 5
+    assert proxy.drain_deadline() == clock.now() + 15
+    clock.advance(5)
     assert proxy.reap_drained() == 0 and kernel.reals(WEB_KEY)["10.244.2.6:8080"] == 0
     kernel.table.set_connections(WEB_KEY, Destination("10.244.2.6", 8080), active=0, inactive=0)
     assert proxy.reap_drained() == 1
@@ -174,7 +167,7 @@ def test_an_endpoint_that_goes_drains_at_weight_zero_until_idle(kernel):
 
 
 def test_a_drain_ends_at_the_timeout_even_with_connections(kernel):
-    clock = Clock()
+    clock = FakeClock()
     proxy = kernel.proxy(clock, graceful_timeout=15)
     proxy.sync(BASE, changed=None)
     kernel.table.set_connections(WEB_KEY, Destination("10.244.2.6", 8080), active=3, inactive=2)
@@ -182,10 +175,10 @@ def test_a_drain_ends_at_the_timeout_even_with_connections(kernel):
         "10.244.2.6", ready=False, serving=True, terminating=True)})
     proxy.sync(terminating, changed=terminating.changed_since(BASE))
     assert kernel.reals(WEB_KEY)["10.244.2.6:8080"] == 0
-    clock.now += 14.9
+    clock.advance(14.9)
     proxy.sync(terminating, changed=frozenset())
     assert kernel.reals(WEB_KEY)["10.244.2.6:8080"] == 0
-    clock.now += 0.1
+    clock.advance(0.1)
     proxy.sync(terminating, changed=frozenset())
     assert "10.244.2.6:8080" not in kernel.reals(WEB_KEY)
 

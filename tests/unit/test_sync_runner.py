@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from netagent.infra.sync_runner import (FakeClock, SyncKind, SyncResult, SyncRunner, SyncRunRecord,
+from netagent.infra.fake_clock import FakeClock
+from netagent.infra.sync_runner import (SyncKind, SyncResult, SyncRunner, SyncRunRecord,
                                   SyncSchedule)
 
 FULL, PARTIAL = SyncKind.FULL, SyncKind.PARTIAL

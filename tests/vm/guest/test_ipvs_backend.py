@@ -34,6 +34,7 @@ from netagent.kernel import namespaces
 from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.infra.fake_clock import FakeClock
 from proxy.ipvs import IpvsProxy, IpvsSettings
 from proxy.ipvs.netlink import NetlinkIpvsTable
 from proxy.ipvs.table import Destination, VirtualServerKey
@@ -158,7 +159,7 @@ class Lab:
         self.ns: dict[str, str] = {}
         self.sockets: list[socket.socket] = []
         self.proxy: IpvsProxy | None = None
-        self.now = 0.0   # the backends' clock: graceful removal is timed by the test, not waited for
+        self.clock = FakeClock()  # the backends' clock: graceful removal is timed by the test, not waited for
         self.state = ProxyState(NODE, services=SERVICES, endpoints=ENDPOINTS)
 
     def build(self):
@@ -195,7 +196,7 @@ class Lab:
 
     def new_proxy(self) -> IpvsProxy:
         return IpvsProxy.in_namespace(netns=self.ns["node"], iptables_backend=IptablesBackend.NFT,
-                                      settings=IpvsSettings(graceful_timeout=GRACEFUL_TIMEOUT), clock=lambda: self.now)
+                                      settings=IpvsSettings(graceful_timeout=GRACEFUL_TIMEOUT), clock=self.clock)
 
     def update(self, **endpoints) -> None:
         """Change endpoints of services (by attribute name of this module) with a partial sync."""
@@ -327,12 +328,12 @@ def test_graceful_removal_keeps_an_established_connection_until_it_ends(lab):
         finally:
             restarted.close()
         assert connection.ask("after restart")[0] == pod
-        lab.now += GRACEFUL_TIMEOUT - 1
+        lab.clock.advance(GRACEFUL_TIMEOUT - 1)
         lab.proxy.reap_drained()
         assert connection.ask("still draining")[0] == pod and real_servers(lab, key)[leaving].weight == 0
     finally:
         connection.close()
-    lab.now += 1                             # closed connections linger as inactive: the timeout ends the drain
+    lab.clock.advance(1)                            # closed connections linger as inactive: the timeout ends the drain
     lab.proxy.reap_drained()
     assert set(real_servers(lab, key)) == {staying}
 
