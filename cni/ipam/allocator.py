@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from cni.errors import CniError, ErrorCode
 from cni.ipam.config import Address, IpamConf, RangeSet
-from cni.ipam.store import owner_text
+from cni.ipam.store import ReservationStore, owner_text
 
 _FAMILIES = ((socket.AF_INET, 4), (socket.AF_INET6, 6))
 
@@ -103,7 +103,7 @@ def _candidates(range_set: RangeSet, *, after: int | None):
                 yield value, ip_range
 
 
-def _last_reserved(store, *, set_index: int, range_set: RangeSet) -> int | None:
+def _last_reserved(store: ReservationStore, *, set_index: int, range_set: RangeSet) -> int | None:
     text = store.last_reserved(set_index)
     key = address_key(text) if text else None
     return key[1] if key is not None and _in_set(key, range_set) else None
@@ -114,7 +114,7 @@ def _exhausted(range_set: RangeSet) -> CniError:
                     f"no IP addresses available in range set: {range_set}")
 
 
-def _take_next(store, *, range_set: RangeSet, set_index: int, taken: set, owner: str) -> Lease:
+def _take_next(store: ReservationStore, *, range_set: RangeSet, set_index: int, taken: set, owner: str) -> Lease:
     after = _last_reserved(store, set_index=set_index, range_set=range_set)
     version = range_set.version
     for value, ip_range in _candidates(range_set, after=after):
@@ -128,10 +128,10 @@ def _take_next(store, *, range_set: RangeSet, set_index: int, taken: set, owner:
     raise _exhausted(range_set)
 
 
-def _take_requested(store, *, range_set: RangeSet, set_index: int, address: Address,
+def _take_requested(store: ReservationStore, *, range_set: RangeSet, set_index: int, address: Address,
                     taken: set, owner: str) -> Lease:
     ip_range = range_set.range_for(address)
-    if (address.version, int(address)) in taken or not store.reserve(str(address), owner=owner):
+    if ip_range is None or (address.version, int(address)) in taken or not store.reserve(str(address), owner=owner):
         raise CniError(ErrorCode.ADDRESS_CONFLICT,
                        f"requested IP address {address} is not available in range set "
                        f"{range_set}")
@@ -139,7 +139,7 @@ def _take_requested(store, *, range_set: RangeSet, set_index: int, address: Addr
                  gateway=ip_range.gateway)
 
 
-def _refuse_duplicates(store, ipam: IpamConf, *, reservations: dict, container_id: str,
+def _refuse_duplicates(store: ReservationStore, ipam: IpamConf, *, reservations: dict, container_id: str,
                        ifname: str) -> None:
     in_ranges = [name for name, key in reservations.items()
                  if any(_in_set(key, s) for s in ipam.range_sets)]
@@ -150,7 +150,7 @@ def _refuse_duplicates(store, ipam: IpamConf, *, reservations: dict, container_i
                            "allocation is not allowed", f"interface {ifname}")
 
 
-def _release_quietly(store, leases: list) -> None:
+def _release_quietly(store: ReservationStore, leases: list) -> None:
     for lease in leases:
         try:
             store.release(lease.name)
@@ -158,7 +158,7 @@ def _release_quietly(store, leases: list) -> None:
             pass
 
 
-def allocate(store, ipam: IpamConf, *, container_id: str, ifname: str,
+def allocate(store: ReservationStore, ipam: IpamConf, *, container_id: str, ifname: str,
              requested: dict | None = None) -> list:
     """One lease per range set for (container_id, ifname); all or nothing.
 
@@ -195,7 +195,7 @@ def _owners(store) -> dict:
     return store.read_owners(list(_reservations(store)))
 
 
-def _release_all(store, names, *, what: str) -> None:
+def _release_all(store: ReservationStore, names, *, what: str) -> None:
     failures = []
     for name in names:
         try:
@@ -207,7 +207,7 @@ def _release_all(store, names, *, what: str) -> None:
                        "reservation(s)", "; ".join(failures))
 
 
-def release(store, *, container_id: str, ifname: str) -> list:
+def release(store: ReservationStore, *, container_id: str, ifname: str) -> list:
     """Release every reservation of (container_id, ifname); return the names released.
 
     Nothing held is not an error. Like host-local, old-format files (container ID only)
@@ -225,17 +225,18 @@ def release(store, *, container_id: str, ifname: str) -> list:
     return names
 
 
-def missing_sets(store, ipam: IpamConf, *, container_id: str, ifname: str) -> list:
+def missing_sets(store: ReservationStore, ipam: IpamConf, *, container_id: str, ifname: str) -> list:
     """Indexes of the range sets in which (container_id, ifname) holds no address."""
     if not store.exists():
         return list(range(len(ipam.range_sets)))
     with store.locked():
-        held = [address_key(name) for name, content in _owners(store).items()
-                if _owned_by(content, container_id=container_id, ifname=ifname)]
+        held = [key for name, content in _owners(store).items()
+                if _owned_by(content, container_id=container_id, ifname=ifname)
+                and (key := address_key(name)) is not None]
     return [i for i, s in enumerate(ipam.range_sets) if not any(_in_set(k, s) for k in held)]
 
 
-def collect_garbage(store, *, valid) -> list:
+def collect_garbage(store: ReservationStore, *, valid) -> list:
     """Release every reservation whose owner is not in `valid` ((containerID, ifname) pairs).
 
     Old-format files survive when their container ID appears in `valid` with any ifname.
@@ -255,7 +256,7 @@ def has_free_address(range_set: RangeSet, *, taken: set) -> bool:
     return any((version, v) not in taken for v, _ in _candidates(range_set, after=None))
 
 
-def exhausted_sets(store, ipam: IpamConf) -> list:
+def exhausted_sets(store: ReservationStore, ipam: IpamConf) -> list:
     """Indexes of the range sets that have no address left to hand out."""
     with store.locked():
         taken = set(_reservations(store).values())

@@ -22,7 +22,7 @@ from cni.errors import CniError, ErrorCode
 from cni.ipam import allocator
 from cni.ipam.config import (IpamConf, assign_requested, parse_ipam_config,
                              parse_requested_ips, read_resolv_conf)
-from cni.ipam.store import DiskStore
+from cni.ipam.store import DiskStore, ReservationStore
 from cni.request import CniRequest
 
 
@@ -59,7 +59,7 @@ def dns_for(ipam: IpamConf) -> dict:
 class BuiltinIpam:
     """host-local compatible IPAM over a data directory (or any store, for tests)."""
 
-    def __init__(self, *, store_for: Callable[[IpamConf], object] | None = None) -> None:
+    def __init__(self, *, store_for: Callable[[IpamConf], ReservationStore] | None = None) -> None:
         self._store_for = store_for or disk_store_for
 
     def add(self, conf: NetConf, req: CniRequest) -> dict:

@@ -44,11 +44,11 @@ class IpRange:
         return self.subnet.version
 
     def contains(self, address: Address) -> bool:
-        return address.version == self.version and self.start <= address <= self.end
+        return address.version == self.version and int(self.start) <= int(address) <= int(self.end)
 
     def overlaps(self, other: IpRange) -> bool:
-        return other.version == self.version and self.start <= other.end \
-            and other.start <= self.end
+        return other.version == self.version and int(self.start) <= int(other.end) \
+            and int(other.start) <= int(self.end)
 
     def __str__(self) -> str:
         return f"{self.start}-{self.end}"
@@ -171,7 +171,7 @@ def parse_range(raw: object, *, where: str) -> IpRange:
     start = first if start is None else start
     end = _last_usable(subnet) if end is None else end
     gateway = first if gateway is None else gateway
-    if start > end:
+    if int(start) > int(end):
         raise invalid(f"RangeEnd {end} is before RangeStart {start}", where)
     return IpRange(subnet=subnet, start=start, end=end, gateway=gateway)
 

@@ -1,4 +1,5 @@
-"""Where IP reservations live: `DiskStore` (host-local's layout) and `FakeStore` (memory).
+"""Where IP reservations live: the `ReservationStore` seam and `DiskStore` (host-local's layout);
+`FakeStore` (memory, fake_store.py) stands beside it for unit tests.
 
 The on-disk layout is host-local's, byte for byte, so host-local and netagent can share a
 data directory (and a node can switch between them) without losing a reservation:
@@ -20,9 +21,11 @@ Standard library only: the standalone IPAM binary imports this module.
 """
 from __future__ import annotations
 
+import abc
 import fcntl
 import os
-import threading
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 
 from cni.errors import CniError, ErrorCode
 
@@ -89,7 +92,51 @@ class _FlockHeld:
         os.close(self._fd)  # closing the only descriptor releases the flock
 
 
-class DiskStore:
+class ReservationStore(abc.ABC):
+    """What the allocator needs of a store: named reservations, their owners, a lock."""
+
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the network's store was ever created (nothing to release otherwise)."""
+
+    @abc.abstractmethod
+    def ensure_writable(self) -> None:
+        """Raise code 5 unless reservations could be created right now."""
+
+    @abc.abstractmethod
+    def locked(self) -> AbstractContextManager[None]:
+        """Held around a whole allocate, release or GC."""
+
+    @abc.abstractmethod
+    def names(self) -> list:
+        """Names that may be reservations (bookkeeping included; see `is_bookkeeping`)."""
+
+    @abc.abstractmethod
+    def read_owner(self, name: str) -> str | None:
+        """The owner text of one reservation; None when it does not exist."""
+
+    @abc.abstractmethod
+    def read_owners(self, names: Iterable[str]) -> dict:
+        """Owner text by name for those of `names` that exist."""
+
+    @abc.abstractmethod
+    def reserve(self, name: str, *, owner: str) -> bool:
+        """Create the reservation; False when it already exists."""
+
+    @abc.abstractmethod
+    def release(self, name: str) -> bool:
+        """Remove the reservation; False when there was none."""
+
+    @abc.abstractmethod
+    def last_reserved(self, set_index: int) -> str | None:
+        """The last address handed out from range set `set_index`."""
+
+    @abc.abstractmethod
+    def set_last_reserved(self, set_index: int, address: str) -> None:
+        """Remember the last address handed out from range set `set_index`."""
+
+
+class DiskStore(ReservationStore):
     """Reservations as files in one network's directory (host-local compatible)."""
 
     def __init__(self, directory: str) -> None:
@@ -198,76 +245,3 @@ class DiskStore:
                 os.close(fd)
         except OSError as exc:
             raise _io_error("write", path, exc=exc) from None
-
-
-class _ThreadLockHeld:
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-
-    def __exit__(self, *exc_info) -> None:
-        self._lock.release()
-
-
-class FakeStore:
-    """In-memory store with DiskStore's interface, for unit tests.
-
-    `files` maps reservation names to their content, `last` maps set indexes to the
-    last reserved address. Fault injection: `writable = False` makes the store refuse
-    every write (as a read-only data directory would), and names in `unreleasable` fail
-    to be released.
-    """
-
-    def __init__(self) -> None:
-        self.files: dict = {}
-        self.last: dict = {}
-        self.created = False
-        self.writable = True
-        self.unreleasable: set = set()
-        self._lock = threading.Lock()
-
-    def _require_writable(self, name: str) -> None:
-        if not self.writable:
-            raise CniError(ErrorCode.IO_FAILURE, f"cannot write {name}", "read-only (fake)")
-
-    def exists(self) -> bool:
-        return self.created or bool(self.files) or bool(self.last)
-
-    def ensure_writable(self) -> None:
-        self._require_writable(LOCK_NAME)
-        self.created = True
-
-    def locked(self) -> _ThreadLockHeld:
-        self.created = True
-        return _ThreadLockHeld(self._lock)
-
-    def names(self) -> list:
-        return list(self.files)
-
-    def read_owner(self, name: str) -> str | None:
-        content = self.files.get(name)
-        return None if content is None else content.strip()
-
-    def read_owners(self, names) -> dict:
-        return {name: self.files[name].strip() for name in names if name in self.files}
-
-    def reserve(self, name: str, *, owner: str) -> bool:
-        self._require_writable(name)
-        if name in self.files:
-            return False
-        self.files[name] = owner
-        return True
-
-    def release(self, name: str) -> bool:
-        if name in self.unreleasable:
-            raise CniError(ErrorCode.IO_FAILURE, f"cannot remove {name}", "injected (fake)")
-        return self.files.pop(name, None) is not None
-
-    def last_reserved(self, set_index: int) -> str | None:
-        return self.last.get(set_index)
-
-    def set_last_reserved(self, set_index: int, address: str) -> None:
-        self._require_writable(f"{LAST_RESERVED_PREFIX}{set_index}")
-        self.last[set_index] = address

@@ -12,7 +12,7 @@ from cni.config import parse_netconf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import allocator
 from cni.ipam.builtin import BuiltinIpam
-from cni.ipam.store import FakeStore
+from cni.ipam.fake_store import FakeStore
 from cni.request import CniRequest
 
 V4 = {"subnet": "10.0.0.0/24"}
