@@ -2,8 +2,8 @@
 service addresses on a dummy device, and a constant iptables ruleset keyed by ipsets.
 
 Modules, each with one job:
-  table.py    virtual/real server values, the `IpvsTable` interface, `FakeIpvsTable`
-  device.py   the service-address dummy device interface and `FakeAddressDevice`
+  table.py    virtual/real server values and the `IpvsTable` interface (fake: fake_table.py)
+  device.py   the service-address dummy device interface (fake: fake_device.py)
   netlink.py  the real table and device over pyroute2 (generic netlink IPVS, rtnetlink)
   sysctls.py  the kernel settings IPVS needs, each with its reason
   rules.py    the ipsets and the constant iptables chains that match them

@@ -12,14 +12,12 @@ Which virtual servers are ours is decided from this device: one whose address is
 made by this backend (NodePort ones are recognised through our ipsets, see proxy/ipvs/rules.py).
 
 `AddressDevice` is the interface; `NetlinkAddressDevice` (proxy/ipvs/netlink.py) is the real
-one over pyroute2's IPRoute, `FakeAddressDevice` keeps the addresses in memory. Adding an
+one over pyroute2's IPRoute, `FakeAddressDevice` (fake_device.py) keeps the addresses in memory. Adding an
 address already there and removing one already gone are quiet in both.
 """
 from __future__ import annotations
 
 import abc
-import ipaddress
-from dataclasses import dataclass
 from netagent.kernel import owned
 
 DEFAULT_DEVICE = owned.IPVS_DEVICE
@@ -48,49 +46,3 @@ class AddressDevice(abc.ABC):
     @abc.abstractmethod
     def delete(self) -> None:
         """Remove the device and its addresses; quiet when it does not exist."""
-
-
-@dataclass(frozen=True)
-class DeviceWrite:
-    operation: str      # "create", "add", "remove", "delete"
-    detail: str = ""
-
-
-class FakeAddressDevice(AddressDevice):
-    def __init__(self, name: str = DEFAULT_DEVICE):
-        self.name = name
-        self.present = False
-        self.held: set[str] = set()
-        self.writes: list[DeviceWrite] = []
-
-    def exists(self) -> bool:
-        return self.present
-
-    def ensure(self) -> bool:
-        if self.present:
-            return False
-        self.present = True
-        self.writes.append(DeviceWrite("create", self.name))
-        return True
-
-    def addresses(self) -> frozenset[str]:
-        return frozenset(self.held)
-
-    def add_address(self, address: str) -> None:
-        if not self.present:
-            raise LookupError(f"device {self.name} does not exist")
-        address = str(ipaddress.IPv4Address(address))
-        if address not in self.held:
-            self.held.add(address)
-            self.writes.append(DeviceWrite("add", address))
-
-    def remove_address(self, address: str) -> None:
-        if address in self.held:
-            self.held.discard(address)
-            self.writes.append(DeviceWrite("remove", address))
-
-    def delete(self) -> None:
-        if self.present:
-            self.present = False
-            self.held.clear()
-            self.writes.append(DeviceWrite("delete", self.name))
