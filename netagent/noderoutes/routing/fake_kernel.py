@@ -22,14 +22,14 @@ import dataclasses
 import errno
 from ipaddress import IPv4Interface
 
-from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, RoutingKernel, DeviceChange, FdbEntry, IpipDevice, KernelError, \
     Neighbour, ObservedDevice, Route, VxlanDevice
 from netagent.noderoutes.routing.plan import describe, device_drift
 
 VXLAN_HEADROOM = 50
 
 
-class FakeKernel:
+class FakeKernel(RoutingKernel):
     def __init__(self, *, protocol: int = ROUTE_PROTOCOL) -> None:
         self.protocol = protocol
         self.links: dict[str, ObservedDevice] = {}

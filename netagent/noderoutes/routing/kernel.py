@@ -33,7 +33,7 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
 from netagent.kernel import namespaces
-from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, DeviceChange, FdbEntry, IpipDevice, KernelError, \
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, RoutingKernel, DeviceChange, FdbEntry, IpipDevice, KernelError, \
     Neighbour, ObservedDevice, Route, VxlanDevice
 from netagent.noderoutes.routing.plan import describe, device_drift
 
@@ -65,7 +65,7 @@ def _in_own_netns(method):
     return run
 
 
-class NetlinkKernel:
+class NetlinkKernel(RoutingKernel):
     def __init__(self, *, protocol: int = ROUTE_PROTOCOL) -> None:
         self.protocol = protocol
         self._netns_fd = os.open(namespaces.THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)

@@ -10,10 +10,11 @@ Nothing here imports pyroute2: unit tests and the renderer stay light.
 """
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
-from typing import Mapping, Protocol
+from typing import Mapping
 from netagent.kernel import owned
 
 ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL
@@ -251,21 +252,50 @@ class RoutingApplyError(Exception):
         self.report = report
 
 
-class RoutingKernel(Protocol):
+class RoutingKernel(abc.ABC):
     """The operations the reconciler needs; deletes of something already gone succeed."""
 
-    protocol: int
+    protocol: int  # the route protocol number that marks routes as ours
 
-    def links_with_prefix(self, prefix: str) -> dict[str, str]: ...  # name -> kind
+    @abc.abstractmethod
+    def links_with_prefix(self, prefix: str) -> dict[str, str]:
+        """Our links: name -> kind."""
+
+    @abc.abstractmethod
     def delete_link(self, ifname: str) -> None: ...
+
+    @abc.abstractmethod
     def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange: ...
+
+    @abc.abstractmethod
     def ensure_ipip(self, device: IpipDevice) -> DeviceChange: ...
-    def dump_routes(self) -> list[Route]: ...  # ours: main table, our protocol, IPv4
+
+    @abc.abstractmethod
+    def dump_routes(self) -> list[Route]:
+        """Ours: main table, our protocol, IPv4."""
+
+    @abc.abstractmethod
     def replace_route(self, route: Route) -> None: ...
-    def delete_route(self, route: Route) -> None: ...  # matched by dst and our protocol
-    def dump_neighbours(self, ifname: str) -> list[Neighbour]: ...  # permanent IPv4 entries
+
+    @abc.abstractmethod
+    def delete_route(self, route: Route) -> None:
+        """Matched by destination and our protocol."""
+
+    @abc.abstractmethod
+    def dump_neighbours(self, ifname: str) -> list[Neighbour]:
+        """Permanent IPv4 entries."""
+
+    @abc.abstractmethod
     def replace_neighbour(self, neighbour: Neighbour) -> None: ...
+
+    @abc.abstractmethod
     def delete_neighbour(self, neighbour: Neighbour) -> None: ...
+
+    @abc.abstractmethod
     def dump_fdb(self, ifname: str) -> list[FdbEntry]: ...
+
+    @abc.abstractmethod
     def replace_fdb(self, entry: FdbEntry) -> None: ...
+
+    @abc.abstractmethod
     def delete_fdb(self, entry: FdbEntry) -> None: ...
