@@ -10,18 +10,17 @@
   CNI plugin from the node's namespace with the config the agent published, exactly as
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
   the Ready condition, termination with a grace period: `pod_objects.py`);
-- the machines and wires: `physical.py`.
+- the machines and wires: `physical.py`; the processes (API server, agents): `processes.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
 lab's `--proxy-mode` (iptables, ipvs or none: always said, as the agent's default is iptables).
-The state (namespaces, pids, pods) lives in `<workdir>/state.json`, so the CLI can build
+The state (namespaces, pids, pods: `state.py`) lives in `<workdir>/state.json`, so the CLI can build
 a lab with `lab up` and drive or remove it from later commands; tests use the same class
 in-process as a context manager.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import ipaddress
 import json
 import math
@@ -32,12 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 
 from netagent.cniserver import install as cni_install
 
 from netagent.kernel import namespaces
 from netagent.lab import physical, pod_objects
+from netagent.lab.processes import Processes, process_alive, tail
+from netagent.lab.state import LabError, LabState, NodeState, PodState
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.endpointslices import pod_is_ready
@@ -51,78 +51,12 @@ API_PORT = 6443
 MODES = tuple(mode.value for mode in Mode)  # the backends --backend accepts
 
 
-class LabError(Exception):
-    """The lab could not do what was asked; the message says why."""
-
-
-@dataclass
-class NodeState:
-    name: str
-    index: int
-    segment: int
-    netns: str
-    address: str
-    pod_cidr: str
-    port: str                      # its cable's end in the switch namespace
-    agent_pid: int | None = None
-
-
-@dataclass
-class PodState:
-    name: str
-    node: str
-    netns: str
-    container_id: str
-    ip: str
-    labels: dict = field(default_factory=dict)
-    ifname: str = "eth0"
-    namespace: str = "default"
-    ports: dict = field(default_factory=dict)  # container port name -> [number, protocol]
-
-
-@dataclass
-class LabState:
-    prefix: str
-    workdir: str
-    mode: str
-    auto_encap: str
-    segments: int
-    resync_period: float
-    switch: str
-    router: str
-    internet: str
-    api_pid: int | None = None
-    proxy_mode: str = "iptables"
-    nodes: dict = field(default_factory=dict)   # name -> NodeState
-    pods: dict = field(default_factory=dict)    # name -> PodState
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "LabState":
-        data = dict(data)
-        data["nodes"] = {k: NodeState(**v) for k, v in data["nodes"].items()}
-        data["pods"] = {k: PodState(**v) for k, v in data["pods"].items()}
-        return cls(**data)
-
-
-def _process_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class LabCluster:
     """Build, drive and remove a lab cluster. Use `create()` or `load()`, then `close()`/`down()`."""
 
     def __init__(self, state: LabState) -> None:
         self.state = state
-        self._children: dict[int, subprocess.Popen] = {}  # processes this Python started
+        self.processes = Processes(cwd=cni_install.code_root())
 
     # ------------------------------------------------------------ paths
     @property
@@ -218,8 +152,8 @@ class LabCluster:
     def down(self) -> None:
         """Stop every process and remove every namespace and file of the lab; safe to repeat."""
         for node in self.state.nodes.values():
-            self._kill(node.agent_pid)
-        self._kill(self.state.api_pid)
+            self.processes.kill(node.agent_pid)
+        self.processes.kill(self.state.api_pid)
         for pod in self.state.pods.values():
             namespaces.remove(pod.netns)
         for node in self.state.nodes.values():
@@ -227,36 +161,6 @@ class LabCluster:
         for ns in (self.state.switch, self.state.router, self.state.internet):
             namespaces.remove(ns)
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    # ------------------------------------------------------------ processes
-    def _spawn(self, netns: str, argv: list, log_path: str) -> int:
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([*namespaces.exec_prefix(netns), *argv], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=cni_install.code_root(), start_new_session=True)
-        self._children[proc.pid] = proc
-        return proc.pid
-
-    def _kill(self, pid: int | None, *, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-        if not _process_alive(pid):
-            self._reap(pid)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + timeout
-        while _process_alive(pid) and time.monotonic() < deadline:
-            self._reap(pid)
-            time.sleep(0.02)
-        if _process_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
-        self._reap(pid)
-
-    def _reap(self, pid: int | None) -> None:
-        proc = self._children.get(pid)
-        if proc is not None and proc.poll() is not None:
-            del self._children[pid]
 
     def _write_kubeconfig(self) -> None:
         config = {"apiVersion": "v1", "kind": "Config", "current-context": "lab",
@@ -272,7 +176,7 @@ class LabCluster:
     def start_apiserver(self, *, timeout: float = 60.0) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.api_socket)
-        pid = self._spawn(self.state.router, [
+        pid = self.processes.spawn(self.state.router, [
             sys.executable, "-m", "netagent.lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
             "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
             "--endpointslice-controller"],
@@ -285,20 +189,14 @@ class LabCluster:
                 with contextlib.suppress(Exception):
                     self.api().list("v1", "Node")
                     return
-            if not _process_alive(pid) or time.monotonic() > deadline:
-                raise LabError("the API server did not start:\n" + self._tail(os.path.join(self.workdir, "apiserver.log")))
+            if not process_alive(pid) or time.monotonic() > deadline:
+                raise LabError("the API server did not start:\n" + tail(os.path.join(self.workdir, "apiserver.log")))
             time.sleep(0.05)
 
     def stop_apiserver(self, *, sig: int = signal.SIGTERM) -> None:
-        self._kill(self.state.api_pid, sig=sig)
+        self.processes.kill(self.state.api_pid, sig=sig)
         self.state.api_pid = None
         self.save()
-
-    @staticmethod
-    def _tail(path: str, lines: int = 40) -> str:
-        with contextlib.suppress(OSError), open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-        return f"(no log at {path})"
 
     # ------------------------------------------------------------ nodes
     def add_node(self, *, name: str | None = None, segment: int = 1, wait: bool = True) -> NodeState:
@@ -357,7 +255,7 @@ class LabCluster:
         node = self._node(name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.cni_socket(name))
-        node.agent_pid = self._spawn(node.netns, self.agent_argv(name), self.agent_log(name))
+        node.agent_pid = self.processes.spawn(node.netns, self.agent_argv(name), self.agent_log(name))
         self.save()
         if wait:
             self.wait_for_agent(name)
@@ -367,13 +265,13 @@ class LabCluster:
         node = self._node(name)
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.cni_socket(name)):
-            if not _process_alive(node.agent_pid) or time.monotonic() > deadline:
-                raise LabError(f"the agent on {name} did not become ready:\n{self._tail(self.agent_log(name))}")
+            if not process_alive(node.agent_pid) or time.monotonic() > deadline:
+                raise LabError(f"the agent on {name} did not become ready:\n{tail(self.agent_log(name))}")
             time.sleep(0.05)
 
     def stop_agent(self, name: str, *, sig: int = signal.SIGTERM) -> None:
         node = self._node(name)
-        self._kill(node.agent_pid, sig=sig)
+        self.processes.kill(node.agent_pid, sig=sig)
         node.agent_pid = None
         self.save()
 
@@ -537,9 +435,9 @@ class LabCluster:
         for node in self.state.nodes.values():
             nodes.append({"name": node.name, "address": node.address, "podCIDR": node.pod_cidr,
                           "segment": node.segment, "netns": node.netns, "mode": self.state.mode,
-                          "agent": {"pid": node.agent_pid, "running": _process_alive(node.agent_pid),
+                          "agent": {"pid": node.agent_pid, "running": process_alive(node.agent_pid),
                                     "log": self.agent_log(node.name)}})
-        api_running = _process_alive(self.state.api_pid)
+        api_running = process_alive(self.state.api_pid)
         api_error = None
         pod_objects_by_name: dict = {}
         services: list = []
@@ -554,11 +452,11 @@ class LabCluster:
                 api_error = str(error)
         pods = []
         for p in self.state.pods.values():
-            obj = pod_objects_by_name.get((p.namespace, p.name))
+            found = pod_objects_by_name.get((p.namespace, p.name))
             pods.append({"name": p.name, "namespace": p.namespace, "node": p.node, "ip": p.ip, "netns": p.netns,
                          "labels": p.labels, "ports": p.ports,
-                         "ready": None if obj is None else pod_is_ready(obj),
-                         "terminating": None if obj is None else bool(obj["metadata"].get("deletionTimestamp"))})
+                         "ready": None if found is None else pod_is_ready(found),
+                         "terminating": None if found is None else bool(found["metadata"].get("deletionTimestamp"))})
         api_server = {"url": self.api_url, "unixSocket": self.api_socket, "running": api_running}
         if api_error:
             api_server["error"] = api_error

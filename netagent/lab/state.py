@@ -1,0 +1,65 @@
+"""What a lab is made of, as saved in `<workdir>/state.json`: nodes, pods, the shared namespaces.
+
+Plain dataclasses that round-trip through JSON, so `netagent lab up` can build a lab and
+later commands (another process) can load, drive and remove it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class LabError(Exception):
+    """The lab could not do what was asked; the message says why."""
+
+
+@dataclass
+class NodeState:
+    name: str
+    index: int
+    segment: int
+    netns: str
+    address: str
+    pod_cidr: str
+    port: str                      # its cable's end in the switch namespace
+    agent_pid: int | None = None
+
+
+@dataclass
+class PodState:
+    name: str
+    node: str
+    netns: str
+    container_id: str
+    ip: str
+    labels: dict = field(default_factory=dict)
+    ifname: str = "eth0"
+    namespace: str = "default"
+    ports: dict = field(default_factory=dict)  # container port name -> [number, protocol]
+
+
+@dataclass
+class LabState:
+    prefix: str
+    workdir: str
+    mode: str
+    auto_encap: str
+    segments: int
+    resync_period: float
+    switch: str
+    router: str
+    internet: str
+    api_pid: int | None = None
+    proxy_mode: str = "iptables"
+    nodes: dict = field(default_factory=dict)   # name -> NodeState
+    pods: dict = field(default_factory=dict)    # name -> PodState
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LabState":
+        data = dict(data)
+        data["nodes"] = {k: NodeState(**v) for k, v in data["nodes"].items()}
+        data["pods"] = {k: PodState(**v) for k, v in data["pods"].items()}
+        return cls(**data)
