@@ -226,10 +226,11 @@ class EndpointSliceController:
         touched: dict[ServiceKey, float | None] = {}
 
         def touch(key: ServiceKey, at: float | None) -> None:
-            if key not in touched or touched[key] is None:
+            earlier = touched.get(key)
+            if key not in touched or earlier is None:
                 touched[key] = at
             elif at is not None:
-                touched[key] = min(touched[key], at)
+                touched[key] = min(earlier, at)
 
         with self._store.lock:
             if full:
@@ -272,8 +273,9 @@ class EndpointSliceController:
                     touch((service["metadata"].get("namespace", ""), service["metadata"]["name"]), at)
         elif event.resource is ENDPOINT_SLICES:
             for version in (obj, prev):
-                if version is not None and endpointslices.is_managed(version) and endpointslices.service_of(version):
-                    touch((namespace, endpointslices.service_of(version)), None)
+                owner = endpointslices.service_of(version) if version is not None else None
+                if version is not None and endpointslices.is_managed(version) and owner:
+                    touch((namespace, owner), None)
 
     # -- one Service -----------------------------------------------------------------------------
     def _sync(self, key: ServiceKey, *, trigger_time: float | None) -> None:

@@ -328,17 +328,17 @@ def plan_slices(
     plan = SlicePlan()
     placeholder_only = list(desired) == [()] and not desired[()]
     kept_any = False
-    for endpoint_slice, ports, endpoints in layout:
+    for planned, ports, endpoints in layout:
         if not endpoints and not (placeholder_only and not kept_any):
-            if endpoint_slice is not None:
-                plan.delete.append(endpoint_slice["metadata"]["name"])
+            if planned is not None:
+                plan.delete.append(planned["metadata"]["name"])
             continue
         kept_any = True
         content = _content(service, ports, endpoints)
-        if endpoint_slice is None:
+        if planned is None:
             plan.create.append(_with_content(service, base=None, content=content, trigger_time=trigger_time))
-        elif _existing_content(endpoint_slice) != content:
-            plan.update.append(_with_content(service, base=endpoint_slice, content=content, trigger_time=trigger_time))
+        elif _existing_content(planned) != content:
+            plan.update.append(_with_content(service, base=planned, content=content, trigger_time=trigger_time))
     if placeholder_only and not kept_any:  # nothing existed: create the placeholder (or reuse a spare)
         content = _content(service, (), [])
         if spares:

@@ -24,7 +24,7 @@ UNDERLAY_SUPERNET = ipaddress.ip_network("198.18.0.0/15")
 
 
 def segment_network(segment: int) -> ipaddress.IPv4Network:
-    return ipaddress.ip_network(f"198.18.{16 * segment}.0/20")
+    return ipaddress.IPv4Network(f"198.18.{16 * segment}.0/20")
 
 
 def router_address(segment: int) -> ipaddress.IPv4Address:
