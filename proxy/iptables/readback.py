@@ -19,39 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from netagent.kernel.iptables.restore_format import Chain, RestoreSyntaxError, Table, jump_target, split_tokens
+from netagent.kernel.iptables.restore_format import Chain, Table, jump_target, parse_save
 from proxy.backend import ProgrammedService
 from netagent.kernel.iptables.runner import OWNED_PREFIX
 from proxy.iptables.names import FILTER_CHAIN, NODEPORTS_CHAIN, SERVICES_CHAIN, ChainKind, chain_kind
 from proxy.iptables.render import EntryKind
 
 ANY_LOCAL_ADDRESS = "*"
-OWNED_RULE = f"-A {OWNED_PREFIX}"
 
 
 def read_kernel_view(save_text: str) -> dict[str, Table]:
     """Tables with every chain, and the rules of every chain this backend does not own."""
-    tables: dict[str, Table] = {}
-    table: Table | None = None
-    for number, raw in enumerate(save_text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line[0] == "#":
-            continue
-        if line[0] == "*":
-            table = tables.setdefault(line[1:], Table(line[1:]))
-        elif line == "COMMIT":
-            table = None
-        elif table is None:
-            raise RestoreSyntaxError("line outside a table", line_number=number, line=raw)
-        elif line[0] == ":":
-            name, policy = line[1:].split()[:2]
-            table.chains.setdefault(name, Chain(name, policy))
-        elif line.startswith("-A "):
-            if line.startswith(OWNED_RULE):
-                continue
-            _, chain, *spec = split_tokens(line)
-            table.chains[chain].rules.append(tuple(spec))
-    return tables
+    return parse_save(save_text, skip_rules_of=OWNED_PREFIX)
 
 
 # ---- status -----------------------------------------------------------------------------------

@@ -350,14 +350,16 @@ def _check_targets(spec: Sequence[str], fail) -> None:
 
 # ---- save text <-> tables ------------------------------------------------------------------
 
-def parse_save(text: str) -> dict[str, Table]:
+def parse_save(text: str, *, skip_rules_of: str | None = None) -> dict[str, Table]:
     """Tables from `iptables-save` output (or restore text made only of declarations, rules
-    appended with -A and COMMIT). Specs are kept as saved.
+    appended with -A and COMMIT). Specs are kept as saved. Chains whose names start with
+    `skip_rules_of` keep their names but not their rules (the cheap view a full sync needs).
 
     A loop of its own rather than `parse_restore`: save output is trusted and can be hundreds of
     thousands of lines, so this does the least per line."""
     tables: dict[str, Table] = {}
     table: Table | None = None
+    skipped = f"-A {skip_rules_of}" if skip_rules_of else None
     for line_number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line[0] == "#":
@@ -365,6 +367,8 @@ def parse_save(text: str) -> dict[str, Table]:
         if line[0] == "[":  # `iptables-save -c` puts [packets:bytes] before each rule
             line = line.partition("]")[2].strip()
         if line.startswith("-A "):
+            if skipped is not None and line.startswith(skipped):
+                continue
             try:
                 _, chain, *spec = split_tokens(line)
                 table.chains[chain].rules.append(tuple(spec))
