@@ -24,8 +24,9 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from netagent.cniserver import install as cni_install
 
@@ -37,6 +38,14 @@ from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import EventHandler
 from netagent.kernel import owned
 from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
+
+if TYPE_CHECKING:  # imported where used, at start-up
+    from netagent.infra.status_server import HealthFunction, HealthReport
+    from netagent.infra.sync_runner import SyncRunner
+    from netagent.kube.reflector import Reflector
+    from netagent.noderoutes.masquerade import MasqueradeManager
+    from netagent.noderoutes.routing.model import SyncReport
+    from netagent.noderoutes.routing.routes import RouteManager
 
 log = logging.getLogger("netagent.node")
 
@@ -89,7 +98,7 @@ def node_changes(*, on_change: Callable[[], None] = lambda: None) -> ChangeRecor
 
 def _routing_view(node: dict) -> tuple:
     """The parts of a Node that routing depends on (status heartbeats change nothing)."""
-    notes = nodes.annotations(node)
+    notes = nodes.node_annotations(node)
     return (tuple(nodes.pod_cidr_strings(node)), notes.get(nodes.PUBLIC_IP), notes.get(nodes.BACKEND_DATA))
 
 
@@ -108,14 +117,14 @@ class NodeAgent:
         self.metrics = NodeAgentMetrics(registry)
         self.tracker = node_changes(on_change=self._request_partial)
         self.node_listeners = tuple(node_listeners)
-        self.reflector = None
-        self.route_manager = None
-        self.masquerade = None
-        self.runner = None
+        self.reflector: Reflector | None = None
+        self.route_manager: RouteManager | None = None
+        self.masquerade: MasqueradeManager | None = None
+        self.runner: SyncRunner | None = None
         self.underlay: Underlay | None = None
         self.pod_cidrs: tuple = ()
-        self.last_report = None
-        self._runner_health = None
+        self.last_report: SyncReport | None = None
+        self._runner_health: HealthFunction | None = None
 
     # ------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -123,26 +132,28 @@ class NodeAgent:
         from netagent.kube.resources import NODES
         from netagent.infra.sync_runner import SyncResult, SyncRunner
 
-        self.reflector = Reflector(api_client=self.api_client, resource=NODES,
-                                   handler=FanOut(self.tracker, *self.node_listeners))
-        self.metrics.watch_reflector(self.reflector)
-        self.reflector.start()
-        own = self._wait_for_lease()
-        self.underlay = self._choose_underlay(own)
-        log.info("underlay: %s %s (%s), MTU %d", self.underlay.ifname, self.underlay.public_ip,
-                 self.underlay.reason, self.underlay.mtu)
+        reflector = self.reflector = Reflector(api_client=self.api_client, resource=NODES,
+                                               handler=FanOut(self.tracker, *self.node_listeners))
+        self.metrics.watch_reflector(reflector)
+        reflector.start()
+        own = self._wait_for_lease(reflector)
+        underlay = self.underlay = self._choose_underlay(own)
+        log.info("underlay: %s %s (%s), MTU %d", underlay.ifname, underlay.public_ip,
+                 underlay.reason, underlay.mtu)
         self._enable_forwarding()
-        self._build_managers()
-        backend_data = self.route_manager.ensure_local()
-        self._announce(own, backend_data)
-        self._publish_to_cni()
-        self.runner = SyncRunner(name="node-routes", sync=self._sync,
-                                 min_interval=self.settings.min_sync_interval,
-                                 max_interval=self.settings.resync_interval, retry_interval=1.0)
-        self.runner.start()
-        if self.runner.run_now_and_wait(timeout=120, kind=SyncKind.FULL) is not SyncResult.SUCCEEDED:
-            raise AgentStartError(f"the first route sync failed: {self.runner.status().last_error}")
+        route_manager, self.masquerade = self._build_managers(underlay)
+        self.route_manager = route_manager
+        backend_data = route_manager.ensure_local()
+        self._announce(own, backend_data, underlay)
+        self._publish_to_cni(underlay)
+        runner = self.runner = SyncRunner(name="node-routes", sync=self._sync,
+                                          min_interval=self.settings.min_sync_interval,
+                                          max_interval=self.settings.resync_interval, retry_interval=1.0)
+        runner.start()
+        if runner.run_now_and_wait(timeout=120, kind=SyncKind.FULL) is not SyncResult.SUCCEEDED:
+            raise AgentStartError(f"the first route sync failed: {runner.status().last_error}")
         report = self.last_report
+        assert report is not None, "a succeeded sync records its report"
         log.info("first sync: %d peer(s) %s (added %d, removed %d, unchanged %d); refused %s; pending %s",
                  sum(report.peers_by_mode.values()), report.peers_by_mode, report.added, report.removed,
                  report.unchanged, report.refused or "none", report.pending or "none")
@@ -151,7 +162,7 @@ class NodeAgent:
         if self.runner is not None:
             self.runner.request(SyncKind.PARTIAL)
 
-    def health(self):
+    def health(self) -> HealthReport:
         from netagent.infra.status_server import HealthReport, health_from_sync_runner
         if self.runner is None:
             return HealthReport(healthy=False, reason="starting: waiting for the lease and the first sync",
@@ -167,15 +178,15 @@ class NodeAgent:
         if self.reflector is not None:
             self.reflector.stop()
 
-    def _wait_for_lease(self) -> dict:
+    def _wait_for_lease(self, reflector: Reflector) -> dict:
         name = self.settings.node_name
-        if not self.reflector.synced.wait(timeout=self.settings.lease_timeout):
+        if not reflector.synced.wait(timeout=self.settings.lease_timeout):
             raise AgentStartError(f"could not list Nodes from the API server within "
                                   f"{self.settings.lease_timeout:.0f} s")
         deadline = time.monotonic() + self.settings.lease_timeout
         said = None
         while True:
-            own = self.reflector.store.get(name)
+            own = reflector.store.get(name)
             if own is None:
                 problem = f"node {name} does not exist in the API (check --node-name / NODE_NAME)"
             else:
@@ -202,7 +213,7 @@ class NodeAgent:
             snapshot = read_underlay_snapshot(ipr)
         try:
             return choose_underlay(snapshot, iface=self.settings.iface, iface_regex=self.settings.iface_regex,
-                                   public_ip_override=nodes.annotations(own).get(nodes.PUBLIC_IP_OVERWRITE))
+                                   public_ip_override=nodes.node_annotations(own).get(nodes.PUBLIC_IP_OVERWRITE))
         except UnderlayError as exc:
             raise AgentStartError(str(exc)) from None
 
@@ -211,29 +222,32 @@ class NodeAgent:
         """Pods' traffic is routed through this node: forwarding must be on in its namespace."""
         ensure_sysctls(ProcSysctls(), [IP_FORWARD])
 
-    def _build_managers(self) -> None:
+    def _build_managers(self, underlay: Underlay) -> tuple[RouteManager, MasqueradeManager | None]:
+        """The route manager and, when masquerading is on, the masquerade manager."""
         from netagent.noderoutes.masquerade import MasqueradeManager
         from netagent.noderoutes.routing.routes import RouteManager
-        local = LocalNode(name=self.settings.node_name, public_ip=self.underlay.public_ip,
-                          underlay_ifname=self.underlay.ifname, underlay_network=self.underlay.network,
-                          underlay_mtu=self.underlay.mtu,
+        local = LocalNode(name=self.settings.node_name, public_ip=underlay.public_ip,
+                          underlay_ifname=underlay.ifname, underlay_network=underlay.network,
+                          underlay_mtu=underlay.mtu,
                           pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
         routing = self.settings.routing
         if self.settings.checksum_offload_auto:
             routing = dataclasses.replace(routing, vxlan_checksum_offload=auto_checksum_offload(
-                kernel_release=os.uname().release, behind_nat=self.underlay.behind_nat))
-        self.route_manager = RouteManager(kernel=self.kernel, settings=routing, local=local)
+                kernel_release=os.uname().release, behind_nat=underlay.behind_nat))
+        route_manager = RouteManager(kernel=self.kernel, settings=routing, local=local)
+        masquerade = None
         if self.settings.masquerade:
-            self.masquerade = MasqueradeManager(
+            masquerade = MasqueradeManager(
                 runner=self.iptables_runner,
                 cluster_cidrs=[c for c in self.settings.cluster_cidrs if c.version == 4],
                 pod_cidrs=[c for c in self.pod_cidrs if c.version == 4])
+        return route_manager, masquerade
 
-    def _announce(self, own: dict, backend_data: dict) -> None:
+    def _announce(self, own: dict, backend_data: dict, underlay: Underlay) -> None:
         from netagent.kube.nodes import patch_node_annotations
         wanted = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
-                                           public_ip=self.underlay.public_ip, backend_data=backend_data)
-        current = nodes.annotations(own)
+                                           public_ip=underlay.public_ip, backend_data=backend_data)
+        current = nodes.node_annotations(own)
         changed = {k: v for k, v in wanted.items() if current.get(k) != v}
         if not changed:
             return
@@ -249,11 +263,11 @@ class NodeAgent:
                 time.sleep(1.0)
         log.info("announced: %s", ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
 
-    def _publish_to_cni(self) -> None:
+    def _publish_to_cni(self, underlay: Underlay) -> None:
         if not self.settings.cni_conf_dir:
             return
         routing = self.settings.routing
-        mtu = pod_mtu(routing.mode, routing.auto_encap, self.underlay.mtu)
+        mtu = pod_mtu(routing.mode, routing.auto_encap, underlay.mtu)
         path = cni_install.write_conflist(
             conf_dir=self.settings.cni_conf_dir, name=self.settings.cni_network_name,
             subnets=[str(c) for c in self.pod_cidrs], mode=self.settings.cni_mode,
@@ -262,8 +276,9 @@ class NodeAgent:
         log.info("CNI config %s: pod CIDR(s) %s, MTU %d", path, ", ".join(map(str, self.pod_cidrs)), mtu)
 
     # ------------------------------------------------------------ sync
-    def peers(self, names=None) -> tuple[list, list]:
+    def peers(self, names: Iterable[str] | None = None) -> tuple[list, list]:
         """(peers, removed names) for the given Node names, or for all Nodes."""
+        assert self.reflector is not None, "start() creates the reflector before anything asks for peers"
         store = self.reflector.store
         wanted = store.keys() if names is None else names
         peers, removed, pending = [], [], {}
@@ -284,19 +299,21 @@ class NodeAgent:
             log.debug("pending peers: %s", pending)
         return peers, removed
 
-    def _sync(self, kind) -> None:
+    def _sync(self, kind: SyncKind) -> None:
+        route_manager = self.route_manager
+        assert route_manager is not None, "start() builds the managers before the runner that syncs"
         started = time.monotonic()
         try:
             if kind is SyncKind.FULL:
                 self.tracker.drain()
-                self.route_manager.ensure_local()
+                route_manager.ensure_local()
                 peers, _ = self.peers()
-                report = self.route_manager.sync_all(peers)
+                report = route_manager.sync_all(peers)
                 if self.masquerade is not None:
                     self.masquerade.ensure()
             else:
                 peers, removed = self.peers(set(self.tracker.drain()))
-                report = self.route_manager.apply_changes(upserts=peers, removals=removed)
+                report = route_manager.apply_changes(upserts=peers, removals=removed)
         except Exception:
             self.metrics.sync_errors.inc()
             raise

@@ -87,7 +87,7 @@ def masquerade_chains(*, cluster_cidrs: Iterable[IpNetwork | str], pod_cidrs: It
         if network.overlaps(multicast):
             raise ValueError(f"cluster CIDR {network} overlaps multicast {multicast}")
     for network in pods:
-        if not any(network.subnet_of(outer) for outer in cluster):
+        if not any(_subnet_of(network, outer) for outer in cluster):
             raise ValueError(f"pod CIDR {network} is outside every cluster CIDR {[str(c) for c in cluster]}")
 
     masquerade = ("-j", "MASQUERADE") + (("--random-fully",) if ports is PortRandomization.FULLY else ())
@@ -176,12 +176,19 @@ def _networks(values: Iterable[IpNetwork | str], *, what: str) -> list[IpNetwork
         networks = [ipaddress.ip_network(value) for value in values]
     except ValueError as error:
         raise ValueError(f"bad {what}: {error}") from None
-    by_version = {}
-    for network in networks:
-        by_version.setdefault(network.version, []).append(network)
-    # Collapsed and sorted: the same set of networks always renders the same rules.
-    return [collapsed for version in sorted(by_version)
-            for collapsed in ipaddress.collapse_addresses(by_version[version])]
+    v4 = [network for network in networks if isinstance(network, ipaddress.IPv4Network)]
+    v6 = [network for network in networks if isinstance(network, ipaddress.IPv6Network)]
+    # Collapsed and sorted (IPv4 first): the same set of networks always renders the same rules.
+    return [*ipaddress.collapse_addresses(v4), *ipaddress.collapse_addresses(v6)]
+
+
+def _subnet_of(inner: IpNetwork, outer: IpNetwork) -> bool:
+    """`inner.subnet_of(outer)`, spelled per family so each call has one address type."""
+    if isinstance(inner, ipaddress.IPv4Network) and isinstance(outer, ipaddress.IPv4Network):
+        return inner.subnet_of(outer)
+    if isinstance(inner, ipaddress.IPv6Network) and isinstance(outer, ipaddress.IPv6Network):
+        return inner.subnet_of(outer)
+    raise TypeError(f"{inner} and {outer} are not of the same version")
 
 
 def _rule(*match: str, comment: str, action: tuple[str, ...]) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ class LeaseError(Exception):
     """The node's pod CIDR is unusable (unset, malformed, or outside the cluster CIDR)."""
 
 
-def annotations(node: dict) -> dict:
+def node_annotations(node: dict) -> dict:
     return (node.get("metadata") or {}).get("annotations") or {}
 
 
@@ -70,7 +70,7 @@ def render_announcement(*, backend_type: str, public_ip, backend_data: dict) -> 
 
 def peer_from_node(node: dict) -> tuple[Peer | None, str]:
     """(the routing peer, "") or (None, why it is not one yet)."""
-    notes = annotations(node)
+    notes = node_annotations(node)
     if PUBLIC_IP not in notes:
         return None, "its agent has not announced a public IP yet"
     try:

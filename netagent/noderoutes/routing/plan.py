@@ -78,8 +78,9 @@ class _NoClaims:
 
 def _claims_for(local: LocalNode, peers: Iterable[Peer]) -> _Claims | _NoClaims:
     """One sort and sweep over every IPv4 CIDR: only when some overlap is the lookup table needed."""
+    nodes: tuple[LocalNode | Peer, ...] = (local, *peers)
     spans = sorted((int(c.network_address), int(c.broadcast_address))
-                   for node in (local, *peers) for c in node.pod_cidrs if c.version == 4)
+                   for node in nodes for c in node.pod_cidrs if c.version == 4)
     reach = -1
     for start, end in spans:
         if start <= reach:
@@ -248,7 +249,7 @@ def _identity_drift(device, observed: ObservedDevice) -> str:
     kind = "vxlan" if isinstance(device, VxlanDevice) else "ipip"
     if observed.kind != kind:
         return f"it is a {observed.kind or 'plain'} device, not {kind}"
-    checks = [("local", observed.local, device.local)]
+    checks: list[tuple[str, object, object]] = [("local", observed.local, device.local)]
     if isinstance(device, VxlanDevice):
         checks += [("VNI", observed.vni, device.vni), ("port", observed.port, device.port),
                    ("underlay", observed.underlay_ifname, device.underlay_ifname),

@@ -132,7 +132,7 @@ class RouteManager:
         return plan
 
     def _dump_ours(self) -> list:
-        objects = list(self.kernel.dump_routes())
+        objects: list[Route | Neighbour | FdbEntry] = list(self.kernel.dump_routes())
         for device in self.devices:
             if isinstance(device, VxlanDevice):
                 objects += self.kernel.dump_neighbours(device.ifname)
