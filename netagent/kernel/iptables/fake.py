@@ -154,10 +154,12 @@ def _apply(table: Table, entry: Entry) -> None:
     op, name = entry.op, entry.chain
     chain = table.chains.get(name) if name else None
     if op is Op.DECLARE:
+        assert name is not None, "a :CHAIN line always names its chain"
         if name in BUILTIN_CHAINS[table.name]:
             if entry.policy != USER_CHAIN_POLICY:
-                _check_policy(entry.policy, fail)
-                chain.policy = entry.policy
+                policy = _check_policy(entry.policy, fail)
+                assert chain is not None, "a table always holds its built-in chains"
+                chain.policy = policy
             return
         if entry.policy != USER_CHAIN_POLICY:
             raise fail(f"cannot set policy {entry.policy} on user chain {name}")
@@ -168,6 +170,7 @@ def _apply(table: Table, entry: Entry) -> None:
             chain.rules.clear()
         return
     if op is Op.NEW_CHAIN:
+        assert name is not None, "the parser refuses -N without a chain"
         _check_chain_name(name, fail)
         if chain is not None:
             raise fail("Chain already exists")
@@ -183,11 +186,18 @@ def _apply(table: Table, entry: Entry) -> None:
     elif op is Op.DELETE_CHAIN:
         for doomed in [name] if name else table.user_chains():
             _delete_chain(table, doomed, fail)
-    elif op is Op.POLICY:
+    else:
+        assert chain is not None, "only -F, -X and -Z may leave out the chain"
+        _apply_to_chain(table, chain, entry, fail)
+
+
+def _apply_to_chain(table: Table, chain: Chain, entry: Entry, fail) -> None:
+    """-P, -D and the rule writers (-A, -I, -R): commands on one existing chain."""
+    op, name = entry.op, chain.name
+    if op is Op.POLICY:
         if chain.builtin is False:
             raise fail(f"cannot set a policy on user chain {name}")
-        _check_policy(entry.policy, fail)
-        chain.policy = entry.policy
+        chain.policy = _check_policy(entry.policy, fail)
     elif op is Op.DELETE:
         if entry.position is not None:
             if not 1 <= entry.position <= len(chain.rules):
@@ -203,19 +213,24 @@ def _apply(table: Table, entry: Entry) -> None:
         _check_target(table, spec, fail)
         if op is Op.APPEND:
             chain.rules.append(spec)
-        elif op is Op.INSERT:
-            if entry.position > len(chain.rules) + 1:
+            return
+        position = entry.position
+        assert position is not None, "the parser gives -I (1 by default) and -R a rule number"
+        if op is Op.INSERT:
+            if position > len(chain.rules) + 1:
                 raise fail("Index of insertion too big")
-            chain.rules.insert(entry.position - 1, spec)
+            chain.rules.insert(position - 1, spec)
         elif op is Op.REPLACE:
-            if not 1 <= entry.position <= len(chain.rules):
-                raise fail(f"no rule {entry.position} in {name}")
-            chain.rules[entry.position - 1] = spec
+            if not 1 <= position <= len(chain.rules):
+                raise fail(f"no rule {position} in {name}")
+            chain.rules[position - 1] = spec
 
 
-def _check_policy(policy: str, fail) -> None:
+def _check_policy(policy: str | None, fail) -> str:
+    """The policy, if a built-in chain may take it."""
     if policy not in BUILTIN_POLICIES:
         raise fail(f"bad policy {policy}: built-in chains take ACCEPT or DROP")
+    return policy
 
 
 def _check_chain_name(name: str, fail) -> None:

@@ -184,7 +184,8 @@ def split_tokens(line: str) -> list[str]:
 
 
 def _split_escaped(line: str) -> list[str]:
-    tokens, end = [], 0
+    tokens: list[str] = []
+    end = 0
     for found in _TOKENS.finditer(line):
         if line[end:found.start()].strip() or (tokens and found.start() == end):
             raise ValueError("unterminated quote or escape")
@@ -371,8 +372,10 @@ def parse_save(text: str, *, skip_rules_of: str | None = None) -> dict[str, Tabl
                 continue
             try:
                 _, chain, *spec = split_tokens(line)
+                if table is None:
+                    raise KeyError(chain)  # a rule outside a table: refused like one for an undeclared chain
                 table.chains[chain].rules.append(tuple(spec))
-            except (ValueError, KeyError, AttributeError):
+            except (ValueError, KeyError):
                 raise RestoreSyntaxError("rule for an undeclared chain or outside a table",
                                          line_number=line_number, line=raw) from None
         elif line[0] == ":" and table is not None:
@@ -416,7 +419,7 @@ class RestoreBuilder:
     Built for size: the service proxy writes tens of thousands of lines per sync, so lines are
     collected in lists and joined once."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tables: dict[str, list[str]] = {}
 
     def _lines(self, table: str) -> list[str]:

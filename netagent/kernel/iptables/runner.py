@@ -148,7 +148,7 @@ class Iptables(abc.ABC):
         if not prefix:
             raise ValueError("refusing to delete chains without a name prefix")
         builder = RestoreBuilder()
-        removed = []
+        removed: list[str] = []
         for name, table in self.tables().items():
             owned = {chain for chain in table.chains if chain.startswith(prefix)}
             add_chain_removal(builder, table, owned)
