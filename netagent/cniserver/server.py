@@ -73,8 +73,9 @@ class CniServer:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._listener = self._bind()
-        self._thread = threading.Thread(target=self._accept_loop, name="cni-accept", daemon=True)
+        listener = self._listener = self._bind()
+        self._thread = threading.Thread(target=self._accept_loop, args=(listener,), name="cni-accept",
+                                        daemon=True)
         self._thread.start()
         log.info("serving CNI on %s", self.socket_path)
 
@@ -120,10 +121,10 @@ class CniServer:
         return listener
 
     # ------------------------------------------------------------ serving
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while not self._stopping.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, _ = listener.accept()
             except OSError:
                 if self._stopping.is_set():
                     return
@@ -166,8 +167,8 @@ class CniServer:
         command = env.get("CNI_COMMAND", "")
         reason = self.not_ready() if command != "VERSION" else None
         if reason:
-            code = ErrorCode.NOT_AVAILABLE if command == "STATUS" else ErrorCode.TRY_AGAIN_LATER
-            return _error_reply(stdin, CniError(code, "the netagent agent is not ready", reason))
+            error = ErrorCode.NOT_AVAILABLE if command == "STATUS" else ErrorCode.TRY_AGAIN_LATER
+            return _error_reply(stdin, CniError(error, "the netagent agent is not ready", reason))
         started = time.monotonic()
         code, out = execute(env, stdin, self.handlers)
         self.requests_served += 1

@@ -18,7 +18,8 @@ from dataclasses import asdict
 AGENT_URL = "http://127.0.0.1:10249/services"
 
 
-def services_json(mode: str, services) -> str:
+def services_json(mode: str | None, services) -> str:
+    """The `/services` page: the proxy mode (None when nothing is programmed) and its services."""
     return json.dumps({"mode": mode, "services": [asdict(s) for s in services]})
 
 

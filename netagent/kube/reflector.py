@@ -27,6 +27,7 @@ them as read-only.
 """
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import random
@@ -108,11 +109,12 @@ class ObjectStore:
     def get(self, key: str) -> dict | None:
         return self._objects.get(key)
 
-    def list(self) -> list[dict]:
+    # `list` below is this class's method: annotations in the class body spell the builtin.
+    def list(self) -> builtins.list[dict]:
         with self._lock:
             return list(self._objects.values())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         with self._lock:
             return list(self._objects)
 
