@@ -9,6 +9,7 @@ value slips through (an old object, a hand-written EndpointSlice).
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ def _protocol(value: object) -> Protocol | None:
         return None
 
 
-def _addresses(values: Iterable, what: str, problems: list[str], *, parse=_ipv4) -> tuple[str, ...]:
+def _addresses(values: Iterable | None, what: str, problems: list[str], *, parse=_ipv4) -> tuple[str, ...]:
     kept = []
     for value in values or ():
         address = parse(value)
@@ -138,7 +139,8 @@ def parse_service(service: Mapping) -> ParsedService:
         lb_ips = _addresses(ingress, "load-balancer ingress IP", problems)
     external_local = spec.get("externalTrafficPolicy") == "Local"
     health_port = _port_number(spec.get("healthCheckNodePort")) if external_local and kind == "LoadBalancer" else None
-    common = dict(
+    service_port = functools.partial(
+        ServicePort,
         cluster_ip=cluster_ip,
         external_ips=external_ips,
         load_balancer_ips=lb_ips,
@@ -164,7 +166,7 @@ def parse_service(service: Mapping) -> ParsedService:
             problems.append(f"port name {port_name.port!r} repeated: the first one wins")
             continue
         node_port = _port_number(raw.get("nodePort")) if kind in EXTERNAL_TYPES else None
-        ports[port_name] = ServicePort(name=port_name, protocol=protocol, port=port, node_port=node_port, **common)
+        ports[port_name] = service_port(name=port_name, protocol=protocol, port=port, node_port=node_port)
     if not ports and not problems:
         problems.append("no ports: nothing to proxy")
     return ParsedService(ports, tuple(problems))

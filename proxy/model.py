@@ -26,7 +26,7 @@ class Protocol(str, Enum):
     SCTP = "SCTP"
 
     @property
-    def lower(self) -> str:
+    def lowercase(self) -> str:
         """The spelling iptables, ipset and conntrack use."""
         return self.value.lower()
 

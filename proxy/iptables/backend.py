@@ -59,8 +59,7 @@ class IptablesProxy(ProxyBackend):
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
         previous, self._written = self._written, None   # forgotten until this sync succeeds
-        partial = changed is not None and previous is not None and previous.node == state.node
-        if partial:
+        if changed is not None and previous is not None and previous.node == state.node:
             ruleset = render_ruleset(state, settings=self.settings, reuse=previous, changed=changed)
             written = self._apply_partial(ruleset, previous, changed)
             scope = SyncKind.PARTIAL

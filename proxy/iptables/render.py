@@ -283,7 +283,7 @@ def _address_match(address: str) -> str:
 def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], *, node: NodeContext,
                         settings: IptablesProxySettings) -> ServicePortRules:
     selection = select_endpoints(service, endpoints, node)
-    proto = service.protocol.lower
+    proto = service.protocol.lowercase
     port_match = f"-p {proto}"
     mark = f"-j MARK --set-xmark {settings.mark}/{settings.mark}"
 
@@ -368,7 +368,7 @@ def _balance(chain: str, service: ServicePort, endpoints: tuple[Endpoint, ...],
              endpoint_chains: dict[str, RenderedChain]) -> list[str]:
     """The endpoint choice: affinity checks first (with affinity), then one rule per endpoint
     taking 1/(n-i) of what is left, the last one taking the rest."""
-    proto = service.protocol.lower
+    proto = service.protocol.lowercase
     ordered = sorted(endpoints, key=_endpoint_key)
     count = len(ordered)
     rules = []

@@ -154,7 +154,7 @@ class PacketTracer:
         return address in self._local or ipaddress.ip_address(address) in LOOPBACK
 
     def trace(self, packet: Packet) -> list[Outcome]:
-        state = _State(packet.source, packet.destination, packet.protocol.lower, packet.port, packet.source_port)
+        state = _State(packet.source, packet.destination, packet.protocol.lowercase, packet.port, packet.source_port)
         finished: list[tuple[float, _State, Verdict]] = []
         for probability, after_nat, verdict in self._pass("nat", packet.hook.value, state, 1.0):
             if verdict is not Verdict.ACCEPT:
@@ -263,7 +263,9 @@ class PacketTracer:
         text = " ".join(spec)
         matches: list[Match] = []
         records: list[str] = []
-        target, target_args, goto = None, (), False
+        target: str | None = None
+        target_args: tuple[str, ...] = ()
+        goto = False
         index, negate, module = 0, False, None
         while index < len(spec):
             token = spec[index]
@@ -293,7 +295,7 @@ class PacketTracer:
         return _Rule(tuple(matches), target, target_args, goto, text, tuple(records))
 
     def _option(self, module: str | None, option: str, value: str | None, rest: tuple[str, ...],
-                text: str) -> tuple[int, Match | None]:
+                text: str) -> tuple[int, Match | _RecentSet | None]:
         """(tokens consumed, match) for one option; None for options that only qualify."""
         def need(what: str | None) -> str:
             if what is None:
@@ -350,7 +352,7 @@ class PacketTracer:
         raise TraceError(f"unsupported option {option} (module {module}) in {text!r}")
 
     def _recent_option(self, option: str, value: str | None, rest: tuple[str, ...],
-                       text: str) -> tuple[int, Match | None]:
+                       text: str) -> tuple[int, Match | _RecentSet | None]:
         flags_without_value = {"--rcheck", "--update", "--set", "--reap", "--rsource", "--rdest", "--remove"}
         if option in ("--seconds", "--hitcount", "--mask"):
             return 2, None

@@ -24,7 +24,7 @@ class _FakeService:
 
 
 class FakeIpvsTable(IpvsTable):
-    def __init__(self):
+    def __init__(self) -> None:
         self.services: dict[VirtualServerKey, _FakeService] = {}
         self.writes: list[IpvsWrite] = []
 

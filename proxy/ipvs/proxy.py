@@ -54,7 +54,7 @@ from netagent.kernel.sysctl import ProcSysctls, Sysctls, ensure_sysctls
 from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.ipvs.table import (IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer,
                               VirtualServerKey)
-from proxy.model import Endpoint, ProxyState, ServicePort, ServicePortName
+from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName
 
 log = logging.getLogger("netagent.proxy.ipvs")
 
@@ -78,7 +78,7 @@ class IpvsProxy(ProxyBackend):
         self._graceful = GracefulRemovals(timeout=settings.graceful_timeout)
         self._plan: IpvsPlan | None = None
         self._index: PlanIndex | None = None
-        self._node = None
+        self._node: NodeContext | None = None
         self._rendered: dict[ServicePortName, tuple[ServicePort, tuple[Endpoint, ...], ServicePortPlan]] = {}
         self._lock = threading.RLock()
 
@@ -106,9 +106,11 @@ class IpvsProxy(ProxyBackend):
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
         with self._lock:
-            full = changed is None or self._plan is None or state.node != self._node
+            plan, index = self._plan, self._index  # set together, by a full sync
             try:
-                return self._sync_full(state) if full else self._sync_partial(state, changed)
+                if changed is None or plan is None or index is None or state.node != self._node:
+                    return self._sync_full(state)
+                return self._sync_partial(state, changed, plan=plan, index=index)
             except BaseException:
                 self._plan, self._index = None, None
                 raise
@@ -175,9 +177,10 @@ class IpvsProxy(ProxyBackend):
         return BackendSyncReport(SyncKind.FULL, services_written=len(written), rules=_real_server_count(index),
                                  detail=detail)
 
-    def _sync_partial(self, state: ProxyState, changed: frozenset[ServicePortName]) -> BackendSyncReport:
+    def _sync_partial(self, state: ProxyState, changed: frozenset[ServicePortName], *, plan: IpvsPlan,
+                      index: PlanIndex) -> BackendSyncReport:
+        """Re-render the `changed` service ports into the last full sync's `plan` and its `index`."""
         now = self.clock.now()
-        plan, index = self._plan, self._index
         services = dict(plan.services)
         touched_members: dict[str, set[str]] = defaultdict(set)
         touched_addresses: set[str] = set()
@@ -204,6 +207,7 @@ class IpvsProxy(ProxyBackend):
                 del services[name]
                 self._rendered.pop(name, None)
             if new is not None:
+                assert service is not None, "new was rendered from the service"
                 index.add(new)
                 services[name] = new
                 self._rendered[name] = (service, state.endpoints_of(name), new)

@@ -173,7 +173,7 @@ def render_ipvs(state: ProxyState, settings: IpvsSettings) -> IpvsPlan:
 class PlanIndex:
     """Who wants what, across service ports: the reverse of a plan, updated per port."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.addresses: dict[str, set[ServicePortName]] = defaultdict(set)
         self.members: dict[str, dict[str, set[ServicePortName]]] = {spec.name: defaultdict(set) for spec in IPVS_SETS}
         self.servers: dict[VirtualServerKey, dict[ServicePortName, PlannedVirtualServer]] = defaultdict(dict)
@@ -212,10 +212,16 @@ class PlanIndex:
     def server(self, key: VirtualServerKey) -> PlannedVirtualServer | None:
         """The planned virtual server at `key`: the claim of the first service port by name."""
         owners = self.servers.get(key)
-        return owners[min(owners)] if owners else None
+        return _first_claim(owners) if owners else None
 
     def all_servers(self) -> list[PlannedVirtualServer]:
-        return [self.server(key) for key in sorted(self.servers)]
+        """Every planned virtual server by key (`remove` drops a key with its last claim)."""
+        return [_first_claim(self.servers[key]) for key in sorted(self.servers)]
+
+
+def _first_claim(owners: dict[ServicePortName, PlannedVirtualServer]) -> PlannedVirtualServer:
+    """Of the service ports claiming one virtual server, the first by name wins."""
+    return owners[min(owners)]
 
 
 def _discard(index: dict, key, name: ServicePortName) -> None:

@@ -112,7 +112,7 @@ def render_ipvs_chains(*, cluster_cidr: str | None, random_fully: bool = True,
     """The four chains, in the form iptables-save prints them. Pure."""
     set_mark = ("-j", "MARK", "--set-xmark", f"{mark:#x}/{mark:#x}")
     masquerade = ("-j", "MASQUERADE") + (("--random-fully",) if random_fully else ())
-    from_outside = ()
+    from_outside: tuple[str, ...] = ()
     if cluster_cidr:
         from_outside = ("!", "-s", str(ipaddress.IPv4Network(cluster_cidr, strict=False)))
     services = (
