@@ -35,25 +35,30 @@ neither is in nor jumps to one of its two chains.
 """
 from __future__ import annotations
 
-import enum
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
-from netagent.kernel.iptables.runner import (OWNED_PREFIX, Iptables, JumpPosition, add_jump_repair,
-                                      jump_drift, jump_spec)
+from netagent.kernel.iptables.restore_format import (
+    RestoreBuilder,
+    Table,
+    canonical_spec,
+)
+from netagent.kernel.iptables.runner import (
+    OWNED_PREFIX,
+    Iptables,
+    JumpPosition,
+    PortRandomization,
+    add_jump_repair,
+    jump_drift,
+    jump_spec,
+)
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 MULTICAST = {4: ipaddress.ip_network("224.0.0.0/4"), 6: ipaddress.ip_network("ff00::/8")}
 POSTROUTING_JUMP_COMMENT = "netagent: pod egress masquerade"
 FORWARD_JUMP_COMMENT = "netagent: forward pod traffic"
-
-
-class PortRandomization(enum.Enum):
-    FULLY = "fully"                 # MASQUERADE --random-fully
-    KERNEL_DEFAULT = "default"      # keep the source port when free (old iptables)
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
-from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
+from netagent.kernel.iptables.runner import Iptables, JumpPosition, PortRandomization, add_chain_removal, jump_drift
 from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
-from netagent.noderoutes.masquerade import PortRandomization
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain

@@ -62,8 +62,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_token
+from netagent.kernel.iptables.runner import PortRandomization
 from netagent.kernel.ipset import entry as ipset_entry
-from netagent.noderoutes.masquerade import PortRandomization
 from proxy.iptables.names import (FILTER_CHAIN, FORWARD_CHAIN, HAIRPIN_SET, NODEPORTS_CHAIN, POSTROUTING_CHAIN,
                                   SERVICES_CHAIN, ChainKind, chain_name, endpoint_chain, service_hash)
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy

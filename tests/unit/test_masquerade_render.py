@@ -7,7 +7,8 @@ import pytest
 from netagent.kernel.iptables.backend import IpFamily
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import jump_target
-from netagent.noderoutes.masquerade import MasqueradeManager, PortRandomization, render_masquerade_rules
+from netagent.kernel.iptables.runner import PortRandomization
+from netagent.noderoutes.masquerade import MasqueradeManager, render_masquerade_rules
 
 GOLDEN_ONE_CIDR = """\
 *nat

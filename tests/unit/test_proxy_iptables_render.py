@@ -18,8 +18,8 @@ import pytest
 
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import MAX_CHAIN_NAME_LENGTH, parse_save, split_tokens
+from netagent.kernel.iptables.runner import PortRandomization
 from netagent.kernel.ipset import entry
-from netagent.noderoutes.masquerade import PortRandomization
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.render import (IptablesProxySettings, JumpLines, MasqueradeScope, _probability,
                                    render_ruleset)

@@ -9,9 +9,9 @@ import pytest
 
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
-from netagent.kernel.iptables.runner import IptablesError
+from netagent.kernel.iptables.runner import IptablesError, PortRandomization
 from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
-from netagent.noderoutes.masquerade import MasqueradeManager, PortRandomization
+from netagent.noderoutes.masquerade import MasqueradeManager
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import ProgrammedService
 from proxy.iptables import IptablesProxy

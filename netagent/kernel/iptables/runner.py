@@ -36,11 +36,23 @@ import re
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from netagent.kernel.iptables.backend import (IpFamily, IptablesBackend, IptablesTool, binary_name,
-                                       require_binaries)
-from netagent.kernel.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, Table, canonical_spec,
-                                              jump_target, parse_save, split_tokens)
 from netagent.kernel import owned
+from netagent.kernel.iptables.backend import (
+    IpFamily,
+    IptablesBackend,
+    IptablesTool,
+    binary_name,
+    require_binaries,
+)
+from netagent.kernel.iptables.restore_format import (
+    RestoreBuilder,
+    RestoreSyntaxError,
+    Table,
+    canonical_spec,
+    jump_target,
+    parse_save,
+    split_tokens,
+)
 
 OWNED_PREFIX = owned.CHAIN_PREFIX
 RANDOM_FULLY_SINCE = (1, 6, 2)
@@ -59,6 +71,14 @@ class CounterMode(enum.Enum):
 class JumpPosition(enum.Enum):
     FIRST = "first"               # before every rule that is not ours
     LAST = "last"                 # after every rule that is not ours
+
+
+class PortRandomization(enum.Enum):
+    """How a MASQUERADE rule picks source ports; `Iptables.supports_random_fully` says which
+    one this iptables can write. Shared by every writer of MASQUERADE rules (the pod egress
+    masquerade, the service proxy)."""
+    FULLY = "fully"                 # MASQUERADE --random-fully
+    KERNEL_DEFAULT = "default"      # keep the source port when free (old iptables)
 
 
 class IptablesError(RuntimeError):
