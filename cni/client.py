@@ -8,10 +8,9 @@ runs the very same dispatcher in-process (slower, since netlink support must be 
 but correct). An agent that accepts but does not answer in time gets code 11, never an
 in-process retry that could race with it.
 """
+import _socket
 import posix
 import sys
-
-import _socket
 
 from cni import wire
 
@@ -36,7 +35,8 @@ def read_config(stdin: bytes) -> dict:
     try:
         text = stdin.decode()
         start = len(text) - len(text.lstrip())
-        config, _ = _json.make_scanner(_ScanContext())(text, start)
+        # typeshed types the context as a make_scanner (its own TODO: it is duck-typed)
+        config, _ = _json.make_scanner(_ScanContext())(text, start)  # type: ignore[arg-type]
     except Exception:
         return {}
     return config if isinstance(config, dict) else {}

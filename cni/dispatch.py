@@ -15,7 +15,13 @@ from typing import Protocol
 
 from cni import result as cni_result
 from cni import version as cni_version
-from cni.config import ConfigScope, NetConf, decode_json_object, parse_netconf, peek_version
+from cni.config import (
+    ConfigScope,
+    NetConf,
+    decode_json_object,
+    parse_netconf,
+    peek_version,
+)
 from cni.errors import CniError, ErrorCode
 from cni.request import CniRequest, request_from_environment
 
@@ -63,12 +69,14 @@ def _check_args(req: CniRequest) -> None:
                        "set IgnoreUnknown=1 to ignore them")
 
 
-def _run(req: CniRequest, handlers: Handlers, scope: ConfigScope) -> str:
+def _run(req: CniRequest, handlers: Handlers | None, scope: ConfigScope) -> str:
     if req.command == "VERSION":
         requested = None
         if req.config_bytes.strip():
             requested = decode_json_object(req.config_bytes).get("cniVersion")
         return json.dumps(cni_version.version_answer(requested))
+    if handlers is None:
+        raise CniError(ErrorCode.INTERNAL, f"no handlers to run {req.command}")
 
     conf = parse_netconf(req.config_bytes, scope=scope)
     cni_version.require_operation(req.command, conf.cni_version)
@@ -103,9 +111,12 @@ def render_error(stdin: bytes, error: CniError) -> str:
     return json.dumps(error.to_dict(peek_version(config if isinstance(config, dict) else {})))
 
 
-def execute(environ, stdin: bytes, handlers: Handlers, *,
+def execute(environ, stdin: bytes, handlers: Handlers | None, *,
             scope: ConfigScope = ConfigScope.PLUGIN) -> tuple[int, str]:
-    """Run one CNI request; return (exit code, stdout text). Never raises."""
+    """Run one CNI request; return (exit code, stdout text). Never raises.
+
+    `handlers` may be None for VERSION, which needs none (the thin client then imports nothing
+    that touches the kernel)."""
     try:
         req = request_from_environment(environ, stdin)
         return 0, _run(req, handlers, scope)
@@ -114,5 +125,5 @@ def execute(environ, stdin: bytes, handlers: Handlers, *,
         return 1, render_error(stdin, err)
     except Exception as exc:  # a bug or an unexpected kernel answer: still a spec error
         log.error("CNI %s crashed:\n%s", environ.get("CNI_COMMAND", "?"), traceback.format_exc())
-        err = CniError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", str(exc))
-        return 1, render_error(stdin, err)
+        crash = CniError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", str(exc))
+        return 1, render_error(stdin, crash)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterable
 
 from cni.errors import CniError, ErrorCode
 
@@ -98,9 +99,8 @@ def run_conflist(conflist: dict, *, command: str, bin_dirs, container_id: str, n
     ADD threads each plugin's result into the next one's `prevResult`; CHECK and DEL hand
     every plugin the cached ADD result (`prev_result`).
     """
-    order = range(len(conflist["plugins"]))
-    if command == "DEL":
-        order = reversed(order)
+    count = len(conflist["plugins"])
+    order: Iterable[int] = reversed(range(count)) if command == "DEL" else range(count)
     env = cni_environment(command=command, container_id=container_id, netns=netns,
                           ifname=ifname, args=args, path=tuple(bin_dirs))
     result = prev_result
