@@ -6,27 +6,44 @@ out, so a failed ADD leaves no veth and no reservation. One overlap breaks the l
 purpose: the IPAM reservation (file I/O) runs on a helper thread while this thread has
 the kernel create the veth pair, since neither needs the other (about 1.3 ms saved). DEL is forgiving by design: the
 netns, the veth or the reservation may already be gone, and DEL may come twice.
+
+Every kernel step goes through the seam of `cni.kernel` (`self.kernel`): the netlink one in
+production, `cni.fake_kernel.FakeCniKernel` in unit tests, which can fail any step. What the
+pod side and the node side look like is computed in `cni.wiring`; CHECK's verdict in
+`cni.check`. This module owns only the order of the steps and their undoing.
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
-import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol
 
-from pyroute2 import NetlinkError
-
-from cni import netns, wiring
+from cni import check as cni_check
+from cni import wiring
 from cni.config import Mode, NetConf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import ipam_for
+from cni.kernel import Address, BridgeSpec, CniKernel, KernelError, LinkExists, VethPair
 from cni.request import CniRequest
+
+if TYPE_CHECKING:
+    from cni.ipam import Ipam
 
 log = logging.getLogger("netagent.cni")
 _ipam_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ipam")
 
 
-def _release_if_reserved(allocation: Future, ipam, conf: NetConf, req: CniRequest) -> None:
+class PendingDeletes(Protocol):
+    """The agent's `DeferredDeleter`, as the handlers use it."""
+
+    def submit(self, key: str, conf: NetConf, req: CniRequest) -> None: ...
+    def wait_for(self, key: str, timeout: float = ...) -> bool: ...
+    def wait_idle(self, timeout: float = ...) -> bool: ...
+
+
+def _release_if_reserved(allocation: Future, ipam: Ipam, conf: NetConf, req: CniRequest) -> None:
     """Undo for the background reservation: release only what this call reserved."""
     try:
         allocation.result()
@@ -35,18 +52,30 @@ def _release_if_reserved(allocation: Future, ipam, conf: NetConf, req: CniReques
     ipam.delete(conf, req)
 
 
+def _interface_exists(exc: LinkExists, *, host_name: str, pod_ifname: str) -> CniError:
+    if exc.name == host_name:
+        return CniError(ErrorCode.INTERFACE_EXISTS, f"host interface {host_name} already exists",
+                        "an earlier ADD for this container and interface was not cleaned up with DEL")
+    return CniError(ErrorCode.INTERFACE_EXISTS, f"interface {pod_ifname} already exists in the container")
+
+
 class PluginHandlers:
     """The `Handlers` of `cni.dispatch` for the netagent plugin.
 
     `deferred` (the agent's `DeferredDeleter`, or None in-process) lets DEL reply once the
     request is validated and journaled; the kernel teardown then finishes in the background.
+    `kernel` is the kernel seam (`cni.kernel`): the real one unless a test hands in a fake.
     """
 
-    def __init__(self, *, deferred=None) -> None:
+    def __init__(self, *, deferred: PendingDeletes | None = None, kernel: CniKernel | None = None) -> None:
         self.deferred = deferred
+        if kernel is None:
+            from cni.netlink_kernel import NetlinkCniKernel
+            kernel = NetlinkCniKernel()
+        self.kernel = kernel
 
     def add(self, conf: NetConf, req: CniRequest) -> dict:
-        undo: list = []
+        undo: list[Callable[[], object]] = []
         try:
             return self._add(conf, req, undo)
         except BaseException as exc:
@@ -55,71 +84,79 @@ class PluginHandlers:
                     step()
                 except Exception:  # keep unwinding; the original error is what matters
                     log.exception("rollback step failed after ADD error")
-            if isinstance(exc, NetlinkError):
-                netns.drop_host_netlink()
+            if isinstance(exc, KernelError):
                 raise CniError(ErrorCode.INTERNAL, "netlink request failed", str(exc)) from None
             raise
 
-    def _add(self, conf: NetConf, req: CniRequest, undo: list) -> dict:
+    def _add(self, conf: NetConf, req: CniRequest, undo: list[Callable[[], object]]) -> dict:
+        kernel = self.kernel
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
         if self.deferred is not None:
             self.deferred.wait_for(host_name)  # a DEL of this same attachment still finishing
-        netns_fd = netns.open_netns(req.netns)
-        undo.append(lambda: os.close(netns_fd))
+        pod_netns = kernel.open_netns(req.netns)
+        undo.append(lambda: kernel.close_netns(pod_netns))
         ipam = ipam_for(conf)
         allocation = _ipam_pool.submit(ipam.add, conf, req)
         undo.append(lambda: _release_if_reserved(allocation, ipam, conf, req))
 
-        alias = wiring.network_alias(conf.name)
-        host_mac = wiring.ROUTED_HOST_MAC if conf.mode is Mode.ROUTED else wiring.random_mac()
-        pod_mac = wiring.random_mac()
-        rtnl = netns.host_rtnl()
-        known_bridge = wiring.known_bridge_index(conf.bridge) if conf.mode is Mode.BRIDGE else None
-        enslaved = wiring.create_veth(rtnl, host_name=host_name, pod_ifname=req.ifname,
-                                      netns_fd=netns_fd, mtu=conf.mtu, host_mac=host_mac,
-                                      pod_mac=pod_mac, alias=alias, master=known_bridge)
-        undo.append(lambda: wiring.delete_link(rtnl, host_name))
+        pair = VethPair(host_name=host_name, pod_ifname=req.ifname, mtu=conf.mtu,
+                        host_mac=wiring.host_mac_for(conf.mode), pod_mac=wiring.random_mac(),
+                        alias=wiring.network_alias(conf.name))
+        known_bridge = kernel.known_bridge(conf.bridge) if conf.mode is Mode.BRIDGE else None
+        # pushed first: whatever the creation left under host_name is ours, unless the name was taken
+        undo.append(lambda: kernel.delete_link(host_name))
+        try:
+            enslaved = kernel.create_veth(pair, pod_netns, master=known_bridge)
+        except LinkExists as exc:
+            undo.pop()
+            raise _interface_exists(exc, host_name=host_name, pod_ifname=req.ifname) from None
 
         allocated = allocation.result()
         addresses = [ipaddress.ip_interface(ip["address"]) for ip in allocated.get("ips", [])]
         if not addresses:
             raise CniError(ErrorCode.INVALID_CONFIG, "IPAM returned no addresses")
-        gateways = {}
+        gateways: dict[int, Address] = {}
         for ip in allocated["ips"]:
             if ip.get("gateway"):
                 gateways.setdefault(ipaddress.ip_interface(ip["address"]).version,
                                     ipaddress.ip_address(ip["gateway"]))
 
-        interfaces = []
-        bridge_index = None
+        interfaces: list[dict[str, object]] = []
+        bridge = None
         if conf.mode is Mode.BRIDGE:
-            bridge_gateways = [ipaddress.ip_interface(f"{gateways[a.version]}/{a.network.prefixlen}")
-                               for a in addresses if a.version in gateways]
-            bridge_index, bridge_mac = wiring.ensure_bridge(netns.host_netlink(), name=conf.bridge,
-                                                            mtu=conf.mtu, gateways=bridge_gateways)
-            interfaces.append({"name": conf.bridge, "mac": bridge_mac})
-        with netns.rtnl_in(netns_fd) as pod_rtnl:
-            routes = wiring.configure_pod(pod_rtnl, ifname=req.ifname, mode=conf.mode,
-                                          addresses=addresses, gateways=gateways,
-                                          routes=allocated.get("routes", []), host_mac=host_mac)
-        if conf.mode is Mode.BRIDGE:
+            bridge_gateways = wiring.bridge_gateways(addresses, gateways)
+            bridge = kernel.ensure_bridge(BridgeSpec(name=conf.bridge, mtu=conf.mtu, gateways=bridge_gateways))
+            for family in sorted({g.version for g in bridge_gateways}):
+                kernel.enable_forwarding(family)
+            interfaces.append({"name": conf.bridge, "mac": bridge.mac})
+        setup, routes = wiring.plan_pod(ifname=req.ifname, mode=conf.mode, addresses=addresses,
+                                        gateways=gateways, routes=allocated.get("routes", []),
+                                        host_mac=pair.host_mac)
+        kernel.configure_pod(pod_netns, setup)
+        if bridge is not None:
             try:
-                if not (enslaved and bridge_index == known_bridge):
-                    wiring.attach_to_bridge(rtnl, host_name=host_name, bridge_index=bridge_index)
+                if not (enslaved and known_bridge is not None and bridge.index == known_bridge.index):
+                    kernel.attach_to_bridge(host_name, bridge)
                 if conf.hairpin_mode:
-                    wiring.set_hairpin(host_name)
-            except NetlinkError as exc:
-                wiring.forget_bridge(conf.bridge)  # someone removed it under us: next ADD repairs
+                    kernel.set_hairpin(host_name)
+            except KernelError as exc:
+                kernel.forget_bridge(conf.bridge)  # someone removed it under us: next ADD repairs
                 raise CniError(ErrorCode.TRY_AGAIN_LATER, f"bridge {conf.bridge} changed during ADD",
                                str(exc)) from None
         else:
-            wiring.route_to_pod(rtnl, host_name=host_name, addresses=addresses, pod_mac=pod_mac)
+            families = sorted({a.version for a in addresses})
+            for family in families:
+                kernel.enable_forwarding(family)
+            if 4 in families:
+                kernel.enable_proxy_arp(host_name)
+            kernel.route_to_pod(wiring.plan_node_routes(host_name=host_name, addresses=addresses,
+                                                        pod_mac=pair.pod_mac))
 
-        os.close(netns_fd)
+        kernel.close_netns(pod_netns)
         undo.clear()
         pod_index = len(interfaces) + 1
-        interfaces.append({"name": host_name, "mac": host_mac})
-        interfaces.append({"name": req.ifname, "mac": pod_mac, "sandbox": req.netns, "mtu": conf.mtu})
+        interfaces.append({"name": host_name, "mac": pair.host_mac})
+        interfaces.append({"name": req.ifname, "mac": pair.pod_mac, "sandbox": req.netns, "mtu": conf.mtu})
         ips = []
         for ip in allocated["ips"]:
             entry = {"address": ip["address"], "interface": pod_index}
@@ -148,62 +185,26 @@ class PluginHandlers:
         """
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
         try:
-            wiring.delete_link(netns.host_rtnl(), host_name)
-        except NetlinkError as exc:
-            netns.drop_host_netlink()
+            self.kernel.delete_link(host_name)
+        except KernelError as exc:
             raise CniError(ErrorCode.INTERNAL, f"cannot delete {host_name}", str(exc)) from None
         ipam_for(conf).delete(conf, req)
 
     def check(self, conf: NetConf, req: CniRequest) -> None:
+        """Read both ends through the kernel seam; `cni.check` says what differs."""
         ipam_for(conf).check(conf, req)
-        prev = conf.prev_result or {}
-        problems = []
-        interfaces = prev.get("interfaces") or []
-        pod_iface = next((i for i, itf in enumerate(interfaces)
-                          if itf.get("name") == req.ifname and itf.get("sandbox")), None)
-        if pod_iface is None:
-            raise CniError(ErrorCode.CHECK_FAILED, f"prevResult has no interface {req.ifname} in a sandbox")
-        fd = netns.open_netns(req.netns)
-        try:
-            with netns.netlink_in(fd) as pod_ipr:
-                state = wiring.pod_state(pod_ipr, req.ifname)
-        finally:
-            os.close(fd)
-        if state is None:
-            raise CniError(ErrorCode.CHECK_FAILED, f"interface {req.ifname} is missing in the container")
-        expected_mac = (interfaces[pod_iface].get("mac") or "").lower()
-        if expected_mac and state["mac"] != expected_mac:
-            problems.append(f"{req.ifname} has MAC {state['mac']}, expected {expected_mac}")
-        if not state["up"]:
-            problems.append(f"{req.ifname} is down")
-        for ip in prev.get("ips") or []:
-            if ip.get("interface", pod_iface) == pod_iface and ip["address"] not in state["addresses"]:
-                problems.append(f"address {ip['address']} is missing on {req.ifname}")
-        for route in prev.get("routes") or []:
-            dst = str(ipaddress.ip_network(route["dst"], strict=False))
-            if not any(d == dst and (not route.get("gw") or g == route["gw"]) for d, g in state["routes"]):
-                problems.append(f"route {dst}" + (f" via {route['gw']}" if route.get("gw") else "")
-                                + " is missing")
-
-        ipr = netns.host_netlink()
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
-        host = wiring.host_state(ipr, host_name)
-        if host is None:
-            problems.append(f"host interface {host_name} is missing")
-        else:
-            if not host["up"]:
-                problems.append(f"host interface {host_name} is down")
-            if conf.mode is Mode.BRIDGE:
-                bridge = ipr.link_lookup(ifname=conf.bridge)
-                if not bridge or host["master"] != bridge[0]:
-                    problems.append(f"{host_name} is not attached to bridge {conf.bridge}")
-            else:
-                for ip in prev.get("ips") or []:
-                    addr = ipaddress.ip_interface(ip["address"])
-                    if f"{addr.ip}/{addr.max_prefixlen}" not in host["routes"]:
-                        problems.append(f"node route to {addr.ip} via {host_name} is missing")
-        if problems:
-            raise CniError(ErrorCode.CHECK_FAILED, "; ".join(problems))
+        expected = cni_check.expected_from(conf.prev_result or {}, ifname=req.ifname, host_name=host_name,
+                                           mode=conf.mode, bridge=conf.bridge)
+        pod_netns = self.kernel.open_netns(req.netns)
+        try:
+            pod = self.kernel.read_pod_interface(pod_netns, req.ifname)
+        finally:
+            self.kernel.close_netns(pod_netns)
+        host = self.kernel.read_host_veth(host_name) if pod is not None else None
+        findings = cni_check.find_problems(expected, pod, host)
+        if findings:
+            raise CniError(ErrorCode.CHECK_FAILED, "; ".join(f.message for f in findings))
 
     def gc(self, conf: NetConf, req: CniRequest, valid: set) -> None:
         if self.deferred is not None:
@@ -214,14 +215,13 @@ class PluginHandlers:
         except CniError as err:
             errors.append(str(err))
         keep = {wiring.host_veth_name(conf.name, cid, ifname) for cid, ifname in valid}
-        ipr = netns.host_netlink()
-        for name in wiring.network_host_veths(ipr, conf.name):
+        for name in wiring.network_veths(self.kernel.owned_links(), conf.name):
             if name in keep:
                 continue
             try:
-                wiring.delete_link(ipr, name)
+                self.kernel.delete_link(name)
                 log.info("GC removed stale host veth %s", name)
-            except NetlinkError as exc:
+            except KernelError as exc:
                 errors.append(f"cannot delete {name}: {exc}")
         if errors:
             raise CniError(ErrorCode.INTERNAL, "GC finished with errors", "; ".join(errors))

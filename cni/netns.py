@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pyroute2 import IPRoute
 
 from cni.errors import CniError, ErrorCode
+from cni.kernel import netns_missing
 from cni.rtnl import Rtnl
 from netagent.kernel import namespaces
 
@@ -27,7 +28,7 @@ def open_netns(path: str) -> int:
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise CniError(ErrorCode.CONTAINER_UNKNOWN, f"network namespace {path} does not exist") from None
+        raise netns_missing(path) from None
     except OSError as exc:
         raise CniError(ErrorCode.INVALID_ENVIRONMENT, f"cannot open network namespace {path}",
                        exc.strerror or str(exc)) from None

@@ -13,23 +13,16 @@
 """
 from __future__ import annotations
 
-from cni import wiring
-from cni.netns import host_netlink
+from cni.kernel import CniKernel
 
 
-def owned_links(ipr) -> list[str]:
-    names = []
-    for link in ipr.get_links():
-        alias = link.get_attr("IFLA_IFALIAS") or ""
-        if alias.startswith(wiring.ALIAS_PREFIX) or alias == wiring.BRIDGE_ALIAS:
-            names.append(link.get_attr("IFLA_IFNAME"))
-    return names
-
-
-def remove_owned_links() -> list[str]:
-    ipr = host_netlink()
-    removed = [name for name in owned_links(ipr) if wiring.delete_link(ipr, name)]
-    return removed
+def remove_owned_links(kernel: CniKernel | None = None) -> list[str]:
+    """Every node link carrying an alias of ours, through the CNI plugin's kernel seam (which
+    reads the aliases of `netagent.kernel.owned`); the names of those actually removed."""
+    if kernel is None:
+        from cni.netlink_kernel import NetlinkCniKernel
+        kernel = NetlinkCniKernel()
+    return [link.name for link in kernel.owned_links() if kernel.delete_link(link.name)]
 
 
 def remove_owned_routing() -> list[str]:
