@@ -95,7 +95,7 @@ def masquerade_chains(*, cluster_cidrs: Iterable[IpNetwork | str], pod_cidrs: It
         if not any(_subnet_of(network, outer) for outer in cluster):
             raise ValueError(f"pod CIDR {network} is outside every cluster CIDR {[str(c) for c in cluster]}")
 
-    masquerade = ("-j", "MASQUERADE") + (("--random-fully",) if ports is PortRandomization.FULLY else ())
+    masquerade = ("-j", *ports.target)
     nat: list[tuple[str, ...]] = []
     for source in cluster:
         for destination in cluster:
@@ -138,7 +138,7 @@ class MasqueradeManager:
     def __init__(self, *, runner: Iptables, cluster_cidrs: Sequence[IpNetwork | str],
                  pod_cidrs: Sequence[IpNetwork | str], chain_prefix: str = OWNED_PREFIX):
         self.runner = runner
-        ports = PortRandomization.FULLY if runner.supports_random_fully else PortRandomization.KERNEL_DEFAULT
+        ports = runner.port_randomization
         self.chains = masquerade_chains(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs,
                                         chain_prefix=chain_prefix, ports=ports)
         version = ipaddress.ip_network(next(iter(cluster_cidrs))).version

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
-from netagent.kernel.iptables.runner import Iptables, JumpPosition, PortRandomization, add_chain_removal, jump_drift
+from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
 from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
@@ -48,7 +48,7 @@ class IptablesProxy(ProxyBackend):
         self.iptables = iptables
         self.ipset = ipset
         if settings is None:
-            ports = PortRandomization.FULLY if iptables.supports_random_fully else PortRandomization.KERNEL_DEFAULT
+            ports = iptables.port_randomization
             settings = IptablesProxySettings(ports=ports)
         self.settings = settings
         self.hairpin_spec = IpsetSpec(settings.hairpin_set, IpsetType.HASH_IP_PORT_IP, comment=HAIRPIN_COMMENT)

@@ -236,7 +236,7 @@ def assemble_ruleset(ports: Mapping[ServicePortName, ServicePortRules], *, node:
                      settings: IptablesProxySettings) -> Ruleset:
     """The shared chains around per-service-port rules (`ports` in the order to write them)."""
     mark = f"{settings.mark}/{settings.mark}"
-    masquerade = "MASQUERADE --random-fully" if settings.ports is PortRandomization.FULLY else "MASQUERADE"
+    masquerade = " ".join(settings.ports.target)
     services = [f"-A {SERVICES_CHAIN} {line}" for rules in ports.values() for line in rules.services]
     services.extend(f"-A {SERVICES_CHAIN} {match} -j {NODEPORTS_CHAIN}" for match in _nodeport_matches(node))
     shared = (

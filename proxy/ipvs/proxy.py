@@ -117,7 +117,7 @@ class IpvsProxy(ProxyBackend):
 
     def chains(self, state: ProxyState) -> tuple[IpvsChain, ...]:
         return render_ipvs_chains(cluster_cidr=state.node.cluster_cidr,
-                                  random_fully=self.iptables.supports_random_fully,
+                                  ports=self.iptables.port_randomization,
                                   mark=self.settings.masquerade_mark)
 
     def _render(self, state: ProxyState) -> IpvsPlan:

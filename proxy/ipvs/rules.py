@@ -52,7 +52,8 @@ from dataclasses import dataclass
 
 from netagent.kernel.ipset import IpsetSpec, IpsetType
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
-from netagent.kernel.iptables.runner import (Iptables, JumpPosition, add_jump_repair, jump_drift, jump_spec)
+from netagent.kernel.iptables.runner import (Iptables, JumpPosition, PortRandomization, add_jump_repair, jump_drift,
+                                             jump_spec)
 from netagent.kernel import owned
 
 SET_PREFIX = owned.IPVS_SET_PREFIX
@@ -107,11 +108,11 @@ def _match(spec: IpsetSpec, directions: str, *, negate: bool = False) -> tuple[s
     return ("-m", "set") + (("!",) if negate else ()) + ("--match-set", spec.name, directions)
 
 
-def render_ipvs_chains(*, cluster_cidr: str | None, random_fully: bool = True,
+def render_ipvs_chains(*, cluster_cidr: str | None, ports: PortRandomization = PortRandomization.FULLY,
                        mark: int = MASQUERADE_MARK) -> tuple[IpvsChain, ...]:
     """The four chains, in the form iptables-save prints them. Pure."""
     set_mark = ("-j", "MARK", "--set-xmark", f"{mark:#x}/{mark:#x}")
-    masquerade = ("-j", "MASQUERADE") + (("--random-fully",) if random_fully else ())
+    masquerade = ("-j", *ports.target)
     from_outside: tuple[str, ...] = ()
     if cluster_cidr:
         from_outside = ("!", "-s", str(ipaddress.IPv4Network(cluster_cidr, strict=False)))

@@ -1,5 +1,6 @@
 """The IPVS backend's pure parts: the plan rendered per service port, its reverse index, and the
 constant iptables chains (golden)."""
+from netagent.kernel.iptables.runner import PortRandomization
 from proxy.ipvs.render import AddressKind, IpvsSettings, render_ipvs, render_service_port
 from proxy.ipvs.rules import render_ipvs_chains
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
@@ -173,7 +174,7 @@ def test_chains_golden():
 
 
 def test_chains_without_cluster_cidr_masquerade_every_source_and_old_iptables_lose_random_fully():
-    chains = render_ipvs_chains(cluster_cidr=None, random_fully=False)
+    chains = render_ipvs_chains(cluster_cidr=None, ports=PortRandomization.KERNEL_DEFAULT)
     assert chains[0].rules[0] == ("-m", "set", "--match-set", "NETAGENT-IPVS-CLUSTER-IP", "dst,dst",
                                   "-j", "MARK", "--set-xmark", "0x4000/0x4000")
     assert chains[1].rules[-1] == ("-j", "MASQUERADE")

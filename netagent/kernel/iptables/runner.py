@@ -80,6 +80,11 @@ class PortRandomization(enum.Enum):
     FULLY = "fully"                 # MASQUERADE --random-fully
     KERNEL_DEFAULT = "default"      # keep the source port when free (old iptables)
 
+    @property
+    def target(self) -> tuple[str, ...]:
+        """The MASQUERADE target with this choice, as the arguments after `-j`."""
+        return ("MASQUERADE", "--random-fully") if self is PortRandomization.FULLY else ("MASQUERADE",)
+
 
 class IptablesError(RuntimeError):
     """A restore or save that failed; names the input line when the tool said which."""
@@ -126,6 +131,11 @@ class Iptables(abc.ABC):
     def supports_random_fully(self) -> bool:
         """MASQUERADE --random-fully: iptables 1.6.2 and any kernel we run on (3.13+)."""
         return self.version >= RANDOM_FULLY_SINCE
+
+    @property
+    def port_randomization(self) -> PortRandomization:
+        """The best MASQUERADE port choice this iptables can write."""
+        return PortRandomization.FULLY if self.supports_random_fully else PortRandomization.KERNEL_DEFAULT
 
     def tables(self, table: str | None = None) -> dict[str, Table]:
         try:
