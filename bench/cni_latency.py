@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cni import invoke, netns  # noqa: E402
-from netagent import namespaces  # noqa: E402
+from netagent.kernel import namespaces  # noqa: E402
 from netagent.lab import LabNode  # noqa: E402
 
 REFERENCE_DIR = "/usr/lib/cni"

@@ -27,8 +27,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from netagent import namespaces, nodes  # noqa: E402
-from netagent.lab import underlay  # noqa: E402
+from netagent.kernel import namespaces  # noqa: E402
+from netagent.noderoutes import node_objects as nodes  # noqa: E402
+from netagent.lab import physical  # noqa: E402
 from netagent.lab.cluster import LabCluster  # noqa: E402
 
 
@@ -101,7 +102,7 @@ def convergence(mode: str, peer_counts: list[int], samples: int) -> list[dict]:
         api = lab.api()
         node = lab.state.nodes["node-1"]
         monitor = RouteMonitor(node.netns)
-        network = underlay.segment_network(node.segment)
+        network = physical.segment_network(node.segment)
         created = 0
         try:
             for count in peer_counts:

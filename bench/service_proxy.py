@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from netagent import namespaces  # noqa: E402
+from netagent.kernel import namespaces  # noqa: E402
 from netagent.kernel.iptables.backend import IptablesBackend  # noqa: E402
 from proxy.factory import build_backend  # noqa: E402
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName  # noqa: E402
