@@ -1,0 +1,36 @@
+#!/bin/sh
+# Build the CNI shim (netagent-shim.c beside this script) into OUTPUT as a static binary:
+# musl-gcc -static -Os -s (about 60 KB, no loader, no libc on the host needed), or, with a
+# warning, gcc -static when musl-gcc is missing (Debian: apt-get install musl-tools).
+# CC=... picks a compiler explicitly. The binary is written beside OUTPUT and renamed into
+# place, so a runtime executing OUTPUT never sees half a file and parallel builds do not clash.
+#
+#     cni/shim/build.sh build/cni-shim/netagent
+set -eu
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUTPUT" >&2
+  exit 2
+fi
+output=$1
+source="$(cd "$(dirname "$0")" && pwd)/netagent-shim.c"
+
+if [ -n "${CC:-}" ]; then
+  cc=$CC
+elif command -v musl-gcc >/dev/null 2>&1; then
+  cc=musl-gcc
+elif command -v gcc >/dev/null 2>&1; then
+  cc=gcc
+  echo "build.sh: warning: musl-gcc not found (apt-get install musl-tools); building with glibc's" \
+       "gcc -static: a larger binary that starts more slowly" >&2
+else
+  echo "build.sh: no C compiler: install musl-tools (musl-gcc) or gcc" >&2
+  exit 1
+fi
+
+mkdir -p "$(dirname "$output")"
+tmp="$output.tmp.$$"
+trap 'rm -f "$tmp"' EXIT
+"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s -o "$tmp" "$source"
+chmod 0755 "$tmp"
+mv -f "$tmp" "$output"

@@ -1,0 +1,729 @@
+/*
+ * netagent-shim: the CNI plugin binary the container runtime executes, installed as
+ * <bin dir>/netagent by `netagent cni install` (built by cni/shim/build.sh).
+ *
+ * It does no network work. It reads the CNI_* environment and the network config on stdin,
+ * finds "agentSocket" in that config, relays the whole request to the netagent agent
+ * listening there, writes the agent's answer to stdout and exits with the agent's code. The
+ * agent runs the one dispatcher (cni/dispatch.py), so answers are the Python client's.
+ *
+ * Wire format: cni/wire.py is the one definition (cni/client.py speaks it too), limits included:
+ *   request  "NACNI1 <env bytes> <stdin bytes>\n", the CNI_* variables as "KEY=VALUE" joined
+ *            by NUL (first occurrence of each key, environment order), then stdin verbatim;
+ *            MAX_ENV 64 KiB of variables, MAX_STDIN 16 MiB of stdin.
+ *   reply    "<exit code> <stdout bytes>\n" then stdout; the header within MAX_HEADER, the
+ *            body within MAX_REPLY (16 MiB; wire.py sets no limit of its own for replies).
+ *
+ * Without the agent:
+ *   - VERSION is always answered here, as cni/version.py's version_answer() does.
+ *   - No agent listening (ENOENT, ECONNREFUSED): code 11 "try again later"; the runtime retries.
+ *   - DEL is not lost: the request, in wire format, goes to the agent's DEL journal
+ *     <socket dir>/pending-del/shim-<realtime ns>-<pid>.wire (written as .shim-*.tmp, then
+ *     renamed) and the shim exits 0. The agent adopts these records after binding its socket
+ *     and before serving it (netagent/cniserver/deferred_delete.py). An agent may bind between
+ *     our failed connect and the rename, so the shim connects once more after the rename: if an
+ *     agent answers now, the DEL goes to it live and the record is removed (if the agent had
+ *     adopted it already, the DEL just runs twice; DEL is idempotent).
+ *   - Any other failure to talk to the agent (timeout, bad reply) is code 11 as well.
+ *
+ * The config scan reads only the top-level object's string values of "agentSocket" and
+ * "cniVersion" (escapes decoded, the last duplicate wins). Nested values are skipped by
+ * matching brackets and strings, not validated: the agent validates the whole config. Stdin
+ * must be UTF-8 without a byte-order mark; a lone \uD800-\uDFFF escape counts as malformed.
+ * agentSocket must be an absolute path that fits a unix socket address (107 bytes). The
+ * journal directory is dirname(agentSocket)/pending-del as the agent derives it, except that
+ * the agent normalises "..": give agentSocket without "..".
+ *
+ * NETAGENT_SHIM_TIMEOUT (seconds, default 120 like cni/client.py), honoured only when set to a
+ * number in (0, 86400]: the deadline for the whole exchange with the agent. For tests.
+ *
+ * No shell, no exec, no fixed-size buffer written past its size: every variable-length datum
+ * lives in a `struct buf` grown with bounds checks up to the limits above; every read and write
+ * loop retries EINTR and short counts. SIGPIPE is ignored, so a closed pipe is an error code,
+ * not a signal.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_HEADER 64
+#define MAX_ENV (64 * 1024)
+#define MAX_STDIN (16 * 1024 * 1024)
+#define MAX_REPLY (16 * 1024 * 1024)
+#define DEFAULT_TIMEOUT 120.0
+#define JOURNAL_DIR "pending-del"
+#define RECORD_NAME 96 /* "shim-" 20+9 digits "-" pid ".wire": at most 76 bytes */
+#define TRY_AGAIN_LATER 11
+
+/* cni/version.py's SUPPORTED_VERSIONS and LATEST (tests/unit/test_shim_fuzz.py keeps them equal). */
+static const char *const SUPPORTED[] = {"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"};
+#define LATEST "1.1.0"
+
+extern char **environ;
+
+/* ------------------------------------------------------------------ growable buffers */
+
+/* Always NUL-terminated; `oom` is set (and further appends ignored) when growing fails. */
+struct buf {
+    char *data;
+    size_t len, cap;
+    int oom;
+};
+
+static void buf_add(struct buf *b, const void *p, size_t n)
+{
+    if (b->oom)
+        return;
+    if (n >= SIZE_MAX / 4 - b->len) { /* far beyond every limit: never reached, never wraps */
+        b->oom = 1;
+        return;
+    }
+    size_t need = b->len + n + 1;
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need)
+            cap *= 2;
+        char *data = realloc(b->data, cap);
+        if (data == NULL) {
+            b->oom = 1;
+            return;
+        }
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+/* ------------------------------------------------------------------ I/O with a deadline */
+
+/* Arm SO_RCVTIMEO or SO_SNDTIMEO with what is left until `deadline`; ETIMEDOUT once it passed. */
+static int arm_timeout(int fd, int which, const struct timespec *deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long left_us = (long long)(deadline->tv_sec - now.tv_sec) * 1000000LL
+                        + (deadline->tv_nsec - now.tv_nsec) / 1000;
+    if (left_us <= 0) { /* a zero timeval would mean "wait forever" */
+        errno = ETIMEDOUT;
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = left_us / 1000000, .tv_usec = left_us % 1000000};
+    return setsockopt(fd, SOL_SOCKET, which, &tv, sizeof tv);
+}
+
+/* Read `fd` to EOF into `b`. 0 on EOF, 1 when more than `limit` bytes came, -1 with errno.
+ * With a deadline (sockets), a read that times out fails with ETIMEDOUT. */
+static int read_all(int fd, struct buf *b, size_t limit, const struct timespec *deadline)
+{
+    char chunk[65536];
+    for (;;) {
+        if (deadline != NULL && arm_timeout(fd, SO_RCVTIMEO, deadline) < 0)
+            return -1;
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            errno = ETIMEDOUT;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            return 0;
+        if ((size_t)n > limit - b->len)
+            return 1;
+        buf_add(b, chunk, (size_t)n);
+        if (b->oom) {
+            errno = ENOMEM;
+            return -1;
+        }
+    }
+}
+
+static int write_all(int fd, const char *p, size_t n, const struct timespec *deadline)
+{
+    while (n > 0) {
+        if (deadline != NULL && arm_timeout(fd, SO_SNDTIMEO, deadline) < 0)
+            return -1;
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            errno = ETIMEDOUT;
+        if (w < 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ JSON in and out */
+
+/* One well-formed UTF-8 sequence at s (Unicode table 3-7): its length, or 0 if there is none. */
+static size_t utf8_decode(const unsigned char *s, size_t n, unsigned *cp)
+{
+    size_t len;
+    unsigned min;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF) {
+        len = 2, min = 0x80, *cp = s[0] & 0x1Fu;
+    } else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+        len = 3, min = 0x800, *cp = s[0] & 0x0Fu;
+    } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+        len = 4, min = 0x10000, *cp = s[0] & 0x07u;
+    } else {
+        return 0;
+    }
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        *cp = (*cp << 6) | (s[i] & 0x3Fu);
+    }
+    return (*cp < min || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF)) ? 0 : len;
+}
+
+static void put_utf8(struct buf *b, unsigned cp)
+{
+    unsigned char out[4];
+    size_t n;
+    if (cp < 0x80) {
+        out[0] = (unsigned char)cp, n = 1;
+    } else if (cp < 0x800) {
+        out[0] = (unsigned char)(0xC0 | cp >> 6), out[1] = (unsigned char)(0x80 | (cp & 0x3F)), n = 2;
+    } else if (cp < 0x10000) {
+        out[0] = (unsigned char)(0xE0 | cp >> 12), out[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (unsigned char)(0x80 | (cp & 0x3F)), n = 3;
+    } else {
+        out[0] = (unsigned char)(0xF0 | cp >> 18), out[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+        out[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F)), out[3] = (unsigned char)(0x80 | (cp & 0x3F)), n = 4;
+    }
+    buf_add(b, out, n);
+}
+
+/* A JSON string as Python's json.dumps writes it (ASCII only); invalid UTF-8 becomes U+FFFD. */
+static void put_json_string(struct buf *b, const char *text)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t n = strlen(text);
+    char esc[16];
+    buf_add(b, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        unsigned cp = s[i];
+        size_t used = 1;
+        const char *shorthand = NULL;
+        if (cp >= 0x80 && (used = utf8_decode(s + i, n - i, &cp)) == 0)
+            cp = 0xFFFD, used = 1;
+        switch (cp) {
+        case '"': shorthand = "\\\""; break;
+        case '\\': shorthand = "\\\\"; break;
+        case '\n': shorthand = "\\n"; break;
+        case '\r': shorthand = "\\r"; break;
+        case '\t': shorthand = "\\t"; break;
+        case '\b': shorthand = "\\b"; break;
+        case '\f': shorthand = "\\f"; break;
+        }
+        if (shorthand != NULL) {
+            buf_str(b, shorthand);
+        } else if (cp >= 0x20 && cp < 0x7F) {
+            buf_add(b, s + i, 1);
+        } else if (cp < 0x10000) {
+            snprintf(esc, sizeof esc, "\\u%04x", cp);
+            buf_str(b, esc);
+        } else { /* a surrogate pair, as json.dumps writes it */
+            snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+                     0xDC00 + ((cp - 0x10000) & 0x3FF));
+            buf_str(b, esc);
+        }
+        i += used;
+    }
+    buf_add(b, "\"", 1);
+}
+
+/* What the shim needs from the config: two top-level string values (NULL when absent). */
+struct config {
+    struct buf version, socket;
+    int has_version, has_socket;
+};
+
+struct scan {
+    const char *p, *end;
+};
+
+static void skip_ws(struct scan *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+        s->p++;
+}
+
+static int hex4(const char *p, unsigned *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        *v = *v << 4 | (unsigned)d;
+    }
+    return 0;
+}
+
+/* The string at s->p (on its opening quote), decoded to UTF-8 into `out` (NULL: only skip it). */
+static int scan_string(struct scan *s, struct buf *out)
+{
+    for (s->p++; s->p < s->end;) {
+        unsigned char c = (unsigned char)*s->p++;
+        if (c == '"')
+            return 0;
+        if (c < 0x20)
+            return -1; /* control characters must be escaped */
+        if (c != '\\') {
+            if (out != NULL)
+                buf_add(out, &c, 1);
+            continue;
+        }
+        if (s->p >= s->end)
+            return -1;
+        c = (unsigned char)*s->p++;
+        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+        const char *hit = c != '\0' ? strchr(from, c) : NULL;
+        unsigned cp;
+        if (hit != NULL) {
+            cp = (unsigned char)to[hit - from];
+        } else if (c == 'u' && s->end - s->p >= 4 && hex4(s->p, &cp) == 0) {
+            s->p += 4;
+            if (cp >= 0xDC00 && cp <= 0xDFFF)
+                return -1; /* a low surrogate alone */
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                unsigned low;
+                if (s->end - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u' || hex4(s->p + 2, &low)
+                    || low < 0xDC00 || low > 0xDFFF)
+                    return -1;
+                s->p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+            }
+        } else {
+            return -1;
+        }
+        if (out != NULL)
+            put_utf8(out, cp);
+    }
+    return -1; /* unterminated */
+}
+
+/* Skip one value up to the ',' or '}' that ends it, matching brackets and strings only. */
+static int skip_value(struct scan *s)
+{
+    const char *start = s->p;
+    size_t depth = 0;
+    while (s->p < s->end) {
+        char c = *s->p;
+        if (depth == 0 && (c == ',' || c == '}'))
+            return s->p > start ? 0 : -1;
+        if (c == '"') {
+            if (scan_string(s, NULL) < 0)
+                return -1;
+            continue;
+        }
+        if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0)
+                return -1; /* a ']' that closes nothing ('}' at depth 0 ended the value above) */
+            depth--;
+        }
+        s->p++;
+    }
+    return -1;
+}
+
+/* Scan the top-level object; 0 when stdin is one, -1 when it is not (a decode failure). */
+static int scan_config(const char *data, size_t len, struct config *cfg)
+{
+    struct scan s = {data, data + len};
+    struct buf key = {0};
+    int rc = -1;
+    skip_ws(&s);
+    if (s.p >= s.end || *s.p++ != '{')
+        goto out;
+    skip_ws(&s);
+    if (s.p < s.end && *s.p == '}') {
+        s.p++;
+        goto done;
+    }
+    for (;;) {
+        key.len = 0;
+        if (s.p >= s.end || *s.p != '"' || scan_string(&s, &key) < 0 || key.oom)
+            goto out;
+        skip_ws(&s);
+        if (s.p >= s.end || *s.p++ != ':')
+            goto out;
+        skip_ws(&s);
+        struct buf *want = NULL;
+        int *has = NULL;
+        if (key.len == 11 && memcmp(key.data, "agentSocket", 11) == 0)
+            want = &cfg->socket, has = &cfg->has_socket;
+        else if (key.len == 10 && memcmp(key.data, "cniVersion", 10) == 0)
+            want = &cfg->version, has = &cfg->has_version;
+        if (want != NULL && s.p < s.end && *s.p == '"') {
+            want->len = 0;
+            if (scan_string(&s, want) < 0 || want->oom)
+                goto out;
+            *has = 1;
+        } else {
+            if (skip_value(&s) < 0)
+                goto out;
+            if (has != NULL)
+                *has = 0; /* the last duplicate is not a string */
+        }
+        skip_ws(&s);
+        if (s.p < s.end && *s.p == ',') {
+            s.p++;
+            skip_ws(&s);
+            continue;
+        }
+        if (s.p < s.end && *s.p == '}') {
+            s.p++;
+            break;
+        }
+        goto out;
+    }
+done:
+    skip_ws(&s);
+    rc = s.p == s.end ? 0 : -1;
+out:
+    free(key.data);
+    return rc;
+}
+
+/* The version for our own output: the config's cniVersion if we speak it, else the latest. */
+static const char *reply_version(const struct config *cfg)
+{
+    for (size_t i = 0; cfg->has_version && i < sizeof SUPPORTED / sizeof SUPPORTED[0]; i++)
+        if (strcmp(cfg->version.data, SUPPORTED[i]) == 0 && strlen(SUPPORTED[i]) == cfg->version.len)
+            return SUPPORTED[i];
+    return LATEST;
+}
+
+static void print_buf(struct buf *out)
+{
+    static const char fallback[] = "{\"code\": 100, \"msg\": \"netagent shim: out of memory\"}";
+    if (out->oom)
+        write_all(STDOUT_FILENO, fallback, sizeof fallback - 1, NULL);
+    else if (out->len > 0)
+        write_all(STDOUT_FILENO, out->data, out->len, NULL);
+    free(out->data);
+}
+
+/* The spec's error object, as cni/errors.py's to_dict() and json.dumps() render it; exit 1. */
+static int fail(const struct config *cfg, int code, const char *msg, const char *details)
+{
+    struct buf out = {0};
+    char num[16];
+    snprintf(num, sizeof num, "%d", code);
+    buf_str(&out, "{\"cniVersion\": \"");
+    buf_str(&out, reply_version(cfg));
+    buf_str(&out, "\", \"code\": ");
+    buf_str(&out, num);
+    buf_str(&out, ", \"msg\": ");
+    put_json_string(&out, msg);
+    if (details != NULL && details[0] != '\0') {
+        buf_str(&out, ", \"details\": ");
+        put_json_string(&out, details);
+    }
+    buf_str(&out, "}");
+    print_buf(&out);
+    return 1;
+}
+
+/* "<a>: <b>: <strerror(err)>" for an error's details (NULL without memory; never freed: we exit). */
+static char *describe(const char *a, const char *b, int err)
+{
+    struct buf d = {0};
+    buf_str(&d, a);
+    buf_str(&d, ": ");
+    buf_str(&d, b);
+    buf_str(&d, ": ");
+    buf_str(&d, strerror(err));
+    return d.oom ? NULL : d.data;
+}
+
+/* ------------------------------------------------------------------ the agent */
+
+static int connect_agent(const char *path, const struct timespec *deadline)
+{
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, path, strlen(path) + 1); /* main() checked that it fits */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    for (;;) {
+        /* SO_SNDTIMEO bounds a connect that waits for room in a full listen backlog. */
+        if (arm_timeout(fd, SO_SNDTIMEO, deadline) == 0
+            && (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 || errno == EISCONN))
+            return fd;
+        if (errno != EINTR)
+            break;
+    }
+    int err = errno == EAGAIN ? ETIMEDOUT : errno;
+    close(fd);
+    errno = err;
+    return -1;
+}
+
+/* Up to 9 digits at *p, then `stop`, all before `end`: the number (*p moves past `stop`), or -1. */
+static long parse_count(const char **p, const char *end, char stop)
+{
+    const char *start = *p;
+    long value = 0;
+    while (*p < end && **p >= '0' && **p <= '9' && *p - start < 9)
+        value = value * 10 + (*(*p)++ - '0');
+    if (*p == start || *p >= end || **p != stop)
+        return -1;
+    (*p)++;
+    return value;
+}
+
+/* Send the request, half-close, read and check the reply. 0, or -1 with errno and `*step`. */
+static int exchange(int fd, const struct buf *request, const struct timespec *deadline,
+                    struct buf *reply, int *code, size_t *body_at, const char **step)
+{
+    *step = "send";
+    if (write_all(fd, request->data, request->len, deadline) < 0)
+        return -1;
+    shutdown(fd, SHUT_WR); /* the agent reads to the announced length; this is a courtesy */
+    *step = "receive";
+    int rc = read_all(fd, reply, MAX_HEADER + 1 + MAX_REPLY, deadline);
+    if (rc > 0)
+        errno = EMSGSIZE;
+    if (rc != 0)
+        return -1;
+    if (reply->len == 0) {
+        *step = "closed without a reply";
+        errno = EPROTO;
+        return -1;
+    }
+    /* "<code> <length>\n" within MAX_HEADER; the length is exactly what follows */
+    *step = "malformed reply";
+    errno = EPROTO;
+    const char *end = reply->data + (reply->len < MAX_HEADER ? reply->len : MAX_HEADER);
+    const char *p = reply->data;
+    long exit_code = parse_count(&p, end, ' ');
+    long length = exit_code < 0 ? -1 : parse_count(&p, end, '\n');
+    if (length < 0 || exit_code > 255 || (size_t)length != reply->len - (size_t)(p - reply->data))
+        return -1;
+    *body_at = (size_t)(p - reply->data);
+    *code = (int)exit_code;
+    return 0;
+}
+
+/* Seconds from NETAGENT_SHIM_TIMEOUT when it is a sane number, else the default. */
+static double agent_timeout(void)
+{
+    const char *text = getenv("NETAGENT_SHIM_TIMEOUT");
+    char *end;
+    double t = text != NULL && text[0] != '\0' ? strtod(text, &end) : 0.0;
+    return text != NULL && text[0] != '\0' && *end == '\0' && t > 0.0 && t <= 86400.0 ? t : DEFAULT_TIMEOUT;
+}
+
+/* Write the DEL into the agent's journal; 0, or -1 with errno and `*where` set. */
+static int journal_del(const char *socket_path, const struct buf *request, struct buf *dir,
+                       char name[RECORD_NAME], int *dirfd_out, const char **where)
+{
+    const char *slash = strrchr(socket_path, '/'); /* absolute: there is one */
+    buf_add(dir, socket_path, slash == socket_path ? 1 : (size_t)(slash - socket_path));
+    *where = dir->data;
+    if (dir->oom || (mkdir(dir->data, 0700) < 0 && errno != EEXIST))
+        return -1;
+    buf_str(dir, "/" JOURNAL_DIR);
+    *where = dir->data;
+    if (dir->oom || (mkdir(dir->data, 0700) < 0 && errno != EEXIST))
+        return -1;
+    int dirfd = open(dir->data, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (dirfd < 0)
+        return -1;
+    struct timespec now;
+    char tmp[RECORD_NAME];
+    clock_gettime(CLOCK_REALTIME, &now); /* names sort in the order the DELs came */
+    snprintf(name, RECORD_NAME, "shim-%020lld%09ld-%ld.wire", (long long)now.tv_sec, now.tv_nsec, (long)getpid());
+    snprintf(tmp, RECORD_NAME, ".shim-%020lld%09ld-%ld.tmp", (long long)now.tv_sec, now.tv_nsec, (long)getpid());
+    int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+    int ok = fd >= 0 && write_all(fd, request->data, request->len, NULL) == 0;
+    int err = errno;
+    if (fd >= 0 && close(fd) < 0 && ok)
+        ok = 0, err = errno;
+    if (ok && renameat(dirfd, tmp, dirfd, name) < 0)
+        ok = 0, err = errno;
+    if (!ok) {
+        if (fd >= 0)
+            unlinkat(dirfd, tmp, 0);
+        close(dirfd);
+        errno = err;
+        return -1;
+    }
+    *dirfd_out = dirfd;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ main */
+
+/* VERSION, answered here as cni/version.py's version_answer() and json.dumps() would. */
+static int answer_version(const struct config *cfg, const struct buf *in, int scanned)
+{
+    size_t blank = 0; /* Python's bytes.strip() whitespace */
+    while (blank < in->len && in->data[blank] != '\0' && strchr(" \t\n\r\v\f", in->data[blank]) != NULL)
+        blank++;
+    if (blank < in->len && scanned < 0)
+        return fail(cfg, 6, "cannot decode the network configuration", "it is not a JSON object");
+    struct buf out = {0};
+    buf_str(&out, "{\"cniVersion\": \"");
+    buf_str(&out, reply_version(cfg));
+    buf_str(&out, "\", \"supportedVersions\": [");
+    for (size_t i = 0; i < sizeof SUPPORTED / sizeof SUPPORTED[0]; i++) {
+        buf_str(&out, i > 0 ? ", \"" : "\"");
+        buf_str(&out, SUPPORTED[i]);
+        buf_str(&out, "\"");
+    }
+    buf_str(&out, "]}");
+    print_buf(&out);
+    return 0;
+}
+
+/* The CNI_* variables, the first occurrence of each, joined by NUL; 1 past MAX_ENV. */
+static int collect_env(struct buf *env)
+{
+    for (char **e = environ; *e != NULL; e++) {
+        const char *eq = strchr(*e, '=');
+        if (strncmp(*e, "CNI_", 4) != 0 || eq == NULL)
+            continue;
+        size_t key_len = (size_t)(eq - *e) + 1; /* "KEY=" */
+        char **seen = environ;
+        while (seen < e && strncmp(*seen, *e, key_len) != 0)
+            seen++;
+        if (seen < e)
+            continue;
+        if (env->len > 0)
+            buf_add(env, "", 1); /* the NUL separator */
+        buf_str(env, *e);
+        if (env->len > MAX_ENV)
+            return 1;
+    }
+    return 0;
+}
+
+static struct timespec deadline_after(double seconds)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += (time_t)seconds;
+    t.tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+int main(void)
+{
+    struct config cfg = {{0}, {0}, 0, 0};
+    struct buf in = {0}, env = {0}, request = {0}, reply = {0}, dir = {0};
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = read_all(STDIN_FILENO, &in, MAX_STDIN, NULL);
+    if (rc < 0)
+        return fail(&cfg, 5, "cannot read the network configuration from stdin", strerror(errno));
+    if (rc > 0)
+        return fail(&cfg, 7, "the network configuration is larger than 16 MiB", "");
+    int scanned = scan_config(in.data != NULL ? in.data : "", in.len, &cfg);
+    if (cfg.socket.oom || cfg.version.oom)
+        return fail(&cfg, 100, "netagent shim: out of memory", "");
+
+    const char *command = getenv("CNI_COMMAND");
+    if (command != NULL && strcmp(command, "VERSION") == 0)
+        return answer_version(&cfg, &in, scanned);
+    if (scanned < 0)
+        return fail(&cfg, 6, "cannot decode the network configuration", "it is not a JSON object");
+    const char *path = cfg.socket.data;
+    if (!cfg.has_socket || cfg.socket.len == 0)
+        return fail(&cfg, 7, "the network configuration has no 'agentSocket'",
+                    "the netagent plugin relays every request to the agent listening there");
+    if (path[0] != '/' || strlen(path) != cfg.socket.len
+        || cfg.socket.len >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        return fail(&cfg, 7, "'agentSocket' must be an absolute path of at most 107 bytes", path);
+    if (collect_env(&env) > 0)
+        return fail(&cfg, 4, "the CNI_* environment is larger than 64 KiB", "");
+
+    char header[MAX_HEADER];
+    snprintf(header, sizeof header, "NACNI1 %zu %zu\n", env.len, in.len);
+    buf_str(&request, header);
+    buf_add(&request, env.data != NULL ? env.data : "", env.len);
+    buf_add(&request, in.data != NULL ? in.data : "", in.len);
+    if (request.oom || env.oom)
+        return fail(&cfg, 100, "netagent shim: out of memory", "");
+
+    struct timespec deadline = deadline_after(agent_timeout());
+    int journal_fd = -1;
+    char record[RECORD_NAME] = "";
+    int fd = connect_agent(path, &deadline);
+    if (fd < 0 && (errno == ENOENT || errno == ECONNREFUSED)) {
+        int err = errno;
+        if (command == NULL || strcmp(command, "DEL") != 0) {
+            char *why = describe(path, "connect", err);
+            return fail(&cfg, TRY_AGAIN_LATER, "the netagent agent is not running", why ? why : "");
+        }
+        const char *where = "";
+        if (journal_del(path, &request, &dir, record, &journal_fd, &where) < 0) {
+            char *why = describe(where, "cannot journal the DEL", errno);
+            return fail(&cfg, TRY_AGAIN_LATER, "the netagent agent is not running", why ? why : "");
+        }
+        /* An agent that bound its socket since our connect may have scanned the journal
+         * before the rename: if one answers now, it gets the DEL live instead. */
+        fd = connect_agent(path, &deadline);
+        if (fd < 0) {
+            fprintf(stderr, "netagent: no agent at %s; DEL journaled as %s/%s for its next start\n",
+                    path, dir.data, record);
+            return 0;
+        }
+    }
+    if (fd < 0) {
+        char *why = describe(path, "connect", errno);
+        return fail(&cfg, TRY_AGAIN_LATER, "the netagent agent did not answer", why ? why : "");
+    }
+
+    int code = 0;
+    size_t body_at = 0;
+    const char *step = "";
+    rc = exchange(fd, &request, &deadline, &reply, &code, &body_at, &step);
+    int err = errno;
+    close(fd);
+    if (journal_fd >= 0) {
+        unlinkat(journal_fd, record, 0); /* the live DEL replaces the record (ENOENT: adopted) */
+        close(journal_fd);
+    }
+    if (rc < 0) {
+        char *why = describe(path, step, err);
+        return fail(&cfg, TRY_AGAIN_LATER, "the netagent agent did not answer", why ? why : "");
+    }
+    if (write_all(STDOUT_FILENO, reply.data + body_at, reply.len - body_at, NULL) < 0)
+        return code != 0 ? code : 5; /* the runtime cannot read a result: do not claim success */
+    return code;
+}
