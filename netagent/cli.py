@@ -28,8 +28,9 @@ def _cmd_cni_install(args) -> int:
             ipaddress.ip_network(subnet, strict=False)
         paths = cni_install.install(bin_dir=args.bin_dir, conf_dir=args.conf_dir, name=args.name,
                                     subnets=args.subnet, mode=args.mode, bridge=args.bridge,
-                                    mtu=args.mtu, socket_path=args.socket, data_dir=args.data_dir)
-    except (OSError, ValueError) as exc:
+                                    mtu=args.mtu, socket_path=args.socket, data_dir=args.data_dir,
+                                    shim=args.shim)
+    except (OSError, ValueError, cni_install.ShimUnavailable) as exc:
         print(f"netagent cni install: {exc}", file=sys.stderr)
         return 1
     for path in paths:
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--mtu", type=int, default=1500)
     install.add_argument("--socket", default=cni_install.DEFAULT_SOCKET)
     install.add_argument("--data-dir", default=cni_install.DEFAULT_DATA_DIR)
+    install.add_argument("--shim", help="a prebuilt CNI shim to install as `netagent` (default: the "
+                                        "project's build/cni-shim/netagent, built when missing or stale)")
     install.set_defaults(func=_cmd_cni_install)
 
     cleanup = sub.add_parser("cleanup", help="remove every interface, route, device and iptables chain netagent created on this node")

@@ -113,7 +113,8 @@ class LabCluster:
             physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
                                     segments=segments)
             cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
-                                bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="", data_dir="")
+                                bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="", data_dir="",
+                                plugin=cni_install.PluginBinary.PYTHON)
             lab._write_kubeconfig()
             lab.start_apiserver()
             for i in range(nodes):

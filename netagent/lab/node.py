@@ -1,9 +1,10 @@
 """One lab node without a cluster: the CNI plugin and its agent (`--cni-only`) in a namespace.
 
-`LabNode` is a node namespace, the plugin installed into a private
-directory, the agent (`netagent run --cni-only`) started inside the node, and pods created
-by executing the plugin binary exactly as a runtime would (environment, config on stdin,
-from the node's namespace). The CNI tests and the CNI benchmark use it; `exec_plugin` is
+`LabNode` is a node namespace, the plugin installed into a private directory (the Python
+client by default, which works in-process without an agent; the static C shim with
+`plugin=PluginBinary.SHIM`), the agent (`netagent run --cni-only`) started inside the node,
+and pods created by executing the plugin binary exactly as a runtime would (environment,
+config on stdin, from the node's namespace). The CNI tests and the CNI benchmark use it; `exec_plugin` is
 shared with the cluster lab. Everything is removed on exit, also after errors.
 """
 from __future__ import annotations
@@ -67,11 +68,13 @@ class LabNode:
 
     def __init__(self, *, prefix: str = "na-lab", mode: str = "bridge",
                  subnets: tuple = ("10.244.1.0/24",), with_agent: bool = True,
-                 cni_version: str = "1.0.0", mtu: int = 1500, ipam: dict | None = None) -> None:
+                 cni_version: str = "1.0.0", mtu: int = 1500, ipam: dict | None = None,
+                 plugin: cni_install.PluginBinary = cni_install.PluginBinary.PYTHON) -> None:
         self.prefix = namespaces.unique_name(prefix)
         self.node = f"{self.prefix}-node"
         self.mode = mode
         self.with_agent = with_agent
+        self.plugin = plugin
         self.workdir = tempfile.mkdtemp(prefix=f"{self.prefix}-")
         self.bin_dir = os.path.join(self.workdir, "bin")
         self.data_dir = os.path.join(self.workdir, "ipam")
@@ -96,7 +99,7 @@ class LabNode:
             self._add_node_address()
             cni_install.install(bin_dir=self.bin_dir, conf_dir=None, name="netagent", subnets=[],
                                 mode=self.mode, bridge=owned.DEFAULT_BRIDGE, mtu=1500,
-                                socket_path=self.socket_path, data_dir=self.data_dir)
+                                socket_path=self.socket_path, data_dir=self.data_dir, plugin=self.plugin)
             if self.with_agent:
                 self.start_agent()
         except BaseException:

@@ -9,15 +9,18 @@ This file owns the tests that drive `containerd_harness.ContainerdNode`:
   harness is designed around: `ctr run -d` + `ctr task kill` + `ctr container rm` never call
   CNI DEL. If a containerd upgrade changes that, this test says so.
 * `test_netagent_plugin_containers_reach_each_other` is the same scenario with our plugin,
-  installed by `netagent cni install`. It skips only when the `netagent` entry point is not
+  installed by `netagent cni install` (the static C shim) and served by `netagent run
+  --cni-only` in the node's namespace. It skips only when the `netagent` entry point is not
   installed in the project's virtual environment.
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -153,25 +156,58 @@ def test_ctr_detached_run_never_calls_cni_del(tmp_path, busybox_image):
 @pytest.mark.skipif(not NETAGENT.exists(),
                     reason=f"the netagent entry point {NETAGENT} is not installed "
                            f"(`pip install -e .` in the project's virtual environment)")
+@contextlib.contextmanager
+def _agent_in(node, socket_path: Path, log_path: Path):
+    """`netagent run --cni-only` in the node's namespace, serving `socket_path`; stopped on exit."""
+    with open(log_path, "ab") as log:
+        agent = subprocess.Popen(["ip", "netns", "exec", node.netns, str(NETAGENT), "run", "--cni-only",
+                                  "--cni-socket", str(socket_path)], stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not socket_path.exists():
+            assert agent.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        yield agent
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
+def _settle(journal: Path, timeout: float = 30.0) -> None:
+    """Wait until the agent finished every DEL it acknowledged (its journal is empty)."""
+    deadline = time.monotonic() + timeout
+    while journal.is_dir() and list(journal.glob("*.json")):
+        assert time.monotonic() < deadline, sorted(journal.iterdir())
+        time.sleep(0.02)
+
+
 def test_netagent_plugin_containers_reach_each_other(tmp_path, busybox_image):
     subnet = ipaddress.ip_network("10.88.7.0/24")
     bin_dir, conf_dir, data_dir = tmp_path / "bin", tmp_path / "conf", tmp_path / "ipam"
     data_dir.mkdir()
-    # --socket points at a path where no agent listens, so no agent that might run on this
-    # machine at the default socket can answer for the plugin.
+    # The test's own socket, so no agent that might run on this machine at the default
+    # socket can answer for the plugin.
+    socket_path = tmp_path / "run" / "cni.sock"
     install = subprocess.run(
         [str(NETAGENT), "cni", "install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
          "--subnet", str(subnet), "--mode", "bridge", "--data-dir", str(data_dir),
-         "--socket", str(tmp_path / "no-agent.sock")],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+         "--socket", str(socket_path)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert install.returncode == 0, install.stderr
     assert (bin_dir / "netagent").exists() and (bin_dir / "netagent-ipam").exists()
+    assert (bin_dir / "netagent").read_bytes()[:4] == b"\x7fELF", "the shim, not a script"
     conflists = sorted(conf_dir.glob("*.conflist"))
     assert conflists, f"no .conflist in {conf_dir}: {sorted(conf_dir.iterdir())}"
     bridge_name = json.loads(conflists[0].read_text())["plugins"][0].get("bridge", "na0")
 
     with ContainerdNode(cni_bin_dir=bin_dir, cni_conf_dir=conf_dir, image=busybox_image,
-                        record_cni_calls=True, log_dir=tmp_path / "logs") as node:
+                        record_cni_calls=True, log_dir=tmp_path / "logs") as node, \
+            _agent_in(node, socket_path, tmp_path / "agent.log"):
         containers, _ = _two_containers_reach_each_other(node, subnet, "10.88.7.1")
         ids = [c.cni_container_id for c in containers]
         assert len(_reservations(data_dir, ids)) >= 2, sorted(data_dir.rglob("*"))
@@ -180,6 +216,7 @@ def test_netagent_plugin_containers_reach_each_other(tmp_path, busybox_image):
             node.stop(container)
 
         _assert_runtime_added_and_deleted(node, containers)
+        _settle(socket_path.parent / "pending-del")
         leftover = [l for l in node.links()
                     if l.kind == "veth" or (l.name.startswith("na") and l.name != bridge_name)]
         assert leftover == [], leftover

@@ -1,0 +1,52 @@
+"""`netagent cni install` puts the static shim in place as `netagent`, never a script for it.
+
+The shim is built into a temporary directory with its own build script and handed over as
+a prebuilt binary (`--shim`), the way an image would ship it; the default build location is
+exercised by the netns and e2e tiers. Without a shim nothing is written.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from netagent.cli import main as cli_main
+from netagent.cniserver import install as cni_install
+from tests.shim_support import build_shim_or_skip
+
+
+def test_install_copies_the_shim_as_netagent(tmp_path):
+    shim = build_shim_or_skip(tmp_path / "build")
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    assert cli_main(["cni", "install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+                     "--subnet", "10.244.1.0/24", "--shim", shim]) == 0
+    installed = (bin_dir / "netagent").read_bytes()
+    assert installed == open(shim, "rb").read() and installed[:4] == b"\x7fELF"
+    assert stat.S_IMODE(os.stat(bin_dir / "netagent").st_mode) == 0o755
+    # netagent-ipam stays the Python script until the agent serves IPAM-only requests
+    assert (bin_dir / "netagent-ipam").read_text().startswith("#!")
+    assert (conf_dir / cni_install.CONFLIST_NAME).exists()
+    assert sorted(os.listdir(bin_dir)) == ["netagent", "netagent-ipam"]  # no temporary left
+
+
+def test_without_a_shim_nothing_is_written(tmp_path, capsys):
+    bin_dir = tmp_path / "bin"
+    assert cli_main(["cni", "install", "--bin-dir", str(bin_dir), "--shim", str(tmp_path / "missing")]) == 1
+    assert "not an executable shim" in capsys.readouterr().err
+    assert not bin_dir.exists()
+
+
+def test_a_failing_build_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    with pytest.raises(cni_install.ShimUnavailable, match="building the CNI shim failed"):
+        cni_install.build_shim(str(tmp_path / "netagent"))
+    assert not (tmp_path / "netagent").exists()
+
+
+def test_the_python_client_is_installed_only_when_asked_for(tmp_path):
+    paths = cni_install.install(bin_dir=str(tmp_path), conf_dir=None, name="n", subnets=[], mode="bridge",
+                                bridge="na0", mtu=1500, socket_path="/run/x.sock", data_dir="/tmp",
+                                plugin=cni_install.PluginBinary.PYTHON)
+    assert [os.path.basename(p) for p in paths] == ["netagent", "netagent-ipam"]
+    assert (tmp_path / "netagent").read_text().splitlines()[0].endswith(" -IS")
