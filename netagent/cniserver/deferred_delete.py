@@ -11,9 +11,15 @@ The journal (one small JSON file per pending DEL, next to the agent's socket) is
 makes the early reply safe: an agent killed with DELs pending replays them at start.
 It lives on tmpfs (/run) in production and needs no fsync: it has to survive the agent,
 not the machine, and after a reboot the veths are gone anyway.
+
+The CNI shim (cni/shim/netagent-shim.c) writes here too: a DEL that finds no agent
+listening is saved as its wire-format request (`shim-<time>-<pid>.wire`, cni/wire.py's
+framing) and acknowledged. `adopt_shim_records` runs those through the dispatcher at start,
+exactly as if they had arrived on the socket, which turns each into a journal entry above.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,12 +28,18 @@ import threading
 import time
 from typing import Callable
 
+from cni import wire
 from cni.config import NetConf, parse_netconf
+from cni.dispatch import Handlers, execute
 from cni.request import CniRequest
 
 log = logging.getLogger("netagent.cniserver.deferred_delete")
 
 RETRY_DELAYS = (0.1, 0.5, 2.0)
+SHIM_RECORD_SUFFIX = ".wire"  # a DEL the shim journaled while no agent listened
+SHIM_TMP_PREFIX = ".shim-"  # ... while the shim writes it; renamed when complete
+STALE_SHIM_TMP = 60.0  # seconds after which a temporary file's shim is surely gone
+_MAX_SHIM_RECORD = wire.MAX_HEADER + 1 + wire.MAX_ENV + wire.MAX_STDIN
 
 
 class DeferredDeleter:
@@ -60,6 +72,44 @@ class DeferredDeleter:
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def adopt_shim_records(self, handlers: Handlers) -> int:
+        """Carry out the DELs the shim journaled while no agent listened; return how many.
+
+        Each record goes through the dispatcher like a request on the socket: a valid DEL
+        becomes a journal entry of ours (and is queued) before its record is removed; one the
+        dispatcher refuses would have been refused live too, and is logged and dropped. The
+        agent calls this after binding its socket and before serving it, so a shim either
+        renamed its record before we look here or reaches the socket on its second try.
+        """
+        adopted = 0
+        for name in sorted(os.listdir(self.journal_dir)):
+            path = os.path.join(self.journal_dir, name)
+            if name.startswith(SHIM_TMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    if time.time() - os.stat(path).st_mtime > STALE_SHIM_TMP:
+                        os.unlink(path)  # a shim killed while writing: it never acknowledged
+                continue
+            if not name.endswith(SHIM_RECORD_SUFFIX):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    env, stdin = wire.decode_request(f.read(_MAX_SHIM_RECORD + 1))
+                if env.get("CNI_COMMAND") != "DEL":
+                    raise wire.WireError(f"CNI_COMMAND is {env.get('CNI_COMMAND')!r}, not DEL")
+            except (OSError, ValueError, wire.WireError) as exc:
+                log.error("dropping the unreadable DEL record %s: %s", name, exc)
+            else:
+                code, out = execute(env, stdin, handlers)
+                if code == 0:
+                    adopted += 1
+                else:
+                    log.error("the DEL journaled by the shim as %s was refused: %s", name, out)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if adopted:
+            log.info("adopted %d DEL(s) the CNI shim journaled while no agent listened", adopted)
+        return adopted
 
     # ------------------------------------------------------------ callers
     def submit(self, key: str, conf: NetConf, req: CniRequest) -> None:

@@ -72,8 +72,20 @@ class CniServer:
         self.requests_served = 0
 
     # ------------------------------------------------------------ lifecycle
-    def start(self) -> None:
+    def start(self, *, before_serving: Callable[[], object] | None = None) -> None:
+        """Bind the socket, run `before_serving` (connections wait in the backlog), then serve.
+
+        The agent adopts the shim's DEL records there: a shim that found no agent either
+        journaled before the bind, or finds this socket on its second try (cni/shim/)."""
         listener = self._listener = self._bind()
+        if before_serving is not None:
+            try:
+                before_serving()
+            except BaseException:
+                self._listener = None
+                listener.close()
+                os.unlink(self.socket_path)
+                raise
         self._thread = threading.Thread(target=self._accept_loop, args=(listener,), name="cni-accept",
                                         daemon=True)
         self._thread.start()
@@ -144,7 +156,7 @@ class CniServer:
                 data = _read_request(conn)
                 _, stdin = wire.decode_request(data)
                 conn.sendall(_error_reply(stdin, CniError(ErrorCode.TRY_AGAIN_LATER, "the agent is busy")))
-            except (OSError, wire.WireError):
+            except (OSError, ValueError, wire.WireError):
                 pass
 
     def _serve(self, conn: socket.socket) -> None:
@@ -154,7 +166,13 @@ class CniServer:
                 if uid not in (0, os.getuid()):
                     log.warning("refused a CNI request from uid %d", uid)
                     return
-                env, stdin = wire.decode_request(_read_request(conn))
+                data = _read_request(conn)
+                try:
+                    env, stdin = wire.decode_request(data)
+                except UnicodeDecodeError:  # the shim relays the environment's bytes as they are
+                    conn.sendall(_error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT,
+                                                            "the CNI_* environment is not UTF-8")))
+                    return
                 conn.settimeout(None)
                 conn.sendall(self._answer(env, stdin))
         except (OSError, wire.WireError) as exc:

@@ -3,8 +3,9 @@
 Two shapes: `--cni-only` serves the CNI plugin alone (plain containerd or podman hosts);
 the default cluster mode adds the node agent (Kubernetes watch, node routes, masquerade)
 and the status server (/healthz, /metrics). The CNI server starts only once the node
-agent has its lease and has programmed the routes: until then the thin client finds no
-socket and works in-process, so pods are never refused while the agent starts.
+agent has its lease and has programmed the routes: until then the CNI shim finds no socket
+and answers "try again later" (code 11; the runtime retries) and journals DELs, which the
+agent adopts before it serves; the Python client (the lab's) works in-process instead.
 This module only wires; each part owns its behaviour.
 """
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _start_cni_server(args, *, not_ready=lambda: None):
     deferred.start()
     server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers, not_ready=not_ready)
     try:
-        server.start()
+        server.start(before_serving=lambda: deferred.adopt_shim_records(handlers))
     except BaseException:
         deferred.stop()
         raise
