@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""CNI ADD/DEL latency: netagent (through its agent, and in-process) against the reference
-`bridge` + `host-local` plugins from Debian's containernetworking-plugins, in one run.
+"""CNI ADD/DEL latency: netagent (the static C shim and the Python client through the agent,
+and the Python client in-process) against the reference `bridge` + `host-local` plugins from
+Debian's containernetworking-plugins, in one run.
 
 Every contender gets its own node namespace and the same number of fresh pod namespaces.
 The benchmark enters the node namespace itself (setns on its main thread, inherited by
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cni import invoke, netns  # noqa: E402
+from netagent.cniserver.install import PluginBinary  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
 from netagent.lab import LabNode  # noqa: E402
 
@@ -48,6 +50,7 @@ class Contender:
 
 
 def contenders(stack) -> list:
+    shim = stack(LabNode(prefix="na-bench", subnets=("10.63.0.0/16",), plugin=PluginBinary.SHIM))
     ours = stack(LabNode(prefix="na-bench", subnets=("10.60.0.0/16",)))
     ours_config = ours.plugin_config()
     inproc = stack(LabNode(prefix="na-bench", subnets=("10.61.0.0/16",), with_agent=False))
@@ -57,8 +60,10 @@ def contenders(stack) -> list:
         "isGateway": True, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.62.0.0/16"}]],
                                     "dataDir": ref.data_dir}}).encode()
     return [Contender("reference bridge+host-local", ref, f"{REFERENCE_DIR}/bridge", ref_config),
-            Contender("netagent (agent)", ours, os.path.join(ours.bin_dir, "netagent"), ours_config),
-            Contender("netagent (in-process)", inproc, os.path.join(inproc.bin_dir, "netagent"),
+            Contender("netagent shim (agent)", shim, os.path.join(shim.bin_dir, "netagent"),
+                      shim.plugin_config()),
+            Contender("netagent python (agent)", ours, os.path.join(ours.bin_dir, "netagent"), ours_config),
+            Contender("netagent python (in-process)", inproc, os.path.join(inproc.bin_dir, "netagent"),
                       inproc.plugin_config())]
 
 
