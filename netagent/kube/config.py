@@ -15,12 +15,21 @@ and the CNI-side commands that import this package never talk to the API server.
 """
 from __future__ import annotations
 
+import enum
 import json
 import os
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 JSON = "application/json"
-MERGE_PATCH = "application/merge-patch+json"
+
+
+class PatchType(enum.Enum):
+    """The PATCH bodies Kubernetes understands, by their Content-Type."""
+
+    MERGE = "application/merge-patch+json"
+    STRATEGIC = "application/strategic-merge-patch+json"
+    JSON = "application/json-patch+json"
+
 
 
 class KubeConfigError(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from netagent.kube.config import MERGE_PATCH, request_json
+from netagent.kube.config import PatchType, request_json
 from netagent.kube.resources import NODES
 
 
@@ -21,4 +21,4 @@ def get_node(api_client, name: str) -> dict:
 def patch_node_annotations(api_client, node_name: str, annotations: Mapping[str, str | None]) -> dict:
     """Set (str) or remove (None) annotations on a Node; returns the updated Node."""
     body = {"metadata": {"annotations": dict(annotations)}}
-    return request_json(api_client, "PATCH", NODES.object_path(node_name), body=body, content_type=MERGE_PATCH)
+    return request_json(api_client, "PATCH", NODES.object_path(node_name), body=body, content_type=PatchType.MERGE.value)

@@ -11,21 +11,14 @@ half-dead keep-alive connection.
 """
 from __future__ import annotations
 
-import enum
 import http.client
 import json
 import socket
 from urllib.parse import urlencode, urlsplit
 
+from netagent.kube.config import PatchType
 from netagent.kube.resources import Resource, resource_for
 
-
-class PatchType(enum.Enum):
-    """The PATCH bodies the API server understands, by their Content-Type."""
-
-    MERGE = "application/merge-patch+json"
-    STRATEGIC = "application/strategic-merge-patch+json"
-    JSON = "application/json-patch+json"
 
 
 class LabApiError(Exception):

@@ -83,7 +83,7 @@ from netagent.kube.resources import (
     Resource,
     resource_for,
 )
-from netagent.lab.apiclient import PatchType
+from netagent.kube.config import PatchType
 from netagent.lab.service_spec import InvalidService, ServiceAddresses
 
 _log = logging.getLogger("netagent.lab.apiserver")
