@@ -11,6 +11,7 @@ half-dead keep-alive connection.
 """
 from __future__ import annotations
 
+import builtins
 import http.client
 import json
 import socket
@@ -18,7 +19,6 @@ from urllib.parse import urlencode, urlsplit
 
 from netagent.kube.config import PatchType
 from netagent.kube.resources import Resource, resource_for
-
 
 
 class LabApiError(Exception):
@@ -156,7 +156,7 @@ class LabApiClient:
         api_version: str,
         kind: str,
         name: str,
-        patch: dict | list,
+        patch: dict | builtins.list,
         *,
         namespace: str | None = None,
         patch_type: PatchType = PatchType.MERGE,

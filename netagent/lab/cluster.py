@@ -1,7 +1,7 @@
 """A multi-node cluster in network namespaces: API server, nodes with agents, pods.
 
 `LabCluster` plays every part a real cluster has around our agent, and nothing more:
-- the control plane: the in-repo Kubernetes API test server (`apiserver.py`), run in the
+- the control plane: the in-repo Kubernetes API test server (`apiserver/`), run in the
   router namespace, reachable from every node at 198.18.16.1:6443, with the lab's
   EndpointSlice controller inside it (slices for Services with selectors, from the pods);
 - the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
