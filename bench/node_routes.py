@@ -28,9 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from netagent.kernel import namespaces  # noqa: E402
-from netagent.noderoutes import node_objects as nodes  # noqa: E402
 from netagent.lab import physical  # noqa: E402
 from netagent.lab.cluster import LabCluster  # noqa: E402
+from netagent.noderoutes import node_objects as nodes  # noqa: E402
 
 
 class RouteMonitor:

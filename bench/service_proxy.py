@@ -131,8 +131,8 @@ def bench_agent_path(services: int, samples: int) -> float:
     programmed it, through the real watch, catalog and sync runner (iptables legacy)."""
     from kubernetes import client
 
-    from netagent.lab.apiserver import ApiServer
     from netagent.infra.metrics import Registry
+    from netagent.lab.apiserver import ApiServer
     from proxy.service_proxy import ProxySettings, ServiceProxy
 
     api = ApiServer()

@@ -12,7 +12,6 @@ import logging
 import sys
 
 from netagent import __version__
-
 from netagent.cniserver import install as cni_install
 from netagent.kernel import owned
 
@@ -39,7 +38,12 @@ def _cmd_cni_install(args) -> int:
 
 
 def _cmd_cleanup(args) -> int:
-    from netagent.daemon.cleanup import remove_owned_chains, remove_owned_links, remove_owned_routing, remove_proxy_state
+    from netagent.daemon.cleanup import (
+        remove_owned_chains,
+        remove_owned_links,
+        remove_owned_routing,
+        remove_proxy_state,
+    )
     removed = remove_proxy_state()
     removed += [f"interface {name}" for name in remove_owned_links()]
     removed += remove_owned_routing() + remove_owned_chains()
@@ -50,8 +54,8 @@ def _cmd_cleanup(args) -> int:
 
 
 def _cmd_status_services(args) -> int:
-    from netagent.kernel.iptables.backend import IptablesNotInstalled
     from netagent.daemon.status_services import status_services
+    from netagent.kernel.iptables.backend import IptablesNotInstalled
     try:
         print(status_services(iptables_backend=args.iptables_backend, as_json=args.json))
     except (IptablesNotInstalled, OSError) as exc:

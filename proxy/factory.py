@@ -7,10 +7,10 @@ benchmarks program a namespace they created, from the root namespace).
 """
 from __future__ import annotations
 
-from netagent.kernel.namespaces import exec_prefix
+from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
-from netagent.kernel.ipset import IpsetRunner
+from netagent.kernel.namespaces import exec_prefix
 from proxy.backend import ProxyBackend, ProxyMode
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
+
 from netagent.kernel import owned
 
 NOT_NODE_ADDRESS_LINKS = frozenset({"lo", owned.IPVS_DEVICE})

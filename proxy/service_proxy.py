@@ -29,19 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from netagent.infra.metrics import Registry
+from netagent.infra.sync_runner import SyncKind, SyncRunner
 from netagent.kube.changes import ChangeRecorder
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
-from netagent.infra.metrics import Registry
-from netagent.infra.sync_runner import SyncKind, SyncRunner
 from proxy.backend import BackendSyncReport, ProxyBackend
 from proxy.catalog import ServiceCatalog
 from proxy.conntrack import ConntrackCommand, stale_flows
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
 from proxy.metrics import ProxyMetrics
-from proxy.nodeport_addresses import nodeport_addresses
 from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
+from proxy.nodeport_addresses import nodeport_addresses
 from proxy.selection import select_endpoints
 
 log = logging.getLogger("netagent.proxy")

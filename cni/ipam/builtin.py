@@ -20,8 +20,7 @@ from collections.abc import Callable
 from cni.config import NetConf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import allocator
-from cni.ipam.config import (IpamConf, assign_requested, parse_ipam_config,
-                             parse_requested_ips, read_resolv_conf)
+from cni.ipam.config import IpamConf, assign_requested, parse_ipam_config, parse_requested_ips, read_resolv_conf
 from cni.ipam.store import DiskStore, ReservationStore
 from cni.request import CniRequest
 

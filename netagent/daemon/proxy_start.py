@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
@@ -73,13 +72,17 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     `parts.proxy.node` from the Node reflector it already runs."""
     if args.proxy_mode == NO_PROXY:
         return None
-    from netagent.infra.status_server import StatusServer, health_from_sync_runner
     from netagent.daemon.status_services import services_json
+    from netagent.infra.status_server import StatusServer, health_from_sync_runner
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import build_backend
     from proxy.healthcheck import HealthCheckPorts
-    from proxy.nodeport_addresses import (NodePortAddressError, local_ipv4_addresses, nodeport_addresses,
-                                          parse_nodeport_cidrs)
+    from proxy.nodeport_addresses import (
+        NodePortAddressError,
+        local_ipv4_addresses,
+        nodeport_addresses,
+        parse_nodeport_cidrs,
+    )
     from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy
 
     try:

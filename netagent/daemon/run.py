@@ -18,9 +18,9 @@ import sys
 import threading
 
 from netagent import __version__
-
 from netagent.cniserver import install as cni_install
 from netagent.noderoutes.routing.model import Mode
+
 log = logging.getLogger("netagent")
 
 
@@ -73,8 +73,8 @@ def _wait_for_signal() -> None:
 
 def _start_cni_server(args, *, not_ready=lambda: None):
     from cni.handlers import PluginHandlers
-    from netagent.cniserver.server import CniServer
     from netagent.cniserver.deferred_delete import DeferredDeleter
+    from netagent.cniserver.server import CniServer
 
     handlers = PluginHandlers()
     deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
@@ -129,14 +129,14 @@ def _settings_from(args):
 
 
 def _run_cluster_mode(args) -> int:
-    from netagent.kernel.iptables.backend import IptablesNotInstalled, IpFamily, resolve_backend
+    from netagent.daemon.proxy_start import ProxyStartError, build_proxy
+    from netagent.infra.metrics import Registry
+    from netagent.infra.status_server import StatusServer
+    from netagent.kernel.iptables.backend import IpFamily, IptablesNotInstalled, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kube.config import KubeConfigError, load_api_client
-    from netagent.infra.metrics import Registry
     from netagent.noderoutes.agent import AgentStartError, NodeAgent
-    from netagent.daemon.proxy_start import ProxyStartError, build_proxy
     from netagent.noderoutes.routing.kernel import NetlinkKernel
-    from netagent.infra.status_server import StatusServer
 
     try:
         settings = _settings_from(args)

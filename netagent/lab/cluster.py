@@ -33,16 +33,14 @@ import tempfile
 import time
 
 from netagent.cniserver import install as cni_install
-
-from netagent.kernel import namespaces
+from netagent.kernel import namespaces, owned
 from netagent.lab import physical, pod_objects
-from netagent.lab.processes import Processes, process_alive, tail
-from netagent.lab.state import LabError, LabState, NodeState, PodState
 from netagent.lab.apiclient import LabApiClient, LabApiError
-from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.endpointslices import pod_is_ready
+from netagent.lab.node import exec_plugin, raise_for_failure
+from netagent.lab.processes import Processes, process_alive, tail
 from netagent.lab.service_status import summarize_services
-from netagent.kernel import owned
+from netagent.lab.state import LabError, LabState, NodeState, PodState
 from netagent.noderoutes.routing.model import Mode
 from proxy.backend import PROXY_MODE_CHOICES
 

@@ -26,12 +26,12 @@ import time
 
 from netagent.kernel import namespaces
 from netagent.lab import manifests
-from netagent.lab.demo_service import demo_service
 from netagent.lab.cluster import MODES, LabCluster
-from netagent.lab.state import LabError
-from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
+from netagent.lab.demo_service import demo_service
 from netagent.lab.pod_objects import PodSpecError, parse_ports
 from netagent.lab.service_status import describe_service
+from netagent.lab.state import LabError
+from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
 
 DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 

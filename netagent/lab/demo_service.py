@@ -15,6 +15,7 @@ import sys
 import time
 
 from netagent.kernel import namespaces
+
 PORT = 8080
 _SERVER = ("import socket,sys\n"
            "s=socket.create_server(('0.0.0.0',%d));s.settimeout(60)\n"

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from cni import invoke
 from cni.errors import CniError
 from netagent.cniserver import install as cni_install
-from netagent.kernel import namespaces
-from netagent.kernel import owned
+from netagent.kernel import namespaces, owned
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 
 from netagent.kernel import namespaces
+
 INTERNET_NETWORK = ipaddress.ip_network("203.0.113.0/24")
 INTERNET_HOST = ipaddress.ip_address("203.0.113.2")
 ROUTER_INTERNET_ADDRESS = ipaddress.ip_address("203.0.113.1")

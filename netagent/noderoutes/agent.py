@@ -29,15 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from netagent.cniserver import install as cni_install
-
-from netagent.noderoutes import node_objects as nodes
-from netagent.noderoutes.underlay import Underlay, choose_underlay, read_underlay_snapshot
-from netagent.noderoutes.routing.model import LocalNode, RoutingSettings, pod_mtu
 from netagent.infra.sync_runner import SyncKind
-from netagent.kube.changes import ChangeRecorder, FanOut
-from netagent.kube.reflector import EventHandler
 from netagent.kernel import owned
 from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
+from netagent.kube.changes import ChangeRecorder, FanOut
+from netagent.kube.reflector import EventHandler
+from netagent.noderoutes import node_objects as nodes
+from netagent.noderoutes.routing.model import LocalNode, RoutingSettings, pod_mtu
+from netagent.noderoutes.underlay import Underlay, choose_underlay, read_underlay_snapshot
 
 if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.infra.status_server import HealthFunction, HealthReport
@@ -128,9 +127,9 @@ class NodeAgent:
 
     # ------------------------------------------------------------ start-up
     def start(self) -> None:
+        from netagent.infra.sync_runner import SyncResult, SyncRunner
         from netagent.kube.reflector import Reflector
         from netagent.kube.resources import NODES
-        from netagent.infra.sync_runner import SyncResult, SyncRunner
 
         reflector = self.reflector = Reflector(api_client=self.api_client, resource=NODES,
                                                handler=FanOut(self.tracker, *self.node_listeners))

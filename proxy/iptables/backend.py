@@ -27,15 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
-from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
-from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.readback import programmed_services, read_kernel_view
-from proxy.iptables.render import (TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset,
-                                   render_ruleset)
+from proxy.iptables.render import TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset, render_ruleset
 from proxy.model import ProxyState, ServicePortName
 
 HAIRPIN_COMMENT = "netagent service proxy: endpoints reaching themselves through their service"

@@ -20,7 +20,7 @@ import hashlib
 import re
 
 from netagent.kernel.iptables.runner import OWNED_PREFIX
-from proxy.model import Endpoint, ServicePort, ServicePortName, Protocol
+from proxy.model import Endpoint, Protocol, ServicePort, ServicePortName
 
 HASH_LENGTH = 15
 

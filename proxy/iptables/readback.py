@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from netagent.kernel.iptables.restore_format import Chain, Table, jump_target, parse_save
-from proxy.backend import ProgrammedService
 from netagent.kernel.iptables.runner import OWNED_PREFIX
+from proxy.backend import ProgrammedService
 from proxy.iptables.names import FILTER_CHAIN, NODEPORTS_CHAIN, SERVICES_CHAIN, ChainKind, chain_kind
 from proxy.iptables.render import EntryKind
 

@@ -61,14 +61,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from netagent.kernel import owned
+from netagent.kernel.ipset import entry as ipset_entry
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_token
 from netagent.kernel.iptables.runner import PortRandomization
-from netagent.kernel.ipset import entry as ipset_entry
-from proxy.iptables.names import (FILTER_CHAIN, FORWARD_CHAIN, HAIRPIN_SET, NODEPORTS_CHAIN, POSTROUTING_CHAIN,
-                                  SERVICES_CHAIN, ChainKind, chain_name, endpoint_chain, service_hash)
+from proxy.iptables.names import (
+    FILTER_CHAIN,
+    FORWARD_CHAIN,
+    HAIRPIN_SET,
+    NODEPORTS_CHAIN,
+    POSTROUTING_CHAIN,
+    SERVICES_CHAIN,
+    ChainKind,
+    chain_name,
+    endpoint_chain,
+    service_hash,
+)
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints
-from netagent.kernel import owned
 
 TABLE_ORDER = ("filter", "nat")
 LOOPBACK = "127.0.0.0/8"

@@ -18,6 +18,7 @@ address already there and removing one already gone are quiet in both.
 from __future__ import annotations
 
 import abc
+
 from netagent.kernel import owned
 
 DEFAULT_DEVICE = owned.IPVS_DEVICE

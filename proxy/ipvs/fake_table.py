@@ -4,8 +4,17 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field, replace
 
-from proxy.ipvs.table import (Destination, IpvsError, IpvsTable, RealServer, RealServerStatus, VirtualServer,
-                              VirtualServerKey, check_real_server, check_virtual_server)
+from proxy.ipvs.table import (
+    Destination,
+    IpvsError,
+    IpvsTable,
+    RealServer,
+    RealServerStatus,
+    VirtualServer,
+    VirtualServerKey,
+    check_real_server,
+    check_virtual_server,
+)
 
 
 @dataclass(frozen=True)

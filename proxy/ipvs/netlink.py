@@ -28,9 +28,20 @@ from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
 from pyroute2.netlink.exceptions import NetlinkError
 
 from proxy.ipvs.device import DEFAULT_DEVICE, AddressDevice
-from proxy.ipvs.table import (IP_PROTOCOL_NUMBERS, PROTOCOL_BY_NUMBER, Destination, IpvsError, IpvsTable,
-                              IpvsUnavailable, RealServer, RealServerStatus, VirtualServer, VirtualServerKey,
-                              check_real_server, check_virtual_server)
+from proxy.ipvs.table import (
+    IP_PROTOCOL_NUMBERS,
+    PROTOCOL_BY_NUMBER,
+    Destination,
+    IpvsError,
+    IpvsTable,
+    IpvsUnavailable,
+    RealServer,
+    RealServerStatus,
+    VirtualServer,
+    VirtualServerKey,
+    check_real_server,
+    check_virtual_server,
+)
 
 FLAG_PERSISTENT = 0x0001
 FORWARD_MASQUERADE = 0

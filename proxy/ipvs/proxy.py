@@ -37,23 +37,42 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from netagent.infra.clock import Clock, MonotonicClock
+from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import namespaces
+from netagent.kernel.ipset import (
+    Ipset,
+    IpsetNotInstalled,
+    IpsetRunner,
+    SetContents,
+    delete_owned_sets,
+    entry,
+    sync_sets,
+)
 from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
 from netagent.kernel.iptables.runner import Iptables, IptablesRunner
-from netagent.kernel.ipset import (Ipset, IpsetNotInstalled, IpsetRunner, SetContents, delete_owned_sets, entry,
-                            sync_sets)
-from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.sysctl import ProcSysctls, Sysctls, ensure_sysctls
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.ipvs.device import AddressDevice
 from proxy.ipvs.graceful import GracefulRemovals, Removal
-from proxy.ipvs.render import (IpvsPlan, IpvsSettings, PlanIndex, PlannedVirtualServer, ServicePortPlan,
-                               render_service_port)
-from proxy.ipvs.rules import (IPVS_SETS, NODEPORT_SETS, SET_PREFIX, IpvsChain, ensure_ipvs_rules,
-                              remove_ipvs_rules, render_ipvs_chains)
-from netagent.kernel.sysctl import ProcSysctls, Sysctls, ensure_sysctls
+from proxy.ipvs.render import (
+    IpvsPlan,
+    IpvsSettings,
+    PlanIndex,
+    PlannedVirtualServer,
+    ServicePortPlan,
+    render_service_port,
+)
+from proxy.ipvs.rules import (
+    IPVS_SETS,
+    NODEPORT_SETS,
+    SET_PREFIX,
+    IpvsChain,
+    ensure_ipvs_rules,
+    remove_ipvs_rules,
+    render_ipvs_chains,
+)
 from proxy.ipvs.sysctls import IPVS_SYSCTLS
-from proxy.ipvs.table import (IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer,
-                              VirtualServerKey)
+from proxy.ipvs.table import IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer, VirtualServerKey
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName
 
 log = logging.getLogger("netagent.proxy.ipvs")

@@ -31,9 +31,18 @@ from types import MappingProxyType
 
 from netagent.kernel.ipset import entry
 from proxy.ipvs.device import DEFAULT_DEVICE
-from proxy.ipvs.rules import (CLUSTER_IP_SET, EXTERNAL_SET, HAIRPIN_SET, IPVS_SETS, LB_FIREWALL_SET,
-                              LB_SOURCES_SET, MASQUERADE_MARK, NO_ENDPOINTS_SET, NODEPORT_LOCAL_SET,
-                              NODEPORT_SET)
+from proxy.ipvs.rules import (
+    CLUSTER_IP_SET,
+    EXTERNAL_SET,
+    HAIRPIN_SET,
+    IPVS_SETS,
+    LB_FIREWALL_SET,
+    LB_SOURCES_SET,
+    MASQUERADE_MARK,
+    NO_ENDPOINTS_SET,
+    NODEPORT_LOCAL_SET,
+    NODEPORT_SET,
+)
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints

@@ -50,11 +50,17 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from netagent.kernel import owned
 from netagent.kernel.ipset import IpsetSpec, IpsetType
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
-from netagent.kernel.iptables.runner import (Iptables, JumpPosition, PortRandomization, add_jump_repair, jump_drift,
-                                             jump_spec)
-from netagent.kernel import owned
+from netagent.kernel.iptables.runner import (
+    Iptables,
+    JumpPosition,
+    PortRandomization,
+    add_jump_repair,
+    jump_drift,
+    jump_spec,
+)
 
 SET_PREFIX = owned.IPVS_SET_PREFIX
 CHAIN_PREFIX = owned.IPVS_SET_PREFIX

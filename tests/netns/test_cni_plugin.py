@@ -5,15 +5,17 @@ as a runtime would, sends real packets between them, and checks that after DEL, 
 failed ADD nothing of ours is left: no veth, no reservation file, no namespace.
 """
 import json
+import os
 import re
 import signal
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from netagent.kernel import namespaces
+
+
 def node_links(node) -> dict:
     out = namespaces.run_in(node.node, ["ip", "-j", "-d", "link", "show"], check=True).stdout
     return {link["ifname"]: link for link in json.loads(out)}

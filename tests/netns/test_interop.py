@@ -25,6 +25,7 @@ import pytest
 
 from cni import invoke
 from netagent.kernel import namespaces
+
 REFERENCE_DIR = "/usr/lib/cni"
 LINE_BREAK = "\r\n"
 

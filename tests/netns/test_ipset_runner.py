@@ -6,8 +6,17 @@ import subprocess
 import pytest
 
 from netagent.kernel import namespaces
-from netagent.kernel.ipset import (FakeIpset, IpsetError, IpsetRunner, IpsetSpec, IpsetType, delete_owned_sets,
-                            sync_set, sync_sets)
+from netagent.kernel.ipset import (
+    FakeIpset,
+    IpsetError,
+    IpsetRunner,
+    IpsetSpec,
+    IpsetType,
+    delete_owned_sets,
+    sync_set,
+    sync_sets,
+)
+
 
 @pytest.fixture
 def runner(netns):

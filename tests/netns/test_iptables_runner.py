@@ -8,6 +8,7 @@ from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.runner import FlushMode, IptablesError, IptablesRunner
 
+
 @pytest.fixture
 def runner(netns, backend):
     return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=30)

@@ -18,13 +18,13 @@ import sys
 import pytest
 
 from netagent.kernel import namespaces
+from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesRunner
-from netagent.kernel.ipset import IpsetRunner
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
 from proxy.iptables.render import render_ruleset
-from proxy.model import Endpoint, NodeContext, ProxyState, Protocol, ServicePort, ServicePortName, TrafficPolicy
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from tests.netns.topology import NamespaceTopology
 
 NODE_NAME = "node"

@@ -10,6 +10,7 @@ import abc
 import subprocess
 
 from netagent.kernel import namespaces
+
 PREFIX = "na-t"
 
 

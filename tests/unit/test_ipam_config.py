@@ -10,8 +10,7 @@ import pytest
 from cni.config import parse_netconf
 from cni.errors import CniError, ErrorCode
 from cni.ipam.builtin import BuiltinIpam
-from cni.ipam.config import (DEFAULT_DATA_DIR, assign_requested, parse_ipam_config,
-                             parse_requested_ips, read_resolv_conf)
+from cni.ipam.config import DEFAULT_DATA_DIR, assign_requested, parse_ipam_config, parse_requested_ips, read_resolv_conf
 from cni.request import CniRequest
 
 ip = ipaddress.ip_address

@@ -15,8 +15,8 @@ import pytest
 from cni.config import parse_netconf
 from cni.errors import CniError, ErrorCode
 from cni.ipam.builtin import BuiltinIpam
-from cni.ipam.store import DiskStore, owner_text
 from cni.ipam.fake_store import FakeStore
+from cni.ipam.store import DiskStore, owner_text
 from cni.request import CniRequest
 from tests.unit.ipam_worker import WORKER_SCRIPT
 

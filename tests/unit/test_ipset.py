@@ -4,10 +4,25 @@ namespace; tests/netns/test_ipset_runner.py replays them against the real tool a
 side by side."""
 import pytest
 
+from netagent.kernel.ipset import (
+    FakeIpset,
+    IpsetError,
+    IpsetNotInstalled,
+    IpsetRunner,
+    IpsetSpec,
+    IpsetType,
+    IpsetWrite,
+    canonical_member,
+    create_arguments,
+    delete_owned_sets,
+    entry,
+    iptables_references,
+    parse_header,
+    parse_save,
+    sync_set,
+    sync_sets,
+)
 from netagent.kernel.iptables.fake import FakeIptables
-from netagent.kernel.ipset import (FakeIpset, IpsetError, IpsetNotInstalled, IpsetRunner, IpsetSpec, IpsetType, IpsetWrite,
-                            canonical_member, create_arguments, delete_owned_sets, entry,
-                            iptables_references, parse_header, parse_save, sync_set, sync_sets)
 from proxy.model import Protocol
 
 HASH = IpsetSpec("NETAGENT-T-HASH", IpsetType.HASH_IP_PORT_IP)

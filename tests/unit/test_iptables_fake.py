@@ -10,14 +10,31 @@ import sys
 
 import pytest
 
-from netagent.kernel.iptables.backend import (IpFamily, IptablesBackend, IptablesNotInstalled, choose_backend,
-                                      missing_binaries)
+from netagent.kernel.iptables.backend import (
+    IpFamily,
+    IptablesBackend,
+    IptablesNotInstalled,
+    choose_backend,
+    missing_binaries,
+)
 from netagent.kernel.iptables.fake import FakeIptables
-from netagent.kernel.iptables.restore_format import (RestoreBuilder, RestoreSyntaxError, canonical_spec,
-                                              parse_restore, parse_save, quote_token, render_save,
-                                              split_tokens)
-from netagent.kernel.iptables.runner import (FlushMode, IptablesError, IptablesRunner, JumpPosition,
-                                      explain_restore_failure)
+from netagent.kernel.iptables.restore_format import (
+    RestoreBuilder,
+    RestoreSyntaxError,
+    canonical_spec,
+    parse_restore,
+    parse_save,
+    quote_token,
+    render_save,
+    split_tokens,
+)
+from netagent.kernel.iptables.runner import (
+    FlushMode,
+    IptablesError,
+    IptablesRunner,
+    JumpPosition,
+    explain_restore_failure,
+)
 
 # ---- the text format ------------------------------------------------------------------------
 

@@ -18,9 +18,8 @@ import pytest
 from kubernetes import client, watch
 
 from netagent.kube import config as kube_config
-from netagent.kube.config import KubeConfigError, load_api_client
+from netagent.kube.config import KubeConfigError, PatchType, load_api_client
 from netagent.kube.resources import ENDPOINT_SLICES, NODES
-from netagent.kube.config import PatchType
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.apiserver import ApiError, ApiServer, LabelSelector, json_patch, merge_patch
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.lab import pod_objects
 from netagent.lab.cluster import LabCluster
-from netagent.lab.state import LabError, LabState, NodeState
-from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.lab.service_status import describe_service, summarize_services
+from netagent.lab.state import LabError, LabState, NodeState
 
 
 def test_ports_from_the_command_line():

@@ -9,9 +9,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from netagent.infra.metrics import (CONTENT_TYPE, SYNC_DURATION_BUCKETS, Registry, escape_help,
-                              escape_label_value, exponential_buckets)
-
+from netagent.infra.metrics import (
+    CONTENT_TYPE,
+    SYNC_DURATION_BUCKETS,
+    Registry,
+    escape_help,
+    escape_label_value,
+    exponential_buckets,
+)
 
 # ------------------------------------------------------------------ a strict exposition reader
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

@@ -5,10 +5,9 @@ import json
 import pytest
 
 from netagent.noderoutes import node_objects as nodes
-from netagent.noderoutes.underlay import (InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay)
 from netagent.noderoutes.agent import auto_checksum_offload, node_changes
-from netagent.noderoutes.routing.model import pod_mtu
-from netagent.noderoutes.routing.model import ChecksumOffload, Mode
+from netagent.noderoutes.routing.model import ChecksumOffload, Mode, pod_mtu
+from netagent.noderoutes.underlay import InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay
 
 
 def iface(name, index, *addresses, mtu=1500):

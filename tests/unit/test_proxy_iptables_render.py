@@ -16,15 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from netagent.kernel.ipset import entry
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import MAX_CHAIN_NAME_LENGTH, parse_save, split_tokens
 from netagent.kernel.iptables.runner import PortRandomization
-from netagent.kernel.ipset import entry
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
-from proxy.iptables.render import (IptablesProxySettings, JumpLines, MasqueradeScope, _probability,
-                                   render_ruleset)
-from proxy.model import (Endpoint, NodeContext, ProxyState, Protocol, ServicePort, ServicePortName,
-                         TrafficPolicy)
+from proxy.iptables.render import IptablesProxySettings, JumpLines, MasqueradeScope, _probability, render_ruleset
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "proxy_iptables"
 NODE = NodeContext(name="node-a", zone="zone-1", cluster_cidr="10.244.0.0/16")

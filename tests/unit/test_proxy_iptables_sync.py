@@ -7,17 +7,17 @@ import random
 
 import pytest
 
+from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesError, PortRandomization
-from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
 from netagent.noderoutes.masquerade import MasqueradeManager
-from netagent.infra.sync_runner import SyncKind
 from proxy.backend import ProgrammedService
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
 from proxy.iptables.render import render_ruleset
-from proxy.model import Endpoint, NodeContext, ProxyState, Protocol, ServicePort, ServicePortName, TrafficPolicy
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 
 NODE = NodeContext(name="node-a", cluster_cidr="10.244.0.0/16")
 WEB = ServicePortName("default", "web", "http")

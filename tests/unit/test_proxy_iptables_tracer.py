@@ -5,15 +5,23 @@ import dataclasses
 
 import pytest
 
-from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.ipset import FakeIpset, iptables_references
+from netagent.kernel.iptables.fake import FakeIptables
 from netagent.noderoutes.masquerade import MasqueradeManager
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, endpoint_chain
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
-from proxy.iptables.tracer import (Hook, Outcome, Packet, TraceError, Verdict, destinations, tables_from_text,
-                                   trace_packet)
-from proxy.model import Endpoint, NodeContext, ProxyState, Protocol, ServicePort, ServicePortName, TrafficPolicy
+from proxy.iptables.tracer import (
+    Hook,
+    Outcome,
+    Packet,
+    TraceError,
+    Verdict,
+    destinations,
+    tables_from_text,
+    trace_packet,
+)
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 
 NODE_IP = "192.168.0.5"
 LOCAL_ADDRESSES = [NODE_IP, "10.244.1.1"]

@@ -8,14 +8,14 @@ import socket
 import pytest
 from pyroute2.netlink.generic import ipvs as genl
 
+from netagent.kernel.fake_sysctl import FakeSysctls
 from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.sysctl import ProcSysctls, Sysctl, ensure_sysctls
+from proxy.ipvs.fake_table import FakeIpvsTable
 from proxy.ipvs.graceful import GracefulRemovals, Removal
 from proxy.ipvs.netlink import _dest_record, _full_service_record, _parse_dest, _parse_service
 from proxy.ipvs.rules import ensure_ipvs_rules, remove_ipvs_rules, render_ipvs_chains
-from netagent.kernel.fake_sysctl import FakeSysctls
-from netagent.kernel.sysctl import ProcSysctls, Sysctl, ensure_sysctls
 from proxy.ipvs.table import Destination, IpvsError, RealServer, RealServerStatus, VirtualServer, VirtualServerKey
-from proxy.ipvs.fake_table import FakeIpvsTable
 from proxy.model import Protocol
 
 KEY = VirtualServerKey("10.96.0.10", Protocol.TCP, 80)

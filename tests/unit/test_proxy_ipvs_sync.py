@@ -6,19 +6,19 @@ import dataclasses
 
 import pytest
 
-from netagent.kernel.iptables.fake import FakeIptables
-from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
-from netagent.infra.sync_runner import SyncKind
 from netagent.infra.fake_clock import FakeClock
+from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.fake_sysctl import FakeSysctls
+from netagent.kernel.ipset import FakeIpset, IpsetError, iptables_references
+from netagent.kernel.iptables.fake import FakeIptables
 from proxy.backend import ProgrammedService
 from proxy.ipvs.fake_device import FakeAddressDevice
+from proxy.ipvs.fake_table import FakeIpvsTable
 from proxy.ipvs.proxy import IpvsProxy
 from proxy.ipvs.render import IpvsSettings
 from proxy.ipvs.rules import IPVS_SETS
-from netagent.kernel.fake_sysctl import FakeSysctls
 from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.ipvs.table import Destination, IpvsUnavailable, RealServer, VirtualServer, VirtualServerKey
-from proxy.ipvs.fake_table import FakeIpvsTable
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 
 NODE = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10",))

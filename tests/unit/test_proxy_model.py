@@ -5,8 +5,16 @@ import pytest
 
 from proxy.conntrack import FlowFilter, stale_flows
 from proxy.kube_objects import merge_endpoints, parse_endpoint_slice, parse_service
-from proxy.model import (DEFAULT_AFFINITY_TIMEOUT, Endpoint, NodeContext, Protocol, ProxyState, ServicePort,
-                         ServicePortName, TrafficPolicy)
+from proxy.model import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    Endpoint,
+    NodeContext,
+    Protocol,
+    ProxyState,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
 from proxy.selection import select_endpoints
 from tests.unit.proxy_objects import endpoint, endpoint_slice, service
 

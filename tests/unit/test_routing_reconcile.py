@@ -11,8 +11,18 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, ip_network
 import pytest
 
 from netagent.noderoutes.routing.fake_kernel import FakeKernel
-from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, FdbEntry, KernelError, LocalNode, Mode, Neighbour, Peer, Route, \
-    RoutingApplyError, RoutingSettings
+from netagent.noderoutes.routing.model import (
+    ROUTE_PROTOCOL,
+    FdbEntry,
+    KernelError,
+    LocalNode,
+    Mode,
+    Neighbour,
+    Peer,
+    Route,
+    RoutingApplyError,
+    RoutingSettings,
+)
 from netagent.noderoutes.routing.routes import RouteManager
 from netagent.noderoutes.routing.vxlan import vtep_mac
 

@@ -11,8 +11,19 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, ip_network
 
 import pytest
 
-from netagent.noderoutes.routing.model import FdbEntry, IpipDevice, LocalNode, Mode, Neighbour, ObservedDevice, Peer, \
-    PeerPlan, Route, RoutingSettings, VxlanDevice
+from netagent.noderoutes.routing.model import (
+    FdbEntry,
+    IpipDevice,
+    LocalNode,
+    Mode,
+    Neighbour,
+    ObservedDevice,
+    Peer,
+    PeerPlan,
+    Route,
+    RoutingSettings,
+    VxlanDevice,
+)
 from netagent.noderoutes.routing.plan import describe_plan, device_drift, diff_objects, render_devices, render_plan
 from netagent.noderoutes.routing.vxlan import normalize_mac, vtep_mac
 

@@ -16,13 +16,13 @@ import urllib.request
 import pytest
 from kubernetes import client
 
+from netagent.infra.metrics import Registry
+from netagent.infra.sync_runner import SyncKind
+from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from netagent.lab.apiserver import ApiServer
-from netagent.infra.metrics import Registry
-from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
-from netagent.kube.changes import ChangeRecorder, FanOut
 from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.model import NodeContext, ServicePortName
@@ -244,8 +244,8 @@ def test_health_check_answers_count_distinct_local_ready_endpoints():
 
 
 def test_status_services_asks_the_running_agent_first():
-    from netagent.infra.status_server import HealthReport, StatusServer
     from netagent.daemon.status_services import services_json, status_services
+    from netagent.infra.status_server import HealthReport, StatusServer
     listing = [ProgrammedService(name="default/web:http", address="10.96.0.10:80/TCP", kind="ClusterIP",
                                  backends=("10.244.1.5:8080",))]
     server = StatusServer(bind="127.0.0.1:0", registry=Registry(), health=lambda: HealthReport(True, "ok"),

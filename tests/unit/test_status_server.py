@@ -9,10 +9,9 @@ import threading
 
 import pytest
 
-from netagent.infra.metrics import Registry
-from netagent.infra.status_server import (HealthReport, StatusServer, all_healthy, health_from_sync_runner,
-                                    parse_bind)
 from netagent.infra.fake_clock import FakeClock
+from netagent.infra.metrics import Registry
+from netagent.infra.status_server import HealthReport, StatusServer, all_healthy, health_from_sync_runner, parse_bind
 from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
 from tests.unit.test_metrics import parse_exposition
 

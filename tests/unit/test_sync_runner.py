@@ -8,8 +8,7 @@ import time
 import pytest
 
 from netagent.infra.fake_clock import FakeClock
-from netagent.infra.sync_runner import (SyncKind, SyncResult, SyncRunner, SyncRunRecord,
-                                  SyncSchedule)
+from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner, SyncRunRecord, SyncSchedule
 
 FULL, PARTIAL = SyncKind.FULL, SyncKind.PARTIAL
 OK, FAILED = SyncResult.SUCCEEDED, SyncResult.FAILED

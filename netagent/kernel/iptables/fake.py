@@ -33,10 +33,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
-from netagent.kernel.iptables.restore_format import (BUILTIN_CHAINS, BUILTIN_POLICIES, MAX_CHAIN_NAME_LENGTH,
-                                              USER_CHAIN_POLICY, Chain, Entry, Op, RestoreSyntaxError,
-                                              Table, TableBlock, canonical_spec, is_goto, jump_target,
-                                              parse_restore, render_save)
+from netagent.kernel.iptables.restore_format import (
+    BUILTIN_CHAINS,
+    BUILTIN_POLICIES,
+    MAX_CHAIN_NAME_LENGTH,
+    USER_CHAIN_POLICY,
+    Chain,
+    Entry,
+    Op,
+    RestoreSyntaxError,
+    Table,
+    TableBlock,
+    canonical_spec,
+    is_goto,
+    jump_target,
+    parse_restore,
+    render_save,
+)
 from netagent.kernel.iptables.runner import CounterMode, FlushMode, Iptables, IptablesError
 
 STANDARD_TARGETS = frozenset({"ACCEPT", "DROP", "RETURN", "QUEUE"})

@@ -22,8 +22,18 @@ import dataclasses
 import errno
 from ipaddress import IPv4Interface
 
-from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, RoutingKernel, DeviceChange, FdbEntry, IpipDevice, KernelError, \
-    Neighbour, ObservedDevice, Route, VxlanDevice
+from netagent.noderoutes.routing.model import (
+    ROUTE_PROTOCOL,
+    DeviceChange,
+    FdbEntry,
+    IpipDevice,
+    KernelError,
+    Neighbour,
+    ObservedDevice,
+    Route,
+    RoutingKernel,
+    VxlanDevice,
+)
 from netagent.noderoutes.routing.plan import describe, device_drift
 
 VXLAN_HEADROOM = 50

@@ -9,8 +9,16 @@ Ethernet header, so there are no neighbour or FDB entries.
 """
 from __future__ import annotations
 
-from netagent.noderoutes.routing.model import ENCAP_OVERHEAD, IpipDevice, LocalNode, Mode, Peer, PeerPlan, Route, RoutingSettings
-
+from netagent.noderoutes.routing.model import (
+    ENCAP_OVERHEAD,
+    IpipDevice,
+    LocalNode,
+    Mode,
+    Peer,
+    PeerPlan,
+    Route,
+    RoutingSettings,
+)
 
 
 def render_ipip_device(local: LocalNode, settings: RoutingSettings) -> IpipDevice:

@@ -33,8 +33,18 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
 from netagent.kernel import namespaces
-from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, RoutingKernel, DeviceChange, FdbEntry, IpipDevice, KernelError, \
-    Neighbour, ObservedDevice, Route, VxlanDevice
+from netagent.noderoutes.routing.model import (
+    ROUTE_PROTOCOL,
+    DeviceChange,
+    FdbEntry,
+    IpipDevice,
+    KernelError,
+    Neighbour,
+    ObservedDevice,
+    Route,
+    RoutingKernel,
+    VxlanDevice,
+)
 from netagent.noderoutes.routing.plan import describe, device_drift
 
 log = logging.getLogger("netagent.noderoutes.routing")

@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Mapping
+
 from netagent.kernel import owned
 
 ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL

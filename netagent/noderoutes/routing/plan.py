@@ -26,8 +26,22 @@ from typing import Iterable
 from netagent.noderoutes.routing.auto import render_auto_peer
 from netagent.noderoutes.routing.hostgw import render_host_gw_peer
 from netagent.noderoutes.routing.ipip import render_ipip_device, render_ipip_peer
-from netagent.noderoutes.routing.model import FdbEntry, IpipDevice, LocalNode, Mode, Neighbour, ObservedDevice, Peer, \
-    PeerPlan, Pending, Plan, Refused, Route, RoutingSettings, VxlanDevice
+from netagent.noderoutes.routing.model import (
+    FdbEntry,
+    IpipDevice,
+    LocalNode,
+    Mode,
+    Neighbour,
+    ObservedDevice,
+    Peer,
+    PeerPlan,
+    Pending,
+    Plan,
+    Refused,
+    Route,
+    RoutingSettings,
+    VxlanDevice,
+)
 from netagent.noderoutes.routing.vxlan import render_vxlan_device, render_vxlan_peer
 
 _MASKS = tuple((0xFFFFFFFF << (32 - n)) & 0xFFFFFFFF for n in range(33))

@@ -24,9 +24,25 @@ import dataclasses
 import logging
 from typing import Iterable
 
-from netagent.noderoutes.routing.model import DEVICE_PREFIX, ENCAP_KINDS, DeviceChange, FdbEntry, KernelError, LocalNode, \
-    Mode, Neighbour, Peer, PeerPlan, Plan, Route, RoutingApplyError, RoutingKernel, RoutingSettings, SyncReport, \
-    VxlanDevice
+from netagent.noderoutes.routing.model import (
+    DEVICE_PREFIX,
+    ENCAP_KINDS,
+    DeviceChange,
+    FdbEntry,
+    KernelError,
+    LocalNode,
+    Mode,
+    Neighbour,
+    Peer,
+    PeerPlan,
+    Plan,
+    Route,
+    RoutingApplyError,
+    RoutingKernel,
+    RoutingSettings,
+    SyncReport,
+    VxlanDevice,
+)
 from netagent.noderoutes.routing.plan import ObjectChanges, describe, diff_objects, render_devices, render_plan
 
 _log = logging.getLogger("netagent.noderoutes.routing")

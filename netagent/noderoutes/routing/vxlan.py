@@ -27,8 +27,21 @@ import functools
 import hashlib
 import re
 
-from netagent.noderoutes.routing.model import ENCAP_OVERHEAD, FdbEntry, LocalNode, Mode, Neighbour, Peer, PeerPlan, Pending, Refused, \
-    Route, RoutingSettings, VxlanDevice, ChecksumOffload
+from netagent.noderoutes.routing.model import (
+    ENCAP_OVERHEAD,
+    ChecksumOffload,
+    FdbEntry,
+    LocalNode,
+    Mode,
+    Neighbour,
+    Peer,
+    PeerPlan,
+    Pending,
+    Refused,
+    Route,
+    RoutingSettings,
+    VxlanDevice,
+)
 
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 

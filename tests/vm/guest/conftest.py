@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from netagent.kernel import namespaces
+
 GUEST_FLAG = "NETAGENT_VM_GUEST"
 NAMESPACE_PREFIX = "na-t"
 HERE = Path(__file__).resolve().parent

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from netagent.kernel import namespaces
+
 UNDERLAY = {"a": "192.0.2.1", "b": "192.0.2.2"}
 INNER = {"a": "10.244.1.1", "b": "10.244.2.1"}
 INNER_NET = {"a": "10.244.1.0/24", "b": "10.244.2.0/24"}

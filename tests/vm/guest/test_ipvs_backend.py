@@ -30,11 +30,11 @@ import time
 
 import pytest
 
+from netagent.infra.fake_clock import FakeClock
 from netagent.kernel import namespaces
 from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
-from netagent.infra.fake_clock import FakeClock
 from proxy.ipvs import IpvsProxy, IpvsSettings
 from proxy.ipvs.netlink import NetlinkIpvsTable
 from proxy.ipvs.table import Destination, VirtualServerKey
