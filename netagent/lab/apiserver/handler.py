@@ -1,0 +1,199 @@
+"""The HTTP request handler: one request in, the store called, one JSON answer (or a watch) out.
+
+HTTP/1.1 with keep-alive on the stdlib's threading server, one thread per connection.
+`_route` answers the health and version endpoints, the lab's own `/_lab/` endpoints (not
+Kubernetes API: `POST /_lab/compact` drops the history and continue snapshots, `GET
+/_lab/watchers` counts open watch streams), discovery, and the verbs on collections and
+objects: list/watch/create/deletecollection, get/replace/patch/delete, the PATCH type
+chosen by Content-Type (`kube.config.PatchType`, 415 for others). Every `ApiError` raised
+below is answered as its Status; any other exception is a bug in this server and answered
+500, like the real server does, without ending the connection's thread. Watches are handed
+to `watch_response.py`. The handler reaches the `ApiServer` (its store, its settings, its
+connection bookkeeping for `stop()`) as `self.server.api`.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import socket
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+from netagent.kube.config import JSON, PatchType
+from netagent.lab.apiserver.discovery import VERSION_INFO, discovery
+from netagent.lab.apiserver.errors import ApiError, bad_request
+from netagent.lab.apiserver.objects import Subresource, typed
+from netagent.lab.apiserver.routing import grace_period, parse_target, truthy
+from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector, integer
+from netagent.lab.apiserver.watch_response import WatchResponse
+
+if TYPE_CHECKING:
+    from netagent.lab.apiserver.server import ListeningServer
+
+_log = logging.getLogger("netagent.lab.apiserver")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "netagent-lab-apiserver"
+    server: ListeningServer
+
+    # -- connection bookkeeping ----------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.api.connection_opened(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+        finally:
+            self.server.api.connection_closed(self.connection)
+
+    def address_string(self) -> str:
+        return str(self.client_address[0]) if self.client_address else "unix"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib's name)
+        _log.debug("%s %s", self.address_string(), format % args)
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            raw_body = self._read_body()
+            self._route(method, raw_body)
+        except ApiError as error:
+            self._send_json(error.code, error.status())
+        except OSError:
+            self.close_connection = True
+        except Exception:  # a bug in this server: answer like the real one does, keep serving
+            _log.exception("%s %s failed", method, self.path)
+            self._send_json(500, ApiError(500, "InternalError", "internal error in the lab API server").status())
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    @staticmethod
+    def _json_body(raw_body: bytes) -> object:
+        try:
+            return json.loads(raw_body) if raw_body else None
+        except ValueError as error:
+            raise bad_request(f"the request body is not JSON: {error}") from None
+
+    def _send_json(self, code: int, payload: object) -> None:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", JSON)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_text(self, code: int, text: str) -> None:
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _route(self, method: str, raw_body: bytes) -> None:
+        url = urlsplit(self.path)
+        path = url.path.rstrip("/") or "/"
+        query = {k: v[0] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        api = self.server.api
+        if path in ("/healthz", "/readyz", "/livez"):
+            return self._send_text(200, "ok")
+        if path == "/version":
+            return self._send_json(200, VERSION_INFO)
+        if path.startswith("/_lab/"):
+            return self._lab_admin(method, path)
+        target = parse_target(path)
+        if target is None:
+            document = discovery(path, server_address=api.server_address) if method == "GET" else None
+            if document is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return self._send_json(200, document)
+        store = api.store
+        resource = target.resource
+        if target.name is None:
+            selection = Filter(
+                target.namespace,
+                LabelSelector.parse(query.get("labelSelector")),
+                FieldSelector.parse(query.get("fieldSelector"), resource=resource),
+            )
+            if method == "GET" and (target.watch_path or truthy(query.get("watch"))):
+                return WatchResponse(self, api).serve(resource, selection, query)
+            if method == "GET":
+                limit = integer(query.get("limit")) or 0
+                return self._send_json(200, store.list(resource, selection, limit=limit, token=query.get("continue")))
+            if method == "POST":
+                if resource.namespaced and target.namespace is None:
+                    raise ApiError(405, "MethodNotAllowed", f"create {resource.plural} in a namespace's collection")
+                created = store.create(resource, self._json_body(raw_body), namespace=target.namespace)
+                return self._send_json(201, typed(resource, created))
+            if method == "DELETE":
+                removed = store.delete_collection(resource, selection)
+                return self._send_json(
+                    200,
+                    {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
+                     "metadata": {"resourceVersion": str(store.revision)}, "items": removed},
+                )
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection")
+        if method == "GET":
+            found = store.get(resource, target.name, namespace=target.namespace)
+            return self._send_json(200, typed(resource, found))
+        if method == "PUT":
+            updated = store.replace(
+                resource, target.name, namespace=target.namespace, body=self._json_body(raw_body), part=target.part
+            )
+            return self._send_json(200, typed(resource, updated))
+        if method == "PATCH":
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            try:
+                patch_type = PatchType(content_type)
+            except ValueError:
+                raise ApiError(415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported") from None
+            patched = store.patch(
+                resource,
+                target.name,
+                namespace=target.namespace,
+                patch=self._json_body(raw_body),
+                patch_type=patch_type,
+                part=target.part,
+            )
+            return self._send_json(200, typed(resource, patched))
+        if method == "DELETE" and target.part is Subresource.MAIN:
+            deleted = store.delete(
+                resource, target.name, namespace=target.namespace,
+                grace_period_seconds=grace_period(query, self._json_body(raw_body)),
+            )
+            return self._send_json(200, typed(resource, deleted))
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    def _lab_admin(self, method: str, path: str) -> None:
+        api = self.server.api
+        if method == "POST" and path == "/_lab/compact":
+            return self._send_json(200, {"compactedTo": str(api.store.compact())})
+        if method == "GET" and path == "/_lab/watchers":
+            counts = api.store.watch_counts()
+            return self._send_json(200, {"watchers": sum(counts.values()), "byResource": counts})
+        raise ApiError(404, "NotFound", f"no lab endpoint {method} {path}")
