@@ -182,31 +182,18 @@ def _entry(name: str, *, data: bytes | None = None, mode: int = 0o644,
     return info, data
 
 
-def build_busybox_image(dest_dir: str | os.PathLike, *, busybox: str = BUSYBOX,
-                        ref: str = IMAGE_REF) -> ImageArchive:
-    """Build a one-layer image from the static busybox: every applet as a symlink in /bin.
-
-    The layer is left uncompressed (no gzip time on either side); the whole archive is about
-    2 MB and takes a few tens of milliseconds to build.
-    """
-    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True,
-                             timeout=10).stdout.split()
-    entries = [_entry(d, mode=0o755, kind=tarfile.DIRTYPE)
-               for d in ("bin", "dev", "etc", "proc", "root", "run", "sys", "tmp")]
-    entries.append(_entry("bin/busybox", data=Path(busybox).read_bytes(), mode=0o755))
-    entries += [_entry(f"bin/{a}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777)
-                for a in sorted(set(applets) - {"busybox"})]
-    entries.append(_entry("etc/hosts", data=b"127.0.0.1 localhost\n"))
+def build_oci_image(path: str | os.PathLike, entries, *, ref: str, config: dict) -> ImageArchive:
+    """Write a one-layer OCI image layout tar to `path`: `entries` (from `_entry`) form the
+    uncompressed layer, `config` is the image's runtime config (Env, Cmd, Entrypoint...)."""
     layer = _tar_bytes(entries)
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"], "WorkingDir": "/"},
+    image_config = json.dumps({
+        "architecture": "amd64", "os": "linux", "config": config,
         "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
     }).encode()
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": _digest(config), "size": len(config)},
+                   "digest": _digest(image_config), "size": len(image_config)},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
                     "digest": _digest(layer), "size": len(layer)}],
     }).encode()
@@ -223,10 +210,28 @@ def build_busybox_image(dest_dir: str | os.PathLike, *, busybox: str = BUSYBOX,
                _entry("index.json", data=index),
                _entry("blobs", mode=0o755, kind=tarfile.DIRTYPE),
                _entry("blobs/sha256", mode=0o755, kind=tarfile.DIRTYPE)]
-    archive += [_entry(f"blobs/sha256/{_digest(b)[7:]}", data=b) for b in (layer, config, manifest)]
-    path = Path(dest_dir) / "busybox-oci.tar"
-    path.write_bytes(_tar_bytes(archive))
-    return ImageArchive(path=path, ref=ref)
+    archive += [_entry(f"blobs/sha256/{_digest(b)[7:]}", data=b) for b in (layer, image_config, manifest)]
+    Path(path).write_bytes(_tar_bytes(archive))
+    return ImageArchive(path=Path(path), ref=ref)
+
+
+def build_busybox_image(dest_dir: str | os.PathLike, *, busybox: str = BUSYBOX,
+                        ref: str = IMAGE_REF) -> ImageArchive:
+    """Build a one-layer image from the static busybox: every applet as a symlink in /bin.
+
+    The layer is left uncompressed (no gzip time on either side); the whole archive is about
+    2 MB and takes a few tens of milliseconds to build.
+    """
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True,
+                             timeout=10).stdout.split()
+    entries = [_entry(d, mode=0o755, kind=tarfile.DIRTYPE)
+               for d in ("bin", "dev", "etc", "proc", "root", "run", "sys", "tmp")]
+    entries.append(_entry("bin/busybox", data=Path(busybox).read_bytes(), mode=0o755))
+    entries += [_entry(f"bin/{a}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777)
+                for a in sorted(set(applets) - {"busybox"})]
+    entries.append(_entry("etc/hosts", data=b"127.0.0.1 localhost\n"))
+    return build_oci_image(Path(dest_dir) / "busybox-oci.tar", entries, ref=ref,
+                           config={"Env": ["PATH=/bin"], "Cmd": ["sh"], "WorkingDir": "/"})
 
 
 # ---------------------------------------------------------------- handles and records
@@ -347,13 +352,18 @@ class ContainerdNode:
         token = secrets.token_hex(3)
         self.netns = f"{name_prefix}-node-{token}"
         self.namespace = f"{name_prefix}-{token}"      # containerd namespace and cgroup parent
+        self.ctr_namespace = self.namespace
         self._prefix = name_prefix
         self.tmp_dir: Path | None = None
+        self.plugin_dir = self.cni_bin_dir
         self.timings: dict[str, float] = {}
         self._containers: dict[str, Container] = {}
         self._containerd: subprocess.Popen | None = None
         self._netns_created = False
         self._exec_seq = 0
+
+    # cri would watch /etc/cni/net.d and serve Kubernetes: cri_harness.CriNode enables it.
+    _disabled_plugins: tuple[str, ...] = ("io.containerd.grpc.v1.cri",)
 
     # -- paths
     @property
@@ -412,26 +422,32 @@ class ContainerdNode:
                         real=shlex.quote(str(plugin)), name=shlex.quote(plugin.name),
                         log=shlex.quote(str(self.cni_calls_log))))
                     wrapper.chmod(0o755)
+        self.plugin_dir = bin_dir  # what the runtime searches: the wrappers when recording
         (self.tmp_dir / "ctr-view.sh").write_text(_view_script(
             self.tmp_dir / "ctr-view", overlays=_OVERLAID, hidden=["/usr/lib/cni"],
             binds=[(bin_dir, "/opt/cni/bin"), (self.cni_conf_dir, "/etc/cni/net.d"),
                    (self.cni_cache_dir, "/var/lib/cni")]))
         (self.tmp_dir / "containerd-view.sh").write_text(_view_script(
             self.tmp_dir / "containerd-view", overlays=("/run", "/var/lib"), hidden=[], binds=[]))
+        (self.tmp_dir / "containerd.toml").write_text("\n".join(self._containerd_config()) + "\n")
+
+    def _containerd_config(self) -> list[str]:
+        """containerd's config.toml, as lines; subclasses add plugin sections after these."""
         root, state = self.tmp_dir / "root", self.tmp_dir / "state"
-        (self.tmp_dir / "containerd.toml").write_text("\n".join([
+        disabled = [*self._disabled_plugins, "io.containerd.internal.v1.opt",
+                    "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+        return [
             "version = 2",
             f"root = {json.dumps(str(root))}",
             f"state = {json.dumps(str(state))}",
-            # cri would watch /etc/cni/net.d and serve Kubernetes; opt writes /var/lib/containerd.
-            'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",'
-            ' "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",'
-            ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]',
+            # opt writes /var/lib/containerd (overlaid, but needless).
+            f"disabled_plugins = {json.dumps(disabled)}",
             "[grpc]", f"  address = {json.dumps(str(self.address))}",
             "[ttrpc]", f"  address = {json.dumps(str(state / 'containerd.ttrpc.sock'))}",
             "[debug]", '  address = ""',
             "[metrics]", '  address = ""',
-        ]) + "\n")
+        ]
 
     def _env(self) -> dict:
         return {**_ENV, "TMPDIR": str(self.tmp_dir)}
@@ -460,7 +476,7 @@ class ContainerdNode:
 
     # -- ctr
     def _ctr_argv(self, args) -> list[str]:
-        return ["ctr", "--address", str(self.address), "--namespace", self.namespace,
+        return ["ctr", "--address", str(self.address), "--namespace", self.ctr_namespace,
                 "--connect-timeout", "5s", *args]
 
     def _cni_view_argv(self, argv) -> list[str]:
@@ -597,6 +613,11 @@ class ContainerdNode:
         return container.exit_status
 
     # -- the node's side
+    def daemon_argv(self) -> list[str]:
+        """The argv prefix that runs a node daemon (the CNI agent) where the node's CNI
+        plugins run: here the node's network namespace, with a sysfs that shows its links."""
+        return ["ip", "netns", "exec", self.netns]
+
     def netns_run(self, argv, *, check: bool = True, timeout: float | None = None,
                   input: str | None = None) -> subprocess.CompletedProcess:
         """Run a command in the node's network namespace (`ip netns exec`)."""

@@ -15,42 +15,20 @@ This file owns the tests that drive `containerd_harness.ContainerdNode`:
 """
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.containerd_harness import ContainerdNode
+from tests.e2e.netagent_support import (NETAGENT, NETAGENT_MISSING, agent_in, bridge_name, install_netagent,
+                                        reservations, settle)
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-NETAGENT = REPO / ".venv" / "bin" / "netagent"
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
-
-
-def _reservations(data_dir: Path, container_ids) -> list[Path]:
-    """IPAM files that hold an allocation: named after an IP address (host-local's layout) or
-    naming one of the CNI container ids (any other layout that records the owner)."""
-    found = []
-    for path in sorted(data_dir.rglob("*")):
-        if not path.is_file():
-            continue
-        try:
-            ipaddress.ip_address(path.name)
-            found.append(path)
-            continue
-        except ValueError:
-            pass
-        text = path.read_text(errors="replace")
-        if any(cid in text for cid in container_ids):
-            found.append(path)
-    return found
 
 
 def _ping(node, container, address):
@@ -117,7 +95,7 @@ def test_reference_bridge_containers_reach_each_other(tmp_path, busybox_image):
                         record_cni_calls=True, log_dir=tmp_path / "logs") as node:
         containers, _ = _two_containers_reach_each_other(node, subnet, "10.88.9.1")
         ids = [c.cni_container_id for c in containers]
-        assert len(_reservations(ipam_dir, ids)) == 2
+        assert len(reservations(ipam_dir, ids)) == 2
         bridge = {l.name: l for l in node.links()}["na-ref0"]
         assert bridge.kind == "bridge"
         assert len([l for l in node.links() if l.kind == "veth" and l.master == "na-ref0"]) == 2
@@ -127,7 +105,7 @@ def test_reference_bridge_containers_reach_each_other(tmp_path, busybox_image):
 
         _assert_runtime_added_and_deleted(node, containers)
         assert [l for l in node.links() if l.kind == "veth"] == []
-        assert _reservations(ipam_dir, ids) == []
+        assert reservations(ipam_dir, ids) == []
         assert list((node.cni_cache_dir / "results").iterdir()) == []
         print("timings (s):", {k: round(v, 3) for k, v in node.timings.items()})
 
@@ -147,78 +125,35 @@ def test_ctr_detached_run_never_calls_cni_del(tmp_path, busybox_image):
 
         assert [c.command for c in node.cni_calls()] == ["ADD", "ADD"]  # bridge, then host-local
         cid = f"{node.namespace}-d1"
-        assert len(_reservations(ipam_dir, [cid])) == 1, "the reservation leaks"
+        assert len(reservations(ipam_dir, [cid])) == 1, "the reservation leaks"
         assert [p.name for p in (node.cni_cache_dir / "results").iterdir()] == [f"na-ref-{cid}-eth0"]
         # The kernel deleted the veth with the container's network namespace.
         assert [l for l in node.links() if l.kind == "veth"] == []
 
 
-@pytest.mark.skipif(not NETAGENT.exists(),
-                    reason=f"the netagent entry point {NETAGENT} is not installed "
-                           f"(`pip install -e .` in the project's virtual environment)")
-@contextlib.contextmanager
-def _agent_in(node, socket_path: Path, log_path: Path):
-    """`netagent run --cni-only` in the node's namespace, serving `socket_path`; stopped on exit."""
-    with open(log_path, "ab") as log:
-        agent = subprocess.Popen(["ip", "netns", "exec", node.netns, str(NETAGENT), "run", "--cni-only",
-                                  "--cni-socket", str(socket_path)], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while not socket_path.exists():
-            assert agent.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
-        yield agent
-    finally:
-        agent.terminate()
-        try:
-            agent.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
-
-
-def _settle(journal: Path, timeout: float = 30.0) -> None:
-    """Wait until the agent finished every DEL it acknowledged (its journal is empty)."""
-    deadline = time.monotonic() + timeout
-    while journal.is_dir() and list(journal.glob("*.json")):
-        assert time.monotonic() < deadline, sorted(journal.iterdir())
-        time.sleep(0.02)
-
-
+@pytest.mark.skipif(not NETAGENT.exists(), reason=NETAGENT_MISSING)
 def test_netagent_plugin_containers_reach_each_other(tmp_path, busybox_image):
     subnet = ipaddress.ip_network("10.88.7.0/24")
     bin_dir, conf_dir, data_dir = tmp_path / "bin", tmp_path / "conf", tmp_path / "ipam"
     data_dir.mkdir()
-    # The test's own socket, so no agent that might run on this machine at the default
-    # socket can answer for the plugin.
     socket_path = tmp_path / "run" / "cni.sock"
-    install = subprocess.run(
-        [str(NETAGENT), "cni", "install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
-         "--subnet", str(subnet), "--mode", "bridge", "--data-dir", str(data_dir),
-         "--socket", str(socket_path)],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert install.returncode == 0, install.stderr
-    assert (bin_dir / "netagent").exists() and (bin_dir / "netagent-ipam").exists()
-    assert (bin_dir / "netagent").read_bytes()[:4] == b"\x7fELF", "the shim, not a script"
-    conflists = sorted(conf_dir.glob("*.conflist"))
-    assert conflists, f"no .conflist in {conf_dir}: {sorted(conf_dir.iterdir())}"
-    bridge_name = json.loads(conflists[0].read_text())["plugins"][0].get("bridge", "na0")
+    bridge = bridge_name(install_netagent(bin_dir=bin_dir, conf_dir=conf_dir, subnet=str(subnet),
+                                          data_dir=data_dir, socket_path=socket_path))
 
     with ContainerdNode(cni_bin_dir=bin_dir, cni_conf_dir=conf_dir, image=busybox_image,
                         record_cni_calls=True, log_dir=tmp_path / "logs") as node, \
-            _agent_in(node, socket_path, tmp_path / "agent.log"):
+            agent_in(node, socket_path, tmp_path / "agent.log"):
         containers, _ = _two_containers_reach_each_other(node, subnet, "10.88.7.1")
         ids = [c.cni_container_id for c in containers]
-        assert len(_reservations(data_dir, ids)) >= 2, sorted(data_dir.rglob("*"))
+        assert len(reservations(data_dir, ids)) >= 2, sorted(data_dir.rglob("*"))
 
         for container in containers:
             node.stop(container)
 
         _assert_runtime_added_and_deleted(node, containers)
-        _settle(socket_path.parent / "pending-del")
+        settle(socket_path.parent / "pending-del")
         leftover = [l for l in node.links()
-                    if l.kind == "veth" or (l.name.startswith("na") and l.name != bridge_name)]
+                    if l.kind == "veth" or (l.name.startswith("na") and l.name != bridge)]
         assert leftover == [], leftover
-        assert _reservations(data_dir, ids) == [], sorted(data_dir.rglob("*"))
+        assert reservations(data_dir, ids) == [], sorted(data_dir.rglob("*"))
         print("timings (s):", {k: round(v, 3) for k, v in node.timings.items()})

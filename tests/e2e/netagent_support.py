@@ -1,0 +1,94 @@
+"""The netagent side of the end-to-end tests: install the plugin, run the agent, check leftovers.
+
+Shared by `test_containerd.py` (ctr's CNI path) and `test_cri.py` (the kubelet's path through
+containerd's CRI plugin), so that both tiers install and serve the plugin the same way a node
+does: `netagent cni install` writes the static shim and the conflist, and `netagent run
+--cni-only` serves the socket named in it from the node's network namespace.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NETAGENT = REPO / ".venv" / "bin" / "netagent"
+NETAGENT_MISSING = (f"the netagent entry point {NETAGENT} is not installed "
+                    f"(`pip install -e .` in the project's virtual environment)")
+
+
+def install_netagent(*, bin_dir: Path, conf_dir: Path, subnet: str, data_dir: Path,
+                     socket_path: Path) -> Path:
+    """`netagent cni install` into the test's directories; return the conflist it wrote.
+
+    The test's own socket, so that no agent that might run on this machine at the default
+    socket can answer for the plugin."""
+    install = subprocess.run(
+        [str(NETAGENT), "cni", "install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+         "--subnet", subnet, "--mode", "bridge", "--data-dir", str(data_dir),
+         "--socket", str(socket_path)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert install.returncode == 0, install.stderr
+    assert (bin_dir / "netagent").exists() and (bin_dir / "netagent-ipam").exists()
+    assert (bin_dir / "netagent").read_bytes()[:4] == b"\x7fELF", "the shim, not a script"
+    conflists = sorted(conf_dir.glob("*.conflist"))
+    assert conflists, f"no .conflist in {conf_dir}: {sorted(conf_dir.iterdir())}"
+    return conflists[0]
+
+
+def bridge_name(conflist: Path) -> str:
+    return json.loads(conflist.read_text())["plugins"][0].get("bridge", "na0")
+
+
+def reservations(data_dir: Path, container_ids) -> list[Path]:
+    """IPAM files that hold an allocation: named after an IP address (host-local's layout) or
+    naming one of the CNI container ids (any other layout that records the owner)."""
+    found = []
+    for path in sorted(data_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        try:
+            ipaddress.ip_address(path.name)
+            found.append(path)
+            continue
+        except ValueError:
+            pass
+        text = path.read_text(errors="replace")
+        if any(cid in text for cid in container_ids):
+            found.append(path)
+    return found
+
+
+@contextlib.contextmanager
+def agent_in(node, socket_path: Path, log_path: Path):
+    """`netagent run --cni-only` where the node's daemons run (`node.daemon_argv()`: its
+    network namespace, and containerd's mount namespace for a CRI node), serving
+    `socket_path`; stopped on exit."""
+    with open(log_path, "ab") as log:
+        agent = subprocess.Popen([*node.daemon_argv(), str(NETAGENT), "run", "--cni-only",
+                                  "--cni-socket", str(socket_path)], stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not socket_path.exists():
+            assert agent.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        yield agent
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
+def settle(journal: Path, timeout: float = 30.0) -> None:
+    """Wait until the agent finished every DEL it acknowledged (its journal is empty)."""
+    deadline = time.monotonic() + timeout
+    while journal.is_dir() and list(journal.glob("*.json")):
+        assert time.monotonic() < deadline, sorted(journal.iterdir())
+        time.sleep(0.02)
