@@ -1,0 +1,236 @@
+"""End-to-end: pods made as kubelet makes them, through containerd 1.6's CRI plugin.
+
+This file owns the tests of the kubelet's path to netagent: the test speaks CRI (`runtime.v1`)
+to a throwaway containerd (`cri_harness.CriNode`), whose CRI plugin calls the first conflist
+of its CNI config directory. That conflist is the one `netagent cni install` writes, with
+the reference `portmap` plugin chained after it as a cluster that serves hostPorts does; the
+static shim relays to `netagent run --cni-only` in the node's namespace.
+
+* `test_run_pod_sandbox_gets_address_from_netagent`: RunPodSandbox returns a ready sandbox
+  whose address (PodSandboxStatus) is the one on the pod's eth0, from the pod subnet, reached
+  by packets from the node; the plugin saw the pod's K8S_* CNI_ARGS.
+* `test_host_port_through_chained_portmap`: a pod's hostPort (CRI PortMapping -> the
+  `portMappings` capability) forwards a TCP connection from another namespace, sent to the
+  node's address, to a server in the pod's network namespace.
+* Both then StopPodSandbox + RemovePodSandbox and assert that nothing is left: no veth, no
+  IPAM reservation, no pod network namespace (mount or file), no portmap rule, no sandbox.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cri_harness import CriNode, build_pause_image, cri_api
+from tests.e2e.netagent_support import (NETAGENT, NETAGENT_MISSING, agent_in, bridge_name, install_netagent,
+                                        reservations, settle)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not NETAGENT.exists(), reason=NETAGENT_MISSING)]
+
+REFERENCE_PLUGINS = Path("/usr/lib/cni")
+SUBNET = ipaddress.ip_network("10.88.11.0/24")
+GATEWAY = "10.88.11.1"
+
+
+@pytest.fixture(scope="session")
+def cri(e2e_prerequisites, tmp_path_factory):
+    api = cri_api(tmp_path_factory.mktemp("cri-stubs"))
+    if isinstance(api, str):
+        pytest.skip(api)
+    return api
+
+
+@pytest.fixture(scope="session")
+def pause_image(e2e_prerequisites, tmp_path_factory):
+    image = build_pause_image(tmp_path_factory.mktemp("pause-image"))
+    if isinstance(image, str):
+        pytest.skip(image)
+    return image
+
+
+class Netagent:
+    """The test's CNI directories with netagent installed, and what to check them by."""
+
+    def __init__(self, tmp_path: Path):
+        missing = [p for p in ("loopback", "portmap") if not (REFERENCE_PLUGINS / p).exists()]
+        if missing:
+            pytest.skip(f"reference plugins {missing} missing in {REFERENCE_PLUGINS} "
+                        f"(Debian package containernetworking-plugins)")
+        self.bin_dir, self.conf_dir = tmp_path / "bin", tmp_path / "conf"
+        self.data_dir = tmp_path / "ipam"
+        self.data_dir.mkdir()
+        self.socket = tmp_path / "run" / "cni.sock"
+        conflist = install_netagent(bin_dir=self.bin_dir, conf_dir=self.conf_dir, subnet=str(SUBNET),
+                                    data_dir=self.data_dir, socket_path=self.socket)
+        self.bridge = bridge_name(conflist)
+        # CRI always runs the loopback network first; portmap serves hostPorts. Copies: the
+        # plugins must live in the one bin dir the CRI config names.
+        for plugin in ("loopback", "portmap"):
+            shutil.copy2(REFERENCE_PLUGINS / plugin, self.bin_dir / plugin)
+        network = json.loads(conflist.read_text())
+        network["plugins"].append({"type": "portmap", "capabilities": {"portMappings": True}})
+        conflist.write_text(json.dumps(network))
+        self.network_name = network["name"]
+
+
+def _node(tmp_path, cri, pause_image, netagent: Netagent) -> CriNode:
+    return CriNode(api=cri, cni_bin_dir=netagent.bin_dir, cni_conf_dir=netagent.conf_dir,
+                   image=pause_image, record_cni_calls=True, log_dir=tmp_path / "logs")
+
+
+def _assert_released(node: CriNode, netagent: Netagent, sandboxes, *, own_links=()) -> None:
+    """After StopPodSandbox + RemovePodSandbox: nothing of the pods is left on the node
+    (`own_links`: the test's own links on the node, not the pods')."""
+    settle(netagent.socket.parent / "pending-del")
+    ids = [s.id for s in sandboxes]
+    assert node.list_pods() == []
+    leftover = [l for l in node.links() if l.name not in own_links and
+                (l.kind == "veth" or (l.name.startswith("na") and l.name != netagent.bridge))]
+    assert leftover == [], leftover
+    assert reservations(netagent.data_dir, ids) == [], sorted(netagent.data_dir.rglob("*"))
+    assert node.netns_mounts() == [], "pod network namespaces still mounted"
+    netns_dir = node.tmp_dir / "state" / "io.containerd.grpc.v1.cri" / "netns"
+    assert not netns_dir.exists() or list(netns_dir.iterdir()) == [], sorted(netns_dir.iterdir())
+    calls = node.cni_calls()
+    assert all(c.exit_code == 0 for c in calls), calls
+    for sandbox in sandboxes:
+        # StopPodSandbox: DEL while the netns exists; RemovePodSandbox: DEL again, the netns
+        # gone (CNI_NETNS empty), which must succeed too.
+        mine = [(c.command, bool(c.netns)) for c in calls
+                if c.container_id == sandbox.id and c.plugin == "netagent"]
+        assert mine == [("ADD", True), ("DEL", True), ("DEL", False)], mine
+
+
+def test_run_pod_sandbox_gets_address_from_netagent(tmp_path, cri, pause_image):
+    netagent = Netagent(tmp_path)
+    with _node(tmp_path, cri, pause_image, netagent) as node, \
+            agent_in(node, netagent.socket, tmp_path / "agent.log"):
+        sandbox = node.run_pod("web")
+        status, info = node.status(sandbox)
+        assert status.state == cri.pb.SANDBOX_READY
+        address = ipaddress.ip_address(status.network.ip)
+        assert address in SUBNET and str(address) != GATEWAY, status.network
+
+        # The address CRI reports is the one on the pod's eth0, with the pod subnet's prefix.
+        inside = subprocess.run([*node.pod_exec_argv(sandbox), "ip", "-json", "-4", "addr", "show", "eth0"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+        assert [(a["local"], a["prefixlen"]) for a in json.loads(inside)[0]["addr_info"]] == \
+            [(str(address), SUBNET.prefixlen)]
+        ping = node.netns_run(["ping", "-c", "1", "-W", "2", str(address)], check=False)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+
+        # containerd called the first conflist with the pod's Kubernetes arguments.
+        add = next(c for c in node.cni_calls() if c.plugin == "netagent" and c.command == "ADD")
+        args = dict(kv.split("=", 1) for kv in add.args.split(";"))
+        assert args == {"IgnoreUnknown": "1", "K8S_POD_NAMESPACE": "default", "K8S_POD_NAME": "web",
+                        "K8S_POD_INFRA_CONTAINER_ID": sandbox.id, "K8S_POD_UID": sandbox.uid}, add
+        assert add.container_id == sandbox.id and add.ifname == "eth0"
+        assert add.netns == node.pod_netns_path(sandbox) and add.netns in node.netns_mounts()
+        assert info["pid"] > 0
+
+        node.stop_pod(sandbox)
+        assert node.status(sandbox)[0].state == cri.pb.SANDBOX_NOTREADY
+        node.remove_pod(sandbox)
+        _assert_released(node, netagent, [sandbox])
+        print(f"RunPodSandbox {sandbox.run_seconds * 1000:.1f} ms, timings (s):",
+              {k: round(v, 3) for k, v in node.timings.items()})
+
+
+_SERVER = """
+import socket, sys
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", int(sys.argv[1])))
+srv.listen(1)
+print("listening", flush=True)
+srv.settimeout(30)
+conn, peer = srv.accept()
+conn.sendall(("pod saw " + peer[0]).encode())
+conn.close()
+"""
+
+_CLIENT = """
+import socket, sys
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10) as s:
+    print(s.recv(100).decode())
+"""
+
+
+class _Client:
+    """A namespace outside the node, linked to it by a veth: where a hostPort user connects from."""
+
+    def __init__(self, node: CriNode, node_address: str, client_address: str):
+        self.node, self.netns = node, f"na-e2e-client-{secrets.token_hex(3)}"
+        self.node_address, self.address = node_address, client_address
+        self.uplink = "uplink"  # the node's end of the veth
+
+    def __enter__(self) -> _Client:
+        subprocess.run(["ip", "netns", "add", self.netns], check=True, timeout=10)
+        try:
+            # Made in the node namespace, one end moved: the root namespace never sees either.
+            self.node.netns_run(["ip", "link", "add", self.uplink, "type", "veth", "peer", "name", "eth0",
+                                 "netns", self.netns])
+            self.node.netns_run(["ip", "addr", "add", f"{self.node_address}/24", "dev", self.uplink])
+            self.node.netns_run(["ip", "link", "set", self.uplink, "up"])
+            self.node.netns_run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])  # the node's own
+            for cmd in (["ip", "addr", "add", f"{self.address}/24", "dev", "eth0"],
+                        ["ip", "link", "set", "eth0", "up"], ["ip", "link", "set", "lo", "up"]):
+                subprocess.run(["ip", "netns", "exec", self.netns, *cmd], check=True, timeout=10)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["ip", "netns", "del", self.netns], timeout=10, check=False)
+
+    def connect(self, port: int) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.netns, sys_python(), "-c", _CLIENT,
+                               self.node_address, str(port)], capture_output=True, text=True, timeout=30)
+
+
+def sys_python() -> str:
+    return shutil.which("python3") or "/usr/bin/python3"
+
+
+def _hostport_rules(node: CriNode, port: int) -> list[str]:
+    rules = node.netns_run(["iptables-save", "-t", "nat"]).stdout.splitlines()
+    return [r for r in rules if f"--dport {port}" in r]
+
+
+def test_host_port_through_chained_portmap(tmp_path, cri, pause_image):
+    netagent = Netagent(tmp_path)
+    host_port, container_port = 30080, 8080
+    with _node(tmp_path, cri, pause_image, netagent) as node, \
+            agent_in(node, netagent.socket, tmp_path / "agent.log"), \
+            _Client(node, "192.168.211.1", "192.168.211.2") as client:
+        sandbox = node.run_pod("hostport", port_mappings=[(container_port, host_port)])
+        pod_ip = node.status(sandbox)[0].network.ip
+        assert _hostport_rules(node, host_port), "portmap wrote no DNAT rule for the hostPort"
+
+        server = subprocess.Popen([*node.pod_exec_argv(sandbox), sys_python(), "-c", _SERVER,
+                                   str(container_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert server.stdout.readline().strip() == "listening", server.stderr.read()
+            reply = client.connect(host_port)
+            assert reply.returncode == 0, reply.stderr
+            # DNAT to the pod, no SNAT: the pod sees the client's own address.
+            assert reply.stdout.strip() == f"pod saw {client.address}"
+            assert server.wait(timeout=10) == 0
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+
+        node.stop_pod(sandbox)
+        node.remove_pod(sandbox)
+        assert _hostport_rules(node, host_port) == [], "portmap's DEL left its rules"
+        assert client.connect(host_port).returncode != 0
+        _assert_released(node, netagent, [sandbox], own_links=[client.uplink])
+        print(f"RunPodSandbox with a hostPort {sandbox.run_seconds * 1000:.1f} ms to {pod_ip}")
