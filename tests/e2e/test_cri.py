@@ -12,11 +12,19 @@ static shim relays to `netagent run --cni-only` in the node's namespace.
 * `test_host_port_through_chained_portmap`: a pod's hostPort (CRI PortMapping -> the
   `portMappings` capability) forwards a TCP connection from another namespace, sent to the
   node's address, to a server in the pod's network namespace.
-* Both then StopPodSandbox + RemovePodSandbox and assert that nothing is left: no veth, no
-  IPAM reservation, no pod network namespace (mount or file), no portmap rule, no sandbox.
+* `test_bandwidth_annotations_shape_the_pod`: the pod's bandwidth annotations (-> the
+  `bandwidth` capability) put token buckets on its host-side veth and on an ifb.
+* `test_run_pod_sandbox_without_agent_fails_cleanly_then_retry_succeeds`: with no agent
+  listening, RunPodSandbox fails with the shim's reason and containerd undoes the sandbox;
+  the DEL it makes is journaled by the shim and carried out when the agent starts; kubelet's
+  retry then succeeds.
+* Every test ends with StopPodSandbox + RemovePodSandbox and asserts that nothing is left:
+  no veth or ifb, no IPAM reservation, no pod network namespace (mount or file), no portmap
+  rule, no sandbox; CNI DEL ran on stop and again, with the netns gone, on remove.
 """
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import json
 import secrets
@@ -57,7 +65,7 @@ class Netagent:
     """The test's CNI directories with netagent installed, and what to check them by."""
 
     def __init__(self, tmp_path: Path):
-        missing = [p for p in ("loopback", "portmap") if not (REFERENCE_PLUGINS / p).exists()]
+        missing = [p for p in ("loopback", "portmap", "bandwidth") if not (REFERENCE_PLUGINS / p).exists()]
         if missing:
             pytest.skip(f"reference plugins {missing} missing in {REFERENCE_PLUGINS} "
                         f"(Debian package containernetworking-plugins)")
@@ -68,14 +76,21 @@ class Netagent:
         conflist = install_netagent(bin_dir=self.bin_dir, conf_dir=self.conf_dir, subnet=str(SUBNET),
                                     data_dir=self.data_dir, socket_path=self.socket)
         self.bridge = bridge_name(conflist)
-        # CRI always runs the loopback network first; portmap serves hostPorts. Copies: the
-        # plugins must live in the one bin dir the CRI config names.
-        for plugin in ("loopback", "portmap"):
+        # CRI always runs the loopback network first; portmap serves hostPorts, bandwidth the
+        # pods' bandwidth annotations (as in the conflists of the common cluster networks).
+        # Copies: the plugins must live in the one bin dir the CRI config names.
+        for plugin in ("loopback", "portmap", "bandwidth"):
             shutil.copy2(REFERENCE_PLUGINS / plugin, self.bin_dir / plugin)
         network = json.loads(conflist.read_text())
-        network["plugins"].append({"type": "portmap", "capabilities": {"portMappings": True}})
+        network["plugins"] += [{"type": "portmap", "capabilities": {"portMappings": True}},
+                               {"type": "bandwidth", "capabilities": {"bandwidth": True}}]
         conflist.write_text(json.dumps(network))
         self.network_name = network["name"]
+
+
+def grpc_error() -> type[Exception]:
+    """The exception a failed call raises (grpc.RpcError, with code() and details())."""
+    return importlib.import_module("grpc").RpcError
 
 
 def _node(tmp_path, cri, pause_image, netagent: Netagent) -> CriNode:
@@ -90,13 +105,13 @@ def _assert_released(node: CriNode, netagent: Netagent, sandboxes, *, own_links=
     ids = [s.id for s in sandboxes]
     assert node.list_pods() == []
     leftover = [l for l in node.links() if l.name not in own_links and
-                (l.kind == "veth" or (l.name.startswith("na") and l.name != netagent.bridge))]
+                (l.kind in ("veth", "ifb") or (l.name.startswith("na") and l.name != netagent.bridge))]
     assert leftover == [], leftover
     assert reservations(netagent.data_dir, ids) == [], sorted(netagent.data_dir.rglob("*"))
     assert node.netns_mounts() == [], "pod network namespaces still mounted"
     netns_dir = node.tmp_dir / "state" / "io.containerd.grpc.v1.cri" / "netns"
     assert not netns_dir.exists() or list(netns_dir.iterdir()) == [], sorted(netns_dir.iterdir())
-    calls = node.cni_calls()
+    calls = [c for c in node.cni_calls() if c.container_id in ids]
     assert all(c.exit_code == 0 for c in calls), calls
     for sandbox in sandboxes:
         # StopPodSandbox: DEL while the netns exists; RemovePodSandbox: DEL again, the netns
@@ -234,3 +249,57 @@ def test_host_port_through_chained_portmap(tmp_path, cri, pause_image):
         assert client.connect(host_port).returncode != 0
         _assert_released(node, netagent, [sandbox], own_links=[client.uplink])
         print(f"RunPodSandbox with a hostPort {sandbox.run_seconds * 1000:.1f} ms to {pod_ip}")
+
+
+def _tbf_rates(node: CriNode) -> dict[str, int]:
+    """Token-bucket rates (bytes/s) on the node's links, by link kind: "veth" (the pod's
+    host-side end: traffic into the pod) and "ifb" (where its egress is redirected)."""
+    kinds = {l.name: l.kind for l in node.links()}
+    qdiscs = json.loads(node.netns_run(["tc", "-json", "qdisc", "show"]).stdout or "[]")
+    return {kinds.get(q["dev"], "?"): q["options"]["rate"] for q in qdiscs if q["kind"] == "tbf"}
+
+
+def test_bandwidth_annotations_shape_the_pod(tmp_path, cri, pause_image):
+    netagent = Netagent(tmp_path)
+    with _node(tmp_path, cri, pause_image, netagent) as node, \
+            agent_in(node, netagent.socket, tmp_path / "agent.log"):
+        # kubelet leaves the annotations to the runtime, which passes the `bandwidth` capability.
+        sandbox = node.run_pod("shaped", annotations={"kubernetes.io/ingress-bandwidth": "10M",
+                                                      "kubernetes.io/egress-bandwidth": "20M"})
+        assert _tbf_rates(node) == {"veth": 10_000_000 // 8, "ifb": 20_000_000 // 8}
+        pod_ip = node.status(sandbox)[0].network.ip
+        ping = node.netns_run(["ping", "-c", "1", "-W", "2", pod_ip], check=False)
+        assert ping.returncode == 0, ping.stdout + ping.stderr  # shaped, still connected
+
+        node.stop_pod(sandbox)
+        node.remove_pod(sandbox)
+        assert [l for l in node.links() if l.kind == "ifb"] == [], "bandwidth's DEL left its ifb"
+        _assert_released(node, netagent, [sandbox])
+
+
+def test_run_pod_sandbox_without_agent_fails_cleanly_then_retry_succeeds(tmp_path, cri, pause_image):
+    netagent = Netagent(tmp_path)
+    journal = netagent.socket.parent / "pending-del"
+    with _node(tmp_path, cri, pause_image, netagent) as node:
+        # No agent yet (a node whose DaemonSet pod is still starting): the shim fails with
+        # CNI error 11 "try again later" and the reason; containerd undoes the sandbox, calling
+        # DEL, which the shim journals for the agent and acknowledges.
+        with pytest.raises(grpc_error()) as failure:
+            node.run_pod("early")
+        details = failure.value.details()
+        assert "netagent agent is not running" in details and str(netagent.socket) in details, details
+        failed = [c for c in node.cni_calls() if c.plugin == "netagent"]
+        assert [(c.command, c.exit_code != 0) for c in failed][:2] == [("ADD", True), ("DEL", False)], failed
+        assert node.list_pods() == [] and node.netns_mounts() == []
+        assert [l for l in node.links() if l.kind == "veth"] == []
+        assert [p.suffix for p in journal.iterdir()] == [".wire"]
+
+        with agent_in(node, netagent.socket, tmp_path / "agent.log"):
+            settle(journal)  # the agent carried out the journaled DEL when it started
+            # kubelet retries the pod, now served.
+            sandbox = node.run_pod("early")
+            assert ipaddress.ip_address(node.status(sandbox)[0].network.ip) in SUBNET
+            node.stop_pod(sandbox)
+            node.remove_pod(sandbox)
+            _assert_released(node, netagent, [sandbox])
+            assert reservations(netagent.data_dir, [failed[0].container_id]) == []
