@@ -213,8 +213,9 @@ class CriNode(ContainerdNode):
             self._runtime = self.api.grpc.RuntimeServiceStub(self._channel)
         return self._runtime
 
-    def pod_config(self, name: str, *, port_mappings=(), annotations=None):
-        """A PodSandboxConfig as kubelet sends it for a pod in namespace "default"."""
+    def pod_config(self, name: str, *, port_mappings=(), annotations=None, host_network: bool = False):
+        """A PodSandboxConfig as kubelet sends it for a pod in namespace "default"
+        (`host_network`: a hostNetwork pod, for which containerd calls no CNI plugin)."""
         pb = self.api.pb
         uid = f"{self.namespace}-{name}-uid"
         return pb.PodSandboxConfig(
@@ -228,7 +229,8 @@ class CriNode(ContainerdNode):
                 # runc puts the pod in /<node namespace>/<pod>: the base class removes it.
                 cgroup_parent=f"/{self.namespace}/pod-{name}",
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER,
+                    namespace_options=pb.NamespaceOption(network=pb.NODE if host_network else pb.POD,
+                                                         pid=pb.CONTAINER,
                                                          ipc=pb.POD))))
 
     def run_pod(self, name: str, **config) -> Sandbox:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -37,6 +38,29 @@ def install_netagent(*, bin_dir: Path, conf_dir: Path, subnet: str, data_dir: Pa
     conflists = sorted(conf_dir.glob("*.conflist"))
     assert conflists, f"no .conflist in {conf_dir}: {sorted(conf_dir.iterdir())}"
     return conflists[0]
+
+
+REFERENCE_PLUGINS = Path("/usr/lib/cni")
+# What a CRI node's conflist chains after the main plugin, as the common cluster networks do:
+# hostPorts (the runtime's `portMappings`) and the pods' bandwidth annotations (`bandwidth`).
+CHAINED = {"portmap": "portMappings", "bandwidth": "bandwidth"}
+
+
+def missing_reference_plugins() -> list[str]:
+    """The reference plugins a CRI node needs (containerd always runs `loopback`) that
+    Debian's containernetworking-plugins has not installed here."""
+    return [p for p in ("loopback", *CHAINED) if not (REFERENCE_PLUGINS / p).exists()]
+
+
+def chain_reference_plugins(bin_dir: Path, conflist: Path) -> dict:
+    """Copy loopback and the CHAINED plugins into `bin_dir` (copies: the runtime looks in that
+    one directory) and append the CHAINED plugins to `conflist`; return the new network."""
+    for plugin in ("loopback", *CHAINED):
+        shutil.copy2(REFERENCE_PLUGINS / plugin, bin_dir / plugin)
+    network = json.loads(conflist.read_text())
+    network["plugins"] += [{"type": p, "capabilities": {c: True}} for p, c in CHAINED.items()]
+    conflist.write_text(json.dumps(network))
+    return network
 
 
 def bridge_name(conflist: Path) -> str:

@@ -28,19 +28,20 @@ import importlib
 import ipaddress
 import json
 import secrets
-import shutil
 import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.cri_harness import CriNode, build_pause_image, cri_api
-from tests.e2e.netagent_support import (NETAGENT, NETAGENT_MISSING, agent_in, bridge_name, install_netagent,
+from tests.e2e.netagent_support import (NETAGENT, NETAGENT_MISSING, REFERENCE_PLUGINS, agent_in, bridge_name,
+                                        chain_reference_plugins, install_netagent, missing_reference_plugins,
                                         reservations, settle)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not NETAGENT.exists(), reason=NETAGENT_MISSING)]
 
-REFERENCE_PLUGINS = Path("/usr/lib/cni")
 SUBNET = ipaddress.ip_network("10.88.11.0/24")
 GATEWAY = "10.88.11.1"
 
@@ -65,7 +66,7 @@ class Netagent:
     """The test's CNI directories with netagent installed, and what to check them by."""
 
     def __init__(self, tmp_path: Path):
-        missing = [p for p in ("loopback", "portmap", "bandwidth") if not (REFERENCE_PLUGINS / p).exists()]
+        missing = missing_reference_plugins()
         if missing:
             pytest.skip(f"reference plugins {missing} missing in {REFERENCE_PLUGINS} "
                         f"(Debian package containernetworking-plugins)")
@@ -76,16 +77,7 @@ class Netagent:
         conflist = install_netagent(bin_dir=self.bin_dir, conf_dir=self.conf_dir, subnet=str(SUBNET),
                                     data_dir=self.data_dir, socket_path=self.socket)
         self.bridge = bridge_name(conflist)
-        # CRI always runs the loopback network first; portmap serves hostPorts, bandwidth the
-        # pods' bandwidth annotations (as in the conflists of the common cluster networks).
-        # Copies: the plugins must live in the one bin dir the CRI config names.
-        for plugin in ("loopback", "portmap", "bandwidth"):
-            shutil.copy2(REFERENCE_PLUGINS / plugin, self.bin_dir / plugin)
-        network = json.loads(conflist.read_text())
-        network["plugins"] += [{"type": "portmap", "capabilities": {"portMappings": True}},
-                               {"type": "bandwidth", "capabilities": {"bandwidth": True}}]
-        conflist.write_text(json.dumps(network))
-        self.network_name = network["name"]
+        chain_reference_plugins(self.bin_dir, conflist)
 
 
 def grpc_error() -> type[Exception]:
@@ -205,12 +197,8 @@ class _Client:
         subprocess.run(["ip", "netns", "del", self.netns], timeout=10, check=False)
 
     def connect(self, port: int) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.netns, sys_python(), "-c", _CLIENT,
+        return subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", _CLIENT,
                                self.node_address, str(port)], capture_output=True, text=True, timeout=30)
-
-
-def sys_python() -> str:
-    return shutil.which("python3") or "/usr/bin/python3"
 
 
 def _hostport_rules(node: CriNode, port: int) -> list[str]:
@@ -228,7 +216,7 @@ def test_host_port_through_chained_portmap(tmp_path, cri, pause_image):
         pod_ip = node.status(sandbox)[0].network.ip
         assert _hostport_rules(node, host_port), "portmap wrote no DNAT rule for the hostPort"
 
-        server = subprocess.Popen([*node.pod_exec_argv(sandbox), sys_python(), "-c", _SERVER,
+        server = subprocess.Popen([*node.pod_exec_argv(sandbox), sys.executable, "-c", _SERVER,
                                    str(container_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
         try:
@@ -303,3 +291,29 @@ def test_run_pod_sandbox_without_agent_fails_cleanly_then_retry_succeeds(tmp_pat
             node.remove_pod(sandbox)
             _assert_released(node, netagent, [sandbox])
             assert reservations(netagent.data_dir, [failed[0].container_id]) == []
+
+
+def test_concurrent_pods_get_distinct_addresses_and_reach_each_other(tmp_path, cri, pause_image):
+    netagent = Netagent(tmp_path)
+    names = [f"pod{i}" for i in range(8)]
+    with _node(tmp_path, cri, pause_image, netagent) as node, \
+            agent_in(node, netagent.socket, tmp_path / "agent.log"):
+        # kubelet starts a node's pods in parallel (one worker per pod).
+        with ThreadPoolExecutor(len(names)) as pool:
+            sandboxes = list(pool.map(node.run_pod, names))
+        addresses = [node.status(s)[0].network.ip for s in sandboxes]
+        assert len(set(addresses)) == len(names), addresses
+        assert all(ipaddress.ip_address(a) in SUBNET and a != GATEWAY for a in addresses), addresses
+        for sandbox, peer in zip(sandboxes, addresses[1:] + addresses[:1]):
+            ping = subprocess.run([*node.pod_exec_argv(sandbox), "ping", "-c", "1", "-W", "2", peer],
+                                  capture_output=True, text=True, timeout=10)
+            assert ping.returncode == 0, f"{sandbox.name} -> {peer}: {ping.stdout}{ping.stderr}"
+
+        def release(sandbox):
+            node.stop_pod(sandbox)
+            node.remove_pod(sandbox)
+
+        with ThreadPoolExecutor(len(names)) as pool:
+            list(pool.map(release, sandboxes))
+        _assert_released(node, netagent, sandboxes)
+        print("RunPodSandbox, 8 at once (ms):", sorted(round(s.run_seconds * 1000) for s in sandboxes))
