@@ -220,7 +220,7 @@ class CriNode(ContainerdNode):
         uid = f"{self.namespace}-{name}-uid"
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace="default", attempt=0),
-            hostname=name,
+            hostname="" if host_network else name,  # kubelet sets none for hostNetwork pods
             labels={"app": name},
             annotations=annotations or {},
             port_mappings=[pb.PortMapping(protocol=pb.TCP, container_port=c, host_port=h)
