@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.e2e.containerd_harness import missing_prerequisites  # noqa: E402
-from tests.e2e.cri_harness import CriNode, build_pause_image, cri_api  # noqa: E402
+from tests.e2e.cri_harness import CriNode, cri_api  # noqa: E402
 from tests.e2e.netagent_support import (  # noqa: E402
     NETAGENT,
     REFERENCE_PLUGINS,
@@ -43,6 +43,7 @@ from tests.e2e.netagent_support import (  # noqa: E402
     missing_reference_plugins,
     settle,
 )
+from tests.e2e.oci_image import build_pause_image  # noqa: E402
 
 HOST_NETWORK = "hostNetwork (no CNI)"
 NETAGENT_LABEL = "netagent shim (agent)"

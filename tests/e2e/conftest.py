@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import processes_with
-from tests.e2e.containerd_harness import build_busybox_image, missing_prerequisites
+from tests.e2e.containerd_harness import missing_prerequisites
+from tests.e2e.oci_image import build_busybox_image
 
 PREFIX = "na-e2e"
 _WATCHED_PATHS = ["/opt/cni", "/etc/cni", "/var/lib/cni", "/run/containerd",

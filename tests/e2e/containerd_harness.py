@@ -5,7 +5,7 @@ get their network from the CNI plugin a test chooses. Everything the harness cre
 one temporary directory, one network namespace and a few private mount namespaces, and
 `ContainerdNode.close()` removes all of it, also when a test fails half-way.
 
-    image = build_busybox_image(tmp_dir)                     # once per session
+    image = oci_image.build_busybox_image(tmp_dir)           # once per session
     with ContainerdNode(cni_bin_dir=b, cni_conf_dir=c, image=image) as node:
         c1 = node.run("c1", ["sleep", "300"])
         ip = node.container_ip(c1)
@@ -66,8 +66,6 @@ Isolation (see /work/shared/ENVIRONMENT.md for the rules)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import ipaddress
 import json
 import os
@@ -78,13 +76,12 @@ import signal
 import struct
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-IMAGE_REF = "localhost/na-e2e/busybox:latest"
-BUSYBOX = "/bin/busybox"
+from tests.e2e.oci_image import BUSYBOX, ImageArchive
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The paths the private views overlay; the node's temporary directory must not be under them.
 _OVERLAID = ("/run", "/var/lib", "/opt", "/etc")
@@ -148,90 +145,6 @@ def missing_prerequisites() -> list[str]:
     if "overlay" not in filesystems.split():
         missing.append("the kernel has no overlay filesystem (containerd's snapshotter needs it)")
     return missing
-
-
-# ---------------------------------------------------------------- the image
-
-@dataclasses.dataclass(frozen=True)
-class ImageArchive:
-    """An OCI image layout as a tar, ready for `ctr images import`."""
-    path: Path
-    ref: str
-
-
-def _digest(blob: bytes) -> str:
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
-
-
-def _tar_bytes(entries) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in entries:
-            info.mtime = 0
-            info.uid = info.gid = 0
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buf.getvalue()
-
-
-def _entry(name: str, *, data: bytes | None = None, mode: int = 0o644,
-           kind: bytes = tarfile.REGTYPE, link: str = ""):
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.linkname = kind, mode, link
-    if data is not None:
-        info.size = len(data)
-    return info, data
-
-
-def build_oci_image(path: str | os.PathLike, entries, *, ref: str, config: dict) -> ImageArchive:
-    """Write a one-layer OCI image layout tar to `path`: `entries` (from `_entry`) form the
-    uncompressed layer, `config` is the image's runtime config (Env, Cmd, Entrypoint...)."""
-    layer = _tar_bytes(entries)
-    image_config = json.dumps({
-        "architecture": "amd64", "os": "linux", "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
-    }).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": _digest(image_config), "size": len(image_config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": _digest(layer), "size": len(layer)}],
-    }).encode()
-    index = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       "digest": _digest(manifest), "size": len(manifest),
-                       "platform": {"architecture": "amd64", "os": "linux"},
-                       # ctr 1.6 names the imported image after this annotation.
-                       "annotations": {"io.containerd.image.name": ref,
-                                       "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]}}],
-    }).encode()
-    archive = [_entry("oci-layout", data=b'{"imageLayoutVersion":"1.0.0"}'),
-               _entry("index.json", data=index),
-               _entry("blobs", mode=0o755, kind=tarfile.DIRTYPE),
-               _entry("blobs/sha256", mode=0o755, kind=tarfile.DIRTYPE)]
-    archive += [_entry(f"blobs/sha256/{_digest(b)[7:]}", data=b) for b in (layer, image_config, manifest)]
-    Path(path).write_bytes(_tar_bytes(archive))
-    return ImageArchive(path=Path(path), ref=ref)
-
-
-def build_busybox_image(dest_dir: str | os.PathLike, *, busybox: str = BUSYBOX,
-                        ref: str = IMAGE_REF) -> ImageArchive:
-    """Build a one-layer image from the static busybox: every applet as a symlink in /bin.
-
-    The layer is left uncompressed (no gzip time on either side); the whole archive is about
-    2 MB and takes a few tens of milliseconds to build.
-    """
-    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True,
-                             timeout=10).stdout.split()
-    entries = [_entry(d, mode=0o755, kind=tarfile.DIRTYPE)
-               for d in ("bin", "dev", "etc", "proc", "root", "run", "sys", "tmp")]
-    entries.append(_entry("bin/busybox", data=Path(busybox).read_bytes(), mode=0o755))
-    entries += [_entry(f"bin/{a}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777)
-                for a in sorted(set(applets) - {"busybox"})]
-    entries.append(_entry("etc/hosts", data=b"127.0.0.1 localhost\n"))
-    return build_oci_image(Path(dest_dir) / "busybox-oci.tar", entries, ref=ref,
-                           config={"Env": ["PATH=/bin"], "Cmd": ["sh"], "WorkingDir": "/"})
 
 
 # ---------------------------------------------------------------- handles and records

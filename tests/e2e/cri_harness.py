@@ -11,9 +11,8 @@ what kubelet does, with no kubelet:
   at test time with grpcio-tools from `shared/cri/api.proto` beside the repository (see
   `cri_definition()`); nothing generated is committed. Returns `None` with the reason when
   grpcio, grpcio-tools or the definition is missing.
-* `build_pause_image(dir)`: the sandbox image, built by hand: `pause.c` beside this file,
-  compiled statically at test time (musl-gcc, or $CC / gcc -static), as the only file of a
-  one-layer OCI image (`containerd_harness.build_oci_image`).
+* the sandbox image is `oci_image.build_pause_image(dir)`: `pause.c`, compiled statically at
+  test time, as the only file of a one-layer OCI image.
 * `CriNode`: a `ContainerdNode` (the same isolation: its own root, state, socket, node
   network namespace and private mount namespace) with the CRI plugin enabled. Its config
   points the plugin's CNI bin and conf directories at the test's, puts pod network namespaces
@@ -39,20 +38,15 @@ import dataclasses
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 from types import ModuleType
 
-from tests.e2e.containerd_harness import (ContainerdNode, HarnessError, ImageArchive, _entry,
-                                          build_oci_image)
+from tests.e2e.containerd_harness import ContainerdNode, HarnessError
 
 REPO = Path(__file__).resolve().parents[2]
-PAUSE_SOURCE = Path(__file__).with_name("pause.c")
-PAUSE_REF = "localhost/na-e2e/pause:latest"
 CRI_PLUGIN = "io.containerd.grpc.v1.cri"
 CRI_NAMESPACE = "k8s.io"  # the containerd namespace the CRI plugin keeps its images and pods in
 
@@ -104,33 +98,6 @@ def cri_api(out_dir: Path) -> CriApi | str:
     finally:
         sys.path.remove(str(out_dir))
     return CriApi(pb=pb, grpc=stubs)
-
-
-# ---------------------------------------------------------------- the pause image
-
-def _compiler() -> list[str] | None:
-    if os.environ.get("CC"):
-        return [os.environ["CC"], "-static"]
-    for cc in ("musl-gcc", "gcc"):
-        if shutil.which(cc):
-            return [cc, "-static"]
-    return None
-
-
-def build_pause_image(dest_dir: Path, *, ref: str = PAUSE_REF) -> ImageArchive | str:
-    """Compile pause.c statically and wrap it as an OCI image; a string says why not."""
-    cc = _compiler()
-    if cc is None:
-        return "no C compiler for the pause image (apt-get install musl-tools)"
-    binary = dest_dir / "pause"
-    proc = subprocess.run([*cc, "-Os", "-s", "-Wall", "-o", str(binary), str(PAUSE_SOURCE)],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise HarnessError(f"compiling {PAUSE_SOURCE} failed:\n{proc.stderr}")
-    entries = [_entry(d, mode=0o755, kind=tarfile.DIRTYPE) for d in ("dev", "etc", "proc", "sys")]
-    entries.append(_entry("pause", data=binary.read_bytes(), mode=0o755))
-    return build_oci_image(dest_dir / "pause-oci.tar", entries, ref=ref,
-                           config={"Entrypoint": ["/pause"], "WorkingDir": "/"})
 
 
 # ---------------------------------------------------------------- the node

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cri_harness import CriNode, build_pause_image, cri_api
+from tests.e2e.cri_harness import CriNode, cri_api
+from tests.e2e.oci_image import build_pause_image
 from tests.e2e.netagent_support import (NETAGENT, NETAGENT_MISSING, REFERENCE_PLUGINS, agent_in, bridge_name,
                                         chain_reference_plugins, install_netagent, missing_reference_plugins,
                                         reservations, settle)
