@@ -9,8 +9,9 @@ what kubelet does, with no kubelet:
 
 * `cri_api(tmp_dir)`: Python stubs for the upstream CRI definition (`runtime.v1`), generated
   at test time with grpcio-tools from `shared/cri/api.proto` beside the repository (see
-  `cri_definition()`); nothing generated is committed. Returns `None` with the reason when
-  grpcio, grpcio-tools or the definition is missing.
+  `cri_definition()`) into a temporary directory; nothing generated is committed. Returns
+  the reason instead (a string, for a skip) when grpcio, grpcio-tools or the definition is
+  missing.
 * the sandbox image is `oci_image.build_pause_image(dir)`: `pause.c`, compiled statically at
   test time, as the only file of a one-layer OCI image.
 * `CriNode`: a `ContainerdNode` (the same isolation: its own root, state, socket, node
@@ -20,15 +21,16 @@ what kubelet does, with no kubelet:
   /run/netns) and names the pause image as the sandbox image. `daemon_argv()` runs the CNI
   agent in the node's network namespace *and* containerd's mount namespace, the only place
   where the pods' netns bind mounts exist (as an agent's rslave /run/netns mount on a real
-  node). `close()` stops and removes every sandbox still known through CRI (so CNI DEL runs
-  while the agent is still up) before the base class tears the node down.
+  node). `close()` stops and removes every sandbox a test left (containerd calls CNI DEL for
+  each; the shim journals it when the agent is already gone) before the base class tears
+  the node down.
 
 containerd 1.6 and CNI, as measured here: CRI always prepends a loopback network (the
 `loopback` plugin must be in the bin dir), passes `CNI_CONTAINERID=<sandbox id>`,
-`CNI_NETNS=<state>/netns/cni-<uuid>`, `CNI_IFNAME=eth0` and
+`CNI_NETNS=<state>/io.containerd.grpc.v1.cri/netns/cni-<uuid>`, `CNI_IFNAME=eth0` and
 `CNI_ARGS=K8S_POD_NAMESPACE=..;K8S_POD_NAME=..;K8S_POD_INFRA_CONTAINER_ID=<id>;K8S_POD_UID=..;
 IgnoreUnknown=1` (the order varies between calls) for the whole list (loopback, then the
-conflist: netagent, then portmap); StopPodSandbox calls DEL while the netns exists, then
+conflist: netagent, portmap, bandwidth); StopPodSandbox calls DEL while the netns exists, then
 unmounts and removes the netns file; RemovePodSandbox calls DEL again with an empty
 `CNI_NETNS`, which every plugin must accept, and removes the sandbox.
 """
@@ -116,7 +118,7 @@ class CriNode(ContainerdNode):
     """A throwaway containerd with its CRI plugin serving pods networked by the test's CNI dirs.
 
     api       the stubs from `cri_api()`
-    image     the pause image from `build_pause_image()`, the sandbox image
+    image     the pause image from `oci_image.build_pause_image()`, the sandbox image
     Other arguments as for ContainerdNode.
     """
 
