@@ -47,20 +47,21 @@ SUBNET = ipaddress.ip_network("10.88.11.0/24")
 GATEWAY = "10.88.11.1"
 
 
+def _or_skip(made):
+    """The harness returns the reason (a string) instead when this machine cannot make it."""
+    if isinstance(made, str):
+        pytest.skip(made)
+    return made
+
+
 @pytest.fixture(scope="session")
 def cri(e2e_prerequisites, tmp_path_factory):
-    api = cri_api(tmp_path_factory.mktemp("cri-stubs"))
-    if isinstance(api, str):
-        pytest.skip(api)
-    return api
+    return _or_skip(cri_api(tmp_path_factory.mktemp("cri-stubs")))
 
 
 @pytest.fixture(scope="session")
 def pause_image(e2e_prerequisites, tmp_path_factory):
-    image = build_pause_image(tmp_path_factory.mktemp("pause-image"))
-    if isinstance(image, str):
-        pytest.skip(image)
-    return image
+    return _or_skip(build_pause_image(tmp_path_factory.mktemp("pause-image")))
 
 
 class Netagent:
