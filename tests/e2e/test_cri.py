@@ -3,8 +3,8 @@
 This file owns the tests of the kubelet's path to netagent: the test speaks CRI (`runtime.v1`)
 to a throwaway containerd (`cri_harness.CriNode`), whose CRI plugin calls the first conflist
 of its CNI config directory. That conflist is the one `netagent cni install` writes, with
-the reference `portmap` plugin chained after it as a cluster that serves hostPorts does; the
-static shim relays to `netagent run --cni-only` in the node's namespace.
+the reference `portmap` and `bandwidth` plugins chained after it as a cluster that serves
+hostPorts and bandwidth annotations does; the static shim relays to `netagent run --cni-only` in the node's namespace.
 
 * `test_run_pod_sandbox_gets_address_from_netagent`: RunPodSandbox returns a ready sandbox
   whose address (PodSandboxStatus) is the one on the pod's eth0, from the pod subnet, reached
@@ -18,6 +18,8 @@ static shim relays to `netagent run --cni-only` in the node's namespace.
   listening, RunPodSandbox fails with the shim's reason and containerd undoes the sandbox;
   the DEL it makes is journaled by the shim and carried out when the agent starts; kubelet's
   retry then succeeds.
+* `test_concurrent_pods_get_distinct_addresses_and_reach_each_other`: eight RunPodSandbox
+  at once (kubelet starts a node's pods in parallel), then eight releases at once.
 * Every test ends with StopPodSandbox + RemovePodSandbox and asserts that nothing is left:
   no veth or ifb, no IPAM reservation, no pod network namespace (mount or file), no portmap
   rule, no sandbox; CNI DEL ran on stop and again, with the netns gone, on remove.
@@ -103,6 +105,9 @@ def _assert_released(node: CriNode, netagent: Netagent, sandboxes, *, own_links=
     assert leftover == [], leftover
     assert reservations(netagent.data_dir, ids) == [], sorted(netagent.data_dir.rglob("*"))
     assert node.netns_mounts() == [], "pod network namespaces still mounted"
+    # portmap makes one CNI-DN-<hash> chain per pod with hostPorts, removed by its DEL.
+    nat = node.netns_run(["iptables-save", "-t", "nat"]).stdout
+    assert "CNI-DN-" not in nat, nat
     netns_dir = node.tmp_dir / "state" / "io.containerd.grpc.v1.cri" / "netns"
     assert not netns_dir.exists() or list(netns_dir.iterdir()) == [], sorted(netns_dir.iterdir())
     calls = [c for c in node.cni_calls() if c.container_id in ids]
@@ -216,7 +221,8 @@ def test_host_port_through_chained_portmap(tmp_path, cri, pause_image):
             _Client(node, "192.168.211.1", "192.168.211.2") as client:
         sandbox = node.run_pod("hostport", port_mappings=[(container_port, host_port)])
         pod_ip = node.status(sandbox)[0].network.ip
-        assert _hostport_rules(node, host_port), "portmap wrote no DNAT rule for the hostPort"
+        rules = _hostport_rules(node, host_port)
+        assert rules and any("CNI-DN-" in r for r in rules), "portmap wrote no DNAT rule for the hostPort"
 
         server = subprocess.Popen([*node.pod_exec_argv(sandbox), sys.executable, "-c", _SERVER,
                                    str(container_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
