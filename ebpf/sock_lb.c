@@ -172,26 +172,17 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto, int 
     return 1;
 }
 
-static __always_inline __u8 l4_protocol(struct bpf_sock_addr *ctx)
-{
-    if (ctx->type == 1 /* SOCK_STREAM */)
-        return IPPROTO_TCP;
-    if (ctx->type == 2 /* SOCK_DGRAM */)
-        return IPPROTO_UDP;
-    return 0;
-}
-
 int na_connect4(struct bpf_sock_addr *ctx)
 {
-    __u8 proto = l4_protocol(ctx);
-    if (!proto)
+    __u8 proto = ctx->protocol;   /* IPPROTO_TCP, IPPROTO_UDP or IPPROTO_SCTP */
+    if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
         return 1;
     return translate(ctx, proto, 1);
 }
 
-int na_sendmsg4(struct bpf_sock_addr *ctx)
+int na_sendmsg4(struct bpf_sock_addr *ctx)   /* unconnected UDP: every datagram */
 {
-    if (l4_protocol(ctx) != IPPROTO_UDP)
+    if (ctx->protocol != IPPROTO_UDP)
         return 1;
     return translate(ctx, IPPROTO_UDP, 1);
 }

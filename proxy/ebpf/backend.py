@@ -1,0 +1,204 @@
+"""`EbpfProxy`: the eBPF service-proxy backend, writing render.py's entries into the pinned maps.
+
+Full sync (the first, the periodic one, every one after a failure): the three maps the agent
+owns (`na_svc`, `na_slots`, `na_setname`) are read whole (batch lookups); set ids are
+recovered from `na_setname` and slot layouts from `na_slots`, so an agent that restarts over
+pinned maps renders exactly what is there and writes nothing when nothing changed (its
+connections never notice). Only the entries that differ are written, and stale ones deleted,
+in an order that never lets a service entry point at slots not yet written: set names and
+slots first, then service entries, then deletions of service entries, slots, set names.
+
+Partial sync (`changed` given, and this backend remembers what it last wrote): only the
+changed service ports are re-rendered, starting from their previous slot layouts, so one
+endpoint change writes O(1) entries (a slot and the service entries' counts). Nothing is read
+from the kernel. Any failure raises and forgets the memory, so the next sync is full.
+
+The LRU maps (`na_affinity`, `na_revnat`) are the programs' own: never written here; an
+affinity entry whose slot no longer holds its backend is ignored by the program.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ebpf import maps as M
+from ebpf.loader import LoadReport
+from ebpf.mapset import MapSet
+from netagent.infra.sync_runner import SyncKind
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
+from proxy.ebpf.readback import programmed_services, slot_layouts
+from proxy.ebpf.render import PortEntries, SetIds, flatten, render_service_port
+from proxy.model import NodeContext, ProxyState, ServicePortName
+
+
+@dataclass(frozen=True)
+class EbpfPaths:
+    """Where the agent was told its dataplane lives (`--bpf-root`, `--cgroup-root`)."""
+
+    bpf_root: str
+    cgroup: str
+
+
+@dataclass
+class MapWrites:
+    """What one sync writes, per map: updates and deletions (packed bytes)."""
+
+    svc: dict[bytes, bytes] = field(default_factory=dict)
+    slots: dict[bytes, bytes] = field(default_factory=dict)
+    names: dict[bytes, bytes] = field(default_factory=dict)
+    svc_gone: set[bytes] = field(default_factory=set)
+    slots_gone: set[bytes] = field(default_factory=set)
+    names_gone: set[bytes] = field(default_factory=set)
+
+    @property
+    def entries(self) -> int:
+        return sum(len(part) for part in (self.svc, self.slots, self.names, self.svc_gone, self.slots_gone,
+                                          self.names_gone))
+
+    def diff(self, attr: str, wanted: Mapping[bytes, bytes], present: Mapping[bytes, bytes]) -> None:
+        getattr(self, attr).update({k: v for k, v in wanted.items() if present.get(k) != v})
+        getattr(self, f"{attr}_gone").update(k for k in present if k not in wanted)
+
+    def apply(self, maps: MapSet) -> None:
+        maps.setname.update(self.names)
+        maps.slots.update(self.slots)
+        maps.svc.update(self.svc)
+        maps.svc.delete(self.svc_gone)
+        maps.slots.delete(self.slots_gone)
+        maps.setname.delete(self.names_gone)
+
+
+class EbpfProxy(ProxyBackend):
+    mode = ProxyMode.EBPF
+
+    def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None):
+        self.maps = maps
+        self.paths = paths
+        self.load_report = load_report   # bcc compile and load times at start, for the log and the bench
+        self._ids = SetIds()
+        self._ports: dict[ServicePortName, PortEntries] | None = None  # what the last successful sync left
+        self._owners: dict[bytes, set[ServicePortName]] = defaultdict(set)   # svc key -> ports claiming it
+        self._node: NodeContext | None = None
+
+    # ---- sync ---------------------------------------------------------------------------------
+
+    def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        previous, self._ports = self._ports, None   # forgotten until this sync succeeds
+        if changed is not None and previous is not None and self._node == state.node:
+            ports, writes, written = self._partial(state, previous, changed)
+            scope = SyncKind.PARTIAL
+        else:
+            ports, writes = self._full(state)
+            written = len(ports)
+            scope = SyncKind.FULL
+        writes.apply(self.maps)
+        self._ids.release(lambda name, role: name in ports and self._ids.ids[(name, role)] in ports[name].sets)
+        self._ids.reserved.clear()
+        self._ports, self._node = ports, state.node
+        entries = len(self._owners) + sum(p.slot_count for p in ports.values())
+        return BackendSyncReport(scope=scope, services_written=written, rules=entries,
+                                 detail=f"{scope.value} sync: {written} service port(s) rendered, "
+                                        f"{writes.entries} map entries written, {entries} programmed")
+
+    def _full(self, state: ProxyState) -> tuple[dict[ServicePortName, PortEntries], MapWrites]:
+        present_svc = self.maps.svc.read_all()
+        present_slots = self.maps.slots.read_all()
+        present_names = self.maps.setname.read_all()
+        by_text = {str(name): name for name in state.services}
+        ids = SetIds()
+        for key, value in present_names.items():
+            sid = M.parse_set_id(key)
+            text, role = M.parse_set_name(value)
+            name = by_text.get(text)
+            if name is not None and (name, role) not in ids.ids:
+                ids.ids[(name, role)] = sid
+            else:
+                ids.reserved.add(sid)
+        ids.reserved.update(M.parse_svc(k, v).set_id for k, v in present_svc.items())
+        ids.reserved.update(M.parse_svc(k, v).ext_set_id for k, v in present_svc.items())
+        ids.reserved -= set(ids.ids.values())
+        self._ids = ids
+        layouts = slot_layouts(present_slots)
+        ports = {name: render_service_port(service, state.endpoints_of(name), state.node, set_id=ids,
+                                           old_sets=layouts)
+                 for name, service in sorted(state.services.items())}
+        self._owners = defaultdict(set)
+        for name, entries in ports.items():
+            for key in entries.svc:
+                self._owners[key].add(name)
+        svc, slots, names = flatten(ports)
+        writes = MapWrites()
+        writes.diff("svc", svc, present_svc)
+        writes.diff("slots", slots, present_slots)
+        writes.diff("names", names, present_names)
+        return ports, writes
+
+    def _partial(self, state: ProxyState, previous: Mapping[ServicePortName, PortEntries],
+                 changed: Iterable[ServicePortName]) -> tuple[dict[ServicePortName, PortEntries], MapWrites, int]:
+        ports = dict(previous)
+        writes = MapWrites()
+        names = sorted(set(changed))
+        touched = {key for name in names if name in previous for key in previous[name].svc}
+        before = {key: previous[min(self._owners[key])].svc[key] for key in touched if self._owners.get(key)}
+        written = 0
+        for name in names:
+            old = previous.get(name)
+            service = state.services.get(name)
+            new = None if service is None else render_service_port(
+                service, state.endpoints_of(name), state.node, set_id=self._ids,
+                old_sets=old.sets if old is not None else None)
+            if new is None:
+                ports.pop(name, None)
+            else:
+                ports[name] = new
+                touched.update(new.svc)
+            written += old is not None or new is not None
+            for key in old.svc if old is not None else ():
+                self._owners[key].discard(name)
+            for key in new.svc if new is not None else ():
+                self._owners[key].add(name)
+            _diff_sets(writes, old, new)
+        for key in touched:
+            owners = self._owners.get(key)
+            if owners:
+                value = ports[min(owners)].svc[key]
+                if before.get(key) != value:
+                    writes.svc[key] = value
+            else:
+                self._owners.pop(key, None)
+                writes.svc_gone.add(key)
+        return ports, writes, written
+
+    # ---- read back and clean up ----------------------------------------------------------------
+
+    def programmed(self) -> list[ProgrammedService]:
+        return programmed_services(self.maps)
+
+    def cleanup(self) -> None:
+        """Real maps: detach our programs from the cgroup and unpin the maps. Without paths
+        (a fake map set): empty every map."""
+        self._ports, self._owners = None, defaultdict(set)
+        if self.paths is None:
+            for bpf_map in self.maps.by_name().values():
+                bpf_map.delete(list(bpf_map.read_all()))
+            return
+        from ebpf.loader import detach_owned, remove_pins
+        self.maps.close()
+        detach_owned(self.paths.cgroup)
+        remove_pins(self.paths.bpf_root)
+
+
+def _diff_sets(writes: MapWrites, old: PortEntries | None, new: PortEntries | None) -> None:
+    """Slot and set-name writes turning `old`'s sets into `new`'s, position by position."""
+    old_sets = old.sets if old is not None else {}
+    new_sets = new.sets if new is not None else {}
+    for sid in set(old_sets) | set(new_sets):
+        before, after = old_sets.get(sid, ()), new_sets.get(sid, ())
+        writes.slots.update((M.slot_key(sid, i), b) for i, b in enumerate(after)
+                            if i >= len(before) or before[i] != b)
+        writes.slots_gone.update(M.slot_key(sid, i) for i in range(len(after), len(before)))
+    old_names = old.set_names if old is not None else {}
+    new_names = new.set_names if new is not None else {}
+    writes.names.update((M.set_id_key(sid), v) for sid, v in new_names.items() if old_names.get(sid) != v)
+    writes.names_gone.update(M.set_id_key(sid) for sid in old_names if sid not in new_names)
