@@ -10,7 +10,6 @@ byte order in the maps, as the socket context holds them; the views convert.
 from __future__ import annotations
 
 import ctypes
-import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
@@ -109,10 +108,10 @@ class MapLayout:
 
 
 # packers: '!' where a field is in network order ('4s'/'2s' carry network-order bytes in native structs)
-SVC_KEY = struct.Struct("!IHBB")
+SVC_KEY = struct.Struct("!4sHBB")
 SVC_VALUE = struct.Struct("=IIIIIHBB")
 SLOT_KEY = struct.Struct("=II")
-BACKEND = struct.Struct("!IHH")
+BACKEND = struct.Struct("!4sHH")
 SET_ID = struct.Struct("=I")
 SET_NAME = struct.Struct(f"={NAME_BYTES}sI")
 AFFINITY_KEY = struct.Struct("=QII")
@@ -134,8 +133,12 @@ PROTOCOL_NAMES = {number: name for name, number in PROTOCOL_NUMBERS.items()}
 
 # ---- encoders (what the backend writes) -------------------------------------------------------------
 
-def _ip(address: str) -> int:
-    return int(ipaddress.IPv4Address(address))
+def _ip(address: str) -> bytes:
+    """Four bytes in network order; strict dotted-quad IPv4 (inet_pton), else ValueError."""
+    try:
+        return socket.inet_pton(socket.AF_INET, address)
+    except OSError:
+        raise ValueError(f"not an IPv4 address: {address!r}") from None
 
 
 def svc_key(address: str, port: int, protocol: str) -> bytes:
@@ -185,7 +188,7 @@ class ServiceEntry:
 def parse_svc(key: bytes, value: bytes) -> ServiceEntry:
     addr, port, proto, _ = SVC_KEY.unpack(key)
     set_id, count, ext_set_id, ext_count, affinity, flags, kind, _ = SVC_VALUE.unpack(value)
-    return ServiceEntry(str(ipaddress.IPv4Address(addr)), port, PROTOCOL_NAMES.get(proto, str(proto)),
+    return ServiceEntry(socket.inet_ntoa(addr), port, PROTOCOL_NAMES.get(proto, str(proto)),
                         set_id, count, ext_set_id, ext_count, affinity, flags, AddressKind(kind))
 
 
@@ -196,7 +199,7 @@ def parse_slot_key(key: bytes) -> tuple[int, int]:
 
 def parse_backend(value: bytes) -> str:
     addr, port, _ = BACKEND.unpack(value)
-    return f"{ipaddress.IPv4Address(addr)}:{port}"
+    return f"{socket.inet_ntoa(addr)}:{port}"
 
 
 def parse_set_name(value: bytes) -> tuple[str, SetRole]:

@@ -121,27 +121,39 @@ class SetIds:
 
     ids: dict[tuple[ServicePortName, M.SetRole], int] = field(default_factory=dict)
     reserved: set[int] = field(default_factory=set)   # ids still in the maps for stale ports: not reused yet
+    _used: set[int] = field(default_factory=set)
     _next: int = 1
-    _free: list[int] = field(default_factory=list)
+    _free: list[int] = field(default_factory=list)   # released ids, largest first
+
+    def adopt(self, name: ServicePortName, role: M.SetRole, set_id: int) -> None:
+        self.ids[(name, role)] = set_id
+        self._used.add(set_id)
 
     def __call__(self, name: ServicePortName, role: M.SetRole) -> int:
         key = (name, role)
-        if key not in self.ids:
-            used = set(self.ids.values()) | self.reserved
-            self._free = [sid for sid in self._free if sid not in used]
-            if self._free:
-                self.ids[key] = self._free.pop()
-            else:
-                while self._next in used:
-                    self._next += 1
-                self.ids[key] = self._next
+        found = self.ids.get(key)
+        if found is not None:
+            return found
+        while self._free and (self._free[-1] in self._used or self._free[-1] in self.reserved):
+            self._free.pop()
+        if self._free:
+            set_id = self._free.pop()
+        else:
+            while self._next in self._used or self._next in self.reserved:
                 self._next += 1
-        return self.ids[key]
+            set_id = self._next
+        self.adopt(name, role, set_id)
+        return set_id
 
-    def release(self, keep: Callable[[ServicePortName, M.SetRole], bool]) -> None:
-        """Forget every id whose (name, role) `keep` rejects, for reuse."""
-        for key in [key for key in self.ids if not keep(*key)]:
-            self._free.append(self.ids.pop(key))
+    def release(self, names: Iterable[ServicePortName], keep: Callable[[ServicePortName, M.SetRole], bool]) -> None:
+        """Forget the ids of `names` that `keep` rejects, for reuse."""
+        for name in names:
+            for role in M.SetRole:
+                set_id = self.ids.get((name, role))
+                if set_id is not None and not keep(name, role):
+                    del self.ids[(name, role)]
+                    self._used.discard(set_id)
+                    self._free.append(set_id)
         self._free.sort(reverse=True)
 
 

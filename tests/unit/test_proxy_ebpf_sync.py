@@ -211,5 +211,5 @@ def test_set_ids_are_reused_after_release_but_never_while_reserved():
     first = ids(WEB, M.SetRole.CLUSTER)
     second = ids(DNS, M.SetRole.CLUSTER)
     assert (first, second) == (2, 3)
-    ids.release(lambda name, role: name == DNS)
+    ids.release([WEB, DNS], lambda name, role: name == DNS)
     assert ids(ServicePortName("x", "y"), M.SetRole.CLUSTER) == 2
