@@ -54,6 +54,8 @@ def assign_slots(previous: Sequence[bytes], wanted: Iterable[bytes]) -> tuple[by
     """`wanted` in slots, moving as few as possible from `previous`: survivors keep their slot,
     new backends fill the holes first, then the tail is moved into the remaining holes."""
     wanted = list(dict.fromkeys(wanted))
+    if not previous or list(previous) == wanted:
+        return tuple(wanted)
     keep = set(wanted)
     slots: list[bytes | None] = [b if b in keep else None for b in previous]
     present = set(previous)
@@ -75,7 +77,8 @@ def assign_slots(previous: Sequence[bytes], wanted: Iterable[bytes]) -> tuple[by
 
 
 def _backends(endpoints: Iterable[Endpoint]) -> list[bytes]:
-    return [M.backend(e.ip, e.port) for e in sorted(set(endpoints), key=lambda e: (e.ip, e.port))]
+    """Packed backends, one per distinct address (sorted, so a first layout is deterministic)."""
+    return [M.backend(ip, port) for ip, port in sorted({(e.ip, e.port) for e in endpoints})]
 
 
 def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], node: NodeContext, *,
@@ -88,9 +91,10 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
     sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster))}
     set_names = {cluster_id: M.set_name(str(name), M.SetRole.CLUSTER)}
     ext_id = cluster_id
-    if service.has_external_addresses and set(selection.external) != set(selection.cluster):
+    external = _backends(selection.external) if service.has_external_addresses else []
+    if service.has_external_addresses and sorted(external) != sorted(sets[cluster_id]):
         ext_id = set_id(name, M.SetRole.EXTERNAL)
-        sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), _backends(selection.external))
+        sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
         set_names[ext_id] = M.set_name(str(name), M.SetRole.EXTERNAL)
     flags = 0 if selection.has_endpoints else M.F_NO_ENDPOINTS
     if service.external_local:
