@@ -65,6 +65,17 @@ def _cmd_status_services(args) -> int:
     return 0
 
 
+def _cmd_status_bpf(args) -> int:
+    from ebpf.loader import EbpfError
+    from netagent.daemon.status_bpf import bpf_status, render_bpf_status
+    try:
+        print(render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root), as_json=args.json))
+    except (EbpfError, OSError) as exc:
+        print(f"netagent status bpf: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_lab(args) -> int:
     from netagent.lab.commands import run_lab_command
     return run_lab_command(args)
@@ -109,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
     services.add_argument("--bpf-root", help="read the eBPF proxy's maps pinned under this bpffs directory")
     services.set_defaults(func=_cmd_status_services)
+    bpf = status.add_parser("bpf", help="the eBPF proxy's programs, attachments and map fill")
+    bpf.add_argument("--json", action="store_true")
+    bpf.add_argument("--bpf-root", help="the bpffs directory the agent pins its maps in")
+    bpf.add_argument("--cgroup-root", help="the cgroup the agent attaches its programs to")
+    bpf.set_defaults(func=_cmd_status_bpf)
 
     lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
     from netagent.lab.commands import add_lab_arguments

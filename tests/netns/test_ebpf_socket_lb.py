@@ -207,3 +207,22 @@ def test_cleanup_detaches_every_program_and_unpins_every_map(lab):
     backend.cleanup()
     assert not [p for p in attached_programs(paths.cgroup) if p.ours]
     assert not os.path.exists(pin_dir(paths.bpf_root))
+
+
+def test_status_bpf_lists_programs_and_map_fill_and_status_services_reads_the_maps(lab):
+    _, backend, paths = lab
+    backend.sync(service_state(), changed=None)
+    shown = subprocess.run([sys.executable, "-m", "netagent.cli", "status", "bpf", "--json", "--bpf-root",
+                            paths.bpf_root, "--cgroup-root", paths.cgroup], capture_output=True, text=True, timeout=60)
+    status = json.loads(shown.stdout)
+    assert sorted(p["hook"] for p in status["programs"] if p["ours"]) == \
+        ["connect4", "getpeername4", "recvmsg4", "sendmsg4"]
+    fill = {m["name"]: m["entries"] for m in status["maps"]}
+    assert fill["na_svc"] == 4 and fill["na_slots"] == 4 and fill["na_setname"] == 4
+    services = subprocess.run([sys.executable, "-m", "netagent.cli", "status", "services", "--json", "--bpf-root",
+                               paths.bpf_root], capture_output=True, text=True, timeout=60)
+    listing = json.loads(services.stdout)
+    if listing["source"] == "kernel":   # (an agent of another test may answer on 127.0.0.1:10249)
+        assert listing["mode"] == "ebpf"
+        assert {s["address"] for s in listing["services"]} == {"10.96.0.10:80/TCP", "10.96.0.53:53/UDP",
+                                                               "10.96.0.99:80/TCP", "10.96.0.98:53/UDP"}
