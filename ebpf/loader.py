@@ -26,6 +26,9 @@ from ebpf.mapset import MapSet
 from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
 
 SOURCE = Path(__file__).with_name("sock_lb.c")
+TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
+PROG_TYPE_SCHED_CLS = 3
+TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress")
 PROG_TYPE_CGROUP_SOCK_ADDR = 18
 
 # program name -> attach type (linux/bpf.h enum bpf_attach_type)
@@ -169,7 +172,7 @@ class SocketLbLoader:
         defines = [f'#define NA_PIN_DIR "{self.pin_dir}"']
         if self.set_retval:
             defines.append("#define NA_HAVE_SET_RETVAL 1")
-        return "\n".join(defines) + "\n" + SOURCE.read_text()
+        return "\n".join(defines) + "\n" + SOURCE.read_text() + "\n" + TC_SOURCE.read_text()
 
     def ensure_loaded(self) -> LoadReport:
         check_bpf_root(self.bpf_root)
@@ -221,3 +224,33 @@ class SocketLbLoader:
 
     def maps(self) -> MapSet:
         return MapSet.open_pinned(self.pin_dir)
+
+    def load_tc(self) -> TcPrograms:
+        """The tc programs loaded (not attached), over the same pinned maps; the caller closes
+        them. Attaching them to the underlay's clsact qdisc is not done by the agent yet."""
+        check_bpf_root(self.bpf_root)
+        os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
+        from bcc import BPF
+        try:
+            compiled = BPF(text=self.source().encode())
+            fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
+        except Exception as error:   # bcc raises plain Exception
+            raise EbpfError(f"loading the tc programs: {error}") from None
+        return TcPrograms(compiled, fds)
+
+
+class TcPrograms:
+    """Loaded tc programs by name (file descriptors), alive until `close()`."""
+
+    def __init__(self, compiled, fds: dict[str, int]):
+        self._compiled = compiled
+        self.fds = fds
+
+    def close(self) -> None:
+        self._compiled.cleanup()
+
+    def __enter__(self) -> TcPrograms:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

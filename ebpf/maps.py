@@ -21,12 +21,16 @@ SLOTS_MAP = "na_slots"
 SETNAME_MAP = "na_setname"
 AFFINITY_MAP = "na_affinity"
 REVNAT_MAP = "na_revnat"
-MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, REVNAT_MAP)
+CT_MAP = "na_ct"            # ebpf/nodeport.c: the tc path's connections (LRU)
+LBSRC_MAP = "na_lbsrc"      # loadBalancerSourceRanges (LPM trie)
+CONFIG_MAP = "na_config"    # the node address the tc path SNATs to (array of one)
+MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, REVNAT_MAP, CT_MAP, LBSRC_MAP, CONFIG_MAP)
 
 # ---- flags and kinds (the C #defines) --------------------------------------------------------------
 F_NO_ENDPOINTS = 1
 F_EXTERNAL_LOCAL = 2
 F_SOURCE_RANGES = 4
+BACKEND_LOCAL = 1       # na_backend.flags: the endpoint is on this node
 
 
 class AddressKind(IntEnum):
@@ -65,7 +69,7 @@ class SlotKey(ctypes.Structure):
 
 
 class Backend(ctypes.Structure):
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("flags", ctypes.c_uint16)]
 
 
 class SetName(ctypes.Structure):
@@ -90,11 +94,30 @@ class RevNatValue(ctypes.Structure):
     _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
 
 
+class CtKey(ctypes.Structure):
+    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
+                ("pad", ctypes.c_uint16)]
+
+
+class CtValue(ctypes.Structure):
+    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("pad", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+
+
+class LbSrcKey(ctypes.Structure):
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("set_id", ctypes.c_uint32), ("addr", ctypes.c_uint32)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("node_addr", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
 @dataclass(frozen=True)
 class MapLayout:
     name: str
     key: type[ctypes.Structure] | type[ctypes.c_uint32]
-    value: type[ctypes.Structure]
+    value: type[ctypes.Structure] | type[ctypes.c_uint8]
     key_packer: struct.Struct
     value_packer: struct.Struct
 
@@ -111,13 +134,18 @@ class MapLayout:
 SVC_KEY = struct.Struct("!4sHBB")
 SVC_VALUE = struct.Struct("=IIIIIHBB")
 SLOT_KEY = struct.Struct("=II")
-BACKEND = struct.Struct("!4sHH")
+BACKEND = struct.Struct("=4s2sH")   # the port in network order, the flags native
 SET_ID = struct.Struct("=I")
 SET_NAME = struct.Struct(f"={NAME_BYTES}sI")
 AFFINITY_KEY = struct.Struct("=QII")
 AFFINITY_VALUE = struct.Struct("=QI4s2sHI")
 REVNAT_KEY = struct.Struct("=Q4s2sH")
 REVNAT_VALUE = struct.Struct("=4s2sH")
+CT_KEY = struct.Struct("=4s4s2s2sBBH")
+CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
+LBSRC_KEY = struct.Struct("=II4s")
+LBSRC_VALUE = struct.Struct("=B")
+CONFIG = struct.Struct("=4sI")
 
 LAYOUTS = {
     SVC_MAP: MapLayout(SVC_MAP, SvcKey, SvcValue, SVC_KEY, SVC_VALUE),
@@ -125,6 +153,9 @@ LAYOUTS = {
     SETNAME_MAP: MapLayout(SETNAME_MAP, ctypes.c_uint32, SetName, SET_ID, SET_NAME),
     AFFINITY_MAP: MapLayout(AFFINITY_MAP, AffinityKey, AffinityValue, AFFINITY_KEY, AFFINITY_VALUE),
     REVNAT_MAP: MapLayout(REVNAT_MAP, RevNatKey, RevNatValue, REVNAT_KEY, REVNAT_VALUE),
+    CT_MAP: MapLayout(CT_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
+    LBSRC_MAP: MapLayout(LBSRC_MAP, LbSrcKey, ctypes.c_uint8, LBSRC_KEY, LBSRC_VALUE),
+    CONFIG_MAP: MapLayout(CONFIG_MAP, ctypes.c_uint32, Config, SET_ID, CONFIG),
 }
 
 PROTOCOL_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
@@ -154,8 +185,21 @@ def slot_key(set_id: int, slot: int) -> bytes:
     return SLOT_KEY.pack(set_id, slot)
 
 
-def backend(address: str, port: int) -> bytes:
-    return BACKEND.pack(_ip(address), port, 0)
+def backend(address: str, port: int, *, local: bool = False) -> bytes:
+    return BACKEND.pack(_ip(address), port.to_bytes(2, "big"), BACKEND_LOCAL if local else 0)
+
+
+def lbsrc_key(set_id: int, network: str) -> bytes:
+    """An allowed source range of a set (`network` is an IPv4 CIDR, host bits ignored)."""
+    address, _, length = network.partition("/")
+    return LBSRC_KEY.pack(32 + int(length or 32), set_id, _ip(address))
+
+
+ALLOWED = LBSRC_VALUE.pack(1)
+
+
+def config_value(node_address: str | None) -> bytes:
+    return CONFIG.pack(_ip(node_address) if node_address else bytes(4), 0)
 
 
 def set_id_key(set_id: int) -> bytes:
@@ -198,8 +242,8 @@ def parse_slot_key(key: bytes) -> tuple[int, int]:
 
 
 def parse_backend(value: bytes) -> str:
-    addr, port, _ = BACKEND.unpack(value)
-    return f"{socket.inet_ntoa(addr)}:{port}"
+    addr, port, _flags = BACKEND.unpack(value)
+    return f"{socket.inet_ntoa(addr)}:{int.from_bytes(port, 'big')}"
 
 
 def parse_set_name(value: bytes) -> tuple[str, SetRole]:

@@ -15,7 +15,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ebpf import syscall
-from ebpf.maps import AFFINITY_MAP, LAYOUTS, MAP_NAMES, REVNAT_MAP, SETNAME_MAP, SLOTS_MAP, SVC_MAP
+from ebpf.maps import (
+    AFFINITY_MAP,
+    CONFIG_MAP,
+    CT_MAP,
+    LAYOUTS,
+    LBSRC_MAP,
+    MAP_NAMES,
+    REVNAT_MAP,
+    SETNAME_MAP,
+    SLOTS_MAP,
+    SVC_MAP,
+)
 
 
 class BpfMap(ABC):
@@ -84,22 +95,25 @@ class PinnedMap(BpfMap):
 
 @dataclass
 class MapSet:
-    """Every map of the socket load balancer, by role."""
+    """Every map of ours (the socket load balancer's and the tc path's), by role."""
 
     svc: BpfMap
     slots: BpfMap
     setname: BpfMap
     affinity: BpfMap
     revnat: BpfMap
+    ct: BpfMap
+    lbsrc: BpfMap
+    config: BpfMap
 
     def by_name(self) -> dict[str, BpfMap]:
-        return {SVC_MAP: self.svc, SLOTS_MAP: self.slots, SETNAME_MAP: self.setname,
-                AFFINITY_MAP: self.affinity, REVNAT_MAP: self.revnat}
+        return {SVC_MAP: self.svc, SLOTS_MAP: self.slots, SETNAME_MAP: self.setname, AFFINITY_MAP: self.affinity,
+                REVNAT_MAP: self.revnat, CT_MAP: self.ct, LBSRC_MAP: self.lbsrc, CONFIG_MAP: self.config}
 
     @classmethod
     def from_maps(cls, maps: Mapping[str, BpfMap]) -> MapSet:
-        return cls(svc=maps[SVC_MAP], slots=maps[SLOTS_MAP], setname=maps[SETNAME_MAP],
-                   affinity=maps[AFFINITY_MAP], revnat=maps[REVNAT_MAP])
+        return cls(svc=maps[SVC_MAP], slots=maps[SLOTS_MAP], setname=maps[SETNAME_MAP], affinity=maps[AFFINITY_MAP],
+                   revnat=maps[REVNAT_MAP], ct=maps[CT_MAP], lbsrc=maps[LBSRC_MAP], config=maps[CONFIG_MAP])
 
     @classmethod
     def open_pinned(cls, pin_dir: str) -> MapSet:

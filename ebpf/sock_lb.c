@@ -52,7 +52,7 @@ struct na_slot_key {
 struct na_backend {
     __be32 addr;
     __be16 port;
-    __u16 pad;
+    __u16 flags;            /* 1: the endpoint is on this node (the tc path SNATs only to others) */
 };
 
 struct na_set_name {

@@ -27,6 +27,8 @@ MAP_LOOKUP_BATCH, MAP_UPDATE_BATCH, MAP_DELETE_BATCH = 24, 26, 27
 F_ALLOW_MULTI = 1 << 1
 F_REPLACE = 1 << 2
 
+_NO_BATCH = (errno.EINVAL, errno.EOPNOTSUPP, 524)   # 524: ENOTSUPP, a map type without batch ops (LPM trie)
+
 BPF_FS_MAGIC = 0xCAFE4A11
 CGROUP2_SUPER_MAGIC = 0x63677270
 
@@ -154,21 +156,30 @@ def map_lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
     return v.raw
 
 
-def map_count(fd: int, key_size: int) -> int:
-    """How many entries a map holds (MAP_GET_NEXT_KEY walk; no values copied)."""
+def map_keys(fd: int, key_size: int) -> list[bytes]:
+    """Every key of a map (MAP_GET_NEXT_KEY walk; no values copied)."""
     key = ctypes.create_string_buffer(key_size)
     nxt = ctypes.create_string_buffer(key_size)
-    count, first = 0, True
+    keys: list[bytes] = []
     while True:
         try:
-            _call(MAP_GET_NEXT_KEY, _attr("=I4xQQ", fd, 0 if first else _addr(key), _addr(nxt)))
+            _call(MAP_GET_NEXT_KEY, _attr("=I4xQQ", fd, _addr(key) if keys else 0, _addr(nxt)))
         except BpfError as error:
             if error.errno == errno.ENOENT:
-                return count
+                return keys
             raise
         ctypes.memmove(key, nxt, key_size)
-        first = False
-        count += 1
+        keys.append(nxt.raw)
+
+
+def map_count(fd: int, key_size: int) -> int:
+    return len(map_keys(fd, key_size))
+
+
+def map_update(fd: int, key: bytes, value: bytes) -> None:
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value, len(value))
+    _call(MAP_UPDATE_ELEM, _attr("=I4xQQQ", fd, _addr(k), _addr(v), 0))
 
 
 def _batch_attr(*, fd: int, in_batch, out_batch, keys, values, count: int) -> ctypes.Array:
@@ -177,7 +188,17 @@ def _batch_attr(*, fd: int, in_batch, out_batch, keys, values, count: int) -> ct
 
 
 def map_read_all(fd: int, key_size: int, value_size: int, *, chunk: int = 8192) -> dict[bytes, bytes]:
-    """Every entry, by MAP_LOOKUP_BATCH (hash and LRU maps)."""
+    """Every entry, by MAP_LOOKUP_BATCH (hash, LRU, array maps), else one by one (LPM trie)."""
+    try:
+        return _read_batches(fd, key_size, value_size, chunk)
+    except BpfError as error:
+        if error.errno not in _NO_BATCH:
+            raise
+    found = {key: map_lookup(fd, key, value_size) for key in map_keys(fd, key_size)}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def _read_batches(fd: int, key_size: int, value_size: int, chunk: int) -> dict[bytes, bytes]:
     out: dict[bytes, bytes] = {}
     keys = ctypes.create_string_buffer(key_size * chunk)
     values = ctypes.create_string_buffer(value_size * chunk)
@@ -209,8 +230,14 @@ def map_update_batch(fd: int, items: list[tuple[bytes, bytes]]) -> None:
         return
     keys = ctypes.create_string_buffer(b"".join(k for k, _ in items))
     values = ctypes.create_string_buffer(b"".join(v for _, v in items))
-    _call(MAP_UPDATE_BATCH, _batch_attr(fd=fd, in_batch=None, out_batch=None, keys=keys, values=values,
-                                        count=len(items)))
+    try:
+        _call(MAP_UPDATE_BATCH, _batch_attr(fd=fd, in_batch=None, out_batch=None, keys=keys, values=values,
+                                            count=len(items)))
+    except BpfError as error:
+        if error.errno not in _NO_BATCH:
+            raise
+        for key, value in items:
+            map_update(fd, key, value)
 
 
 def map_delete_batch(fd: int, keys: list[bytes]) -> None:
@@ -222,7 +249,7 @@ def map_delete_batch(fd: int, keys: list[bytes]) -> None:
         _call(MAP_DELETE_BATCH, _batch_attr(fd=fd, in_batch=None, out_batch=None, keys=buffer, values=None,
                                             count=len(keys)))
     except BpfError as error:
-        if error.errno != errno.ENOENT:
+        if error.errno != errno.ENOENT and error.errno not in _NO_BATCH:
             raise
         for key in keys:   # the batch stops at the first missing key: finish one by one
             k = ctypes.create_string_buffer(key, len(key))

@@ -50,24 +50,31 @@ class MapWrites:
     svc: dict[bytes, bytes] = field(default_factory=dict)
     slots: dict[bytes, bytes] = field(default_factory=dict)
     names: dict[bytes, bytes] = field(default_factory=dict)
+    lbsrc: dict[bytes, bytes] = field(default_factory=dict)
+    config: dict[bytes, bytes] = field(default_factory=dict)
     svc_gone: set[bytes] = field(default_factory=set)
     slots_gone: set[bytes] = field(default_factory=set)
     names_gone: set[bytes] = field(default_factory=set)
+    lbsrc_gone: set[bytes] = field(default_factory=set)
+    config_gone: set[bytes] = field(default_factory=set)   # never filled: an array's entries stay
 
     @property
     def entries(self) -> int:
-        return sum(len(part) for part in (self.svc, self.slots, self.names, self.svc_gone, self.slots_gone,
-                                          self.names_gone))
+        return sum(len(part) for part in (self.svc, self.slots, self.names, self.lbsrc, self.config, self.svc_gone,
+                                          self.slots_gone, self.names_gone, self.lbsrc_gone))
 
     def diff(self, attr: str, wanted: Mapping[bytes, bytes], present: Mapping[bytes, bytes]) -> None:
         getattr(self, attr).update({k: v for k, v in wanted.items() if present.get(k) != v})
         getattr(self, f"{attr}_gone").update(k for k in present if k not in wanted)
 
     def apply(self, maps: MapSet) -> None:
+        maps.config.update(self.config)
         maps.setname.update(self.names)
         maps.slots.update(self.slots)
+        maps.lbsrc.update(self.lbsrc)
         maps.svc.update(self.svc)
         maps.svc.delete(self.svc_gone)
+        maps.lbsrc.delete(self.lbsrc_gone)
         maps.slots.delete(self.slots_gone)
         maps.setname.delete(self.names_gone)
 
@@ -137,11 +144,15 @@ class EbpfProxy(ProxyBackend):
         for name, entries in ports.items():
             for key in entries.svc:
                 self._owners[key].add(name)
-        svc, slots, names = flatten(ports)
+        svc, slots, names, lbsrc = flatten(ports)
         writes = MapWrites()
         writes.diff("svc", svc, present_svc)
         writes.diff("slots", slots, present_slots)
         writes.diff("names", names, present_names)
+        writes.diff("lbsrc", lbsrc, self.maps.lbsrc.read_all())
+        node_address = state.node.local_addresses[0] if state.node.local_addresses else None
+        writes.config = {k: v for k, v in {M.set_id_key(0): M.config_value(node_address)}.items()
+                         if self.maps.config.lookup(k) != v}
         return ports, writes
 
     def _partial(self, state: ProxyState, ports: dict[ServicePortName, PortEntries],
@@ -217,6 +228,10 @@ def _diff_sets(writes: MapWrites, old: PortEntries | None, new: PortEntries | No
         writes.slots.update((M.slot_key(sid, i), b) for i, b in enumerate(after)
                             if i >= len(before) or before[i] != b)
         writes.slots_gone.update(M.slot_key(sid, i) for i in range(len(after), len(before)))
+    old_src = old.lbsrc if old is not None else {}
+    new_src = new.lbsrc if new is not None else {}
+    writes.lbsrc.update((k, v) for k, v in new_src.items() if old_src.get(k) != v)
+    writes.lbsrc_gone.update(k for k in old_src if k not in new_src)
     old_names = old.set_names if old is not None else {}
     new_names = new.set_names if new is not None else {}
     writes.names.update((M.set_id_key(sid), v) for sid, v in new_names.items() if old_names.get(sid) != v)

@@ -14,6 +14,9 @@ Per service port (`render_service_port`), endpoints chosen by proxy.selection:
   the last slot, so one endpoint change writes O(1) entries however many the service has.
 - one `na_setname` entry per set: its id -> the service port's name and the set's role, which
   is how a restarted agent finds its ids again (adoption) and how read-back names services.
+- one `na_lbsrc` entry per IPv4 `loadBalancerSourceRanges` range, keyed by the external set
+  (the tc path checks a client against them on the load-balancer IPs).
+Backends on this node are flagged (the tc path SNATs only traffic to other nodes).
 
 Set ids are given by the caller (`SetIds`, kept by the backend), so rendering stays pure.
 When two service ports claim one address (the same external IP and port), the first by name
@@ -21,6 +24,7 @@ wins, as in the IPVS backend.
 """
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,9 +44,10 @@ class PortEntries:
     svc: Mapping[bytes, bytes]                 # na_svc key -> value
     sets: Mapping[int, tuple[bytes, ...]]      # set id -> packed backends in slot order
     set_names: Mapping[int, bytes]             # set id -> packed na_setname value
+    lbsrc: Mapping[bytes, bytes] = field(default_factory=dict)   # allowed source ranges (na_lbsrc)
 
     def __post_init__(self) -> None:
-        for attr in ("svc", "sets", "set_names"):
+        for attr in ("svc", "sets", "set_names", "lbsrc"):
             object.__setattr__(self, attr, MappingProxyType(dict(getattr(self, attr))))
 
     @property
@@ -76,9 +81,31 @@ def assign_slots(previous: Sequence[bytes], wanted: Iterable[bytes]) -> tuple[by
     return tuple(b for b in slots if b is not None)
 
 
-def _backends(endpoints: Iterable[Endpoint]) -> list[bytes]:
-    """Packed backends, one per distinct address (sorted, so a first layout is deterministic)."""
-    return [M.backend(ip, port) for ip, port in sorted({(e.ip, e.port) for e in endpoints})]
+def _backends(endpoints: Iterable[Endpoint], node: NodeContext) -> list[bytes]:
+    """Packed backends, one per distinct address (sorted, so a first layout is deterministic),
+    flagged when on this node."""
+    distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints})
+    return [M.backend(ip, port, local=local) for ip, port, local in distinct]
+
+
+def ipv4_source_ranges(ranges: Iterable[str]) -> tuple[str, ...] | None:
+    """The IPv4 ranges allowed to reach a load-balancer IP; None when every source is (no
+    ranges, or a /0 among them). IPv6 and unparsable ranges allow no IPv4 client, as in
+    Kubernetes, so ranges with none left allow nobody (an empty tuple)."""
+    ranges = tuple(ranges)
+    if not ranges:
+        return None
+    allowed = []
+    for text in ranges:
+        try:
+            network = ipaddress.ip_network(text.strip(), strict=False)
+        except ValueError:
+            continue
+        if network.version == 4 and network.prefixlen == 0:
+            return None
+        if network.version == 4:
+            allowed.append(str(network))
+    return tuple(dict.fromkeys(allowed))
 
 
 def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], node: NodeContext, *,
@@ -88,10 +115,10 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
     old_sets = old_sets or {}
     name = service.name
     cluster_id = set_id(name, M.SetRole.CLUSTER)
-    sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster))}
+    sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node))}
     set_names = {cluster_id: M.set_name(str(name), M.SetRole.CLUSTER)}
     ext_id = cluster_id
-    external = _backends(selection.external) if service.has_external_addresses else []
+    external = _backends(selection.external, node) if service.has_external_addresses else []
     if service.has_external_addresses and sorted(external) != sorted(sets[cluster_id]):
         ext_id = set_id(name, M.SetRole.EXTERNAL)
         sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
@@ -109,13 +136,15 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
     svc = {M.svc_key(service.cluster_ip, service.port, protocol): value(M.AddressKind.CLUSTER_IP)}
     for address in service.external_ips:
         svc.setdefault(M.svc_key(address, service.port, protocol), value(M.AddressKind.EXTERNAL_IP))
-    ranges = M.F_SOURCE_RANGES if service.load_balancer_source_ranges else 0
+    allowed = ipv4_source_ranges(service.load_balancer_source_ranges) if service.load_balancer_ips else None
+    ranges = M.F_SOURCE_RANGES if allowed is not None else 0
     for address in service.load_balancer_ips:
         svc.setdefault(M.svc_key(address, service.port, protocol), value(M.AddressKind.LOAD_BALANCER, ranges))
     if service.node_port:
         for address in node.nodeport_targets:
             svc.setdefault(M.svc_key(address, service.node_port, protocol), value(M.AddressKind.NODE_PORT))
-    return PortEntries(name, svc, sets, set_names)
+    lbsrc = {M.lbsrc_key(ext_id, network): M.ALLOWED for network in allowed or ()}
+    return PortEntries(name, svc, sets, set_names, lbsrc)
 
 
 @dataclass
@@ -161,13 +190,16 @@ class SetIds:
         self._free.sort(reverse=True)
 
 
-def flatten(ports: Mapping[ServicePortName, PortEntries]) -> tuple[dict[bytes, bytes], dict[bytes, bytes],
-                                                                    dict[bytes, bytes]]:
-    """The three maps' whole wanted contents: svc (first service port by name wins a shared
-    address), slots, set names."""
-    svc: dict[bytes, bytes] = {}
-    slots: dict[bytes, bytes] = {}
-    names: dict[bytes, bytes] = {}
+Contents = dict[bytes, bytes]
+
+
+def flatten(ports: Mapping[ServicePortName, PortEntries]) -> tuple[Contents, Contents, Contents, Contents]:
+    """The maps' whole wanted contents: svc (first service port by name wins a shared
+    address), slots, set names, source ranges."""
+    svc: Contents = {}
+    slots: Contents = {}
+    names: Contents = {}
+    lbsrc: Contents = {}
     for name in sorted(ports):
         entries = ports[name]
         for key, value in entries.svc.items():
@@ -175,4 +207,5 @@ def flatten(ports: Mapping[ServicePortName, PortEntries]) -> tuple[dict[bytes, b
         for sid, backends in entries.sets.items():
             slots.update((M.slot_key(sid, i), b) for i, b in enumerate(backends))
         names.update((M.set_id_key(sid), value) for sid, value in entries.set_names.items())
-    return svc, slots, names
+        lbsrc.update(entries.lbsrc)
+    return svc, slots, names, lbsrc

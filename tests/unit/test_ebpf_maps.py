@@ -51,3 +51,8 @@ def test_fake_map_refuses_wrong_sizes_and_a_full_map_and_counts_writes():
     maps.slots.delete([M.slot_key(1, 0), M.slot_key(9, 9)])   # a missing key is not an error
     assert maps.slots.count() == 1 and writes(maps) == 3
     assert isinstance(maps.svc, FakeBpfMap) and maps.svc.lookup(M.svc_key("10.0.0.1", 1, "TCP")) is None
+
+
+def test_backend_flags_are_native_and_the_port_network_order():
+    view = M.Backend.from_buffer_copy(M.backend("10.0.0.1", 8080, local=True))
+    assert view.flags == M.BACKEND_LOCAL and bytes(view)[4:6] == (8080).to_bytes(2, "big")
