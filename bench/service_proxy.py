@@ -353,7 +353,7 @@ def main() -> int:
         floors = {}
         for mode in modes:
             result = bench_backend(mode, size, args.samples, args.connect)
-            print(f"{size:>8}  {'netagent ' + mode:<28} {seconds(result['full']):>11} {seconds(result['change']):>10} "
+            print(f"{size:>8}  {'netagent ' + mode:<28} {seconds(result['full']):>11} {result['change']:>10.5f} "
                   f"{result['rules']:>8} {result['rss']:>8.0f}", flush=True)
             if "compile" in result:
                 print(f"{'':>8}  {'  ebpf start':<28} bcc compile {result['compile']:.3f} s, load+attach "

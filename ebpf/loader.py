@@ -157,9 +157,11 @@ def remove_pins(bpf_root: str) -> list[str]:
 
 
 class SocketLbLoader:
-    def __init__(self, *, bpf_root: str, cgroup: str, set_retval: bool | None = None):
+    def __init__(self, *, bpf_root: str, cgroup: str, set_retval: bool | None = None,
+                 tc_device: str | None = None):
         self.bpf_root = bpf_root
         self.cgroup = cgroup
+        self.tc_device = tc_device   # where the tc path is attached (None: not attached)
         self.set_retval = has_set_retval() if set_retval is None else set_retval
 
     @property
@@ -197,6 +199,14 @@ class SocketLbLoader:
                     attached.append(name)
                 else:
                     kept.append(name)
+            if self.tc_device:
+                from ebpf.tc import attach_tc
+                try:
+                    fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
+                    attach_tc(self.tc_device, fds)
+                except Exception as error:
+                    raise EbpfError(f"attaching the tc programs to {self.tc_device}: {error}") from None
+                attached += [f"{name} on {self.tc_device}" for name in TC_PROGRAMS]
         finally:
             os.close(cg_fd)
             compiled.cleanup()   # the programs stay alive while attached, the maps while pinned

@@ -110,7 +110,7 @@ class LbSrcKey(ctypes.Structure):
 
 
 class Config(ctypes.Structure):
-    _fields_ = [("node_addr", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+    _fields_ = [("node_addr", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
 
 
 @dataclass(frozen=True)
@@ -198,8 +198,11 @@ def lbsrc_key(set_id: int, network: str) -> bytes:
 ALLOWED = LBSRC_VALUE.pack(1)
 
 
-def config_value(node_address: str | None) -> bytes:
-    return CONFIG.pack(_ip(node_address) if node_address else bytes(4), 0)
+CONFIG_SNAT = 1   # na_config.flags: the tc path SNATs traffic to remote backends itself
+
+
+def config_value(node_address: str | None, *, snat: bool) -> bytes:
+    return CONFIG.pack(_ip(node_address) if node_address else bytes(4), CONFIG_SNAT if snat else 0)
 
 
 def set_id_key(set_id: int) -> bytes:

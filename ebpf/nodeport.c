@@ -5,8 +5,8 @@
  *
  * na_tc_ingress (underlay ingress): a packet to a NodePort, external IP or load-balancer IP
  *   (an `na_svc` entry whose kind is not ClusterIP) is DNATed to a backend of the entry's
- *   *external* set; a backend on another node is also SNATed to the node address, so its
- *   replies come back here; `loadBalancerSourceRanges` are an LPM-trie check (`na_lbsrc`,
+ *   *external* set; a backend on another node is also SNATed to the node address when
+ *   `na_config` asks for it (else the node's masquerade does it), so its replies come back here; `loadBalancerSourceRanges` are an LPM-trie check (`na_lbsrc`,
  *   keyed by set id and client address); ClientIP affinity uses `na_affinity` keyed by the
  *   client address (top bit set, so it never meets a socket's netns cookie). The flow's two
  *   directions are remembered in `na_ct` (LRU), so every later packet of a connection meets
@@ -53,9 +53,13 @@ struct na_lbsrc_key {
     __be32 addr;
 };
 
+#define NA_CONFIG_SNAT 1   /* SNAT for remote backends here; without it the node's masquerade
+                              (NETAGENT-POSTRTG: outside -> remote pods) does it, and the reply
+                              is reverse-translated at the underlay's egress */
+
 struct na_config {
     __be32 node_addr;  /* the SNAT address for external and load-balancer IPs */
-    __u32 pad;
+    __u32 flags;
 };
 
 BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct, 262144, NA_PIN_DIR "/na_ct");
@@ -198,9 +202,10 @@ int na_tc_ingress(struct __sk_buff *skb)
 
     __be32 saddr = flow.saddr;
     __be16 sport = flow.sport;
-    if (!(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL)) {
-        struct na_config *config = na_config.lookup(&zero);
-        saddr = svc->kind == 2 /* NodePort */ || !config || !config->node_addr ? flow.daddr : config->node_addr;
+    struct na_config *config = na_config.lookup(&zero);
+    if (!(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
+        && (config->flags & NA_CONFIG_SNAT)) {
+        saddr = svc->kind == 2 /* NodePort */ || !config->node_addr ? flow.daddr : config->node_addr;
         __u32 hash = bpf_get_prandom_u32();
         sport = NA_HTONS(NA_SNAT_PORT_MIN + hash % NA_SNAT_PORT_SPAN);
     }

@@ -37,7 +37,7 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
                                   settings=IpvsSettings(scheduler=Scheduler(scheduler)))
 
 
-def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True) -> ProxyBackend:
+def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: bool = False) -> ProxyBackend:
     """Compile, load and attach the programs (`load`), then open the pinned maps; without
     `load`, only open what an agent pinned (status, cleanup: no compiler needed)."""
     from ebpf.loader import EbpfError, SocketLbLoader, check_bpf_root, pin_dir
@@ -49,14 +49,18 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True) -> ProxyBa
     report = None
     try:
         if load:
-            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup)
+            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device)
+            if paths.tc_device:
+                from ebpf.tc import tc_sysctls
+                from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
+                ensure_sysctls(ProcSysctls(), tc_sysctls(paths.tc_device))
             report = loader.ensure_loaded()
         else:
             check_bpf_root(paths.bpf_root)
         maps = MapSet.open_pinned(pin_dir(paths.bpf_root))
-    except (EbpfError, OSError) as error:
+    except (EbpfError, OSError, LookupError) as error:
         raise BackendConfigError(str(error)) from None
-    return EbpfProxy(maps=maps, paths=paths, load_report=report)
+    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat)
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,

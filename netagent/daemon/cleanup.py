@@ -46,9 +46,11 @@ def remove_owned_chains() -> list[str]:
 
 
 def remove_ebpf_state(*, bpf_root: str | None, cgroup: str | None) -> list[str]:
-    """Detach our programs from `cgroup` and unpin our maps under `bpf_root` (either may be None)."""
+    """Detach our tc filters from this namespace's devices, our programs from `cgroup`, and
+    unpin our maps under `bpf_root` (either may be None)."""
     from ebpf.loader import detach_owned, remove_pins
-    removed = detach_owned(cgroup) if cgroup else []
+    from ebpf.tc import detach_tc
+    removed = detach_tc() + (detach_owned(cgroup) if cgroup else [])
     return removed + (remove_pins(bpf_root) if bpf_root else [])
 
 

@@ -43,13 +43,17 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--ipvs-scheduler", default="rr", help="IPVS scheduler (rr, wrr, lc, sh, ...)")
     proxy.add_argument("--bpf-root", help="ebpf mode: a bpffs mount where the maps are pinned (kept across restarts)")
     proxy.add_argument("--cgroup-root", help="ebpf mode: the cgroup v2 directory whose sockets are load balanced")
+    proxy.add_argument("--bpf-nodeport-device",
+                       help="ebpf mode: the underlay device whose traffic from outside the node is translated "
+                            "(NodePorts, external and load-balancer IPs); none: only this node's sockets are served")
 
 
 def ebpf_paths(args):
     """The eBPF backend's places from the flags, or None when neither was given."""
     from proxy.ebpf.backend import EbpfPaths
     bpf_root, cgroup = getattr(args, "bpf_root", None), getattr(args, "cgroup_root", None)
-    return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup or "") if bpf_root or cgroup else None
+    return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup or "",
+                     tc_device=getattr(args, "bpf_nodeport_device", None)) if bpf_root or cgroup else None
 
 
 class ProxyStartError(Exception):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import ipaddress
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,10 +38,12 @@ from proxy.model import NodeContext, ProxyState, ServicePortName
 
 @dataclass(frozen=True)
 class EbpfPaths:
-    """Where the agent was told its dataplane lives (`--bpf-root`, `--cgroup-root`)."""
+    """Where the agent was told its dataplane lives (`--bpf-root`, `--cgroup-root`, and the
+    device of the tc path for traffic from outside, `--bpf-nodeport-device`)."""
 
     bpf_root: str
     cgroup: str
+    tc_device: str | None = None
 
 
 @dataclass
@@ -82,8 +85,10 @@ class MapWrites:
 class EbpfProxy(ProxyBackend):
     mode = ProxyMode.EBPF
 
-    def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None):
+    def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None,
+                 tc_snat: bool = False):
         self.maps = maps
+        self.tc_snat = tc_snat   # the tc path SNATs to remote backends itself (False: the node's masquerade does)
         self.paths = paths
         self.load_report = load_report   # bcc compile and load times at start, for the log and the bench
         self._ids = SetIds()
@@ -150,8 +155,7 @@ class EbpfProxy(ProxyBackend):
         writes.diff("slots", slots, present_slots)
         writes.diff("names", names, present_names)
         writes.diff("lbsrc", lbsrc, self.maps.lbsrc.read_all())
-        node_address = state.node.local_addresses[0] if state.node.local_addresses else None
-        writes.config = {k: v for k, v in {M.set_id_key(0): M.config_value(node_address)}.items()
+        writes.config = {k: v for k, v in {M.set_id_key(0): M.config_value(snat_address(state.node), snat=self.tc_snat)}.items()
                          if self.maps.config.lookup(k) != v}
         return ports, writes
 
@@ -192,7 +196,8 @@ class EbpfProxy(ProxyBackend):
         return programmed_services(self.maps)
 
     def cleanup(self) -> None:
-        """Real maps: detach our programs from the cgroup and unpin the maps. Without paths
+        """Real maps: detach our programs from the cgroup (and our tc filters from this
+        namespace's devices) and unpin the maps. Without paths
         (a fake map set): empty every map."""
         self._ports, self._owners = None, defaultdict(set)
         if self.paths is None:
@@ -200,9 +205,21 @@ class EbpfProxy(ProxyBackend):
                 bpf_map.delete(list(bpf_map.read_all()))
             return
         from ebpf.loader import detach_owned, remove_pins
+        from ebpf.tc import detach_tc
         self.maps.close()
         detach_owned(self.paths.cgroup)
+        if self.paths.tc_device:
+            detach_tc()
         remove_pins(self.paths.bpf_root)
+
+
+def snat_address(node: NodeContext) -> str | None:
+    """The address the tc path SNATs external- and load-balancer-IP traffic to: the node's
+    lowest address outside the pod network (stable while pods and devices come and go)."""
+    cidr = ipaddress.ip_network(node.cluster_cidr) if node.cluster_cidr else None
+    outside = sorted((a for a in node.local_addresses if cidr is None or ipaddress.ip_address(a) not in cidr),
+                     key=ipaddress.IPv4Address)
+    return outside[0] if outside else None
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ def programmed(lab, node: str, address: str, expected: set[str]) -> None:
 def lab():
     with lab_cluster(nodes=2, mode="vxlan", proxy_mode="ebpf") as lab:
         node1, node2 = sorted(lab.state.nodes)
-        lab.add_pod("web-1", node=node1, labels={"app": "web"}, ports={"http": WEB_PORT})
+        lab.add_pod("web-1", node=node1, labels={"app": "web", "tier": "front"}, ports={"http": WEB_PORT})
         lab.add_pod("web-2", node=node2, labels={"app": "web"}, ports={"http": WEB_PORT, "dns": (UDP_PORT, "UDP")})
         lab.add_pod("client", node=node1)
         servers = [serve(lab, pod, "tcp", WEB_PORT, lifetime=600, named=True) for pod in ("web-1", "web-2")]
@@ -56,11 +56,17 @@ def lab():
         lab.api().apply(manifest("dns", selector={"app": "web"}, ports=[
             {"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP"}]))
         lab.api().apply(manifest("nobody", selector={"app": "nobody"}, ports=[http_port()]))
+        lab.api().apply(manifest("web-external", selector={"app": "web"}, type="NodePort", ports=[http_port()]))
+        lab.api().apply(manifest("web-local", selector={"tier": "front"}, type="NodePort",
+                                 externalTrafficPolicy="Local", ports=[http_port()]))
         pods = pod_ips(lab)
         for node in (node1, node2):
             programmed(lab, node, f"{service_of(lab, 'web')['spec']['clusterIP']}:80/TCP",
                        {pods["web-1"], pods["web-2"]})
         programmed(lab, node1, f"{service_of(lab, 'dns')['spec']['clusterIP']}:53/UDP", {pods["web-2"]})
+        node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+        for node in (node1, node2):
+            programmed(lab, node, f"{lab.state.nodes[node].address}:{node_port}/TCP", {pods["web-1"], pods["web-2"]})
         try:
             yield lab
         finally:
@@ -108,8 +114,30 @@ def test_agent_kill_9_and_restart_keeps_connections_and_rewrites_nothing(lab):
     summary = json.loads(out)
     assert summary["error"] is None and summary["answered"] == summary["sent"] > 0, (summary, err)
     log = open(lab.agent_log(node1)).read().split("compiled in")[-1]
-    assert "attached none; kept na_connect4" in log
-    wait_for(lambda: "0 map entries written" in open(lab.agent_log(node1)).read().split("compiled in")[-1],
-             timeout=20, what="the restarted agent's first sync")
+    assert "kept na_connect4, na_sendmsg4, na_recvmsg4, na_getpeername4" in log
+    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1], timeout=20,
+             what="the restarted agent's first sync")
+    # that agent programmed everything there is now (a NodePort on an address that appeared after the
+    # first agent's last full sync included); a second restart finds all of it and writes nothing
+    lab.stop_agent(node1, sig=signal.SIGKILL)
+    lab.start_agent(node1)
+    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1], timeout=20,
+             what="the second restarted agent's first sync")
+    assert "0 map entries written" in open(lab.agent_log(node1)).read().split("compiled in")[-1]
     assert len(set(answered_by(poll(lab, "client", cluster_ip, 80, 20)))) == 2
 
+
+
+def test_node_port_from_outside_reaches_local_and_remote_endpoints(lab):
+    node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+    for node in sorted(lab.state.nodes):
+        results = poll(lab, "internet", lab.state.nodes[node].address, node_port, 20)
+        assert set(answered_by(results)) == {"web-1", "web-2"}, (node, results)
+
+
+def test_external_traffic_policy_local_keeps_the_client_address(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    node_port = service_of(lab, "web-local")["spec"]["ports"][0]["nodePort"]
+    results = poll(lab, "internet", lab.state.nodes[node1].address, node_port, 10)
+    assert answered_by(results) == ["web-1"] * 10, results
+    assert {answer.split()[1] for answer, _ in results} == {lab.status()["internet"]["address"]}

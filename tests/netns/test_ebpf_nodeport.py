@@ -40,9 +40,18 @@ SERVICES = dict(
 
 @pytest.fixture
 def tc(bpf_root, test_cgroup):  # noqa: F811
+    yield from _programs(bpf_root, test_cgroup, tc_snat=True)
+
+
+@pytest.fixture
+def tc_no_snat(bpf_root, test_cgroup):  # noqa: F811
+    yield from _programs(bpf_root, test_cgroup, tc_snat=False)
+
+
+def _programs(bpf_root, test_cgroup, *, tc_snat):  # noqa: F811
     require_bcc()
     paths = EbpfPaths(bpf_root=bpf_root, cgroup=test_cgroup)
-    backend = build_ebpf_backend(paths)
+    backend = build_ebpf_backend(paths, tc_snat=tc_snat)
     state = ProxyState(node=NODE, services={s.name: s for s, _ in SERVICES.values()},
                        endpoints={s.name: e for s, e in SERVICES.values()})
     backend.sync(state, changed=None)
@@ -114,6 +123,13 @@ def test_client_ip_affinity_keeps_a_client_on_one_backend(tc):
     assert len(chosen) == 1
     others = {run(tc["na_tc_ingress"], tcp(f"192.0.2.{n}", 42000, NODE_IP, 30005))[1][IP].dst for n in range(1, 40)}
     assert len(others) > 1   # different clients spread over the ten endpoints
+
+
+def test_without_snat_a_remote_backend_sees_the_client_and_egress_reverses_the_reply(tc_no_snat):
+    code, out = run(tc_no_snat["na_tc_ingress"], tcp(CLIENT, 43000, NODE_IP, 30001))
+    assert code == TC_ACT_OK and (out[IP].src, out[TCP].sport, out[IP].dst) == (CLIENT, 43000, REMOTE_POD)
+    code, reply = run(tc_no_snat["na_tc_egress"], tcp(REMOTE_POD, 8080, CLIENT, 43000, flags="SA"))
+    assert code == TC_ACT_OK and (reply[IP].src, reply[TCP].sport) == (NODE_IP, 30001) and checksums_valid(reply)
 
 
 def test_udp_is_translated_with_valid_checksums(tc):

@@ -213,3 +213,11 @@ def test_set_ids_are_reused_after_release_but_never_while_reserved():
     assert (first, second) == (2, 3)
     ids.release([WEB, DNS], lambda name, role: name == DNS)
     assert ids(ServicePortName("x", "y"), M.SetRole.CLUSTER) == 2
+
+
+def test_snat_address_is_the_lowest_node_address_outside_the_pod_network():
+    from proxy.ebpf.backend import snat_address
+    node = NodeContext(name="n", cluster_cidr="10.244.0.0/16",
+                       local_addresses=("10.244.1.1", "198.18.16.11", "10.244.1.0", "192.168.9.1"))
+    assert snat_address(node) == "192.168.9.1"
+    assert snat_address(NodeContext(name="n")) is None
