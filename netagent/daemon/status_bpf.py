@@ -1,10 +1,11 @@
 """`netagent status bpf`: the eBPF proxy's programs, where they are attached, and map fill.
 
 Read from the kernel only: the programs attached to `--cgroup-root` at the four socket hooks
-(every one, ours marked, so a foreign program sharing the cgroup shows too), and every map of
-ours pinned under `--bpf-root` with its entries and capacity. Nothing is compiled or written.
-`--json` prints `{"cgroup", "programs": [{"hook", "id", "name", "tag", "ours"}],
-"bpf_root", "maps": [{"name", "entries", "max_entries"}]}`.
+(every one, ours marked, so a foreign program sharing the cgroup shows too), our tc filters on
+this network namespace's devices, and every map of ours pinned under `--bpf-root` with its
+entries and capacity. Nothing is compiled or written. `--json` prints `{"cgroup", "programs":
+[{"hook", "id", "name", "tag", "ours"}], "tc": [{"device", "name"}], "bpf_root", "maps":
+[{"name", "entries", "max_entries"}]}`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
     from ebpf import syscall
     from ebpf.loader import attached_programs, check_bpf_root, check_cgroup, pin_dir
     from ebpf.maps import MAP_NAMES
-    status: dict = {"cgroup": cgroup, "programs": [], "bpf_root": bpf_root, "maps": []}
+    from ebpf.tc import attached_tc
+    status: dict = {"cgroup": cgroup, "programs": [], "tc": [{"device": device, "name": name}
+                                                           for device, name in attached_tc()],
+                    "bpf_root": bpf_root, "maps": []}
     if cgroup:
         check_cgroup(cgroup)
         status["programs"] = [{"hook": p.attach_type, "id": p.id, "name": p.name, "tag": p.tag, "ours": p.ours}
@@ -43,6 +47,7 @@ def render_bpf_status(status: dict, *, as_json: bool = False) -> str:
     lines = [f"cgroup {status['cgroup'] or '(not given: --cgroup-root)'}: {len(status['programs'])} program(s)"]
     lines += [f"  {p['hook']:<13} id {p['id']:<6} {p['name']:<16} tag {p['tag']}{'' if p['ours'] else '  (not ours)'}"
               for p in status["programs"]]
+    lines += [f"  tc on {t['device']:<10} {t['name']}" for t in status["tc"]]
     lines.append(f"bpf root {status['bpf_root'] or '(not given: --bpf-root)'}: {len(status['maps'])} pinned map(s)")
     lines += [f"  {m['name']:<12} {m['entries']:>9} / {m['max_entries']:<9} entries" for m in status["maps"]]
     return "\n".join(lines)
