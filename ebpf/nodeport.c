@@ -142,40 +142,6 @@ static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __
     return 1;
 }
 
-static __always_inline int pick_external(struct na_flow *flow, struct na_svc_value *svc, struct na_backend *out)
-{
-    struct na_slot_key slot = {.set_id = svc->ext_set_id};
-    struct na_affinity_key akey = {.netns_cookie = NA_AFFINITY_CLIENT | flow->saddr, .set_id = svc->ext_set_id};
-    struct na_affinity_value *aff = 0;
-    struct na_backend *backend;
-    __u64 now = bpf_ktime_get_ns();
-
-    if (svc->affinity_timeout) {
-        aff = na_affinity.lookup(&akey);
-        if (aff && now - aff->last_used_ns <= (__u64)svc->affinity_timeout * 1000000000ULL
-            && aff->slot < svc->ext_count) {
-            slot.slot = aff->slot;
-            backend = na_slots.lookup(&slot);
-            if (backend && backend->addr == aff->addr && backend->port == aff->port) {
-                aff->last_used_ns = now;
-                *out = *backend;
-                return 1;
-            }
-        }
-    }
-    slot.slot = bpf_get_prandom_u32() % svc->ext_count;
-    backend = na_slots.lookup(&slot);
-    if (!backend)
-        return 0;
-    *out = *backend;
-    if (svc->affinity_timeout) {
-        struct na_affinity_value value = {.last_used_ns = now, .slot = slot.slot, .addr = backend->addr,
-                                          .port = backend->port};
-        na_affinity.update(&akey, &value);
-    }
-    return 1;
-}
-
 int na_tc_ingress(struct __sk_buff *skb)
 {
     struct na_flow flow = {};
@@ -197,7 +163,8 @@ int na_tc_ingress(struct __sk_buff *skb)
         if (!na_lbsrc.lookup(&src))
             return TC_ACT_SHOT;
     }
-    if (svc->ext_count == 0 || !pick_external(&flow, svc, &backend))
+    if (svc->ext_count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, svc->ext_set_id, svc->ext_count,
+                                             svc->affinity_timeout, &backend))
         return TC_ACT_SHOT;   /* no endpoint (or, under Local policy, none on this node) */
 
     __be32 saddr = flow.saddr;

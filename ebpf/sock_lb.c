@@ -110,21 +110,21 @@ static __always_inline int refuse(int error)
     return 0;   /* without bpf_set_retval (kernel < 5.18) the caller sees EPERM */
 }
 
-static __always_inline int pick(struct bpf_sock_addr *ctx, struct na_svc_value *svc, struct na_backend *out)
+/* one of a set's `count` slots: the client's (`who`) affine backend while it is still in the
+ * slot it had and the affinity is fresh, else a random slot (remembered when `timeout` is set) */
+static __always_inline int pick_backend(__u64 who, __u32 set_id, __u32 count, __u32 timeout,
+                                        struct na_backend *out)
 {
-    struct na_slot_key slot = {.set_id = svc->set_id};
-    struct na_affinity_key akey = {};
+    struct na_slot_key slot = {.set_id = set_id};
+    struct na_affinity_key akey = {.netns_cookie = who, .set_id = set_id};
     struct na_affinity_value *aff;
     struct na_backend *backend;
     __u64 now = 0;
 
-    if (svc->affinity_timeout) {
+    if (timeout) {
         now = bpf_ktime_get_ns();
-        akey.netns_cookie = na_netns_cookie(ctx);
-        akey.set_id = svc->set_id;
         aff = na_affinity.lookup(&akey);
-        if (aff && now - aff->last_used_ns <= (__u64)svc->affinity_timeout * 1000000000ULL
-            && aff->slot < svc->count) {
+        if (aff && now - aff->last_used_ns <= (__u64)timeout * 1000000000ULL && aff->slot < count) {
             slot.slot = aff->slot;
             backend = na_slots.lookup(&slot);
             /* the backend must still be in the slot it had: a moved or removed one is re-picked */
@@ -135,12 +135,12 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct na_svc_value *
             }
         }
     }
-    slot.slot = bpf_get_prandom_u32() % svc->count;
+    slot.slot = bpf_get_prandom_u32() % count;
     backend = na_slots.lookup(&slot);
     if (!backend)
         return 0;
     *out = *backend;
-    if (svc->affinity_timeout) {
+    if (timeout) {
         struct na_affinity_value value = {.last_used_ns = now, .slot = slot.slot,
                                           .addr = backend->addr, .port = backend->port};
         na_affinity.update(&akey, &value);
@@ -159,7 +159,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto, int 
         return 1;
     if (svc->count == 0)
         return refuse(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
-    if (!pick(ctx, svc, &backend))
+    __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
+    if (!pick_backend(who, svc->set_id, svc->count, svc->affinity_timeout, &backend))
         return refuse(NA_ECONNREFUSED);
     if (remember) {
         struct na_revnat_key rkey = {.socket_cookie = na_socket_cookie(ctx), .addr = backend.addr,

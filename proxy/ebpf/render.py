@@ -24,7 +24,6 @@ wins, as in the IPVS backend.
 """
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -32,6 +31,7 @@ from types import MappingProxyType
 from ebpf import maps as M
 from proxy.model import Endpoint, NodeContext, ServicePort, ServicePortName
 from proxy.selection import select_endpoints
+from proxy.source_ranges import ipv4_source_ranges
 
 SetIdFor = Callable[[ServicePortName, M.SetRole], int]
 
@@ -86,26 +86,6 @@ def _backends(endpoints: Iterable[Endpoint], node: NodeContext) -> list[bytes]:
     flagged when on this node."""
     distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints})
     return [M.backend(ip, port, local=local) for ip, port, local in distinct]
-
-
-def ipv4_source_ranges(ranges: Iterable[str]) -> tuple[str, ...] | None:
-    """The IPv4 ranges allowed to reach a load-balancer IP; None when every source is (no
-    ranges, or a /0 among them). IPv6 and unparsable ranges allow no IPv4 client, as in
-    Kubernetes, so ranges with none left allow nobody (an empty tuple)."""
-    ranges = tuple(ranges)
-    if not ranges:
-        return None
-    allowed = []
-    for text in ranges:
-        try:
-            network = ipaddress.ip_network(text.strip(), strict=False)
-        except ValueError:
-            continue
-        if network.version == 4 and network.prefixlen == 0:
-            return None
-        if network.version == 4:
-            allowed.append(str(network))
-    return tuple(dict.fromkeys(allowed))
 
 
 def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], node: NodeContext, *,
