@@ -1,6 +1,6 @@
 """Benchmark: the service proxy at 1,000 and 10,000 services x 10 endpoints, per backend.
 
-    sudo .venv/bin/python bench/service_proxy.py [--services 1000,10000] [--modes iptables-legacy,iptables-nft]
+    sudo .venv/bin/python bench/service_proxy.py [--services 1000,10000] [--modes iptables-legacy,iptables-nft,ebpf]
     scripts/vm-run -- .venv/bin/python bench/service_proxy.py --modes ipvs --services 1000   # IPVS: VM only
 
 For each size and backend, in a fresh network namespace:
@@ -15,13 +15,21 @@ For each size and backend, in a fresh network namespace:
    (KUBE-SVC/KUBE-SEP chains, comments, two rules per endpoint), and of a one-service change
    on top of it (what kube-proxy's partial sync costs at least). The nft floor at 10,000
    services is skipped (ENVIRONMENT.md: more than 25 minutes) unless `--nft-floor-at-10k`.
+5. ebpf: programs compiled by bcc and attached to a cgroup the benchmark makes, maps pinned
+   in a private bpffs it mounts (both removed after); the compile and load times at start are
+   printed; "rules" are map entries (service entries + slots).
+6. `--connect N`: connect() latency (median, p99 over N connects) from a client in the
+   benchmark's namespace (and cgroup, for ebpf) to the last service, whose one endpoint is a
+   listener in that namespace: does it grow with the number of services?
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -80,32 +88,119 @@ def count_rules(netns: str, backend: str) -> int:
     return sum(1 for line in saved.splitlines() if line.startswith("-A NETAGENT-"))
 
 
-def bench_backend(mode: str, services: int, samples: int) -> dict:
+@contextlib.contextmanager
+def ebpf_places():
+    """A private bpffs and a child cgroup of the cgroup v2 mount, made and removed here."""
+    import tempfile
+    import uuid
+
+    from ebpf import syscall
+    from ebpf.loader import detach_owned, remove_pins
+    mount = next(p for p in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+                 if syscall.fs_magic(p) == syscall.CGROUP2_SUPER_MAGIC)
+    cgroup = os.path.join(mount, f"netagent-bench-{uuid.uuid4().hex[:8]}")
+    with tempfile.TemporaryDirectory(prefix="na-bench-bpffs-") as bpf_root:
+        subprocess.run(["mount", "-t", "bpf", "bpf", bpf_root], check=True)
+        os.mkdir(cgroup)
+        try:
+            yield bpf_root, cgroup
+        finally:
+            detach_owned(cgroup)
+            remove_pins(bpf_root)
+            subprocess.run(["umount", bpf_root], check=True)
+            for _ in range(100):
+                with contextlib.suppress(OSError):
+                    os.rmdir(cgroup)
+                    break
+                time.sleep(0.05)
+
+
+CONNECT_CLIENT = r"""
+import socket, statistics, sys, time
+n = int(sys.argv[1]); times = []
+for _ in range(n):
+    t = time.perf_counter(); s = socket.create_connection((sys.argv[2], 80), timeout=5)
+    times.append(time.perf_counter() - t); s.close()
+times.sort(); print(statistics.median(times), times[int(len(times) * 0.99) - 1])
+"""
+LISTENER = "10.255.255.1"
+
+
+def connect_latency(netns: str, cgroup: str | None, state: ProxyState, count: int) -> tuple[float, float]:
+    """(median, p99) seconds of connect() to the last service, whose endpoint listens in `netns`."""
+    last = max(state.services, key=lambda n: int(n.name.split("-")[1]))
+    listener = subprocess.Popen([*namespaces.exec_prefix(netns), sys.executable, "-c",
+                                 f"import socket;s=socket.socket();s.setsockopt(1,2,1);s.bind(('{LISTENER}',8080));"
+                                 "s.listen(4096);print('ready',flush=True)\nwhile True: s.accept()[0].close()"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        listener.stdout.readline()
+        enter = f"echo $$ > {cgroup}/cgroup.procs && " if cgroup else ""
+        out = subprocess.run(["sh", "-c", f'{enter}exec {" ".join(namespaces.exec_prefix(netns))} '
+                                          f'{sys.executable} -c "$0" {count} {state.services[last].cluster_ip}',
+                              CONNECT_CLIENT], capture_output=True, text=True, timeout=600, check=True).stdout
+        median, p99 = (float(x) for x in out.split())
+        return median, p99
+    finally:
+        listener.kill()
+        listener.wait()
+
+
+def with_listener(state: ProxyState) -> ProxyState:
+    """The last service's endpoints replaced by the one listener of `connect_latency`."""
+    last = max(state.services, key=lambda n: int(n.name.split("-")[1]))
+    endpoints = dict(state.endpoints)
+    endpoints[last] = (Endpoint(ip=LISTENER, port=8080, node_name="node-a"),)
+    return ProxyState(node=state.node, services=state.services, endpoints=endpoints)
+
+
+def bench_backend(mode: str, services: int, samples: int, connects: int = 0) -> dict:
     netns = namespaces.unique_name("na-tbench")
     namespaces.create(netns)
+    places = ebpf_places() if mode == "ebpf" else contextlib.nullcontext((None, None))
     try:
-        if mode == "ipvs":
-            namespaces.run_in(netns, ["ip", "link", "set", "lo", "up"], check=True)
-            backend = build_backend("ipvs", iptables_backend=IptablesBackend.LEGACY, netns=netns)
-        else:
-            backend = build_backend("iptables", iptables_backend=IptablesBackend(mode.split("-")[1]), netns=netns)
-        state = make_state(services)
-        started = time.perf_counter()
-        report = backend.sync(state, changed=None)
-        full = time.perf_counter() - started
-        memory = rss_mib()
-        changes = []
-        for sample in range(samples):
-            state, name = with_one_endpoint_changed(state, sample)
-            started = time.perf_counter()
-            backend.sync(state, changed=frozenset({name}))
-            changes.append(time.perf_counter() - started)
-        rules = report.rules if mode == "ipvs" else count_rules(netns, mode.split("-")[1])
-        backend.cleanup()
-        return {"full": full, "change": statistics.median(changes), "change_max": max(changes),
-                "rules": rules, "rss": memory}
+        with places as (bpf_root, cgroup):
+            return _bench_in(netns, mode, services, samples, connects, bpf_root=bpf_root, cgroup=cgroup)
     finally:
         namespaces.remove(netns)
+
+
+def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int, *, bpf_root, cgroup) -> dict:
+    extra = {}
+    for argv in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", "bench0", "type", "veth", "peer", "name", "bench1"],
+                 ["ip", "link", "set", "bench0", "up"], ["ip", "addr", "add", f"{LISTENER}/32", "dev", "bench0"],
+                 ["ip", "route", "add", "10.0.0.0/8", "dev", "bench0"]):
+        namespaces.run_in(netns, argv, check=True)
+    if mode == "ebpf":
+        from proxy.ebpf.backend import EbpfPaths
+        from proxy.factory import build_ebpf_backend
+        started = time.perf_counter()
+        backend = build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup=cgroup))
+        load = backend.load_report  # type: ignore[attr-defined]
+        extra = {"start": time.perf_counter() - started, "compile": load.compile_seconds, "load": load.load_seconds}
+    elif mode == "ipvs":
+        backend = build_backend("ipvs", iptables_backend=IptablesBackend.LEGACY, netns=netns)
+    else:
+        backend = build_backend("iptables", iptables_backend=IptablesBackend(mode.split("-")[1]), netns=netns)
+    state = with_listener(make_state(services))
+    started = time.perf_counter()
+    report = backend.sync(state, changed=None)
+    full = time.perf_counter() - started
+    memory = rss_mib()
+    changes = []
+    for sample in range(samples):
+        state, name = with_one_endpoint_changed(state, sample)
+        started = time.perf_counter()
+        backend.sync(state, changed=frozenset({name}))
+        changes.append(time.perf_counter() - started)
+    if connects:
+        state = with_listener(state)   # a change may have hit the last service: put its listener back
+        backend.sync(state, changed=frozenset({max(state.services, key=lambda n: int(n.name.split("-")[1]))}))
+        extra["connect"] = connect_latency(netns, cgroup, state, connects)
+    rules = report.rules if mode in ("ipvs", "ebpf") else count_rules(netns, mode.split("-")[1])
+    backend.cleanup()
+    return {"full": full, "change": statistics.median(changes), "change_max": max(changes),
+            "rules": rules, "rss": memory, **extra}
 
 
 class _Watched:
@@ -245,7 +340,10 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--floor-timeout", type=float, default=600)
     parser.add_argument("--nft-floor-at-10k", action="store_true")
+    parser.add_argument("--connect", type=int, default=0, metavar="N",
+                        help="also measure connect() latency to the last service over N connects")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the clean-ups (namespace, cgroup, bpffs)
     sizes = [int(n) for n in args.services.split(",")]
     modes = args.modes.split(",")
     print(f"# service proxy benchmark: {ENDPOINTS} endpoints per service, {args.samples} one-endpoint changes, "
@@ -254,9 +352,16 @@ def main() -> int:
     for size in sizes:
         floors = {}
         for mode in modes:
-            result = bench_backend(mode, size, args.samples)
-            print(f"{size:>8}  {'netagent ' + mode:<28} {seconds(result['full']):>11} {seconds(result['change']):>10} "
+            result = bench_backend(mode, size, args.samples, args.connect)
+            print(f"{size:>8}  {'netagent ' + mode:<28} {seconds(result['full']):>11} {result['change']:>10.5f} "
                   f"{result['rules']:>8} {result['rss']:>8.0f}", flush=True)
+            if "compile" in result:
+                print(f"{'':>8}  {'  ebpf start':<28} bcc compile {result['compile']:.3f} s, load+attach "
+                      f"{result['load']:.3f} s, open maps {result['start'] - result['compile'] - result['load']:.3f} s")
+            if "connect" in result:
+                median, p99 = result["connect"]
+                print(f"{'':>8}  {'  connect() to last service':<28} median {median * 1e6:.0f} us, "
+                      f"p99 {p99 * 1e6:.0f} us ({args.connect} connects)", flush=True)
             if mode.startswith("iptables-"):
                 backend = mode.split("-")[1]
                 if backend == "nft" and size > 1000 and not args.nft_floor_at_10k:

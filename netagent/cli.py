@@ -42,9 +42,10 @@ def _cmd_cleanup(args) -> int:
         remove_owned_chains,
         remove_owned_links,
         remove_owned_routing,
+        remove_ebpf_state,
         remove_proxy_state,
     )
-    removed = remove_proxy_state()
+    removed = remove_ebpf_state(bpf_root=args.bpf_root, cgroup=args.cgroup_root) + remove_proxy_state()
     removed += [f"interface {name}" for name in remove_owned_links()]
     removed += remove_owned_routing() + remove_owned_chains()
     for line in removed:
@@ -57,9 +58,20 @@ def _cmd_status_services(args) -> int:
     from netagent.daemon.status_services import status_services
     from netagent.kernel.iptables.backend import IptablesNotInstalled
     try:
-        print(status_services(iptables_backend=args.iptables_backend, as_json=args.json))
+        print(status_services(iptables_backend=args.iptables_backend, as_json=args.json, bpf_root=args.bpf_root))
     except (IptablesNotInstalled, OSError) as exc:
         print(f"netagent status services: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_status_bpf(args) -> int:
+    from ebpf.loader import EbpfError
+    from netagent.daemon.status_bpf import bpf_status, render_bpf_status
+    try:
+        print(render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root), as_json=args.json))
+    except (EbpfError, OSError) as exc:
+        print(f"netagent status bpf: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -97,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     install.set_defaults(func=_cmd_cni_install)
 
     cleanup = sub.add_parser("cleanup", help="remove every interface, route, device and iptables chain netagent created on this node")
+    cleanup.add_argument("--bpf-root", help="also unpin the eBPF proxy's maps under this bpffs directory")
+    cleanup.add_argument("--cgroup-root", help="also detach the eBPF proxy's programs from this cgroup")
     cleanup.set_defaults(func=_cmd_cleanup)
 
     status = sub.add_parser("status", help="what netagent has programmed on this node").add_subparsers(
@@ -104,7 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     services = status.add_parser("services", help="service addresses and their backends, read from the kernel")
     services.add_argument("--json", action="store_true")
     services.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
+    services.add_argument("--bpf-root", help="read the eBPF proxy's maps pinned under this bpffs directory")
     services.set_defaults(func=_cmd_status_services)
+    bpf = status.add_parser("bpf", help="the eBPF proxy's programs, attachments and map fill")
+    bpf.add_argument("--json", action="store_true")
+    bpf.add_argument("--bpf-root", help="the bpffs directory the agent pins its maps in")
+    bpf.add_argument("--cgroup-root", help="the cgroup the agent attaches its programs to")
+    bpf.set_defaults(func=_cmd_status_bpf)
 
     lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
     from netagent.lab.commands import add_lab_arguments

@@ -24,6 +24,7 @@ from proxy.model import ProxyState, ServicePortName
 class ProxyMode(str, Enum):
     IPTABLES = "iptables"
     IPVS = "ipvs"
+    EBPF = "ebpf"
 
 
 NO_PROXY = "none"  # --proxy-mode none: Services are left to another proxy

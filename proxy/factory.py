@@ -3,7 +3,9 @@
 The one place that knows each backend's constructor and its kernel parts (iptables
 runner, ipset, IPVS netlink table, dummy device, sysctls), so callers only name a mode.
 Everything runs in the caller's network namespace unless `netns` names another (tests and
-benchmarks program a namespace they created, from the root namespace).
+benchmarks program a namespace they created, from the root namespace). The eBPF backend is
+placed by a cgroup and a bpffs directory instead (`EbpfPaths`), never by a default: its
+programs act on every socket of that cgroup whatever its network namespace.
 """
 from __future__ import annotations
 
@@ -12,10 +14,17 @@ from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.namespaces import exec_prefix
 from proxy.backend import ProxyBackend, ProxyMode
+from proxy.ebpf.backend import EbpfPaths
+
+
+class BackendConfigError(Exception):
+    pass
 
 
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
-                  netns: str | None = None) -> ProxyBackend:
+                  netns: str | None = None, ebpf: EbpfPaths | None = None) -> ProxyBackend:
+    if ProxyMode(mode) is ProxyMode.EBPF:
+        return build_ebpf_backend(ebpf)
     if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
         return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,
@@ -28,9 +37,42 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
                                   settings=IpvsSettings(scheduler=Scheduler(scheduler)))
 
 
-def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None) -> ProxyMode | None:
-    """Which backend has programmed this namespace: IPVS when its device exists, iptables
-    when our service chain does, None when neither."""
+def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: bool = False) -> ProxyBackend:
+    """Compile, load and attach the programs (`load`), then open the pinned maps; without
+    `load`, only open what an agent pinned (status, cleanup: no compiler needed)."""
+    from ebpf.loader import EbpfError, SocketLbLoader, check_bpf_root, pin_dir
+    from ebpf.mapset import MapSet
+    from proxy.ebpf.backend import EbpfProxy
+    if paths is None or not paths.bpf_root or not paths.cgroup:
+        raise BackendConfigError("--proxy-mode ebpf needs --bpf-root (a bpffs mount) and --cgroup-root "
+                                 "(the cgroup v2 directory whose sockets are balanced)")
+    report = None
+    try:
+        if load:
+            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device)
+            if paths.tc_device:
+                from ebpf.tc import tc_sysctls
+                from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
+                ensure_sysctls(ProcSysctls(), tc_sysctls(paths.tc_device))
+            report = loader.ensure_loaded()
+        else:
+            check_bpf_root(paths.bpf_root)
+        maps = MapSet.open_pinned(pin_dir(paths.bpf_root))
+    except (EbpfError, OSError, LookupError) as error:
+        raise BackendConfigError(str(error)) from None
+    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat)
+
+
+def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,
+                    bpf_root: str | None = None) -> ProxyMode | None:
+    """Which backend has programmed this namespace: eBPF when `bpf_root` holds our pinned maps,
+    IPVS when its device exists, iptables when our service chain does, None when none."""
+    if bpf_root:
+        import os
+
+        from ebpf.loader import pin_dir
+        if os.path.isdir(pin_dir(bpf_root)):
+            return ProxyMode.EBPF
     from proxy.ipvs.netlink import NetlinkAddressDevice
     if NetlinkAddressDevice(netns=netns).exists():
         return ProxyMode.IPVS

@@ -9,7 +9,9 @@
 - iptables: every `NETAGENT-` chain and every jump to one, on both backends (legacy and
   nft), since a previous run may have used either;
 - the service proxy: first its own cleanup (rules, then the ipsets they used, IPVS virtual
-  servers on its device and the device), for whichever mode left state behind.
+  servers on its device and the device), for whichever mode left state behind; eBPF: the
+  programs of ours attached to `--cgroup-root` and the maps pinned under `--bpf-root`, when
+  those are given (nothing is guessed: the host's /sys/fs/bpf is never scanned).
 """
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ def remove_owned_chains() -> list[str]:
         removed += [f"iptables ({backend.value}) chain {chain}"
                     for chain in IptablesRunner(backend=backend, family=IpFamily.V4).delete_owned()]
     return removed
+
+
+def remove_ebpf_state(*, bpf_root: str | None, cgroup: str | None) -> list[str]:
+    """Detach our tc filters from this namespace's devices, our programs from `cgroup`, and
+    unpin our maps under `bpf_root` (either may be None)."""
+    from ebpf.loader import detach_owned, remove_pins
+    from ebpf.tc import detach_tc
+    removed = detach_tc() + (detach_owned(cgroup) if cgroup else [])
+    return removed + (remove_pins(bpf_root) if bpf_root else [])
 
 
 def remove_proxy_state() -> list[str]:

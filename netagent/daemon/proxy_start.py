@@ -1,7 +1,8 @@
 """The service proxy inside `netagent run`: its flags, and starting and stopping it.
 
 kube-proxy's operational surface, so existing probes, scrapes and habits carry over:
-`--proxy-mode iptables|ipvs|none`, `--nodeport-addresses CIDR,...`, `--sync-period`
+`--proxy-mode iptables|ipvs|ebpf|none` (ebpf also needs `--bpf-root`, a bpffs mount for its pinned
+maps, and `--cgroup-root`, the cgroup v2 directory whose sockets it balances), `--nodeport-addresses CIDR,...`, `--sync-period`
 (full resync; the agent's `--min-sync-period` also spaces proxy syncs, as kube-proxy's
 does), healthz on `--healthz-bind-address` (0.0.0.0:10256: /healthz and /livez, what cloud
 load balancers probe) and metrics on `--metrics-bind-address` (127.0.0.1:10249). Both
@@ -40,6 +41,19 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--metrics-bind-address", default="127.0.0.1:10249",
                        help="Prometheus /metrics, as kube-proxy's")
     proxy.add_argument("--ipvs-scheduler", default="rr", help="IPVS scheduler (rr, wrr, lc, sh, ...)")
+    proxy.add_argument("--bpf-root", help="ebpf mode: a bpffs mount where the maps are pinned (kept across restarts)")
+    proxy.add_argument("--cgroup-root", help="ebpf mode: the cgroup v2 directory whose sockets are load balanced")
+    proxy.add_argument("--bpf-nodeport-device",
+                       help="ebpf mode: the underlay device whose traffic from outside the node is translated "
+                            "(NodePorts, external and load-balancer IPs); none: only this node's sockets are served")
+
+
+def ebpf_paths(args):
+    """The eBPF backend's places from the flags, or None when neither was given."""
+    from proxy.ebpf.backend import EbpfPaths
+    bpf_root, cgroup = getattr(args, "bpf_root", None), getattr(args, "cgroup_root", None)
+    return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup or "",
+                     tc_device=getattr(args, "bpf_nodeport_device", None)) if bpf_root or cgroup else None
 
 
 class ProxyStartError(Exception):
@@ -75,7 +89,7 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     from netagent.daemon.status_services import services_json
     from netagent.infra.status_server import StatusServer, health_from_sync_runner
     from proxy.conntrack import ConntrackCommand
-    from proxy.factory import build_backend
+    from proxy.factory import BackendConfigError, build_backend
     from proxy.healthcheck import HealthCheckPorts
     from proxy.nodeport_addresses import (
         NodePortAddressError,
@@ -95,7 +109,16 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
     settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidr, nodeport_cidrs=cidrs,
                              min_sync_period=min_sync, sync_period=args.sync_period)
-    backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler)
+    try:
+        backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler,
+                                ebpf=ebpf_paths(args))
+    except BackendConfigError as error:
+        raise ProxyStartError(str(error)) from None
+    report = getattr(backend, "load_report", None)
+    if report is not None:
+        log.info("ebpf: compiled in %.2f s, loaded and attached in %.3f s (attached %s; kept %s)",
+                 report.compile_seconds, report.load_seconds, ", ".join(report.attached) or "none",
+                 ", ".join(report.kept) or "none")
     health_checks = HealthCheckPorts()
     proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
                          conntrack=ConntrackCommand(), healthcheck=health_checks,

@@ -1,7 +1,7 @@
 """`netagent status services`: what the service proxy has programmed on this node.
 
-The addresses and backends are always read back from the kernel (iptables rules, or IPVS
-virtual servers), never taken from what the agent meant to write. The running agent is
+The addresses and backends are always read back from the kernel (iptables rules, IPVS
+virtual servers, or the eBPF maps pinned under `--bpf-root`), never taken from what the agent meant to write. The running agent is
 asked first (`/services` on its metrics address, 127.0.0.1:10249), because it reads the
 kernel too and also knows every service's name: IPVS keeps no names, and iptables keeps
 them only as rule comments. When no agent answers, the kernel is read here, so the command
@@ -31,17 +31,23 @@ def _from_agent(url: str) -> dict | None:
         return None
 
 
-def _from_kernel(iptables_backend: str) -> dict:
+def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
     from netagent.kernel.iptables.backend import IpFamily, resolve_backend
-    from proxy.factory import build_backend, programmed_mode
+    from proxy.backend import ProxyMode
+    from proxy.ebpf.backend import EbpfPaths
+    from proxy.factory import build_backend, build_ebpf_backend, programmed_mode
     backend_choice = resolve_backend(iptables_backend, family=IpFamily.V4)
-    mode = programmed_mode(iptables_backend=backend_choice)
-    services = [] if mode is None else build_backend(mode, iptables_backend=backend_choice).programmed()
+    mode = programmed_mode(iptables_backend=backend_choice, bpf_root=bpf_root)
+    if mode is ProxyMode.EBPF and bpf_root:
+        services = build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup="-"), load=False).programmed()
+    else:
+        services = [] if mode is None else build_backend(mode, iptables_backend=backend_choice).programmed()
     return {**json.loads(services_json(mode.value if mode else None, services)), "source": "kernel"}
 
 
-def status_services(*, iptables_backend: str = "auto", as_json: bool = False, agent_url: str = AGENT_URL) -> str:
-    listing = _from_agent(agent_url) or _from_kernel(iptables_backend)
+def status_services(*, iptables_backend: str = "auto", as_json: bool = False, agent_url: str = AGENT_URL,
+                    bpf_root: str | None = None) -> str:
+    listing = _from_agent(agent_url) or _from_kernel(iptables_backend, bpf_root)
     if as_json:
         return json.dumps(listing, indent=2)
     if listing["mode"] is None:

@@ -26,3 +26,7 @@ ROUTE_PROTOCOL = 78             # 'N': unused by iproute2's rt_protos and linux/
 
 # ---- service proxy
 IPVS_DEVICE = "na-ipvs0"        # holds IPVS service addresses; never brought up
+
+# ---- eBPF service proxy (ebpf/, proxy/ebpf/)
+BPF_NAME_PREFIX = "na_"         # every program and map of ours (ebpf/sock_lb.c)
+BPF_PIN_SUBDIR = "netagent-v1"  # our maps' pins under --bpf-root; the suffix changes with the map layouts

@@ -13,7 +13,9 @@
 - the machines and wires: `physical.py`; the processes (API server, agents): `processes.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
-lab's `--proxy-mode` (iptables, ipvs or none: always said, as the agent's default is iptables).
+lab's `--proxy-mode` (iptables, ipvs, ebpf or none: always said, as the agent's default is iptables).
+In ebpf mode each node has its own cgroup and bpffs (`bpf_places.py`) and its processes, pods'
+included, run inside that cgroup (`exec_prefix`).
 The state (namespaces, pids, pods: `state.py`) lives in `<workdir>/state.json`, so the CLI can build
 a lab with `lab up` and drive or remove it from later commands; tests use the same class
 in-process as a context manager.
@@ -34,7 +36,7 @@ import time
 
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces, owned
-from netagent.lab import physical, pod_objects
+from netagent.lab import bpf_places, physical, pod_objects
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.node import exec_plugin, raise_for_failure
@@ -153,6 +155,10 @@ class LabCluster:
         for node in self.state.nodes.values():
             self.processes.kill(node.agent_pid)
         self.processes.kill(self.state.api_pid)
+        if self.ebpf:
+            for name in self.state.nodes:
+                self._remove_bpf_places(name)
+            bpf_places.remove_lab(workdir=self.workdir, prefix=self.state.prefix)
         for pod in self.state.pods.values():
             namespaces.remove(pod.netns)
         for node in self.state.nodes.values():
@@ -227,6 +233,8 @@ class LabCluster:
         for pod in [p for p in self.state.pods.values() if p.node == name]:
             self.remove_pod(pod.name)
         self.stop_agent(name)
+        if self.ebpf:
+            self._remove_bpf_places(name)
         with contextlib.suppress(Exception):
             self.api().delete("v1", "Node", name)
         namespaces.remove(node.netns)
@@ -248,13 +256,35 @@ class LabCluster:
                 "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
                 "--cni-data-dir", os.path.join(directory, "ipam"), "--status-bind", "0.0.0.0:10258",
                 "--resync-period", str(self.state.resync_period), "--proxy-mode", self.state.proxy_mode]
+        if self.ebpf:
+            argv += ["--bpf-root", self.bpf_root(name), "--bpf-nodeport-device", "eth0",
+                     "--cgroup-root", bpf_places.node_cgroup(self.workdir, self.state.prefix, name)]
         return argv
+
+    @property
+    def ebpf(self) -> bool:
+        return self.state.proxy_mode == "ebpf"
+
+    def bpf_root(self, name: str) -> str:
+        return os.path.join(self.node_dir(name), "bpffs")
+
+    def _remove_bpf_places(self, name: str) -> None:
+        bpf_places.remove_node(workdir=self.workdir, prefix=self.state.prefix, node=name, bpf_root=self.bpf_root(name))
+
+    def exec_prefix(self, target: str) -> list:
+        """What runs a command as a process of a pod or node (its namespace; in ebpf mode, its cgroup)."""
+        return bpf_places.in_cgroup_of(self.state, target, [*namespaces.exec_prefix(self.netns_of(target))])
 
     def start_agent(self, name: str, *, wait: bool = True) -> None:
         node = self._node(name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.cni_socket(name))
-        node.agent_pid = self.processes.spawn(node.netns, self.agent_argv(name), self.agent_log(name))
+        argv = self.agent_argv(name)
+        if self.ebpf:
+            _, cgroup = bpf_places.ensure_node(workdir=self.workdir, prefix=self.state.prefix, node=name,
+                                               bpf_root=self.bpf_root(name))
+            argv = bpf_places.in_cgroup(cgroup, argv)
+        node.agent_pid = self.processes.spawn(node.netns, argv, self.agent_log(name))
         self.save()
         if wait:
             self.wait_for_agent(name)
@@ -422,7 +452,8 @@ class LabCluster:
         raise LabError(f"no pod or node named {target}")
 
     def exec(self, target: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
-        return namespaces.run_in(self.netns_of(target), argv, **kwargs)
+        return namespaces.run_in(self.netns_of(target), bpf_places.in_cgroup_of(self.state, target, [], argv),
+                                 **kwargs)
 
     def ping(self, source: str, address: str, *, count: int = 1) -> bool:
         return self.exec(source, ["ping", "-c", str(count), "-W", "2", "-i", "0.2", address]).returncode == 0

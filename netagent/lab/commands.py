@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 
-from netagent.kernel import namespaces
 from netagent.lab import manifests
 from netagent.lab.cluster import MODES, LabCluster
 from netagent.lab.demo_service import demo_service
@@ -174,8 +173,7 @@ def _cmd_exec(args) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise LabError("nothing to run: lab exec POD -- CMD...")
-    netns = _load(args).netns_of(args.target)
-    return subprocess.run([*namespaces.exec_prefix(netns), *argv]).returncode
+    return subprocess.run([*_load(args).exec_prefix(args.target), *argv]).returncode
 
 
 def _cmd_down(args) -> int:

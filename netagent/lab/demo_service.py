@@ -50,8 +50,8 @@ def demo_service(lab) -> int:
                                  for pod in pods]})
         cluster_ip = service["spec"]["clusterIP"]
         time.sleep(1.5)  # the agents' minimum sync interval
-        answers = namespaces.run_in(pods[0].netns, [sys.executable, "-c", _CLIENT, cluster_ip, str(5 * len(pods))],
-                                    timeout=60).stdout.split("\n")
+        answers = lab.exec(pods[0].name, [sys.executable, "-c", _CLIENT, cluster_ip, str(5 * len(pods))],
+                           timeout=60).stdout.split("\n")
         answers = [a for a in answers if a]
         failed = sum(1 for a in answers if a.startswith("error"))
         counts = collections.Counter(a for a in answers if not a.startswith("error"))

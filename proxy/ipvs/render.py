@@ -22,7 +22,6 @@ by name wins, so the outcome does not depend on dictionary order.
 """
 from __future__ import annotations
 
-import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from proxy.ipvs.rules import (
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints
+from proxy.source_ranges import ipv4_source_ranges
 
 DEFAULT_GRACEFUL_TIMEOUT = 15.0
 
@@ -102,27 +102,6 @@ class IpvsPlan:
         return index
 
 
-def _ipv4_ranges(ranges: Iterable[str]) -> tuple[str, ...] | None:
-    """The IPv4 source ranges to allow, or None when every source is allowed (no ranges, or a
-    /0 among them: ipset cannot hold /0 and needs not). IPv6 ranges say nothing about IPv4
-    clients and are left out; with only those, no IPv4 client is allowed, as in Kubernetes."""
-    ranges = tuple(ranges)
-    if not ranges:
-        return None
-    allowed = []
-    for text in ranges:
-        try:
-            network = ipaddress.ip_network(text.strip(), strict=False)
-        except ValueError:
-            continue
-        if network.version != 4:
-            continue
-        if network.prefixlen == 0:
-            return None
-        allowed.append(str(network))
-    return tuple(dict.fromkeys(allowed))
-
-
 def _destinations(endpoints: Iterable[Endpoint]) -> tuple[Destination, ...]:
     unique = {(e.ip, e.port) for e in endpoints}
     return tuple(Destination(ip, port) for ip, port in sorted(unique))
@@ -148,7 +127,7 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
     members[CLUSTER_IP_SET.name].add(entry(service.cluster_ip, protocol, service.port))
     for address in dict.fromkeys(service.external_ips):
         servers.append(server(address, service.port, AddressKind.EXTERNAL_IP, external))
-    sources = _ipv4_ranges(service.load_balancer_source_ranges)
+    sources = ipv4_source_ranges(service.load_balancer_source_ranges)
     for address in dict.fromkeys(service.load_balancer_ips):
         servers.append(server(address, service.port, AddressKind.LOAD_BALANCER, external))
         if sources is not None:

@@ -1,0 +1,266 @@
+"""Compiling, loading, pinning and attaching the socket load balancer; finding and removing it.
+
+`SocketLbLoader.ensure_loaded()` compiles ebpf/sock_lb.c with bcc (the pinned maps under
+`<bpf root>/netagent-v1/` are reused when they exist, created and pinned when not, so a
+restarted agent keeps the dataplane's state), loads the four CGROUP_SOCK_ADDR programs and
+attaches them to the cgroup it was given, in multi-program mode so other users of the cgroup
+are not displaced. A program of ours already attached with the same tag (the kernel's hash of
+its instructions, map references masked) is kept and nothing is attached: an agent restart
+with unchanged code writes nothing. A different one of ours is replaced atomically
+(BPF_F_REPLACE), never detached first, so connections are never left unbalanced.
+
+Safety: the bpf root must be a bpffs mount and the cgroup a cgroup v2 directory, both named
+by the caller (`--bpf-root`, `--cgroup-root`); nothing is guessed, and programs are found by
+our name prefix (netagent.kernel.owned.BPF_NAME_PREFIX) on that cgroup only.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ebpf import syscall
+from ebpf.maps import MAP_NAMES
+from ebpf.mapset import MapSet
+from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
+
+SOURCE = Path(__file__).with_name("sock_lb.c")
+TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
+PROG_TYPE_SCHED_CLS = 3
+TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress")
+PROG_TYPE_CGROUP_SOCK_ADDR = 18
+
+# program name -> attach type (linux/bpf.h enum bpf_attach_type)
+PROGRAMS = {
+    "na_connect4": 10,       # BPF_CGROUP_INET4_CONNECT
+    "na_sendmsg4": 14,       # BPF_CGROUP_UDP4_SENDMSG
+    "na_recvmsg4": 19,       # BPF_CGROUP_UDP4_RECVMSG
+    "na_getpeername4": 29,   # BPF_CGROUP_INET4_GETPEERNAME
+}
+ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4"}
+
+
+class EbpfError(Exception):
+    pass
+
+
+def has_set_retval(release: str | None = None) -> bool:
+    """bpf_set_retval exists from kernel 5.18; older kernels refuse with EPERM instead."""
+    release = release or os.uname().release
+    try:
+        major, minor = (int(part) for part in release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 18)
+
+
+def pin_dir(bpf_root: str) -> str:
+    return os.path.join(bpf_root, BPF_PIN_SUBDIR)
+
+
+def check_bpf_root(bpf_root: str) -> None:
+    if not os.path.isdir(bpf_root):
+        raise EbpfError(f"--bpf-root {bpf_root}: not a directory")
+    if syscall.fs_magic(bpf_root) != syscall.BPF_FS_MAGIC:
+        raise EbpfError(f"--bpf-root {bpf_root}: not a bpffs mount (mount -t bpf bpf {bpf_root})")
+
+
+def check_cgroup(cgroup: str) -> None:
+    if not os.path.isdir(cgroup):
+        raise EbpfError(f"--cgroup-root {cgroup}: not a directory")
+    if syscall.fs_magic(cgroup) != syscall.CGROUP2_SUPER_MAGIC:
+        raise EbpfError(f"--cgroup-root {cgroup}: not a cgroup v2 directory")
+
+
+@dataclass(frozen=True)
+class AttachedProgram:
+    attach_type: str
+    id: int
+    name: str
+    tag: str
+
+    @property
+    def ours(self) -> bool:
+        return self.name.startswith(BPF_NAME_PREFIX)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    compile_seconds: float   # bcc: C to BPF, maps created or opened from their pins
+    load_seconds: float      # the verifier, and attaching
+    attached: tuple[str, ...]   # programs newly attached or replaced
+    kept: tuple[str, ...]       # programs found attached with the same code
+
+
+def _cgroup_fd(cgroup: str) -> int:
+    return os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _attached(cg_fd: int, attach_type: int) -> list[tuple[int, syscall.ProgInfo]]:
+    """(fd, info) of every program attached at `attach_type`; the caller closes the fds."""
+    found = []
+    for prog_id in syscall.prog_query(cg_fd, attach_type):
+        try:
+            fd = syscall.prog_fd_by_id(prog_id)
+        except syscall.BpfError:
+            continue   # detached meanwhile
+        found.append((fd, syscall.prog_info(fd)))
+    return found
+
+
+def attached_programs(cgroup: str) -> list[AttachedProgram]:
+    cg_fd = _cgroup_fd(cgroup)
+    try:
+        out = []
+        for attach_type, label in ATTACH_TYPE_NAMES.items():
+            for fd, info in _attached(cg_fd, attach_type):
+                os.close(fd)
+                out.append(AttachedProgram(label, info.id, info.name, info.tag))
+        return out
+    finally:
+        os.close(cg_fd)
+
+
+def detach_owned(cgroup: str) -> list[str]:
+    """Detach every program of ours from `cgroup`; what was detached."""
+    if not os.path.isdir(cgroup):
+        return []
+    cg_fd = _cgroup_fd(cgroup)
+    removed = []
+    try:
+        for attach_type, label in ATTACH_TYPE_NAMES.items():
+            for fd, info in _attached(cg_fd, attach_type):
+                try:
+                    if info.name.startswith(BPF_NAME_PREFIX):
+                        syscall.prog_detach(cg_fd, fd, attach_type)
+                        removed.append(f"bpf program {info.name} ({label}) on {cgroup}")
+                finally:
+                    os.close(fd)
+    finally:
+        os.close(cg_fd)
+    return removed
+
+
+def remove_pins(bpf_root: str) -> list[str]:
+    """Unpin every map of ours under `bpf_root` and the directory; what was removed."""
+    directory = pin_dir(bpf_root)
+    removed = []
+    for name in MAP_NAMES:
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            os.unlink(path)
+            removed.append(f"pinned map {path}")
+    if os.path.isdir(directory) and not os.listdir(directory):
+        os.rmdir(directory)
+    return removed
+
+
+class SocketLbLoader:
+    def __init__(self, *, bpf_root: str, cgroup: str, set_retval: bool | None = None,
+                 tc_device: str | None = None):
+        self.bpf_root = bpf_root
+        self.cgroup = cgroup
+        self.tc_device = tc_device   # where the tc path is attached (None: not attached)
+        self.set_retval = has_set_retval() if set_retval is None else set_retval
+
+    @property
+    def pin_dir(self) -> str:
+        return pin_dir(self.bpf_root)
+
+    def source(self) -> str:
+        if any(ch in self.pin_dir for ch in '"\\\n'):
+            raise EbpfError(f"--bpf-root {self.bpf_root}: quotes, backslashes and newlines are not allowed")
+        defines = [f'#define NA_PIN_DIR "{self.pin_dir}"']
+        if self.set_retval:
+            defines.append("#define NA_HAVE_SET_RETVAL 1")
+        return "\n".join(defines) + "\n" + SOURCE.read_text() + "\n" + TC_SOURCE.read_text()
+
+    def ensure_loaded(self) -> LoadReport:
+        check_bpf_root(self.bpf_root)
+        check_cgroup(self.cgroup)
+        os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
+        from bcc import BPF   # Debian's python3-bpfcc; imported only here (LLVM is heavy)
+        started = time.monotonic()
+        try:
+            compiled = BPF(text=self.source().encode())
+        except Exception as error:   # bcc raises plain Exception
+            raise EbpfError(f"compiling {SOURCE.name}: {error}") from None
+        compiled_at = time.monotonic()
+        attached, kept = [], []
+        cg_fd = _cgroup_fd(self.cgroup)
+        try:
+            for name, attach_type in PROGRAMS.items():
+                try:
+                    fn = compiled.load_func(name.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
+                except Exception as error:
+                    raise EbpfError(f"loading {name}: {error}") from None
+                if self._attach(cg_fd, fn.fd, name, attach_type):
+                    attached.append(name)
+                else:
+                    kept.append(name)
+            if self.tc_device:
+                from ebpf.tc import attach_tc
+                try:
+                    fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
+                    attach_tc(self.tc_device, fds)
+                except Exception as error:
+                    raise EbpfError(f"attaching the tc programs to {self.tc_device}: {error}") from None
+                attached += [f"{name} on {self.tc_device}" for name in TC_PROGRAMS]
+        finally:
+            os.close(cg_fd)
+            compiled.cleanup()   # the programs stay alive while attached, the maps while pinned
+        return LoadReport(compile_seconds=compiled_at - started, load_seconds=time.monotonic() - compiled_at,
+                          attached=tuple(attached), kept=tuple(kept))
+
+    def _attach(self, cg_fd: int, prog_fd: int, name: str, attach_type: int) -> bool:
+        """Attach `prog_fd` unless the same code of ours is there; True when something was written."""
+        tag = syscall.prog_info(prog_fd).tag
+        present = _attached(cg_fd, attach_type)
+        try:
+            ours = [(fd, info) for fd, info in present if info.name == name]
+            if any(info.tag == tag for _, info in ours) and len(ours) == 1:
+                return False
+            try:
+                syscall.prog_attach(cg_fd, prog_fd, attach_type, replace_fd=ours[0][0] if ours else 0)
+            except syscall.BpfError as error:
+                raise EbpfError(f"attaching {name} to {self.cgroup}: {error.strerror}") from None
+            for fd, _ in ours[1:]:
+                syscall.prog_detach(cg_fd, fd, attach_type)
+            return True
+        finally:
+            for fd, _ in present:
+                os.close(fd)
+
+    def maps(self) -> MapSet:
+        return MapSet.open_pinned(self.pin_dir)
+
+    def load_tc(self) -> TcPrograms:
+        """The tc programs loaded (not attached), over the same pinned maps; the caller closes
+        them. Attaching them to the underlay's clsact qdisc is not done by the agent yet."""
+        check_bpf_root(self.bpf_root)
+        os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
+        from bcc import BPF
+        try:
+            compiled = BPF(text=self.source().encode())
+            fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
+        except Exception as error:   # bcc raises plain Exception
+            raise EbpfError(f"loading the tc programs: {error}") from None
+        return TcPrograms(compiled, fds)
+
+
+class TcPrograms:
+    """Loaded tc programs by name (file descriptors), alive until `close()`."""
+
+    def __init__(self, compiled, fds: dict[str, int]):
+        self._compiled = compiled
+        self.fds = fds
+
+    def close(self) -> None:
+        self._compiled.cleanup()
+
+    def __enter__(self) -> TcPrograms:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

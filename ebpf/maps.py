@@ -1,0 +1,258 @@
+"""Typed views of every key and value in ebpf/sock_lb.c's maps: ctypes structures and packers.
+
+The C structs are the contract between the programs and the agent. Each has here a ctypes
+`Structure` with the same field names, sizes and offsets (tests/unit/test_ebpf_maps.py checks
+them against the ctypes bcc derives from the C source, and against the packers), a
+`struct.Struct` packer the backend uses to build and compare entries as bytes (fast at a
+million entries), and small decode helpers for read-back. Addresses and ports are in network
+byte order in the maps, as the socket context holds them; the views convert.
+"""
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+# ---- map names, as declared in the C source (and pinned under <bpf root>/<PIN_SUBDIR>/) -----------
+SVC_MAP = "na_svc"
+SLOTS_MAP = "na_slots"
+SETNAME_MAP = "na_setname"
+AFFINITY_MAP = "na_affinity"
+REVNAT_MAP = "na_revnat"
+CT_MAP = "na_ct"            # ebpf/nodeport.c: the tc path's connections (LRU)
+LBSRC_MAP = "na_lbsrc"      # loadBalancerSourceRanges (LPM trie)
+CONFIG_MAP = "na_config"    # the node address the tc path SNATs to (array of one)
+MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, REVNAT_MAP, CT_MAP, LBSRC_MAP, CONFIG_MAP)
+
+# ---- flags and kinds (the C #defines) --------------------------------------------------------------
+F_NO_ENDPOINTS = 1
+F_EXTERNAL_LOCAL = 2
+F_SOURCE_RANGES = 4
+BACKEND_LOCAL = 1       # na_backend.flags: the endpoint is on this node
+
+
+class AddressKind(IntEnum):
+    CLUSTER_IP = 1
+    NODE_PORT = 2
+    EXTERNAL_IP = 3
+    LOAD_BALANCER = 4
+
+    @property
+    def label(self) -> str:
+        return {1: "ClusterIP", 2: "NodePort", 3: "ExternalIP", 4: "LoadBalancer"}[self.value]
+
+
+class SetRole(IntEnum):
+    CLUSTER = 1
+    EXTERNAL = 2
+
+
+NAME_BYTES = 124
+
+
+# ---- ctypes views (field names and layout exactly as in the C structs) ---------------------------
+class SvcKey(ctypes.Structure):
+    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8),
+                ("pad", ctypes.c_uint8)]
+
+
+class SvcValue(ctypes.Structure):
+    _fields_ = [("set_id", ctypes.c_uint32), ("count", ctypes.c_uint32), ("ext_set_id", ctypes.c_uint32),
+                ("ext_count", ctypes.c_uint32), ("affinity_timeout", ctypes.c_uint32),
+                ("flags", ctypes.c_uint16), ("kind", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
+
+
+class SlotKey(ctypes.Structure):
+    _fields_ = [("set_id", ctypes.c_uint32), ("slot", ctypes.c_uint32)]
+
+
+class Backend(ctypes.Structure):
+    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("flags", ctypes.c_uint16)]
+
+
+class SetName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * NAME_BYTES), ("role", ctypes.c_uint32)]
+
+
+class AffinityKey(ctypes.Structure):
+    _fields_ = [("netns_cookie", ctypes.c_uint64), ("set_id", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class AffinityValue(ctypes.Structure):
+    _fields_ = [("last_used_ns", ctypes.c_uint64), ("slot", ctypes.c_uint32), ("addr", ctypes.c_uint32),
+                ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("pad2", ctypes.c_uint32)]
+
+
+class RevNatKey(ctypes.Structure):
+    _fields_ = [("socket_cookie", ctypes.c_uint64), ("addr", ctypes.c_uint32), ("port", ctypes.c_uint16),
+                ("pad", ctypes.c_uint16)]
+
+
+class RevNatValue(ctypes.Structure):
+    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+
+
+class CtKey(ctypes.Structure):
+    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
+                ("pad", ctypes.c_uint16)]
+
+
+class CtValue(ctypes.Structure):
+    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("pad", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+
+
+class LbSrcKey(ctypes.Structure):
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("set_id", ctypes.c_uint32), ("addr", ctypes.c_uint32)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("node_addr", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+@dataclass(frozen=True)
+class MapLayout:
+    name: str
+    key: type[ctypes.Structure] | type[ctypes.c_uint32]
+    value: type[ctypes.Structure] | type[ctypes.c_uint8]
+    key_packer: struct.Struct
+    value_packer: struct.Struct
+
+    @property
+    def key_size(self) -> int:
+        return ctypes.sizeof(self.key)
+
+    @property
+    def value_size(self) -> int:
+        return ctypes.sizeof(self.value)
+
+
+# packers: '!' where a field is in network order ('4s'/'2s' carry network-order bytes in native structs)
+SVC_KEY = struct.Struct("!4sHBB")
+SVC_VALUE = struct.Struct("=IIIIIHBB")
+SLOT_KEY = struct.Struct("=II")
+BACKEND = struct.Struct("=4s2sH")   # the port in network order, the flags native
+SET_ID = struct.Struct("=I")
+SET_NAME = struct.Struct(f"={NAME_BYTES}sI")
+AFFINITY_KEY = struct.Struct("=QII")
+AFFINITY_VALUE = struct.Struct("=QI4s2sHI")
+REVNAT_KEY = struct.Struct("=Q4s2sH")
+REVNAT_VALUE = struct.Struct("=4s2sH")
+CT_KEY = struct.Struct("=4s4s2s2sBBH")
+CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
+LBSRC_KEY = struct.Struct("=II4s")
+LBSRC_VALUE = struct.Struct("=B")
+CONFIG = struct.Struct("=4sI")
+
+LAYOUTS = {
+    SVC_MAP: MapLayout(SVC_MAP, SvcKey, SvcValue, SVC_KEY, SVC_VALUE),
+    SLOTS_MAP: MapLayout(SLOTS_MAP, SlotKey, Backend, SLOT_KEY, BACKEND),
+    SETNAME_MAP: MapLayout(SETNAME_MAP, ctypes.c_uint32, SetName, SET_ID, SET_NAME),
+    AFFINITY_MAP: MapLayout(AFFINITY_MAP, AffinityKey, AffinityValue, AFFINITY_KEY, AFFINITY_VALUE),
+    REVNAT_MAP: MapLayout(REVNAT_MAP, RevNatKey, RevNatValue, REVNAT_KEY, REVNAT_VALUE),
+    CT_MAP: MapLayout(CT_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
+    LBSRC_MAP: MapLayout(LBSRC_MAP, LbSrcKey, ctypes.c_uint8, LBSRC_KEY, LBSRC_VALUE),
+    CONFIG_MAP: MapLayout(CONFIG_MAP, ctypes.c_uint32, Config, SET_ID, CONFIG),
+}
+
+PROTOCOL_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
+PROTOCOL_NAMES = {number: name for name, number in PROTOCOL_NUMBERS.items()}
+
+
+# ---- encoders (what the backend writes) -------------------------------------------------------------
+
+def _ip(address: str) -> bytes:
+    """Four bytes in network order; strict dotted-quad IPv4 (inet_pton), else ValueError."""
+    try:
+        return socket.inet_pton(socket.AF_INET, address)
+    except OSError:
+        raise ValueError(f"not an IPv4 address: {address!r}") from None
+
+
+def svc_key(address: str, port: int, protocol: str) -> bytes:
+    return SVC_KEY.pack(_ip(address), port, PROTOCOL_NUMBERS[protocol], 0)
+
+
+def svc_value(*, set_id: int, count: int, ext_set_id: int, ext_count: int, affinity_timeout: int, flags: int,
+              kind: AddressKind) -> bytes:
+    return SVC_VALUE.pack(set_id, count, ext_set_id, ext_count, affinity_timeout, flags, int(kind), 0)
+
+
+def slot_key(set_id: int, slot: int) -> bytes:
+    return SLOT_KEY.pack(set_id, slot)
+
+
+def backend(address: str, port: int, *, local: bool = False) -> bytes:
+    return BACKEND.pack(_ip(address), port.to_bytes(2, "big"), BACKEND_LOCAL if local else 0)
+
+
+def lbsrc_key(set_id: int, network: str) -> bytes:
+    """An allowed source range of a set (`network` is an IPv4 CIDR, host bits ignored)."""
+    address, _, length = network.partition("/")
+    return LBSRC_KEY.pack(32 + int(length or 32), set_id, _ip(address))
+
+
+ALLOWED = LBSRC_VALUE.pack(1)
+
+
+CONFIG_SNAT = 1   # na_config.flags: the tc path SNATs traffic to remote backends itself
+
+
+def config_value(node_address: str | None, *, snat: bool) -> bytes:
+    return CONFIG.pack(_ip(node_address) if node_address else bytes(4), CONFIG_SNAT if snat else 0)
+
+
+def set_id_key(set_id: int) -> bytes:
+    return SET_ID.pack(set_id)
+
+
+def set_name(name: str, role: SetRole) -> bytes:
+    raw = name.encode()
+    if len(raw) >= NAME_BYTES:
+        raw = raw[:NAME_BYTES - 1]
+    return SET_NAME.pack(raw, int(role))
+
+
+# ---- decoders (read-back) ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    address: str
+    port: int
+    protocol: str
+    set_id: int
+    count: int
+    ext_set_id: int
+    ext_count: int
+    affinity_timeout: int
+    flags: int
+    kind: AddressKind
+
+
+def parse_svc(key: bytes, value: bytes) -> ServiceEntry:
+    addr, port, proto, _ = SVC_KEY.unpack(key)
+    set_id, count, ext_set_id, ext_count, affinity, flags, kind, _ = SVC_VALUE.unpack(value)
+    return ServiceEntry(socket.inet_ntoa(addr), port, PROTOCOL_NAMES.get(proto, str(proto)),
+                        set_id, count, ext_set_id, ext_count, affinity, flags, AddressKind(kind))
+
+
+def parse_slot_key(key: bytes) -> tuple[int, int]:
+    set_id, slot = SLOT_KEY.unpack(key)
+    return set_id, slot
+
+
+def parse_backend(value: bytes) -> str:
+    addr, port, _flags = BACKEND.unpack(value)
+    return f"{socket.inet_ntoa(addr)}:{int.from_bytes(port, 'big')}"
+
+
+def parse_set_name(value: bytes) -> tuple[str, SetRole]:
+    raw, role = SET_NAME.unpack(value)
+    return raw.split(b"\0", 1)[0].decode(errors="replace"), SetRole(role)
+
+
+def parse_set_id(key: bytes) -> int:
+    return SET_ID.unpack(key)[0]

@@ -1,0 +1,138 @@
+"""The maps as the agent's API: `BpfMap` (one map, entries as bytes) and `MapSet` (all of ours).
+
+A backend reads a whole map once (`read_all`, a batch lookup), computes what differs from
+what it wants, and writes only that (`update`, `delete`: batch calls). `PinnedMap` is the
+real one, working from a file descriptor of a map pinned in the agent's bpffs directory, so
+read-back and adoption need no compiler; `FakeBpfMap` (ebpf/fake_maps.py) keeps the same
+state in a dict and refuses what the kernel refuses (wrong sizes, a full map).
+Entries are the packed bytes of ebpf/maps.py's layouts.
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ebpf import syscall
+from ebpf.maps import (
+    AFFINITY_MAP,
+    CONFIG_MAP,
+    CT_MAP,
+    LAYOUTS,
+    LBSRC_MAP,
+    MAP_NAMES,
+    REVNAT_MAP,
+    SETNAME_MAP,
+    SLOTS_MAP,
+    SVC_MAP,
+)
+
+
+class BpfMap(ABC):
+    name: str
+    key_size: int
+    value_size: int
+
+    @abstractmethod
+    def read_all(self) -> dict[bytes, bytes]:
+        """Every entry now in the map."""
+
+    @abstractmethod
+    def update(self, items: Mapping[bytes, bytes]) -> None:
+        """Create or replace these entries (one batch)."""
+
+    @abstractmethod
+    def delete(self, keys: Iterable[bytes]) -> None:
+        """Remove these keys; a key already gone is not an error."""
+
+    @abstractmethod
+    def lookup(self, key: bytes) -> bytes | None:
+        """One entry, or None."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """How many entries the map holds."""
+
+
+class PinnedMap(BpfMap):
+    """A map by file descriptor (opened from its pin, or handed over by the loader)."""
+
+    def __init__(self, name: str, fd: int):
+        self.name = name
+        self.fd = fd
+        info = syscall.map_info(fd)
+        layout = LAYOUTS[name]
+        if (info.key_size, info.value_size) != (layout.key_size, layout.value_size):
+            raise syscall.BpfError(0, f"map {name}: key/value sizes {info.key_size}/{info.value_size} in the "
+                                      f"kernel, {layout.key_size}/{layout.value_size} expected")
+        self.key_size, self.value_size, self.max_entries = info.key_size, info.value_size, info.max_entries
+
+    @classmethod
+    def open(cls, name: str, path: str) -> PinnedMap:
+        return cls(name, syscall.obj_get(path))
+
+    def read_all(self) -> dict[bytes, bytes]:
+        return syscall.map_read_all(self.fd, self.key_size, self.value_size)
+
+    def update(self, items: Mapping[bytes, bytes]) -> None:
+        syscall.map_update_batch(self.fd, list(items.items()))
+
+    def delete(self, keys: Iterable[bytes]) -> None:
+        syscall.map_delete_batch(self.fd, list(keys))
+
+    def lookup(self, key: bytes) -> bytes | None:
+        return syscall.map_lookup(self.fd, key, self.value_size)
+
+    def count(self) -> int:
+        return syscall.map_count(self.fd, self.key_size)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class MapSet:
+    """Every map of ours (the socket load balancer's and the tc path's), by role."""
+
+    svc: BpfMap
+    slots: BpfMap
+    setname: BpfMap
+    affinity: BpfMap
+    revnat: BpfMap
+    ct: BpfMap
+    lbsrc: BpfMap
+    config: BpfMap
+
+    def by_name(self) -> dict[str, BpfMap]:
+        return {SVC_MAP: self.svc, SLOTS_MAP: self.slots, SETNAME_MAP: self.setname, AFFINITY_MAP: self.affinity,
+                REVNAT_MAP: self.revnat, CT_MAP: self.ct, LBSRC_MAP: self.lbsrc, CONFIG_MAP: self.config}
+
+    @classmethod
+    def from_maps(cls, maps: Mapping[str, BpfMap]) -> MapSet:
+        return cls(svc=maps[SVC_MAP], slots=maps[SLOTS_MAP], setname=maps[SETNAME_MAP], affinity=maps[AFFINITY_MAP],
+                   revnat=maps[REVNAT_MAP], ct=maps[CT_MAP], lbsrc=maps[LBSRC_MAP], config=maps[CONFIG_MAP])
+
+    @classmethod
+    def open_pinned(cls, pin_dir: str) -> MapSet:
+        """The pinned maps in `pin_dir`; FileNotFoundError when any is missing."""
+        opened: dict[str, BpfMap] = {}
+        try:
+            for name in MAP_NAMES:
+                path = os.path.join(pin_dir, name)
+                if not os.path.exists(path):
+                    raise FileNotFoundError(f"no pinned map {path}")
+                opened[name] = PinnedMap.open(name, path)
+        except BaseException:
+            for bpf_map in opened.values():
+                if isinstance(bpf_map, PinnedMap):
+                    bpf_map.close()
+            raise
+        return cls.from_maps(opened)
+
+    def close(self) -> None:
+        for bpf_map in self.by_name().values():
+            if isinstance(bpf_map, PinnedMap):
+                bpf_map.close()

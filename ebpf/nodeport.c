@@ -1,0 +1,202 @@
+/* netagent packet path for traffic from outside the node (tc clsact SCHED_CLS programs).
+ *
+ * Compiled by bcc with sock_lb.c's map declarations (ebpf/loader.py puts this after them),
+ * so `na_svc`, `na_slots` and `na_affinity` are the very maps the socket load balancer uses.
+ *
+ * na_tc_ingress (underlay ingress): a packet to a NodePort, external IP or load-balancer IP
+ *   (an `na_svc` entry whose kind is not ClusterIP) is DNATed to a backend of the entry's
+ *   *external* set; a backend on another node is also SNATed to the node address when
+ *   `na_config` asks for it (else the node's masquerade does it), so its replies come back here; `loadBalancerSourceRanges` are an LPM-trie check (`na_lbsrc`,
+ *   keyed by set id and client address); ClientIP affinity uses `na_affinity` keyed by the
+ *   client address (top bit set, so it never meets a socket's netns cookie). The flow's two
+ *   directions are remembered in `na_ct` (LRU), so every later packet of a connection meets
+ *   the same backend and replies are reverse-translated. A reply from a remote backend (to
+ *   the SNAT address and port) is translated back here too.
+ * na_tc_egress (underlay egress): a reply from a local backend leaving the node gets the
+ *   service address back as its source.
+ * A packet that matches nothing is passed untouched. Checksums are fixed incrementally.
+ */
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/pkt_cls.h>
+
+#define NA_HTONS(x) ((__be16)__builtin_bswap16(x))   /* x86-64 and arm64 are little-endian */
+#define NA_CT_FORWARD 1
+#define NA_CT_REPLY 2
+#define NA_AFFINITY_CLIENT (1ULL << 63)
+#define NA_BACKEND_LOCAL 1
+#define NA_SNAT_PORT_MIN 32768
+#define NA_SNAT_PORT_SPAN 28232   /* ports 32768..60999, Linux's default ephemeral range */
+
+struct na_ct_key {
+    __be32 saddr;
+    __be32 daddr;
+    __be16 sport;
+    __be16 dport;
+    __u8 proto;
+    __u8 dir;       /* NA_CT_FORWARD: client -> service; NA_CT_REPLY: backend -> client or SNAT */
+    __u16 pad;
+};
+
+struct na_ct_value {
+    __be32 saddr;   /* the packet's new source */
+    __be32 daddr;   /* the packet's new destination */
+    __be16 sport;
+    __be16 dport;
+    __u32 pad;
+    __u64 created_ns;
+};
+
+struct na_lbsrc_key {
+    __u32 prefixlen;   /* 32 (the set id) + the source range's prefix length */
+    __u32 set_id;
+    __be32 addr;
+};
+
+#define NA_CONFIG_SNAT 1   /* SNAT for remote backends here; without it the node's masquerade
+                              (NETAGENT-POSTRTG: outside -> remote pods) does it, and the reply
+                              is reverse-translated at the underlay's egress */
+
+struct na_config {
+    __be32 node_addr;  /* the SNAT address for external and load-balancer IPs */
+    __u32 flags;
+};
+
+BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct, 262144, NA_PIN_DIR "/na_ct");
+BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key, __u8, na_lbsrc, 65536, NA_PIN_DIR "/na_lbsrc",
+                  BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", __u32, struct na_config, na_config, 1, NA_PIN_DIR "/na_config");
+
+#define ETH_HLEN_ 14
+#define IP_CSUM_OFF (ETH_HLEN_ + 10)
+#define IP_SRC_OFF (ETH_HLEN_ + 12)
+#define IP_DST_OFF (ETH_HLEN_ + 16)
+
+struct na_flow {
+    __be32 saddr, daddr;
+    __be16 sport, dport;
+    __u8 proto;
+    __u32 l4_off;
+    __u32 csum_off;
+};
+
+static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = data + ETH_HLEN_;
+
+    if ((void *)(ip + 1) > end || eth->h_proto != NA_HTONS(ETH_P_IP))
+        return 0;
+    if (ip->ihl != 5 || (ip->frag_off & NA_HTONS(0x3fff)))
+        return 0;   /* options or fragments: left to the stack */
+    if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+        return 0;
+    flow->saddr = ip->saddr;
+    flow->daddr = ip->daddr;
+    flow->proto = ip->protocol;
+    flow->l4_off = ETH_HLEN_ + 20;
+    flow->csum_off = flow->l4_off + (ip->protocol == IPPROTO_TCP ? 16 : 6);
+    if (bpf_skb_load_bytes(skb, flow->l4_off, &flow->sport, 2) < 0
+        || bpf_skb_load_bytes(skb, flow->l4_off + 2, &flow->dport, 2) < 0)
+        return 0;
+    return 1;
+}
+
+static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow, __be32 saddr, __be16 sport,
+                                    __be32 daddr, __be16 dport)
+{
+    __u64 l4flags = flow->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+    if (saddr != flow->saddr) {
+        bpf_l4_csum_replace(skb, flow->csum_off, flow->saddr, saddr, l4flags | BPF_F_PSEUDO_HDR | 4);
+        bpf_l3_csum_replace(skb, IP_CSUM_OFF, flow->saddr, saddr, 4);
+        bpf_skb_store_bytes(skb, IP_SRC_OFF, &saddr, 4, 0);
+    }
+    if (daddr != flow->daddr) {
+        bpf_l4_csum_replace(skb, flow->csum_off, flow->daddr, daddr, l4flags | BPF_F_PSEUDO_HDR | 4);
+        bpf_l3_csum_replace(skb, IP_CSUM_OFF, flow->daddr, daddr, 4);
+        bpf_skb_store_bytes(skb, IP_DST_OFF, &daddr, 4, 0);
+    }
+    if (sport != flow->sport) {
+        bpf_l4_csum_replace(skb, flow->csum_off, flow->sport, sport, l4flags | 2);
+        bpf_skb_store_bytes(skb, flow->l4_off, &sport, 2, 0);
+    }
+    if (dport != flow->dport) {
+        bpf_l4_csum_replace(skb, flow->csum_off, flow->dport, dport, l4flags | 2);
+        bpf_skb_store_bytes(skb, flow->l4_off + 2, &dport, 2, 0);
+    }
+}
+
+/* a known flow (either direction): translate as remembered; 1 when it was one */
+static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __u8 dir)
+{
+    struct na_ct_key key = {.saddr = flow->saddr, .daddr = flow->daddr, .sport = flow->sport,
+                            .dport = flow->dport, .proto = flow->proto, .dir = dir};
+    struct na_ct_value *nat = na_ct.lookup(&key);
+
+    if (!nat)
+        return 0;
+    rewrite(skb, flow, nat->saddr, nat->sport, nat->daddr, nat->dport);
+    return 1;
+}
+
+int na_tc_ingress(struct __sk_buff *skb)
+{
+    struct na_flow flow = {};
+    struct na_svc_value *svc;
+    struct na_backend backend = {};
+    __u32 zero = 0;
+
+    if (!parse(skb, &flow))
+        return TC_ACT_OK;
+    if (known(skb, &flow, NA_CT_FORWARD) || known(skb, &flow, NA_CT_REPLY))
+        return TC_ACT_OK;
+
+    struct na_svc_key key = {.addr = flow.daddr, .port = flow.dport, .proto = flow.proto};
+    svc = na_svc.lookup(&key);
+    if (!svc || svc->kind == 1 /* ClusterIP: served by the socket load balancer */)
+        return TC_ACT_OK;
+    if (svc->flags & NA_F_SOURCE_RANGES) {
+        struct na_lbsrc_key src = {.prefixlen = 64, .set_id = svc->ext_set_id, .addr = flow.saddr};
+        if (!na_lbsrc.lookup(&src))
+            return TC_ACT_SHOT;
+    }
+    if (svc->ext_count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, svc->ext_set_id, svc->ext_count,
+                                             svc->affinity_timeout, &backend))
+        return TC_ACT_SHOT;   /* no endpoint (or, under Local policy, none on this node) */
+
+    __be32 saddr = flow.saddr;
+    __be16 sport = flow.sport;
+    struct na_config *config = na_config.lookup(&zero);
+    if (!(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
+        && (config->flags & NA_CONFIG_SNAT)) {
+        saddr = svc->kind == 2 /* NodePort */ || !config->node_addr ? flow.daddr : config->node_addr;
+        __u32 hash = bpf_get_prandom_u32();
+        sport = NA_HTONS(NA_SNAT_PORT_MIN + hash % NA_SNAT_PORT_SPAN);
+    }
+    __u64 now = bpf_ktime_get_ns();
+    struct na_ct_key fwd = {.saddr = flow.saddr, .daddr = flow.daddr, .sport = flow.sport, .dport = flow.dport,
+                            .proto = flow.proto, .dir = NA_CT_FORWARD};
+    struct na_ct_value to_backend = {.saddr = saddr, .daddr = backend.addr, .sport = sport, .dport = backend.port,
+                                     .created_ns = now};
+    struct na_ct_key rev = {.saddr = backend.addr, .daddr = saddr, .sport = backend.port, .dport = sport,
+                            .proto = flow.proto, .dir = NA_CT_REPLY};
+    struct na_ct_value to_client = {.saddr = flow.daddr, .daddr = flow.saddr, .sport = flow.dport,
+                                    .dport = flow.sport, .created_ns = now};
+    if (na_ct.insert(&rev, &to_client) != 0)
+        return TC_ACT_SHOT;   /* that SNAT port is taken: the client's retransmission picks another */
+    na_ct.update(&fwd, &to_backend);
+    rewrite(skb, &flow, saddr, sport, backend.addr, backend.port);
+    return TC_ACT_OK;
+}
+
+int na_tc_egress(struct __sk_buff *skb)
+{
+    struct na_flow flow = {};
+
+    if (parse(skb, &flow))
+        known(skb, &flow, NA_CT_REPLY);
+    return TC_ACT_OK;
+}

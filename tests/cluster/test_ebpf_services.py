@@ -1,0 +1,143 @@
+"""Services in a lab cluster, eBPF mode: the socket load balancer on each node's own cgroup.
+
+One 2-node vxlan lab in `--proxy-mode ebpf`: each node's agent attaches the programs to that
+node's cgroup and pins its maps in a bpffs under the lab's state directory; pod commands run
+inside their node's cgroup. Servers answer with their pod's name and the peer address they
+saw, so each test can say which endpoint answered and that the client address was kept (the
+connection goes straight to the pod: no NAT at all).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+import pytest
+
+from netagent.lab.bpf_places import in_cgroup_of
+from tests.cluster.lab_tools import Background, lab_cluster, serve, wait_for
+from tests.cluster.test_services import answered_by, http_port, manifest, pod_ips, poll, service_of
+
+WEB_PORT, UDP_PORT = 8080, 5353
+pytestmark = pytest.mark.usefixtures("_bcc")
+
+
+@pytest.fixture(scope="module")
+def _bcc():
+    from tests.netns.ebpf_fixtures import require_bcc
+    require_bcc()
+
+
+def programmed(lab, node: str, address: str, expected: set[str]) -> None:
+    """Wait until `node`'s maps (read back by `netagent status services`) balance `address` to `expected`."""
+    def ready() -> bool:
+        out = lab.exec(node, [sys.executable, "-m", "netagent.cli", "status", "services", "--json",
+                              "--bpf-root", lab.bpf_root(node)]).stdout
+        services = json.loads(out)["services"] if out else []
+        return any(s["address"] == address and {b.split(":")[0] for b in s["backends"]} == expected
+                   for s in services)
+    wait_for(ready, timeout=20, what=f"{address} on {node}")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with lab_cluster(nodes=2, mode="vxlan", proxy_mode="ebpf") as lab:
+        node1, node2 = sorted(lab.state.nodes)
+        lab.add_pod("web-1", node=node1, labels={"app": "web", "tier": "front"}, ports={"http": WEB_PORT})
+        lab.add_pod("web-2", node=node2, labels={"app": "web"}, ports={"http": WEB_PORT, "dns": (UDP_PORT, "UDP")})
+        lab.add_pod("client", node=node1)
+        servers = [serve(lab, pod, "tcp", WEB_PORT, lifetime=600, named=True) for pod in ("web-1", "web-2")]
+        servers.append(serve(lab, "web-2", "udp", UDP_PORT, lifetime=600, named=True))
+        lab.api().apply(manifest("web", selector={"app": "web"}, ports=[http_port()]))
+        lab.api().apply(manifest("web-sticky", selector={"app": "web"}, ports=[http_port()],
+                                 sessionAffinity="ClientIP",
+                                 sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}}))
+        lab.api().apply(manifest("dns", selector={"app": "web"}, ports=[
+            {"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP"}]))
+        lab.api().apply(manifest("nobody", selector={"app": "nobody"}, ports=[http_port()]))
+        lab.api().apply(manifest("web-external", selector={"app": "web"}, type="NodePort", ports=[http_port()]))
+        lab.api().apply(manifest("web-local", selector={"tier": "front"}, type="NodePort",
+                                 externalTrafficPolicy="Local", ports=[http_port()]))
+        pods = pod_ips(lab)
+        for node in (node1, node2):
+            programmed(lab, node, f"{service_of(lab, 'web')['spec']['clusterIP']}:80/TCP",
+                       {pods["web-1"], pods["web-2"]})
+        programmed(lab, node1, f"{service_of(lab, 'dns')['spec']['clusterIP']}:53/UDP", {pods["web-2"]})
+        node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+        for node in (node1, node2):
+            programmed(lab, node, f"{lab.state.nodes[node].address}:{node_port}/TCP", {pods["web-1"], pods["web-2"]})
+        try:
+            yield lab
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def test_cluster_ip_across_nodes_keeps_the_pod_source(lab):
+    cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
+    results = poll(lab, "client", cluster_ip, 80, 30)
+    assert set(answered_by(results)) == {"web-1", "web-2"}, results
+    assert {answer.split()[1] for answer, _ in results} == {pod_ips(lab)["client"]}
+
+
+def test_dns_over_udp_answers_from_the_service_address(lab):
+    cluster_ip = service_of(lab, "dns")["spec"]["clusterIP"]
+    out = lab.exec("client", [sys.executable, "-c", (
+        "import socket,sys\n"
+        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(5)\n"
+        f"s.sendto(b'query',('{cluster_ip}',53)); data,src=s.recvfrom(512)\n"
+        "print(data.decode().split()[0], src[0], src[1])")], timeout=30)
+    assert out.stdout.split() == ["web-2", cluster_ip, "53"], out.stderr
+
+
+def test_a_service_without_endpoints_refuses_at_once(lab):
+    cluster_ip = service_of(lab, "nobody")["spec"]["clusterIP"]
+    results = poll(lab, "client", cluster_ip, 80, 3)
+    assert all("ConnectionRefusedError" in answer and seconds < 1 for answer, seconds in results), results
+
+
+def test_session_affinity_pins_a_client(lab):
+    cluster_ip = service_of(lab, "web-sticky")["spec"]["clusterIP"]
+    assert len(set(answered_by(poll(lab, "client", cluster_ip, 80, 20)))) == 1
+
+
+def test_agent_kill_9_and_restart_keeps_connections_and_rewrites_nothing(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
+    stream = Background(lab.netns_of("client"), in_cgroup_of(lab.state, "client", [], [
+        sys.executable, "-m", "tests.cluster.traffic", "stream-tcp", cluster_ip, "80", "6"]))
+    time.sleep(1)
+    lab.stop_agent(node1, sig=signal.SIGKILL)
+    lab.start_agent(node1)
+    out, err = stream.stop_when_done(timeout=30)
+    summary = json.loads(out)
+    assert summary["error"] is None and summary["answered"] == summary["sent"] > 0, (summary, err)
+    log = open(lab.agent_log(node1)).read().split("compiled in")[-1]
+    assert "kept na_connect4, na_sendmsg4, na_recvmsg4, na_getpeername4" in log
+    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1], timeout=20,
+             what="the restarted agent's first sync")
+    # that agent programmed everything there is now (a NodePort on an address that appeared after the
+    # first agent's last full sync included); a second restart finds all of it and writes nothing
+    lab.stop_agent(node1, sig=signal.SIGKILL)
+    lab.start_agent(node1)
+    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1], timeout=20,
+             what="the second restarted agent's first sync")
+    assert "0 map entries written" in open(lab.agent_log(node1)).read().split("compiled in")[-1]
+    assert len(set(answered_by(poll(lab, "client", cluster_ip, 80, 20)))) == 2
+
+
+
+def test_node_port_from_outside_reaches_local_and_remote_endpoints(lab):
+    node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+    for node in sorted(lab.state.nodes):
+        results = poll(lab, "internet", lab.state.nodes[node].address, node_port, 20)
+        assert set(answered_by(results)) == {"web-1", "web-2"}, (node, results)
+
+
+def test_external_traffic_policy_local_keeps_the_client_address(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    node_port = service_of(lab, "web-local")["spec"]["ports"][0]["nodePort"]
+    results = poll(lab, "internet", lab.state.nodes[node1].address, node_port, 10)
+    assert answered_by(results) == ["web-1"] * 10, results
+    assert {answer.split()[1] for answer, _ in results} == {lab.status()["internet"]["address"]}

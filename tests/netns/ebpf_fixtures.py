@@ -1,0 +1,83 @@
+"""Fixtures for the eBPF tests: a private bpffs and a cgroup v2 directory, both made by the test.
+
+The bpffs is mounted on a temporary directory the test owns (never the host's /sys/fs/bpf);
+the cgroup is a child of the cgroup v2 mount made for the test; processes that must be load
+balanced are started inside it by `run_in_cgroup`; everything is detached, unpinned, unmounted
+and removed afterwards.
+"""
+import os
+import subprocess
+import uuid
+
+import pytest
+
+CGROUP2_CANDIDATES = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+
+
+def cgroup2_mount() -> str | None:
+    from ebpf import syscall
+    for path in CGROUP2_CANDIDATES:
+        try:
+            if syscall.fs_magic(path) == syscall.CGROUP2_SUPER_MAGIC:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def require_bcc():
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        pytest.skip("bcc (python3-bpfcc) is not importable")
+    if not os.path.exists(f"/lib/modules/{os.uname().release}/build/include"):
+        pytest.skip("no kernel headers for bcc (scripts/setup.sh links them)")
+
+
+@pytest.fixture
+def bpf_root(tmp_path):
+    """A private bpffs mounted under the test's temporary directory."""
+    from ebpf.loader import remove_pins
+    root = tmp_path / "bpffs"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(root)], check=True)
+    try:
+        yield str(root)
+    finally:
+        remove_pins(str(root))
+        subprocess.run(["umount", str(root)], check=True)
+
+
+@pytest.fixture
+def test_cgroup():
+    """A child cgroup made for this test; its processes are killed and it is removed after."""
+    from ebpf.loader import detach_owned
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 mount")
+    path = os.path.join(mount, f"netagent-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        detach_owned(path)
+        with open(os.path.join(path, "cgroup.procs")) as procs:
+            for pid in procs.read().split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        for _ in range(100):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                import time
+                time.sleep(0.05)
+
+
+def run_in_cgroup(cgroup: str, netns: str, script: str, *, timeout: float = 20.0) -> subprocess.CompletedProcess:
+    """Run a Python `script` in `netns` as a process of `cgroup` (it moves itself in first)."""
+    import sys
+    shell = f'echo $$ > {cgroup}/cgroup.procs && exec ip netns exec {netns} {sys.executable} -c "$0"'
+    return subprocess.run(["sh", "-c", shell, script], capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,145 @@
+"""The tc packet path (ebpf/nodeport.c) under BPF_PROG_TEST_RUN: packets built with scapy go in,
+the packets that come out are parsed and asserted. The maps are the real pinned ones, filled by
+EbpfProxy from a ProxyState, in a private bpffs."""
+import pytest
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import Ether
+
+from ebpf.loader import SocketLbLoader
+from ebpf.syscall import prog_test_run
+from proxy.ebpf.backend import EbpfPaths
+from proxy.factory import build_ebpf_backend
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
+from tests.netns.ebpf_fixtures import bpf_root, require_bcc, test_cgroup  # noqa: F401
+
+TC_ACT_OK, TC_ACT_SHOT = 0, 2
+NODE_IP, CLIENT, OTHER_CLIENT = "198.18.16.11", "203.0.113.2", "192.0.2.77"
+LOCAL_POD, REMOTE_POD = "10.244.1.5", "10.244.2.5"
+NODE = NodeContext(name="node-1", local_addresses=(NODE_IP,))
+
+
+def port(name, number, node_port, *, endpoints_on, **spec):
+    service = ServicePort(name=ServicePortName("default", name), protocol=spec.pop("protocol", Protocol.TCP),
+                          port=80, cluster_ip=f"10.96.0.{number}", node_port=node_port, **spec)
+    endpoints = tuple(Endpoint(ip=ip, port=8080, node_name=node) for ip, node in endpoints_on)
+    return service, endpoints
+
+
+SERVICES = dict(
+    remote=port("remote", 1, 30001, endpoints_on=[(REMOTE_POD, "node-2")]),
+    local=port("local", 2, 30002, endpoints_on=[(LOCAL_POD, "node-1")]),
+    etp_local=port("etp-local", 3, 30003, endpoints_on=[(LOCAL_POD, "node-1"), (REMOTE_POD, "node-2")],
+                   external_policy=TrafficPolicy.LOCAL),
+    ranges=port("ranges", 4, None, endpoints_on=[(REMOTE_POD, "node-2")], load_balancer_ips=("198.51.100.9",),
+                load_balancer_source_ranges=("203.0.113.0/24",)),
+    sticky=port("sticky", 5, 30005, endpoints_on=[(f"10.244.2.{i}", "node-2") for i in range(10, 20)],
+                affinity_timeout=600),
+    dns=port("dns", 6, 30053, endpoints_on=[(REMOTE_POD, "node-2")], protocol=Protocol.UDP),
+)
+
+
+@pytest.fixture
+def tc(bpf_root, test_cgroup):  # noqa: F811
+    yield from _programs(bpf_root, test_cgroup, tc_snat=True)
+
+
+@pytest.fixture
+def tc_no_snat(bpf_root, test_cgroup):  # noqa: F811
+    yield from _programs(bpf_root, test_cgroup, tc_snat=False)
+
+
+def _programs(bpf_root, test_cgroup, *, tc_snat):  # noqa: F811
+    require_bcc()
+    paths = EbpfPaths(bpf_root=bpf_root, cgroup=test_cgroup)
+    backend = build_ebpf_backend(paths, tc_snat=tc_snat)
+    state = ProxyState(node=NODE, services={s.name: s for s, _ in SERVICES.values()},
+                       endpoints={s.name: e for s, e in SERVICES.values()})
+    backend.sync(state, changed=None)
+    try:
+        with SocketLbLoader(bpf_root=bpf_root, cgroup=test_cgroup).load_tc() as programs:
+            yield programs.fds
+    finally:
+        backend.cleanup()
+
+
+def run(fd: int, packet) -> tuple[int, Ether]:
+    retval, out = prog_test_run(fd, bytes(packet))
+    return retval, Ether(out)
+
+
+def tcp(src, sport, dst, dport, flags="S"):
+    return Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=src, dst=dst) / \
+        TCP(sport=sport, dport=dport, flags=flags, seq=1000) / b"payload"
+
+
+def checksums_valid(packet: Ether) -> bool:
+    ip = packet[IP]
+    l4 = ip[TCP] if TCP in ip else ip[UDP]
+    rebuilt = IP(bytes(ip))
+    rebuilt.chksum = None
+    (rebuilt[TCP] if TCP in rebuilt else rebuilt[UDP]).chksum = None
+    fresh = IP(bytes(rebuilt))
+    return (fresh.chksum, (fresh[TCP] if TCP in fresh else fresh[UDP]).chksum) == (ip.chksum, l4.chksum)
+
+
+def test_nodeport_to_a_remote_backend_is_dnated_and_snated_and_the_reply_reversed(tc):
+    code, out = run(tc["na_tc_ingress"], tcp(CLIENT, 40000, NODE_IP, 30001))
+    assert code == TC_ACT_OK
+    assert (out[IP].dst, out[TCP].dport) == (REMOTE_POD, 8080)
+    assert out[IP].src == NODE_IP and 32768 <= out[TCP].sport <= 60999
+    assert bytes(out[TCP].payload) == b"payload" and checksums_valid(out)
+    again_code, again = run(tc["na_tc_ingress"], tcp(CLIENT, 40000, NODE_IP, 30001, flags="A"))
+    assert again_code == TC_ACT_OK and (again[IP].src, again[TCP].sport) == (NODE_IP, out[TCP].sport)
+    code, reply = run(tc["na_tc_ingress"], tcp(REMOTE_POD, 8080, NODE_IP, out[TCP].sport, flags="SA"))
+    assert code == TC_ACT_OK
+    assert (reply[IP].src, reply[TCP].sport, reply[IP].dst, reply[TCP].dport) == (NODE_IP, 30001, CLIENT, 40000)
+    assert checksums_valid(reply)
+
+
+def test_nodeport_to_a_local_backend_keeps_the_client_and_egress_reverses_the_reply(tc):
+    code, out = run(tc["na_tc_ingress"], tcp(CLIENT, 40001, NODE_IP, 30002))
+    assert code == TC_ACT_OK
+    assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (CLIENT, 40001, LOCAL_POD, 8080)
+    code, reply = run(tc["na_tc_egress"], tcp(LOCAL_POD, 8080, CLIENT, 40001, flags="SA"))
+    assert code == TC_ACT_OK and checksums_valid(reply)
+    assert (reply[IP].src, reply[TCP].sport) == (NODE_IP, 30002)
+
+
+def test_external_traffic_policy_local_uses_local_endpoints_and_keeps_the_client(tc):
+    for sport in range(41000, 41020):
+        code, out = run(tc["na_tc_ingress"], tcp(CLIENT, sport, NODE_IP, 30003))
+        assert code == TC_ACT_OK and (out[IP].src, out[IP].dst) == (CLIENT, LOCAL_POD)
+
+
+def test_source_ranges_admit_only_the_listed_clients(tc):
+    code, out = run(tc["na_tc_ingress"], tcp(CLIENT, 40002, "198.51.100.9", 80))
+    assert code == TC_ACT_OK and out[IP].dst == REMOTE_POD
+    code, _ = run(tc["na_tc_ingress"], tcp(OTHER_CLIENT, 40002, "198.51.100.9", 80))
+    assert code == TC_ACT_SHOT
+
+
+def test_client_ip_affinity_keeps_a_client_on_one_backend(tc):
+    chosen = {run(tc["na_tc_ingress"], tcp(CLIENT, sport, NODE_IP, 30005))[1][IP].dst for sport in range(42000, 42020)}
+    assert len(chosen) == 1
+    others = {run(tc["na_tc_ingress"], tcp(f"192.0.2.{n}", 42000, NODE_IP, 30005))[1][IP].dst for n in range(1, 40)}
+    assert len(others) > 1   # different clients spread over the ten endpoints
+
+
+def test_without_snat_a_remote_backend_sees_the_client_and_egress_reverses_the_reply(tc_no_snat):
+    code, out = run(tc_no_snat["na_tc_ingress"], tcp(CLIENT, 43000, NODE_IP, 30001))
+    assert code == TC_ACT_OK and (out[IP].src, out[TCP].sport, out[IP].dst) == (CLIENT, 43000, REMOTE_POD)
+    code, reply = run(tc_no_snat["na_tc_egress"], tcp(REMOTE_POD, 8080, CLIENT, 43000, flags="SA"))
+    assert code == TC_ACT_OK and (reply[IP].src, reply[TCP].sport) == (NODE_IP, 30001) and checksums_valid(reply)
+
+
+def test_udp_is_translated_with_valid_checksums(tc):
+    packet = Ether() / IP(src=CLIENT, dst=NODE_IP) / UDP(sport=5353, dport=30053) / b"query"
+    code, out = run(tc["na_tc_ingress"], packet)
+    assert code == TC_ACT_OK and (out[IP].dst, out[UDP].dport) == (REMOTE_POD, 8080) and checksums_valid(out)
+
+
+def test_packets_that_are_not_for_a_service_pass_untouched(tc):
+    for packet in (tcp(CLIENT, 40003, NODE_IP, 22), tcp(CLIENT, 40003, "10.96.0.1", 80),   # cluster IP: not here
+                   Ether() / IP(src=CLIENT, dst=NODE_IP) / (b"\x00" * 20)):
+        code, out = run(tc["na_tc_ingress"], packet)
+        assert code == TC_ACT_OK and bytes(out) == bytes(packet)

@@ -1,0 +1,228 @@
+"""The socket load balancer on the real kernel: compiled by bcc, maps pinned in a private bpffs,
+programs attached to a test-made cgroup; real sockets in a test-made network namespace."""
+import ctypes
+
+import pytest
+
+from ebpf import maps as M
+from tests.netns.ebpf_fixtures import bpf_root, require_bcc, test_cgroup  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def _bcc():
+    require_bcc()
+
+
+def test_python_views_match_the_c_structs_as_bcc_compiles_them(bpf_root, test_cgroup):  # noqa: F811
+    from bcc import BPF
+
+    from ebpf.loader import SocketLbLoader
+    loader = SocketLbLoader(bpf_root=bpf_root, cgroup=test_cgroup)
+    import os
+    os.makedirs(loader.pin_dir)
+    compiled = BPF(text=loader.source().encode())
+    try:
+        for name, layout in M.LAYOUTS.items():
+            table = compiled[name.encode()]
+            for ours, theirs in ((layout.key, table.Key), (layout.value, table.Leaf)):
+                assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), name
+                if hasattr(theirs, "_fields_"):
+                    assert [f[0] for f in ours._fields_] == [f[0] for f in theirs._fields_], name
+                    for field, *_ in theirs._fields_:
+                        assert getattr(ours, field).offset == getattr(theirs, field).offset, (name, field)
+                        assert getattr(ours, field).size == getattr(theirs, field).size, (name, field)
+    finally:
+        compiled.cleanup()
+
+
+# ---- real sockets, through the backend ---------------------------------------------------------------
+
+import errno  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from proxy.ebpf.backend import EbpfPaths  # noqa: E402
+from proxy.factory import build_ebpf_backend  # noqa: E402
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName  # noqa: E402
+from tests.netns.ebpf_fixtures import run_in_cgroup  # noqa: E402
+from tests.netns.topology import NamespaceTopology  # noqa: E402
+
+BACKENDS = ("10.77.0.2", "10.77.0.3")
+WEB = ServicePortName("default", "web", "http")
+DNS = ServicePortName("kube-system", "dns", "dns")
+EMPTY = ServicePortName("default", "empty")
+EMPTY_UDP = ServicePortName("default", "empty-udp")
+NODE = NodeContext(name="node-1", local_addresses=("10.77.0.1",))
+
+SERVERS = r"""
+import socket, sys, threading
+def tcp(addr):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, 8080)); s.listen(64)
+    while True:
+        c, _ = s.accept(); c.sendall(addr.encode()); c.close()
+def udp(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((addr, 5353))
+    while True:
+        data, peer = s.recvfrom(512); s.sendto(addr.encode() + b" " + data, peer)
+for addr in sys.argv[1:]:
+    for serve in (tcp, udp):
+        threading.Thread(target=serve, args=(addr,), daemon=True).start()
+import time; time.sleep(0.3); print("ready", flush=True); time.sleep(3600)
+"""
+
+
+class ClientAndBackends(NamespaceTopology):
+    """client (10.77.0.1) -- veth -- backends (10.77.0.2, 10.77.0.3), TCP 8080 and UDP 5353 each."""
+
+    def __init__(self):
+        super().__init__(["cli", "be"])
+
+    def _build(self):
+        veth_client, veth_backends = (f"na-e{self.names['cli'][-6:]}", f"na-f{self.names['cli'][-6:]}")
+        subprocess.run(["ip", "-n", self.names["cli"], "link", "add", veth_client, "type", "veth", "peer", "name",
+                        veth_backends, "netns", self.names["be"]], check=True)
+        self.run("cli", "ip", "addr", "add", "10.77.0.1/24", "dev", veth_client)
+        self.run("cli", "ip", "link", "set", veth_client, "up")
+        for address in BACKENDS:
+            self.run("be", "ip", "addr", "add", f"{address}/24", "dev", veth_backends)
+        self.run("be", "ip", "link", "set", veth_backends, "up")
+        self.run("be", "ip", "link", "set", "lo", "up")
+        self.start_server("be", [sys.executable, "-c", SERVERS, *BACKENDS])
+
+
+def service_state(*, affinity: int | None = None) -> ProxyState:
+    services = {
+        WEB: ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip="10.96.0.10", affinity_timeout=affinity),
+        DNS: ServicePort(name=DNS, protocol=Protocol.UDP, port=53, cluster_ip="10.96.0.53"),
+        EMPTY: ServicePort(name=EMPTY, protocol=Protocol.TCP, port=80, cluster_ip="10.96.0.99"),
+        EMPTY_UDP: ServicePort(name=EMPTY_UDP, protocol=Protocol.UDP, port=53, cluster_ip="10.96.0.98"),
+    }
+    endpoints = {WEB: tuple(Endpoint(ip=ip, port=8080) for ip in BACKENDS),
+                 DNS: tuple(Endpoint(ip=ip, port=5353) for ip in BACKENDS)}
+    return ProxyState(node=NODE, services=services, endpoints=endpoints)
+
+
+CLIENT = r"""
+import errno, json, socket
+out = {"tcp": [], "peer": [], "udp": [], "udp_from": [], "connected_udp_peer": None}
+for _ in range(24):
+    s = socket.create_connection(("10.96.0.10", 80), timeout=5)
+    out["peer"].append(list(s.getpeername())); out["tcp"].append(s.recv(64).decode()); s.close()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+for i in range(12):
+    u.sendto(b"q%d" % i, ("10.96.0.53", 53))
+    data, source = u.recvfrom(512)
+    out["udp"].append(data.decode()); out["udp_from"].append(list(source))
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(5); c.connect(("10.96.0.53", 53))
+c.send(b"hello"); c.recv(512); out["connected_udp_peer"] = list(c.getpeername())
+e = socket.socket(); e.settimeout(5)
+try:
+    e.connect(("10.96.0.99", 80)); out["empty"] = [0]
+except OSError as error:
+    out["empty"] = [error.errno]
+e = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    e.sendto(b"q", ("10.96.0.98", 53)); out["empty"].append(0)
+except OSError as error:
+    out["empty"].append(error.errno)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def lab(bpf_root, test_cgroup):  # noqa: F811
+    with ClientAndBackends() as topology:
+        paths = EbpfPaths(bpf_root=bpf_root, cgroup=test_cgroup)
+        backend = build_ebpf_backend(paths)
+        try:
+            yield topology, backend, paths
+        finally:
+            backend.cleanup()
+
+
+def test_tcp_udp_getpeername_and_refusal_through_the_socket_load_balancer(lab):
+    topology, backend, paths = lab
+    backend.sync(service_state(), changed=None)
+    result = run_in_cgroup(paths.cgroup, topology.names["cli"], CLIENT)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out["tcp"]) == set(BACKENDS)                     # both backends answered (24 connects)
+    assert all(peer == ["10.96.0.10", 80] for peer in out["peer"])
+    assert {reply.split()[0] for reply in out["udp"]} == set(BACKENDS)
+    assert all(source == ["10.96.0.53", 53] for source in out["udp_from"])   # replies from the service
+    assert out["connected_udp_peer"] == ["10.96.0.53", 53]
+    assert out["empty"] == [errno.ECONNREFUSED, errno.ECONNREFUSED]
+
+
+def test_client_ip_affinity_keeps_one_backend(lab):
+    topology, backend, paths = lab
+    backend.sync(service_state(affinity=300), changed=None)
+    result = run_in_cgroup(paths.cgroup, topology.names["cli"], CLIENT)
+    assert result.returncode == 0, result.stderr
+    assert len(set(json.loads(result.stdout)["tcp"])) == 1
+
+
+def test_only_the_given_cgroup_is_balanced(lab):
+    topology, backend, _ = lab
+    backend.sync(service_state(), changed=None)
+    outside = subprocess.run(["ip", "netns", "exec", topology.names["cli"], sys.executable, "-c",
+                              "import socket\ntry:\n socket.create_connection(('10.96.0.10', 80), timeout=2)\n"
+                              "except OSError as e: print(e.errno)"], capture_output=True, text=True, timeout=20)
+    assert outside.stdout.strip() == str(errno.ENETUNREACH)   # no route to the cluster IP: untouched
+
+
+def test_a_restarted_agent_adopts_the_pinned_maps_and_writes_nothing(lab):
+    topology, backend, paths = lab
+    backend.sync(service_state(), changed=None)
+    established = subprocess.Popen(
+        ["sh", "-c", f'echo $$ > {paths.cgroup}/cgroup.procs && exec ip netns exec {topology.names["cli"]} '
+                     f'{sys.executable} -c "$0"',
+         "import socket,sys\ns=socket.create_connection(('10.96.0.10',80),timeout=5)\n"
+         "print(s.recv(64).decode(),flush=True)\nsys.stdin.readline()\nprint(s.getpeername(),flush=True)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert established.stdout.readline().strip() in BACKENDS
+        again = build_ebpf_backend(paths)        # a new agent: compiles, finds the same programs attached
+        assert again.load_report.attached == () and len(again.load_report.kept) == 4
+        report = again.sync(service_state(), changed=None)
+        assert "0 map entries written" in report.detail
+        established.stdin.write("\n")
+        established.stdin.flush()
+        assert established.stdout.readline().strip() == "('10.96.0.10', 80)"
+        shown = {(s.address, s.name): s.backends for s in again.programmed()}
+        assert set(shown[("10.96.0.10:80/TCP", "default/web:http")]) == {f"{ip}:8080" for ip in BACKENDS}
+    finally:
+        established.kill()
+        established.wait()
+
+
+def test_cleanup_detaches_every_program_and_unpins_every_map(lab):
+    import os
+
+    from ebpf.loader import attached_programs, pin_dir
+    _, backend, paths = lab
+    backend.sync(service_state(), changed=None)
+    assert len([p for p in attached_programs(paths.cgroup) if p.ours]) == 4
+    backend.cleanup()
+    assert not [p for p in attached_programs(paths.cgroup) if p.ours]
+    assert not os.path.exists(pin_dir(paths.bpf_root))
+
+
+def test_status_bpf_lists_programs_and_map_fill_and_status_services_reads_the_maps(lab):
+    _, backend, paths = lab
+    backend.sync(service_state(), changed=None)
+    shown = subprocess.run([sys.executable, "-m", "netagent.cli", "status", "bpf", "--json", "--bpf-root",
+                            paths.bpf_root, "--cgroup-root", paths.cgroup], capture_output=True, text=True, timeout=60)
+    status = json.loads(shown.stdout)
+    assert sorted(p["hook"] for p in status["programs"] if p["ours"]) == \
+        ["connect4", "getpeername4", "recvmsg4", "sendmsg4"]
+    fill = {m["name"]: m["entries"] for m in status["maps"]}
+    assert fill["na_svc"] == 4 and fill["na_slots"] == 4 and fill["na_setname"] == 4
+    services = subprocess.run([sys.executable, "-m", "netagent.cli", "status", "services", "--json", "--bpf-root",
+                               paths.bpf_root], capture_output=True, text=True, timeout=60)
+    listing = json.loads(services.stdout)
+    if listing["source"] == "kernel":   # (an agent of another test may answer on 127.0.0.1:10249)
+        assert listing["mode"] == "ebpf"
+        assert {s["address"] for s in listing["services"]} == {"10.96.0.10:80/TCP", "10.96.0.53:53/UDP",
+                                                               "10.96.0.99:80/TCP", "10.96.0.98:53/UDP"}

@@ -1,0 +1,76 @@
+"""One behaviour suite, the same assertions for every backend that runs on this kernel
+(iptables on both of its backends, eBPF; IPVS needs the VM tier): a client in one namespace,
+two backends in another, real sockets. Parity is shown, not claimed: a backend that behaves
+differently fails here under its own id."""
+import errno
+import json
+import subprocess
+import sys
+
+import pytest
+
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.backend import IptablesBackend
+from proxy.ebpf.backend import EbpfPaths
+from proxy.factory import build_backend, build_ebpf_backend
+from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
+from tests.netns.test_ebpf_socket_lb import BACKENDS, ClientAndBackends, service_state
+
+CLIENT = r"""
+import json, socket
+out = {"tcp": [], "peer": set(), "udp": set(), "udp_from": set()}
+for _ in range(24):
+    s = socket.create_connection(("10.96.0.10", 80), timeout=5)
+    out["peer"].add(s.getpeername()); out["tcp"].append(s.recv(64).decode()); s.close()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+for i in range(12):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+    u.sendto(b"q", ("10.96.0.53", 53)); data, source = u.recvfrom(512)
+    out["udp"].add(data.decode().split()[0]); out["udp_from"].add(source)
+e = socket.socket(); e.settimeout(5)
+try:
+    e.connect(("10.96.0.99", 80)); out["empty"] = 0
+except OSError as error:
+    out["empty"] = error.errno
+print(json.dumps({k: sorted(v) if isinstance(v, set) else v for k, v in out.items()}))
+"""
+
+
+@pytest.fixture(params=["iptables-legacy", "iptables-nft", "ebpf"])
+def programmed(request, tmp_path):
+    """(client namespace, how to run the client) with the services programmed by one backend."""
+    with ClientAndBackends() as topology:
+        client_ns = topology.names["cli"]
+        if request.param == "ebpf":
+            require_bcc()
+            cgroup = request.getfixturevalue("test_cgroup")
+            backend = build_ebpf_backend(EbpfPaths(bpf_root=request.getfixturevalue("bpf_root"), cgroup=cgroup))
+
+            def run():
+                return run_in_cgroup(cgroup, client_ns, CLIENT)
+        else:
+            # iptables needs a route to the cluster IPs: DNAT in OUTPUT comes after routing
+            namespaces.run_in(client_ns, ["ip", "route", "add", "10.96.0.0/16", "dev",
+                                          f"na-e{client_ns[-6:]}"], check=True)
+            backend = build_backend("iptables", iptables_backend=IptablesBackend(request.param.split("-")[1]),
+                                    netns=client_ns)
+
+            def run():
+                return subprocess.run([*namespaces.exec_prefix(client_ns), sys.executable, "-c", CLIENT],
+                                      capture_output=True, text=True, timeout=60)
+        try:
+            backend.sync(service_state(), changed=None)
+            yield run
+        finally:
+            backend.cleanup()
+
+
+def test_every_backend_balances_answers_from_the_service_and_refuses_an_empty_one(programmed):
+    result = programmed()
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out["tcp"]) == set(BACKENDS)
+    assert out["peer"] == [["10.96.0.10", 80]]
+    assert set(out["udp"]) == set(BACKENDS)
+    assert out["udp_from"] == [["10.96.0.53", 53]]
+    assert out["empty"] == errno.ECONNREFUSED
