@@ -20,11 +20,15 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from netagent.kube.config import JSON, PatchType
+from netagent.kube.config import JSON
+from netagent.lab.apiserver.bodies import decode_body, dry_run, patch_type_of, wants_table
 from netagent.lab.apiserver.discovery import VERSION_INFO, discovery
-from netagent.lab.apiserver.errors import ApiError, bad_request
+from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource, typed
-from netagent.lab.apiserver.routing import grace_period, parse_target, truthy
+from netagent.lab.apiserver.openapi import openapi_document
+from netagent.lab.apiserver.routing import Target, grace_period, parse_target, truthy
+from netagent.lab.apiserver.tables import render_table
+from netagent.lab.apiserver.validation import FieldValidation
 from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector, integer
 from netagent.lab.apiserver.watch_response import WatchResponse
 
@@ -92,14 +96,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    @staticmethod
-    def _json_body(raw_body: bytes) -> object:
-        try:
-            return json.loads(raw_body) if raw_body else None
-        except ValueError as error:
-            raise bad_request(f"the request body is not JSON: {error}") from None
+    def _json_body(self, raw_body: bytes) -> object:
+        return decode_body(self.headers.get("Content-Type"), raw_body)
 
-    def _send_json(self, code: int, payload: object) -> None:
+    def _send_json(self, code: int, payload: object, *, table: bool = False) -> None:
+        if table and isinstance(payload, dict) and payload.get("kind") != "Status":
+            payload = render_table(payload)
         body = json.dumps(payload, separators=(",", ":")).encode()
         self.send_response(code)
         self.send_header("Content-Type", JSON)
@@ -124,16 +126,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send_text(200, "ok")
         if path == "/version":
             return self._send_json(200, VERSION_INFO)
+        if path.startswith("/openapi/") and method == "GET":
+            accept = self.headers.get("Accept") or ""
+            if path == "/openapi/v2" and accept and not any(t in accept for t in ("json", "*/*")):
+                raise ApiError(406, "NotAcceptable", "OpenAPI v2 is served as JSON only, not protobuf; kubectl "
+                               "reads OpenAPI v3 (explain's default output, apply, validation)")
+            return self._send_json(200, openapi_document(path))
         if path.startswith("/_lab/"):
             return self._lab_admin(method, path)
         target = parse_target(path)
         if target is None:
-            document = discovery(path, server_address=api.server_address) if method == "GET" else None
+            document = discovery(path, server_address=self._reached_address()) if method == "GET" else None
             if document is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return self._send_json(200, document)
+        options = self._json_body(raw_body) if method == "DELETE" else None  # DeleteOptions may say dryRun too
+        if method == "GET":  # reads (and hour-long watches) never hold the store's lock here
+            return self._serve_resource(method, target, query, raw_body)
+        validation = FieldValidation.parse(query.get("fieldValidation"))
+        with api.store.request_options(dry_run=dry_run(query, options), validation=validation):
+            self._serve_resource(method, target, query, raw_body)
+
+    def _serve_resource(self, method: str, target: Target, query: dict[str, str], raw_body: bytes) -> None:
+        api = self.server.api
         store = api.store
         resource = target.resource
+        table = wants_table(self.headers.get("Accept"))
         if target.name is None:
             selection = Filter(
                 target.namespace,
@@ -141,10 +159,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 FieldSelector.parse(query.get("fieldSelector"), resource=resource),
             )
             if method == "GET" and (target.watch_path or truthy(query.get("watch"))):
-                return WatchResponse(self, api).serve(resource, selection, query)
+                return WatchResponse(self, api).serve(resource, selection, query, table=table)
             if method == "GET":
-                limit = integer(query.get("limit")) or 0
-                return self._send_json(200, store.list(resource, selection, limit=limit, token=query.get("continue")))
+                listed = store.list(
+                    resource, selection, limit=integer(query.get("limit")) or 0, token=query.get("continue"),
+                    resource_version=query.get("resourceVersion"), match=query.get("resourceVersionMatch"),
+                )
+                return self._send_json(200, listed, table=table)
             if method == "POST":
                 if resource.namespaced and target.namespace is None:
                     raise ApiError(405, "MethodNotAllowed", f"create {resource.plural} in a namespace's collection")
@@ -160,18 +181,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection")
         if method == "GET":
             found = store.get(resource, target.name, namespace=target.namespace)
-            return self._send_json(200, typed(resource, found))
+            return self._send_json(200, typed(resource, found), table=table)
         if method == "PUT":
             updated = store.replace(
                 resource, target.name, namespace=target.namespace, body=self._json_body(raw_body), part=target.part
             )
             return self._send_json(200, typed(resource, updated))
         if method == "PATCH":
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            try:
-                patch_type = PatchType(content_type)
-            except ValueError:
-                raise ApiError(415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported") from None
+            patch_type = patch_type_of(self.headers.get("Content-Type"))
             patched = store.patch(
                 resource,
                 target.name,
@@ -197,3 +214,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             counts = api.store.watch_counts()
             return self._send_json(200, {"watchers": sum(counts.values()), "byResource": counts})
         raise ApiError(404, "NotFound", f"no lab endpoint {method} {path}")
+
+    def _reached_address(self) -> str:
+        """host:port the client connected to (what /api advertises), the server's own for a unix socket."""
+        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+            host, port = self.connection.getsockname()[:2]
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return self.server.api.server_address

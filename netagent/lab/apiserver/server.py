@@ -23,8 +23,9 @@ import threading
 import time
 
 from netagent.kube.config import PatchType
-from netagent.kube.resources import Resource, resource_for
+from netagent.kube.resources import Resource
 from netagent.lab.apiserver.handler import Handler
+from netagent.lab.apiserver.kinds import served_resource
 from netagent.lab.apiserver.objects import Subresource, clone, typed
 from netagent.lab.apiserver.persistence import StateFile
 from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector
@@ -168,7 +169,7 @@ class ApiServer:
         return self.store.revision
 
     def create(self, obj: dict) -> dict:
-        resource = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        resource = served_resource(obj.get("apiVersion", ""), obj.get("kind", ""))
         namespace = (obj.get("metadata") or {}).get("namespace") or ("default" if resource.namespaced else None)
         return clone(typed(resource, self.store.create(resource, clone(obj), namespace=namespace)))
 
@@ -184,7 +185,7 @@ class ApiServer:
         return [clone(typed(resource, obj)) for obj in items]
 
     def update(self, obj: dict, *, part: Subresource = Subresource.MAIN) -> dict:
-        resource = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        resource = served_resource(obj.get("apiVersion", ""), obj.get("kind", ""))
         metadata = obj.get("metadata") or {}
         namespace = metadata.get("namespace") or ("default" if resource.namespaced else None)
         updated = self.store.replace(
