@@ -1,7 +1,8 @@
 """`python -m netagent.lab.apiserver`: the API test server as a process, as the lab runs it.
 
-The lab starts it in the router namespace with `--listen`, `--unix`, `--state` and
-`--endpointslice-controller`; the tests start it the same way to kill it mid-write. It
+The lab starts it in the router namespace with `--listen`, `--unix`, `--state`,
+`--endpointslice-controller` and `--listen-fd` (a loopback socket `lab up` opened in its own
+namespace, so kubectl on the host reaches the same process); the tests start it the same way to kill it mid-write. It
 prints `listening URL` once it serves, serves until SIGTERM or SIGINT, then stops the
 controller and then the server (which saves the state). The help text is the package
 docstring's first line. The EndpointSlice controller is imported only when asked for.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m netagent.lab.apiserver", description=description)
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 0), metavar="HOST:PORT")
     parser.add_argument("--unix", metavar="PATH", help="also listen on this unix socket")
+    parser.add_argument("--listen-fd", type=int, action="append", default=[], metavar="FD",
+                        help="also serve this inherited, already listening TCP socket (repeatable)")
     parser.add_argument("--state", metavar="FILE", help="persist objects and the resourceVersion here")
     parser.add_argument("--bookmark-interval", type=float, default=5.0, metavar="SECONDS")
     parser.add_argument("--history", type=int, default=10000, metavar="EVENTS")
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
         controller = EndpointSliceController(server.store)
         controller.start()  # before serving: its start-up sync sees the state as loaded
-    server.start(host=host, port=port, unix_path=args.unix)
+    handed = tuple(socket.socket(fileno=fd) for fd in args.listen_fd)
+    server.start(host=host, port=port, unix_path=args.unix, listening=handed)
     print(f"listening {server.url}", flush=True)
     while not stop_requested.wait(0.5):
         pass

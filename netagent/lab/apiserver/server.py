@@ -1,7 +1,9 @@
 """`ApiServer`: the object tests and the lab hold: listeners, threads, lifecycle, in-process verbs.
 
-`start()` binds a TCP listener (IPv4 or IPv6 by the host given) and optionally a unix
-socket, each served on its own daemon thread by the stdlib's threading server. `stop()`
+`start()` binds a TCP listener (IPv4 or IPv6 by the host given), optionally a unix socket,
+and serves any TCP sockets handed over already listening (the lab's second listener, opened
+in the namespace that ran `lab up`), each on its own daemon thread by the stdlib's
+threading server. `stop()`
 ends everything in an order that loses nothing: it flags `stopping` and wakes every watch
 stream so they end, closes the listeners, shuts down the connections still open, gives the
 watch threads a moment to finish, then closes the store, which saves the state and answers
@@ -89,9 +91,22 @@ class ApiServer:
         self.unix_path: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self, *, host: str = "127.0.0.1", port: int = 0, unix_path: str | None = None) -> None:
+    def start(
+        self, *, host: str = "127.0.0.1", port: int = 0, unix_path: str | None = None,
+        listening: tuple[socket.socket, ...] = (),
+    ) -> None:
+        """Serve on host:port, `unix_path`, and on each already listening TCP socket in `listening`
+        (the lab hands one over that `lab up` opened in its own network namespace)."""
         if self._servers:
             raise RuntimeError("the API server is already started")
+        for sock in listening:
+            handed = (ListeningServer6 if sock.family == socket.AF_INET6 else ListeningServer)(
+                sock.getsockname()[:2], Handler, bind_and_activate=False)
+            handed.socket.close()
+            handed.socket = sock
+            handed.server_address = sock.getsockname()
+            handed.api = self
+            self._servers.append(handed)
         server_class = ListeningServer6 if ":" in host else ListeningServer
         tcp = server_class((host, port), Handler)
         tcp.api = self
