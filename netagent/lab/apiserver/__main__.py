@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unix", metavar="PATH", help="also listen on this unix socket")
     parser.add_argument("--listen-fd", type=int, action="append", default=[], metavar="FD",
                         help="also serve this inherited, already listening TCP socket (repeatable)")
+    parser.add_argument("--advertise", type=_parse_listen, metavar="ADDRESS:PORT",
+                        help="publish the default/kubernetes Service with this endpoint, as a real server does")
     parser.add_argument("--state", metavar="FILE", help="persist objects and the resourceVersion here")
     parser.add_argument("--bookmark-interval", type=float, default=5.0, metavar="SECONDS")
     parser.add_argument("--history", type=int, default=10000, metavar="EVENTS")
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_requested = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
     signal.signal(signal.SIGINT, lambda *_: stop_requested.set())
-    server = ApiServer(state_file=args.state, history=args.history, bookmark_interval=args.bookmark_interval)
+    server = ApiServer(state_file=args.state, history=args.history, bookmark_interval=args.bookmark_interval,
+                       advertise=args.advertise)
     host, port = args.listen
     controller = None
     if args.endpointslice_controller:

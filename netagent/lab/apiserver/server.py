@@ -26,6 +26,7 @@ import time
 
 from netagent.kube.config import PatchType
 from netagent.kube.resources import Resource
+from netagent.lab.apiserver.builtin_objects import ensure_kubernetes_service
 from netagent.lab.apiserver.handler import Handler
 from netagent.lab.apiserver.kinds import served_resource
 from netagent.lab.apiserver.objects import Subresource, clone, typed
@@ -74,7 +75,9 @@ class ApiServer:
         bookmark_interval: float = 5.0,
         watch_timeout: float = 300.0,
         service_cidr: str = "10.96.0.0/16",
+        advertise: tuple[str, int] | None = None,
     ) -> None:
+        """`advertise` (address, port): publish the `default/kubernetes` Service with that endpoint."""
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.liveness_poll = 0.25  # how often an idle watch checks that its client is still there
@@ -89,6 +92,8 @@ class ApiServer:
         self._host = ""
         self._port = 0
         self.unix_path: str | None = None
+        if advertise is not None:
+            ensure_kubernetes_service(self.store, address=advertise[0], port=advertise[1], service_cidr=service_cidr)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(
