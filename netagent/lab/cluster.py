@@ -178,7 +178,7 @@ class LabCluster:
             pid = self.processes.spawn(self.state.router, [
                 sys.executable, "-m", "netagent.lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
                 "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
-                "--endpointslice-controller", "--listen-fd", str(host_socket.fileno()),
+                "--endpointslice-controller", "--endpoints-controller", "--listen-fd", str(host_socket.fileno()),
                 "--advertise", f"{physical.router_address(1)}:{API_PORT}"],
                 os.path.join(self.workdir, "apiserver.log"), pass_fds=(host_socket.fileno(),))
         self.state.api_pid = pid

@@ -56,6 +56,10 @@ def test_kubectl_from_the_host_and_from_a_node_reaches_the_lab(tmp_path):
         slices = json.loads(kubectl(host_config, "get", "endpointslices", "-l", "kubernetes.io/service-name=web",
                                     "-o", "json"))["items"]  # the lab's controller, in the same process
         assert slices[0]["endpoints"][0]["addresses"] == [lab.state.pods["web-1"].ip]
+        endpoints = kubectl(host_config, "get", "ep", "web").splitlines()  # the v1 mirror of those slices
+        assert endpoints[1].split()[:2] == ["web", f"{lab.state.pods['web-1'].ip}:8080"]
+        kubernetes = kubectl(host_config, "get", "endpoints", "kubernetes", "-o", "jsonpath={.subsets[0].addresses[0].ip}")
+        assert kubernetes == lab.api_url.split("//")[1].split(":")[0]
         inside_config = str(tmp_path / "inside.yaml")
         (tmp_path / "inside.yaml").write_text(lab_cli(lab.workdir, "kubeconfig", "--inside"))
         node = next(iter(lab.state.nodes.values()))

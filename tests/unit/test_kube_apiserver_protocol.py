@@ -6,6 +6,7 @@ protobuf bodies, discovery, the `default/kubernetes` Service: each as the real s
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -220,3 +221,40 @@ def test_the_kubernetes_service_points_at_the_advertised_address():
         endpoint_slice = api_server.get(ENDPOINT_SLICES, "kubernetes", namespace="default")
         assert endpoint_slice["endpoints"][0]["addresses"] == ["198.18.16.1"]
         assert api_server.create(service("web", 80))["spec"]["clusterIP"] != "10.96.0.1"
+
+
+def test_endpoints_mirror_restates_a_selector_services_slices(server):
+    from netagent.lab.apiserver.endpoints_mirror import EndpointsMirror
+
+    server.create(service("web", 80))
+    server.create({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "manual", "namespace": "default"},
+                   "subsets": [{"addresses": [{"ip": "192.0.2.1"}]}]})
+    server.create({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                   "metadata": {"name": "web-1", "namespace": "default", "labels": {
+                       "kubernetes.io/service-name": "web"}},
+                   "addressType": "IPv4", "ports": [{"name": "p80", "port": 8080, "protocol": "TCP"}],
+                   "endpoints": [
+                       {"addresses": ["10.244.0.7"], "conditions": {"ready": True}, "nodeName": "n1",
+                        "targetRef": {"kind": "Pod", "name": "a", "namespace": "default"}},
+                       {"addresses": ["10.244.0.5"], "conditions": {"ready": False}},
+                       {"addresses": ["10.244.0.6"], "conditions": {"ready": False, "terminating": True}}]})
+    mirror = EndpointsMirror(server.store)
+    mirror.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not server.store.find(ENDPOINTS, "web", namespace="default"):
+            time.sleep(0.01)
+        mirror.sync_all()
+        endpoints = server.get(ENDPOINTS, "web", namespace="default")
+        assert endpoints["metadata"]["labels"] == {"endpointslice.kubernetes.io/skip-mirror": "true"}
+        assert endpoints["subsets"] == [{
+            "addresses": [{"ip": "10.244.0.7", "nodeName": "n1",
+                           "targetRef": {"kind": "Pod", "name": "a", "namespace": "default"}}],
+            "notReadyAddresses": [{"ip": "10.244.0.5"}],
+            "ports": [{"name": "p80", "port": 8080, "protocol": "TCP"}]}]
+        server.delete(SERVICES, "web", namespace="default")
+        while time.monotonic() < deadline and server.store.find(ENDPOINTS, "web", namespace="default"):
+            time.sleep(0.01)
+        assert [e["metadata"]["name"] for e in server.list(ENDPOINTS)] == ["manual"]  # hand-written: kept
+    finally:
+        mirror.stop()

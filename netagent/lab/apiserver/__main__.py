@@ -1,10 +1,12 @@
 """`python -m netagent.lab.apiserver`: the API test server as a process, as the lab runs it.
 
 The lab starts it in the router namespace with `--listen`, `--unix`, `--state`,
-`--endpointslice-controller` and `--listen-fd` (a loopback socket `lab up` opened in its own
-namespace, so kubectl on the host reaches the same process); the tests start it the same way to kill it mid-write. It
-prints `listening URL` once it serves, serves until SIGTERM or SIGINT, then stops the
-controller and then the server (which saves the state). The help text is the package
+`--endpointslice-controller`, `--endpoints-controller` (v1 Endpoints mirrored from the
+slices), `--advertise` (the `default/kubernetes` Service) and `--listen-fd` (a loopback
+socket `lab up` opened in its own namespace, so kubectl on the host reaches the same
+process); the tests start it the same way to kill it mid-write. It prints `listening URL`
+once it serves, serves until SIGTERM or SIGINT, then stops the controllers and then the
+server (which saves the state). The help text is the package
 docstring's first line. The EndpointSlice controller is imported only when asked for.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import threading
 
 import netagent.lab.apiserver as package
+from netagent.lab.apiserver.endpoints_mirror import EndpointsMirror
 from netagent.lab.apiserver.server import ApiServer
 
 
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--endpointslice-controller", action="store_true",
                         help="also run the lab's EndpointSlice controller (slices for Services with selectors)")
+    parser.add_argument("--endpoints-controller", action="store_true",
+                        help="also keep v1 Endpoints for selector Services, mirrored from their EndpointSlices")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop_requested = threading.Event()
@@ -57,12 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         controller = EndpointSliceController(server.store)
         controller.start()  # before serving: its start-up sync sees the state as loaded
     handed = tuple(socket.socket(fileno=fd) for fd in args.listen_fd)
+    mirror = EndpointsMirror(server.store) if args.endpoints_controller else None
+    if mirror is not None:
+        mirror.start()
     server.start(host=host, port=port, unix_path=args.unix, listening=handed)
     print(f"listening {server.url}", flush=True)
     while not stop_requested.wait(0.5):
         pass
     if controller is not None:
         controller.stop()
+    if mirror is not None:
+        mirror.stop()
     server.stop()
     return 0
 
