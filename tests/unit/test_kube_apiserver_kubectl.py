@@ -56,11 +56,8 @@ class Kubectl:
 
 
 @pytest.fixture
-def server():
-    api_server = ApiServer()
-    api_server.start()
-    yield api_server
-    api_server.stop()
+def server(lab_api_server):
+    return lab_api_server
 
 
 @pytest.fixture

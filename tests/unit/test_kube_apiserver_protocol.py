@@ -25,11 +25,8 @@ NAMESPACE_FOO_PROTOBUF = bytes.fromhex(
 
 
 @pytest.fixture
-def server():
-    api_server = ApiServer()
-    api_server.start()
-    yield api_server
-    api_server.stop()
+def server(lab_api_server):
+    return lab_api_server
 
 
 def http(server: ApiServer, method: str, path: str, body: object = None, *, content_type: str = "application/json",
