@@ -256,8 +256,29 @@ def test_events_api_resources_and_explain(kubectl, server):
     assert "DESCRIPTION:" in kubectl("explain", "pods.spec.containers.env")
 
 
-def test_server_side_apply_is_refused_with_a_clear_message(kubectl, server):
-    failed = kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(web_service(("http", 80, 8080))),
-                         check=False)
-    assert failed.returncode == 1 and "server-side apply is not supported by the lab API server" in failed.stderr
-    assert server.list(SERVICES) == []
+def test_server_side_apply_owns_fields_removes_unapplied_ones_and_reports_conflicts(kubectl, server):
+    def apply(manifest: dict, *extra: str) -> subprocess.CompletedProcess:
+        return kubectl.run("apply", "--server-side", "-f", "-", *extra, stdin=json.dumps(manifest), check=False)
+
+    two = web_service(("http", 80, 8080), ("https", 443, 8443))
+    assert apply(two).stdout.strip() == "service/web serverside-applied"
+    entry, = server.get(SERVICES, "web", namespace="default")["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"], entry["fieldsType"]) == ("kubectl", "Apply", "FieldsV1")
+    assert entry["fieldsV1"]["f:spec"]["f:ports"]['k:{"port":443}'] == {
+        ".": {}, "f:name": {}, "f:port": {}, "f:targetPort": {}}
+    assert "managedFields" not in kubectl.json("get", "svc", "web")["metadata"]  # kubectl hides them
+    one = web_service(("http", 80, 8080))
+    assert apply(one).returncode == 0
+    assert stored_ports(server) == [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+    kubectl("label", "svc", "web", "app=mine", "--overwrite")
+    conflict = apply(one)
+    assert conflict.returncode == 1
+    assert 'Apply failed with 1 conflict: conflict with "kubectl-label" using v1: .metadata.labels.app' in \
+        conflict.stderr and "--force-conflicts" in conflict.stderr
+    assert apply(one, "--force-conflicts").returncode == 0
+    stored = server.get(SERVICES, "web", namespace="default")
+    assert stored["metadata"]["labels"] == {"app": "web"}
+    assert [e["manager"] for e in stored["metadata"]["managedFields"]] == ["kubectl"]
+    dry = apply({**one, "metadata": {"name": "other"}}, "--dry-run=server")
+    assert dry.stdout.strip() == "service/other serverside-applied (server dry run)"
+    assert [s["metadata"]["name"] for s in server.list(SERVICES)] == ["web"]

@@ -180,11 +180,21 @@ def test_protobuf_bodies_of_kubectl_create_are_decoded(server):
     assert status == 415
 
 
-def test_server_side_apply_is_a_clear_415(server):
-    server.create(service("web", 80))
-    status, refused = http(server, "PATCH", "/api/v1/namespaces/default/services/web?fieldManager=me",
-                           b"spec: {}", content_type="application/apply-patch+yaml")
-    assert status == 415 and "server-side apply is not supported" in refused["message"]
+def test_server_side_apply_needs_a_manager_and_keeps_other_writers_fields(server):
+    applied_yaml = b"apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{name: a, port: 80}]}\n"
+    path = "/api/v1/namespaces/default/services/web"
+    assert http(server, "PATCH", path, applied_yaml, content_type="application/apply-patch+yaml")[0] == 400
+    status, created = http(server, "PATCH", path + "?fieldManager=ci", applied_yaml,
+                           content_type="application/apply-patch+yaml")
+    assert status == 201 and created["metadata"]["managedFields"][0]["manager"] == "ci"
+    status, merged = http(server, "PATCH", path + "?fieldManager=other", {"spec": {"ports": [{"port": 81, "name": "b"}]}},
+                          content_type=PatchType.STRATEGIC.value)
+    assert [p["port"] for p in merged["spec"]["ports"]] == [80, 81]
+    owners = {e["manager"]: e["fieldsV1"] for e in merged["metadata"]["managedFields"]}
+    assert set(owners) == {"ci", "other"} and 'k:{"port":81}' in owners["other"]["f:spec"]["f:ports"]
+    status, reapplied = http(server, "PATCH", path + "?fieldManager=ci",
+                             applied_yaml.replace(b"port: 80", b"port: 82"), content_type="application/apply-patch+yaml")
+    assert status == 200 and [p["port"] for p in reapplied["spec"]["ports"]] == [81, 82]  # 80 was ci's alone
 
 
 def test_invalid_lists_every_field_as_a_cause(server):

@@ -28,8 +28,8 @@ terminal can observe of a real server:
   (`openapi.py`: `explain`, apply's patch strategies, `fieldValidation`/`dryRun` support);
   strict field validation (`validation.py`); `dryRun=All` on every write (query or
   DeleteOptions); protobuf bodies of `create namespace`/`create service` (`protobuf.py`);
-  422 Invalid with one StatusCause per field error. Server-side apply is refused 415 with a
-  message saying to use client-side apply (no managedFields).
+  422 Invalid with one StatusCause per field error; server-side apply with managedFields
+  and conflicts (`apply.py`).
 - PATCH: merge (RFC 7386), JSON patch (RFC 6902, all six operations) and strategic merge
   with the real merge keys and directives (`strategic.py`, `patch_meta.py`).
 - Services are defaulted, validated and given a clusterIP, node ports and a health-check
@@ -55,7 +55,8 @@ watch events can share them without copies. In-process helpers return deep copie
 The package, one job a module, leaves first: `kinds.py` (the served kinds), `errors.py`
 (ApiError and its Status), `objects.py` (how stored objects are shaped), `selectors.py`,
 `patch.py` (merge and JSON patch), `patch_meta.py` + `strategic.py` (strategic merge),
-`openapi.py` + `validation.py`, `protobuf.py` + `bodies.py` (request bodies and what a
+`apply.py` (server-side apply), `openapi.py` + `validation.py`, `endpoints_mirror.py`,
+`builtin_objects.py` (`default/kubernetes`), `protobuf.py` + `bodies.py` (request bodies and what a
 request asks for), `tables.py`, `persistence.py`, `strategy.py` (what a write stores, per
 resource), `watch.py`, `store.py` (the state and its one lock), `routing.py` and
 `discovery.py`, `watch_response.py`, `handler.py` (HTTP requests), `server.py` (`ApiServer`)

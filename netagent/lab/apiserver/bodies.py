@@ -1,7 +1,8 @@
 """What a request's headers and query ask for: the body's media type, the answer's, dry run.
 
 Bodies: JSON (`application/json` and the three JSON patch types) and YAML
-(`application/yaml`, which the real server also takes) are decoded here. Protobuf
+(`application/yaml`, which the real server also takes, and `application/apply-patch+yaml`,
+server-side apply's) are decoded here. Protobuf
 (`application/vnd.kubernetes.protobuf`, which kubectl's typed commands send: `create
 namespace`, `create service`) is decoded by `protobuf.py` for the kinds it knows and refused
 415 otherwise. Answers are JSON; an `Accept` naming `as=Table` (kubectl get) gets a
@@ -56,9 +57,6 @@ def patch_type_of(content_type: str | None) -> PatchType:
     try:
         return PatchType(kind)
     except ValueError:
-        if kind == APPLY_PATCH:
-            raise ApiError(415, "UnsupportedMediaType", "server-side apply is not supported by the lab API server: "
-                           "use client-side `kubectl apply` (without --server-side)") from None
         raise ApiError(415, "UnsupportedMediaType", f'the media type "{kind}" is not a supported patch type: '
                        f"use {', '.join(t.value for t in PatchType)}") from None
 

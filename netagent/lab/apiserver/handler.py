@@ -5,7 +5,8 @@ HTTP/1.1 with keep-alive on the stdlib's threading server, one thread per connec
 Kubernetes API: `POST /_lab/compact` drops the history and continue snapshots, `GET
 /_lab/watchers` counts open watch streams), discovery, and the verbs on collections and
 objects: list/watch/create/deletecollection, get/replace/patch/delete, the PATCH type
-chosen by Content-Type (`kube.config.PatchType`, 415 for others). Every `ApiError` raised
+chosen by Content-Type (`kube.config.PatchType`, server-side apply, 415 for others); writes
+run under the request's options (`dryRun`, `fieldValidation`, the field manager). Every `ApiError` raised
 below is answered as its Status; any other exception is a bug in this server and answered
 500, like the real server does, without ending the connection's thread. Watches are handed
 to `watch_response.py`. The handler reaches the `ApiServer` (its store, its settings, its
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from netagent.kube.config import JSON
-from netagent.lab.apiserver.bodies import decode_body, dry_run, patch_type_of, wants_table
+from netagent.lab.apiserver.bodies import APPLY_PATCH, decode_body, dry_run, media_type, patch_type_of, wants_table
 from netagent.lab.apiserver.discovery import VERSION_INFO, discovery
 from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource, typed
@@ -144,7 +145,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if method == "GET":  # reads (and hour-long watches) never hold the store's lock here
             return self._serve_resource(method, target, query, raw_body)
         validation = FieldValidation.parse(query.get("fieldValidation"))
-        with api.store.request_options(dry_run=dry_run(query, options), validation=validation):
+        manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "").split("/")[0]
+        with api.store.request_options(dry_run=dry_run(query, options), validation=validation, manager=manager):
             self._serve_resource(method, target, query, raw_body)
 
     def _serve_resource(self, method: str, target: Target, query: dict[str, str], raw_body: bytes) -> None:
@@ -187,6 +189,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 resource, target.name, namespace=target.namespace, body=self._json_body(raw_body), part=target.part
             )
             return self._send_json(200, typed(resource, updated))
+        if method == "PATCH" and media_type(self.headers.get("Content-Type")) == APPLY_PATCH:
+            applied, is_new = store.apply(resource, target.name, namespace=target.namespace,
+                                          config=self._json_body(raw_body), manager=query.get("fieldManager", ""),
+                                          force=truthy(query.get("force")))
+            return self._send_json(201 if is_new else 200, typed(resource, applied))
         if method == "PATCH":
             patch_type = patch_type_of(self.headers.get("Content-Type"))
             patched = store.patch(

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from netagent.kube.config import PatchType
 from netagent.kube.resources import NAMESPACES, PODS, SERVICES, Resource
 from netagent.lab.apiserver import strategy
+from netagent.lab.apiserver.apply import server_side_apply, track_update
 from netagent.lab.apiserver.kinds import RESOURCES, served_resource
 from netagent.lab.apiserver.errors import (
     ApiError,
@@ -72,6 +73,7 @@ class Store:
         self.closed = False
         self.dry_run_depth = 0  # > 0 while a dryRun=All request runs (under the lock): nothing is written
         self.validation = FieldValidation.WARN  # what unknown fields get (the request's, under the lock)
+        self.manager = ""  # the request's field manager (managedFields of server-side applied objects)
         if state is not None:
             self.revision, loaded = state.load()
             for typed_object in loaded.values():
@@ -158,7 +160,7 @@ class Store:
 
     @contextlib.contextmanager
     def request_options(
-        self, *, dry_run: bool = False, validation: FieldValidation = FieldValidation.WARN
+        self, *, dry_run: bool = False, validation: FieldValidation = FieldValidation.WARN, manager: str = ""
     ) -> Iterator[None]:
         """Run one request's verb with its options: `validation` for the bodies it takes, and as
         `dryRun=All` does (every check and default, nothing stored, no event, no revision, the
@@ -166,12 +168,14 @@ class Store:
         with self.lock:
             allocations = copy.deepcopy(self.service_addresses) if dry_run else None
             saved_validation, self.validation = self.validation, validation
+            saved_manager, self.manager = self.manager, manager
             self.dry_run_depth += dry_run
             try:
                 yield
             finally:
                 self.dry_run_depth -= dry_run
                 self.validation = saved_validation
+                self.manager = saved_manager
                 if allocations is not None:
                     self.service_addresses = allocations
 
@@ -223,7 +227,33 @@ class Store:
                 raise bad_request(f"the name of the object ({given}) does not match the URL ({name})")
             old = self.get(resource, name, namespace=namespace)
             strategy.check_precondition(resource, old, proposed=proposed)
-            return self._update(resource, old, proposed=proposed, part=part)
+            return self._update(resource, old, proposed=self._tracked(resource, old, proposed), part=part)
+
+    def _tracked(self, resource: Resource, old: dict, proposed: dict) -> dict:
+        """`proposed` with the managedFields an ordinary write leaves (only applied objects have any)."""
+        entries = track_update(resource.kind, resource.api_version, old, proposed, manager=self.manager or "unknown")
+        metadata = {k: v for k, v in proposed["metadata"].items() if k != "managedFields"}
+        if entries:
+            metadata["managedFields"] = entries
+        return {**proposed, "metadata": metadata}
+
+    def apply(
+        self, resource: Resource, name: str, *, namespace: str | None, config: object, manager: str, force: bool
+    ) -> tuple[dict, bool]:
+        """Server-side apply of `config` by `manager`; (the object, whether it was created)."""
+        with self.lock:
+            if not manager:
+                raise bad_request("fieldManager is required for apply requests")
+            body = checked_fields(resource, strategy.request_object(resource, config), self.validation)
+            if body["metadata"].get("name") != name:
+                raise bad_request(f"the name of the applied object ({body['metadata'].get('name')}) does not match "
+                                  f"the URL ({name})")
+            live = self.find(resource, name, namespace=namespace)
+            result = server_side_apply(resource.kind, resource.api_version, live, body, manager=manager, force=force)
+            if live is None:
+                return self.create(resource, typed(resource, result), namespace=namespace), True
+            strategy.check_precondition(resource, live, proposed=body)
+            return self._update(resource, live, proposed=result, part=Subresource.MAIN), False
 
     def patch(
         self,
@@ -249,7 +279,7 @@ class Store:
                 raise invalid(resource, name, "metadata: Required value: the patched object has no metadata")
             proposed = checked_fields(resource, strategy.request_object(resource, patched), self.validation)
             strategy.check_precondition(resource, old, proposed=proposed)
-            return self._update(resource, old, proposed=proposed, part=part)
+            return self._update(resource, old, proposed=self._tracked(resource, old, proposed), part=part)
 
     def delete(
         self, resource: Resource, name: str, *, namespace: str | None, grace_period_seconds: int | None = None
