@@ -143,13 +143,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send_json(200, document)
         options = self._json_body(raw_body) if method == "DELETE" else None  # DeleteOptions may say dryRun too
         if method == "GET":  # reads (and hour-long watches) never hold the store's lock here
-            return self._serve_resource(method, target, query, raw_body)
-        validation = FieldValidation.parse(query.get("fieldValidation"))
-        manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "").split("/")[0]
-        with api.store.request_options(dry_run=dry_run(query, options), validation=validation, manager=manager):
-            self._serve_resource(method, target, query, raw_body)
+            answer = self._serve_resource(method, target, query, raw_body)
+        else:
+            validation = FieldValidation.parse(query.get("fieldValidation"))
+            manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "").split("/")[0]
+            with api.store.request_options(dry_run=dry_run(query, options), validation=validation, manager=manager):
+                answer = self._serve_resource(method, target, query, raw_body)
+        if answer is not None:  # sent with the lock released: a slow client never holds up the store
+            code, payload, table = answer
+            self._send_json(code, payload, table=table)
 
-    def _serve_resource(self, method: str, target: Target, query: dict[str, str], raw_body: bytes) -> None:
+    def _serve_resource(
+        self, method: str, target: Target, query: dict[str, str], raw_body: bytes
+    ) -> tuple[int, object, bool] | None:
+        """(code, answer, as a Table?) for the caller to send once the store's lock is released;
+        None when a watch was served here."""
         api = self.server.api
         store = api.store
         resource = target.resource
@@ -161,39 +169,38 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 FieldSelector.parse(query.get("fieldSelector"), resource=resource),
             )
             if method == "GET" and (target.watch_path or truthy(query.get("watch"))):
-                return WatchResponse(self, api).serve(resource, selection, query, table=table)
+                WatchResponse(self, api).serve(resource, selection, query, table=table)
+                return None
             if method == "GET":
                 listed = store.list(
                     resource, selection, limit=integer(query.get("limit")) or 0, token=query.get("continue"),
                     resource_version=query.get("resourceVersion"), match=query.get("resourceVersionMatch"),
                 )
-                return self._send_json(200, listed, table=table)
+                return 200, listed, table
             if method == "POST":
                 if resource.namespaced and target.namespace is None:
                     raise ApiError(405, "MethodNotAllowed", f"create {resource.plural} in a namespace's collection")
                 created = store.create(resource, self._json_body(raw_body), namespace=target.namespace)
-                return self._send_json(201, typed(resource, created))
+                return 201, typed(resource, created), False
             if method == "DELETE":
                 removed = store.delete_collection(resource, selection)
-                return self._send_json(
-                    200,
-                    {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
-                     "metadata": {"resourceVersion": str(store.revision)}, "items": removed},
-                )
+                gone = {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
+                        "metadata": {"resourceVersion": str(store.revision)}, "items": removed}
+                return 200, gone, False
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection")
         if method == "GET":
             found = store.get(resource, target.name, namespace=target.namespace)
-            return self._send_json(200, typed(resource, found), table=table)
+            return 200, typed(resource, found), table
         if method == "PUT":
             updated = store.replace(
                 resource, target.name, namespace=target.namespace, body=self._json_body(raw_body), part=target.part
             )
-            return self._send_json(200, typed(resource, updated))
+            return 200, typed(resource, updated), False
         if method == "PATCH" and media_type(self.headers.get("Content-Type")) == APPLY_PATCH:
             applied, is_new = store.apply(resource, target.name, namespace=target.namespace,
                                           config=self._json_body(raw_body), manager=query.get("fieldManager", ""),
                                           force=truthy(query.get("force")))
-            return self._send_json(201 if is_new else 200, typed(resource, applied))
+            return 201 if is_new else 200, typed(resource, applied), False
         if method == "PATCH":
             patch_type = patch_type_of(self.headers.get("Content-Type"))
             patched = store.patch(
@@ -204,13 +211,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 patch_type=patch_type,
                 part=target.part,
             )
-            return self._send_json(200, typed(resource, patched))
+            return 200, typed(resource, patched), False
         if method == "DELETE" and target.part is Subresource.MAIN:
             deleted = store.delete(
                 resource, target.name, namespace=target.namespace,
                 grace_period_seconds=grace_period(query, self._json_body(raw_body)),
             )
-            return self._send_json(200, typed(resource, deleted))
+            return 200, typed(resource, deleted), False
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
 
     def _lab_admin(self, method: str, path: str) -> None:
