@@ -83,7 +83,9 @@ class _Builder:
         return self.names[class_name]
 
     def _ref(self, name: str) -> dict:
-        return {"$ref": self.ref_prefix + name}
+        """A reference; v3 wraps it in allOf, as Kubernetes does (kubectl explain then names the type)."""
+        ref = {"$ref": self.ref_prefix + name}
+        return ref if self.ref_prefix.startswith("#/definitions/") else {"allOf": [ref]}
 
     def _type(self, text: str, attribute: str, package: str) -> dict:
         if text in _SCALARS:
@@ -134,7 +136,7 @@ class _Builder:
     def _follow(self, schema: dict) -> dict:
         while "items" in schema:
             schema = schema["items"]
-        ref = schema.get("$ref", "")
+        ref = schema.get("$ref") or (schema.get("allOf") or [{}])[0].get("$ref", "")
         return self.definitions.get(ref[len(self.ref_prefix):], {}) if ref else schema
 
 
