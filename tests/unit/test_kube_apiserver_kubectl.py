@@ -264,7 +264,7 @@ def test_server_side_apply_owns_fields_removes_unapplied_ones_and_reports_confli
     assert apply(two).stdout.strip() == "service/web serverside-applied"
     entry, = server.get(SERVICES, "web", namespace="default")["metadata"]["managedFields"]
     assert (entry["manager"], entry["operation"], entry["fieldsType"]) == ("kubectl", "Apply", "FieldsV1")
-    assert entry["fieldsV1"]["f:spec"]["f:ports"]['k:{"port":443}'] == {
+    assert entry["fieldsV1"]["f:spec"]["f:ports"]['k:{"port":443,"protocol":"TCP"}'] == {
         ".": {}, "f:name": {}, "f:port": {}, "f:targetPort": {}}
     assert "managedFields" not in kubectl.json("get", "svc", "web")["metadata"]  # kubectl hides them
     one = web_service(("http", 80, 8080))

@@ -191,7 +191,7 @@ def test_server_side_apply_needs_a_manager_and_keeps_other_writers_fields(server
                           content_type=PatchType.STRATEGIC.value)
     assert [p["port"] for p in merged["spec"]["ports"]] == [80, 81]
     owners = {e["manager"]: e["fieldsV1"] for e in merged["metadata"]["managedFields"]}
-    assert set(owners) == {"ci", "other"} and 'k:{"port":81}' in owners["other"]["f:spec"]["f:ports"]
+    assert set(owners) == {"ci", "other"} and 'k:{"port":81,"protocol":"TCP"}' in owners["other"]["f:spec"]["f:ports"]
     status, reapplied = http(server, "PATCH", path + "?fieldManager=ci",
                              applied_yaml.replace(b"port: 80", b"port: 82"), content_type="application/apply-patch+yaml")
     assert status == 200 and [p["port"] for p in reapplied["spec"]["ports"]] == [81, 82]  # 80 was ci's alone

@@ -14,10 +14,9 @@ merges it into the live object and records which fields that manager now owns, s
 
 Field sets are Kubernetes' FieldsV1 (`f:name` for a field, `k:{"port":80}` for an item of a
 list merged by key, `v:"x"` for a set member, `.` for the item itself), lists merged by the
-keys of `patch_meta.py`, every other list atomic. Simplification, said plainly: objects
-that were never applied server-side carry no managedFields (the real server tracks every
-write), and associative lists are keyed by the single merge key the strategic patch uses
-(`port` for a Service's ports, where the real server keys `port` and `protocol`).
+keys of `patch_meta.py` (a Service's ports by port and protocol, as there), every other
+list atomic. Simplification, said plainly: objects that were never applied server-side
+carry no managedFields (the real server tracks every write).
 """
 from __future__ import annotations
 
@@ -26,13 +25,13 @@ import time
 
 from netagent.lab.apiserver.errors import ApiError, bad_request
 from netagent.lab.apiserver.objects import clone
-from netagent.lab.apiserver.patch_meta import strategy_for
+from netagent.lab.apiserver.patch_meta import KEY_DEFAULTS, PatchStrategy, key_of, strategy_for
 
 Path = tuple[str, ...]  # FieldsV1 steps: "f:spec", "k:{...}", "v:...", "."
 
 
-def _key_step(item: dict, key: str) -> str:
-    return "k:" + json.dumps({key: item.get(key)}, separators=(",", ":"))
+def _key_step(item: dict, strategy: PatchStrategy) -> str:
+    return "k:" + json.dumps(key_of(item, strategy), separators=(",", ":"))
 
 
 def field_values(kind: str, obj: object, path: Path = (), names: tuple[str, ...] = ()) -> dict[Path, object]:
@@ -60,7 +59,7 @@ def field_values(kind: str, obj: object, path: Path = (), names: tuple[str, ...]
             for item in value:
                 if not isinstance(item, dict) or strategy.key not in item:
                     raise bad_request(f"{'.'.join(child_names)}: every item needs its key {strategy.key!r}")
-                item_path = (*path, step, _key_step(item, strategy.key))
+                item_path = (*path, step, _key_step(item, strategy))
                 found[(*item_path, ".")] = None
                 found.update(field_values(kind, item, item_path, child_names))
     return found
@@ -91,8 +90,7 @@ def _readable(path: Path) -> str:
         if step.startswith("f:"):
             text += "." + step[2:]
         elif step.startswith("k:"):
-            key, value = next(iter(json.loads(step[2:]).items()))
-            text += f"[{key}={value}]"
+            text += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in json.loads(step[2:]).items()) + "]"
         elif step.startswith("v:"):
             text += f"[{step[2:]}]"
     return text
@@ -126,7 +124,8 @@ def _remove(obj: object, path: Path) -> None:
         elif step.startswith(("k:", "v:")) and isinstance(node, list):
             wanted = json.loads(step[2:])
             match = (lambda item: item == wanted) if step[0] == "v" else (
-                lambda item: isinstance(item, dict) and all(item.get(k) == v for k, v in wanted.items()))
+                lambda item: isinstance(item, dict)
+                and all(item.get(k, KEY_DEFAULTS.get(k)) == v for k, v in wanted.items()))
             position = next((i for i, item in enumerate(node) if match(item)), None)
             if position is None:
                 return
@@ -153,7 +152,7 @@ def merged(kind: str, live: object, config: object, names: tuple[str, ...] = ())
     items = list(live)
     for item in config:
         index = next((i for i, old in enumerate(items) if isinstance(old, dict)
-                      and old.get(strategy.key) == item.get(strategy.key)), None)
+                      and key_of(old, strategy) == key_of(item, strategy)), None)
         if index is None:
             items.append(item)
         else:

@@ -130,8 +130,10 @@ class _Builder:
             if prop is None or strategy is None:
                 continue
             prop["x-kubernetes-patch-strategy"] = strategy.extension
+            prop["x-kubernetes-list-type"] = "map" if strategy.key else "set"
             if strategy.key:
                 prop["x-kubernetes-patch-merge-key"] = strategy.key
+                prop["x-kubernetes-list-map-keys"] = list(strategy.list_map_keys)
 
     def _follow(self, schema: dict) -> dict:
         while "items" in schema:

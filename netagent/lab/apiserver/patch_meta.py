@@ -10,7 +10,9 @@ computes the patch for `apply`, so client and server agree on every list.
 
 Paths are dotted field names from the object's root, list items transparent
 (`spec.containers.ports` is every container's ports). `PatchStrategy.key` is the merge key,
-"" for a list of scalars merged as a set; `retain_keys` marks `merge,retainKeys` (volumes).
+"" for a list of scalars merged as a set; `retain_keys` marks `merge,retainKeys` (volumes);
+`map_keys` are server-side apply's keys where they are more than the merge key (ports are
+told apart by number and protocol, TCP when unset).
 """
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ from dataclasses import dataclass
 class PatchStrategy:
     key: str  # the merge key of a list of objects; "" for a list of scalars
     retain_keys: bool = False
+    map_keys: tuple[str, ...] = ()  # server-side apply's list-map keys when more than the merge key
+
+    @property
+    def list_map_keys(self) -> tuple[str, ...]:
+        return self.map_keys or (self.key,)
 
     @property
     def extension(self) -> str:
@@ -36,7 +43,7 @@ _SET = PatchStrategy("")
 def _container_fields(prefix: str) -> dict[str, PatchStrategy]:
     return {
         prefix: _BY_NAME,
-        f"{prefix}.ports": PatchStrategy("containerPort"),
+        f"{prefix}.ports": PatchStrategy("containerPort", map_keys=("containerPort", "protocol")),
         f"{prefix}.env": _BY_NAME,
         f"{prefix}.volumeMounts": PatchStrategy("mountPath"),
         f"{prefix}.volumeDevices": PatchStrategy("devicePath"),
@@ -62,10 +69,18 @@ STRATEGIES: dict[str, dict[str, PatchStrategy]] = {
         "status.hostIPs": _BY_IP,
         "status.resourceClaimStatuses": _BY_NAME,
     },
-    "Service": {"spec.ports": PatchStrategy("port"), "status.conditions": _BY_TYPE},
+    "Service": {"spec.ports": PatchStrategy("port", map_keys=("port", "protocol")), "status.conditions": _BY_TYPE},
     "Node": {"spec.podCIDRs": _SET, "status.conditions": _BY_TYPE, "status.addresses": _BY_TYPE},
     "Namespace": {"status.conditions": _BY_TYPE},
 }
+
+
+KEY_DEFAULTS = {"protocol": "TCP"}  # a list-map key's value when the item leaves it unset
+
+
+def key_of(item: dict, strategy: PatchStrategy) -> dict:
+    """An item's list-map key values (server-side apply), defaults filled in."""
+    return {k: item.get(k, KEY_DEFAULTS.get(k)) for k in strategy.list_map_keys}
 
 
 def strategy_for(kind: str, path: tuple[str, ...]) -> PatchStrategy | None:
