@@ -254,6 +254,8 @@ def test_events_api_resources_and_explain(kubectl, server):
     assert "FIELD: ports <[]ServicePort>" in explained and "targetPort\t<string>" in explained
     assert "port\t<integer> -required-" in explained
     assert "DESCRIPTION:" in kubectl("explain", "pods.spec.containers.env")
+    from_v2 = kubectl("explain", "service.spec.ports", "--output", "plaintext-openapiv2")  # the protobuf v2
+    assert "RESOURCE: ports <[]Object>" in from_v2 and "port\t<integer> -required-" in from_v2
 
 
 def test_server_side_apply_owns_fields_removes_unapplied_ones_and_reports_conflicts(kubectl, server):

@@ -55,7 +55,7 @@ watch events can share them without copies. In-process helpers return deep copie
 The package, one job a module, leaves first: `kinds.py` (the served kinds), `errors.py`
 (ApiError and its Status), `objects.py` (how stored objects are shaped), `selectors.py`,
 `patch.py` (merge and JSON patch), `patch_meta.py` + `strategic.py` (strategic merge),
-`apply.py` (server-side apply), `openapi.py` + `validation.py`, `endpoints_mirror.py`,
+`apply.py` (server-side apply), `openapi.py` + `openapi_proto.py` + `validation.py`, `endpoints_mirror.py`,
 `builtin_objects.py` (`default/kubernetes`), `protobuf.py` + `bodies.py` (request bodies and what a
 request asks for), `tables.py`, `persistence.py`, `strategy.py` (what a write stores, per
 resource), `watch.py`, `store.py` (the state and its one lock), `routing.py` and

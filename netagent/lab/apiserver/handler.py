@@ -26,7 +26,7 @@ from netagent.lab.apiserver.bodies import APPLY_PATCH, decode_body, dry_run, med
 from netagent.lab.apiserver.discovery import VERSION_INFO, discovery
 from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource, typed
-from netagent.lab.apiserver.openapi import openapi_document
+from netagent.lab.apiserver.openapi import OPENAPI_V2_PROTOBUF, openapi_document, openapi_v2_protobuf
 from netagent.lab.apiserver.routing import Target, grace_period, parse_target, truthy
 from netagent.lab.apiserver.tables import render_table
 from netagent.lab.apiserver.validation import FieldValidation
@@ -103,9 +103,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _send_json(self, code: int, payload: object, *, table: bool = False) -> None:
         if table and isinstance(payload, dict) and payload.get("kind") != "Status":
             payload = render_table(payload)
-        body = json.dumps(payload, separators=(",", ":")).encode()
+        self._send_body(code, json.dumps(payload, separators=(",", ":")).encode(), JSON)
+
+    def _send_body(self, code: int, body: bytes, content_type: str) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", JSON)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -129,9 +131,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send_json(200, VERSION_INFO)
         if path.startswith("/openapi/") and method == "GET":
             accept = self.headers.get("Accept") or ""
-            if path == "/openapi/v2" and accept and not any(t in accept for t in ("json", "*/*")):
-                raise ApiError(406, "NotAcceptable", "OpenAPI v2 is served as JSON only, not protobuf; kubectl "
-                               "reads OpenAPI v3 (explain's default output, apply, validation)")
+            if path == "/openapi/v2" and "protobuf" in accept and "json" not in accept:  # what client-go asks
+                return self._send_body(200, openapi_v2_protobuf(), OPENAPI_V2_PROTOBUF)
             return self._send_json(200, openapi_document(path))
         if path.startswith("/_lab/"):
             return self._lab_admin(method, path)

@@ -11,9 +11,8 @@ and their lists tagged with `x-kubernetes-group-version-kind`, list fields with 
 `patch_meta.py` strategies. Paths carry, per resource, the operations with the query
 parameters kubectl looks for.
 
-- `/openapi/v2`: one Swagger 2.0 document, as JSON only (client-go asks for v2 in protobuf
-  and has no JSON fallback, so `kubectl explain --output plaintext-openapiv2` gets a 406;
-  everything else kubectl does reads v3);
+- `/openapi/v2`: one Swagger 2.0 document, as JSON, or as gnostic's protobuf message when
+  asked for it (client-go only reads it so: `openapi_proto.py`);
 - `/openapi/v3`: the index of group versions; `/openapi/v3/api/v1`, `/openapi/v3/apis/G/V`:
   one OpenAPI 3.0 document per group version.
 
@@ -32,6 +31,7 @@ from netagent.kube.config import PatchType
 from netagent.kube.resources import Resource
 from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.kinds import SERVED, Kind
+from netagent.lab.apiserver.openapi_proto import encode_document
 from netagent.lab.apiserver.patch_meta import STRATEGIES, strategy_for
 
 META = "io.k8s.apimachinery.pkg.apis.meta.v1"
@@ -224,6 +224,15 @@ def _encoded(path: str) -> bytes:
             return json.dumps({"openapi": "3.0.0", "info": info, "paths": paths,
                                "components": {"schemas": definitions}}).encode()
     raise ApiError(404, "NotFound", f"no OpenAPI document at {path}")
+
+
+OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # as the real server labels it
+
+
+@functools.cache
+def openapi_v2_protobuf() -> bytes:
+    """`/openapi/v2` as client-go reads it (`openapi_proto.py`)."""
+    return encode_document(json.loads(_encoded("/openapi/v2")))
 
 
 def openapi_document(path: str) -> dict:
