@@ -1,4 +1,4 @@
-"""The real kubectl against a running lab, from the host, through `netagent lab kubeconfig`.
+"""The real kubectl against a running lab, from the host, through `netagent lab up` + `lab kubeconfig`.
 
 `lab up` leaves the API server in the lab's router namespace; it also serves a loopback socket
 opened in the namespace that built the lab, so kubectl here reaches it with the kubeconfig the
@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from netagent.kernel import namespaces
-from tests.cluster.lab_tools import ROOT, lab_cluster
+from netagent.lab.cluster import LabCluster
+from tests.cluster.lab_tools import ROOT
 
 KUBECTL = shutil.which("kubectl", path=os.path.dirname(sys.executable)) or shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(
@@ -40,28 +41,33 @@ def kubectl(config: str, *args: str, netns: str | None = None, stdin: str | None
 
 
 def test_kubectl_from_the_host_and_from_a_node_reaches_the_lab(tmp_path):
-    with lab_cluster(nodes=1, proxy_mode="none") as lab:
-        lab.add_pod("web-1", labels={"app": "web"}, ports={"http": [8080, "TCP"]})
+    workdir = str(tmp_path / "lab")
+    lab_cli(workdir, "up", "--nodes", "1", "--proxy-mode", "none")
+    try:
+        lab_cli(workdir, "pod", "add", "web-1", "--labels", "app=web", "--ports", "http=8080")
+        lab = LabCluster.load(workdir)
         host_config = str(tmp_path / "host.yaml")
-        lab_cli(lab.workdir, "kubeconfig", "-o", host_config)
+        lab_cli(workdir, "kubeconfig", "-o", host_config)
         nodes = kubectl(host_config, "get", "nodes", "-o", "wide").splitlines()
         assert nodes[0].split()[:5] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
         assert [line.split()[0] for line in nodes[1:]] == list(lab.state.nodes)
+        pod_ip = lab.state.pods["web-1"].ip
         pods = kubectl(host_config, "get", "pods", "-o", "wide").splitlines()
-        assert pods[1].split()[0] == "web-1" and lab.state.pods["web-1"].ip in pods[1].split()
+        assert pods[1].split()[0] == "web-1" and pod_ip in pods[1].split()
         service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
                    "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80,
                                                                    "targetPort": "http"}]}}
         assert kubectl(host_config, "apply", "-f", "-", stdin=json.dumps(service)).strip() == "service/web created"
         slices = json.loads(kubectl(host_config, "get", "endpointslices", "-l", "kubernetes.io/service-name=web",
                                     "-o", "json"))["items"]  # the lab's controller, in the same process
-        assert slices[0]["endpoints"][0]["addresses"] == [lab.state.pods["web-1"].ip]
+        assert slices[0]["endpoints"][0]["addresses"] == [pod_ip]
         endpoints = kubectl(host_config, "get", "ep", "web").splitlines()  # the v1 mirror of those slices
-        assert endpoints[1].split()[:2] == ["web", f"{lab.state.pods['web-1'].ip}:8080"]
-        kubernetes = kubectl(host_config, "get", "endpoints", "kubernetes", "-o", "jsonpath={.subsets[0].addresses[0].ip}")
-        assert kubernetes == lab.api_url.split("//")[1].split(":")[0]
+        assert endpoints[1].split()[:2] == ["web", f"{pod_ip}:8080"]
+        kubernetes = kubectl(host_config, "get", "endpoints", "kubernetes", "-o",
+                             "jsonpath={.subsets[0].addresses[0].ip}:{.subsets[0].ports[0].port}")
+        assert f"http://{kubernetes}" == lab.api_url
         inside_config = str(tmp_path / "inside.yaml")
-        (tmp_path / "inside.yaml").write_text(lab_cli(lab.workdir, "kubeconfig", "--inside"))
+        (tmp_path / "inside.yaml").write_text(lab_cli(workdir, "kubeconfig", "--inside"))
         node = next(iter(lab.state.nodes.values()))
         from_node = kubectl(inside_config, "get", "svc", "web", "-o", "jsonpath={.spec.ports[0].targetPort}",
                             netns=node.netns)
@@ -70,4 +76,6 @@ def test_kubectl_from_the_host_and_from_a_node_reaches_the_lab(tmp_path):
         # a restarted API server keeps its host port: the kubeconfig written before still works
         lab.stop_apiserver()
         lab.start_apiserver()
-        assert "web" in kubectl(host_config, "get", "svc", "-o", "name")
+        assert "service/web" in kubectl(host_config, "get", "svc", "-o", "name").split()
+    finally:
+        lab_cli(workdir, "down")
