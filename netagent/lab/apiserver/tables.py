@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from netagent.lab.apiserver.kinds import served_resource
-
 Cell = Callable[[dict], object]
 
 
@@ -229,10 +227,8 @@ def render_table(payload: dict) -> dict:
     """A list (`XList`) or one object as a Table; a watch event's object goes through here too."""
     listed = str(payload.get("kind", "")).endswith("List") and isinstance(payload.get("items"), list)
     kind = str(payload["kind"])[:-4] if listed else str(payload.get("kind"))
-    api_version = str(payload.get("apiVersion", ""))
     objects = payload["items"] if listed else [payload]
     columns = columns_for(kind)
-    served_resource(api_version, kind)  # only served kinds reach here
     rows = [{
         "cells": [cell(obj) for _, _, _, cell in columns],
         "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata")},
