@@ -1,4 +1,4 @@
-"""The Kubernetes API test server: the real wire protocol, in memory, stdlib only.
+"""The Kubernetes API test server: the real wire protocol, in memory.
 
 There is no real API server on the build machine, so the lab and the tests run this one and
 the agent's unchanged client code (the official `kubernetes` client) and the real kubectl
@@ -49,7 +49,9 @@ terminal can observe of a real server:
 Lab-only administration lives under `/_lab/` and is not Kubernetes API: `POST /_lab/compact`
 (drop the history and continue snapshots) and `GET /_lab/watchers` (open watch streams).
 
-Stored objects are never mutated: every write builds new dicts, so lists, snapshots and
+The stdlib serves it; PyYAML reads YAML bodies, and the `kubernetes` client's models, imported
+at the first write or OpenAPI request (about a second), are the types OpenAPI and field
+validation are generated from. Stored objects are never mutated: every write builds new dicts, so lists, snapshots and
 watch events can share them without copies. In-process helpers return deep copies.
 
 The package, one job a module, leaves first: `kinds.py` (the served kinds), `errors.py`
