@@ -51,19 +51,21 @@ Lab-only administration lives under `/_lab/` and is not Kubernetes API: `POST /_
 
 The stdlib serves it; PyYAML reads YAML bodies, and the `kubernetes` client's models, imported
 at the first write or OpenAPI request (about a second), are the types OpenAPI and field
-validation are generated from. Stored objects are never mutated: every write builds new dicts, so lists, snapshots and
-watch events can share them without copies. In-process helpers return deep copies.
+validation are generated from. Stored objects are never mutated: every write builds new
+dicts, so lists, snapshots and watch events can share them without copies. In-process
+helpers return deep copies.
 
 The package, one job a module, leaves first: `kinds.py` (the served kinds), `errors.py`
 (ApiError and its Status), `objects.py` (how stored objects are shaped), `selectors.py`,
 `patch.py` (merge and JSON patch), `patch_meta.py` + `strategic.py` (strategic merge),
-`apply.py` (server-side apply), `openapi.py` + `openapi_proto.py` + `validation.py`, `endpoints_mirror.py`,
-`builtin_objects.py` (`default/kubernetes`), `protobuf.py` + `bodies.py` (request bodies and what a
-request asks for), `tables.py`, `persistence.py`, `strategy.py` (what a write stores, per
-resource), `watch.py`, `store.py` (the state and its one lock), `routing.py` and
-`discovery.py`, `watch_response.py`, `handler.py` (HTTP requests), `server.py` (`ApiServer`)
-and `__main__.py` (`python -m netagent.lab.apiserver`). This file only re-exports the names
-the rest of the project imports.
+`apply.py` (server-side apply), `openapi.py` + `openapi_proto.py` + `validation.py`,
+`protobuf.py` + `bodies.py` (request bodies and what a request asks for), `tables.py`,
+`persistence.py`, `strategy.py` (what a write stores, per resource), `watch.py`, `store.py`
+(the state and its one lock), `builtin_objects.py` (`default/kubernetes`),
+`endpoints_mirror.py`, `routing.py` and `discovery.py`, `watch_response.py`, `handler.py`
+(HTTP requests), `server.py` (`ApiServer`) and `__main__.py` (`python -m
+netagent.lab.apiserver`). This file only re-exports the names the rest of the project
+imports.
 """
 from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource
