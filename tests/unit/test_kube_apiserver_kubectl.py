@@ -161,7 +161,8 @@ def test_label_annotate_and_patch_in_all_three_types(kubectl, server):
     kubectl.apply(web_service(("http", 80, 8080)))
     assert kubectl("label", "svc", "web", "tier=front").strip() == "service/web labeled"
     assert kubectl("annotate", "svc", "web", "owner=team-a").strip() == "service/web annotated"
-    kubectl("patch", "svc", "web", "--type=json", "-p", '[{"op": "replace", "path": "/spec/selector/app", "value": "w2"}]')
+    kubectl("patch", "svc", "web", "--type=json", "-p",
+            '[{"op": "replace", "path": "/spec/selector/app", "value": "w2"}]')
     kubectl("patch", "svc", "web", "--type=merge", "-p", '{"metadata": {"labels": {"tier": null}}}')
     kubectl("patch", "svc", "web", "-p", '{"spec": {"ports": [{"name": "admin", "port": 9000}]}}')  # strategic
     stored = server.get(SERVICES, "web", namespace="default")

@@ -189,13 +189,15 @@ def test_server_side_apply_needs_a_manager_and_keeps_other_writers_fields(server
     status, created = http(server, "PATCH", path + "?fieldManager=ci", applied_yaml,
                            content_type="application/apply-patch+yaml")
     assert status == 201 and created["metadata"]["managedFields"][0]["manager"] == "ci"
-    status, merged = http(server, "PATCH", path + "?fieldManager=other", {"spec": {"ports": [{"port": 81, "name": "b"}]}},
+    status, merged = http(server, "PATCH", path + "?fieldManager=other",
+                          {"spec": {"ports": [{"port": 81, "name": "b"}]}},
                           content_type=PatchType.STRATEGIC.value)
     assert [p["port"] for p in merged["spec"]["ports"]] == [80, 81]
     owners = {e["manager"]: e["fieldsV1"] for e in merged["metadata"]["managedFields"]}
     assert set(owners) == {"ci", "other"} and 'k:{"port":81,"protocol":"TCP"}' in owners["other"]["f:spec"]["f:ports"]
     status, reapplied = http(server, "PATCH", path + "?fieldManager=ci",
-                             applied_yaml.replace(b"port: 80", b"port: 82"), content_type="application/apply-patch+yaml")
+                             applied_yaml.replace(b"port: 80", b"port: 82"),
+                             content_type="application/apply-patch+yaml")
     assert status == 200 and [p["port"] for p in reapplied["spec"]["ports"]] == [81, 82]  # 80 was ci's alone
 
 

@@ -40,7 +40,8 @@ def ensure_kubernetes_service(store: Store, *, address: str, port: int, service_
         _put(store, SERVICES, {"metadata": metadata, "spec": spec})
         _put(store, ENDPOINTS, {
             "metadata": {**metadata, "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
-            "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
+            "subsets": [{"addresses": [{"ip": address}],
+                         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
         })
         _put(store, ENDPOINT_SLICES, {
             "metadata": {**metadata, "labels": {"kubernetes.io/service-name": NAME}},

@@ -23,7 +23,8 @@ _EQUALITY_REQUIREMENT = re.compile(rf"^({_KEY})\s*(==|=|!=)\s*({_VALUE})$")
 _ORDER_REQUIREMENT = re.compile(rf"^({_KEY})\s*(>|<)\s*(-?\d+)$")
 _NOT_EXISTS_REQUIREMENT = re.compile(rf"^!\s*({_KEY})$")
 _EXISTS_REQUIREMENT = re.compile(rf"^({_KEY})$")
-_FIELD_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {("source",): ("source", "component")}  # field labels that are not the object's path
+# field labels that are not the object's path
+_FIELD_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {("source",): ("source", "component")}
 _FIELD_REQUIREMENT = re.compile(r"^([A-Za-z][A-Za-z.]*)\s*(==|=|!=)\s*(.*)$")
 
 

@@ -9,8 +9,8 @@ the deletion fields; an update keeps the half of the object its subresource does
 (`status` for the main resource of the resources with a `/status`, everything else for
 `/status`) and bumps `generation` when the spec changes; empty labels, annotations,
 finalizers and owner references are not stored (Go's `omitempty`); namespaces carry the
-`kubernetes.io/metadata.name` label and the `kubernetes` finalizer; a stale resourceVersion precondition is 409 Conflict; Services are
-defaulted, validated and given their addresses (`service_spec.py`, 422 Invalid otherwise);
+`kubernetes.io/metadata.name` label and the `kubernetes` finalizer; a stale resourceVersion
+precondition is 409 Conflict; Services are defaulted, validated and given their addresses (`service_spec.py`, 422 Invalid otherwise);
 a pod deleted with a grace period is only marked. They hold no state of their own: the
 store calls them under its lock, with its `ServiceAddresses`, and does the writing.
 """
@@ -134,7 +134,8 @@ def prepare_for_update(
         new["status"] = proposed["status"]
     metadata = dict(proposed.get("metadata") or {})
     if metadata.get("name", name) != name:
-        raise invalid(resource, name, f"metadata.name: Invalid value: {json.dumps(metadata.get('name'))}: field is immutable")
+        given = json.dumps(metadata.get("name"))
+        raise invalid(resource, name, f"metadata.name: Invalid value: {given}: field is immutable")
     for kept in ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion",
                  "deletionTimestamp", "deletionGracePeriodSeconds"):
         if kept in old["metadata"]:
