@@ -11,8 +11,8 @@ the deletion fields; an update keeps the half of the object its subresource does
 finalizers and owner references are not stored (Go's `omitempty`); namespaces carry the
 `kubernetes.io/metadata.name` label and the `kubernetes` finalizer; a stale resourceVersion
 precondition is 409 Conflict; Services are defaulted, validated and given their addresses
-(`service_spec.py`, 422 Invalid otherwise); a pod deleted with a grace period is only marked. They hold no state of their own: the
-store calls them under its lock, with its `ServiceAddresses`, and does the writing.
+(`service_spec.py`, 422 Invalid otherwise); a pod deleted with a grace period is only
+marked. They hold no state of their own: the store calls them under its lock, with its `ServiceAddresses`, and does the writing.
 """
 from __future__ import annotations
 
