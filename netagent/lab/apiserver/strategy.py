@@ -12,7 +12,8 @@ finalizers and owner references are not stored (Go's `omitempty`); namespaces ca
 `kubernetes.io/metadata.name` label and the `kubernetes` finalizer; a stale resourceVersion
 precondition is 409 Conflict; Services are defaulted, validated and given their addresses
 (`service_spec.py`, 422 Invalid otherwise); a pod deleted with a grace period is only
-marked. They hold no state of their own: the store calls them under its lock, with its `ServiceAddresses`, and does the writing.
+marked. They hold no state of their own: the store calls them under its lock, with its
+`ServiceAddresses`, and does the writing.
 """
 from __future__ import annotations
 
@@ -103,9 +104,11 @@ def prepare_for_create(resource: Resource, obj: dict, *, services: ServiceAddres
         obj["spec"] = _complete_service(services, metadata["name"], obj.get("spec") or {}, old_spec=None)
         obj.setdefault("status", {"loadBalancer": {}})
     elif resource is NAMESPACES:
-        finalizers = list((obj.get("spec") or {}).get("finalizers") or [])
-        obj["spec"] = {**(obj.get("spec") or {}), "finalizers": finalizers + ["kubernetes"] * ("kubernetes" not in
-                                                                                               finalizers)}
+        spec = dict(obj.get("spec") or {})
+        finalizers = list(spec.get("finalizers") or [])
+        if "kubernetes" not in finalizers:
+            finalizers.append("kubernetes")
+        obj["spec"] = {**spec, "finalizers": finalizers}
         obj["status"] = {"phase": "Active"}
     _label_namespace(resource, metadata)
 
