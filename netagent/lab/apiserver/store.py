@@ -6,12 +6,16 @@ through `_write`, under one re-entrant lock, which in that order: stores the new
 appends the event to the bounded history, queues it to the resource's watch streams, calls
 the in-process listeners (the lab's EndpointSlice controller: they see every write in
 order, under the lock, and must only record) and journals it (`persistence.py`). What a
-write stores is decided by `strategy.py`; this module keeps the state consistent.
+write stores is decided by `strategy.py` (and `strategic.py`, `apply.py`, `validation.py`
+for what a patch, an apply or unknown fields make of it); this module keeps the state
+consistent. `request_options` runs one request's writes with its options: a dry run (every
+check, nothing written, address allocations given back), its field validation, its manager.
 
 Reads: `list` serves pages (`limit`/`continue`) from a consistent snapshot kept for the
-continue token; an unknown or evicted token is 410 Expired. A watch starts from the
-history (`open_watch`): a resourceVersion older than the history, or newer than the
-counter, is 410 Expired; "" or "0" (or sendInitialEvents) starts with ADDED for every
+continue token (an unknown or evicted token is 410 Expired), at a resourceVersion when asked
+(`Exact` is rebuilt from the history). A watch starts from the history (`open_watch`): a
+resourceVersion older than the history is 410 Expired, one newer than the counter 504
+(ResourceVersionTooLarge); "" or "0" (or sendInitialEvents) starts with ADDED for every
 current object. Deleting a namespace deletes what is in it at once (no Terminating phase).
 `items`/`find` hand in-process callers the stored objects themselves (read-only).
 """
@@ -32,7 +36,6 @@ from netagent.kube.config import PatchType
 from netagent.kube.resources import NAMESPACES, PODS, SERVICES, Resource
 from netagent.lab.apiserver import strategy
 from netagent.lab.apiserver.apply import server_side_apply, track_update
-from netagent.lab.apiserver.kinds import RESOURCES, served_resource
 from netagent.lab.apiserver.errors import (
     ApiError,
     already_exists,
@@ -42,6 +45,7 @@ from netagent.lab.apiserver.errors import (
     not_found,
     too_large_resource_version,
 )
+from netagent.lab.apiserver.kinds import RESOURCES, served_resource
 from netagent.lab.apiserver.objects import Subresource, bare, typed
 from netagent.lab.apiserver.patch import json_patch, merge_patch
 from netagent.lab.apiserver.persistence import StateFile
@@ -397,7 +401,7 @@ class Store:
     def open_watch(
         self, resource: Resource, selection: Filter, *, resource_version: str | None, initial_events: bool
     ) -> tuple[WatchStream, builtins.list[bytes], int]:
-        """Register a watch; return it, the lines it must send first and their revision. Too old/new: 410."""
+        """Register a watch; return it, the lines it must send first and their revision. Too old: 410."""
         watch = WatchStream(resource, selection)
         with self.lock:
             if initial_events or resource_version in (None, "", "0"):
