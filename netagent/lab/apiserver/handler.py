@@ -28,9 +28,9 @@ from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource, typed
 from netagent.lab.apiserver.openapi import OPENAPI_V2_PROTOBUF, openapi_document, openapi_v2_protobuf
 from netagent.lab.apiserver.routing import Target, grace_period, parse_target, truthy
+from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector, integer
 from netagent.lab.apiserver.tables import render_table
 from netagent.lab.apiserver.validation import FieldValidation
-from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector, integer
 from netagent.lab.apiserver.watch_response import WatchResponse
 
 if TYPE_CHECKING:
