@@ -39,6 +39,7 @@ from netagent.kernel import namespaces, owned
 from netagent.lab import bpf_places, physical, pod_objects
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.endpointslices import pod_is_ready
+from netagent.lab.kubeconfig import host_listener, render_kubeconfig
 from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.processes import Processes, process_alive, tail
 from netagent.lab.service_status import summarize_services
@@ -168,10 +169,7 @@ class LabCluster:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _write_kubeconfig(self) -> None:
-        config = {"apiVersion": "v1", "kind": "Config", "current-context": "lab",
-                  "clusters": [{"name": "lab", "cluster": {"server": self.api_url}}],
-                  "users": [{"name": "lab", "user": {}}],
-                  "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}
+        config = render_kubeconfig({"lab": self.api_url})
         with open(os.path.join(self.workdir, "kubeconfig"), "w") as f:
             json.dump(config, f, indent=1)  # JSON is YAML
 
@@ -181,11 +179,14 @@ class LabCluster:
     def start_apiserver(self, *, timeout: float = 60.0) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.api_socket)
-        pid = self.processes.spawn(self.state.router, [
-            sys.executable, "-m", "netagent.lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
-            "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
-            "--endpointslice-controller"],
-            os.path.join(self.workdir, "apiserver.log"))
+        with host_listener(self.state.host_api_port) as host_socket:  # served from the router namespace
+            self.state.host_api_port = host_socket.getsockname()[1]
+            pid = self.processes.spawn(self.state.router, [
+                sys.executable, "-m", "netagent.lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
+                "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
+                "--endpointslice-controller", "--endpoints-controller", "--listen-fd", str(host_socket.fileno()),
+                "--advertise", f"{physical.router_address(1)}:{API_PORT}"],
+                os.path.join(self.workdir, "apiserver.log"), pass_fds=(host_socket.fileno(),))
         self.state.api_pid = pid
         self.save()
         deadline = time.monotonic() + timeout
@@ -197,6 +198,11 @@ class LabCluster:
             if not process_alive(pid) or time.monotonic() > deadline:
                 raise LabError("the API server did not start:\n" + tail(os.path.join(self.workdir, "apiserver.log")))
             time.sleep(0.05)
+
+    @property
+    def host_api_url(self) -> str | None:
+        """The API server from the namespace that ran `lab up` (loopback), once started."""
+        return f"http://127.0.0.1:{self.state.host_api_port}" if self.state.host_api_port else None
 
     def stop_apiserver(self, *, sig: int = signal.SIGTERM) -> None:
         self.processes.kill(self.state.api_pid, sig=sig)
@@ -487,7 +493,8 @@ class LabCluster:
                          "labels": p.labels, "ports": p.ports,
                          "ready": None if found is None else pod_is_ready(found),
                          "terminating": None if found is None else bool(found["metadata"].get("deletionTimestamp"))})
-        api_server = {"url": self.api_url, "unixSocket": self.api_socket, "running": api_running}
+        api_server = {"url": self.api_url, "hostUrl": self.host_api_url, "unixSocket": self.api_socket,
+                      "running": api_running}
         if api_error:
             api_server["error"] = api_error
         return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,

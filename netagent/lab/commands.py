@@ -10,6 +10,8 @@
     netagent lab pod ready NAME --ready true|false       flip its Ready condition
     netagent lab pod remove NAME [--grace S]             terminating (still serving) S seconds, then gone
     netagent lab apply -f FILE.yaml | delete -f FILE.yaml    Services, EndpointSlices, Namespaces ("-" = stdin)
+    netagent lab kubeconfig [--inside] [-o FILE]   a kubeconfig for kubectl: from this host (loopback,
+                                      the default context) or from inside the lab (--inside)
     netagent lab down                 remove everything
 
 One lab at a time lives in the state directory (`--state-dir`, default /run/netagent-lab);
@@ -24,9 +26,12 @@ import subprocess
 import sys
 import time
 
+import yaml
+
 from netagent.lab import manifests
 from netagent.lab.cluster import MODES, LabCluster
 from netagent.lab.demo_service import demo_service
+from netagent.lab.kubeconfig import render_kubeconfig
 from netagent.lab.pod_objects import PodSpecError, parse_ports
 from netagent.lab.service_status import describe_service
 from netagent.lab.state import LabError
@@ -63,6 +68,11 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     run.add_argument("target")
     run.add_argument("argv", nargs=argparse.REMAINDER)
     run.set_defaults(func=_cmd_exec)
+    kubeconfig = sub.add_parser("kubeconfig", help="print (or write) a kubeconfig for kubectl against the lab")
+    kubeconfig.add_argument("--inside", action="store_true",
+                            help="make the in-lab address current (for kubectl run in a node or pod)")
+    kubeconfig.add_argument("-o", "--output", metavar="FILE", help="write it here instead of printing it")
+    kubeconfig.set_defaults(func=_cmd_kubeconfig)
     down = sub.add_parser("down", help="remove the lab")
     down.set_defaults(func=_cmd_down)
 
@@ -144,7 +154,9 @@ def _cmd_up(args) -> int:
 
 
 def _print_status(status: dict) -> None:
-    print(f"  API server {status['apiServer']['url']} ({'running' if status['apiServer']['running'] else 'STOPPED'})")
+    api = status["apiServer"]
+    from_host = f", {api['hostUrl']} from this host (`netagent lab kubeconfig`)" if api.get("hostUrl") else ""
+    print(f"  API server {api['url']}{from_host} ({'running' if api['running'] else 'STOPPED'})")
     for node in status["nodes"]:
         print(f"  node {node['name']:<10} {node['address']:<14} segment {node['segment']}  podCIDR "
               f"{node['podCIDR']:<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
@@ -174,6 +186,21 @@ def _cmd_exec(args) -> int:
     if not argv:
         raise LabError("nothing to run: lab exec POD -- CMD...")
     return subprocess.run([*_load(args).exec_prefix(args.target), *argv]).returncode
+
+
+def _cmd_kubeconfig(args) -> int:
+    lab = _load(args)
+    servers = {"lab-inside": lab.api_url}
+    if lab.host_api_url is not None:
+        servers = {"lab": lab.host_api_url, **servers}
+    text = yaml.safe_dump(render_kubeconfig(servers, current="lab-inside" if args.inside else None), sort_keys=False)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"netagent lab: wrote {args.output}; try KUBECONFIG={args.output} kubectl get nodes", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _cmd_down(args) -> int:

@@ -40,11 +40,13 @@ class Processes:
         self.cwd = cwd
         self._children: dict[int, subprocess.Popen] = {}  # processes this Python started
 
-    def spawn(self, netns: str, argv: list, log_path: str) -> int:
+    def spawn(self, netns: str, argv: list, log_path: str, *, pass_fds: tuple[int, ...] = ()) -> int:
+        """Start `argv` in `netns`; `pass_fds` stay open in it (a socket opened here, say)."""
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([*namespaces.exec_prefix(netns), *argv], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=self.cwd, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, cwd=self.cwd, start_new_session=True,
+                                    pass_fds=pass_fds)
         self._children[proc.pid] = proc
         return proc.pid
 

@@ -50,6 +50,7 @@ class LabState:
     router: str
     internet: str
     api_pid: int | None = None
+    host_api_port: int | None = None  # the API server's loopback port in the namespace that ran `lab up`
     proxy_mode: str = "iptables"
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState

@@ -58,10 +58,12 @@ def programmed(lab, node: str, service: str, expected: set[str], port: int = WEB
 
 
 def settled(lab) -> None:
-    """Wait until every node's DNAT rules point only at pods that exist (after pods went away)."""
+    """Wait until every node's DNAT rules point only at pods that exist (after pods went away), or at
+    the API server (the endpoint of `default/kubernetes`)."""
+    api_server = lab.api_url.split("//")[1].rsplit(":", 1)[0]
     for node in sorted(lab.state.nodes):
         def only_live_targets() -> bool:
-            live = set(pod_ips(lab).values())
+            live = set(pod_ips(lab).values()) | {api_server}
             saved = lab.exec(node, ["iptables-save", "-t", "nat"]).stdout
             targets = {word.split(":")[0] for line in saved.splitlines() if "--to-destination" in line
                        for word in line.split()[line.split().index("--to-destination") + 1:][:1]}

@@ -64,9 +64,41 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def invalid(resource: Resource, name: str, message: str) -> ApiError:
-    return ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {message}', details=_details(resource, name))
+_CAUSE_REASONS = {
+    "Required value": "FieldValueRequired",
+    "Invalid value": "FieldValueInvalid",
+    "Duplicate value": "FieldValueDuplicate",
+    "Unsupported value": "FieldValueNotSupported",
+    "Forbidden": "FieldValueForbidden",
+    "Too many": "FieldValueTooMany",
+}
+
+
+def _cause(error: str) -> dict:
+    """`field: Kind of problem: detail` (the registry's wording) as a StatusCause."""
+    field, _, rest = error.partition(": ")
+    if not rest or " " in field:
+        return {"reason": "FieldValueInvalid", "message": error, "field": ""}
+    reason = next((r for prefix, r in _CAUSE_REASONS.items() if rest.startswith(prefix)), "FieldValueInvalid")
+    return {"reason": reason, "message": rest, "field": field}
+
+
+def invalid(resource: Resource, name: str, errors: str | list[str]) -> ApiError:
+    """422 Invalid with one StatusCause per field error, as kubectl prints them."""
+    errors = [errors] if isinstance(errors, str) else errors
+    message = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    details = {**_details(resource, name), "kind": resource.kind, "causes": [_cause(e) for e in errors]}
+    return ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {message}', details=details)
 
 
 def expired(message: str) -> ApiError:
     return ApiError(410, "Expired", message)
+
+
+def too_large_resource_version(given: int, current: int) -> ApiError:
+    """What the real server answers a list or watch from a revision it has not reached (after
+    waiting for it): 504 Timeout with a ResourceVersionTooLarge cause and a retry hint."""
+    message = f"Too large resource version: {given}, current: {current}"
+    details = {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+               "retryAfterSeconds": 1}
+    return ApiError(504, "Timeout", message, details=details)

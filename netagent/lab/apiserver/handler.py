@@ -5,7 +5,8 @@ HTTP/1.1 with keep-alive on the stdlib's threading server, one thread per connec
 Kubernetes API: `POST /_lab/compact` drops the history and continue snapshots, `GET
 /_lab/watchers` counts open watch streams), discovery, and the verbs on collections and
 objects: list/watch/create/deletecollection, get/replace/patch/delete, the PATCH type
-chosen by Content-Type (`kube.config.PatchType`, 415 for others). Every `ApiError` raised
+chosen by Content-Type (`kube.config.PatchType`, server-side apply, 415 for others); writes
+run under the request's options (`dryRun`, `fieldValidation`, the field manager). Every `ApiError` raised
 below is answered as its Status; any other exception is a bug in this server and answered
 500, like the real server does, without ending the connection's thread. Watches are handed
 to `watch_response.py`. The handler reaches the `ApiServer` (its store, its settings, its
@@ -20,12 +21,16 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from netagent.kube.config import JSON, PatchType
+from netagent.kube.config import JSON
+from netagent.lab.apiserver.bodies import APPLY_PATCH, decode_body, dry_run, media_type, patch_type_of, wants_table
 from netagent.lab.apiserver.discovery import VERSION_INFO, discovery
-from netagent.lab.apiserver.errors import ApiError, bad_request
+from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource, typed
-from netagent.lab.apiserver.routing import grace_period, parse_target, truthy
+from netagent.lab.apiserver.openapi import OPENAPI_V2_PROTOBUF, openapi_document, openapi_v2_protobuf
+from netagent.lab.apiserver.routing import Target, grace_period, parse_target, truthy
 from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector, integer
+from netagent.lab.apiserver.tables import render_table
+from netagent.lab.apiserver.validation import FieldValidation
 from netagent.lab.apiserver.watch_response import WatchResponse
 
 if TYPE_CHECKING:
@@ -92,17 +97,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    @staticmethod
-    def _json_body(raw_body: bytes) -> object:
-        try:
-            return json.loads(raw_body) if raw_body else None
-        except ValueError as error:
-            raise bad_request(f"the request body is not JSON: {error}") from None
+    def _json_body(self, raw_body: bytes) -> object:
+        return decode_body(self.headers.get("Content-Type"), raw_body)
 
-    def _send_json(self, code: int, payload: object) -> None:
-        body = json.dumps(payload, separators=(",", ":")).encode()
+    def _send_json(self, code: int, payload: object, *, table: bool = False) -> None:
+        if table and isinstance(payload, dict) and payload.get("kind") != "Status":
+            payload = render_table(payload)
+        self._send_body(code, json.dumps(payload, separators=(",", ":")).encode(), JSON)
+
+    def _send_body(self, code: int, body: bytes, content_type: str) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", JSON)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -124,16 +129,40 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send_text(200, "ok")
         if path == "/version":
             return self._send_json(200, VERSION_INFO)
+        if path.startswith("/openapi/") and method == "GET":
+            accept = self.headers.get("Accept") or ""
+            if path == "/openapi/v2" and "protobuf" in accept and "json" not in accept:  # what client-go asks
+                return self._send_body(200, openapi_v2_protobuf(), OPENAPI_V2_PROTOBUF)
+            return self._send_json(200, openapi_document(path))
         if path.startswith("/_lab/"):
             return self._lab_admin(method, path)
         target = parse_target(path)
         if target is None:
-            document = discovery(path, server_address=api.server_address) if method == "GET" else None
+            document = discovery(path, server_address=self._reached_address()) if method == "GET" else None
             if document is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return self._send_json(200, document)
+        options = self._json_body(raw_body) if method == "DELETE" else None  # DeleteOptions may say dryRun too
+        if method == "GET":  # reads (and hour-long watches) never hold the store's lock here
+            answer = self._serve_resource(method, target, query, raw_body)
+        else:
+            validation = FieldValidation.parse(query.get("fieldValidation"))
+            manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "").split("/")[0]
+            with api.store.request_options(dry_run=dry_run(query, options), validation=validation, manager=manager):
+                answer = self._serve_resource(method, target, query, raw_body)
+        if answer is not None:  # sent with the lock released: a slow client never holds up the store
+            code, payload, table = answer
+            self._send_json(code, payload, table=table)
+
+    def _serve_resource(
+        self, method: str, target: Target, query: dict[str, str], raw_body: bytes
+    ) -> tuple[int, object, bool] | None:
+        """(code, answer, as a Table?) for the caller to send once the store's lock is released;
+        None when a watch was served here."""
+        api = self.server.api
         store = api.store
         resource = target.resource
+        table = wants_table(self.headers.get("Accept"))
         if target.name is None:
             selection = Filter(
                 target.namespace,
@@ -141,37 +170,40 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 FieldSelector.parse(query.get("fieldSelector"), resource=resource),
             )
             if method == "GET" and (target.watch_path or truthy(query.get("watch"))):
-                return WatchResponse(self, api).serve(resource, selection, query)
+                WatchResponse(self, api).serve(resource, selection, query, table=table)
+                return None
             if method == "GET":
-                limit = integer(query.get("limit")) or 0
-                return self._send_json(200, store.list(resource, selection, limit=limit, token=query.get("continue")))
+                listed = store.list(
+                    resource, selection, limit=integer(query.get("limit")) or 0, token=query.get("continue"),
+                    resource_version=query.get("resourceVersion"), match=query.get("resourceVersionMatch"),
+                )
+                return 200, listed, table
             if method == "POST":
                 if resource.namespaced and target.namespace is None:
                     raise ApiError(405, "MethodNotAllowed", f"create {resource.plural} in a namespace's collection")
                 created = store.create(resource, self._json_body(raw_body), namespace=target.namespace)
-                return self._send_json(201, typed(resource, created))
+                return 201, typed(resource, created), False
             if method == "DELETE":
                 removed = store.delete_collection(resource, selection)
-                return self._send_json(
-                    200,
-                    {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
-                     "metadata": {"resourceVersion": str(store.revision)}, "items": removed},
-                )
+                gone = {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
+                        "metadata": {"resourceVersion": str(store.revision)}, "items": removed}
+                return 200, gone, False
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection")
         if method == "GET":
             found = store.get(resource, target.name, namespace=target.namespace)
-            return self._send_json(200, typed(resource, found))
+            return 200, typed(resource, found), table
         if method == "PUT":
             updated = store.replace(
                 resource, target.name, namespace=target.namespace, body=self._json_body(raw_body), part=target.part
             )
-            return self._send_json(200, typed(resource, updated))
+            return 200, typed(resource, updated), False
+        if method == "PATCH" and media_type(self.headers.get("Content-Type")) == APPLY_PATCH:
+            applied, is_new = store.apply(resource, target.name, namespace=target.namespace,
+                                          config=self._json_body(raw_body), manager=query.get("fieldManager", ""),
+                                          force=truthy(query.get("force")))
+            return 201 if is_new else 200, typed(resource, applied), False
         if method == "PATCH":
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            try:
-                patch_type = PatchType(content_type)
-            except ValueError:
-                raise ApiError(415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported") from None
+            patch_type = patch_type_of(self.headers.get("Content-Type"))
             patched = store.patch(
                 resource,
                 target.name,
@@ -180,13 +212,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 patch_type=patch_type,
                 part=target.part,
             )
-            return self._send_json(200, typed(resource, patched))
+            return 200, typed(resource, patched), False
         if method == "DELETE" and target.part is Subresource.MAIN:
             deleted = store.delete(
                 resource, target.name, namespace=target.namespace,
                 grace_period_seconds=grace_period(query, self._json_body(raw_body)),
             )
-            return self._send_json(200, typed(resource, deleted))
+            return 200, typed(resource, deleted), False
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
 
     def _lab_admin(self, method: str, path: str) -> None:
@@ -197,3 +229,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             counts = api.store.watch_counts()
             return self._send_json(200, {"watchers": sum(counts.values()), "byResource": counts})
         raise ApiError(404, "NotFound", f"no lab endpoint {method} {path}")
+
+    def _reached_address(self) -> str:
+        """host:port the client connected to (what /api advertises), the server's own for a unix socket."""
+        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+            host, port = self.connection.getsockname()[:2]
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return self.server.api.server_address

@@ -14,10 +14,11 @@ import enum
 import json
 from typing import Any
 
-from netagent.kube.resources import NAMESPACES, NODES, PODS, SERVICES, Resource
+from netagent.kube.resources import Resource
+from netagent.lab.apiserver.kinds import SERVED
 
 # Resources whose writes to the main resource leave `status` alone (and `/status` the rest).
-STATUS_SUBRESOURCE = frozenset({NODES, NAMESPACES, SERVICES, PODS})
+STATUS_SUBRESOURCE = frozenset(kind.resource for kind in SERVED if kind.status)
 
 
 class Subresource(enum.Enum):

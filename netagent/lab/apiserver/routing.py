@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from netagent.kube.resources import ALL_RESOURCES, Resource
+from netagent.kube.resources import Resource
 from netagent.lab.apiserver.errors import bad_request
+from netagent.lab.apiserver.kinds import RESOURCES
 from netagent.lab.apiserver.objects import STATUS_SUBRESOURCE, Subresource
 from netagent.lab.apiserver.selectors import integer
 
-_BY_GROUP_VERSION_PLURAL = {(r.group, r.version, r.plural): r for r in ALL_RESOURCES}
+_BY_GROUP_VERSION_PLURAL = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 
 @dataclass(frozen=True)

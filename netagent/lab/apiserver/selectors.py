@@ -12,10 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from netagent.kube.resources import PODS, Resource
+from netagent.kube.resources import Resource
 from netagent.lab.apiserver.errors import bad_request
-
-EXTRA_FIELD_LABELS = {PODS: ("spec.nodeName", "status.phase")}
+from netagent.lab.apiserver.kinds import kind_of
 
 _KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
 _VALUE = r"[-A-Za-z0-9_.]*"
@@ -24,6 +23,8 @@ _EQUALITY_REQUIREMENT = re.compile(rf"^({_KEY})\s*(==|=|!=)\s*({_VALUE})$")
 _ORDER_REQUIREMENT = re.compile(rf"^({_KEY})\s*(>|<)\s*(-?\d+)$")
 _NOT_EXISTS_REQUIREMENT = re.compile(rf"^!\s*({_KEY})$")
 _EXISTS_REQUIREMENT = re.compile(rf"^({_KEY})$")
+# field labels that are not the object's path
+_FIELD_PATHS: dict[tuple[str, ...], tuple[str, ...]] = {("source",): ("source", "component")}
 _FIELD_REQUIREMENT = re.compile(r"^([A-Za-z][A-Za-z.]*)\s*(==|=|!=)\s*(.*)$")
 
 
@@ -126,7 +127,7 @@ class FieldSelector:
     def parse(cls, text: str | None, *, resource: Resource) -> FieldSelector:
         if not text or not text.strip():
             return cls([])
-        supported = ("metadata.name", "metadata.namespace") + EXTRA_FIELD_LABELS.get(resource, ())
+        supported = ("metadata.name", "metadata.namespace") + kind_of(resource).field_labels
         requirements = []
         for part in text.split(","):
             match = _FIELD_REQUIREMENT.match(part.strip())
@@ -141,9 +142,9 @@ class FieldSelector:
     def matches(self, obj: dict) -> bool:
         for path, operator, value in self.requirements:
             node: object = obj
-            for step in path:
+            for step in _FIELD_PATHS.get(path, path):
                 node = node.get(step) if isinstance(node, dict) else None
-            actual = "" if node is None else str(node)
+            actual = "" if node is None else str(node).lower() if isinstance(node, bool) else str(node)
             if (actual == value) != (operator == "="):
                 return False
         return True

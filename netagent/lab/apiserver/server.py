@@ -1,7 +1,9 @@
 """`ApiServer`: the object tests and the lab hold: listeners, threads, lifecycle, in-process verbs.
 
-`start()` binds a TCP listener (IPv4 or IPv6 by the host given) and optionally a unix
-socket, each served on its own daemon thread by the stdlib's threading server. `stop()`
+`start()` binds a TCP listener (IPv4 or IPv6 by the host given), optionally a unix socket,
+and serves any TCP sockets handed over already listening (the lab's second listener, opened
+in the namespace that ran `lab up`), each on its own daemon thread by the stdlib's
+threading server. `stop()`
 ends everything in an order that loses nothing: it flags `stopping` and wakes every watch
 stream so they end, closes the listeners, shuts down the connections still open, gives the
 watch threads a moment to finish, then closes the store, which saves the state and answers
@@ -23,8 +25,10 @@ import threading
 import time
 
 from netagent.kube.config import PatchType
-from netagent.kube.resources import Resource, resource_for
+from netagent.kube.resources import Resource
+from netagent.lab.apiserver.builtin_objects import ensure_kubernetes_service
 from netagent.lab.apiserver.handler import Handler
+from netagent.lab.apiserver.kinds import served_resource
 from netagent.lab.apiserver.objects import Subresource, clone, typed
 from netagent.lab.apiserver.persistence import StateFile
 from netagent.lab.apiserver.selectors import FieldSelector, Filter, LabelSelector
@@ -71,7 +75,9 @@ class ApiServer:
         bookmark_interval: float = 5.0,
         watch_timeout: float = 300.0,
         service_cidr: str = "10.96.0.0/16",
+        advertise: tuple[str, int] | None = None,
     ) -> None:
+        """`advertise` (address, port): publish the `default/kubernetes` Service with that endpoint."""
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.liveness_poll = 0.25  # how often an idle watch checks that its client is still there
@@ -86,11 +92,26 @@ class ApiServer:
         self._host = ""
         self._port = 0
         self.unix_path: str | None = None
+        if advertise is not None:
+            ensure_kubernetes_service(self.store, address=advertise[0], port=advertise[1], service_cidr=service_cidr)
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self, *, host: str = "127.0.0.1", port: int = 0, unix_path: str | None = None) -> None:
+    def start(
+        self, *, host: str = "127.0.0.1", port: int = 0, unix_path: str | None = None,
+        listening: tuple[socket.socket, ...] = (),
+    ) -> None:
+        """Serve on host:port, `unix_path`, and on each already listening TCP socket in `listening`
+        (the lab hands one over that `lab up` opened in its own network namespace)."""
         if self._servers:
             raise RuntimeError("the API server is already started")
+        for sock in listening:
+            handed = (ListeningServer6 if sock.family == socket.AF_INET6 else ListeningServer)(
+                sock.getsockname()[:2], Handler, bind_and_activate=False)
+            handed.socket.close()
+            handed.socket = sock
+            handed.server_address = sock.getsockname()
+            handed.api = self
+            self._servers.append(handed)
         server_class = ListeningServer6 if ":" in host else ListeningServer
         tcp = server_class((host, port), Handler)
         tcp.api = self
@@ -168,7 +189,7 @@ class ApiServer:
         return self.store.revision
 
     def create(self, obj: dict) -> dict:
-        resource = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        resource = served_resource(obj.get("apiVersion", ""), obj.get("kind", ""))
         namespace = (obj.get("metadata") or {}).get("namespace") or ("default" if resource.namespaced else None)
         return clone(typed(resource, self.store.create(resource, clone(obj), namespace=namespace)))
 
@@ -184,7 +205,7 @@ class ApiServer:
         return [clone(typed(resource, obj)) for obj in items]
 
     def update(self, obj: dict, *, part: Subresource = Subresource.MAIN) -> dict:
-        resource = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        resource = served_resource(obj.get("apiVersion", ""), obj.get("kind", ""))
         metadata = obj.get("metadata") or {}
         namespace = metadata.get("namespace") or ("default" if resource.namespaced else None)
         updated = self.store.replace(

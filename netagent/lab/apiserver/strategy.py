@@ -4,16 +4,20 @@ Given a request body (and for updates the stored object), these functions decide
 the store will write, or refuse with the real server's error: the body must be the
 resource's kind and carry object metadata; the namespace comes from the path or the body and
 they must agree; names are DNS subdomains (or generated from `generateName`); the server
-owns uid, creationTimestamp, generation, resourceVersion and the deletion fields; an update
-keeps the half of the object its subresource does not own (`status` for the main resource
-of the resources with a `/status`, everything else for `/status`) and bumps `generation`
-when the spec changes; a stale resourceVersion precondition is 409 Conflict; Services are
-defaulted, validated and given their addresses (`service_spec.py`, 422 Invalid otherwise);
-a pod deleted with a grace period is only marked. They hold no state of their own: the
-store calls them under its lock, with its `ServiceAddresses`, and does the writing.
+owns uid, creationTimestamp, generation (for the kinds that have one), resourceVersion and
+the deletion fields; an update keeps the half of the object its subresource does not own
+(`status` for the main resource of the resources with a `/status`, everything else for
+`/status`) and bumps `generation` when the spec changes; empty labels, annotations,
+finalizers and owner references are not stored (Go's `omitempty`); namespaces carry the
+`kubernetes.io/metadata.name` label and the `kubernetes` finalizer; a stale resourceVersion
+precondition is 409 Conflict; Services are defaulted, validated and given their addresses
+(`service_spec.py`, 422 Invalid otherwise); a pod deleted with a grace period is only
+marked. They hold no state of their own: the store calls them under its lock, with its
+`ServiceAddresses`, and does the writing.
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -21,9 +25,12 @@ import uuid
 
 from netagent.kube.resources import NAMESPACES, SERVICES, Resource
 from netagent.lab.apiserver.errors import bad_request, conflict, invalid
+from netagent.lab.apiserver.kinds import kind_of
 from netagent.lab.apiserver.objects import STATUS_SUBRESOURCE, Subresource, bare
 from netagent.lab.service_spec import InvalidService, ServiceAddresses
 
+_OMITTED_WHEN_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")  # Go's omitempty: never stored empty
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -42,7 +49,8 @@ def request_object(resource: Resource, body: object) -> dict:
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise bad_request("metadata must be an object")
-    return {**bare(body), "metadata": dict(metadata)}
+    metadata = {k: v for k, v in metadata.items() if k not in _OMITTED_WHEN_EMPTY or v not in (None, {}, [])}
+    return {**bare(body), "metadata": metadata}
 
 
 def namespace_for_write(resource: Resource, metadata: dict, *, path_namespace: str | None) -> str | None:
@@ -69,14 +77,16 @@ def generated_name(prefix: str) -> str:
 
 def check_name(resource: Resource, name: object) -> None:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise invalid(resource, str(name), "metadata.name must be a lowercase DNS subdomain")
+        raise invalid(resource, str(name), f"metadata.name: Invalid value: {json.dumps(name)}: a lowercase RFC 1123 "
+                      "subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start "
+                      "and end with an alphanumeric character")
 
 
 def _complete_service(services: ServiceAddresses, name: str, spec: dict, *, old_spec: dict | None) -> dict:
     try:
         return services.complete(spec, old_spec=old_spec)
     except InvalidService as error:
-        raise invalid(SERVICES, name, str(error)) from None
+        raise invalid(SERVICES, name, error.errors) from None
 
 
 def prepare_for_create(resource: Resource, obj: dict, *, services: ServiceAddresses) -> None:
@@ -86,13 +96,27 @@ def prepare_for_create(resource: Resource, obj: dict, *, services: ServiceAddres
         metadata.pop(server_owned, None)
     metadata["uid"] = str(uuid.uuid4())
     metadata["creationTimestamp"] = _now()
-    metadata["generation"] = 1
+    if kind_of(resource).generation:
+        metadata["generation"] = 1
+    else:
+        metadata.pop("generation", None)
     if resource is SERVICES:
         obj["spec"] = _complete_service(services, metadata["name"], obj.get("spec") or {}, old_spec=None)
         obj.setdefault("status", {"loadBalancer": {}})
     elif resource is NAMESPACES:
-        obj.setdefault("spec", {"finalizers": ["kubernetes"]})
-        obj.setdefault("status", {"phase": "Active"})
+        spec = dict(obj.get("spec") or {})
+        finalizers = list(spec.get("finalizers") or [])
+        if "kubernetes" not in finalizers:
+            finalizers.append("kubernetes")
+        obj["spec"] = {**spec, "finalizers": finalizers}
+        obj["status"] = {"phase": "Active"}
+    _label_namespace(resource, metadata)
+
+
+def _label_namespace(resource: Resource, metadata: dict) -> None:
+    """Namespaces always carry kubernetes.io/metadata.name = their name (the real server sets it on every write)."""
+    if resource is NAMESPACES:
+        metadata["labels"] = {**(metadata.get("labels") or {}), NAMESPACE_NAME_LABEL: metadata["name"]}
 
 
 def prepare_for_update(
@@ -113,7 +137,8 @@ def prepare_for_update(
         new["status"] = proposed["status"]
     metadata = dict(proposed.get("metadata") or {})
     if metadata.get("name", name) != name:
-        raise invalid(resource, name, "metadata.name: field is immutable")
+        given = json.dumps(metadata.get("name"))
+        raise invalid(resource, name, f"metadata.name: Invalid value: {given}: field is immutable")
     for kept in ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion",
                  "deletionTimestamp", "deletionGracePeriodSeconds"):
         if kept in old["metadata"]:
@@ -121,10 +146,11 @@ def prepare_for_update(
         else:
             metadata.pop(kept, None)
     new["metadata"] = metadata
+    _label_namespace(resource, metadata)
     if resource is SERVICES:
         new["spec"] = _complete_service(services, name, new.get("spec") or {}, old_spec=old.get("spec") or {})
     outside = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
-    if outside(new) != outside(old):
+    if outside(new) != outside(old) and "generation" in metadata:
         metadata["generation"] = int(old["metadata"].get("generation", 1)) + 1
     return new
 

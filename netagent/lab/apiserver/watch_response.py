@@ -7,7 +7,9 @@ objects, or the history since the requested resourceVersion), then, with
 store queues until the timeout (`timeoutSeconds`, else the server's watch timeout times a
 random 1-2 so that many clients do not reconnect together), the server stopping, or the
 client going away. A 410 from `open_watch` is not an HTTP error here: it is a 200 with one
-ERROR event carrying the Expired Status, which is what clients expect. Idle streams wake
+ERROR event carrying the Expired Status, which is what clients expect; a revision the server
+has not reached is the real server's HTTP 504 (ResourceVersionTooLarge). Asked for Tables
+(`kubectl get --watch`), each event carries its object as a one-row Table. Idle streams wake
 every `liveness_poll` seconds to notice a closed client and to send BOOKMARKs every
 `bookmark_interval` seconds when asked for (never promising a revision while events are
 queued). Kept apart from `handler.py` because it is the one response with its own loop
@@ -29,6 +31,7 @@ from netagent.kube.resources import Resource
 from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.routing import truthy
 from netagent.lab.apiserver.selectors import Filter, integer
+from netagent.lab.apiserver.tables import render_table
 from netagent.lab.apiserver.watch import WatchStream, bookmark_line
 
 if TYPE_CHECKING:
@@ -41,8 +44,10 @@ class WatchResponse:
     def __init__(self, request: http.server.BaseHTTPRequestHandler, api: ApiServer) -> None:
         self.request = request
         self.api = api
+        self.table = False
 
-    def serve(self, resource: Resource, selection: Filter, query: dict[str, str]) -> None:
+    def serve(self, resource: Resource, selection: Filter, query: dict[str, str], *, table: bool = False) -> None:
+        self.table = table
         api = self.api
         store = api.store
         requested_timeout = integer(query.get("timeoutSeconds"))
@@ -79,6 +84,10 @@ class WatchResponse:
             store.close_watch(watch)
 
     def _write_chunk(self, data: bytes) -> None:
+        if self.table:  # kubectl get --watch: each event's object as a one-row Table
+            event = json.loads(data)
+            if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                data = json.dumps({**event, "object": render_table(event["object"])}).encode() + b"\n"
         self.request.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _start_stream(self) -> None:
