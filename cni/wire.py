@@ -9,14 +9,40 @@ MAGIC = b"NACNI1"
 MAX_HEADER = 64
 MAX_ENV = 64 * 1024
 MAX_STDIN = 16 * 1024 * 1024
+MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1, as the shim checks it
 
 
 class WireError(Exception):
     pass
 
 
+def encode_env(env) -> bytes:
+    """The CNI_* variables as the wire carries them. Values that came from non-UTF-8 bytes
+    (surrogate-escaped, as the client decodes the environment) travel as those bytes, as the
+    shim relays them: the agent then refuses them with code 4, like the in-process path."""
+    return b"\0".join(f"{k}={v}".encode("utf-8", "surrogateescape")
+                      for k, v in env.items() if k.startswith("CNI_"))
+
+
+def request_too_large(env_blob: bytes, stdin: bytes) -> "tuple[int, str] | None":
+    """(CNI code, message) when a request exceeds the wire's limits, as the shim words it."""
+    if len(stdin) > MAX_STDIN:
+        return 7, "the network configuration is larger than 16 MiB"
+    if len(env_blob) > MAX_ENV:
+        return 4, "the CNI_* environment is larger than 64 KiB"
+    return None
+
+
+def socket_path_problem(path: str) -> "str | None":
+    """Why `path` cannot be the agent's socket (the config parser and both clients agree)."""
+    if not path.startswith("/") or "\0" in path \
+            or len(path.encode("utf-8", "surrogateescape")) > MAX_SOCKET_PATH:
+        return "'agentSocket' must be an absolute path of at most %d bytes" % MAX_SOCKET_PATH
+    return None
+
+
 def encode_request(env: dict, stdin: bytes) -> bytes:
-    blob = b"\0".join(f"{k}={v}".encode() for k, v in env.items() if k.startswith("CNI_"))
+    blob = encode_env(env)
     return b"%s %d %d\n" % (MAGIC, len(blob), len(stdin)) + blob + stdin
 
 
