@@ -26,9 +26,13 @@ def encode_env(env) -> bytes:
 
 def request_too_large(env_blob: bytes, stdin: bytes) -> "tuple[int, str] | None":
     """(CNI code, message) when a request exceeds the wire's limits, as the shim words it."""
-    if len(stdin) > MAX_STDIN:
+    return lengths_too_large(len(env_blob), len(stdin))
+
+
+def lengths_too_large(env_len: int, stdin_len: int) -> "tuple[int, str] | None":
+    if stdin_len > MAX_STDIN:
         return 7, "the network configuration is larger than 16 MiB"
-    if len(env_blob) > MAX_ENV:
+    if env_len > MAX_ENV:
         return 4, "the CNI_* environment is larger than 64 KiB"
     return None
 
@@ -46,14 +50,21 @@ def encode_request(env: dict, stdin: bytes) -> bytes:
     return b"%s %d %d\n" % (MAGIC, len(blob), len(stdin)) + blob + stdin
 
 
-def _request_lengths(header: bytes) -> "tuple[int, int] | None":
+def header_lengths(header: bytes) -> "tuple[int, int] | None":
+    """(env bytes, stdin bytes) a request header line announces, or None if it is malformed.
+    Limits are not applied here: `request_too_large` says which one a request exceeds."""
     parts = header.split()
-    if len(parts) != 3 or parts[0] != MAGIC or not parts[1].isdigit() or not parts[2].isdigit():
+    if len(parts) != 3 or parts[0] != MAGIC or not parts[1].isdigit() or not parts[2].isdigit() \
+            or len(header) > MAX_HEADER:
         return None
-    env_len, stdin_len = int(parts[1]), int(parts[2])
-    if env_len > MAX_ENV or stdin_len > MAX_STDIN:
+    return int(parts[1]), int(parts[2])
+
+
+def _request_lengths(header: bytes) -> "tuple[int, int] | None":
+    lengths = header_lengths(header)
+    if lengths is None or lengths[0] > MAX_ENV or lengths[1] > MAX_STDIN:
         return None
-    return env_len, stdin_len
+    return lengths
 
 
 def decode_request(data: bytes) -> tuple[dict, bytes]:
@@ -70,12 +81,6 @@ def decode_request(data: bytes) -> tuple[dict, bytes]:
         if eq and key.startswith("CNI_"):
             env[key] = value
     return env, rest[env_len:]
-
-
-def expected_request_length(header: bytes) -> "int | None":
-    """Total length announced by a request header line, or None if it is malformed."""
-    lengths = _request_lengths(header)
-    return None if lengths is None else len(header) + 1 + sum(lengths)
 
 
 def encode_reply(code: int, stdout: str) -> bytes:
