@@ -21,9 +21,11 @@ from netagent.kernel import owned
 DEFAULT_BRIDGE = owned.DEFAULT_BRIDGE
 DEFAULT_MTU = 1500
 BUILTIN_IPAM_TYPES = ("netagent", "netagent-ipam")
-# The host veth's alias is "netagent:<name>" and the kernel keeps at most 255 bytes of an alias
-# (IFALIASZ - 1); the IPAM directory is <dataDir>/<name>, at most NAME_MAX (255) bytes.
-MAX_NETWORK_NAME = 255 - len(owned.VETH_ALIAS_PREFIX)
+# The host veth's alias is "netagent:<name>"; the kernel takes an IFLA_IFALIAS attribute of at
+# most 255 bytes (IFALIASZ - 1) and ours carries a terminating NUL, so 254 bytes of text. The
+# IPAM directory <dataDir>/<name> stays within NAME_MAX (255) with it.
+MAX_ALIAS = 254
+MAX_NETWORK_NAME = MAX_ALIAS - len(owned.VETH_ALIAS_PREFIX)
 # Deeper than this is no network configuration; Python's parser would hit its recursion
 # limit near 1000 levels, so the bound is explicit and the answer a clear code 6.
 MAX_JSON_DEPTH = 512
@@ -128,7 +130,7 @@ def parse_netconf(data: bytes, *, require_ipam: bool = True, scope: ConfigScope 
     if not valid_identifier(name) or len(name) > MAX_NETWORK_NAME:
         raise CniError(ErrorCode.INVALID_CONFIG, f"network name {name[:64]!r} is not valid",
                        f"it must match [a-zA-Z0-9][a-zA-Z0-9_.-]* and be at most {MAX_NETWORK_NAME} "
-                       "characters (the host veth's alias is 'netagent:<name>', at most 255 bytes)")
+                       f"characters (the host veth's alias is 'netagent:<name>', at most {MAX_ALIAS} bytes)")
     plugin_type = _typed(raw, "type", str, "")
     if not plugin_type:
         raise CniError(ErrorCode.INVALID_CONFIG, "'type' is required")

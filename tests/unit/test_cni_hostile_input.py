@@ -115,7 +115,7 @@ def test_a_trailing_newline_never_names_another_attachment(fake, tmp_path):
 
 def test_network_names_are_bounded_by_the_alias_the_kernel_keeps(fake, tmp_path):
     longest = "n" * MAX_NETWORK_NAME
-    assert len(("netagent:" + longest).encode()) == 255
+    assert len(("netagent:" + longest).encode()) == 254  # 255 with the NUL the attribute carries
     for length in (MAX_NETWORK_NAME + 1, 300, 1024):
         code, out = run(fake, config(tmp_path, name="n" * length), env())
         assert (code, out["code"]) == (1, 7) and "at most" in out["details"]
@@ -124,12 +124,12 @@ def test_network_names_are_bounded_by_the_alias_the_kernel_keeps(fake, tmp_path)
     assert code == 0, out
 
 
-def test_the_fake_kernel_refuses_an_alias_over_255_bytes_and_add_leaves_nothing(fake, tmp_path):
+def test_the_fake_kernel_refuses_an_alias_the_kernel_refuses_and_leaves_nothing(fake, tmp_path):
     from cni.kernel import KernelError, VethPair
     netns = fake.open_netns(NETNS)
     with pytest.raises(KernelError):
         fake.create_veth(VethPair(host_name="na000000000001", pod_ifname="eth0", mtu=1500, host_mac="02:00:00:00:00:01",
-                                  pod_mac="02:00:00:00:00:02", alias="netagent:" + "n" * 247), netns)
+                                  pod_mac="02:00:00:00:00:02", alias="netagent:" + "n" * 246), netns)
     fake.close_netns(netns)
     assert leftovers(fake) == []
 
