@@ -16,6 +16,7 @@ an ADD of the same container waits for it instead of tearing it down half-way.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -65,6 +66,17 @@ def _interface_exists(exc: LinkExists, *, host_name: str, pod_ifname: str) -> Cn
     return CniError(ErrorCode.INTERFACE_EXISTS, f"interface {pod_ifname} already exists in the container")
 
 
+def _pod_setup_refused(exc: KernelError) -> Exception:
+    """The pod side's refusals that say something about the request, with their own codes."""
+    if exc.code == errno.EEXIST:  # e.g. a second attachment of this network wants the default route too
+        return CniError(ErrorCode.ADDRESS_CONFLICT, "the pod already holds an address or route this "
+                        "attachment needs", str(exc))
+    if exc.code == errno.ENETUNREACH:
+        return CniError(ErrorCode.INVALID_CONFIG, "a route's gateway is not reachable from the pod's addresses",
+                        str(exc))
+    return exc
+
+
 class PluginHandlers:
     """The `Handlers` of `cni.dispatch` for the netagent plugin.
 
@@ -87,6 +99,7 @@ class PluginHandlers:
         return attachment_lock.held(attachment_lock.lock_path(conf, host_name), timeout=self.lock_timeout)
 
     def add(self, conf: NetConf, req: CniRequest) -> dict:
+        validate_ipam(conf, req)  # a config error is code 7 before anything is locked or built
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
         while True:
             if self.deferred is not None:
@@ -151,7 +164,10 @@ class PluginHandlers:
         setup, routes = wiring.plan_pod(ifname=req.ifname, mode=conf.mode, addresses=addresses,
                                         gateways=gateways, routes=allocated.get("routes", []),
                                         host_mac=pair.host_mac)
-        kernel.configure_pod(pod_netns, setup)
+        try:
+            kernel.configure_pod(pod_netns, setup)
+        except KernelError as exc:
+            raise _pod_setup_refused(exc) from None
         if bridge is not None:
             try:
                 if not (enslaved and known_bridge is not None and bridge.index == known_bridge.index):
@@ -204,6 +220,7 @@ class PluginHandlers:
         Deleting the host end removes the pod end with it; the netns is not needed. When the
         host end is already gone, whatever the pod holds under ifname is not ours.
         """
+        validate_ipam(conf, req)
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
         with self._locked(conf, host_name) as lock:
             try:
@@ -214,6 +231,7 @@ class PluginHandlers:
             lock.remove()
 
     def check(self, conf: NetConf, req: CniRequest) -> None:
+        validate_ipam(conf, req)
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
         with self._locked(conf, host_name):
             self._check(conf, req, host_name)
@@ -234,6 +252,7 @@ class PluginHandlers:
             raise CniError(ErrorCode.CHECK_FAILED, "; ".join(f.message for f in findings))
 
     def gc(self, conf: NetConf, req: CniRequest, valid: set) -> None:
+        validate_ipam(conf, req)  # a config error is code 7, not one of GC's collected errors
         if self.deferred is not None:
             self.deferred.wait_idle()
         errors = []
