@@ -82,13 +82,16 @@ class PluginHandlers:
 
     `deferred` (the agent's `DeferredDeleter`, or None in-process) lets DEL reply once the
     request is validated and journaled; the kernel teardown then finishes in the background.
-    `kernel` is the kernel seam (`cni.kernel`): the real one unless a test hands in a fake.
+    `kernel` is the kernel seam (`cni.kernel`): the real one unless a test hands in a fake;
+    `ipam` picks the IPAM handlers per config (`cni.ipam.ipam_for`; a test's store behind them).
     """
 
     def __init__(self, *, deferred: PendingDeletes | None = None, kernel: CniKernel | None = None,
-                 lock_timeout: float = attachment_lock.LOCK_TIMEOUT) -> None:
+                 lock_timeout: float = attachment_lock.LOCK_TIMEOUT,
+                 ipam: Callable[[NetConf], Ipam] = ipam_for) -> None:
         self.deferred = deferred
         self.lock_timeout = lock_timeout
+        self.ipam_for = ipam
         if kernel is None:
             from cni.netlink_kernel import NetlinkCniKernel
             kernel = NetlinkCniKernel()
@@ -127,7 +130,7 @@ class PluginHandlers:
         kernel = self.kernel
         pod_netns = kernel.open_netns(req.netns)
         undo.append(lambda: kernel.close_netns(pod_netns))
-        ipam = ipam_for(conf)
+        ipam = self.ipam_for(conf)
         allocation = _ipam_pool.submit(ipam.add, conf, req)
         undo.append(lambda: _release_if_reserved(allocation, ipam, conf, req))
 
@@ -227,7 +230,7 @@ class PluginHandlers:
                 self.kernel.delete_link(host_name)
             except KernelError as exc:
                 raise CniError(ErrorCode.INTERNAL, f"cannot delete {host_name}", str(exc)) from None
-            ipam_for(conf).delete(conf, req)
+            self.ipam_for(conf).delete(conf, req)
             lock.remove()
 
     def check(self, conf: NetConf, req: CniRequest) -> None:
@@ -238,7 +241,7 @@ class PluginHandlers:
 
     def _check(self, conf: NetConf, req: CniRequest, host_name: str) -> None:
         """Read both ends through the kernel seam; `cni.check` says what differs."""
-        ipam_for(conf).check(conf, req)
+        self.ipam_for(conf).check(conf, req)
         expected = cni_check.expected_from(conf.prev_result or {}, ifname=req.ifname, host_name=host_name,
                                            mode=conf.mode, bridge=conf.bridge)
         pod_netns = self.kernel.open_netns(req.netns)
@@ -257,7 +260,7 @@ class PluginHandlers:
             self.deferred.wait_idle()
         errors = []
         try:
-            ipam_for(conf).gc(conf, req, valid)
+            self.ipam_for(conf).gc(conf, req, valid)
         except CniError as err:
             errors.append(str(err))
         keep = {wiring.host_veth_name(conf.name, cid, ifname) for cid, ifname in valid}
@@ -275,7 +278,7 @@ class PluginHandlers:
             raise CniError(ErrorCode.INTERNAL, "GC finished with errors", "; ".join(errors))
 
     def status(self, conf: NetConf, req: CniRequest) -> None:
-        ipam_for(conf).status(conf, req)
+        self.ipam_for(conf).status(conf, req)
 
 
 def _remove_stale_locks(conf: NetConf, keep: set) -> None:
