@@ -181,3 +181,15 @@ def test_agent_killed_during_adds_leaves_no_address_owned_twice(make_node):
     assert_clean(node)
     print(f"\nkill -9 during {count} ADDs: {len(succeeded)} had succeeded, the rest were answered "
           f"{sorted({out['code'] for code, out in answers if code and out} | set())}; all cleaned by DEL")
+
+
+def test_a_relative_data_dir_is_refused_on_both_paths_alike(make_node, where):
+    """It used to resolve against the agent's working directory through the agent and the
+    runtime's in-process: one config, two address spaces, one address for two pods."""
+    node = make_node(with_agent=(where == "agent"))
+    netns_name = node.new_pod_netns("x")
+    ipam = dict(json.loads(node.plugin_config())["ipam"], dataDir="relative/ipam")
+    code, out = node.cni("ADD", container_id="c1", netns=namespaces.netns_path(netns_name),
+                         config=node.plugin_config(ipam=ipam))
+    assert (code, out["code"]) == (1, 7) and "absolute" in out["msg"]
+    assert_untouched(node, netns_name)

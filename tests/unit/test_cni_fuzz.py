@@ -148,6 +148,11 @@ def configs(draw, world: World, last_result: dict | None) -> bytes:
             conf["ipam"][key[5:]] = value
         else:
             conf[key] = value
+    ipam = conf.get("ipam")
+    if isinstance(ipam, dict) and ipam.get("dataDir") == world.data_dirs[1] and isinstance(conf.get("name"), str):
+        # one network, one IPAM database: a network kept in two data directories at once is two
+        # address spaces by configuration (host-local's too), not something a plugin can police
+        conf["name"] += "-2"
     text = json.dumps(conf).encode()
     form = draw(st.sampled_from(["json"] * 20 + ["truncated", "deep", "bytes"]))
     if form == "truncated":
