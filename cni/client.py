@@ -6,7 +6,10 @@ It must start in milliseconds, so it imports only built-in C modules (`posix`, `
 over that root-only unix socket and relays the answer. When no agent listens there, it
 runs the very same dispatcher in-process (slower, since netlink support must be imported,
 but correct). An agent that accepts but does not answer in time gets code 11, never an
-in-process retry that could race with it.
+in-process retry that could race with it. What can never succeed is answered here, as the
+shim answers it: a socket it may not connect to (the caller is not root) is code 4
+"permission denied", and an `agentSocket` over 107 bytes or a request over the wire's
+limits 7 or 4, never 11.
 """
 import _socket
 import posix
