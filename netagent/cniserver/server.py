@@ -103,6 +103,8 @@ class CniServer:
         log.info("serving CNI on %s", self.socket_path)
 
     def stop(self) -> None:
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         self._wake_w.send(b"x")
         if self._thread is not None:
@@ -156,10 +158,16 @@ class CniServer:
                     self._drop(selector, arriving, conn)
                 timeout = min((a.deadline for a in arriving.values()), default=now + 1.0) - now
                 for key, _ in selector.select(max(0.0, timeout)):
-                    if key.fileobj is listener:
-                        self._accept(listener, selector, arriving)
-                    elif key.fileobj is not self._wake_r:
-                        self._read(selector, arriving, key.fileobj)  # type: ignore[arg-type]
+                    try:
+                        if key.fileobj is listener:
+                            self._accept(listener, selector, arriving)
+                        elif key.fileobj is not self._wake_r:
+                            self._read(selector, arriving, key.fileobj)  # type: ignore[arg-type]
+                    except Exception:  # one bad connection must not stop CNI for the node
+                        log.exception("error while reading a CNI connection")
+                        conn = key.fileobj
+                        if isinstance(conn, socket.socket) and conn in arriving:
+                            self._drop(selector, arriving, conn)
         finally:
             for conn in list(arriving):
                 self._drop(selector, arriving, conn)
