@@ -165,9 +165,9 @@ class CniServer:
                             self._read(selector, arriving, key.fileobj)  # type: ignore[arg-type]
                     except Exception:  # one bad connection must not stop CNI for the node
                         log.exception("error while reading a CNI connection")
-                        conn = key.fileobj
-                        if isinstance(conn, socket.socket) and conn in arriving:
-                            self._drop(selector, arriving, conn)
+                        failed = key.fileobj
+                        if isinstance(failed, socket.socket) and failed in arriving:
+                            self._drop(selector, arriving, failed)
         finally:
             for conn in list(arriving):
                 self._drop(selector, arriving, conn)
