@@ -8,6 +8,7 @@ an agent).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -155,32 +156,67 @@ def test_del_racing_add_leaves_the_veth_exactly_when_the_reservation(make_node, 
 
 
 def test_agent_killed_during_adds_leaves_no_address_owned_twice(make_node):
+    """kill -9 with ADDs truly in flight: the test holds the IPAM store's lock, so the agent has
+    created the veths and waits for the reservations when it dies. The runtime then sees 11,
+    its DELs clean up, and no address is held twice, neither by the pods that were running
+    nor by the pod added after the restart."""
     node = make_node(subnets=("10.244.20.0/24",))
-    count = 12
+    running = [node.add_pod(f"r{i}") for i in range(3)]
+    count = 8
     names = [node.new_pod_netns(f"k{i}") for i in range(count)]
-
-    def add(i: int):
-        return node.cni("ADD", container_id=f"k{i}", netns=namespaces.netns_path(names[i]))
-
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        futures = [pool.submit(add, i) for i in range(count)]
-        time.sleep(0.15)
-        node.stop_agent(sig=signal.SIGKILL)
-        answers = [f.result() for f in futures]
-    succeeded = [i for i, (code, _) in enumerate(answers) if code == 0]
+    store_dir = os.path.join(node.data_dir, "netagent")
+    lock = os.open(os.path.join(store_dir, "lock"), os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            futures = [pool.submit(node.cni, "ADD", container_id=f"k{i}", netns=namespaces.netns_path(names[i]))
+                       for i in range(count)]
+            deadline = time.monotonic() + 30
+            while len(our_veths(node)) < len(running) + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            in_flight = len(our_veths(node)) - len(running)
+            node.stop_agent(sig=signal.SIGKILL)
+            answers = [f.result() for f in futures]
+    finally:
+        os.close(lock)
+    assert in_flight >= 1, "no ADD was in flight when the agent was killed"
+    assert all(code == 1 and out["code"] == 11 for code, out in answers), answers
     node.start_agent()
-    # whatever succeeded owns its address alone; a new pod gets another one
-    owned = [answers[i][1]["ips"][0]["address"] for i in succeeded]
-    assert len(set(owned)) == len(owned)
     fresh = node.add_pod("fresh")
-    assert f"{fresh.ip}/24" not in owned
-    # the runtime DELs every container whose ADD it saw fail or never saw finish, and the rest
-    for i in range(count):
+    addresses = [pod.ip for pod in running] + [fresh.ip]
+    assert len(set(addresses)) == len(addresses)
+    assert sorted(reservations(node)) == sorted(addresses)
+    for i in range(count):  # the runtime DELs every container whose ADD failed
         assert node.cni("DEL", container_id=f"k{i}", netns=namespaces.netns_path(names[i]))[0] == 0
-    node.delete_pod("fresh")
+    for pod in running + [fresh]:
+        node.delete_pod(pod.name)
     assert_clean(node)
-    print(f"\nkill -9 during {count} ADDs: {len(succeeded)} had succeeded, the rest were answered "
-          f"{sorted({out['code'] for code, out in answers if code and out} | set())}; all cleaned by DEL")
+    print(f"\nkill -9 with {in_flight} of {count} ADDs holding a veth and waiting for IPAM: all {count} "
+          f"answered 11; after the restart and the runtime's DELs nothing was left")
+
+
+def test_agent_killed_during_dels_finishes_them_after_restart(make_node):
+    """kill -9 with a DEL truly in flight: acknowledged and journaled, its veth deleted, its
+    release waiting for the IPAM store's lock (held by the test). The restarted agent replays
+    the journal: every reservation is released and nothing of the pods is left."""
+    node = make_node(subnets=("10.244.21.0/24",))
+    pods = [node.add_pod(f"d{i}") for i in range(4)]
+    lock = os.open(os.path.join(node.data_dir, "netagent", "lock"), os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        for pod in pods:
+            assert node.cni("DEL", container_id=pod.container_id, netns=pod.netns)[0] == 0
+        deadline = time.monotonic() + 30
+        while len(our_veths(node)) == len(pods) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(our_veths(node)) < len(pods), "no DEL reached the kernel"
+        assert node.pending_deletes() == len(pods) and len(reservations(node)) == len(pods)
+        node.stop_agent(sig=signal.SIGKILL)
+    finally:
+        os.close(lock)
+    node.pods.clear()
+    node.start_agent()
+    assert_clean(node)
 
 
 def test_a_relative_data_dir_is_refused_on_both_paths_alike(make_node, where):
