@@ -270,3 +270,35 @@ def test_connections_still_sending_are_bounded():
             hostile.close()
     finally:
         agent.close()
+
+
+def test_both_clients_read_an_agents_early_refusal_despite_the_broken_pipe(shim):
+    """An agent that answers after the header and closes without reading the rest (as ours
+    does for a request over its limits): the send fails with EPIPE, the answer still counts."""
+    directory = tempfile.mkdtemp(prefix="na-h-", dir="/tmp")
+    path = os.path.join(directory, "early.sock")
+    refusal = json.dumps({"cniVersion": "1.0.0", "code": 7, "msg": "refused early"}).encode()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"1 %d\n" % len(refusal) + refusal)
+
+    threading.Thread(target=serve, daemon=True).start()
+    stdin = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "netagent", "agentSocket": path,
+                        "padding": "x" * (8 << 20)}).encode()
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": NETNS}
+    try:
+        assert client._relay(path, env, stdin) == (1, refusal)
+        assert via_shim(shim, env, stdin) == (1, json.loads(refusal))
+    finally:
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
