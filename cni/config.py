@@ -8,16 +8,30 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass, field
 
 from cni import version as cni_version
+from cni import wire
 from cni.errors import CniError, ErrorCode
 from cni.request import interface_name_problem, valid_identifier
+from cni.result_schema import validate_dns, validate_prev_result
 from netagent.kernel import owned
 
 DEFAULT_BRIDGE = owned.DEFAULT_BRIDGE
 DEFAULT_MTU = 1500
 BUILTIN_IPAM_TYPES = ("netagent", "netagent-ipam")
+# The host veth's alias is "netagent:<name>"; the kernel takes an IFLA_IFALIAS attribute of at
+# most 255 bytes (IFALIASZ - 1) and ours carries a terminating NUL, so 254 bytes of text. The
+# IPAM directory <dataDir>/<name> stays within NAME_MAX (255) with it.
+MAX_ALIAS = 254
+MAX_NETWORK_NAME = MAX_ALIAS - len(owned.VETH_ALIAS_PREFIX)
+# Deeper than this is no network configuration; Python's parser would hit its recursion
+# limit near 1000 levels, so the bound is explicit and the answer a clear code 6.
+MAX_JSON_DEPTH = 512
+_OPENERS = (ord("["), ord("{"))
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class ConfigScope(str, enum.Enum):
@@ -60,11 +74,30 @@ class NetConf:
         return self.ipam_type in BUILTIN_IPAM_TYPES
 
 
+def json_depth(data: bytes) -> int:
+    """How deeply arrays and objects nest in a JSON text (brackets inside strings ignored)."""
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for byte in brackets:
+        if byte in _OPENERS:
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def decode_json_object(data: bytes, what: str = "network configuration") -> dict:
+    too_deep = CniError(ErrorCode.DECODE_FAILURE, f"cannot decode the {what}",
+                        f"it nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+    if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and json_depth(data) > MAX_JSON_DEPTH:
+        raise too_deep
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CniError(ErrorCode.DECODE_FAILURE, f"cannot decode the {what}", str(exc)) from None
+    except RecursionError:
+        raise too_deep from None
     if not isinstance(obj, dict):
         raise CniError(ErrorCode.DECODE_FAILURE, f"the {what} must be a JSON object")
     return obj
@@ -94,18 +127,17 @@ def parse_netconf(data: bytes, *, require_ipam: bool = True, scope: ConfigScope 
     name = _typed(raw, "name", str, "")
     if not name:
         raise CniError(ErrorCode.INVALID_CONFIG, "'name' is required")
-    if not valid_identifier(name):
-        raise CniError(ErrorCode.INVALID_CONFIG, f"network name {name!r} is not valid",
-                       "it must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+    if not valid_identifier(name) or len(name) > MAX_NETWORK_NAME:
+        raise CniError(ErrorCode.INVALID_CONFIG, f"network name {name[:64]!r} is not valid",
+                       f"it must match [a-zA-Z0-9][a-zA-Z0-9_.-]* and be at most {MAX_NETWORK_NAME} "
+                       f"characters (the host veth's alias is 'netagent:<name>', at most {MAX_ALIAS} bytes)")
     plugin_type = _typed(raw, "type", str, "")
     if not plugin_type:
         raise CniError(ErrorCode.INVALID_CONFIG, "'type' is required")
     ipam = _typed(raw, "ipam", dict, {})
     if require_ipam and not (isinstance(ipam.get("type"), str) and ipam["type"]):
         raise CniError(ErrorCode.INVALID_CONFIG, "'ipam.type' is required")
-    prev = raw.get("prevResult")
-    if prev is not None and not isinstance(prev, dict):
-        raise CniError(ErrorCode.INVALID_CONFIG, "'prevResult' must be an object")
+    prev = validate_prev_result(raw.get("prevResult"))
     common = dict(cni_version=version, name=name, type=plugin_type, ipam=ipam,
                   runtime_config=_typed(raw, "runtimeConfig", dict, {}), prev_result=prev, raw=raw)
     if scope is ConfigScope.IPAM:
@@ -126,4 +158,12 @@ def parse_netconf(data: bytes, *, require_ipam: bool = True, scope: ConfigScope 
     return NetConf(
         **common, mode=mode, bridge=bridge, mtu=mtu,
         hairpin_mode=_typed(raw, "hairpinMode", bool, False),
-        agent_socket=_typed(raw, "agentSocket", str, ""), dns=_typed(raw, "dns", dict, {}))
+        agent_socket=_agent_socket(raw), dns=validate_dns(_typed(raw, "dns", dict, {}), "dns"))
+
+
+def _agent_socket(raw: dict) -> str:
+    path = _typed(raw, "agentSocket", str, "")
+    problem = wire.socket_path_problem(path) if path else None
+    if problem:
+        raise CniError(ErrorCode.INVALID_CONFIG, problem, path[:200])
+    return path

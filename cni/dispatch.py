@@ -15,6 +15,7 @@ from typing import Protocol
 
 from cni import result as cni_result
 from cni import version as cni_version
+from cni import wire
 from cni.config import (
     ConfigScope,
     NetConf,
@@ -84,8 +85,12 @@ def _run(req: CniRequest, handlers: Handlers | None, scope: ConfigScope) -> str:
         _check_args(req)
     if req.command == "ADD":
         own = handlers.add(conf, req)
-        merged = cni_result.merge(conf.prev_result, own) if conf.prev_result else own
-        return json.dumps(cni_result.to_version(merged, conf.cni_version))
+        try:
+            merged = cni_result.merge(conf.prev_result, own) if conf.prev_result else own
+            return json.dumps(cni_result.to_version(merged, conf.cni_version))
+        except Exception:  # prevResult is validated up front; should rendering still fail, undo
+            _undo_add(handlers, conf, req)
+            raise
     if req.command == "DEL":
         handlers.delete(conf, req)
     elif req.command == "CHECK":
@@ -99,16 +104,30 @@ def _run(req: CniRequest, handlers: Handlers | None, scope: ConfigScope) -> str:
     return ""
 
 
+def _undo_add(handlers: Handlers, conf: NetConf, req: CniRequest) -> None:
+    try:
+        handlers.delete(conf, req)
+    except Exception:
+        log.exception("could not undo an ADD whose result could not be rendered")
+
+
+def _check_sizes(environ, stdin: bytes) -> None:
+    """The wire's limits, on every path: what the agent cannot be sent is refused in-process too."""
+    too_large = wire.request_too_large(wire.encode_env(environ), stdin)
+    if too_large is not None:
+        raise CniError(*too_large)
+
+
 def render_error(stdin: bytes, error: CniError) -> str:
     """The spec's error object, in the version the config on stdin asked for when readable.
 
     Only failures pay for reading the version: the success path decodes the config once.
     """
     try:
-        config = json.loads(stdin) if stdin.strip() else {}
-    except (ValueError, UnicodeDecodeError):
+        config = decode_json_object(stdin) if stdin.strip() and len(stdin) <= wire.MAX_STDIN else {}
+    except CniError:
         config = {}
-    return json.dumps(error.to_dict(peek_version(config if isinstance(config, dict) else {})))
+    return json.dumps(error.to_dict(peek_version(config)))
 
 
 def execute(environ, stdin: bytes, handlers: Handlers | None, *,
@@ -118,6 +137,7 @@ def execute(environ, stdin: bytes, handlers: Handlers | None, *,
     `handlers` may be None for VERSION, which needs none (the thin client then imports nothing
     that touches the kernel)."""
     try:
+        _check_sizes(environ, stdin)
         req = request_from_environment(environ, stdin)
         return 0, _run(req, handlers, scope)
     except CniError as err:

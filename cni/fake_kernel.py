@@ -5,6 +5,7 @@ routes and permanent neighbours), the forwarding and proxy_arp sysctls (a `FakeS
 refuses what the kernel refuses, with the kernel's errno:
 
 * a name taken at creation fails (`LinkExists`), and so does a missing or closed namespace;
+  an alias over 254 bytes (255 with its NUL) fails creation (ERANGE) and leaves no pair, as `create_veth` promises;
 * an address or route already there fails (EEXIST, as NLM_F_EXCL does);
 * a route needs its device up (ENETDOWN), and a gateway reachable through a connected
   prefix or a link route of that device (ENETUNREACH): the order of `PodSetup.routes` counts;
@@ -51,6 +52,7 @@ from netagent.kernel.fake_sysctl import FakeSysctls
 from netagent.kernel.sysctl import ensure_sysctls, forwarding
 
 NODE = ""  # the node's namespace, by path
+MAX_ALIAS = 254  # IFLA_IFALIAS holds at most IFALIASZ - 1 bytes, the NUL we send included
 
 
 class Timing(enum.Enum):
@@ -191,6 +193,8 @@ class FakeCniKernel(CniKernel):
         for space, name in ((self.node, pair.host_name), (pod, pair.pod_ifname)):
             if name in space.links:
                 raise LinkExists(name)
+        if len(pair.alias.encode()) > MAX_ALIAS:  # the alias message is refused; the pair is removed
+            raise KernelError(errno.ERANGE, "Numerical result out of range: alias")
         bridge = self._bridge_at(master.index) if master is not None else None
         self.node.links[pair.host_name] = FakeLink(
             name=pair.host_name, kind="veth", index=next(self._indexes), mac=pair.host_mac, mtu=pair.mtu,

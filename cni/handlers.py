@@ -10,18 +10,25 @@ netns, the veth or the reservation may already be gone, and DEL may come twice.
 Every kernel step goes through the seam of `cni.kernel` (`self.kernel`): the netlink one in
 production, `cni.fake_kernel.FakeCniKernel` in unit tests, which can fail any step. What the
 pod side and the node side look like is computed in `cni.wiring`; CHECK's verdict in
-`cni.check`. This module owns only the order of the steps and their undoing.
+`cni.check`. This module owns only the order of the steps and their undoing, and holds
+the attachment's lock (`cni.attachment_lock`) around ADD, DEL and CHECK, so a DEL racing
+an ADD of the same container waits for it instead of tearing it down half-way.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
+from cni import attachment_lock
 from cni import check as cni_check
 from cni import wiring
+from cni.attachment_lock import AttachmentLock
 from cni.config import Mode, NetConf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import ipam_for
@@ -59,25 +66,56 @@ def _interface_exists(exc: LinkExists, *, host_name: str, pod_ifname: str) -> Cn
     return CniError(ErrorCode.INTERFACE_EXISTS, f"interface {pod_ifname} already exists in the container")
 
 
+def _pod_setup_refused(exc: KernelError) -> Exception:
+    """The pod side's refusals that say something about the request, with their own codes."""
+    if exc.code == errno.EEXIST:  # e.g. a second attachment of this network wants the default route too
+        return CniError(ErrorCode.ADDRESS_CONFLICT, "the pod already holds an address or route this "
+                        "attachment needs", str(exc))
+    if exc.code == errno.ENETUNREACH:
+        return CniError(ErrorCode.INVALID_CONFIG, "a route's gateway is not reachable from the pod's addresses",
+                        str(exc))
+    return exc
+
+
 class PluginHandlers:
     """The `Handlers` of `cni.dispatch` for the netagent plugin.
 
     `deferred` (the agent's `DeferredDeleter`, or None in-process) lets DEL reply once the
     request is validated and journaled; the kernel teardown then finishes in the background.
-    `kernel` is the kernel seam (`cni.kernel`): the real one unless a test hands in a fake.
+    `kernel` is the kernel seam (`cni.kernel`): the real one unless a test hands in a fake;
+    `ipam` picks the IPAM handlers per config (`cni.ipam.ipam_for`; a test's store behind them).
     """
 
-    def __init__(self, *, deferred: PendingDeletes | None = None, kernel: CniKernel | None = None) -> None:
+    def __init__(self, *, deferred: PendingDeletes | None = None, kernel: CniKernel | None = None,
+                 lock_timeout: float = attachment_lock.LOCK_TIMEOUT,
+                 ipam: Callable[[NetConf], Ipam] = ipam_for) -> None:
         self.deferred = deferred
+        self.lock_timeout = lock_timeout
+        self.ipam_for = ipam
         if kernel is None:
             from cni.netlink_kernel import NetlinkCniKernel
             kernel = NetlinkCniKernel()
         self.kernel = kernel
 
+    def _locked(self, conf: NetConf, host_name: str) -> AbstractContextManager[AttachmentLock]:
+        """The attachment's lock (`cni.attachment_lock`), shared with every other path."""
+        return attachment_lock.held(attachment_lock.lock_path(conf, host_name), timeout=self.lock_timeout)
+
     def add(self, conf: NetConf, req: CniRequest) -> dict:
-        undo: list[Callable[[], object]] = []
+        validate_ipam(conf, req)  # a config error is code 7 before anything is locked or built
+        host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
+        while True:
+            if self.deferred is not None:
+                self.deferred.wait_for(host_name)  # a DEL of this same attachment still finishing
+            with self._locked(conf, host_name) as lock:
+                if self.deferred is not None and not self.deferred.wait_for(host_name, 0):
+                    continue  # a DEL was journaled before we got the lock: it goes first
+                return self._add_locked(conf, req, host_name, lock)
+
+    def _add_locked(self, conf: NetConf, req: CniRequest, host_name: str, lock: AttachmentLock) -> dict:
+        undo: list[Callable[[], object]] = [lock.remove]
         try:
-            return self._add(conf, req, undo)
+            return self._add(conf, req, host_name, undo)
         except BaseException as exc:
             for step in reversed(undo):
                 try:
@@ -88,14 +126,11 @@ class PluginHandlers:
                 raise CniError(ErrorCode.INTERNAL, "netlink request failed", str(exc)) from None
             raise
 
-    def _add(self, conf: NetConf, req: CniRequest, undo: list[Callable[[], object]]) -> dict:
+    def _add(self, conf: NetConf, req: CniRequest, host_name: str, undo: list[Callable[[], object]]) -> dict:
         kernel = self.kernel
-        host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
-        if self.deferred is not None:
-            self.deferred.wait_for(host_name)  # a DEL of this same attachment still finishing
         pod_netns = kernel.open_netns(req.netns)
         undo.append(lambda: kernel.close_netns(pod_netns))
-        ipam = ipam_for(conf)
+        ipam = self.ipam_for(conf)
         allocation = _ipam_pool.submit(ipam.add, conf, req)
         undo.append(lambda: _release_if_reserved(allocation, ipam, conf, req))
 
@@ -132,7 +167,10 @@ class PluginHandlers:
         setup, routes = wiring.plan_pod(ifname=req.ifname, mode=conf.mode, addresses=addresses,
                                         gateways=gateways, routes=allocated.get("routes", []),
                                         host_mac=pair.host_mac)
-        kernel.configure_pod(pod_netns, setup)
+        try:
+            kernel.configure_pod(pod_netns, setup)
+        except KernelError as exc:
+            raise _pod_setup_refused(exc) from None
         if bridge is not None:
             try:
                 if not (enslaved and known_bridge is not None and bridge.index == known_bridge.index):
@@ -175,7 +213,9 @@ class PluginHandlers:
             self.delete_now(conf, req)
             return
         validate_ipam(conf, req)  # a config error is still reported to the runtime
-        self.deferred.submit(wiring.host_veth_name(conf.name, req.container_id, req.ifname), conf, req)
+        host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
+        with self._locked(conf, host_name):  # journaled after an ADD in progress, never during it
+            self.deferred.submit(host_name, conf, req)
 
     def delete_now(self, conf: NetConf, req: CniRequest) -> None:
         """The veth first, then the addresses, so no address is reused while a veth holds it.
@@ -183,17 +223,25 @@ class PluginHandlers:
         Deleting the host end removes the pod end with it; the netns is not needed. When the
         host end is already gone, whatever the pod holds under ifname is not ours.
         """
+        validate_ipam(conf, req)
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
-        try:
-            self.kernel.delete_link(host_name)
-        except KernelError as exc:
-            raise CniError(ErrorCode.INTERNAL, f"cannot delete {host_name}", str(exc)) from None
-        ipam_for(conf).delete(conf, req)
+        with self._locked(conf, host_name) as lock:
+            try:
+                self.kernel.delete_link(host_name)
+            except KernelError as exc:
+                raise CniError(ErrorCode.INTERNAL, f"cannot delete {host_name}", str(exc)) from None
+            self.ipam_for(conf).delete(conf, req)
+            lock.remove()
 
     def check(self, conf: NetConf, req: CniRequest) -> None:
-        """Read both ends through the kernel seam; `cni.check` says what differs."""
-        ipam_for(conf).check(conf, req)
+        validate_ipam(conf, req)
         host_name = wiring.host_veth_name(conf.name, req.container_id, req.ifname)
+        with self._locked(conf, host_name):
+            self._check(conf, req, host_name)
+
+    def _check(self, conf: NetConf, req: CniRequest, host_name: str) -> None:
+        """Read both ends through the kernel seam; `cni.check` says what differs."""
+        self.ipam_for(conf).check(conf, req)
         expected = cni_check.expected_from(conf.prev_result or {}, ifname=req.ifname, host_name=host_name,
                                            mode=conf.mode, bridge=conf.bridge)
         pod_netns = self.kernel.open_netns(req.netns)
@@ -207,15 +255,17 @@ class PluginHandlers:
             raise CniError(ErrorCode.CHECK_FAILED, "; ".join(f.message for f in findings))
 
     def gc(self, conf: NetConf, req: CniRequest, valid: set) -> None:
+        validate_ipam(conf, req)  # a config error is code 7, not one of GC's collected errors
         if self.deferred is not None:
             self.deferred.wait_idle()
         errors = []
         try:
-            ipam_for(conf).gc(conf, req, valid)
+            self.ipam_for(conf).gc(conf, req, valid)
         except CniError as err:
             errors.append(str(err))
         keep = {wiring.host_veth_name(conf.name, cid, ifname) for cid, ifname in valid}
-        for name in wiring.network_veths(self.kernel.owned_links(), conf.name):
+        links = self.kernel.owned_links()
+        for name in wiring.network_veths(links, conf.name):
             if name in keep:
                 continue
             try:
@@ -223,11 +273,24 @@ class PluginHandlers:
                 log.info("GC removed stale host veth %s", name)
             except KernelError as exc:
                 errors.append(f"cannot delete {name}: {exc}")
+        _remove_stale_locks(conf, keep | {link.name for link in links})
         if errors:
             raise CniError(ErrorCode.INTERNAL, "GC finished with errors", "; ".join(errors))
 
     def status(self, conf: NetConf, req: CniRequest) -> None:
-        ipam_for(conf).status(conf, req)
+        self.ipam_for(conf).status(conf, req)
+
+
+def _remove_stale_locks(conf: NetConf, keep: set) -> None:
+    """Lock files of attachments left by a killed ADD or DEL: removed when nobody holds them."""
+    directory = os.path.dirname(attachment_lock.lock_path(conf, "-"))
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".lock") and name[:-5] not in keep:
+            attachment_lock.try_remove_stale(os.path.join(directory, name))
 
 
 def validate_ipam(conf: NetConf, req: CniRequest) -> None:

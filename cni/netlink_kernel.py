@@ -209,7 +209,10 @@ class NetlinkCniKernel(CniKernel):
             index = _lookup(ipr, host_name)
             if index is None:
                 raise KernelError(errno.ENODEV, f"no interface {host_name}")
-            ipr.brport("set", index=index, mode=1)
+            try:
+                ipr.brport("set", index=index, mode=1)
+            except IndexError:  # pyroute2's answer when the port vanished between lookup and set
+                raise KernelError(errno.ENODEV, f"{host_name} is gone") from None
 
     # ------------------------------------------------------------ the pod side
     def configure_pod(self, netns: PodNetns, setup: PodSetup) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import stat
 import threading
 from collections.abc import Iterator
 
@@ -23,15 +25,41 @@ from netagent.kernel import namespaces
 _local = threading.local()
 
 
+NS_GET_NSTYPE = 0xB703  # ioctl(2) on a namespace file: its CLONE_NEW* type (Linux 4.11)
+CLONE_NEWNET = 0x40000000
+_NAMESPACE_KINDS = {0x00020000: "mount", 0x04000000: "UTS", 0x08000000: "IPC", 0x10000000: "user",
+                    0x20000000: "PID", 0x02000000: "cgroup", 0x00000080: "time"}
+
+
+def _not_a_netns(path: str, reason: str) -> CniError:
+    return CniError(ErrorCode.INVALID_ENVIRONMENT, f"CNI_NETNS {path} is not a network namespace", reason)
+
+
 def open_netns(path: str) -> int:
-    """Open a netns file; a missing one is 'container unknown' (code 3)."""
+    """Open a netns file; a missing one is 'container unknown' (code 3), anything that is not
+    a network namespace code 4 with the reason. Opened non-blocking, so a FIFO cannot hold a
+    worker, and asked for its namespace type, so a regular file, a directory, /dev/null or a
+    mount namespace is told apart before any netlink request names it."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise netns_missing(path) from None
     except OSError as exc:
         raise CniError(ErrorCode.INVALID_ENVIRONMENT, f"cannot open network namespace {path}",
                        exc.strerror or str(exc)) from None
+    try:
+        kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+    except OSError as exc:
+        mode = os.fstat(fd).st_mode
+        os.close(fd)
+        what = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a file that is no namespace" if exc.errno == errno.ENOTTY else exc.strerror)
+        raise _not_a_netns(path, f"it is {what}") from None
+    if kind != CLONE_NEWNET:
+        os.close(fd)
+        raise _not_a_netns(path, f"it is a {_NAMESPACE_KINDS.get(kind, hex(kind))} namespace")
+    return fd
 
 
 @contextlib.contextmanager

@@ -21,14 +21,18 @@ _REQUIRED = {
     "STATUS": (),
     "VERSION": (),
 }
-_SAFE_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+# fullmatch, never match with `$`: `$` also matches before a final newline, and "abc\n" must
+# not pass for "abc" (its reservation's owner text would be abc's after trimming).
+_SAFE_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 MAX_ID_LENGTH = 1024
 IFNAME_MAX = 15  # IFNAMSIZ - 1
+# names the kernel gives a meaning of its own (/proc/sys/net/*/conf/all, .../default)
+RESERVED_IFNAMES = frozenset({"all", "default"})
 
 
 def valid_identifier(value: str) -> bool:
     """libcni's rule for container IDs and network names."""
-    return bool(_SAFE_ID.match(value)) and len(value) <= MAX_ID_LENGTH
+    return len(value) <= MAX_ID_LENGTH and _SAFE_ID.fullmatch(value) is not None
 
 
 def interface_name_problem(name: str) -> str | None:
@@ -41,8 +45,10 @@ def interface_name_problem(name: str) -> str | None:
         return "is empty"
     if len(name) > IFNAME_MAX:
         return f"is longer than {IFNAME_MAX} characters"
-    if not _SAFE_ID.match(name):
+    if _SAFE_ID.fullmatch(name) is None:
         return "must start with a letter or digit and contain only letters, digits, '_', '.' and '-'"
+    if name in RESERVED_IFNAMES:
+        return "is reserved by the kernel (/proc/sys/net/ipv4/conf/" + name + ")"
     return None
 
 
@@ -77,7 +83,20 @@ def parse_cni_args(text: str) -> dict:
     return out
 
 
+def _require_utf8(environ) -> None:
+    """Every CNI_* value must be text: the shim relays raw bytes and the Python client
+    surrogate-escapes them, so a non-UTF-8 byte is refused the same way on every path."""
+    for key, value in environ.items():
+        if isinstance(key, str) and key.startswith("CNI_") and isinstance(value, str):
+            try:
+                (key + value).encode("utf-8")
+            except UnicodeEncodeError:
+                raise CniError(ErrorCode.INVALID_ENVIRONMENT, f"{key!r} is not valid UTF-8",
+                               "the CNI_* variables must be UTF-8 text") from None
+
+
 def request_from_environment(environ: dict, stdin: bytes) -> CniRequest:
+    _require_utf8(environ)
     command = environ.get("CNI_COMMAND", "")
     if not command:
         raise CniError(ErrorCode.INVALID_ENVIRONMENT, "CNI_COMMAND is not set")

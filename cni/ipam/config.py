@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 from dataclasses import dataclass, field
 
 from cni.errors import CniError, ErrorCode
 from cni.request import valid_identifier
+from cni.result_schema import validate_dns
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
+MAX_RESOLV_CONF = 64 * 1024  # glibc reads far less; a resolv.conf is a few hundred bytes
 _RANGE_KEYS = ("subnet", "rangeStart", "rangeEnd", "gateway")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -123,7 +126,7 @@ def parse_subnet(text: object, *, where: str) -> Network:
         raise invalid("'subnet' must be a CIDR string",
                       f"{where}: got {type(text).__name__}")
     address_text, slash, prefix = text.partition("/")
-    if not slash or not prefix.isdigit() or "%" in address_text:
+    if not slash or not (prefix.isascii() and prefix.isdigit()) or "%" in address_text:
         raise invalid(f"invalid CIDR address: {text}", where)
     try:
         interface = ipaddress.ip_interface(f"{address_text}/{int(prefix)}")
@@ -134,6 +137,9 @@ def parse_subnet(text: object, *, where: str) -> Network:
         raise invalid(f"subnet {text} is an IPv4-mapped IPv6 network", where)
     if network.prefixlen > network.max_prefixlen - 2:
         raise invalid(f"Network {text} too small to allocate from", where)
+    if network.prefixlen == 0:
+        raise invalid(f"subnet {text} is every address",
+                      f"{where}: a /0 pod subnet would take the place of the pods' default route")
     if interface.ip != network.network_address:
         raise invalid(f"Network has host bits set. For a subnet mask of length "
                       f"{network.prefixlen} the network address is {network.network_address}",
@@ -171,6 +177,8 @@ def parse_range(raw: object, *, where: str) -> IpRange:
     start = first if start is None else start
     end = _last_usable(subnet) if end is None else end
     gateway = first if gateway is None else gateway
+    if subnet.version == 4 and gateway in (subnet.network_address, subnet.broadcast_address):
+        raise invalid(f"Gateway {gateway} is the network or broadcast address of {subnet}", where)
     if int(start) > int(end):
         raise invalid(f"RangeEnd {end} is before RangeStart {start}", where)
     return IpRange(subnet=subnet, start=start, end=end, gateway=gateway)
@@ -185,11 +193,20 @@ def parse_range_set(raw: object, *, where: str) -> RangeSet:
     ranges = tuple(parse_range(item, where=f"{where}[{i}]") for i, item in enumerate(raw))
     if len({r.version for r in ranges}) > 1:
         raise invalid("mixed address families", where)
-    for i, first in enumerate(ranges):
-        for second in ranges[i + 1:]:
-            if first.overlaps(second):
-                raise invalid(f"subnets {first} and {second} overlap", where)
+    clash = first_overlap([(r, 0) for r in ranges])
+    if clash is not None:
+        raise invalid(f"subnets {clash[0][0]} and {clash[1][0]} overlap", where)
     return RangeSet(ranges=ranges)
+
+
+def first_overlap(ranges: list) -> tuple | None:
+    """Two overlapping entries of (IpRange, tag), or None: one sort and one sweep, not a
+    comparison of every pair (a config of 8,000 ranges is parsed on every ADD)."""
+    ordered = sorted(ranges, key=lambda item: (item[0].version, int(item[0].start), int(item[0].end)))
+    for previous, current in zip(ordered, ordered[1:]):
+        if previous[0].overlaps(current[0]):
+            return previous, current
+    return None
 
 
 def _raw_range_sets(ipam: dict, runtime_config: dict) -> list[tuple[str, object]]:
@@ -217,11 +234,37 @@ def parse_range_sets(ipam: dict, *, runtime_config: dict) -> tuple:
             sets.append(parse_range_set(raw, where=where))
         except CniError as err:
             raise invalid(f"invalid range set {index}: {err.msg}", err.details) from None
-    for i, first in enumerate(sets):
-        for j in range(i + 1, len(sets)):
-            if first.overlaps(sets[j]):
-                raise invalid(f"range set {i} overlaps with {j}", f"{first} and {sets[j]}")
+    clash = _first_overlap_between_sets(sets)
+    if clash is not None:
+        i, j = clash
+        raise invalid(f"range set {i} overlaps with {j}", f"{sets[i]} and {sets[j]}")
     return tuple(sets)
+
+
+def _first_overlap_between_sets(sets: list) -> tuple | None:
+    """(i, j), i < j, for range sets i and j that share an address, or None.
+
+    One sweep by start address per family, keeping the two furthest-reaching earlier ranges
+    of different sets: a range overlaps an earlier one of another set exactly when one of
+    those two reaches it."""
+    ordered = sorted(((r, index) for index, s in enumerate(sets) for r in s.ranges),
+                     key=lambda item: (item[0].version, int(item[0].start)))
+    best: list = []  # up to two (end, set index, version), from different sets, furthest first
+    for ip_range, index in ordered:
+        start = int(ip_range.start)
+        for end, other, version in best:
+            if version == ip_range.version and other != index and end >= start:
+                return min(index, other), max(index, other)
+        entry = (int(ip_range.end), index, ip_range.version)
+        candidates = [e for e in best if e[2] == ip_range.version] + [entry]
+        candidates.sort(key=lambda e: -e[0])
+        best = []
+        for candidate in candidates:
+            if all(candidate[1] != kept[1] for kept in best):
+                best.append(candidate)
+            if len(best) == 2:
+                break
+    return None
 
 
 def parse_routes(raw: object) -> tuple:
@@ -292,12 +335,14 @@ def _optional_string(ipam: dict, key: str) -> str:
     return value
 
 
-def _dns(ipam: dict) -> dict:
-    value = ipam.get("dns")
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise invalid("'dns' must be an object", f"ipam.dns: got {type(value).__name__}")
+def _absolute_path(ipam: dict, key: str) -> str:
+    """A path the agent and the in-process plugin resolve alike: relative ones are refused
+    (each would resolve against its own working directory)."""
+    value = _optional_string(ipam, key)
+    if value and not os.path.isabs(value):
+        raise invalid(f"'{key}' must be an absolute path", f"ipam.{key}: {value[:200]!r}")
+    if "\0" in value:
+        raise invalid(f"'{key}' must not contain NUL", f"ipam.{key}")
     return value
 
 
@@ -310,21 +355,44 @@ def parse_ipam_config(ipam: dict, *, network_name: str,
     runtime_config = runtime_config if isinstance(runtime_config, dict) else {}
     return IpamConf(
         network_name=network_name,
-        data_dir=_optional_string(ipam, "dataDir") or DEFAULT_DATA_DIR,
+        data_dir=_absolute_path(ipam, "dataDir") or DEFAULT_DATA_DIR,
         range_sets=parse_range_sets(ipam, runtime_config=runtime_config),
         routes=parse_routes(ipam.get("routes")),
-        dns=_dns(ipam),
-        resolv_conf=_optional_string(ipam, "resolvConf"),
+        dns=validate_dns(ipam.get("dns"), "ipam.dns"),
+        resolv_conf=_absolute_path(ipam, "resolvConf"),
         requested=tuple(parse_requested_ips(ipam.get("ips"), source="ipam.ips")))
+
+
+def _read_regular_file(path: str, *, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`. Anything else (a FIFO that would
+    block a worker forever, /dev/zero that never ends, a directory) is refused with code 7."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise CniError(ErrorCode.IO_FAILURE, f"cannot read resolvConf {path}", exc.strerror or str(exc)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise invalid(f"resolvConf {path} is not a regular file", "ipam.resolvConf")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise CniError(ErrorCode.IO_FAILURE, f"cannot read resolvConf {path}", exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise invalid(f"resolvConf {path} is larger than {limit} bytes", "ipam.resolvConf")
+    return b"".join(chunks)
 
 
 def read_resolv_conf(path: str) -> dict:
     """host-local's `resolvConf`: nameserver, domain, search and options lines as CNI DNS."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except OSError as exc:
-        raise CniError(ErrorCode.IO_FAILURE, f"cannot read resolvConf {path}", str(exc)) from None
+    lines = _read_regular_file(path, limit=MAX_RESOLV_CONF).decode("utf-8", errors="replace").splitlines()
     dns: dict = {}
     for line in lines:
         fields = line.split()

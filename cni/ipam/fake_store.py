@@ -1,4 +1,10 @@
-"""`FakeStore`: the reservation store in memory, with fault injection, for unit tests."""
+"""`FakeStore`: the reservation store in memory, with fault injection, for unit tests.
+
+Faults: `writable = False` refuses every write, names in `unreleasable` fail to be released,
+and `fail_on("reserve" | "release" | "set_last_reserved", nth=...)` fails the nth call of one
+write from now (once), having done nothing, as a failed create, unlink or write does.
+`writes` lists every write attempted, in order, so a test can fail each one in turn.
+"""
 from __future__ import annotations
 
 import threading
@@ -33,7 +39,22 @@ class FakeStore(ReservationStore):
         self.created = False
         self.writable = True
         self.unreleasable: set = set()
+        self.writes: list[str] = []
+        self._faults: list[list] = []  # [operation, countdown]
         self._lock = threading.Lock()
+
+    def fail_on(self, operation: str, *, nth: int = 1) -> None:
+        """Make the `nth` call of the write `operation` from now fail with code 5."""
+        self._faults.append([operation, nth])
+
+    def _write(self, operation: str, name: str) -> None:
+        self.writes.append(operation)
+        for fault in list(self._faults):
+            if fault[0] == operation:
+                fault[1] -= 1
+                if fault[1] == 0:
+                    self._faults.remove(fault)
+                    raise CniError(ErrorCode.IO_FAILURE, f"cannot {operation} {name}", "injected (fake)")
 
     def _require_writable(self, name: str) -> None:
         if not self.writable:
@@ -62,12 +83,14 @@ class FakeStore(ReservationStore):
 
     def reserve(self, name: str, *, owner: str) -> bool:
         self._require_writable(name)
+        self._write("reserve", name)
         if name in self.files:
             return False
         self.files[name] = owner
         return True
 
     def release(self, name: str) -> bool:
+        self._write("release", name)
         if name in self.unreleasable:
             raise CniError(ErrorCode.IO_FAILURE, f"cannot remove {name}", "injected (fake)")
         return self.files.pop(name, None) is not None
@@ -77,4 +100,5 @@ class FakeStore(ReservationStore):
 
     def set_last_reserved(self, set_index: int, address: str) -> None:
         self._require_writable(f"{LAST_RESERVED_PREFIX}{set_index}")
+        self._write("set_last_reserved", f"{LAST_RESERVED_PREFIX}{set_index}")
         self.last[set_index] = address

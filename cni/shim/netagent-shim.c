@@ -24,7 +24,9 @@
  *     our failed connect and the rename, so the shim connects once more after the rename: if an
  *     agent answers now, the DEL goes to it live and the record is removed (if the agent had
  *     adopted it already, the DEL just runs twice; DEL is idempotent).
- *   - Any other failure to talk to the agent (timeout, bad reply) is code 11 as well.
+ *   - A socket we may not connect to (EACCES, EPERM: not root) is code 4, "permission denied".
+ *   - Any other failure to talk to the agent (timeout, bad reply) is code 11 as well. An agent
+ *     that answers before reading the whole request (it refused it) is read despite the EPIPE.
  *
  * The config scan reads only the top-level object's string values of "agentSocket" and
  * "cniVersion" (escapes decoded, the last duplicate wins). Nested values are skipped by
@@ -507,18 +509,25 @@ static int exchange(int fd, const struct buf *request, const struct timespec *de
                     struct buf *reply, int *code, size_t *body_at, const char **step)
 {
     *step = "send";
-    if (write_all(fd, request->data, request->len, deadline) < 0)
-        return -1;
-    shutdown(fd, SHUT_WR); /* the agent reads to the announced length; this is a courtesy */
+    int send_err = 0;
+    if (write_all(fd, request->data, request->len, deadline) < 0) {
+        if (errno != EPIPE && errno != ECONNRESET)
+            return -1;
+        send_err = errno; /* an agent that refused the request early has still answered */
+    } else {
+        shutdown(fd, SHUT_WR); /* the agent reads to the announced length; this is a courtesy */
+    }
     *step = "receive";
     int rc = read_all(fd, reply, MAX_HEADER + 1 + MAX_REPLY, deadline);
+    if (rc < 0 && send_err != 0 && errno == ECONNRESET)
+        rc = 0;
     if (rc > 0)
         errno = EMSGSIZE;
     if (rc != 0)
         return -1;
     if (reply->len == 0) {
-        *step = "closed without a reply";
-        errno = EPROTO;
+        *step = send_err != 0 ? "send" : "closed without a reply";
+        errno = send_err != 0 ? send_err : EPROTO;
         return -1;
     }
     /* "<code> <length>\n" within MAX_HEADER; the length is exactly what follows */
@@ -703,6 +712,11 @@ int main(void)
                     path, dir.data, record);
             return 0;
         }
+    }
+    if (fd < 0 && (errno == EACCES || errno == EPERM)) { /* the socket is root's: retrying cannot help */
+        char *why = describe(path, "connect", errno);
+        return fail(&cfg, 4, "permission denied: cannot connect to the netagent agent (the CNI plugin "
+                    "must run as root)", why ? why : "");
     }
     if (fd < 0) {
         char *why = describe(path, "connect", errno);

@@ -1,21 +1,33 @@
-"""The node agent's CNI endpoint: a root-only unix socket served by a pool of warm workers.
+"""The node agent's CNI endpoint: a root-only unix socket, one reader thread, a pool of warm workers.
 
-Each worker thread keeps its own netlink socket in the node's namespace (see
-`cni.netns`), so a request costs only the kernel work it needs. The accept loop never
-does CNI work itself: it hands connections to the pool, and answers "try again later"
-(code 11) at once when the backlog is full or the agent is not ready yet, instead of
-letting the runtime wait. STATUS when not ready is code 50, as the spec asks.
+Each worker thread keeps its own netlink socket in the node's namespace (see `cni.netns`),
+so a request costs only the kernel work it needs. Workers never wait for a client: one
+reader thread (`cni-io`) accepts connections and reads every request non-blockingly, and
+hands a worker only a request that has arrived whole. So a local caller that connects and
+sends nothing, or sends a byte a second, holds a file descriptor, never a worker, and
+cannot delay another pod's ADD. Bounds, each answered or enforced without a worker:
+
+* a whole-request deadline (`request_deadline`, from accept to the last byte), after which
+  the connection is closed;
+* at most `max_reading` connections being read at once: past that the oldest is dropped;
+* the wire's size limits (`cni.wire`): a header announcing more is answered at once with the
+  shim's own error (code 7 for stdin, 4 for the environment), as the clients check too;
+* a peer that is not root (nor our own uid) is answered code 4 "permission denied";
+* a full backlog of work (`max_pending`) or an agent not ready yet is code 11 at once, and
+  STATUS when not ready is code 50, as the spec asks.
 """
 from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import stat
 import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Callable
 
 from cni import wire
@@ -24,7 +36,9 @@ from cni.errors import CniError, ErrorCode
 
 log = logging.getLogger("netagent.cniserver.server")
 
-READ_TIMEOUT = 10.0
+REQUEST_DEADLINE = 5.0  # seconds from accept until the whole request must have arrived
+MAX_READING = 64  # connections whose request is still arriving
+WRITE_TIMEOUT = 5.0  # a reply is small; a client that does not read it loses it
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -36,40 +50,37 @@ def _error_reply(stdin: bytes, error: CniError) -> bytes:
     return wire.encode_reply(1, render_error(stdin, error))
 
 
-def _read_request(conn: socket.socket) -> bytes:
-    conn.settimeout(READ_TIMEOUT)
-    data = b""
-    expected = None
-    while expected is None or len(data) < expected:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if expected is None and b"\n" in data:
-            expected = wire.expected_request_length(data.partition(b"\n")[0])
-            if expected is None:
-                raise wire.WireError("malformed request header")
-        elif expected is None and len(data) > wire.MAX_HEADER:
-            raise wire.WireError("request header too long")
-    return data
+@dataclass
+class _Arriving:
+    """A connection whose request is still arriving."""
+    conn: socket.socket
+    uid: int
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+    expected: int | None = None  # total length, once the header is in
 
 
 class CniServer:
     """Serve CNI requests on `socket_path` until `stop()`."""
 
-    def __init__(self, socket_path: str, *, handlers: Handlers, workers: int = 8,
-                 max_pending: int = 512, not_ready: Callable[[], str | None] = lambda: None) -> None:
+    def __init__(self, socket_path: str, *, handlers: Handlers, workers: int = 8, max_pending: int = 512,
+                 not_ready: Callable[[], str | None] = lambda: None, request_deadline: float = REQUEST_DEADLINE,
+                 max_reading: int = MAX_READING) -> None:
         self.socket_path = socket_path
         self.handlers = handlers
         self.max_pending = max_pending
         self.not_ready = not_ready
+        self.request_deadline = request_deadline
+        self.max_reading = max_reading
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cni")
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
         self.requests_served = 0
+        self.dropped = 0  # connections closed for their deadline, the reading bound or EOF
 
     # ------------------------------------------------------------ lifecycle
     def start(self, *, before_serving: Callable[[], object] | None = None) -> None:
@@ -86,22 +97,23 @@ class CniServer:
                 listener.close()
                 os.unlink(self.socket_path)
                 raise
-        self._thread = threading.Thread(target=self._accept_loop, args=(listener,), name="cni-accept",
-                                        daemon=True)
+        listener.setblocking(False)
+        self._thread = threading.Thread(target=self._io_loop, args=(listener,), name="cni-io", daemon=True)
         self._thread.start()
         log.info("serving CNI on %s", self.socket_path)
 
     def stop(self) -> None:
+        if self._stopping.is_set():
+            return
         self._stopping.set()
-        if self._listener is not None:
-            try:
-                self._listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._listener.close()
+        self._wake_w.send(b"x")
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._listener is not None:
+            self._listener.close()
         self._pool.shutdown(wait=True)
+        self._wake_r.close()
+        self._wake_w.close()
         try:
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                 os.unlink(self.socket_path)
@@ -132,54 +144,153 @@ class CniServer:
         listener.listen(1024)
         return listener
 
-    # ------------------------------------------------------------ serving
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while not self._stopping.is_set():
+    # ------------------------------------------------------------ reading (the cni-io thread)
+    def _io_loop(self, listener: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ)
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        arriving: dict[socket.socket, _Arriving] = {}  # in accept order
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                for conn in [c for c, a in arriving.items() if a.deadline <= now]:
+                    log.warning("dropped a CNI connection: no whole request within %.1f s", self.request_deadline)
+                    self._drop(selector, arriving, conn)
+                timeout = min((a.deadline for a in arriving.values()), default=now + 1.0) - now
+                for key, _ in selector.select(max(0.0, timeout)):
+                    try:
+                        if key.fileobj is listener:
+                            self._accept(listener, selector, arriving)
+                        elif key.fileobj is not self._wake_r:
+                            self._read(selector, arriving, key.fileobj)  # type: ignore[arg-type]
+                    except Exception:  # one bad connection must not stop CNI for the node
+                        log.exception("error while reading a CNI connection")
+                        failed = key.fileobj
+                        if isinstance(failed, socket.socket) and failed in arriving:
+                            self._drop(selector, arriving, failed)
+        finally:
+            for conn in list(arriving):
+                self._drop(selector, arriving, conn)
+            selector.close()
+
+    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector,
+                arriving: dict[socket.socket, _Arriving]) -> None:
+        while True:
             try:
                 conn, _ = listener.accept()
-            except OSError:
-                if self._stopping.is_set():
-                    return
-                continue
-            with self._pending_lock:
-                overloaded = self._pending >= self.max_pending
-                if not overloaded:
-                    self._pending += 1
-            if overloaded:
-                self._pool.submit(self._refuse, conn)
-                continue
-            self._pool.submit(self._serve, conn)
-
-    def _refuse(self, conn: socket.socket) -> None:
-        with conn:
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
             try:
-                data = _read_request(conn)
-                _, stdin = wire.decode_request(data)
-                conn.sendall(_error_reply(stdin, CniError(ErrorCode.TRY_AGAIN_LATER, "the agent is busy")))
-            except (OSError, ValueError, wire.WireError):
-                pass
+                uid = _peer_uid(conn)
+            except OSError:
+                conn.close()
+                continue
+            if len(arriving) >= self.max_reading:
+                oldest = next(iter(arriving))
+                log.warning("dropped the oldest of %d CNI connections still sending", len(arriving))
+                self._drop(selector, arriving, oldest)
+            arriving[conn] = _Arriving(conn=conn, uid=uid, deadline=time.monotonic() + self.request_deadline)
+            selector.register(conn, selectors.EVENT_READ)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _drop(self, selector: selectors.BaseSelector, arriving: dict[socket.socket, _Arriving],
+              conn: socket.socket) -> None:
+        arriving.pop(conn, None)
+        selector.unregister(conn)
+        conn.close()
+        self.dropped += 1
+
+    def _read(self, selector: selectors.BaseSelector, arriving: dict[socket.socket, _Arriving],
+              conn: socket.socket) -> None:
+        state = arriving[conn]
+        try:
+            chunk = conn.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(selector, arriving, conn)
+            return
+        state.data += chunk
+        refusal = self._check_header(state) if state.expected is None else None
+        if refusal is not None:
+            arriving.pop(conn)
+            selector.unregister(conn)
+            self._answer_now(conn, refusal)
+        elif state.expected is not None and len(state.data) >= state.expected:
+            arriving.pop(conn)
+            selector.unregister(conn)
+            self._dispatch(state)
+
+    @staticmethod
+    def _check_header(state: _Arriving) -> bytes | None:
+        """Set `expected` once the header is in; a reply refusing the request, or None."""
+        newline = state.data.find(b"\n", 0, wire.MAX_HEADER + 1)
+        if newline < 0:
+            if len(state.data) > wire.MAX_HEADER:
+                return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
+                                                  "the request header is too long"))
+            return None
+        lengths = wire.header_lengths(bytes(state.data[:newline]))
+        if lengths is None:
+            return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
+                                              "bad request header"))
+        too_large = wire.lengths_too_large(*lengths)
+        if too_large is not None:
+            return _error_reply(b"", CniError(*too_large))
+        state.expected = newline + 1 + lengths[0] + lengths[1]
+        return None
+
+    @staticmethod
+    def _answer_now(conn: socket.socket, reply: bytes) -> None:
+        """A small refusal from the reader thread itself: best effort, never blocking."""
+        try:
+            conn.send(reply)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        conn.close()
+
+    def _dispatch(self, state: _Arriving) -> None:
+        with self._pending_lock:
+            overloaded = self._pending >= self.max_pending
+            if not overloaded:
+                self._pending += 1
+        if overloaded:
+            self._answer_now(state.conn, _error_reply(b"", CniError(ErrorCode.TRY_AGAIN_LATER, "the agent is busy")))
+            return
+        self._pool.submit(self._serve, state.conn, bytes(state.data[:state.expected]), state.uid)
+
+    # ------------------------------------------------------------ answering (the workers)
+    def _serve(self, conn: socket.socket, data: bytes, uid: int) -> None:
         try:
             with conn:
-                uid = _peer_uid(conn)
-                if uid not in (0, os.getuid()):
-                    log.warning("refused a CNI request from uid %d", uid)
-                    return
-                data = _read_request(conn)
-                try:
-                    env, stdin = wire.decode_request(data)
-                except UnicodeDecodeError:  # the shim relays the environment's bytes as they are
-                    conn.sendall(_error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT,
-                                                            "the CNI_* environment is not UTF-8")))
-                    return
-                conn.settimeout(None)
-                conn.sendall(self._answer(env, stdin))
-        except (OSError, wire.WireError) as exc:
-            log.warning("dropped a CNI connection: %s", exc)
+                conn.setblocking(True)
+                conn.settimeout(WRITE_TIMEOUT)
+                conn.sendall(self._reply(data, uid))
+        except OSError as exc:
+            log.warning("could not answer a CNI request: %s", exc)
         finally:
             with self._pending_lock:
                 self._pending -= 1
+
+    def _reply(self, data: bytes, uid: int) -> bytes:
+        if uid not in (0, os.getuid()):
+            log.warning("refused a CNI request from uid %d", uid)
+            return _error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT, "permission denied",
+                                              f"the netagent agent serves root only; the caller is uid {uid}"))
+        try:
+            env, stdin = wire.decode_request(data)
+        except UnicodeDecodeError:  # the shim relays the environment's bytes as they are
+            return _error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT, "the CNI_* environment is not UTF-8"))
+        except wire.WireError as exc:
+            return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
+                                              str(exc)))
+        return self._answer(env, stdin)
 
     def _answer(self, env: dict, stdin: bytes) -> bytes:
         command = env.get("CNI_COMMAND", "")

@@ -349,7 +349,8 @@ def test_with_the_agents_journal_del_is_deferred_and_add_and_gc_wait(fake, tmp_p
     handlers.delete(conf, make_req("DEL"))
     assert host in fake.node.links  # the journal's worker deletes it later
     handlers.gc(conf, make_req("GC"), {("c1", "eth0")})
-    assert deferred.events == [("wait_for", host), ("submit", host, "c1"), ("wait_idle",)]
+    # ADD waits for a pending DEL before taking the attachment's lock, and looks again once it holds it
+    assert deferred.events == [("wait_for", host), ("wait_for", host), ("submit", host, "c1"), ("wait_idle",)]
 
 
 # ---------------------------------------------------------------- GC
