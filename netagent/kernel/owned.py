@@ -26,3 +26,11 @@ ROUTE_PROTOCOL = 78             # 'N': unused by iproute2's rt_protos and linux/
 
 # ---- service proxy
 IPVS_DEVICE = "na-ipvs0"        # holds IPVS service addresses; never brought up
+
+# ---- network policy (netagent/policy/): everything starts with POLICY_PREFIX
+POLICY_PREFIX = CHAIN_PREFIX + "NP"              # "NETAGENT-NP": chains and sets of the policy engine
+POLICY_CHAIN = POLICY_PREFIX + "-FORWARD"        # filter FORWARD jumps here first
+POLICY_INGRESS_PREFIX = POLICY_PREFIX + "I-"     # per-pod ingress chains: + 15 hex digits
+POLICY_EGRESS_PREFIX = POLICY_PREFIX + "E-"      # per-pod egress chains: + 15 hex digits
+POLICY_SET_PREFIX = POLICY_PREFIX + "S-"         # selector, except and named-port sets: + 16 hex digits
+POLICY_KNOWN_SET = POLICY_PREFIX + "-KNOWN"      # addresses of the local pods already programmed
