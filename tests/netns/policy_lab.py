@@ -173,14 +173,15 @@ class PolicyLab:
         self.addresses: dict[str, str] = {}       # "x/a" -> 10.244.1.x
         self.veths: dict[str, str] = {}           # pod address -> host interface
         self.netns_of: dict[str, str] = {}        # "x/a" / "ext" / "node" -> namespace name
-        self.servers: list[subprocess.Popen] = []
+        self.servers: dict[str, subprocess.Popen] = {}
         self.policies: dict[str, dict] = {}
         self.pod_objects: dict[str, dict] = {}
         self.engine = self._new_engine()
 
     def _new_engine(self) -> PolicyEngine:
         prefix = namespaces.exec_prefix(self.node.node)
-        programmer = PolicyProgrammer(iptables=IptablesRunner(backend=self.backend, exec_prefix=prefix),
+        self.iptables = IptablesRunner(backend=self.backend, exec_prefix=prefix)
+        programmer = PolicyProgrammer(iptables=self.iptables,
                                       ipset=IpsetRunner(exec_prefix=prefix))
         settings = PolicySettings(NODE_NAME, RenderSettings(self.mode, local_cidrs=(SUBNET,)))
         engine = PolicyEngine(settings, programmer=programmer, interface_of=lambda plan: self.veths.get(plan.ip))
@@ -210,7 +211,7 @@ class PolicyLab:
         self.close()
 
     def close(self) -> None:
-        for server in self.servers:
+        for server in self.servers.values():
             server.kill()
             server.wait()
         self.servers.clear()
@@ -239,12 +240,23 @@ class PolicyLab:
         self.netns_of[key] = pod.netns_name
         server = subprocess.Popen([*namespaces.exec_prefix(pod.netns_name), sys.executable, "-c", SERVER,
                                    *map(str, PORTS)], stdout=subprocess.PIPE, text=True)
-        self.servers.append(server)
+        self.servers[key] = server
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         self.pod_objects[key] = pod_object(namespace, name, pod.ip, labels, ports=ports)
         if record:
             self.engine.pods.on_add(self.pod_objects[key])
         return key
+
+    def remove_pod(self, key: str) -> None:
+        """Tell the engine the pod is gone, stop its servers and delete it with the CNI plugin."""
+        obj = self.pod_objects.pop(key)
+        self.engine.pods.on_delete(obj)
+        server = self.servers.pop(key)
+        server.kill()
+        server.wait()
+        self.node.delete_pod(key.replace("/", "-"))
+        del self.veths[self.addresses.pop(key)]
+        del self.netns_of[key]
 
     # ------------------------------------------------------------ changing the API objects
     def apply(self, *policies: dict) -> None:
@@ -275,8 +287,9 @@ class PolicyLab:
     def sync(self, kind: SyncKind = SyncKind.PARTIAL) -> None:
         assert self.engine.sync(kind) is SyncResult.SUCCEEDED
 
-    def restart_engine(self) -> PolicyEngine:
+    def restart_engine(self, backend: IptablesBackend | None = None) -> PolicyEngine:
         """A new engine (an agent restart) that has seen every current object."""
+        self.backend = backend or self.backend
         self.engine = self._new_engine()
         for namespace in NAMESPACES:
             self.engine.namespaces.on_add(namespace_object(namespace, {"ns": namespace}))
