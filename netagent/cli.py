@@ -44,7 +44,8 @@ def _cmd_cleanup(args) -> int:
         remove_owned_routing,
         remove_proxy_state,
     )
-    removed = remove_proxy_state()
+    from netagent.daemon.policy_start import remove_policy_state_everywhere
+    removed = remove_proxy_state() + remove_policy_state_everywhere()
     removed += [f"interface {name}" for name in remove_owned_links()]
     removed += remove_owned_routing() + remove_owned_chains()
     for line in removed:

@@ -51,6 +51,7 @@ class LabState:
     internet: str
     api_pid: int | None = None
     proxy_mode: str = "iptables"
+    network_policy: bool = False   # the agents run with --network-policy
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
 
