@@ -56,11 +56,11 @@ def ipam_interface_lookup(data_dir: str, network: str):
 
     def lookup(plan: PodPlan) -> str | None:
         try:
-            with open(os.path.join(directory, plan.ip)) as reservation:
-                container_id, _, ifname = reservation.read().strip().partition("\r\n")
+            with open(os.path.join(directory, plan.ip), newline="") as reservation:
+                lines = reservation.read().split()       # "container-id\r\nifname", as host-local writes
         except OSError:
             return None
-        return host_veth_name(network, container_id.strip(), ifname.strip() or "eth0") if container_id else None
+        return host_veth_name(network, lines[0], lines[1] if len(lines) > 1 else "eth0") if lines else None
     return lookup
 
 
