@@ -65,6 +65,19 @@ def _cmd_status_services(args) -> int:
     return 0
 
 
+def _cmd_status_policy(args) -> int:
+    from netagent.daemon.status_policy import status_policy
+    from netagent.kernel.ipset.model import IpsetError
+    from netagent.kernel.iptables.backend import IptablesNotInstalled
+    try:
+        print(status_policy(pod=args.pod, trace_args=args.trace, iptables_backend=args.iptables_backend,
+                            as_json=args.json))
+    except (IptablesNotInstalled, IpsetError, OSError, ValueError) as exc:
+        print(f"netagent status policy: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_lab(args) -> int:
     from netagent.lab.commands import run_lab_command
     return run_lab_command(args)
@@ -106,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_argument("--json", action="store_true")
     services.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
     services.set_defaults(func=_cmd_status_services)
+    policy = status.add_parser("policy", help="which policies isolate this node's pods, what they allow, what "
+                                              "they denied; --trace: would FROM reach TO? (read from the kernel)")
+    policy.add_argument("pod", nargs="?", help="ns/name, name or address (default: every isolated pod)")
+    policy.add_argument("--trace", nargs=3, metavar=("FROM", "TO", "PORT[/PROTO]"),
+                        help="judge a new connection from FROM to TO (pods or addresses)")
+    policy.add_argument("--json", action="store_true")
+    policy.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
+    policy.set_defaults(func=_cmd_status_policy)
 
     lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
     from netagent.lab.commands import add_lab_arguments

@@ -119,6 +119,8 @@ def remove_policy_state_everywhere() -> list[str]:
 
 
 def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str]) -> PolicyParts:
+    from netagent.daemon.status_policy import read_policy_rules
+    from netagent.infra.metrics import CallbackGauge
     from netagent.infra.sync_runner import SyncKind, SyncRunner
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.iptables.backend import IpFamily
@@ -139,6 +141,11 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     runner = SyncRunner(name="network-policy", sync=engine.sync, min_interval=args.min_sync_period,
                         max_interval=args.policy_sync_period, retry_interval=1.0)
     engine.set_requester(lambda: runner.request(SyncKind.PARTIAL))
+    registry.register(CallbackGauge(
+        "netagent_policy_denied_packets", "packets dropped by network policy, per pod and direction "
+        "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
+        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in read_policy_rules(iptables_backend).pods},
+        labels=("pod", "direction")))
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),
                   Reflector(api_client=api_client, resource=NAMESPACES, handler=engine.namespaces)]

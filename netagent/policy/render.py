@@ -96,16 +96,27 @@ def _port_match(port: PortMatch | None) -> list[str]:
     return ["-p", protocol, "-m", protocol, "--dport", ports]
 
 
-def render_pod_chain(allows: Sequence[Allow], *, pod_key: str, ingress: bool) -> Rules:
+HEADER = "netagent policy: "
+
+
+def header_comment(pod: PodPlan, *, ingress: bool) -> str:
+    """The first rule's comment: whose chain this is and which policies make it (read back by
+    `netagent status policy`; the rule has no target, so it only counts)."""
+    policies = pod.ingress_policies if ingress else pod.egress_policies
+    text = f"{HEADER}{'ingress' if ingress else 'egress'} {pod.key} {pod.ip} selected by {','.join(policies)}"
+    return text if len(text) <= 250 else text[:247] + "..."
+
+
+def render_pod_chain(allows: Sequence[Allow], *, pod: PodPlan, ingress: bool) -> Rules:
     side = "src" if ingress else "dst"
-    rules = []
+    rules = [canonical_spec(["-m", "comment", "--comment", header_comment(pod, ingress=ingress)])]
     for allow in allows:
         match = _peer_match(allow.peer, side) + _port_match(allow.port)
         if allow.named is not None:
             match += ["-m", "set", "--match-set", allow.named.name, "dst,dst"]
         rules.append(_rule(*match, comment=f"netagent policy: allow {allow.origin}", target="RETURN"))
     word = "ingress to" if ingress else "egress from"
-    rules.append(_rule(comment=f"netagent policy: deny {word} {pod_key}", target="DROP"))
+    rules.append(_rule(comment=f"netagent policy: deny {word} {pod.key}", target="DROP"))
     return tuple(rules)
 
 
@@ -150,7 +161,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             if allows is None:
                 continue
             chain = pod_chain(prefix, pod.key)
-            chains[chain] = render_pod_chain(allows, pod_key=pod.key, ingress=ingress)
+            chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
             hooks.extend(_hooks(pod, interface, settings, chain=chain, ingress=ingress))
             used.update(_set_refs(allows))
     sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key): members

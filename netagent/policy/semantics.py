@@ -91,7 +91,12 @@ class PodPlan:
     ip: str
     ingress: tuple[Allow, ...] | None
     egress: tuple[Allow, ...] | None
-    policies: tuple[str, ...] = ()                # keys of the policies selecting the pod
+    ingress_policies: tuple[str, ...] = ()        # keys of the policies isolating it for ingress
+    egress_policies: tuple[str, ...] = ()         # ... for egress
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.ingress_policies + self.egress_policies))
 
     @property
     def isolated(self) -> bool:
@@ -209,7 +214,7 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
     planner = _Planner(view)
     local = sorted((pod for pod in planner.all_pods() if pod.node_name == node_name), key=lambda p: p.key)
     allowed: dict[str, dict[PolicyType, list[Allow]]] = {pod.key: {} for pod in local}
-    selecting: dict[str, list[str]] = defaultdict(list)
+    selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
     local_by_namespace: dict[str, list[PodInfo]] = defaultdict(list)
     for pod in local:
         local_by_namespace[pod.namespace].append(pod)
@@ -217,10 +222,10 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
         for pod in local_by_namespace.get(policy.namespace, ()):
             if not policy.pod_selector.matches(pod.label_map):
                 continue
-            selecting[pod.key].append(policy.key)
             for direction in (PolicyType.INGRESS, PolicyType.EGRESS):
                 if direction not in policy.policy_types:
                     continue
+                selecting[(pod.key, direction)].append(policy.key)
                 bucket = allowed[pod.key].setdefault(direction, [])
                 for index, rule in enumerate(policy.rules(direction)):
                     origin = f"{policy.key} {direction.value.lower()}[{index}]"
@@ -231,7 +236,8 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
         assert pod.ip is not None
         plans.append(PodPlan(pod.key, pod.ip,
                              _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
-                             tuple(selecting.get(pod.key, ()))))
+                             tuple(selecting[(pod.key, PolicyType.INGRESS)]),
+                             tuple(selecting[(pod.key, PolicyType.EGRESS)])))
     used = {ref for plan in plans for allows in (plan.ingress or (), plan.egress or ())
             for allow in allows for ref in _refs(allow)}
     return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used})

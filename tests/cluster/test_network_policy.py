@@ -21,6 +21,7 @@ from netagent.kernel import namespaces
 from netagent.lab.cluster import LabCluster
 from netagent.lab.state import LabError
 from tests.cluster.lab_tools import PREFIX, ROOT, Background, serve
+from tests.conftest import require_root_netns
 from tests.netns.policy_lab import PROBE, SERVER
 
 PODS = {"x-a": ("x", "node-1", "app=a,role=web"), "x-b": ("x", "node-2", "app=b,role=web"),
@@ -77,9 +78,18 @@ def lab_cli(lab: LabCluster, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaks_per_module():
+    """Replaces cluster/conftest.py's check of every `na-tc` namespace on the machine (other
+    suites running at the same time have theirs): the lab fixture checks its own."""
+    require_root_netns()
+    yield
+
+
 @pytest.fixture(scope="module")
 def lab():
     lab = LabCluster.create(prefix=PREFIX, nodes=2, network_policy=True, proxy_mode="iptables")
+    prefix = lab.state.prefix
     servers: list[Background] = []
     try:
         lab_cli(lab, "apply", "-f", "-", stdin=NAMESPACES)
@@ -99,6 +109,9 @@ def lab():
         except LabError:
             pass
         lab.down()
+    left = [name for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if name.startswith(prefix)]
+    assert not left, f"namespaces leaked: {left}"
 
 
 def probe(lab: LabCluster, source: str, targets: list[tuple[str, str, int]], timeout: float = 1.0) -> dict:
@@ -158,6 +171,12 @@ def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     cluster_ip = lab.api().get("v1", "Service", "web", namespace="x")["spec"]["clusterIP"]
     answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(24)])
     assert any(answers.values()) and not all(answers.values()), answers   # x-a answers, x-b never does
+    # the drops are counted: node-2's agent reports them from its kernel counters
+    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:10258/metrics').read().decode())"
+    metrics = lab.exec("node-2", [sys.executable, "-c", scrape], timeout=30).stdout
+    denied = [line for line in metrics.splitlines()
+              if line.startswith('netagent_policy_denied_packets{pod="x/x-b",direction="ingress"}')]
+    assert denied and float(denied[0].split()[-1]) > 0, metrics
 
     lab_cli(lab, "delete", "-f", "-", stdin=LOCK_B)
     becomes(lab, expect())

@@ -7,7 +7,9 @@ sets its own policies and labels and puts them back, so the cases do not depend 
 """
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 
 import pytest
 
@@ -272,3 +274,28 @@ def test_adoption_after_restart_writes_nothing_on_either_backend(np, backend):
             np.engine.programmer.cleanup()
             np.restart_engine(used)
             np.sync(SyncKind.FULL)
+
+
+def test_status_reads_policies_drops_and_traces_from_the_kernel(np_bridge):
+    lab = np_bridge
+    lab.apply(policy("x", "from-b", {"podSelector": pods(pod="a"), "ingress": [
+        {"from": [{"podSelector": pods(pod="b")}], "ports": [{"port": 80}]}]}))
+    lab.check(Expect(True).deny(sources=["y/b", "z/c"], targets=["x/a"]), [TCP80],
+              sources=["x/b", "y/b", "z/c"], targets=["x/a"])
+
+    def status(*args: str) -> str:
+        done = namespaces.run_in(lab.netns_of["node"], [sys.executable, "-m", "netagent.cli", "status", "policy",
+                                                        "--iptables-backend", "legacy", *args])
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listing = json.loads(status("x/a", "--json"))
+    assert [(c["pod"], c["direction"], c["policies"]) for c in listing] == [("x/a", "ingress", ["x/from-b"])]
+    assert listing[0]["denied_packets"] >= 2          # y/b's and z/c's SYNs (and their retries)
+    assert listing[0]["allows"][0].startswith("x/from-b ingress[0]: tcp/80 in set NETAGENT-NPS-")
+    # an open pod has no chain, so the kernel knows it by address only
+    source = lab.addresses["x/b"]
+    assert status("--trace", source, "x/a", "80").startswith(f"{source} -> {lab.addresses['x/a']} tcp/80: ALLOWED")
+    assert ": DENIED" in status("--trace", lab.addresses["y/b"], "x/a", "80")
+    assert ": DENIED" in status("--trace", source, "x/a", "81/tcp")
+    assert "not isolated" in status("y/a")
