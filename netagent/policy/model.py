@@ -10,6 +10,7 @@ wrong. Every value is hashable, so identical selectors collapse into one ipset.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -165,12 +166,19 @@ class PodInfo:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    @property
+    @functools.cached_property
     def label_map(self) -> dict[str, str]:
         return dict(self.labels)
 
+    @functools.cached_property
+    def _named_ports(self) -> dict[tuple[str, Protocol], int]:
+        found: dict[tuple[str, Protocol], int] = {}
+        for port in self.ports:
+            found.setdefault((port.name, port.protocol), port.port)
+        return found
+
     def named_port(self, name: str, protocol: Protocol) -> int | None:
-        return next((p.port for p in self.ports if p.name == name and p.protocol is protocol), None)
+        return self._named_ports.get((name, protocol))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ Services: DNAT happens in PREROUTING, before FORWARD, so rules see the chosen en
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -107,7 +108,9 @@ def header_comment(pod: PodPlan, *, ingress: bool) -> str:
     return text if len(text) <= 250 else text[:247] + "..."
 
 
-def render_pod_chain(allows: Sequence[Allow], *, pod: PodPlan, ingress: bool) -> Rules:
+@functools.lru_cache(maxsize=16384)
+def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) -> Rules:
+    """A pod chain; cached, since a sync re-renders every pod and most chains do not change."""
     side = "src" if ingress else "dst"
     rules = [canonical_spec(["-m", "comment", "--comment", header_comment(pod, ingress=ingress)])]
     for allow in allows:

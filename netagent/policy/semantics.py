@@ -24,6 +24,7 @@ pods without an address are never set members and never programmed.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -77,11 +78,24 @@ class CidrMatch:
 @dataclass(frozen=True)
 class Allow:
     """One allowed (peer, port) of one rule. `peer` None: any peer; `port` None: any port;
-    `named` (egress named ports): the destination address and port must be in that set."""
+    `named` (egress named ports): the destination address and port must be in that set.
+    Instances are shared by every pod a rule applies to; the hash is computed once."""
     origin: str                                   # "ns/policy ingress[0]"
     peer: SetRef | CidrMatch | None = None
     port: PortMatch | None = None
     named: SetRef | None = None
+
+    @functools.cached_property
+    def match(self) -> tuple:
+        """What the allow matches (the origin aside): equal allows are one rule."""
+        return (self.peer, self.port, self.named)
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.origin, *self.match))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,7 @@ class _Planner:
             self.namespace_labels.setdefault(name, NamespaceInfo(name, ()).label_map)
         self.sets: dict[SetRef, frozenset[str]] = {}
         self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
+        self._rule_allows: dict[tuple[int, PolicyType], list] = {}
 
     def scope_pods(self, scope: PodScope) -> tuple[PodInfo, ...]:
         found = self._scope_pods.get(scope)
@@ -182,9 +197,29 @@ class _Planner:
         return ref
 
     def allows(self, rule: Rule, *, direction: PolicyType, pod: PodInfo, origin: str) -> list[Allow]:
+        """The rule's allows for `pod`. Everything but an ingress named port is the same for
+        every pod the policy selects, so it is built once per rule and plan (same instances)."""
+        key = (id(rule), direction)
+        shared = self._rule_allows.get(key)
+        if shared is None:
+            shared = self._rule_allows[key] = self._shared_allows(rule, direction=direction, origin=origin)
+        found = []
+        for item in shared:
+            if isinstance(item, Allow):
+                found.append(item)
+                continue
+            peer_match, spec = item
+            assert isinstance(spec.port, str)
+            number = pod.named_port(spec.port, spec.protocol)
+            if number is not None:
+                found.append(Allow(origin, peer_match, PortMatch(spec.protocol, number, number)))
+        return found
+
+    def _shared_allows(self, rule: Rule, *, direction: PolicyType,
+                       origin: str) -> list[Allow | tuple[SetRef | CidrMatch | None, PortSpec]]:
         peers: Iterable[Peer | None] = rule.peers if rule.peers is not None else (None,)
         ports: Iterable[PortSpec | None] = rule.ports if rule.ports is not None else (None,)
-        found = []
+        found: list[Allow | tuple[SetRef | CidrMatch | None, PortSpec]] = []
         for peer in peers:
             for spec in ports:
                 if spec is None:
@@ -193,9 +228,7 @@ class _Planner:
                     last = spec.end_port if spec.end_port is not None else spec.port
                     found.append(Allow(origin, self._peer(peer), PortMatch(spec.protocol, spec.port, last)))
                 elif direction is PolicyType.INGRESS:
-                    number = pod.named_port(spec.port, spec.protocol)
-                    if number is not None:
-                        found.append(Allow(origin, self._peer(peer), PortMatch(spec.protocol, number, number)))
+                    found.append((self._peer(peer), spec))     # resolved on each selected pod
                 else:
                     found.append(Allow(origin, None, None, named=self.named_set(peer, spec)))
         return found
@@ -248,7 +281,7 @@ def _dedup(allows: list[Allow] | None) -> tuple[Allow, ...] | None:
         return None
     seen: dict[tuple, Allow] = {}
     for allow in allows:
-        seen.setdefault((allow.peer, allow.port, allow.named), allow)
+        seen.setdefault(allow.match, allow)
     return tuple(seen.values())
 
 
