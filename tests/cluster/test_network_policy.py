@@ -158,6 +158,16 @@ def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     lab_cli(lab, "apply", "-f", "-", stdin=FROM_BLUE_B)
     # x is closed except to app=b pods of blue namespaces: y-b (same node as x-a, other node than x-b)
     becomes(lab, expect(closed_to=("x-a", "x-b"), allowed=(("y-b", "x-a"), ("y-b", "x-b"))))
+    # a pod added while the policy is in force, on the node where no blue b pod lives, is isolated
+    lab_cli(lab, "pod", "add", "x-new", "--namespace", "x", "--node", "node-2", "--labels", "app=c")
+    lab.state = LabCluster.load(lab.workdir).state
+    with Background(lab.netns_of("x-new"), [sys.executable, "-c", SERVER, "80"], ready_line="ready"):
+        address = lab.state.pods["x-new"].ip
+        deadline = time.monotonic() + 20
+        while not (probe(lab, "y-b", [("new", address, 80)])["new"]
+                   and not probe(lab, "y-c", [("new", address, 80)])["new"]):
+            assert time.monotonic() < deadline, "the new pod did not get the policy in force"
+    lab.remove_pod("x-new")
     relabel(lab, "y-c", {"app": "b"})                          # on node-2: one set member on each node
     becomes(lab, expect(closed_to=("x-a", "x-b"), allowed=(("y-b", "x-a"), ("y-b", "x-b"),
                                                            ("y-c", "x-a"), ("y-c", "x-b"))))
