@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.infra.status_server import HealthFunction
     from netagent.infra.sync_runner import SyncRunner
     from netagent.kube.reflector import Reflector
     from netagent.policy.engine import PolicyEngine
@@ -89,6 +90,29 @@ class PolicyParts:
         for reflector in self.reflectors:
             reflector.stop()
         self.runner.stop()
+
+    def health(self, stale_after: float) -> HealthFunction:
+        from netagent.infra.status_server import health_from_sync_runner
+        return health_from_sync_runner(self.runner, stale_after=stale_after)
+
+
+def with_policy_health(base: HealthFunction, holder: list[PolicyParts], *, stale_after: float) -> HealthFunction:
+    """The agent's /healthz, unhealthy also while a policy change waits unprogrammed longer
+    than `stale_after` (once `holder` has the started policy engine; the node agent's own
+    report is unchanged otherwise)."""
+    from netagent.infra.status_server import HealthReport
+
+    def health() -> HealthReport:
+        report = base()
+        if not holder:
+            return report
+        policy = holder[0].health(stale_after)()
+        details = {**report.details, "network_policy": {"healthy": policy.healthy, "reason": policy.reason}}
+        if policy.healthy:
+            return HealthReport(report.healthy, report.reason, details)
+        reason = f"network policy: {policy.reason}"
+        return HealthReport(False, reason if report.healthy else f"{report.reason}; {reason}", details)
+    return health
 
 
 def remove_policy_state(iptables_backend) -> list[str]:

@@ -159,7 +159,11 @@ def _run_cluster_mode(args) -> int:
     agent = NodeAgent(settings, api_client=api_client, kernel=NetlinkKernel(),
                       iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [])
-    status = StatusServer(bind=args.status_bind, registry=registry, health=agent.health)
+    from netagent.daemon.policy_start import with_policy_health
+    started_policy: list = []
+    status = StatusServer(bind=args.status_bind, registry=registry,
+                          health=with_policy_health(agent.health, started_policy,
+                                                    stale_after=max(2 * args.policy_sync_period, 60.0)))
     status.start()
     policy = None
     try:
@@ -169,6 +173,8 @@ def _run_cluster_mode(args) -> int:
         policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
                                pod_cidrs=[str(c) for c in agent.pod_cidrs if c.version == 4],
                                timeout=settings.lease_timeout)
+        if policy is not None:
+            started_policy.append(policy)
         stop_cni = _start_cni_server(args)
     except (AgentStartError, OSError, RuntimeError) as exc:
         log.error("%s", exc)

@@ -24,3 +24,34 @@ def test_the_flag_is_off_unless_given():
     base = ["run", "--node-name", "n", "--cluster-cidr", "10.244.0.0/16"]
     assert parser.parse_args(base).network_policy is False
     assert parser.parse_args([*base, "--network-policy"]).network_policy is True
+
+
+def test_health_turns_unhealthy_when_a_policy_change_waits_too_long():
+    from netagent.daemon.policy_start import PolicyParts, with_policy_health
+    from netagent.infra.fake_clock import FakeClock
+    from netagent.infra.status_server import HealthReport
+    from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
+
+    clock = FakeClock()
+    outcome = {"result": SyncResult.SUCCEEDED}
+    runner = SyncRunner(name="network-policy", sync=lambda kind: outcome["result"], min_interval=0,
+                        max_interval=300, retry_interval=5, clock=clock)
+    holder: list = []
+    health = with_policy_health(lambda: HealthReport(True, "ok", {"runs": 1}), holder, stale_after=60)
+    assert health().healthy and "network_policy" not in health().details      # not started yet
+    runner.start()
+    try:
+        holder.append(PolicyParts(engine=None, runner=runner, reflectors=[]))  # type: ignore[arg-type]
+        assert runner.run_now_and_wait(5) is SyncResult.SUCCEEDED
+        assert health().healthy and health().details["network_policy"]["healthy"]
+        outcome["result"] = SyncResult.FAILED
+        runner.request(SyncKind.PARTIAL)
+        assert runner.wait_settled(5)
+        for _ in range(13):
+            clock.advance(5.0)
+            assert runner.wait_settled(5)
+        report = health()
+        assert not report.healthy and report.reason.startswith("network policy: ")
+        assert report.details["runs"] == 1                                    # the agent's own details stay
+    finally:
+        runner.stop()
