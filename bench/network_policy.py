@@ -24,6 +24,7 @@ Figures printed (JSON at the end):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ipaddress
 import json
 import os
@@ -81,6 +82,11 @@ def policy(namespace: str, index: int) -> dict:
                      "ports": [{"port": 80}, {"port": "http"}, {"port": 8000 + index, "endPort": 8010 + index}]}]}}
 
 
+def synthetic_veth(ip: str) -> str:
+    """A name like the CNI plugin's host veths (`na` + 12 hex digits of a hash)."""
+    return "na" + hashlib.sha256(ip.encode()).hexdigest()[:12]
+
+
 def ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
 
@@ -118,7 +124,7 @@ def main() -> int:
                                           ipset=IpsetRunner(exec_prefix=prefix))
             engine = PolicyEngine(PolicySettings(NODE, RenderSettings(InterfaceMode.ROUTED, local_cidrs=(SUBNET,))),
                                   programmer=programmer,
-                                  interface_of=lambda plan: veths.get(plan.ip, "nb" + plan.ip.replace(".", "")[-12:]))
+                                  interface_of=lambda plan: veths.get(plan.ip, synthetic_veth(plan.ip)))
             for recorder in (engine.policies, engine.pods, engine.namespaces):
                 recorder.on_synced()
             spaces = [f"ns-{n}" for n in range(args.namespaces)]

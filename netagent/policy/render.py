@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -123,23 +124,60 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) 
     return tuple(rules)
 
 
+HEX = "0123456789abcdef"
+BUCKET_PREFIX = owned.POLICY_CHAIN.removesuffix("FORWARD")   # "NETAGENT-NP-": + E3, I3, R<network>
+
+
+def _interface_bucket(interface: str) -> str | None:
+    """Our host veths are `na` + hex: the first hex digit splits them 16 ways."""
+    prefix = owned.HOST_VETH_PREFIX
+    return interface[len(prefix)] if interface.startswith(prefix) and len(interface) > len(prefix) + 1 \
+        and interface[len(prefix)] in HEX else None
+
+
 def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,
-           ingress: bool) -> list[tuple[str, ...]]:
+           ingress: bool) -> list[tuple[str | None, tuple[str, ...]]]:
+    """(bucket, rule) per hook of a pod chain; bucket None: straight in the hook chain."""
     comment = f"netagent policy: {'ingress to' if ingress else 'egress from'} {plan.key}"
+    digit = _interface_bucket(interface)
+    bucket = None if digit is None else f"{BUCKET_PREFIX}{'I' if ingress else 'E'}{digit}"
     if settings.mode is InterfaceMode.ROUTED:
-        return [_rule("-o" if ingress else "-i", interface, comment=comment, target=chain)]
+        return [(bucket, _rule("-o" if ingress else "-i", interface, comment=comment, target=chain))]
     if not ingress:
-        return [_rule("-m", "physdev", "--physdev-in", interface, comment=comment, target=chain)]
-    return [_rule("-o", settings.bridge, "-m", "physdev", "--physdev-out", interface, "--physdev-is-bridged",
-                  comment=comment, target=chain),
-            _rule("-d", plan.ip, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
-                  comment=comment + " (routed)", target=chain)]
+        return [(bucket, _rule("-m", "physdev", "--physdev-in", interface, comment=comment, target=chain))]
+    block = ipaddress.IPv4Network(f"{plan.ip}/28", strict=False)
+    return [(bucket, _rule("-o", settings.bridge, "-m", "physdev", "--physdev-out", interface,
+                           "--physdev-is-bridged", comment=comment, target=chain)),
+            (f"{BUCKET_PREFIX}R{int(block.network_address):08x}",
+             _rule("-d", plan.ip, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
+                   comment=comment + " (routed)", target=chain))]
+
+
+def _bucket_entry(bucket: str, settings: RenderSettings) -> tuple[str, ...]:
+    """The hook chain's rule into a bucket: by interface digit, or by /28 for routed ingress."""
+    kind, key = bucket[len(BUCKET_PREFIX)], bucket[len(BUCKET_PREFIX) + 1:]
+    if kind == "R":
+        block = f"{ipaddress.IPv4Address(int(key, 16))}/28"
+        return _rule("-d", block, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
+                     comment=f"netagent policy: pods in {block} (routed)", target=bucket)
+    wildcard = owned.HOST_VETH_PREFIX + key + "+"
+    comment = f"netagent policy: pods on {wildcard}"
+    if settings.mode is InterfaceMode.ROUTED:
+        return _rule("-o" if kind == "I" else "-i", wildcard, comment=comment, target=bucket)
+    if kind == "E":
+        return _rule("-m", "physdev", "--physdev-in", wildcard, comment=comment, target=bucket)
+    return _rule("-o", settings.bridge, "-m", "physdev", "--physdev-out", wildcard, "--physdev-is-bridged",
+                 comment=comment, target=bucket)
 
 
 def render_wanted(plan: NodePlan, *, settings: RenderSettings,
                   interface_of: Callable[[PodPlan], str | None]) -> WantedState:
     """Everything the plan asks of the kernel. Pods whose host interface is unknown are left
-    out (and out of KNOWN, so they stay closed) and listed in `pending`."""
+    out (and out of KNOWN, so they stay closed) and listed in `pending`.
+
+    The per-pod hooks are grouped in bucket chains (by the veth's first hex digit; routed
+    ingress in bridge mode by the pod's /28), so a new connection walks about 16 + n/16
+    hooks instead of n."""
     hook: list[tuple[str, ...]] = [
         _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
               comment="netagent policy: replies of allowed connections", target="RETURN")]
@@ -149,8 +187,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
         hook.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
     chains: dict[str, Rules] = {}
-    egress_hooks: list[tuple[str, ...]] = []
-    ingress_hooks: list[tuple[str, ...]] = []
+    hooks: dict[str | None, list[tuple[str, ...]]] = {}
     known, pending = set(), []
     used: set[SetRef] = set()
     for pod in plan.pods:
@@ -159,17 +196,21 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             pending.append(pod.key)
             continue
         known.add(pod.ip)
-        for allows, prefix, hooks, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, egress_hooks, False),
-                                               (pod.ingress, owned.POLICY_INGRESS_PREFIX, ingress_hooks, True)):
+        for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
+                                        (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
             if allows is None:
                 continue
             chain = pod_chain(prefix, pod.key)
             chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
-            hooks.extend(_hooks(pod, interface, settings, chain=chain, ingress=ingress))
+            for bucket, rule in _hooks(pod, interface, settings, chain=chain, ingress=ingress):
+                hooks.setdefault(bucket, []).append(rule)
             used.update(_set_refs(allows))
+    buckets = sorted((b for b in hooks if b is not None), key=lambda b: ("EIR".index(b[len(BUCKET_PREFIX)]), b))
+    hook.extend(hooks.get(None, ()))
+    hook.extend(_bucket_entry(bucket, settings) for bucket in buckets)
     sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key): members
             for ref, members in plan.sets.items() if ref in used}
-    return WantedState({owned.POLICY_CHAIN: tuple(hook + egress_hooks + ingress_hooks), **chains},
+    return WantedState({owned.POLICY_CHAIN: tuple(hook), **{b: tuple(hooks[b]) for b in buckets}, **chains},
                        sets, frozenset(known), tuple(pending))
 
 

@@ -64,7 +64,7 @@ def test_first_sync_hooks_forward_first_and_programs_pods(node):
     forward = node.chain("FORWARD")
     assert jump_target(forward[0]) == owned.POLICY_CHAIN and jump_target(forward[1]) == "OTHER"
     chains = node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
-    assert len(chains) == 2                               # the hook and x/a's ingress chain
+    assert len(chains) == 3                               # the hook, a bucket and x/a's ingress chain
     assert node.ipset.members(owned.POLICY_KNOWN_SET) == {"10.0.0.2", "10.0.0.3"}
 
 
