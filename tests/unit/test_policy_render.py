@@ -69,3 +69,28 @@ def test_no_policy_leaves_only_the_hook_chain():
 def test_names_fit_the_kernel_limits():
     state = wanted(InterfaceMode.BRIDGE, WEB)
     assert all(len(name) <= 28 for name in state.chains)
+
+
+@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
+    import hashlib
+
+    from netagent.kernel.iptables.restore_format import jump_target
+    from tests.unit.policy_objects import pod
+    many = [pod("x", f"p{i}", f"10.0.0.{10 + i}", {"pod": "a"}) for i in range(60)]
+    plan = plan_node(view_of(*PODS, *many, WEB), node_name="node-1")
+    state = render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",)),
+                          interface_of=lambda p: "na" + hashlib.sha256(p.ip.encode()).hexdigest()[:12])
+    top = [jump_target(rule) for rule in state.chains[owned.POLICY_CHAIN]]
+    buckets = [name for name in state.chains if name in top and name != owned.POLICY_CHAIN]
+    # egress and ingress spread over the 16 digits each (and, in bridge mode, the 5 /28s of 10.0.0.2-69)
+    assert len(buckets) == (32 + 5 if mode is InterfaceMode.BRIDGE else 32)
+    reached: dict[str, int] = {}
+    for bucket in buckets:
+        for rule in state.chains[bucket]:
+            reached[jump_target(rule)] = reached.get(jump_target(rule), 0) + 1
+    pod_chains = [name for name in state.chains if name.startswith((owned.POLICY_INGRESS_PREFIX,
+                                                                   owned.POLICY_EGRESS_PREFIX))]
+    hooks_per_chain = {owned.POLICY_EGRESS_PREFIX: 1,
+                       owned.POLICY_INGRESS_PREFIX: 2 if mode is InterfaceMode.BRIDGE else 1}
+    assert len(pod_chains) == 2 * 61 and all(reached[name] == hooks_per_chain[name[:13]] for name in pod_chains)
