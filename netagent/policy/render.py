@@ -10,6 +10,9 @@ filter FORWARD -> NETAGENT-NP-FORWARD (the first rule of FORWARD), in order:
      first packet until the sync that covers it has written its chains (then it joins KNOWN).
   3. per pod isolated for egress, on its host interface: jump to NETAGENT-NPE-<hash>;
   4. per pod isolated for ingress, on its host interface: jump to NETAGENT-NPI-<hash>.
+     These hooks sit in bucket chains (NETAGENT-NP-E<d>/-I<d> by the first hex digit of the
+     veth name, matched with a `na<d>+` wildcard; -R<net> by /28 for routed ingress), so a
+     new connection walks about 16 + n/16 hooks rather than one per isolated pod.
      Routed mode: `-i`/`-o` the host veth. Bridge mode: bridged packets pass FORWARD through
      br_netfilter with the bridge as `-i`/`-o` and the port as physdev: egress matches
      `--physdev-in veth` (bridged or routed out of the bridge); ingress matches
