@@ -228,6 +228,14 @@ class PolicyLab:
         for argv in (["ip", "addr", "add", EXT_ADDRESS + "/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                      ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", "192.0.2.1"]):
             namespaces.run_in(self.ext_netns, argv, check=True)
+        self.addresses["ext"] = EXT_ADDRESS
+        self._start_server("ext", self.ext_netns)
+
+    def _start_server(self, key: str, netns: str) -> None:
+        server = subprocess.Popen([*namespaces.exec_prefix(netns), sys.executable, "-c", SERVER, *map(str, PORTS)],
+                                  stdout=subprocess.PIPE, text=True)
+        self.servers[key] = server
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
 
     def add_pod(self, namespace: str, name: str, labels: dict, *, ports: dict | None = None,
                 record: bool = True) -> str:
@@ -238,10 +246,7 @@ class PolicyLab:
         self.addresses[key] = pod.ip
         self.veths[pod.ip] = host
         self.netns_of[key] = pod.netns_name
-        server = subprocess.Popen([*namespaces.exec_prefix(pod.netns_name), sys.executable, "-c", SERVER,
-                                   *map(str, PORTS)], stdout=subprocess.PIPE, text=True)
-        self.servers[key] = server
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        self._start_server(key, pod.netns_name)
         self.pod_objects[key] = pod_object(namespace, name, pod.ip, labels, ports=ports)
         if record:
             self.engine.pods.on_add(self.pod_objects[key])
@@ -301,12 +306,13 @@ class PolicyLab:
 
     # ------------------------------------------------------------ probing
     def pods(self) -> list[str]:
+        """Every probe end: the pods and `ext` (the outside, 192.0.2.2)."""
         return sorted(self.addresses)
 
     def probe(self, probes: Iterable[Probe] = (("tcp", 80),), *, sources: Iterable[str] | None = None,
               targets: Iterable[str] | None = None) -> Matrix:
         probes = list(probes)
-        sources = list(sources) if sources is not None else [*self.pods(), "ext"]
+        sources = list(sources) if sources is not None else self.pods()
         targets = list(targets) if targets is not None else self.pods()
         cells: dict[Probe, dict[tuple[str, str], bool]] = {probe: {} for probe in probes}
 

@@ -299,3 +299,10 @@ def test_status_reads_policies_drops_and_traces_from_the_kernel(np_bridge):
     assert ": DENIED" in status("--trace", lab.addresses["y/b"], "x/a", "80")
     assert ": DENIED" in status("--trace", source, "x/a", "81/tcp")
     assert "not isolated" in status("y/a")
+
+
+def test_egress_to_an_ip_block_outside_the_cluster_only(np):
+    np.apply(policy("x", "outside-only", {"podSelector": pods(pod="a"), "policyTypes": ["Egress"], "egress": [
+        {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 80, "protocol": "UDP"}]}]}))
+    np.check(Expect(True).deny(sources=["x/a"]).allow(sources=["x/a"], targets=["ext"], probes=[UDP80]),
+             [TCP80, UDP80], sources=["x/a", "x/b"])
