@@ -122,40 +122,34 @@ def main() -> int:
             prefix = namespaces.exec_prefix(node.node)
             programmer = PolicyProgrammer(iptables=IptablesRunner(backend=IptablesBackend.LEGACY, exec_prefix=prefix),
                                           ipset=IpsetRunner(exec_prefix=prefix))
-            engine = PolicyEngine(PolicySettings(NODE, RenderSettings(InterfaceMode.ROUTED, local_cidrs=(SUBNET,))),
-                                  programmer=programmer,
-                                  interface_of=lambda plan: veths.get(plan.ip, synthetic_veth(plan.ip)))
-            for recorder in (engine.policies, engine.pods, engine.namespaces):
-                recorder.on_synced()
             spaces = [f"ns-{n}" for n in range(args.namespaces)]
-            for n, name in enumerate(spaces):
-                engine.namespaces.on_add({"metadata": {"name": name, "labels": {"team": f"team-{n % 7}"}}})
             addresses = list(ipaddress.ip_network(SUBNET).hosts())[16:16 + args.pods]
-            synthetic = []
-            for index, address in enumerate(addresses):
-                obj = pod(spaces[index % len(spaces)], f"pod-{index}", str(address),
-                          {"app": f"app-{index % 50}", "role": f"role-{index % 11}"})
-                synthetic.append(obj)
-                engine.pods.on_add(obj)
+            synthetic = [pod(spaces[index % len(spaces)], f"pod-{index}", str(address),
+                             {"app": f"app-{index % 50}", "role": f"role-{index % 11}"})
+                         for index, address in enumerate(addresses)]
             # the real pods: the server is isolated by policy-0 (app-0 in ns-0); the client is in a
             # team-0 namespace with role-0, so policy-0's selector peer lets it in
-            engine.pods.on_add(pod("ns-0", "server", server.ip, {"app": "app-0"}))
-            engine.pods.on_add(pod("ns-7", "client", client.ip, {"role": "role-0"}))
-            engine.policies.on_add(policy(spaces[0], 0))
-            engine.sync(SyncKind.FULL)
+            real = [pod("ns-0", "server", server.ip, {"app": "app-0"}), pod("ns-7", "client", client.ip, {"role": "role-0"})]
+
+            def engine_with(policies: int) -> PolicyEngine:
+                """A fresh engine (as after a start) that has seen every object and `policies` policies."""
+                engine = PolicyEngine(PolicySettings(NODE, RenderSettings(InterfaceMode.ROUTED, local_cidrs=(SUBNET,))),
+                                      programmer=programmer,
+                                      interface_of=lambda plan: veths.get(plan.ip, synthetic_veth(plan.ip)))
+                for recorder in (engine.policies, engine.pods, engine.namespaces):
+                    recorder.on_synced()
+                for n, name in enumerate(spaces):
+                    engine.namespaces.on_add({"metadata": {"name": name, "labels": {"team": f"team-{n % 7}"}}})
+                for obj in synthetic + real:
+                    engine.pods.on_add(obj)
+                for index in range(policies):
+                    engine.policies.on_add(policy(spaces[index % len(spaces)], index))
+                return engine
+
+            engine_with(1).sync(SyncKind.FULL)
             results["connect_one_policy"] = connect_latency(node, "client", server.ip, args.connects)
-            engine.programmer.cleanup()
-            engine = PolicyEngine(engine.settings, programmer=programmer, interface_of=engine.interface_of)
-            for recorder in (engine.policies, engine.pods, engine.namespaces):
-                recorder.on_synced()
-            for n, name in enumerate(spaces):
-                engine.namespaces.on_add({"metadata": {"name": name, "labels": {"team": f"team-{n % 7}"}}})
-            for obj in synthetic:
-                engine.pods.on_add(obj)
-            engine.pods.on_add(pod("ns-0", "server", server.ip, {"app": "app-0"}))
-            engine.pods.on_add(pod("ns-7", "client", client.ip, {"role": "role-0"}))
-            for index in range(args.policies):
-                engine.policies.on_add(policy(spaces[index % len(spaces)], index))
+            programmer.cleanup()
+            engine = engine_with(args.policies)
 
             started = time.perf_counter()
             engine.sync(SyncKind.FULL)
