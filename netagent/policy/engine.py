@@ -8,8 +8,8 @@ only what changed, reporting what could not be read), plans (semantics.py), rend
 (render.py) and applies (programmer.py), which writes only the difference: a PARTIAL sync
 against what it last wrote, a FULL one against the kernel (adoption, drift repair).
 
-A local pod whose host interface cannot be found yet stays closed (not in KNOWN); the sync
-then reports FAILED, so the runner retries soon, and says which pods wait.
+A local pod whose host interface cannot be found stays closed (not in KNOWN); the sync says
+which pods wait (log, `netagent_policy_pods{state="pending"}`) and every later sync looks again.
 """
 from __future__ import annotations
 
@@ -152,7 +152,9 @@ class PolicyEngine:
             self.metrics.pods.labels(state="open").set(len(self.plan.pods) - isolated)
             self.metrics.pods.labels(state="pending").set(len(self.wanted.pending))
         if self.wanted.pending:
-            log.warning("network policy: no host interface yet for %s; they stay closed until found",
+            # Not a failure: a failing runner turns /healthz red and the kubelet would restart the
+            # agent over a pod it cannot program (one another plugin wired, a stale Pod object).
+            # The next change or the periodic full sync looks again.
+            log.warning("network policy: no host interface for %s; they stay closed until found",
                         ", ".join(self.wanted.pending))
-            return SyncResult.FAILED
         return SyncResult.SUCCEEDED

@@ -108,12 +108,17 @@ def test_new_pod_joins_known_only_after_its_chain_exists(node):
     assert node.ipset.writes[-1].name == owned.POLICY_KNOWN_SET and node.ipset.writes[-1].added == ("10.0.0.9",)
 
 
-def test_pod_without_interface_stays_closed_and_the_sync_asks_for_a_retry(node):
+def test_pod_without_interface_stays_closed_until_found(node):
+    lookup = node.engine.interface_of
     node.engine.interface_of = lambda plan: None
     node.engine.policies.on_add(DENY_FROM_NON_B)
-    assert node.sync(SyncKind.FULL) is SyncResult.FAILED
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED     # not a failure: /healthz stays green
     assert node.ipset.members(owned.POLICY_KNOWN_SET) == {"10.0.0.3"}
     assert node.engine.wanted.pending == ("x/a",)
+    assert node.engine.metrics.pods.labels(state="pending").value == 1
+    node.engine.interface_of = lookup
+    node.sync(SyncKind.PARTIAL)                                  # nothing changed, but it looks again
+    assert node.ipset.members(owned.POLICY_KNOWN_SET) == {"10.0.0.2", "10.0.0.3"}
 
 
 def test_drift_is_repaired_by_a_full_sync_only(node):
