@@ -10,13 +10,16 @@ The node is a real `LabNode` (our CNI plugin wires the pods, bridge or routed mo
 traffic that reaches the pods routed rather than bridged). The policy engine runs in the test
 process on the node's namespace through the real iptables and ipset tools; the API objects
 are fed to its recorders as the reflectors would. SCTP: this kernel has no SCTP sockets
-(CONFIG_IP_SCTP unset), so SCTP is covered by the renderer's goldens only.
+(CONFIG_IP_SCTP unset), so SCTP probes are INIT chunks sent and received on raw sockets
+(the netfilter SCTP match and conntrack are there); one packet each way, no association.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -44,9 +47,14 @@ NAMED_PORTS = {"a": {"serve": (80, "TCP"), "serve-udp": (80, "UDP")},
                "b": {"serve": (81, "TCP"), "serve-udp": (81, "UDP")}, "c": {}}
 
 SERVER = r"""
-import selectors, socket, sys
+import selectors, socket, struct, sys
 sel = selectors.DefaultSelector()
-for port in map(int, sys.argv[1:]):
+args, log = sys.argv[1:], None
+if args and args[0].startswith("--sctp-log="):     # SCTP: a raw socket logs "source port" per packet
+    log = open(args.pop(0).partition("=")[2], "a", buffering=1)
+    raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, 132)
+    sel.register(raw, selectors.EVENT_READ, "sctp")
+for port in map(int, args):
     tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind(("0.0.0.0", port)); tcp.listen(128); sel.register(tcp, selectors.EVENT_READ, "tcp")
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("0.0.0.0", port))
@@ -56,8 +64,35 @@ while True:
     for key, _ in sel.select():
         if key.data == "tcp":
             conn, _ = key.fileobj.accept(); conn.close()
+        elif key.data == "sctp":
+            data, peer = key.fileobj.recvfrom(2048)
+            start = (data[0] & 15) * 4
+            log.write(f"{peer[0]} {struct.unpack('!H', data[start + 2:start + 4])[0]}\n")
         else:
             data, peer = key.fileobj.recvfrom(64); key.fileobj.sendto(data, peer)
+"""
+
+# SCTP without the kernel's SCTP stack (CONFIG_IP_SCTP is unset here): an INIT chunk sent on a
+# raw socket, with a valid CRC32c so conntrack tracks it as a new SCTP association
+SCTP_SEND = r"""
+import json, socket, struct, sys
+table = []
+for n in range(256):
+    c = n
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    table.append(c)
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, 132)
+for n, (ip, port) in enumerate(json.loads(sys.argv[1])):
+    chunk = struct.pack("!BBHIIHHI", 1, 0, 20, 0x1000 + n, 65535, 1, 1, 1)
+    header = struct.pack("!HHII", 40000 + n, port, 0, 0)
+    checksum = struct.pack("<I", crc32c(header + chunk))
+    s.sendto(header[:8] + checksum + chunk, (ip, 0))
 """
 
 PROBE = r"""
@@ -232,7 +267,8 @@ class PolicyLab:
         self._start_server("ext", self.ext_netns)
 
     def _start_server(self, key: str, netns: str) -> None:
-        server = subprocess.Popen([*namespaces.exec_prefix(netns), sys.executable, "-c", SERVER, *map(str, PORTS)],
+        server = subprocess.Popen([*namespaces.exec_prefix(netns), sys.executable, "-c", SERVER,
+                                   f"--sctp-log={self._sctp_log(key)}", *map(str, PORTS)],
                                   stdout=subprocess.PIPE, text=True)
         self.servers[key] = server
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
@@ -305,6 +341,32 @@ class PolicyLab:
         return self.engine
 
     # ------------------------------------------------------------ probing
+    def _sctp_log(self, key: str) -> str:
+        return os.path.join(self.node.workdir, f"sctp-{key.replace('/', '-')}.log")
+
+    def _probe_sctp(self, probes: list[Probe], sources: list[str], targets: list[str]) -> dict:
+        """Each source sends one INIT per (target, port); a target's log says what arrived."""
+        for target in targets:
+            open(self._sctp_log(target), "w").close()
+        by_address = {address: key for key, address in self.addresses.items()}
+
+        def send(source: str) -> None:
+            jobs = [[self.addresses[t], port] for _, port in probes for t in targets if t != source]
+            subprocess.run([*namespaces.exec_prefix(self.netns_of[source]), sys.executable, "-c", SCTP_SEND,
+                            json.dumps(jobs)], check=True, timeout=30)
+
+        with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+            list(pool.map(send, sources))
+        time.sleep(PROBE_TIMEOUT)                  # what is allowed has arrived by now; drops never do
+        cells: dict = {probe: {(s, t): False for s in sources for t in targets if s != t} for probe in probes}
+        for target in targets:
+            with open(self._sctp_log(target)) as log:
+                for line in log:
+                    source, port = by_address.get(line.split()[0]), ("sctp", int(line.split()[1]))
+                    if port in cells and (source, target) in cells[port]:
+                        cells[port][(source, target)] = True
+        return cells
+
     def pods(self) -> list[str]:
         """Every probe end: the pods and `ext` (the outside, 192.0.2.2)."""
         return sorted(self.addresses)
@@ -315,6 +377,12 @@ class PolicyLab:
         sources = list(sources) if sources is not None else self.pods()
         targets = list(targets) if targets is not None else self.pods()
         cells: dict[Probe, dict[tuple[str, str], bool]] = {probe: {} for probe in probes}
+        sctp = [probe for probe in probes if probe[0] == "sctp"]
+        if sctp:
+            cells.update(self._probe_sctp(sctp, sources, targets))
+            probes = [probe for probe in probes if probe[0] != "sctp"]
+            if not probes:
+                return Matrix(cells)
 
         def run(source: str) -> dict[str, bool]:
             jobs = [[f"{n}|{t}", self.addresses[t], probe[0], probe[1]]

@@ -306,3 +306,14 @@ def test_egress_to_an_ip_block_outside_the_cluster_only(np):
         {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 80, "protocol": "UDP"}]}]}))
     np.check(Expect(True).deny(sources=["x/a"]).allow(sources=["x/a"], targets=["ext"], probes=[UDP80]),
              [TCP80, UDP80], sources=["x/a", "x/b"])
+
+
+def test_sctp_ports_and_ranges(np):
+    np.apply(policy("x", "sctp-80", {"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 80}]}]}),
+             policy("y", "sctp-to-z", {"podSelector": pods(pod="b"), "policyTypes": ["Egress"], "egress": [
+                 {"to": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}],
+                  "ports": [{"protocol": "SCTP", "port": 80, "endPort": 81}]}]}))
+    SCTP80, SCTP81 = ("sctp", 80), ("sctp", 81)
+    np.check(Expect(True).deny(targets=X, probes=[SCTP81, TCP80]).deny(sources=["y/b"])
+             .allow(sources=["y/b"], targets=Z, probes=[SCTP80, SCTP81]),
+             [SCTP80, SCTP81, TCP80], sources=["x/b", "y/b", "z/a", "ext"], targets=["x/a", "y/a", "z/b", "ext"])
