@@ -45,7 +45,9 @@ def _cmd_cleanup(args) -> int:
         remove_ebpf_state,
         remove_proxy_state,
     )
-    removed = remove_ebpf_state(bpf_root=args.bpf_root, cgroup=args.cgroup_root) + remove_proxy_state()
+    from netagent.daemon.policy_start import remove_policy_state_everywhere
+    removed = (remove_ebpf_state(bpf_root=args.bpf_root, cgroup=args.cgroup_root) + remove_proxy_state()
+               + remove_policy_state_everywhere())
     removed += [f"interface {name}" for name in remove_owned_links()]
     removed += remove_owned_routing() + remove_owned_chains()
     for line in removed:
@@ -72,6 +74,19 @@ def _cmd_status_bpf(args) -> int:
         print(render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root), as_json=args.json))
     except (EbpfError, OSError) as exc:
         print(f"netagent status bpf: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_status_policy(args) -> int:
+    from netagent.daemon.status_policy import status_policy
+    from netagent.kernel.ipset.model import IpsetError
+    from netagent.kernel.iptables.backend import IptablesNotInstalled
+    try:
+        print(status_policy(pod=args.pod, trace_args=args.trace, iptables_backend=args.iptables_backend,
+                            as_json=args.json))
+    except (IptablesNotInstalled, IpsetError, OSError, ValueError) as exc:
+        print(f"netagent status policy: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -125,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     bpf.add_argument("--bpf-root", help="the bpffs directory the agent pins its maps in")
     bpf.add_argument("--cgroup-root", help="the cgroup the agent attaches its programs to")
     bpf.set_defaults(func=_cmd_status_bpf)
+    policy = status.add_parser("policy", help="which policies isolate this node's pods, what they allow, what "
+                                              "they denied; --trace: would FROM reach TO? (read from the kernel)")
+    policy.add_argument("pod", nargs="?", help="ns/name, name or address (default: every isolated pod)")
+    policy.add_argument("--trace", nargs=3, metavar=("FROM", "TO", "PORT[/PROTO]"),
+                        help="judge a new connection from FROM to TO (pods or addresses)")
+    policy.add_argument("--json", action="store_true")
+    policy.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
+    policy.set_defaults(func=_cmd_status_policy)
 
     lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
     from netagent.lab.commands import add_lab_arguments

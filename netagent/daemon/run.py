@@ -62,6 +62,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                               "proxy uses at least 1 s, kube-proxy's default)")
     from netagent.daemon.proxy_start import add_proxy_arguments
     add_proxy_arguments(run)
+    from netagent.daemon.policy_start import add_policy_arguments
+    add_policy_arguments(run)
 
 
 def _wait_for_signal() -> None:
@@ -157,28 +159,61 @@ def _run_cluster_mode(args) -> int:
     agent = NodeAgent(settings, api_client=api_client, kernel=NetlinkKernel(),
                       iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [])
-    status = StatusServer(bind=args.status_bind, registry=registry, health=agent.health)
+    from netagent.daemon.policy_start import with_policy_health
+    started_policy: list = []
+    status = StatusServer(bind=args.status_bind, registry=registry,
+                          health=with_policy_health(agent.health, started_policy,
+                                                    stale_after=max(2 * args.policy_sync_period, 60.0)))
     status.start()
+    policy = None
     try:
         agent.start()
         if proxy is not None:
             proxy.start()
+        policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
+                               pod_cidrs=[str(c) for c in agent.pod_cidrs if c.version == 4],
+                               timeout=settings.lease_timeout)
+        if policy is not None:
+            started_policy.append(policy)
         stop_cni = _start_cni_server(args)
     except (AgentStartError, OSError, RuntimeError) as exc:
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
+        if policy is not None:
+            policy.stop()
         if proxy is not None:
             proxy.stop()
         agent.stop()
         status.stop()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
-          f"iptables {backend.value}, proxy {args.proxy_mode}); serving CNI on {args.cni_socket}, "
+          f"iptables {backend.value}, proxy {args.proxy_mode}, network policy "
+          f"{'on' if policy is not None else 'off'}); serving CNI on {args.cni_socket}, "
           f"status on {args.status_bind}", flush=True)
     _wait_for_signal()
     stop_cni()
+    if policy is not None:
+        policy.stop()
     if proxy is not None:
         proxy.stop()
     agent.stop()
     status.stop()
     return 0
+
+
+def _start_policy(args, *, api_client, backend, registry, pod_cidrs, timeout: float):
+    """Start NetworkPolicy enforcement and wait for its first sync, BEFORE the CNI server
+    serves (policy_start.py says why); with the flag off, remove what a previous run left."""
+    from netagent.daemon.policy_start import build_policy, remove_policy_state
+    if not args.network_policy:
+        for removed in remove_policy_state(backend):
+            log.info("network policy off: removed %s", removed)
+        return None
+    policy = build_policy(args, api_client=api_client, iptables_backend=backend, registry=registry,
+                          pod_cidrs=pod_cidrs)
+    policy.start()
+    if not policy.wait_first_sync(timeout):
+        policy.stop()
+        raise RuntimeError(f"network policy: no first sync within {timeout:.0f} s (the NetworkPolicy, "
+                           f"Pod and Namespace watches must list; see the log)")
+    return policy

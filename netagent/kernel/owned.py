@@ -30,3 +30,11 @@ IPVS_DEVICE = "na-ipvs0"        # holds IPVS service addresses; never brought up
 # ---- eBPF service proxy (ebpf/, proxy/ebpf/)
 BPF_NAME_PREFIX = "na_"         # every program and map of ours (ebpf/sock_lb.c)
 BPF_PIN_SUBDIR = "netagent-v1"  # our maps' pins under --bpf-root; the suffix changes with the map layouts
+
+# ---- network policy (netagent/policy/): everything starts with POLICY_PREFIX
+POLICY_PREFIX = CHAIN_PREFIX + "NP"              # "NETAGENT-NP": chains and sets of the policy engine
+POLICY_CHAIN = POLICY_PREFIX + "-FORWARD"        # filter FORWARD jumps here first
+POLICY_INGRESS_PREFIX = POLICY_PREFIX + "I-"     # per-pod ingress chains: + 15 hex digits
+POLICY_EGRESS_PREFIX = POLICY_PREFIX + "E-"      # per-pod egress chains: + 15 hex digits
+POLICY_SET_PREFIX = POLICY_PREFIX + "S-"         # selector, except and named-port sets: + 16 hex digits
+POLICY_KNOWN_SET = POLICY_PREFIX + "-KNOWN"      # addresses of the local pods already programmed

@@ -49,8 +49,10 @@ SERVICES = Resource("", "v1", "services", namespaced=True, kind="Service")
 PODS = Resource("", "v1", "pods", namespaced=True, kind="Pod")
 ENDPOINTS = Resource("", "v1", "endpoints", namespaced=True, kind="Endpoints")
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", namespaced=True, kind="EndpointSlice")
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", namespaced=True, kind="NetworkPolicy")
 
-ALL_RESOURCES: tuple[Resource, ...] = (NODES, NAMESPACES, SERVICES, PODS, ENDPOINTS, ENDPOINT_SLICES)
+ALL_RESOURCES: tuple[Resource, ...] = (NODES, NAMESPACES, SERVICES, PODS, ENDPOINTS, ENDPOINT_SLICES,
+                                       NETWORK_POLICIES)
 
 _BY_KIND = {(r.api_version, r.kind): r for r in ALL_RESOURCES}
 

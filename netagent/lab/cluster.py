@@ -92,7 +92,8 @@ class LabCluster:
     @classmethod
     def create(cls, *, nodes: int = 3, mode: str = "vxlan", segments: int = 1, pods_per_node: int = 0,
                auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
-               resync_period: float = 30.0, proxy_mode: str = "iptables") -> "LabCluster":
+               resync_period: float = 30.0, proxy_mode: str = "iptables",
+               network_policy: bool = False) -> "LabCluster":
         if mode not in MODES:
             raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
         if proxy_mode not in PROXY_MODE_CHOICES:
@@ -107,7 +108,7 @@ class LabCluster:
         os.makedirs(workdir, exist_ok=True)
         state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
                          resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
-                         internet=f"{prefix}-inet", proxy_mode=proxy_mode)
+                         internet=f"{prefix}-inet", proxy_mode=proxy_mode, network_policy=network_policy)
         lab = cls(state)
         try:
             lab.save()
@@ -265,6 +266,8 @@ class LabCluster:
         if self.ebpf:
             argv += ["--bpf-root", self.bpf_root(name), "--bpf-nodeport-device", "eth0",
                      "--cgroup-root", bpf_places.node_cgroup(self.workdir, self.state.prefix, name)]
+        if self.state.network_policy:
+            argv.append("--network-policy")
         return argv
 
     @property

@@ -43,7 +43,7 @@ DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
     lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan",
-                     proxy_mode="iptables")
+                     proxy_mode="iptables", network_policy=False)
     sub = lab.add_subparsers(dest="lab_command")
 
     def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
@@ -54,6 +54,8 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
         p.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan")
         p.add_argument("--proxy-mode", choices=PROXY_MODE_CHOICES, default="iptables",
                        help="the agents' service proxy (none: the agents run without one)")
+        p.add_argument("--network-policy", action="store_true",
+                       help="the agents enforce NetworkPolicies (apply them with `lab apply -f`)")
 
     demo = sub.add_parser("demo", help="build a cluster, show cross-node traffic, remove it (the default)")
     cluster_shape(demo, pods=2)
@@ -106,7 +108,7 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
 
     for verb, func, text in (("apply", _cmd_apply, "create or update objects from manifests"),
                              ("delete", _cmd_delete, "delete the objects a manifest names")):
-        command = sub.add_parser(verb, help=f"{text} (Service, EndpointSlice, Namespace)")
+        command = sub.add_parser(verb, help=f"{text} (Service, EndpointSlice, Namespace, NetworkPolicy)")
         command.add_argument("-f", "--filename", required=True, metavar="FILE", help="YAML or JSON; - for stdin")
         command.set_defaults(func=func)
 
@@ -139,7 +141,7 @@ def _load(args) -> LabCluster:
 def _create(args, *, workdir: str | None) -> LabCluster:
     return LabCluster.create(nodes=args.nodes, mode=args.mode, segments=args.segments,
                              pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir,
-                             proxy_mode=args.proxy_mode)
+                             proxy_mode=args.proxy_mode, network_policy=args.network_policy)
 
 
 def _cmd_up(args) -> int:

@@ -2,12 +2,13 @@
 
 Input is YAML (JSON is YAML): several documents separated by `---`, or a `v1` `List` (any
 `*List` kind) whose `items` are objects. Kinds: `v1` Service, `discovery.k8s.io/v1`
-EndpointSlice and `v1` Namespace. Pods are refused with a pointer to `lab pod add`: a lab
+EndpointSlice, `v1` Namespace (with its labels, for policies' namespaceSelectors) and
+`networking.k8s.io/v1` NetworkPolicy. Pods are refused with a pointer to `lab pod add`: a lab
 pod is a network namespace the lab wires, not an object one can post.
 
 The whole input is read and checked (YAML syntax, kinds, names) before anything is written,
 so a malformed file changes nothing. Each object is then one write on its own, kinds in the
-order Namespaces, Services, EndpointSlices (the reverse to delete; file order within a kind),
+order Namespaces, NetworkPolicies, Services, EndpointSlices (the reverse to delete; file order within a kind),
 and reported like kubectl:
 `service/web created`, `configured`, `unchanged`; `deleted` or `not found` (not an error).
 An object the server refuses (422 Invalid, ...) is reported with the server's message and
@@ -33,7 +34,8 @@ from netagent.lab.apiclient import LabApiClient, LabApiError
 NAMESPACE = ("v1", "Namespace")
 SERVICE = ("v1", "Service")
 ENDPOINT_SLICE = ("discovery.k8s.io/v1", "EndpointSlice")
-APPLY_ORDER = (NAMESPACE, SERVICE, ENDPOINT_SLICE)
+NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
+APPLY_ORDER = (NAMESPACE, NETWORK_POLICY, SERVICE, ENDPOINT_SLICE)
 
 
 class ManifestError(Exception):

@@ -52,6 +52,7 @@ class LabState:
     api_pid: int | None = None
     host_api_port: int | None = None  # the API server's loopback port in the namespace that ran `lab up`
     proxy_mode: str = "iptables"
+    network_policy: bool = False   # the agents run with --network-policy
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from netagent.cli import build_parser
-from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
+from netagent.kube.resources import ENDPOINT_SLICES, NAMESPACES, NETWORK_POLICIES, NODES, PODS, SERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "netagent.yaml"
@@ -152,6 +152,7 @@ def granted_permissions() -> set[tuple[str, str, str]]:
     (NODES.group, f"{NODES.plural}/status", ("patch",)),
     (SERVICES.group, SERVICES.plural, ("get", "list", "watch")),
     (ENDPOINT_SLICES.group, ENDPOINT_SLICES.plural, ("get", "list", "watch")),
+    *((resource.group, resource.plural, ("list", "watch")) for resource in (NETWORK_POLICIES, PODS, NAMESPACES)),
     ("", "events", ("create",)),
 ])
 def test_rbac_grants_what_the_agent_calls(group, resource, verbs):

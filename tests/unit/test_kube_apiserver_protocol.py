@@ -140,7 +140,7 @@ def test_tables_carry_the_real_columns_and_object_metadata(server):
 
 def test_openapi_v3_is_generated_with_kinds_patch_strategies_and_query_parameters(server):
     status, index = http(server, "GET", "/openapi/v3")
-    assert status == 200 and set(index["paths"]) == {"api/v1", "apis/discovery.k8s.io/v1"}
+    assert status == 200 and set(index["paths"]) == {"api/v1", "apis/discovery.k8s.io/v1", "apis/networking.k8s.io/v1"}
     _, core = http(server, "GET", index["paths"]["api/v1"]["serverRelativeURL"])
     schemas = core["components"]["schemas"]
     assert schemas["io.k8s.api.core.v1.Service"]["x-kubernetes-group-version-kind"] == [

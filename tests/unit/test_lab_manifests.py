@@ -66,8 +66,8 @@ def test_documents_and_lists_are_read_in_order():
 @pytest.mark.parametrize(("text", "message"), [
     ("kind: Service\nmetadata: {name: [unclosed\n", "bad.yaml: malformed YAML"),
     ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n",
-     "bad.yaml: document 1: unsupported kind apps/v1 Deployment (the lab applies: v1 Namespace, v1 Service, "
-     "discovery.k8s.io/v1 EndpointSlice)"),
+     "bad.yaml: document 1: unsupported kind apps/v1 Deployment (the lab applies: v1 Namespace, "
+     "networking.k8s.io/v1 NetworkPolicy, v1 Service, discovery.k8s.io/v1 EndpointSlice)"),
     ("apiVersion: v1\nkind: Pod\nmetadata: {name: web}\n", "create it with `netagent lab pod add NAME"),
     ("apiVersion: v1\nkind: Service\nmetadata: {namespace: default}\n", "document 1: Service needs metadata.name"),
     ("apiVersion: v1\nkind: Service\n", "document 1: Service needs metadata.name"),
@@ -142,3 +142,34 @@ def test_in_process_server_sees_the_applied_objects():
         apply_manifests(LabApiClient(url=api.url), load_manifests(WEB, source="web.yaml"))
         assert [s["metadata"]["name"] for s in api.list(SERVICES)] == ["web"]
         assert [s["metadata"]["name"] for s in api.list(ENDPOINT_SLICES)] == ["web-extra"]
+
+
+ISOLATION = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-blue, namespace: team-a}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {team: blue}}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: team-a
+  labels: {team: blue}
+"""
+
+
+def test_network_policies_and_labelled_namespaces_apply_namespace_first(client):
+    objects = load_manifests(ISOLATION, source="policy.yaml")
+    assert described(apply_manifests(client, objects)) == [
+        "namespace/team-a created", "networkpolicy/from-blue -n team-a created"]
+    assert client.get("v1", "Namespace", "team-a")["metadata"]["labels"] == {"team": "blue", "kubernetes.io/metadata.name": "team-a"}
+    stored = client.get("networking.k8s.io/v1", "NetworkPolicy", "from-blue", namespace="team-a")
+    assert stored["spec"]["ingress"] == [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}]}]
+    assert described(apply_manifests(client, objects)) == [
+        "namespace/team-a unchanged", "networkpolicy/from-blue -n team-a unchanged"]
+    assert described(delete_manifests(client, objects)) == [
+        "networkpolicy/from-blue -n team-a deleted", "namespace/team-a deleted"]

@@ -23,10 +23,12 @@ ALLOWED: dict[str, set[str]] = {
     "proxy": BOTTOM | {"ebpf"},
     "netagent.cniserver": {"cni", "netagent.kernel", "netagent.infra"},
     "netagent.noderoutes": BOTTOM | {"netagent.cniserver"},
-    "netagent.daemon": BOTTOM | {"netagent", "cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes"},
-    "netagent.lab": BOTTOM | {"cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes"},
+    "netagent.policy": BOTTOM,
+    "netagent.daemon": BOTTOM | {"netagent", "cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes",
+                                 "netagent.policy"},
+    "netagent.lab": BOTTOM | {"cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes", "netagent.policy"},
     "netagent.cli": BOTTOM | {"netagent", "cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes",
-                              "netagent.daemon", "netagent.lab"},
+                              "netagent.policy", "netagent.daemon", "netagent.lab"},
     "netagent": set(),  # netagent/__init__.py: the version
 }
 

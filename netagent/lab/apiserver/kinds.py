@@ -19,6 +19,7 @@ from netagent.kube.resources import (
     ENDPOINT_SLICES,
     ENDPOINTS,
     NAMESPACES,
+    NETWORK_POLICIES,
     NODES,
     PODS,
     SERVICES,
@@ -57,6 +58,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(ENDPOINTS, ("ep",)),
     Kind(ENDPOINT_SLICES, generation=True),
     Kind(EVENTS, ("ev",), field_labels=_EVENT_FIELDS, model="CoreV1Event"),
+    Kind(NETWORK_POLICIES, ("netpol",), generation=True),
 )
 
 _LISTED = {kind.resource for kind in KINDS}

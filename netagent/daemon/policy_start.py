@@ -1,0 +1,176 @@
+"""NetworkPolicy enforcement inside `netagent run`: its flag, its watches, and starting it.
+
+`--network-policy` turns it on (the DaemonSet passes it). It then watches NetworkPolicies,
+Pods and Namespaces (one reflector each, into the engine's recorders) and runs the engine's
+sync on its own `SyncRunner`. Off means no policy rules at all: an agent started without the
+flag removes whatever policy chains and sets a previous run left.
+
+New pods are never open while their policy is being programmed. The choice: the policy
+engine's first sync completes before the CNI server starts serving (run.py waits for it),
+and that sync installs, for this node's pod CIDRs, a DROP for every address that is not in
+the KNOWN set of programmed pods. A pod the CNI plugin has just wired is therefore closed
+from its first packet, whether or not a policy selects it, until the sync that sees its Pod
+(with its address) has written its chains; only then does it join KNOWN. Calico instead
+programs before the CNI ADD returns; that needs the Pod's labels inside the ADD and couples
+the CNI path to the API, while this keeps the plugin unchanged and fails closed when the
+agent or the API is slow. The cost: a new pod waits for the kubelet to report its address
+and one sync (tens of milliseconds) before it can talk, which the pod's containers, started
+after the sandbox, rarely notice.
+
+A pod's host interface comes from the CNI plugin's IPAM store: the reservation file of its
+address names the container and interface, from which the plugin named the host veth.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.infra.status_server import HealthFunction
+    from netagent.infra.sync_runner import SyncRunner
+    from netagent.kube.reflector import Reflector
+    from netagent.policy.engine import PolicyEngine
+    from netagent.policy.semantics import PodPlan
+
+log = logging.getLogger("netagent.daemon.policy_start")
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("network policy")
+    group.add_argument("--network-policy", action="store_true",
+                       help="enforce networking.k8s.io/v1 NetworkPolicies on this node's pods "
+                            "(without it, any policy rules a previous run left are removed)")
+    group.add_argument("--policy-sync-period", type=float, default=30.0,
+                       help="seconds between full policy syncs (drift repair)")
+
+
+def ipam_interface_lookup(data_dir: str, network: str):
+    """PodPlan -> host veth name, from the CNI IPAM reservation of the pod's address."""
+    from cni.wiring import host_veth_name
+
+    directory = os.path.join(data_dir, network)
+
+    def lookup(plan: PodPlan) -> str | None:
+        try:
+            with open(os.path.join(directory, plan.ip), newline="") as reservation:
+                lines = reservation.read().split()       # "container-id\r\nifname", as host-local writes
+        except OSError:
+            return None
+        return host_veth_name(network, lines[0], lines[1] if len(lines) > 1 else "eth0") if lines else None
+    return lookup
+
+
+@dataclass
+class PolicyParts:
+    engine: PolicyEngine
+    runner: SyncRunner
+    reflectors: list[Reflector]
+
+    def start(self) -> None:
+        self.runner.start()
+        for reflector in self.reflectors:
+            reflector.start()
+
+    def wait_first_sync(self, timeout: float) -> bool:
+        """Until the caches are synced and one sync has written the kernel (the KNOWN guard
+        is in, even when some pod still waits for its interface)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.engine.last_report is not None:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
+        self.runner.stop()
+
+    def health(self, stale_after: float) -> HealthFunction:
+        from netagent.infra.status_server import health_from_sync_runner
+        return health_from_sync_runner(self.runner, stale_after=stale_after)
+
+
+def with_policy_health(base: HealthFunction, holder: list[PolicyParts], *, stale_after: float) -> HealthFunction:
+    """The agent's /healthz, unhealthy also while a policy change waits unprogrammed longer
+    than `stale_after` (once `holder` has the started policy engine; the node agent's own
+    report is unchanged otherwise)."""
+    from netagent.infra.status_server import HealthReport
+
+    def health() -> HealthReport:
+        report = base()
+        if not holder:
+            return report
+        policy = holder[0].health(stale_after)()
+        details = {**report.details, "network_policy": {"healthy": policy.healthy, "reason": policy.reason}}
+        if policy.healthy:
+            return HealthReport(report.healthy, report.reason, details)
+        reason = f"network policy: {policy.reason}"
+        return HealthReport(False, reason if report.healthy else f"{report.reason}; {reason}", details)
+    return health
+
+
+def remove_policy_state(iptables_backend) -> list[str]:
+    """What `--network-policy` off does at start: remove every policy chain and set."""
+    from netagent.kernel.ipset.model import IpsetError
+    from netagent.kernel.ipset.runner import IpsetRunner
+    from netagent.kernel.iptables.backend import IpFamily
+    from netagent.kernel.iptables.runner import IptablesError, IptablesRunner
+    from netagent.policy.programmer import PolicyProgrammer
+
+    programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
+                                  ipset=IpsetRunner())
+    try:
+        return programmer.cleanup()
+    except (IptablesError, IpsetError, OSError) as error:
+        log.warning("network policy off: could not check for leftover policy rules: %s", error)
+        return []
+
+
+def remove_policy_state_everywhere() -> list[str]:
+    """`netagent cleanup`: the policy chains on every iptables backend present, and the sets."""
+    from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    removed = []
+    for backend in IptablesBackend:
+        if not missing_binaries(IpFamily.V4, backend):
+            removed += [f"network policy ({backend.value}) {item}" for item in remove_policy_state(backend)]
+    return removed
+
+
+def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str]) -> PolicyParts:
+    from netagent.daemon.status_policy import read_policy_rules
+    from netagent.infra.metrics import CallbackGauge
+    from netagent.infra.sync_runner import SyncKind, SyncRunner
+    from netagent.kernel.ipset.runner import IpsetRunner
+    from netagent.kernel.iptables.backend import IpFamily
+    from netagent.kernel.iptables.runner import IptablesRunner
+    from netagent.kube.reflector import Reflector
+    from netagent.kube.resources import NAMESPACES, NETWORK_POLICIES, PODS
+    from netagent.policy.engine import PolicyEngine, PolicySettings
+    from netagent.policy.programmer import PolicyProgrammer
+    from netagent.policy.render import InterfaceMode, RenderSettings
+
+    programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
+                                  ipset=IpsetRunner())
+    settings = PolicySettings(args.node_name, RenderSettings(InterfaceMode(args.cni_mode),
+                                                            local_cidrs=tuple(pod_cidrs)))
+    network = getattr(args, "cni_network_name", "netagent")
+    engine = PolicyEngine(settings, programmer=programmer, registry=registry,
+                          interface_of=ipam_interface_lookup(args.cni_data_dir, network))
+    runner = SyncRunner(name="network-policy", sync=engine.sync, min_interval=args.min_sync_period,
+                        max_interval=args.policy_sync_period, retry_interval=1.0)
+    engine.set_requester(lambda: runner.request(SyncKind.PARTIAL))
+    registry.register(CallbackGauge(
+        "netagent_policy_denied_packets", "packets dropped by network policy, per pod and direction "
+        "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
+        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in read_policy_rules(iptables_backend).pods},
+        labels=("pod", "direction")))
+    reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
+                  Reflector(api_client=api_client, resource=PODS, handler=engine.pods),
+                  Reflector(api_client=api_client, resource=NAMESPACES, handler=engine.namespaces)]
+    return PolicyParts(engine, runner, reflectors)

@@ -1,0 +1,84 @@
+"""`netagent status policy [POD] [--trace FROM TO PORT[/PROTO]]`: the policy state of this
+node's pods and the tracer's answer, read from the kernel (policy/readback.py says why).
+
+One `iptables-save -c -t filter` (counters: packets each pod's DROP has denied) and one
+`ipset save`; works while the agent is down. POD is `ns/name`, a bare name or an address;
+the tracer's FROM and TO are the same, or any address (a pod of another node, the outside).
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+
+from netagent.policy.readback import KernelPolicy, Packet, parse_kernel_policy, trace
+
+
+def read_policy_rules(backend) -> KernelPolicy:
+    """The policy chains with their counters (`iptables-save -c -t filter`), for an IptablesBackend."""
+    from netagent.kernel.iptables.backend import IpFamily, IptablesTool, binary_name
+    done = subprocess.run([binary_name(IpFamily.V4, backend, IptablesTool.SAVE), "-c", "-t", "filter"],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise OSError(f"iptables-save: {done.stderr.strip()}")
+    return parse_kernel_policy(done.stdout)
+
+
+def read_kernel(iptables_backend: str) -> tuple[KernelPolicy, dict[str, frozenset[str]]]:
+    from netagent.kernel import owned
+    from netagent.kernel.ipset.runner import IpsetRunner
+    from netagent.kernel.iptables.backend import IpFamily, resolve_backend
+    kernel = read_policy_rules(resolve_backend(iptables_backend, family=IpFamily.V4))
+    sets = {name: contents.members for name, contents in IpsetRunner().snapshot().items()
+            if name.startswith(owned.POLICY_PREFIX)}
+    return kernel, sets
+
+
+def _address(kernel: KernelPolicy, name: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(name))
+    except ValueError:
+        found = kernel.of(name)
+        if not found:
+            raise ValueError(f"{name}: not an address, and no isolated pod of this node has that name "
+                             f"(give the address)") from None
+        return found[0].ip
+
+
+def _parse_port(text: str) -> tuple[str, int]:
+    port, _, protocol = text.partition("/")
+    protocol = (protocol or "tcp").lower()
+    if not port.isdigit() or not 1 <= int(port) <= 65535 or protocol not in ("tcp", "udp", "sctp"):
+        raise ValueError(f"{text}: expected PORT or PORT/tcp|udp|sctp")
+    return protocol, int(port)
+
+
+def status_policy(*, pod: str | None, trace_args: list[str] | None, iptables_backend: str = "auto",
+                  as_json: bool = False) -> str:
+    kernel, sets = read_kernel(iptables_backend)
+    if trace_args:
+        source, destination, port_text = trace_args
+        protocol, port = _parse_port(port_text)
+        packet = Packet(_address(kernel, source), _address(kernel, destination), protocol, port)
+        allowed, steps = trace(kernel, sets, packet)
+        if as_json:
+            return json.dumps({"allowed": allowed, "packet": packet.__dict__, "steps": steps}, indent=2)
+        verdict = "ALLOWED" if allowed else "DENIED"
+        return "\n".join([f"{packet.source} -> {packet.destination} {protocol}/{port}: {verdict}",
+                          *(f"  {step}" for step in steps)])
+    chains = kernel.of(pod) if pod else kernel.pods
+    if as_json:
+        return json.dumps([{"pod": c.pod, "ip": c.ip, "direction": c.direction, "policies": list(c.policies),
+                            "allows": c.describe_allows(), "denied_packets": c.denied_packets} for c in chains],
+                          indent=2)
+    if not chains:
+        return (f"{pod}: not isolated by any policy on this node (open both ways)" if pod
+                else "no pod of this node is isolated by a network policy")
+    lines = []
+    for chain in sorted(chains, key=lambda c: (c.pod, c.direction)):
+        lines.append(f"{chain.pod} {chain.ip} {chain.direction}: isolated by {', '.join(chain.policies)}; "
+                     f"{chain.denied_packets} packet(s) denied")
+        lines.extend(f"    allow {line}" for line in chain.describe_allows())
+        if not chain.allows:
+            lines.append("    allows nothing")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""Making the kernel hold a `WantedState`: the only module of the policy engine that writes.
+
+A sync compares the wanted state with what is there and writes only the difference:
+- a FULL sync reads the kernel (one iptables-save of filter, one `ipset save`), so a
+  restarted agent adopts what its predecessor left with no write at all, and drift (a chain
+  edited or flushed by hand, a set member removed, our FORWARD jump moved) is repaired;
+- a PARTIAL sync compares with what this process last applied, reading nothing.
+The writes, in an order that never opens a pod:
+  1. ipsets: create missing sets and change members (one `ipset restore`); addresses leave
+     KNOWN here, but none joins it yet;
+  2. iptables: changed chains rewritten, chains no longer wanted removed, the FORWARD jump
+     repaired, all in one `iptables-restore --noflush` (atomic for the filter table);
+  3. KNOWN gains the pods whose chains now exist (a second `ipset restore`, only when needed);
+  4. sets no longer referenced are destroyed.
+After a failure the applied record is dropped, so the next (FULL, the runner's rule) sync
+reads the kernel again.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from netagent.kernel import owned
+from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents, canonical_member
+from netagent.kernel.ipset.runner import Ipset, delete_owned_sets, sync_sets
+from netagent.kernel.iptables.restore_format import Table, jump_target
+from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
+from netagent.policy.render import JUMP_COMMENT, PARENT_CHAIN, TABLE, Rules, WantedState, render_chains
+
+log = logging.getLogger("netagent.policy")
+KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local pods already programmed")
+
+
+@dataclass
+class _Applied:
+    chains: dict[str, Rules]
+    sets: dict[str, SetContents]
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    chains_written: int = 0
+    chains_removed: int = 0
+    sets_changed: int = 0
+    sets_destroyed: int = 0
+    jump_repaired: bool = False
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.chains_written or self.chains_removed or self.sets_changed or self.sets_destroyed
+                    or self.jump_repaired)
+
+
+def _hook_jump() -> tuple[str, ...]:
+    return jump_spec(owned.POLICY_CHAIN, comment=JUMP_COMMENT)
+
+
+def _jump_is_first(table: Table) -> bool:
+    rules = table.chains[PARENT_CHAIN].rules if PARENT_CHAIN in table.chains else []
+    jumps = [rule for rule in rules if jump_target(rule) == owned.POLICY_CHAIN]
+    return bool(rules) and rules[0] == _hook_jump() and len(jumps) == 1
+
+
+class PolicyProgrammer:
+    """Applies wanted states through an `Iptables` and an `Ipset` (real or fake)."""
+
+    def __init__(self, *, iptables: Iptables, ipset: Ipset) -> None:
+        self.iptables = iptables
+        self.ipset = ipset
+        self._applied: _Applied | None = None
+
+    def _read_kernel(self) -> tuple[_Applied, Table]:
+        table = self.iptables.table(TABLE)
+        chains = {name: tuple(chain.rules) for name, chain in table.chains.items()
+                  if name.startswith(owned.POLICY_PREFIX) and not chain.builtin}
+        sets = {name: contents for name, contents in self.ipset.snapshot().items()
+                if name.startswith(owned.POLICY_PREFIX)}
+        return _Applied(chains, sets), table
+
+    def apply(self, wanted: WantedState, *, full: bool) -> ApplyReport:
+        try:
+            return self._apply(wanted, full=full)
+        except BaseException:
+            self._applied = None
+            raise
+
+    def _apply(self, wanted: WantedState, *, full: bool) -> ApplyReport:
+        table: Table | None = None
+        if full or self._applied is None:
+            current, table = self._read_kernel()
+        else:
+            current = self._applied
+        # 1. sets: everything but KNOWN's additions
+        held_known = current.sets.get(owned.POLICY_KNOWN_SET)
+        known_now = held_known.members & wanted.known if held_known is not None else frozenset()
+        first: dict[IpsetSpec, frozenset[str]] = {**wanted.sets, KNOWN_SPEC: known_now}
+        counts = sync_sets(self.ipset, first, current=current.sets)
+        sets_changed = sum(1 for added, removed in counts.values() if added or removed)
+        sets_changed += sum(1 for spec in first if spec.name not in current.sets)
+        # 2. chains and the FORWARD jump
+        changed = {name: rules for name, rules in wanted.chains.items() if current.chains.get(name) != rules}
+        stale = sorted(name for name in current.chains if name not in wanted.chains)
+        builder = render_chains(changed, remove=stale)
+        repair = table is not None and not _jump_is_first(table)   # read (and so checked) on FULL syncs
+        if repair:
+            assert table is not None
+            add_jump_repair(builder, table, PARENT_CHAIN, _hook_jump(), position=JumpPosition.FIRST)
+        if builder:
+            self.iptables.restore(builder.text())
+        # 3. KNOWN gains the pods programmed above
+        if wanted.known != known_now:
+            sync_sets(self.ipset, {KNOWN_SPEC: wanted.known},
+                      current={owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP,
+                                                                    "inet", known_now)})
+            sets_changed += 1
+        # 4. sets nothing refers to any more
+        wanted_names = {spec.name for spec in wanted.sets} | {owned.POLICY_KNOWN_SET}
+        doomed = sorted(name for name in current.sets if name not in wanted_names)
+        for name in doomed:
+            self.ipset.destroy(name)
+        self._applied = _Applied(dict(wanted.chains), {
+            **{spec.name: SetContents(spec.name, spec.type, "inet", frozenset(_canonical(spec, members)))
+               for spec, members in wanted.sets.items()},
+            owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet", wanted.known)})
+        report = ApplyReport(len(changed), len(stale), sets_changed, len(doomed), repair)
+        if report.wrote:
+            log.info("network policy: %d chain(s) written, %d removed, %d set(s) changed, %d destroyed%s",
+                     report.chains_written, report.chains_removed, report.sets_changed, report.sets_destroyed,
+                     ", FORWARD jump repaired" if repair else "")
+        return report
+
+    def cleanup(self) -> list[str]:
+        """Remove every chain and set of the policy engine (and the FORWARD jump)."""
+        chains = self.iptables.list_chains(TABLE, prefix=owned.POLICY_PREFIX)
+        self.iptables.delete_chains(TABLE, chains)
+        removed = [f"{TABLE}/{name}" for name in sorted(chains)]
+        removed += [f"ipset {name}" for name in delete_owned_sets(self.ipset, prefix=owned.POLICY_PREFIX)]
+        self._applied = None
+        return removed
+
+
+def _canonical(spec: IpsetSpec, members: frozenset[str]) -> set[str]:
+    return {canonical_member(spec.type, member) for member in members}

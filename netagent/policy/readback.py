@@ -1,0 +1,208 @@
+"""What the kernel enforces, read back: per pod and direction, the policies, the allow rules
+and the packets denied; and a tracer that answers "would A reach B on port P?" from those
+rules and the sets' members. Pure: it reads `iptables-save -c` text and ipset contents.
+
+Why from the kernel and not from the agent's memory: the question an operator asks is what
+the node does now (after a restart, a hand edit, a failed sync), and the rules say it: each
+pod chain starts with a comment rule naming the pod, its address and the policies that
+isolate it (render.py), each allow rule's comment names its policy rule, and the final DROP
+carries the denied packet count. The tracer walks the same chains a new connection walks:
+the KNOWN guard of the hook chain, the source pod's egress chain, the destination pod's
+ingress chain; it understands exactly the matches the renderer writes and says so when it
+meets anything else.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from netagent.kernel import owned
+from netagent.kernel.iptables.restore_format import split_tokens
+from netagent.policy.render import HEADER
+
+_HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
+ALLOW_PREFIX = HEADER + "allow "
+
+
+@dataclass(frozen=True)
+class ReadRule:
+    spec: tuple[str, ...]
+    comment: str
+    target: str
+    packets: int = 0
+
+
+@dataclass(frozen=True)
+class PodDirection:
+    """One pod chain as the kernel holds it."""
+    pod: str
+    ip: str
+    direction: str                       # "ingress" | "egress"
+    chain: str
+    policies: tuple[str, ...]
+    allows: tuple[ReadRule, ...]
+    denied_packets: int
+
+    def describe_allows(self) -> list[str]:
+        return [f"{rule.comment.removeprefix(ALLOW_PREFIX)}: {describe_match(rule.spec)}" for rule in self.allows]
+
+
+@dataclass
+class KernelPolicy:
+    pods: list[PodDirection] = field(default_factory=list)
+    guard: list[ReadRule] = field(default_factory=list)   # the hook chain's DROP rules (KNOWN guard)
+
+    def of(self, pod_or_ip: str) -> list[PodDirection]:
+        return [p for p in self.pods if pod_or_ip in (p.pod, p.ip, p.pod.split("/")[-1])]
+
+
+def _comment(spec: Sequence[str]) -> str:
+    for index, token in enumerate(spec[:-1]):
+        if token == "--comment":
+            return spec[index + 1]
+    return ""
+
+
+def _target(spec: Sequence[str]) -> str:
+    return spec[spec.index("-j") + 1] if "-j" in spec[:-1] else ""
+
+
+def _match_only(spec: Sequence[str]) -> tuple[str, ...]:
+    """The spec without its comment match and target."""
+    out, index = [], 0
+    while index < len(spec):
+        if spec[index:index + 3] == ("-m", "comment", "--comment"):
+            index += 4
+        elif spec[index] == "-j":
+            index += 2
+        else:
+            out.append(spec[index])
+            index += 1
+    return tuple(out)
+
+
+def parse_kernel_policy(save_text: str) -> KernelPolicy:
+    """Our chains in `iptables-save -c -t filter` output (counters optional)."""
+    chains: dict[str, list[ReadRule]] = {}
+    for raw in save_text.splitlines():
+        line, packets = raw.strip(), 0
+        if line.startswith("["):
+            counters, _, line = line[1:].partition("]")
+            packets = int(counters.split(":")[0] or 0)
+            line = line.strip()
+        if not line.startswith(f"-A {owned.POLICY_PREFIX}"):
+            continue
+        _, chain, *tokens = split_tokens(line)
+        spec = tuple(tokens)
+        chains.setdefault(chain, []).append(ReadRule(_match_only(spec), _comment(spec), _target(spec), packets))
+    found = KernelPolicy(guard=[rule for rule in chains.get(owned.POLICY_CHAIN, []) if rule.target == "DROP"])
+    for chain, rules in sorted(chains.items()):
+        head = _HEADER.match(rules[0].comment) if rules else None
+        if head is None:
+            continue
+        direction, pod, ip, policies = head.groups()
+        denied = sum(rule.packets for rule in rules if rule.target == "DROP")
+        found.pods.append(PodDirection(pod, ip, direction, chain, tuple(filter(None, policies.split(","))),
+                                       tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
+    return found
+
+
+def describe_match(spec: Sequence[str]) -> str:
+    """`-p tcp -m set --match-set S src -m tcp --dport 80` -> `tcp/80 from set S`."""
+    words, index, protocol = [], 0, "any protocol"
+    while index < len(spec):
+        token = spec[index]
+        if token == "-p":
+            protocol = spec[index + 1]
+            index += 2
+        elif token in ("-s", "-d"):
+            words.append(f"{'from' if token == '-s' else 'to'} {spec[index + 1]}")
+            index += 2
+        elif token == "--dport":
+            protocol = f"{protocol}/{spec[index + 1]}"
+            index += 2
+        elif token == "--match-set":
+            negated = index > 0 and spec[index - 1] == "!"
+            words.append(f"{'not ' if negated else ''}in set {spec[index + 1]} ({spec[index + 2]})")
+            index += 3
+        else:
+            index += 1
+    if protocol == "any protocol" and not words:
+        return "everything"
+    return " ".join([protocol, *words])
+
+
+@dataclass(frozen=True)
+class Packet:
+    source: str
+    destination: str
+    protocol: str            # tcp | udp | sctp
+    port: int
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _matches(spec: Sequence[str], packet: Packet, sets: Mapping[str, frozenset[str]]) -> bool:
+    index = 0
+    while index < len(spec):
+        negated = spec[index] == "!"
+        if negated:
+            index += 1
+        token = spec[index]
+        if token in ("-s", "-d"):
+            address = packet.source if token == "-s" else packet.destination
+            hit = ipaddress.ip_address(address) in ipaddress.ip_network(spec[index + 1], strict=False)
+            index += 2
+        elif token == "-p":
+            hit = packet.protocol == spec[index + 1]
+            index += 2
+        elif token == "-m":
+            index += 2
+            continue
+        elif token == "--dport":
+            first, _, last = spec[index + 1].partition(":")
+            hit = int(first) <= packet.port <= int(last or first)
+            index += 2
+        elif token == "--match-set":
+            name, sides = spec[index + 1], spec[index + 2].split(",")
+            members = sets.get(name, frozenset())
+            address = packet.source if sides[0] == "src" else packet.destination
+            if len(sides) == 2:
+                hit = f"{address},{packet.protocol}:{packet.port}" in members
+            else:
+                hit = address in members or any(
+                    "/" in member and ipaddress.ip_address(address) in ipaddress.ip_network(member)
+                    for member in members)
+            index += 3
+        else:
+            raise _Unknown(token)
+        if hit == negated:
+            return False
+    return True
+
+
+def trace(kernel: KernelPolicy, sets: Mapping[str, frozenset[str]], packet: Packet) -> tuple[bool, list[str]]:
+    """(allowed, the steps that decided it) for the first packet of a new connection."""
+    steps = []
+    try:
+        for rule in kernel.guard:
+            if _matches(rule.spec, packet, sets):
+                return False, [f"dropped: {rule.comment.removeprefix(HEADER)} ({describe_match(rule.spec)})"]
+        for direction, address in (("egress", packet.source), ("ingress", packet.destination)):
+            chain = next((p for p in kernel.pods if p.direction == direction and p.ip == address), None)
+            if chain is None:
+                steps.append(f"{direction}: {address} is not isolated for {direction} on this node")
+                continue
+            allowed_by = next((rule for rule in chain.allows if _matches(rule.spec, packet, sets)), None)
+            if allowed_by is None:
+                steps.append(f"{direction}: {chain.pod} is isolated by {', '.join(chain.policies) or '?'} "
+                             f"and no rule allows it: dropped")
+                return False, steps
+            steps.append(f"{direction}: {chain.pod} allows it by {allowed_by.comment.removeprefix(ALLOW_PREFIX)}")
+    except _Unknown as error:
+        return False, [*steps, f"cannot judge: a rule uses {error}, which the tracer does not read"]
+    return True, steps

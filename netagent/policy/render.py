@@ -1,0 +1,246 @@
+"""The kernel state a `NodePlan` asks for, rendered purely: chains of rules (as iptables-save
+prints them, so they compare with what the kernel holds) and ipsets with their members.
+
+filter FORWARD -> NETAGENT-NP-FORWARD (the first rule of FORWARD), in order:
+  1. conntrack RELATED,ESTABLISHED: RETURN. Replies and related packets (ICMP errors) of any
+     connection that was allowed when it started pass untouched, and per-pod chains are only
+     walked by a connection's first packet.
+  2. for each local pod CIDR: from / to an address in it that is not in NETAGENT-NP-KNOWN:
+     DROP. KNOWN holds the local pods already programmed, so a new pod is closed from its
+     first packet until the sync that covers it has written its chains (then it joins KNOWN).
+  3. per pod isolated for egress, on its host interface: jump to NETAGENT-NPE-<hash>;
+  4. per pod isolated for ingress, on its host interface: jump to NETAGENT-NPI-<hash>.
+     These hooks sit in bucket chains (NETAGENT-NP-E<d>/-I<d> by the first hex digit of the
+     veth name, matched with a `na<d>+` wildcard; -R<net> by /28 for routed ingress), so a
+     new connection walks about 16 + n/16 hooks rather than one per isolated pod.
+     Routed mode: `-i`/`-o` the host veth. Bridge mode: bridged packets pass FORWARD through
+     br_netfilter with the bridge as `-i`/`-o` and the port as physdev: egress matches
+     `--physdev-in veth` (bridged or routed out of the bridge); ingress matches
+     `--physdev-out veth --physdev-is-bridged` for bridged packets and, for packets routed
+     into the bridge (other nodes, the outside), whose output port is unknown in FORWARD,
+     `-o bridge -d podIP ! --physdev-is-bridged`.
+  A pod chain RETURNs what a rule allows (so a packet between two local pods is judged by the
+  sender's egress chain, then the receiver's ingress chain) and ends in a counted DROP: no
+  REJECT, which would tell the sender a policy exists. Nothing here ACCEPTs: what passes goes
+  on through FORWARD as if the policy engine did not exist.
+
+Traffic from the node itself to its pods (kubelet probes) never crosses FORWARD, so it passes,
+as with the other plugins; the pods' traffic to their own node (INPUT) is not filtered.
+Services: DNAT happens in PREROUTING, before FORWARD, so rules see the chosen endpoint.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from netagent.kernel import owned
+from netagent.kernel.ipset.model import IpsetSpec, IpsetType
+from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec
+from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
+
+Rules = tuple[tuple[str, ...], ...]
+TABLE = "filter"
+PARENT_CHAIN = "FORWARD"
+JUMP_COMMENT = "netagent: network policy"
+SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET,
+             SetKind.NAMED: IpsetType.HASH_IP_PORT}
+
+
+class InterfaceMode(enum.Enum):
+    """How pods attach to the node (the CNI plugin's `mode`)."""
+    BRIDGE = "bridge"
+    ROUTED = "routed"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    mode: InterfaceMode
+    bridge: str = owned.DEFAULT_BRIDGE
+    local_cidrs: tuple[str, ...] = ()          # this node's pod CIDRs: closed until programmed
+
+
+@dataclass(frozen=True)
+class WantedState:
+    chains: Mapping[str, Rules]                # every chain of ours, the hook chain first
+    sets: Mapping[IpsetSpec, frozenset[str]]   # selector, except and named-port sets
+    known: frozenset[str]                      # local pod addresses programmed by this state
+    pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
+
+
+def pod_chain(prefix: str, pod_key: str) -> str:
+    return prefix + hashlib.sha256(pod_key.encode()).hexdigest()[:15]
+
+
+def _rule(*match: str, comment: str, target: str) -> tuple[str, ...]:
+    return canonical_spec([*match, "-m", "comment", "--comment", comment[:250], "-j", target])
+
+
+def _peer_match(peer: SetRef | CidrMatch | None, side: str) -> list[str]:
+    if peer is None:
+        return []
+    if isinstance(peer, SetRef):
+        return ["-m", "set", "--match-set", peer.name, side]
+    # iptables-save omits a /0 address match, so it is not written (it would look like drift)
+    match = [] if peer.cidr.endswith("/0") else ["-s" if side == "src" else "-d", peer.cidr]
+    if peer.excepts is not None:
+        match += ["-m", "set", "!", "--match-set", peer.excepts.name, side]
+    return match
+
+
+def _port_match(port: PortMatch | None) -> list[str]:
+    if port is None:
+        return []
+    protocol = port.protocol.value.lower()
+    if port.first is None:
+        return ["-p", protocol]
+    ports = str(port.first) if port.last in (None, port.first) else f"{port.first}:{port.last}"
+    return ["-p", protocol, "-m", protocol, "--dport", ports]
+
+
+HEADER = "netagent policy: "
+
+
+def header_comment(pod: PodPlan, *, ingress: bool) -> str:
+    """The first rule's comment: whose chain this is and which policies make it (read back by
+    `netagent status policy`; the rule has no target, so it only counts)."""
+    policies = pod.ingress_policies if ingress else pod.egress_policies
+    text = f"{HEADER}{'ingress' if ingress else 'egress'} {pod.key} {pod.ip} selected by {','.join(policies)}"
+    return text if len(text) <= 250 else text[:247] + "..."
+
+
+@functools.lru_cache(maxsize=16384)
+def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) -> Rules:
+    """A pod chain; cached, since a sync re-renders every pod and most chains do not change."""
+    side = "src" if ingress else "dst"
+    rules = [canonical_spec(["-m", "comment", "--comment", header_comment(pod, ingress=ingress)])]
+    for allow in allows:
+        match = _peer_match(allow.peer, side) + _port_match(allow.port)
+        if allow.named is not None:
+            match += ["-m", "set", "--match-set", allow.named.name, "dst,dst"]
+        rules.append(_rule(*match, comment=f"netagent policy: allow {allow.origin}", target="RETURN"))
+    word = "ingress to" if ingress else "egress from"
+    rules.append(_rule(comment=f"netagent policy: deny {word} {pod.key}", target="DROP"))
+    return tuple(rules)
+
+
+HEX = "0123456789abcdef"
+BUCKET_PREFIX = owned.POLICY_CHAIN.removesuffix("FORWARD")   # "NETAGENT-NP-": + E3, I3, R<network>
+
+
+def _interface_bucket(interface: str) -> str | None:
+    """Our host veths are `na` + hex: the first hex digit splits them 16 ways."""
+    prefix = owned.HOST_VETH_PREFIX
+    return interface[len(prefix)] if interface.startswith(prefix) and len(interface) > len(prefix) + 1 \
+        and interface[len(prefix)] in HEX else None
+
+
+def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,
+           ingress: bool) -> list[tuple[str | None, tuple[str, ...]]]:
+    """(bucket, rule) per hook of a pod chain; bucket None: straight in the hook chain."""
+    comment = f"netagent policy: {'ingress to' if ingress else 'egress from'} {plan.key}"
+    digit = _interface_bucket(interface)
+    bucket = None if digit is None else f"{BUCKET_PREFIX}{'I' if ingress else 'E'}{digit}"
+    if settings.mode is InterfaceMode.ROUTED:
+        return [(bucket, _rule("-o" if ingress else "-i", interface, comment=comment, target=chain))]
+    if not ingress:
+        return [(bucket, _rule("-m", "physdev", "--physdev-in", interface, comment=comment, target=chain))]
+    block = ipaddress.IPv4Network(f"{plan.ip}/28", strict=False)
+    return [(bucket, _rule("-o", settings.bridge, "-m", "physdev", "--physdev-out", interface,
+                           "--physdev-is-bridged", comment=comment, target=chain)),
+            (f"{BUCKET_PREFIX}R{int(block.network_address):08x}",
+             _rule("-d", plan.ip, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
+                   comment=comment + " (routed)", target=chain))]
+
+
+def _bucket_entry(bucket: str, settings: RenderSettings) -> tuple[str, ...]:
+    """The hook chain's rule into a bucket: by interface digit, or by /28 for routed ingress."""
+    kind, key = bucket[len(BUCKET_PREFIX)], bucket[len(BUCKET_PREFIX) + 1:]
+    if kind == "R":
+        block = f"{ipaddress.IPv4Address(int(key, 16))}/28"
+        return _rule("-d", block, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
+                     comment=f"netagent policy: pods in {block} (routed)", target=bucket)
+    wildcard = owned.HOST_VETH_PREFIX + key + "+"
+    comment = f"netagent policy: pods on {wildcard}"
+    if settings.mode is InterfaceMode.ROUTED:
+        return _rule("-o" if kind == "I" else "-i", wildcard, comment=comment, target=bucket)
+    if kind == "E":
+        return _rule("-m", "physdev", "--physdev-in", wildcard, comment=comment, target=bucket)
+    return _rule("-o", settings.bridge, "-m", "physdev", "--physdev-out", wildcard, "--physdev-is-bridged",
+                 comment=comment, target=bucket)
+
+
+def render_wanted(plan: NodePlan, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> WantedState:
+    """Everything the plan asks of the kernel. Pods whose host interface is unknown are left
+    out (and out of KNOWN, so they stay closed) and listed in `pending`.
+
+    The per-pod hooks are grouped in bucket chains (by the veth's first hex digit; routed
+    ingress in bridge mode by the pod's /28), so a new connection walks about 16 + n/16
+    hooks instead of n."""
+    hook: list[tuple[str, ...]] = [
+        _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
+              comment="netagent policy: replies of allowed connections", target="RETURN")]
+    for cidr in settings.local_cidrs:
+        hook.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "src",
+                          comment="netagent policy: pod not programmed yet", target="DROP"))
+        hook.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
+                          comment="netagent policy: pod not programmed yet", target="DROP"))
+    chains: dict[str, Rules] = {}
+    hooks: dict[str | None, list[tuple[str, ...]]] = {}
+    known, pending = set(), []
+    used: set[SetRef] = set()
+    for pod in plan.pods:
+        interface = interface_of(pod) if pod.isolated else ""
+        if interface is None:
+            pending.append(pod.key)
+            continue
+        known.add(pod.ip)
+        for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
+                                        (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
+            if allows is None:
+                continue
+            chain = pod_chain(prefix, pod.key)
+            chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
+            for bucket, rule in _hooks(pod, interface, settings, chain=chain, ingress=ingress):
+                hooks.setdefault(bucket, []).append(rule)
+            used.update(_set_refs(allows))
+    buckets = sorted((b for b in hooks if b is not None), key=lambda b: ("EIR".index(b[len(BUCKET_PREFIX)]), b))
+    hook.extend(hooks.get(None, ()))
+    hook.extend(_bucket_entry(bucket, settings) for bucket in buckets)
+    sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key): members
+            for ref, members in plan.sets.items() if ref in used}
+    return WantedState({owned.POLICY_CHAIN: tuple(hook), **{b: tuple(hooks[b]) for b in buckets}, **chains},
+                       sets, frozenset(known), tuple(pending))
+
+
+def _set_refs(allows: Sequence[Allow]) -> set[SetRef]:
+    refs: set[SetRef] = set()
+    for allow in allows:
+        if allow.named is not None:
+            refs.add(allow.named)
+        if isinstance(allow.peer, SetRef):
+            refs.add(allow.peer)
+        elif isinstance(allow.peer, CidrMatch) and allow.peer.excepts is not None:
+            refs.add(allow.peer.excepts)
+    return refs
+
+
+def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = ()) -> RestoreBuilder:
+    """Restore input (for --noflush) that (re)writes `chains` and removes the chains in
+    `remove`: every chain is declared before any rule, so jumps to new chains resolve, and the
+    removed ones go last, once nothing written above refers to them."""
+    builder = RestoreBuilder()
+    for name in chains:
+        builder.declare_chain(TABLE, name)
+    for name, rules in chains.items():
+        for spec in rules:
+            builder.append(TABLE, name, spec)
+    for name in remove:
+        builder.flush_chain(TABLE, name)
+    for name in remove:
+        builder.delete_chain(TABLE, name)
+    return builder

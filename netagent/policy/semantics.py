@@ -1,0 +1,294 @@
+"""What the policies mean for this node's pods: pure, from parsed values to a `NodePlan`.
+
+The rules of `networking.k8s.io/v1`, all decided here and nowhere else:
+- a pod is isolated in a direction once some policy selecting it (same namespace, podSelector
+  matches) lists that direction in its policyTypes; not isolated means open in that direction;
+- an isolated pod accepts what ANY selecting policy's rule of that direction allows (policies
+  are additive; there is no deny rule), replies included (the renderer's conntrack rule);
+- a rule allows (peer, port) pairs: every peer item times every port item; missing or empty
+  `from`/`to` = any peer, missing or empty `ports` = any port; `ingress: []` allows nothing;
+- a selector peer is the pods matching `podSelector` in the namespaces matching
+  `namespaceSelector` (AND); without namespaceSelector, the policy's own namespace; without
+  podSelector, every pod of those namespaces; separate items are OR;
+- `ipBlock` matches addresses in `cidr` but not in any `except`, pods included (no NAT
+  between pods here, so a pod's address is what a rule sees);
+- a named port is resolved on the DESTINATION pod from its container ports by name and
+  protocol: for ingress that is the isolated pod itself (a port number, or nothing when it has
+  no such port); for egress every destination may differ, so the rule becomes a set of
+  (address, protocol:port) pairs, one per peer pod that has the port.
+
+Pod selector peers become `SetRef`s (one ipset per distinct scope, shared by every rule that
+names it), so a pod gaining a label changes set members and no rule. Host-network pods and
+pods without an address are never set members and never programmed.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from netagent.kernel import owned
+from netagent.policy.model import (
+    IpBlock,
+    NamespaceInfo,
+    NetworkPolicy,
+    Peer,
+    PodInfo,
+    PodScope,
+    PolicyType,
+    PortSpec,
+    Protocol,
+    Rule,
+)
+
+
+class SetKind(enum.Enum):
+    PODS = "pods"            # hash:ip, the addresses of a scope's pods
+    EXCEPT = "except"        # hash:net, an ipBlock's except list
+    NAMED = "named"          # hash:ip,port, a named port resolved on each destination pod
+
+
+@dataclass(frozen=True)
+class SetRef:
+    kind: SetKind
+    key: str                 # what the set means, in words; the name is derived from it
+
+    @property
+    def name(self) -> str:
+        digest = hashlib.sha256(f"{self.kind.value}\0{self.key}".encode()).hexdigest()[:16]
+        return f"{owned.POLICY_SET_PREFIX}{digest}"
+
+
+@dataclass(frozen=True)
+class PortMatch:
+    protocol: Protocol
+    first: int | None = None  # None: every port of the protocol
+    last: int | None = None
+
+
+@dataclass(frozen=True)
+class CidrMatch:
+    cidr: str
+    excepts: SetRef | None = None
+
+
+@dataclass(frozen=True)
+class Allow:
+    """One allowed (peer, port) of one rule. `peer` None: any peer; `port` None: any port;
+    `named` (egress named ports): the destination address and port must be in that set.
+    Instances are shared by every pod a rule applies to; the hash is computed once."""
+    origin: str                                   # "ns/policy ingress[0]"
+    peer: SetRef | CidrMatch | None = None
+    port: PortMatch | None = None
+    named: SetRef | None = None
+
+    @functools.cached_property
+    def match(self) -> tuple:
+        """What the allow matches (the origin aside): equal allows are one rule."""
+        return (self.peer, self.port, self.named)
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.origin, *self.match))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """A local pod: None per direction = open; a tuple = isolated, allowing only these."""
+    key: str
+    ip: str
+    ingress: tuple[Allow, ...] | None
+    egress: tuple[Allow, ...] | None
+    ingress_policies: tuple[str, ...] = ()        # keys of the policies isolating it for ingress
+    egress_policies: tuple[str, ...] = ()         # ... for egress
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.ingress_policies + self.egress_policies))
+
+    @property
+    def isolated(self) -> bool:
+        return self.ingress is not None or self.egress is not None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    pods: tuple[PodPlan, ...]
+    sets: Mapping[SetRef, frozenset[str]] = field(default_factory=dict)
+
+
+@dataclass
+class ClusterView:
+    """The parsed objects the plan is computed from, keyed `ns/name` (namespaces by name)."""
+    pods: dict[str, PodInfo] = field(default_factory=dict)
+    namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
+    policies: dict[str, NetworkPolicy] = field(default_factory=dict)
+
+
+class _Planner:
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.by_namespace: dict[str, list[PodInfo]] = defaultdict(list)
+        for pod in view.pods.values():
+            if pod.ip is not None and not pod.host_network:
+                self.by_namespace[pod.namespace].append(pod)
+        self.namespace_labels = {name: info.label_map for name, info in view.namespaces.items()}
+        for name in self.by_namespace:
+            self.namespace_labels.setdefault(name, NamespaceInfo(name, ()).label_map)
+        self.sets: dict[SetRef, frozenset[str]] = {}
+        self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
+        self._rule_allows: dict[tuple[int, PolicyType], list] = {}
+
+    def scope_pods(self, scope: PodScope) -> tuple[PodInfo, ...]:
+        found = self._scope_pods.get(scope)
+        if found is None:
+            if scope.namespaces is None:
+                namespaces: Iterable[str] = [scope.own_namespace]
+            else:
+                selector = scope.namespaces
+                namespaces = [name for name, labels in self.namespace_labels.items() if selector.matches(labels)]
+            found = tuple(pod for name in namespaces for pod in self.by_namespace.get(name, ())
+                          if scope.pods.matches(pod.label_map))
+            self._scope_pods[scope] = found
+        return found
+
+    def all_pods(self) -> Iterable[PodInfo]:
+        return (pod for pods in self.by_namespace.values() for pod in pods)
+
+    def peer_match(self, peer: Peer) -> SetRef | CidrMatch:
+        if peer.ip_block is not None:
+            excepts = None
+            if peer.ip_block.excepts:
+                excepts = SetRef(SetKind.EXCEPT, " ".join(peer.ip_block.excepts))
+                self.sets[excepts] = frozenset(peer.ip_block.excepts)
+            return CidrMatch(peer.ip_block.cidr, excepts)
+        assert peer.scope is not None
+        ref = SetRef(SetKind.PODS, peer.scope.key())
+        if ref not in self.sets:
+            self.sets[ref] = frozenset(pod.ip for pod in self.scope_pods(peer.scope) if pod.ip)
+        return ref
+
+    def named_set(self, peer: Peer | None, spec: PortSpec) -> SetRef:
+        assert isinstance(spec.port, str)
+        where = ("any peer" if peer is None else peer.scope.key() if peer.scope is not None
+                 else _block_key(peer.ip_block))
+        ref = SetRef(SetKind.NAMED, f"{where} port {spec.port}/{spec.protocol.value}")
+        if ref not in self.sets:
+            if peer is None:
+                population: Iterable[PodInfo] = self.all_pods()
+            elif peer.scope is not None:
+                population = self.scope_pods(peer.scope)
+            else:
+                block = peer.ip_block
+                assert block is not None
+                population = (pod for pod in self.all_pods() if pod.ip and block.contains(pod.ip))
+            members = set()
+            for pod in population:
+                number = pod.named_port(spec.port, spec.protocol)
+                if number is not None and pod.ip:
+                    members.add(f"{pod.ip},{spec.protocol.value.lower()}:{number}")
+            self.sets[ref] = frozenset(members)
+        return ref
+
+    def allows(self, rule: Rule, *, direction: PolicyType, pod: PodInfo, origin: str) -> list[Allow]:
+        """The rule's allows for `pod`. Everything but an ingress named port is the same for
+        every pod the policy selects, so it is built once per rule and plan (same instances)."""
+        key = (id(rule), direction)
+        shared = self._rule_allows.get(key)
+        if shared is None:
+            shared = self._rule_allows[key] = self._shared_allows(rule, direction=direction, origin=origin)
+        found = []
+        for item in shared:
+            if isinstance(item, Allow):
+                found.append(item)
+                continue
+            peer_match, spec = item
+            assert isinstance(spec.port, str)
+            number = pod.named_port(spec.port, spec.protocol)
+            if number is not None:
+                found.append(Allow(origin, peer_match, PortMatch(spec.protocol, number, number)))
+        return found
+
+    def _shared_allows(self, rule: Rule, *, direction: PolicyType,
+                       origin: str) -> list[Allow | tuple[SetRef | CidrMatch | None, PortSpec]]:
+        peers: Iterable[Peer | None] = rule.peers if rule.peers is not None else (None,)
+        ports: Iterable[PortSpec | None] = rule.ports if rule.ports is not None else (None,)
+        found: list[Allow | tuple[SetRef | CidrMatch | None, PortSpec]] = []
+        for peer in peers:
+            for spec in ports:
+                if spec is None:
+                    found.append(Allow(origin, self._peer(peer), None))
+                elif not isinstance(spec.port, str):
+                    last = spec.end_port if spec.end_port is not None else spec.port
+                    found.append(Allow(origin, self._peer(peer), PortMatch(spec.protocol, spec.port, last)))
+                elif direction is PolicyType.INGRESS:
+                    found.append((self._peer(peer), spec))     # resolved on each selected pod
+                else:
+                    found.append(Allow(origin, None, None, named=self.named_set(peer, spec)))
+        return found
+
+    def _peer(self, peer: Peer | None) -> SetRef | CidrMatch | None:
+        return None if peer is None else self.peer_match(peer)
+
+
+def _block_key(block: IpBlock | None) -> str:
+    assert block is not None
+    return f"ipBlock {block.cidr}" + (f" except {' '.join(block.excepts)}" if block.excepts else "")
+
+
+def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
+    """The plan for every pod of `node_name` that has an address (isolated or not)."""
+    planner = _Planner(view)
+    local = sorted((pod for pod in planner.all_pods() if pod.node_name == node_name), key=lambda p: p.key)
+    allowed: dict[str, dict[PolicyType, list[Allow]]] = {pod.key: {} for pod in local}
+    selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
+    local_by_namespace: dict[str, list[PodInfo]] = defaultdict(list)
+    for pod in local:
+        local_by_namespace[pod.namespace].append(pod)
+    for policy in sorted(view.policies.values(), key=lambda p: p.key):
+        for pod in local_by_namespace.get(policy.namespace, ()):
+            if not policy.pod_selector.matches(pod.label_map):
+                continue
+            for direction in (PolicyType.INGRESS, PolicyType.EGRESS):
+                if direction not in policy.policy_types:
+                    continue
+                selecting[(pod.key, direction)].append(policy.key)
+                bucket = allowed[pod.key].setdefault(direction, [])
+                for index, rule in enumerate(policy.rules(direction)):
+                    origin = f"{policy.key} {direction.value.lower()}[{index}]"
+                    bucket.extend(planner.allows(rule, direction=direction, pod=pod, origin=origin))
+    plans = []
+    for pod in local:
+        directions = allowed[pod.key]
+        assert pod.ip is not None
+        plans.append(PodPlan(pod.key, pod.ip,
+                             _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
+                             tuple(selecting[(pod.key, PolicyType.INGRESS)]),
+                             tuple(selecting[(pod.key, PolicyType.EGRESS)])))
+    used = {ref for plan in plans for allows in (plan.ingress or (), plan.egress or ())
+            for allow in allows for ref in _refs(allow)}
+    return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used})
+
+
+def _dedup(allows: list[Allow] | None) -> tuple[Allow, ...] | None:
+    if allows is None:
+        return None
+    seen: dict[tuple, Allow] = {}
+    for allow in allows:
+        seen.setdefault(allow.match, allow)
+    return tuple(seen.values())
+
+
+def _refs(allow: Allow) -> list[SetRef]:
+    refs = [ref for ref in (allow.named,) if ref is not None]
+    if isinstance(allow.peer, SetRef):
+        refs.append(allow.peer)
+    elif isinstance(allow.peer, CidrMatch) and allow.peer.excepts is not None:
+        refs.append(allow.peer.excepts)
+    return refs

@@ -1,0 +1,194 @@
+"""NetworkPolicy across nodes: real agents (`lab up --network-policy`), the lab's API server,
+pods on two nodes, policies and labelled namespaces applied with `lab apply -f`.
+
+Pods: x-a (node-1) and x-b (node-2) in namespace x (team=red); y-b (node-1) and y-c (node-2)
+in namespace y (team=blue). Every pod serves TCP 80 (policy_lab's server). Each check probes
+every pair at once and waits (bounded) for the whole matrix to match: the agents program
+asynchronously, so a change is judged by when the kernel enforces it, not by one probe.
+Cross-node traffic arrives routed through the overlay into the node's bridge, the path the
+routed-ingress hook covers; same-node traffic is bridged.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from netagent.kernel import namespaces
+from netagent.lab.cluster import LabCluster
+from netagent.lab.state import LabError
+from tests.cluster.lab_tools import PREFIX, ROOT, Background, serve
+from tests.conftest import require_root_netns
+from tests.netns.policy_lab import PROBE, SERVER
+
+PODS = {"x-a": ("x", "node-1", "app=a,role=web"), "x-b": ("x", "node-2", "app=b,role=web"),
+        "y-b": ("y", "node-1", "app=b"), "y-c": ("y", "node-2", "app=c")}
+NAMESPACES = """\
+apiVersion: v1
+kind: Namespace
+metadata: {name: x, labels: {team: red}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: y, labels: {team: blue}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: x}
+spec:
+  selector: {role: web}
+  ports: [{port: 80, targetPort: 8080}]
+"""
+FROM_BLUE_B = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-blue-b, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {team: blue}}
+      podSelector: {matchLabels: {app: b}}
+"""
+LOCK_B = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-blue-b, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress:
+  - {}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: lock-b, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  policyTypes: [Ingress]
+"""
+
+
+def lab_cli(lab: LabCluster, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run([sys.executable, "-m", "netagent.cli", "lab", "--state-dir", lab.workdir, *args],
+                          capture_output=True, text=True, cwd=ROOT, input=stdin, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaks_per_module():
+    """Replaces cluster/conftest.py's check of every `na-tc` namespace on the machine (other
+    suites running at the same time have theirs): the lab fixture checks its own."""
+    require_root_netns()
+    yield
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lab = LabCluster.create(prefix=PREFIX, nodes=2, network_policy=True, proxy_mode="iptables")
+    prefix = lab.state.prefix
+    servers: list[Background] = []
+    try:
+        lab_cli(lab, "apply", "-f", "-", stdin=NAMESPACES)
+        for name, (namespace, node, labels) in PODS.items():   # the CLI, as a user sets a scenario up
+            lab_cli(lab, "pod", "add", name, "--namespace", namespace, "--node", node, "--labels", labels)
+        lab = LabCluster.load(lab.workdir)
+        for name in PODS:
+            servers.append(Background(lab.netns_of(name), [sys.executable, "-c", SERVER, "80"], ready_line="ready"))
+            if name.startswith("x-"):
+                servers.append(serve(lab, name, "tcp", 8080, lifetime=600, named=True))
+        yield lab
+    finally:
+        for server in servers:
+            server.stop()
+        try:
+            lab.state = LabCluster.load(lab.workdir).state
+        except LabError:
+            pass
+        lab.down()
+    left = [name for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if name.startswith(prefix)]
+    assert not left, f"namespaces leaked: {left}"
+
+
+def probe(lab: LabCluster, source: str, targets: list[tuple[str, str, int]], timeout: float = 1.0) -> dict:
+    jobs = [[ident, address, "tcp", port] for ident, address, port in targets]
+    done = subprocess.run([*namespaces.exec_prefix(lab.netns_of(source)), sys.executable, "-c", PROBE,
+                           json.dumps(jobs), str(timeout)], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(done.stdout)
+
+
+def matrix(lab: LabCluster) -> dict[tuple[str, str], bool]:
+    ip = {name: lab.state.pods[name].ip for name in PODS}
+    cells = {}
+    for source in PODS:
+        answers = probe(lab, source, [(target, ip[target], 80) for target in PODS if target != source])
+        cells.update({(source, target): reachable for target, reachable in answers.items()})
+    return cells
+
+
+def becomes(lab: LabCluster, expected: dict[tuple[str, str], bool], *, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = matrix(lab)
+        if seen == expected:
+            return
+        if time.monotonic() > deadline:
+            rows = [f"{s:>4} -> {t:<4} expected {'open' if expected[(s, t)] else 'closed'}, saw "
+                    f"{'open' if seen[(s, t)] else 'closed'}" for s, t in sorted(seen) if seen[(s, t)] != expected[(s, t)]]
+            raise AssertionError("matrix did not converge:\n" + "\n".join(rows))
+
+
+def expect(closed_to: tuple[str, ...] = (), allowed: tuple[tuple[str, str], ...] = ()) -> dict:
+    return {(s, t): t not in closed_to or (s, t) in allowed for s in PODS for t in PODS if s != t}
+
+
+def relabel(lab: LabCluster, name: str, labels: dict) -> None:
+    api = lab.api()
+    obj = api.get("v1", "Pod", name, namespace=PODS[name][0])
+    obj["metadata"]["labels"] = labels
+    api.replace(obj)
+
+
+def test_policies_across_nodes_relabelling_services_and_deletion(lab):
+    becomes(lab, expect())                                     # no policy: all open
+    lab_cli(lab, "apply", "-f", "-", stdin=FROM_BLUE_B)
+    # x is closed except to app=b pods of blue namespaces: y-b (same node as x-a, other node than x-b)
+    becomes(lab, expect(closed_to=("x-a", "x-b"), allowed=(("y-b", "x-a"), ("y-b", "x-b"))))
+    # a pod added while the policy is in force, on the node where no blue b pod lives, is isolated
+    lab_cli(lab, "pod", "add", "x-new", "--namespace", "x", "--node", "node-2", "--labels", "app=c")
+    lab.state = LabCluster.load(lab.workdir).state
+    with Background(lab.netns_of("x-new"), [sys.executable, "-c", SERVER, "80"], ready_line="ready"):
+        address = lab.state.pods["x-new"].ip
+        deadline = time.monotonic() + 20
+        while not (probe(lab, "y-b", [("new", address, 80)])["new"]
+                   and not probe(lab, "y-c", [("new", address, 80)])["new"]):
+            assert time.monotonic() < deadline, "the new pod did not get the policy in force"
+    lab.remove_pod("x-new")
+    relabel(lab, "y-c", {"app": "b"})                          # on node-2: one set member on each node
+    becomes(lab, expect(closed_to=("x-a", "x-b"), allowed=(("y-b", "x-a"), ("y-b", "x-b"),
+                                                           ("y-c", "x-a"), ("y-c", "x-b"))))
+    lab_cli(lab, "apply", "-f", "-", stdin=NAMESPACES.replace("team: blue", "team: green"))
+    becomes(lab, expect(closed_to=("x-a", "x-b")))              # y is no longer blue
+    relabel(lab, "y-c", {"app": "c"})
+
+    # a Service reaches only the endpoints the policies allow: judged after translation
+    lab_cli(lab, "apply", "-f", "-", stdin=LOCK_B)
+    becomes(lab, expect(closed_to=("x-b",)))
+    cluster_ip = lab.api().get("v1", "Service", "web", namespace="x")["spec"]["clusterIP"]
+    answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(24)])
+    assert any(answers.values()) and not all(answers.values()), answers   # x-a answers, x-b never does
+    # the drops are counted: node-2's agent reports them from its kernel counters
+    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:10258/metrics').read().decode())"
+    metrics = lab.exec("node-2", [sys.executable, "-c", scrape], timeout=30).stdout
+    denied = [line for line in metrics.splitlines()
+              if line.startswith('netagent_policy_denied_packets{pod="x/x-b",direction="ingress"}')]
+    assert denied and float(denied[0].split()[-1]) > 0, metrics
+
+    lab_cli(lab, "delete", "-f", "-", stdin=LOCK_B)
+    becomes(lab, expect())
+    answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(8)])
+    assert all(answers.values()), answers

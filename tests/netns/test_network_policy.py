@@ -1,0 +1,319 @@
+"""NetworkPolicy truth tables on the real kernel: nine pods wired by our CNI plugin (bridge and
+routed mode), every pair probed for each policy set, the whole matrix compared with a
+hand-written expectation (see policy_lab.py; matrices are printed on failure).
+
+One lab per mode serves every case of that mode (building it costs a few seconds); each case
+sets its own policies and labels and puts them back, so the cases do not depend on order.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from netagent.infra.sync_runner import SyncKind
+from netagent.kernel import namespaces
+from netagent.kernel.iptables.backend import IptablesBackend
+from netagent.policy.render import InterfaceMode
+from tests.conftest import require_root_netns
+from tests.netns.policy_lab import Expect, PolicyLab
+
+X = [f"x/{p}" for p in "abc"]
+Y = [f"y/{p}" for p in "abc"]
+Z = [f"z/{p}" for p in "abc"]
+TCP80, TCP81, UDP80, UDP81 = ("tcp", 80), ("tcp", 81), ("udp", 80), ("udp", 81)
+
+
+def policy(namespace: str, name: str, spec: dict) -> dict:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"namespace": namespace, "name": name}, "spec": spec}
+
+
+def pods(**labels) -> dict:
+    return {"matchLabels": labels}
+
+
+@pytest.fixture(autouse=True)
+def _root_and_no_leaks():
+    """Replaces netns/conftest.py's per-test check of every `na-t` namespace on the machine:
+    the lab here lives for the module, and other suites running at the same time make their
+    own; the lab fixture checks that none of ITS namespaces outlive it."""
+    require_root_netns()
+    yield
+
+
+def _built_lab(mode: InterfaceMode):
+    require_root_netns()
+    with PolicyLab(mode=mode) as built:
+        yield built
+    left = [name for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if name.startswith(built.node.prefix)]
+    assert not left, f"namespaces leaked: {left}"
+
+
+@pytest.fixture(scope="module")
+def bridge_lab():
+    yield from _built_lab(InterfaceMode.BRIDGE)
+
+
+@pytest.fixture(scope="module")
+def routed_lab():
+    yield from _built_lab(InterfaceMode.ROUTED)
+
+
+def _clean(lab):
+    lab.apply()
+    yield lab
+    lab.apply()
+
+
+@pytest.fixture(params=[InterfaceMode.BRIDGE, InterfaceMode.ROUTED], ids=lambda m: m.value)
+def np(request):
+    """Either lab (the cases where the hooks differ by mode), with no policy before and after."""
+    yield from _clean(request.getfixturevalue(f"{request.param.value}_lab"))
+
+
+@pytest.fixture
+def np_bridge(bridge_lab):
+    """Semantics that do not depend on how pods attach (the plan is the same; only the hooks on
+    the interfaces differ, and the `np` cases cover those in both modes): bridge mode only."""
+    yield from _clean(bridge_lab)
+
+
+def test_no_policy_everything_reaches_everything(np):
+    np.check(Expect(True), [TCP80, UDP81])
+
+
+def test_deny_all_ingress_in_a_namespace_but_replies_and_the_node_pass(np):
+    np.apply(policy("x", "deny-all", {"podSelector": {}, "policyTypes": ["Ingress"]}))
+    np.check(Expect(True).deny(targets=X), [TCP80, UDP80])
+    # the isolated pods still reach out, and their replies come back (conntrack)
+    np.check(Expect(True), [TCP80], sources=X, targets=Y)
+    # kubelet probes: the pod's own node reaches it
+    node = np.netns_of["node"]
+    assert namespaces.run_in(node, ["python3", "-c", f"import socket; socket.create_connection(('{np.addresses['x/a']}', 80), 2)"]).returncode == 0
+
+
+def test_allow_all_ingress_rule_opens_again(np_bridge):
+    np_bridge.apply(policy("x", "deny-all", {"podSelector": {}, "policyTypes": ["Ingress"]}),
+             policy("x", "allow-all", {"podSelector": {}, "ingress": [{}]}))
+    np_bridge.check(Expect(True), [TCP80])
+
+
+def test_pod_selector_peer_is_the_policy_namespace_only(np_bridge):
+    np_bridge.apply(policy("x", "from-b", {"podSelector": pods(pod="a"), "ingress": [{"from": [{"podSelector": pods(pod="b")}]}]}))
+    np_bridge.check(Expect(True).deny(targets=["x/a"]).allow(sources=["x/b"], targets=["x/a"]), [TCP80])
+
+
+def test_namespace_selector_alone_means_every_pod_there(np_bridge):
+    np_bridge.apply(policy("x", "from-y", {"podSelector": pods(pod="a"),
+                                    "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}))
+    np_bridge.check(Expect(True).deny(targets=["x/a"]).allow(sources=Y, targets=["x/a"]), [TCP80])
+
+
+def test_namespace_and_pod_selector_in_one_peer_is_and(np_bridge):
+    np_bridge.apply(policy("x", "and", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": pods(pod="b")}]}]}))
+    np_bridge.check(Expect(True).deny(targets=["x/a"]).allow(sources=["y/b"], targets=["x/a"]), [TCP80])
+
+
+def test_two_peers_are_or(np_bridge):
+    np_bridge.apply(policy("x", "or", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"namespaceSelector": {"matchLabels": {"ns": "y"}}}, {"podSelector": pods(pod="b")}]}]}))
+    np_bridge.check(Expect(True).deny(targets=["x/a"]).allow(sources=[*Y, "x/b"], targets=["x/a"]), [TCP80])
+
+
+def test_match_expressions(np_bridge):
+    np_bridge.apply(policy("x", "expr", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "NotIn", "values": ["x", "y"]}]},
+         "podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["a", "c"]}]}}]}]}))
+    np_bridge.check(Expect(True).deny(targets=["x/a"]).allow(sources=["z/a", "z/c"], targets=["x/a"]), [TCP80])
+
+
+def test_ip_block_with_except_covers_pods_and_the_outside(np):
+    np.apply(policy("x", "block", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"ipBlock": {"cidr": "10.244.0.0/16", "except": [np.addresses["y/b"] + "/32"]}},
+        {"ipBlock": {"cidr": "192.0.2.0/24"}}]}]}))
+    np.check(Expect(True).deny(sources=["y/b"], targets=["x/a"]), [TCP80])
+    np.apply(policy("x", "block", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"ipBlock": {"cidr": np.addresses["z/c"] + "/32"}}]}]}))
+    np.check(Expect(True).deny(targets=["x/a"]).allow(sources=["z/c"], targets=["x/a"]), [TCP80])
+
+
+def test_ports_by_number_protocol_and_range(np_bridge):
+    np_bridge.apply(policy("x", "ports", {"podSelector": {}, "ingress": [{"ports": [{"port": 80}]},
+                                                                    {"ports": [{"protocol": "UDP", "port": 80,
+                                                                                "endPort": 81}]}]}))
+    np_bridge.check(Expect(True).deny(targets=X, probes=[TCP81]), [TCP80, TCP81, UDP80, UDP81])
+
+
+def test_named_port_resolves_per_destination_pod(np_bridge):
+    np_bridge.apply(policy("x", "named", {"podSelector": {}, "ingress": [{"ports": [{"port": "serve"}]}]}))
+    # x/a names 80 "serve", x/b names 81, x/c has no such port
+    np_bridge.check(Expect(True).deny(targets=X).allow(targets=["x/a"], probes=[TCP80])
+             .allow(targets=["x/b"], probes=[TCP81]), [TCP80, TCP81])
+
+
+def test_empty_from_list_is_every_source_but_empty_ingress_is_none(np_bridge):
+    np_bridge.apply(policy("x", "empty-from", {"podSelector": pods(pod="a"), "ingress": [{"from": [], "ports": [{"port": 80}]}]}),
+             policy("x", "no-rules", {"podSelector": pods(pod="b"), "policyTypes": ["Ingress"], "ingress": []}))
+    np_bridge.check(Expect(True).deny(targets=["x/a"], probes=[TCP81]).deny(targets=["x/b"]), [TCP80, TCP81])
+
+
+def test_egress_deny_all_keeps_ingress_and_replies(np):
+    np.apply(policy("x", "no-egress", {"podSelector": pods(pod="a"), "policyTypes": ["Egress"]}))
+    np.check(Expect(True).deny(sources=["x/a"]), [TCP80, UDP80], sources=["x/a", "y/a", "ext"])
+
+
+def test_egress_named_port_resolves_per_destination(np):
+    np.apply(policy("x", "egress-named", {"podSelector": pods(pod="a"),
+                                          "egress": [{"to": [{"namespaceSelector": {}}],
+                                                      "ports": [{"port": "serve"}, {"port": "serve-udp", "protocol": "UDP"}]}]}))
+    # policyTypes defaulted to [Ingress, Egress]: x/a is closed for ingress too (no ingress rule)
+    allowed_80 = [t for t in X + Y + Z if t.endswith("/a")]
+    allowed_81 = [t for t in X + Y + Z if t.endswith("/b")]
+    expect = (Expect(True).deny(targets=["x/a"]).deny(sources=["x/a"])
+              .allow(sources=["x/a"], targets=allowed_80, probes=[TCP80, UDP80])
+              .allow(sources=["x/a"], targets=allowed_81, probes=[TCP81, UDP81]))
+    np.check(expect, [TCP80, TCP81, UDP80, UDP81], sources=["x/a", "x/b"])
+
+
+def test_egress_to_a_namespace_on_one_port(np_bridge):
+    np_bridge.apply(policy("x", "to-z", {"podSelector": pods(pod="b"), "policyTypes": ["Egress"], "egress": [
+        {"to": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}], "ports": [{"port": 81, "protocol": "UDP"}]}]}))
+    np_bridge.check(Expect(True).deny(sources=["x/b"]).allow(sources=["x/b"], targets=Z, probes=[UDP81]),
+             [TCP81, UDP81], sources=["x/b", "y/b"])
+
+
+def test_egress_section_without_policy_types_isolates_both_ways(np_bridge):
+    np_bridge.apply(policy("y", "egress-only", {"podSelector": pods(pod="c"), "egress": [{"to": [{"podSelector": {}}]}]}),
+             policy("z", "empty-egress", {"podSelector": pods(pod="c"), "egress": []}))
+    # y/c: ingress closed, egress only to y's pods; z/c: `egress: []` defaults to Ingress only
+    np_bridge.check(Expect(True).deny(targets=["y/c", "z/c"]).deny(sources=["y/c"]).allow(sources=["y/c"], targets=Y),
+             [TCP80])
+
+
+def test_relabelled_pod_and_namespace_change_set_members_only(np):
+    np.apply(policy("x", "from-b-in-blue", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"namespaceSelector": {"matchLabels": {"team": "blue"}}, "podSelector": pods(pod="b")}]}]}))
+    np.check(Expect(True).deny(targets=["x/a"]), [TCP80], targets=["x/a"])
+    try:
+        np.relabel_namespace("z", {"ns": "z", "team": "blue"})
+        np.sync()
+        report = np.engine.last_report
+        assert report is not None and report.chains_written == 0 and report.sets_changed >= 1
+        np.check(Expect(True).deny(targets=["x/a"]).allow(sources=["z/b"], targets=["x/a"]), [TCP80], targets=["x/a"])
+        np.relabel_pod("z/c", {"pod": "b"})
+        np.sync()
+        assert np.engine.last_report.chains_written == 0
+        np.check(Expect(True).deny(targets=["x/a"]).allow(sources=["z/b", "z/c"], targets=["x/a"]), [TCP80],
+                 targets=["x/a"])
+    finally:
+        np.relabel_pod("z/c", {"pod": "c"})
+        np.relabel_namespace("z", {"ns": "z"})
+        np.sync()
+
+
+def test_policy_deleted_opens_and_removes_its_chains(np):
+    np.apply(policy("x", "deny-all", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}))
+    np.check(Expect(True).deny(targets=X).deny(sources=X), [TCP80])
+    np.apply()
+    np.check(Expect(True), [TCP80])
+    saved = namespaces.run_in(np.netns_of["node"], ["iptables-legacy-save", "-t", "filter"], check=True).stdout
+    assert "NETAGENT-NPI-" not in saved and "NETAGENT-NPE-" not in saved
+
+
+
+
+def test_new_pods_are_closed_until_programmed_then_follow_the_policies(np):
+    np.apply(policy("x", "from-b", {"podSelector": pods(pod="a"), "ingress": [{"from": [{"podSelector": pods(pod="b")}]}]}))
+    try:
+        # wired by the CNI plugin, not yet seen by the engine: closed both ways, selected or not
+        np.add_pod("x", "d", {"pod": "d"}, record=False)
+        np.add_pod("x", "e", {"pod": "a"}, record=False)
+        new = ["x/d", "x/e"]
+        np.check(Expect(False), [TCP80], sources=["x/b", "y/a"], targets=new)
+        np.check(Expect(False), [TCP80], sources=new, targets=["x/b", "y/a"])
+        np.engine.pods.on_add(np.pod_objects["x/d"])
+        np.engine.pods.on_add(np.pod_objects["x/e"])
+        np.sync()
+        # x/d is selected by nothing: open; x/e carries pod=a: only x/b reaches it
+        np.check(Expect(True).deny(targets=["x/a", "x/e"]).allow(sources=["x/b"], targets=["x/a", "x/e"]), [TCP80],
+                 sources=["x/b", "y/a", "x/d", "x/e"])
+    finally:
+        for key in ("x/d", "x/e"):
+            if key in np.pod_objects:
+                np.remove_pod(key)
+        np.sync()
+
+
+@pytest.mark.parametrize("backend", list(IptablesBackend), ids=lambda b: b.value)
+def test_adoption_after_restart_writes_nothing_on_either_backend(np, backend):
+    """Programs with one backend, restarts on it (a FULL sync must write nothing: what
+    iptables-save prints compares equal with the rendered rules), then puts the lab back."""
+    used = np.backend
+    np.apply(policy("x", "all-kinds", {"podSelector": {}, "ingress": [
+        {"from": [{"podSelector": pods(pod="b")}, {"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.1.0/28"]}}],
+         "ports": [{"port": "serve"}, {"port": 81, "endPort": 90, "protocol": "UDP"}]}],
+        "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "serve"}]}, {"ports": [{"protocol": "UDP"}]}]}))
+    try:
+        if backend is not used:
+            np.engine.programmer.cleanup()
+            np.restart_engine(backend)
+            np.sync(SyncKind.FULL)
+        engine = np.restart_engine()
+        np.sync(SyncKind.FULL)
+        assert engine.last_report is not None and not engine.last_report.wrote, engine.last_report
+        np.check(Expect(True).deny(targets=X).allow(sources=["x/b"], targets=["x/a"], probes=[TCP80])
+                 .deny(sources=X).allow(sources=X, targets=["x/a", "y/a", "z/a"], probes=[TCP80]),
+                 [TCP80], sources=["x/a", "x/b", "y/b"], targets=["x/a", "y/a"])
+    finally:
+        if backend is not used:
+            np.engine.programmer.cleanup()
+            np.restart_engine(used)
+            np.sync(SyncKind.FULL)
+
+
+def test_status_reads_policies_drops_and_traces_from_the_kernel(np_bridge):
+    lab = np_bridge
+    lab.apply(policy("x", "from-b", {"podSelector": pods(pod="a"), "ingress": [
+        {"from": [{"podSelector": pods(pod="b")}], "ports": [{"port": 80}]}]}))
+    lab.check(Expect(True).deny(sources=["y/b", "z/c"], targets=["x/a"]), [TCP80],
+              sources=["x/b", "y/b", "z/c"], targets=["x/a"])
+
+    def status(*args: str) -> str:
+        done = namespaces.run_in(lab.netns_of["node"], [sys.executable, "-m", "netagent.cli", "status", "policy",
+                                                        "--iptables-backend", "legacy", *args])
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listing = json.loads(status("x/a", "--json"))
+    assert [(c["pod"], c["direction"], c["policies"]) for c in listing] == [("x/a", "ingress", ["x/from-b"])]
+    assert listing[0]["denied_packets"] >= 2          # y/b's and z/c's SYNs (and their retries)
+    assert listing[0]["allows"][0].startswith("x/from-b ingress[0]: tcp/80 in set NETAGENT-NPS-")
+    # an open pod has no chain, so the kernel knows it by address only
+    source = lab.addresses["x/b"]
+    assert status("--trace", source, "x/a", "80").startswith(f"{source} -> {lab.addresses['x/a']} tcp/80: ALLOWED")
+    assert ": DENIED" in status("--trace", lab.addresses["y/b"], "x/a", "80")
+    assert ": DENIED" in status("--trace", source, "x/a", "81/tcp")
+    assert "not isolated" in status("y/a")
+
+
+def test_egress_to_an_ip_block_outside_the_cluster_only(np):
+    np.apply(policy("x", "outside-only", {"podSelector": pods(pod="a"), "policyTypes": ["Egress"], "egress": [
+        {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 80, "protocol": "UDP"}]}]}))
+    np.check(Expect(True).deny(sources=["x/a"]).allow(sources=["x/a"], targets=["ext"], probes=[UDP80]),
+             [TCP80, UDP80], sources=["x/a", "x/b"])
+
+
+def test_sctp_ports_and_ranges(np):
+    np.apply(policy("x", "sctp-80", {"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 80}]}]}),
+             policy("y", "sctp-to-z", {"podSelector": pods(pod="b"), "policyTypes": ["Egress"], "egress": [
+                 {"to": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}],
+                  "ports": [{"protocol": "SCTP", "port": 80, "endPort": 81}]}]}))
+    SCTP80, SCTP81 = ("sctp", 80), ("sctp", 81)
+    np.check(Expect(True).deny(targets=X, probes=[SCTP81, TCP80]).deny(sources=["y/b"])
+             .allow(sources=["y/b"], targets=Z, probes=[SCTP80, SCTP81]),
+             [SCTP80, SCTP81, TCP80], sources=["x/b", "y/b", "z/a", "ext"], targets=["x/a", "y/a", "z/b", "ext"])

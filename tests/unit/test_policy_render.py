@@ -1,0 +1,96 @@
+"""The policy renderer against golden files (bridge and routed mode), and its invariants.
+
+The goldens in tests/unit/golden/policy/ are the complete restore text for one policy that
+uses every kind of match (selector peer, ipBlock with except, named port on ingress and on
+egress, an SCTP range, UDP to 0.0.0.0/0). After an intended change, rewrite them with
+`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_policy_render.py -q` and review
+`git diff tests/unit/golden/policy/`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from netagent.kernel import owned
+from netagent.kernel.ipset.model import IpsetType
+from netagent.policy.render import InterfaceMode, RenderSettings, render_chains, render_wanted
+from netagent.policy.semantics import plan_node
+from tests.unit.policy_objects import policy
+from tests.unit.test_policy_semantics import PODS, view_of
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "policy"
+VETH = "na0123456789ab"
+WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
+    {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}},
+              {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.0.1.0/24"]}}],
+     "ports": [{"port": "serve"}, {"protocol": "SCTP", "port": 9000, "endPort": 9010}]}],
+    "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}], "ports": [{"port": "serve"}]},
+               {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "UDP", "port": 53}]}]})
+
+
+def wanted(mode: InterfaceMode, *policies: dict, interface=lambda plan: VETH):
+    plan = plan_node(view_of(*PODS, *policies), node_name="node-1")
+    return render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",)), interface_of=interface)
+
+
+@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+def test_golden(mode):
+    text = render_chains(wanted(mode, WEB).chains).text()
+    path = GOLDEN_DIR / f"{mode.value}.rules"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_sets_members_and_types():
+    state = wanted(InterfaceMode.BRIDGE, WEB)
+    by_type = {spec.type: members for spec, members in state.sets.items()}
+    assert by_type == {IpsetType.HASH_IP: {"10.0.0.3"}, IpsetType.HASH_NET: {"10.0.1.0/24"},
+                       IpsetType.HASH_IP_PORT: {"10.0.1.2,tcp:8080"}}
+    assert all(spec.name.startswith(owned.POLICY_SET_PREFIX) and len(spec.name) <= 31 for spec in state.sets)
+    assert state.known == {"10.0.0.2", "10.0.0.3"}
+
+
+def test_open_pods_need_no_interface_and_unknown_interfaces_stay_closed():
+    state = wanted(InterfaceMode.ROUTED, WEB, interface=lambda plan: None)
+    assert state.pending == ("x/a",)
+    assert state.known == {"10.0.0.3"}          # x/b is open: known without an interface
+    assert list(state.chains) == [owned.POLICY_CHAIN]
+
+
+def test_no_policy_leaves_only_the_hook_chain():
+    state = wanted(InterfaceMode.BRIDGE)
+    assert list(state.chains) == [owned.POLICY_CHAIN] and not state.sets
+    assert all(rule[-1] in ("RETURN", "DROP") for rule in state.chains[owned.POLICY_CHAIN])
+
+
+def test_names_fit_the_kernel_limits():
+    state = wanted(InterfaceMode.BRIDGE, WEB)
+    assert all(len(name) <= 28 for name in state.chains)
+
+
+@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
+    import hashlib
+
+    from netagent.kernel.iptables.restore_format import jump_target
+    from tests.unit.policy_objects import pod
+    many = [pod("x", f"p{i}", f"10.0.0.{10 + i}", {"pod": "a"}) for i in range(60)]
+    plan = plan_node(view_of(*PODS, *many, WEB), node_name="node-1")
+    state = render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",)),
+                          interface_of=lambda p: "na" + hashlib.sha256(p.ip.encode()).hexdigest()[:12])
+    top = [jump_target(rule) for rule in state.chains[owned.POLICY_CHAIN]]
+    buckets = [name for name in state.chains if name in top and name != owned.POLICY_CHAIN]
+    # egress and ingress spread over the 16 digits each (and, in bridge mode, the 5 /28s of 10.0.0.2-69)
+    assert len(buckets) == (32 + 5 if mode is InterfaceMode.BRIDGE else 32)
+    reached: dict[str, int] = {}
+    for bucket in buckets:
+        for rule in state.chains[bucket]:
+            reached[jump_target(rule)] = reached.get(jump_target(rule), 0) + 1
+    pod_chains = [name for name in state.chains if name.startswith((owned.POLICY_INGRESS_PREFIX,
+                                                                   owned.POLICY_EGRESS_PREFIX))]
+    hooks_per_chain = {owned.POLICY_EGRESS_PREFIX: 1,
+                       owned.POLICY_INGRESS_PREFIX: 2 if mode is InterfaceMode.BRIDGE else 1}
+    assert len(pod_chains) == 2 * 61 and all(reached[name] == hooks_per_chain[name[:13]] for name in pod_chains)
