@@ -39,7 +39,7 @@ DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
     lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan",
-                     proxy_mode="iptables")
+                     proxy_mode="iptables", agent_image=None, manifest=None)
     sub = lab.add_subparsers(dest="lab_command")
 
     def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
@@ -50,6 +50,11 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
         p.add_argument("--auto-encap", choices=["vxlan", "ipip"], default="vxlan")
         p.add_argument("--proxy-mode", choices=PROXY_MODE_CHOICES, default="iptables",
                        help="the agents' service proxy (none: the agents run without one)")
+        p.add_argument("--agent-image", metavar="IMAGE",
+                       help="run each node's agent from this local image (scripts/build-image) as the "
+                            "DaemonSet in --manifest says, with podman, as the kubelet would")
+        p.add_argument("--manifest", metavar="FILE", help="the DaemonSet manifest for --agent-image "
+                                                          "(default: the checkout's deploy/netagent.yaml)")
 
     demo = sub.add_parser("demo", help="build a cluster, show cross-node traffic, remove it (the default)")
     cluster_shape(demo, pods=2)
@@ -130,7 +135,7 @@ def _load(args) -> LabCluster:
 def _create(args, *, workdir: str | None) -> LabCluster:
     return LabCluster.create(nodes=args.nodes, mode=args.mode, segments=args.segments,
                              pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir,
-                             proxy_mode=args.proxy_mode)
+                             proxy_mode=args.proxy_mode, agent_image=args.agent_image, manifest=args.manifest)
 
 
 def _cmd_up(args) -> int:

@@ -51,6 +51,8 @@ class LabState:
     internet: str
     api_pid: int | None = None
     proxy_mode: str = "iptables"
+    agent_image: str | None = None  # agents run from this image as deploy/netagent.yaml says
+    manifest: str | None = None     # the DaemonSet manifest they run from
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
 
