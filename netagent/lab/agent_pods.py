@@ -197,6 +197,11 @@ class AgentPods:
         """The pod on `node`: init containers to completion, then the containers; the agent's pid."""
         require_image(self.image)
         os.makedirs(os.path.join(self.node_root(node.name), "run", "netns"), exist_ok=True)
+        resolv_conf = daemonset.resolv_conf(node)
+        if not os.path.exists(resolv_conf):
+            os.makedirs(os.path.dirname(resolv_conf), exist_ok=True)
+            with open(resolv_conf, "w") as f:
+                f.write("# a lab node: no name server\n")
         pod = self.plan(node)
         for container in pod.init_containers:
             proc = self._run(pod, node, container, detach=False)

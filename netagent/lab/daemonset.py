@@ -13,7 +13,10 @@ What the lab changes, and why, in one place:
   `/run/netagent`, `/var/lib/cni/networks`, `/run/xtables.lock` and `/lib/modules` are per
   node, and the real host's are never touched. The one exception is `/run/netns`, where the
   lab's runtime (like containerd) pins every pod's namespace: it is the real one.
-- hostNetwork is the node's namespace: `--network ns:/run/netns/<node>`.
+- hostNetwork is the node's namespace: `--network ns:/run/netns/<node>`, with the node's
+  hostname and the node's resolv.conf (dnsPolicy ClusterFirst means Default on the host
+  network): `<root>/etc/resolv.conf`, which names no server, as lab nodes have no DNS. (With
+  podman's copy of the real host's, every lookup waits out a timeout.)
 - The service account is stood in for by the lab's kubeconfig (read-only, `$KUBECONFIG`):
   the lab's API server speaks plain HTTP and issues no tokens.
 - An operator's edits of the agent's args: the lab's `--backend`, `--proxy-mode` (and
@@ -296,13 +299,20 @@ def flag_value(args: list, flag: str) -> str | None:
     return None
 
 
+def resolv_conf(node: NodeHost) -> str:
+    return os.path.join(node.root, "etc", "resolv.conf")
+
+
 def podman_run_argv(container: ContainerPlan, *, pod: PodPlan, node: NodeHost, name: str, labels: dict,
                     detach: bool, log_path: str) -> list:
     """`podman run` for one container of the pod (global options such as --runtime come first)."""
     argv = ["run", "--name", name, "--pull", "never", "--hostname", node.name,
             "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768",
             "--log-driver", "k8s-file", "--log-opt", f"path={log_path}"]
-    argv += ["--network", f"ns:/run/netns/{node.netns}"] if pod.host_network else ["--network", "none"]
+    if pod.host_network:
+        argv += ["--network", f"ns:/run/netns/{node.netns}", "--volume", f"{resolv_conf(node)}:/etc/resolv.conf:ro"]
+    else:
+        argv += ["--network", "none"]
     argv += ["--detach"] if detach else []
     argv += ["--privileged"] if container.privileged else []
     for key, value in sorted(labels.items()):
