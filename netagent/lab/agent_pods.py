@@ -270,7 +270,9 @@ class AgentPods:
             run_podman(["rm", "--force", "--time", "0", name], check=False)
 
     def remove_all(self) -> None:
-        """Every container this lab started, whatever its state."""
+        """Every container this lab started, whatever its state (none when podman is gone)."""
+        if not shutil.which("podman"):
+            return
         found = run_podman(["ps", "--all", "--quiet", "--filter", f"label={LAB_LABEL}={self.prefix}"], check=False)
         ids = found.stdout.split()
         if ids:

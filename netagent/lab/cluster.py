@@ -38,8 +38,8 @@ from netagent.kernel import namespaces, owned
 from netagent.lab import physical, pod_objects
 from netagent.lab.agent_pods import AgentPods, require_image
 from netagent.lab.apiclient import LabApiClient, LabApiError
-from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.daemonset import NodeHost
+from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.node import exec_plugin, raise_for_failure
 from netagent.lab.processes import Processes, process_alive, tail
 from netagent.lab.service_status import summarize_services

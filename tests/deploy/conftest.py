@@ -9,7 +9,6 @@ namespace and no container of ours outlived it.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import time
 import pytest
 
 from netagent.lab.agent_pods import run_podman
-from netagent.lab.cluster import LabCluster
+from tests.cluster import lab_tools
 from tests.cluster.lab_tools import ROOT
 from tests.conftest import require_root_netns
 
@@ -28,18 +27,12 @@ NEXT_IMAGE = IMAGE + "-next"
 PREFIX = "na-td"  # not the cluster tier's: its tests may run at the same time
 
 
-@contextlib.contextmanager
 def deploy_lab(**kwargs):
-    lab = LabCluster.create(prefix=PREFIX, **kwargs)
-    try:
-        yield lab
-    finally:
-        lab.down()
+    return lab_tools.lab_cluster(prefix=PREFIX, **kwargs)
 
 
 def our_namespaces() -> list:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX + "-")]
+    return lab_tools.our_namespaces(PREFIX + "-")
 
 
 def require_podman() -> None:
