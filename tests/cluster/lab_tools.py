@@ -27,6 +27,9 @@ def our_namespaces(prefix: str = PREFIX) -> list:
 
 @contextlib.contextmanager
 def lab_cluster(*, prefix: str = PREFIX, **kwargs):
+    """A lab for the test; its agents run from the image $NETAGENT_TEST_AGENT_IMAGE when that is
+    set (the DaemonSet as the kubelet runs it: tests/deploy builds it), else as processes."""
+    kwargs.setdefault("agent_image", os.environ.get("NETAGENT_TEST_AGENT_IMAGE") or None)
     lab = LabCluster.create(prefix=prefix, **kwargs)
     try:
         yield lab
