@@ -105,7 +105,8 @@ class AgentPods:
     @classmethod
     def for_lab(cls, state: LabState, *, api: Callable[[], LabApiClient]) -> "AgentPods":
         """A lab's pods: its image and manifest, its kubeconfig, its mode and proxy mode."""
-        flags = {"--backend": state.mode, "--proxy-mode": state.proxy_mode}
+        flags = {"--backend": state.mode, "--proxy-mode": state.proxy_mode,
+                 "--resync-period": str(state.resync_period)}
         if state.mode == "auto":
             flags["--auto-encap"] = state.auto_encap
 
@@ -251,9 +252,9 @@ class AgentPods:
                           check=False)
         return proc.stdout.strip() == "true"
 
-    def kill(self, node: str, *, sig: int = signal.SIGKILL) -> None:
-        """Signal the agent container's process and wait for the container to exit; it stays (exited)."""
-        name = self.container_name(node, AGENT_CONTAINER)
+    def kill(self, node: str, *, sig: int = signal.SIGKILL, container: str = AGENT_CONTAINER) -> None:
+        """Signal the container's process and wait for the container to exit; it stays (exited)."""
+        name = self.container_name(node, container)
         run_podman(["kill", "--signal", str(int(sig)), name], check=False)
         run_podman(["wait", name], check=False, timeout=60)
 
@@ -265,8 +266,7 @@ class AgentPods:
             if sig == signal.SIGTERM:
                 run_podman(["stop", "--time", str(grace), name], check=False, timeout=grace + 30)
             else:
-                run_podman(["kill", "--signal", str(int(sig)), name], check=False)
-                run_podman(["wait", name], check=False, timeout=60)
+                self.kill(node, sig=sig, container=container["name"])
             run_podman(["rm", "--force", "--time", "0", name], check=False)
 
     def remove_all(self) -> None:

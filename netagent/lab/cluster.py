@@ -95,8 +95,8 @@ class LabCluster:
 
     def node_host(self, name: str) -> NodeHost:
         node = self._node(name)
-        return NodeHost(name=name, netns=node.netns, address=node.address,
-                        root=os.path.join(self.node_dir(name), "root"))
+        root = self.agent_pods.node_root(name) if self.agent_pods else os.path.join(self.node_dir(name), "root")
+        return NodeHost(name=name, netns=node.netns, address=node.address, root=root)
 
     # ------------------------------------------------------------ life cycle
     @classmethod

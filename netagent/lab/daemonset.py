@@ -19,8 +19,9 @@ What the lab changes, and why, in one place:
   podman's copy of the real host's, every lookup waits out a timeout.)
 - The service account is stood in for by the lab's kubeconfig (read-only, `$KUBECONFIG`):
   the lab's API server speaks plain HTTP and issues no tokens.
-- An operator's edits of the agent's args: the lab's `--backend`, `--proxy-mode` (and
-  `--auto-encap` in auto mode) replace the manifest's, and `image:` is the one asked for.
+- An operator's edits of the agent's args: the lab's `--backend`, `--proxy-mode`,
+  `--resync-period` (and `--auto-encap` in auto mode) replace the manifest's or join them,
+  and `image:` is the one asked for.
 """
 from __future__ import annotations
 
