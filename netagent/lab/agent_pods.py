@@ -89,6 +89,25 @@ def probe_once(netns: str, address: str, port: int, path: str | None, *, timeout
         sock.close()
 
 
+def ensure_host_path(host: str, kind: str) -> None:
+    """What the kubelet checks or creates for a hostPath `type` (no type: the lab creates a missing
+    directory, as a node's filesystem would have it, where the runtime would fail)."""
+    if kind == "DirectoryOrCreate" or (kind == "" and not os.path.exists(host)):
+        os.makedirs(host, mode=0o755, exist_ok=True)
+    elif kind == "FileOrCreate":
+        os.makedirs(os.path.dirname(host), exist_ok=True)
+        if not os.path.exists(host):
+            with open(host, "a"):
+                pass
+            os.chmod(host, 0o644)
+    elif kind == "Directory" and not os.path.isdir(host):
+        raise LabError(f"hostPath {host} is not a directory")
+    elif kind == "File" and not os.path.isfile(host):
+        raise LabError(f"hostPath {host} is not a file")
+    elif kind not in ("", "DirectoryOrCreate", "FileOrCreate", "Directory", "File"):
+        raise LabError(f"hostPath type {kind!r} is not supported by the lab")
+
+
 class AgentPods:
     """The DaemonSet's pods of one lab: started, probed, restarted, rolled, removed."""
 
@@ -187,7 +206,7 @@ class AgentPods:
         name = self.container_name(node.name, container.name)
         run_podman(["rm", "--force", "--time", "0", name], check=False)
         for mount in container.mounts:
-            daemonset.ensure_host_path(mount.host, mount.host_type)
+            ensure_host_path(mount.host, mount.host_type)
         log = self.log_path(node.name, container.name)
         os.makedirs(os.path.dirname(log), exist_ok=True)
         argv = daemonset.podman_run_argv(container, pod=pod, node=node, name=name, detach=detach, log_path=log,

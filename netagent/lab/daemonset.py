@@ -132,24 +132,6 @@ def host_path_on_node(node: NodeHost, path: str) -> str:
     return os.path.join(node.root, path.lstrip("/"))
 
 
-def ensure_host_path(host: str, kind: str) -> None:
-    """What the kubelet checks or creates for a hostPath `type`."""
-    if kind == "DirectoryOrCreate" or (kind == "" and not os.path.exists(host)):
-        os.makedirs(host, mode=0o755, exist_ok=True)
-    elif kind == "FileOrCreate":
-        os.makedirs(os.path.dirname(host), exist_ok=True)
-        if not os.path.exists(host):
-            with open(host, "a"):
-                pass
-            os.chmod(host, 0o644)
-    elif kind == "Directory" and not os.path.isdir(host):
-        raise LabError(f"hostPath {host} is not a directory")
-    elif kind == "File" and not os.path.isfile(host):
-        raise LabError(f"hostPath {host} is not a file")
-    elif kind not in ("", "DirectoryOrCreate", "FileOrCreate", "Directory", "File"):
-        raise LabError(f"hostPath type {kind!r} is not supported by the lab")
-
-
 def expand_references(text: str, env: dict) -> str:
     """`$(VAR)` as the kubelet expands it: defined variables only, `$$` is a literal `$`."""
     def substitute(match: re.Match) -> str:

@@ -1,7 +1,8 @@
 """netagent/lab/daemonset.py: deploy/netagent.yaml's pod rendered for a lab node, as a kubelet would.
 
 Pure: the real manifest in, the containers' args, env, mounts and probes out, and the
-`podman run` argv each becomes. The deploy tier (tests/deploy) runs them.
+`podman run` argv each becomes; plus agent_pods' hostPath checks, in a temporary directory.
+The deploy tier (tests/deploy) runs the containers.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import pytest
 
 from netagent.lab import daemonset
+from netagent.lab.agent_pods import ensure_host_path
 from netagent.lab.daemonset import NodeHost, ProbeKind, Propagation
 from netagent.lab.state import LabError
 
@@ -113,10 +115,10 @@ def test_what_the_lab_cannot_run_is_refused_plainly(tmp_path):
 
 
 def test_ensure_host_path_creates_and_checks_as_the_kubelet(tmp_path):
-    daemonset.ensure_host_path(str(tmp_path / "d" / "e"), "DirectoryOrCreate")
-    daemonset.ensure_host_path(str(tmp_path / "f" / "lock"), "FileOrCreate")
+    ensure_host_path(str(tmp_path / "d" / "e"), "DirectoryOrCreate")
+    ensure_host_path(str(tmp_path / "f" / "lock"), "FileOrCreate")
     assert (tmp_path / "d" / "e").is_dir() and (tmp_path / "f" / "lock").is_file()
     with pytest.raises(LabError):
-        daemonset.ensure_host_path(str(tmp_path / "missing"), "Directory")
+        ensure_host_path(str(tmp_path / "missing"), "Directory")
     with pytest.raises(LabError):
-        daemonset.ensure_host_path(str(tmp_path / "d"), "Socket")
+        ensure_host_path(str(tmp_path / "d"), "Socket")
