@@ -143,6 +143,7 @@ def test_agent_container_killed_then_restarted_by_the_kubelet(lab):
 def test_rollout_to_another_image_under_traffic(lab, next_image):
     address = cluster_ip(lab)
     before = pod_addresses(lab)
+    reserved = {node: reservation_files(lab, node) for node in lab.state.nodes}
     stream = Background(lab.netns_of("client"), [sys.executable, "-m", "tests.cluster.traffic", "stream-tcp",
                                                   address, "80", "20"])
     for node in sorted(lab.state.nodes):  # maxUnavailable 1: one node after the other
@@ -153,6 +154,7 @@ def test_rollout_to_another_image_under_traffic(lab, next_image):
     summary = json.loads(stream.stop_when_done(timeout=60)[0])
     assert summary["error"] is None and summary["answered"] == summary["sent"] > 100, summary
     assert pod_addresses(lab) == before
+    assert {node: reservation_files(lab, node) for node in lab.state.nodes} == reserved
     assert len(answered_by(poll(lab, "client", address, 80, 10))) == 10
     lab.add_pod("after-rollout", node="node-2")
     assert lab.ping("after-rollout", lab.state.pods["web-1"].ip)
