@@ -81,8 +81,10 @@ def probe_once(netns: str, address: str, port: int, path: str | None, *, timeout
             return True
         conn = http.client.HTTPConnection(address, port, timeout=timeout)
         conn.sock = sock
-        conn.request("GET", path, headers={"User-Agent": "kube-probe/lab"})
-        return 200 <= conn.getresponse().status < 400
+        conn.request("GET", path, headers={"User-Agent": "kube-probe/lab", "Connection": "close"})
+        response = conn.getresponse()
+        response.read()  # all of it: closing with unread bytes would reset the connection
+        return 200 <= response.status < 400
     except OSError:
         return False
     finally:
