@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything netagent needs on a fresh Debian 12 or Ubuntu machine, as root:
 # system packages (the kernel tools, the reference CNI plugins and containerd that the
-# tests compare against, bcc and kernel headers for it, and qemu with Debian's kernel for the VM tier: IPIP, IPVS), a virtual environment at .venv,
+# tests compare against, bcc and kernel headers for it, qemu with Debian's kernel for the VM tier: IPIP,
+# IPVS, and podman, buildah and mmdebstrap for scripts/build-image), a virtual environment at .venv,
 # and the static CNI shim (musl-tools' musl-gcc) in build/cni-shim/netagent. The venv is made from
 # Debian's /usr/bin/python3 with --system-site-packages because bcc exists only as the
 # Debian package python3-bpfcc. Safe to run again.
@@ -18,7 +19,8 @@ apt-get install -y -qq --no-install-recommends \
   python3 python3-venv python3-pip python3-bpfcc \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
-  qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 >/dev/null
+  qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 \
+  podman buildah mmdebstrap >/dev/null
 
 # bcc compiles the eBPF programs at agent start and wants this kernel's headers in
 # /lib/modules/$(uname -r)/{build,source}. When the running kernel has no Debian headers

@@ -15,7 +15,8 @@
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
 lab's `--proxy-mode` (iptables, ipvs, ebpf or none: always said, as the agent's default is iptables).
 In ebpf mode each node has its own cgroup and bpffs (`bpf_places.py`) and its processes, pods'
-included, run inside that cgroup (`exec_prefix`).
+included, run inside that cgroup (`exec_prefix`). With `agent_image`, the agents are instead
+deploy/netagent.yaml's DaemonSet run by podman as the kubelet would (`agent_pods.py`).
 The state (namespaces, pids, pods: `state.py`) lives in `<workdir>/state.json`, so the CLI can build
 a lab with `lab up` and drive or remove it from later commands; tests use the same class
 in-process as a context manager.
@@ -37,7 +38,9 @@ import time
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces, owned
 from netagent.lab import bpf_places, physical, pod_objects
+from netagent.lab.agent_pods import AgentPods, require_image
 from netagent.lab.apiclient import LabApiClient, LabApiError
+from netagent.lab.daemonset import NodeHost
 from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.kubeconfig import host_listener, render_kubeconfig
 from netagent.lab.node import exec_plugin, raise_for_failure
@@ -58,6 +61,7 @@ class LabCluster:
     def __init__(self, state: LabState) -> None:
         self.state = state
         self.processes = Processes(cwd=cni_install.code_root())
+        self.agent_pods = AgentPods.for_lab(state, api=self.api) if state.agent_image else None
 
     # ------------------------------------------------------------ paths
     @property
@@ -83,17 +87,27 @@ class LabCluster:
         return os.path.join(self.node_dir(name), "agent.log")
 
     def cni_socket(self, name: str) -> str:
+        if self.agent_pods:
+            return self.agent_pods.cni_socket(self.node_host(name))
         return os.path.join(self.node_dir(name), "run", "cni.sock")
 
     def conflist_path(self, name: str) -> str:
+        if self.agent_pods:
+            return os.path.join(self.agent_pods.conf_dir(self.node_host(name)), cni_install.CONFLIST_NAME)
         return os.path.join(self.node_dir(name), "net.d", cni_install.CONFLIST_NAME)
+
+    def node_host(self, name: str) -> NodeHost:
+        node = self._node(name)
+        root = self.agent_pods.node_root(name) if self.agent_pods else os.path.join(self.node_dir(name), "root")
+        return NodeHost(name=name, netns=node.netns, address=node.address, root=root)
 
     # ------------------------------------------------------------ life cycle
     @classmethod
     def create(cls, *, nodes: int = 3, mode: str = "vxlan", segments: int = 1, pods_per_node: int = 0,
                auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
                resync_period: float = 30.0, proxy_mode: str = "iptables",
-               network_policy: bool = False) -> "LabCluster":
+               network_policy: bool = False, agent_image: str | None = None,
+               manifest: str | None = None) -> "LabCluster":
         if mode not in MODES:
             raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
         if proxy_mode not in PROXY_MODE_CHOICES:
@@ -102,13 +116,16 @@ class LabCluster:
             raise LabError("segments must be 1 or 2")
         if not 1 <= nodes <= 200:
             raise LabError("nodes must be between 1 and 200")
+        if agent_image:
+            require_image(agent_image)
         prefix = namespaces.unique_name(prefix)
         if workdir is None:
             workdir = tempfile.mkdtemp(prefix=f"{prefix}-")
         os.makedirs(workdir, exist_ok=True)
         state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
                          resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
-                         internet=f"{prefix}-inet", proxy_mode=proxy_mode, network_policy=network_policy)
+                         internet=f"{prefix}-inet", proxy_mode=proxy_mode, network_policy=network_policy,
+                         agent_image=agent_image, manifest=manifest)
         lab = cls(state)
         try:
             lab.save()
@@ -154,8 +171,10 @@ class LabCluster:
 
     def down(self) -> None:
         """Stop every process and remove every namespace and file of the lab; safe to repeat."""
+        if self.agent_pods:
+            self.agent_pods.remove_all()
         for node in self.state.nodes.values():
-            self.processes.kill(node.agent_pid)
+            self.processes.kill(None if self.agent_pods else node.agent_pid)
         self.processes.kill(self.state.api_pid)
         if self.ebpf:
             for name in self.state.nodes:
@@ -288,12 +307,15 @@ class LabCluster:
         node = self._node(name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.cni_socket(name))
-        argv = self.agent_argv(name)
-        if self.ebpf:
-            _, cgroup = bpf_places.ensure_node(workdir=self.workdir, prefix=self.state.prefix, node=name,
-                                               bpf_root=self.bpf_root(name))
-            argv = bpf_places.in_cgroup(cgroup, argv)
-        node.agent_pid = self.processes.spawn(node.netns, argv, self.agent_log(name))
+        if self.agent_pods:
+            node.agent_pid = self.agent_pods.start(self.node_host(name))
+        else:
+            argv = self.agent_argv(name)
+            if self.ebpf:
+                _, cgroup = bpf_places.ensure_node(workdir=self.workdir, prefix=self.state.prefix, node=name,
+                                                   bpf_root=self.bpf_root(name))
+                argv = bpf_places.in_cgroup(cgroup, argv)
+            node.agent_pid = self.processes.spawn(node.netns, argv, self.agent_log(name))
         self.save()
         if wait:
             self.wait_for_agent(name)
@@ -301,6 +323,10 @@ class LabCluster:
     def wait_for_agent(self, name: str, *, timeout: float = 180.0) -> None:
         """Until the agent serves CNI (it does so only after its first route sync)."""
         node = self._node(name)
+        if self.agent_pods:  # and its probes pass
+            socket = self.cni_socket(name)
+            return self.agent_pods.wait_ready(self.node_host(name), serving=lambda: os.path.exists(socket),
+                                              timeout=timeout)
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.cni_socket(name)):
             if not process_alive(node.agent_pid) or time.monotonic() > deadline:
@@ -309,7 +335,10 @@ class LabCluster:
 
     def stop_agent(self, name: str, *, sig: int = signal.SIGTERM) -> None:
         node = self._node(name)
-        self.processes.kill(node.agent_pid, sig=sig)
+        if self.agent_pods:
+            self.agent_pods.stop(name, sig=sig)
+        else:
+            self.processes.kill(node.agent_pid, sig=sig)
         node.agent_pid = None
         self.save()
 
@@ -347,9 +376,7 @@ class LabCluster:
         wired = False
         try:
             namespaces.create(netns)
-            code, out = exec_plugin(node_netns=node_state.netns, bin_dir=self.bin_dir, command="ADD",
-                                    config=self._plugin_config(node), container_id=container_id,
-                                    netns=namespaces.netns_path(netns))
+            code, out = self._exec_plugin(pod, "ADD")
             raise_for_failure(code, out, "ADD")
             wired = True
             pod.ip = out["ips"][0]["address"].split("/")[0]
@@ -359,9 +386,7 @@ class LabCluster:
         except BaseException:
             if wired:
                 with contextlib.suppress(Exception):
-                    exec_plugin(node_netns=node_state.netns, bin_dir=self.bin_dir, command="DEL",
-                                config=self._plugin_config(node), container_id=container_id,
-                                netns=namespaces.netns_path(netns))
+                    self._exec_plugin(pod, "DEL")
             namespaces.remove(netns)
             del self.state.pods[name]
             self.save()
@@ -378,6 +403,14 @@ class LabCluster:
             raise LabError(f"the API server refused to show namespace {namespace}: {error}") from None
         except OSError as error:
             raise LabError(f"the API server is not reachable ({error}); pods need it") from None
+
+    def _exec_plugin(self, pod: PodState, command: str) -> tuple:
+        """Run the node's plugin for `pod` as the runtime does: the lab's install, or (agents from
+        an image) the shim the init container put in the node's /opt/cni/bin, seen from the node."""
+        host_view = self.agent_pods.host_view(pod.node) if self.agent_pods else []
+        return exec_plugin(node_netns=self._node(pod.node).netns, bin_dir="/opt/cni/bin" if host_view else self.bin_dir,
+                           command=command, config=self._plugin_config(pod.node), container_id=pod.container_id,
+                           netns=namespaces.netns_path(pod.netns), host_view=host_view)
 
     def _plugin_config(self, node: str) -> bytes:
         from cni import invoke
@@ -430,9 +463,7 @@ class LabCluster:
     def finish_pod_removal(self, name: str) -> None:
         """What the kubelet does at the end: tear the network down, then delete the Pod for good."""
         pod = self._pod(name)
-        code, out = exec_plugin(node_netns=self._node(pod.node).netns, bin_dir=self.bin_dir, command="DEL",
-                                config=self._plugin_config(pod.node), container_id=pod.container_id,
-                                netns=namespaces.netns_path(pod.netns))
+        code, out = self._exec_plugin(pod, "DEL")
         namespaces.remove(pod.netns)
         del self.state.pods[name]
         self.save()
@@ -474,7 +505,9 @@ class LabCluster:
         for node in self.state.nodes.values():
             nodes.append({"name": node.name, "address": node.address, "podCIDR": node.pod_cidr,
                           "segment": node.segment, "netns": node.netns, "mode": self.state.mode,
-                          "agent": {"pid": node.agent_pid, "running": process_alive(node.agent_pid),
+                          "agent": {"pid": node.agent_pid, "image": self.state.agent_image,
+                                    "running": (self.agent_pods.running(node.name) if self.agent_pods
+                                                else process_alive(node.agent_pid)),
                                     "log": self.agent_log(node.name)}})
         api_running = process_alive(self.state.api_pid)
         api_error = None

@@ -43,7 +43,7 @@ DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
     lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan",
-                     proxy_mode="iptables", network_policy=False)
+                     proxy_mode="iptables", network_policy=False, agent_image=None, manifest=None)
     sub = lab.add_subparsers(dest="lab_command")
 
     def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
@@ -56,6 +56,11 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
                        help="the agents' service proxy (none: the agents run without one)")
         p.add_argument("--network-policy", action="store_true",
                        help="the agents enforce NetworkPolicies (apply them with `lab apply -f`)")
+        p.add_argument("--agent-image", metavar="IMAGE",
+                       help="run each node's agent from this local image (scripts/build-image) as the "
+                            "DaemonSet in --manifest says, with podman, as the kubelet would")
+        p.add_argument("--manifest", metavar="FILE", help="the DaemonSet manifest for --agent-image "
+                                                          "(default: the checkout's deploy/netagent.yaml)")
 
     demo = sub.add_parser("demo", help="build a cluster, show cross-node traffic, remove it (the default)")
     cluster_shape(demo, pods=2)
@@ -141,7 +146,8 @@ def _load(args) -> LabCluster:
 def _create(args, *, workdir: str | None) -> LabCluster:
     return LabCluster.create(nodes=args.nodes, mode=args.mode, segments=args.segments,
                              pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir,
-                             proxy_mode=args.proxy_mode, network_policy=args.network_policy)
+                             proxy_mode=args.proxy_mode, network_policy=args.network_policy,
+                             agent_image=args.agent_image, manifest=args.manifest)
 
 
 def _cmd_up(args) -> int:

@@ -44,12 +44,15 @@ class Pod:
 
 
 def exec_plugin(*, node_netns: str, bin_dir: str, command: str, config: bytes, container_id: str = "",
-                netns: str = "", ifname: str = "eth0", args: str = "", env_overrides: dict | None = None):
-    """Execute our plugin from a node's namespace as a runtime does; return (exit code, stdout JSON)."""
+                netns: str = "", ifname: str = "eth0", args: str = "", env_overrides: dict | None = None,
+                host_view: list | None = None):
+    """Execute our plugin from a node's namespace as a runtime does; return (exit code, stdout JSON).
+
+    `host_view` prefixes the command (the cluster lab's view of a node's own /run and /opt)."""
     env = invoke.cni_environment(command=command, container_id=container_id, netns=netns,
                                  ifname=ifname, args=args, path=(bin_dir, "/usr/lib/cni"))
     env.update(env_overrides or {})
-    proc = subprocess.run([*namespaces.exec_prefix(node_netns), os.path.join(bin_dir, "netagent")],
+    proc = subprocess.run([*(host_view or []), *namespaces.exec_prefix(node_netns), os.path.join(bin_dir, "netagent")],
                           input=config, env=env, capture_output=True, timeout=120)
     out = json.loads(proc.stdout) if proc.stdout.strip() else None
     return proc.returncode, out

@@ -53,6 +53,8 @@ class LabState:
     host_api_port: int | None = None  # the API server's loopback port in the namespace that ran `lab up`
     proxy_mode: str = "iptables"
     network_policy: bool = False   # the agents run with --network-policy
+    agent_image: str | None = None  # agents run from this image as deploy/netagent.yaml says
+    manifest: str | None = None     # the DaemonSet manifest they run from
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
 

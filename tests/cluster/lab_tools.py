@@ -20,14 +20,17 @@ PREFIX = "na-tc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def our_namespaces() -> list:
+def our_namespaces(prefix: str = PREFIX) -> list:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
 @contextlib.contextmanager
-def lab_cluster(**kwargs):
-    lab = LabCluster.create(prefix=PREFIX, **kwargs)
+def lab_cluster(*, prefix: str = PREFIX, **kwargs):
+    """A lab for the test; its agents run from the image $NETAGENT_TEST_AGENT_IMAGE when that is
+    set (the DaemonSet as the kubelet runs it: tests/deploy builds it), else as processes."""
+    kwargs.setdefault("agent_image", os.environ.get("NETAGENT_TEST_AGENT_IMAGE") or None)
+    lab = LabCluster.create(prefix=prefix, **kwargs)
     try:
         yield lab
     finally:

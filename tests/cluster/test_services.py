@@ -89,9 +89,12 @@ def lab():
         lab.api().apply(manifest("web-external", selector={"app": "web"}, type="NodePort", ports=[http_port()]))
         lab.api().apply(manifest("nobody", selector={"app": "nobody"}, ports=[http_port()]))
         pods = {p["name"]: p["ip"] for p in lab.status()["pods"]}
+        node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
         for node in (node1, node2):
             programmed(lab, node, "web", {pods["web-1"], pods["web-2"], pods["web-3"]})
             programmed(lab, node, "web-local", {pods["web-1"]})
+            wait_for(lambda: f"--dport {node_port} " in lab.exec(node, ["iptables-save", "-t", "nat"]).stdout,
+                     timeout=15, what=f"the NodePort rule on {node}")
         try:
             yield lab
         finally:

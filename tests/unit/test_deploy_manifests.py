@@ -301,18 +301,56 @@ def pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def test_containerfile_base_and_system_packages():
-    instructions = containerfile_instructions()
-    assert instructions[0][0] == "FROM"
-    assert re.fullmatch(r"(docker\.io/(library/)?)?debian:12-slim", instructions[0][1])
+def containerfile_stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage (a FROM starts one; a leading ARG comes before any)."""
+    stages: list[list[tuple[str, str]]] = []
+    for keyword, rest in containerfile_instructions():
+        if keyword == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((keyword, rest))
+    return stages
+
+
+def apt_installed(stage: list[tuple[str, str]]) -> set[str]:
     installed = set()
-    for keyword, rest in instructions:
+    for keyword, rest in stage:
         if keyword == "RUN":
             for command in rest.split("&&"):
                 words = shlex.split(command)
+                while words and "=" in words[0]:  # VAR=value before the command
+                    words = words[1:]
                 if words[:2] == ["apt-get", "install"]:
                     installed.update(w for w in words[2:] if not w.startswith("-"))
-    assert {"python3", "python3-venv", "iproute2", "iptables", "ipset", "conntrack"} <= installed
+    return installed
+
+
+def test_containerfile_base_is_an_argument_defaulting_to_debian_12_slim():
+    instructions = containerfile_instructions()
+    assert instructions[0][0] == "ARG"
+    name, _, default = instructions[0][1].partition("=")
+    assert re.fullmatch(r"(docker\.io/(library/)?)?debian:12-slim", default)
+    froms = [rest.split()[0] for keyword, rest in instructions if keyword == "FROM"]
+    assert froms == [f"${{{name}}}", f"${{{name}}}"]  # both stages: the venv's python is the base's
+
+
+def test_containerfile_final_stage_has_the_kernel_tools_and_no_build_tools():
+    build, final = containerfile_stages()
+    assert {"python3", "python3-venv", "musl-tools"} <= apt_installed(build)
+    assert apt_installed(final) == {"python3", "iproute2", "iptables", "ipset", "conntrack"}
+    assert ("COPY", "--from=build /opt/netagent /opt/netagent") in final
+    runs = " ".join(rest for keyword, rest in final if keyword == "RUN")
+    assert "rm -rf /var/lib/apt/lists/*" in runs and "apt-get clean" in runs
+
+
+def test_init_container_installs_the_shim_the_image_builds():
+    build, _ = containerfile_stages()
+    (shim_build,) = [rest for keyword, rest in build if keyword == "RUN" and "cni/shim/build.sh" in rest]
+    built_at = shim_build.split()[-1]
+    (init,) = pod_spec()["initContainers"]
+    args = build_parser().parse_args(init["args"])
+    assert args.shim == built_at
+    assert host_path_of(init, args.bin_dir) == "/opt/cni/bin"
 
 
 def test_containerfile_copies_every_package_and_installs_them_into_a_venv():
