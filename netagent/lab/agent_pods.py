@@ -125,9 +125,10 @@ class AgentPods:
 
     @classmethod
     def for_lab(cls, state: LabState, *, api: Callable[[], LabApiClient]) -> "AgentPods":
-        """A lab's pods: its image and manifest, its kubeconfig, its mode and proxy mode."""
-        flags = {"--backend": state.mode, "--proxy-mode": state.proxy_mode,
-                 "--resync-period": str(state.resync_period)}
+        """A lab's pods: its image and manifest, its kubeconfig, its mode, proxy mode and policy switch."""
+        flags: dict[str, str | bool] = {"--backend": state.mode, "--proxy-mode": state.proxy_mode,
+                                         "--resync-period": str(state.resync_period),
+                                         "--network-policy": state.network_policy}
         if state.mode == "auto":
             flags["--auto-encap"] = state.auto_encap
 

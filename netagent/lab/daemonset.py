@@ -21,6 +21,7 @@ What the lab changes, and why, in one place:
   the lab's API server speaks plain HTTP and issues no tokens.
 - An operator's edits of the agent's args: the lab's `--backend`, `--proxy-mode`,
   `--resync-period` (and `--auto-encap` in auto mode) replace the manifest's or join them,
+  `--network-policy` is there exactly when the lab asks for it (`lab up --network-policy`),
   and `image:` is the one asked for.
 """
 from __future__ import annotations
@@ -142,8 +143,12 @@ def expand_references(text: str, env: dict) -> str:
     return _ENV_REFERENCE.sub(substitute, text)
 
 
-def with_flag(args: list, flag: str, value: str) -> list:
-    """`args` with `--flag=value` replacing the flag's value(s), appended when absent."""
+def with_flag(args: list, flag: str, value: str | bool) -> list:
+    """`args` with `--flag=value` replacing the flag's value(s), appended when absent; a switch
+    (value True or False) is there bare, or not at all."""
+    if isinstance(value, bool):
+        kept = [arg for arg in args if arg != flag]
+        return [*kept, flag] if value else kept
     out, skip, found = [], False, False
     for arg in args:
         if skip:
@@ -230,7 +235,8 @@ def _mounts(container: dict, *, volumes: dict, node: NodeHost) -> list:
 def render_pod(daemonset: dict, *, node: NodeHost, image: str, kubeconfig: str, agent_flags: dict,
                config_maps: dict | None) -> PodPlan:
     """The DaemonSet's pod on `node`, every container with `image`; `agent_flags` are the
-    operator's edits of the `netagent run` container's args ({"--backend": "host-gw"}).
+    operator's edits of the `netagent run` container's args ({"--backend": "host-gw"}, a switch
+    as True or False: {"--network-policy": False}).
     `config_maps` (name -> data) feed envFrom; None leaves envFrom out (for reading paths)."""
     template = daemonset["spec"]["template"]
     spec = template["spec"]

@@ -100,6 +100,14 @@ def test_with_flag_replaces_either_spelling_or_appends():
     assert daemonset.flag_value(["run", "--cni-socket", "/s"], "--cni-socket") == "/s"
 
 
+def test_a_switch_is_there_bare_exactly_when_asked():
+    manifest_args = ["run", "--network-policy", "--proxy-mode=iptables"]
+    assert daemonset.with_flag(manifest_args, "--network-policy", False) == ["run", "--proxy-mode=iptables"]
+    assert daemonset.with_flag(manifest_args, "--network-policy", True) == ["run", "--proxy-mode=iptables",
+                                                                              "--network-policy"]
+    assert daemonset.with_flag(["run"], "--network-policy", True) == ["run", "--network-policy"]
+
+
 def test_what_the_lab_cannot_run_is_refused_plainly(tmp_path):
     manifest = tmp_path / "ds.yaml"
     manifest.write_text("kind: Service\n")
