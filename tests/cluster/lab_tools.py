@@ -20,14 +20,20 @@ PREFIX = "na-tc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+_CREATED: set[str] = set()   # the unique prefixes of the labs this process made
+
+
 def our_namespaces() -> list:
+    """Namespaces of labs this process made (other processes' labs share PREFIX, not the id)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    return [line.split()[0] for line in out.splitlines()
+            if any(line.startswith(f"{prefix}-") for prefix in _CREATED)]
 
 
 @contextlib.contextmanager
 def lab_cluster(**kwargs):
     lab = LabCluster.create(prefix=PREFIX, **kwargs)
+    _CREATED.add(lab.state.prefix)
     try:
         yield lab
     finally:

@@ -4,7 +4,8 @@ One 2-node vxlan lab in `--proxy-mode ebpf`: each node's agent attaches the prog
 node's cgroup and pins its maps in a bpffs under the lab's state directory; pod commands run
 inside their node's cgroup. Servers answer with their pod's name and the peer address they
 saw, so each test can say which endpoint answered and that the client address was kept (the
-connection goes straight to the pod: no NAT at all).
+connection goes straight to the pod: no NAT at all). Rolling endpoints under load is the
+iptables module's scenario (`roll_endpoints_under_load`), run here on the eBPF lab.
 """
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ import pytest
 
 from netagent.lab.bpf_places import in_cgroup_of
 from tests.cluster.lab_tools import Background, lab_cluster, serve, wait_for
-from tests.cluster.test_services import answered_by, http_port, manifest, pod_ips, poll, service_of
+from tests.cluster.test_services import (
+    answered_by,
+    backends_on,
+    http_port,
+    manifest,
+    pod_ips,
+    poll,
+    roll_endpoints_under_load,
+    service_of,
+)
 
 WEB_PORT, UDP_PORT = 8080, 5353
 pytestmark = pytest.mark.usefixtures("_bcc")
@@ -31,13 +41,7 @@ def _bcc():
 
 def programmed(lab, node: str, address: str, expected: set[str]) -> None:
     """Wait until `node`'s maps (read back by `netagent status services`) balance `address` to `expected`."""
-    def ready() -> bool:
-        out = lab.exec(node, [sys.executable, "-m", "netagent.cli", "status", "services", "--json",
-                              "--bpf-root", lab.bpf_root(node)]).stdout
-        services = json.loads(out)["services"] if out else []
-        return any(s["address"] == address and {b.split(":")[0] for b in s["backends"]} == expected
-                   for s in services)
-    wait_for(ready, timeout=20, what=f"{address} on {node}")
+    wait_for(lambda: backends_on(lab, node).get(address) == expected, timeout=20, what=f"{address} on {node}")
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +145,15 @@ def test_external_traffic_policy_local_keeps_the_client_address(lab):
     results = poll(lab, "internet", lab.state.nodes[node1].address, node_port, 10)
     assert answered_by(results) == ["web-1"] * 10, results
     assert {answer.split()[1] for answer, _ in results} == {lab.status()["internet"]["address"]}
+
+
+def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
+    node1, node2 = sorted(lab.state.nodes)
+    lab.add_pod("web-3", node=node2, labels={"app": "web"}, ports={"http": WEB_PORT})
+    leaving = serve(lab, "web-3", "tcp", WEB_PORT, lifetime=120, named=True)
+    try:
+        programmed(lab, node1, f"{service_of(lab, 'web')['spec']['clusterIP']}:80/TCP",
+                   {pod_ips(lab)[p] for p in ("web-1", "web-2", "web-3")})
+        roll_endpoints_under_load(lab, leaving="web-3", joining={"web-4": node1, "web-5": node2})
+    finally:
+        leaving.stop()
