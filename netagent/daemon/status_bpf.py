@@ -34,7 +34,7 @@ def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
             fd = syscall.obj_get(path)
             try:
                 info = syscall.map_info(fd)
-                status["maps"].append({"name": name, "entries": syscall.map_count(fd, info.key_size),
+                status["maps"].append({"name": name, "entries": syscall.map_count(fd, info.key_size, info.value_size),
                                        "max_entries": info.max_entries})
             finally:
                 os.close(fd)

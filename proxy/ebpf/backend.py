@@ -195,6 +195,9 @@ class EbpfProxy(ProxyBackend):
     def programmed(self) -> list[ProgrammedService]:
         return programmed_services(self.maps)
 
+    def table_fill(self) -> dict[str, tuple[int, int]]:
+        return {name: (bpf_map.count(), bpf_map.max_entries) for name, bpf_map in self.maps.by_name().items()}
+
     def cleanup(self) -> None:
         """Real maps: detach our programs from the cgroup (and our tc filters from this
         namespace's devices) and unpin the maps. Without paths

@@ -10,6 +10,7 @@ iptables module's scenario (`roll_endpoints_under_load`), run here on the eBPF l
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -130,6 +131,22 @@ def test_agent_kill_9_and_restart_keeps_connections_and_rewrites_nothing(lab):
     assert "0 map entries written" in open(lab.agent_log(node1)).read().split("compiled in")[-1]
     assert len(set(answered_by(poll(lab, "client", cluster_ip, 80, 20)))) == 2
 
+
+
+def test_metrics_show_map_fill_and_sync_durations(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    text = lab.exec(node1, [sys.executable, "-c", "import urllib.request; print(urllib.request.urlopen("
+                                                  "'http://127.0.0.1:10249/metrics', timeout=10).read().decode())"],
+                    timeout=30).stdout
+    fill = {m.group(1): int(m.group(2)) for m in re.finditer(r'^netagent_proxy_bpf_map_entries{map="(\w+)"} (\d+)$',
+                                                              text, re.M)}
+    pinned = json.loads(lab.exec(node1, [sys.executable, "-m", "netagent.cli", "status", "bpf", "--json",
+                                         "--bpf-root", lab.bpf_root(node1)]).stdout)["maps"]
+    assert fill["na_svc"] == len(backends_on(lab, node1)) > 0, fill
+    for owned in ("na_svc", "na_slots", "na_setname", "na_lbsrc", "na_config"):   # the agent's, not the LRUs
+        assert fill[owned] == next(m["entries"] for m in pinned if m["name"] == owned), (owned, fill, pinned)
+    assert re.search(r'^netagent_proxy_bpf_map_max_entries{map="na_svc"} [1-9]', text, re.M), text
+    assert re.search(r"^kubeproxy_sync_full_proxy_rules_duration_seconds_count [1-9]", text, re.M), text
 
 
 def test_node_port_from_outside_reaches_local_and_remote_endpoints(lab):
