@@ -12,8 +12,11 @@
  *   directions are remembered in `na_ct` (LRU), so every later packet of a connection meets
  *   the same backend and replies are reverse-translated. A reply from a remote backend (to
  *   the SNAT address and port) is translated back here too.
- * na_tc_egress (underlay egress): a reply from a local backend leaving the node gets the
- *   service address back as its source.
+ * na_tc_egress (underlay egress, and pod host veths' egress): a reply from a local backend
+ *   leaving the node, or any reply towards a pod served by na_tc_from_pod, gets the service
+ *   address back as its source.
+ * na_tc_from_pod (pod host veths' ingress, `--bpf-pod-veths`): connections of pods whose
+ *   processes are outside the socket load balancer's cgroup, to any service address.
  * A packet that matches nothing is passed untouched. Checksums are fixed incrementally.
  */
 #include <uapi/linux/if_ether.h>
@@ -142,7 +145,14 @@ static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __
     return 1;
 }
 
-int na_tc_ingress(struct __sk_buff *skb)
+/* A new flow to a service address: DNAT (and SNAT when asked) and remember both directions.
+ * From outside (`from_pod` 0): NodePorts, external and LB IPs, to the external set, replies
+ * (to an SNAT address) translated here too. From a pod whose sockets the socket load balancer
+ * does not see (`from_pod` 1, on its host veth): cluster IPs as well, to the cluster set as
+ * for any connection made on this node, never SNATed; replies are translated where they leave
+ * towards the pod (na_tc_egress on its veth), so a reply never gets a node address as its
+ * source on a pod's veth (which would take accept_local there). */
+static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
 {
     struct na_flow flow = {};
     struct na_svc_value *svc;
@@ -151,26 +161,28 @@ int na_tc_ingress(struct __sk_buff *skb)
 
     if (!parse(skb, &flow))
         return TC_ACT_OK;
-    if (known(skb, &flow, NA_CT_FORWARD) || known(skb, &flow, NA_CT_REPLY))
+    if (known(skb, &flow, NA_CT_FORWARD) || (!from_pod && known(skb, &flow, NA_CT_REPLY)))
         return TC_ACT_OK;
 
     struct na_svc_key key = {.addr = flow.daddr, .port = flow.dport, .proto = flow.proto};
     svc = na_svc.lookup(&key);
-    if (!svc || svc->kind == 1 /* ClusterIP: served by the socket load balancer */)
+    if (!svc || (!from_pod && svc->kind == 1 /* ClusterIP: served by the socket load balancer */))
         return TC_ACT_OK;
     if (svc->flags & NA_F_SOURCE_RANGES) {
         struct na_lbsrc_key src = {.prefixlen = 64, .set_id = svc->ext_set_id, .addr = flow.saddr};
         if (!na_lbsrc.lookup(&src))
             return TC_ACT_SHOT;
     }
-    if (svc->ext_count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, svc->ext_set_id, svc->ext_count,
-                                             svc->affinity_timeout, &backend))
+    __u32 set_id = from_pod ? svc->set_id : svc->ext_set_id;
+    __u32 count = from_pod ? svc->count : svc->ext_count;
+    if (count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, set_id, count, svc->affinity_timeout,
+                                    &backend))
         return TC_ACT_SHOT;   /* no endpoint (or, under Local policy, none on this node) */
 
     __be32 saddr = flow.saddr;
     __be16 sport = flow.sport;
     struct na_config *config = na_config.lookup(&zero);
-    if (!(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
+    if (!from_pod && !(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
         && (config->flags & NA_CONFIG_SNAT)) {
         saddr = svc->kind == 2 /* NodePort */ || !config->node_addr ? flow.daddr : config->node_addr;
         __u32 hash = bpf_get_prandom_u32();
@@ -190,6 +202,16 @@ int na_tc_ingress(struct __sk_buff *skb)
     na_ct.update(&fwd, &to_backend);
     rewrite(skb, &flow, saddr, sport, backend.addr, backend.port);
     return TC_ACT_OK;
+}
+
+int na_tc_ingress(struct __sk_buff *skb)
+{
+    return translate_new(skb, 0);
+}
+
+int na_tc_from_pod(struct __sk_buff *skb)
+{
+    return translate_new(skb, 1);
 }
 
 int na_tc_egress(struct __sk_buff *skb)

@@ -49,7 +49,8 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
     report = None
     try:
         if load:
-            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device)
+            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device,
+                                    pod_veths=paths.pod_veths)
             if paths.tc_device:
                 from ebpf.tc import tc_sysctls
                 from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
@@ -60,7 +61,17 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
         maps = MapSet.open_pinned(pin_dir(paths.bpf_root))
     except (EbpfError, OSError, LookupError) as error:
         raise BackendConfigError(str(error)) from None
-    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat)
+    pod_veths = None
+    if load and paths.pod_veths:
+        from ebpf.pod_veths import PodVethAttacher
+        pod_veths = PodVethAttacher(loader.pod_veth_fds)
+        try:
+            pod_veths.start()
+        except Exception as error:
+            pod_veths.stop()
+            maps.close()
+            raise BackendConfigError(f"watching for pod veths: {error}") from None
+    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat, pod_veths=pod_veths)
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,

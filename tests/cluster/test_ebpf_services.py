@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
+from netagent.kernel import namespaces
 from netagent.lab.bpf_places import in_cgroup_of
-from tests.cluster.lab_tools import Background, lab_cluster, serve, wait_for
+from tests.cluster.lab_tools import ROOT, Background, lab_cluster, serve, wait_for
 from tests.cluster.test_services import (
     answered_by,
     backends_on,
@@ -174,3 +176,18 @@ def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
         roll_endpoints_under_load(lab, leaving="web-3", joining={"web-4": node1, "web-5": node2})
     finally:
         leaving.stop()
+
+
+def test_a_pod_outside_the_cgroup_reaches_services_through_its_host_veth(lab):
+    """The socket load balancer does not see this client (it runs in the pod's namespace but
+    not in the node's cgroup): `--bpf-pod-veths` translates its packets on the pod's host veth."""
+    node1 = sorted(lab.state.nodes)[0]
+    node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+    for address, port in ((service_of(lab, "web")["spec"]["clusterIP"], 80),
+                          (lab.state.nodes[node1].address, node_port)):   # its own node's NodePort
+        out = subprocess.run([*namespaces.exec_prefix(lab.netns_of("client")), sys.executable, "-m",
+                              "tests.cluster.traffic", "poll-tcp", address, str(port), "20"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        results = json.loads(out.stdout or "[]")
+        assert set(answered_by(results)) == {"web-1", "web-2"}, (address, results, out.stderr)
+        assert {answer.split()[1] for answer, _ in results} == {pod_ips(lab)["client"]}   # never SNATed

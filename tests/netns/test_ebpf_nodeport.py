@@ -143,3 +143,34 @@ def test_packets_that_are_not_for_a_service_pass_untouched(tc):
                    Ether() / IP(src=CLIENT, dst=NODE_IP) / (b"\x00" * 20)):
         code, out = run(tc["na_tc_ingress"], packet)
         assert code == TC_ACT_OK and bytes(out) == bytes(packet)
+
+
+POD_CLIENT = "10.244.1.9"
+
+
+def test_from_a_pod_a_cluster_ip_is_translated_to_the_cluster_set_and_the_reply_reversed_at_egress(tc):
+    code, out = run(tc["na_tc_from_pod"], tcp(POD_CLIENT, 40100, "10.96.0.1", 80))
+    assert code == TC_ACT_OK and checksums_valid(out)
+    assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (POD_CLIENT, 40100, REMOTE_POD, 8080)
+    code, reply = run(tc["na_tc_egress"], tcp(REMOTE_POD, 8080, POD_CLIENT, 40100, flags="SA"))
+    assert code == TC_ACT_OK and checksums_valid(reply)
+    assert (reply[IP].src, reply[TCP].sport, reply[IP].dst, reply[TCP].dport) == ("10.96.0.1", 80, POD_CLIENT, 40100)
+    _, outside = run(tc["na_tc_ingress"], tcp(CLIENT, 40100, "10.96.0.1", 80))   # the underlay leaves cluster IPs
+    assert (outside[IP].dst, outside[TCP].dport) == ("10.96.0.1", 80)
+
+
+def test_from_a_pod_a_node_port_is_never_snated_and_local_policy_uses_the_cluster_set(tc):
+    code, out = run(tc["na_tc_from_pod"], tcp(POD_CLIENT, 40101, NODE_IP, 30001))   # SNAT is asked for (tc)
+    assert code == TC_ACT_OK and (out[IP].src, out[IP].dst) == (POD_CLIENT, REMOTE_POD)
+    picked = {run(tc["na_tc_from_pod"], tcp(POD_CLIENT, sport, NODE_IP, 30003))[1][IP].dst
+              for sport in range(41100, 41140)}
+    assert picked == {LOCAL_POD, REMOTE_POD}   # Local policy is for traffic from outside the cluster
+
+
+def test_from_a_pod_replies_are_not_translated_on_the_way_in_and_other_packets_pass(tc):
+    run(tc["na_tc_ingress"], tcp(CLIENT, 40102, NODE_IP, 30002))   # outside -> NodePort -> the local pod
+    code, reply = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 8080, CLIENT, 40102, flags="SA"))
+    assert code == TC_ACT_OK and (reply[IP].src, reply[TCP].sport) == (LOCAL_POD, 8080)   # left to the egress
+    plain = tcp(POD_CLIENT, 40103, "10.244.2.77", 9000)
+    code, out = run(tc["na_tc_from_pod"], plain)
+    assert code == TC_ACT_OK and bytes(out) == bytes(plain)
