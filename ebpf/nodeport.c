@@ -26,6 +26,8 @@
 #define NA_HTONS(x) ((__be16)__builtin_bswap16(x))   /* x86-64 and arm64 are little-endian */
 #define NA_CT_FORWARD 1
 #define NA_CT_REPLY 2
+#define NA_CT_HAIRPIN 3   /* a reply of a pod to itself through a service (na_tc_from_pod) */
+#define NA_CT_F_HAIRPIN 1 /* na_ct_value.flags: sent back out of the veth it came in by */
 #define NA_AFFINITY_CLIENT (1ULL << 63)
 #define NA_BACKEND_LOCAL 1
 #define NA_SNAT_PORT_MIN 32768
@@ -46,7 +48,7 @@ struct na_ct_value {
     __be32 daddr;   /* the packet's new destination */
     __be16 sport;
     __be16 dport;
-    __u32 pad;
+    __u32 flags;    /* NA_CT_F_HAIRPIN */
     __u64 created_ns;
 };
 
@@ -132,7 +134,8 @@ static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow,
     }
 }
 
-/* a known flow (either direction): translate as remembered; 1 when it was one */
+/* a known flow (either direction): translate as remembered; 1 when it was one, 2 when it
+ * is a hairpin (a pod reaching itself through a service) */
 static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __u8 dir)
 {
     struct na_ct_key key = {.saddr = flow->saddr, .daddr = flow->daddr, .sport = flow->sport,
@@ -142,7 +145,21 @@ static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __
     if (!nat)
         return 0;
     rewrite(skb, flow, nat->saddr, nat->sport, nat->daddr, nat->dport);
-    return 1;
+    return (nat->flags & NA_CT_F_HAIRPIN) ? 2 : 1;
+}
+
+/* A hairpin packet, translated, goes straight back out of the pod's veth (MACs swapped):
+ * never routed, since its source may now be a node address, which the host would refuse
+ * on a pod's veth. */
+static __always_inline int back_to_sender(struct __sk_buff *skb)
+{
+    unsigned char macs[12];
+
+    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0)
+        return TC_ACT_SHOT;
+    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
+    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
+    return bpf_redirect(skb->ifindex, 0);
 }
 
 /* A new flow to a service address: DNAT (and SNAT when asked) and remember both directions.
@@ -151,7 +168,9 @@ static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __
  * does not see (`from_pod` 1, on its host veth): cluster IPs as well, to the cluster set as
  * for any connection made on this node, never SNATed; replies are translated where they leave
  * towards the pod (na_tc_egress on its veth), so a reply never gets a node address as its
- * source on a pod's veth (which would take accept_local there). */
+ * source on a pod's veth (which would take accept_local there). Except a hairpin (the pod
+ * picked as its own backend): SNATed to the service address (the pod must not see its own
+ * address as the source) and sent back at once, both ways (back_to_sender). */
 static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
 {
     struct na_flow flow = {};
@@ -161,8 +180,15 @@ static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
 
     if (!parse(skb, &flow))
         return TC_ACT_OK;
-    if (known(skb, &flow, NA_CT_FORWARD) || (!from_pod && known(skb, &flow, NA_CT_REPLY)))
+    if (from_pod) {
+        int hit = known(skb, &flow, NA_CT_FORWARD);
+        if (!hit)
+            hit = known(skb, &flow, NA_CT_HAIRPIN);
+        if (hit)
+            return hit == 2 ? back_to_sender(skb) : TC_ACT_OK;
+    } else if (known(skb, &flow, NA_CT_FORWARD) || known(skb, &flow, NA_CT_REPLY)) {
         return TC_ACT_OK;
+    }
 
     struct na_svc_key key = {.addr = flow.daddr, .port = flow.dport, .proto = flow.proto};
     svc = na_svc.lookup(&key);
@@ -188,20 +214,24 @@ static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
         __u32 hash = bpf_get_prandom_u32();
         sport = NA_HTONS(NA_SNAT_PORT_MIN + hash % NA_SNAT_PORT_SPAN);
     }
+    int hairpin = from_pod && backend.addr == flow.saddr;
+    if (hairpin)
+        saddr = flow.daddr;
+    __u32 flags = hairpin ? NA_CT_F_HAIRPIN : 0;
     __u64 now = bpf_ktime_get_ns();
     struct na_ct_key fwd = {.saddr = flow.saddr, .daddr = flow.daddr, .sport = flow.sport, .dport = flow.dport,
                             .proto = flow.proto, .dir = NA_CT_FORWARD};
     struct na_ct_value to_backend = {.saddr = saddr, .daddr = backend.addr, .sport = sport, .dport = backend.port,
-                                     .created_ns = now};
+                                     .flags = flags, .created_ns = now};
     struct na_ct_key rev = {.saddr = backend.addr, .daddr = saddr, .sport = backend.port, .dport = sport,
-                            .proto = flow.proto, .dir = NA_CT_REPLY};
+                            .proto = flow.proto, .dir = hairpin ? NA_CT_HAIRPIN : NA_CT_REPLY};
     struct na_ct_value to_client = {.saddr = flow.daddr, .daddr = flow.saddr, .sport = flow.dport,
-                                    .dport = flow.sport, .created_ns = now};
+                                    .dport = flow.sport, .flags = flags, .created_ns = now};
     if (na_ct.insert(&rev, &to_client) != 0)
         return TC_ACT_SHOT;   /* that SNAT port is taken: the client's retransmission picks another */
     na_ct.update(&fwd, &to_backend);
     rewrite(skb, &flow, saddr, sport, backend.addr, backend.port);
-    return TC_ACT_OK;
+    return hairpin ? back_to_sender(skb) : TC_ACT_OK;
 }
 
 int na_tc_ingress(struct __sk_buff *skb)

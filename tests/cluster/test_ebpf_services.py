@@ -179,15 +179,21 @@ def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
 
 
 def test_a_pod_outside_the_cgroup_reaches_services_through_its_host_veth(lab):
-    """The socket load balancer does not see this client (it runs in the pod's namespace but
-    not in the node's cgroup): `--bpf-pod-veths` translates its packets on the pod's host veth."""
+    """The socket load balancer does not see these clients (they run in a pod's namespace but
+    not in the node's cgroup): `--bpf-pod-veths` translates their packets on the pod's host
+    veth. web-1 is a backend of its own services: when it picks itself (a hairpin) it sees the
+    service address as the source, otherwise every backend sees the pod's address."""
     node1 = sorted(lab.state.nodes)[0]
     node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
-    for address, port in ((service_of(lab, "web")["spec"]["clusterIP"], 80),
-                          (lab.state.nodes[node1].address, node_port)):   # its own node's NodePort
-        out = subprocess.run([*namespaces.exec_prefix(lab.netns_of("client")), sys.executable, "-m",
-                              "tests.cluster.traffic", "poll-tcp", address, str(port), "20"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
-        results = json.loads(out.stdout or "[]")
-        assert set(answered_by(results)) == {"web-1", "web-2"}, (address, results, out.stderr)
-        assert {answer.split()[1] for answer, _ in results} == {pod_ips(lab)["client"]}   # never SNATed
+    ips = pod_ips(lab)
+    for client in ("client", "web-1"):
+        for address, port in ((service_of(lab, "web")["spec"]["clusterIP"], 80),
+                              (lab.state.nodes[node1].address, node_port)):   # its own node's NodePort
+            out = subprocess.run([*namespaces.exec_prefix(lab.netns_of(client)), sys.executable, "-m",
+                                  "tests.cluster.traffic", "poll-tcp", address, str(port), "20"],
+                                 capture_output=True, text=True, timeout=120, cwd=ROOT)
+            results = json.loads(out.stdout or "[]")
+            assert set(answered_by(results)) == {"web-1", "web-2"}, (client, address, results, out.stderr)
+            seen = {(answer.split()[0], answer.split()[1]) for answer, _ in results}
+            assert seen == {("web-2", ips[client]), ("web-1", ips[client] if client != "web-1" else address)}, \
+                (client, address, seen)

@@ -174,3 +174,22 @@ def test_from_a_pod_replies_are_not_translated_on_the_way_in_and_other_packets_p
     plain = tcp(POD_CLIENT, 40103, "10.244.2.77", 9000)
     code, out = run(tc["na_tc_from_pod"], plain)
     assert code == TC_ACT_OK and bytes(out) == bytes(plain)
+
+
+TC_ACT_REDIRECT = 7
+
+
+def test_a_pod_reaching_itself_is_snated_to_the_service_and_sent_straight_back_both_ways(tc):
+    """A hairpin: the pod's own address as the source would be dropped by the pod, a node
+    address as the source by the host on the veth, so neither is routed: both directions are
+    translated and redirected out of the veth they came in by, MACs swapped."""
+    hairpin = tcp(LOCAL_POD, 40104, NODE_IP, 30002)   # "local": LOCAL_POD is the only endpoint
+    code, out = run(tc["na_tc_from_pod"], hairpin)
+    assert code == TC_ACT_REDIRECT and checksums_valid(out)
+    assert (out.src, out.dst) == (hairpin.dst, hairpin.src)
+    assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (NODE_IP, 40104, LOCAL_POD, 8080)
+    code, reply = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 8080, NODE_IP, 40104, flags="SA"))
+    assert code == TC_ACT_REDIRECT and checksums_valid(reply)
+    assert (reply[IP].src, reply[TCP].sport, reply[IP].dst, reply[TCP].dport) == (NODE_IP, 30002, LOCAL_POD, 40104)
+    code, again = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 40104, NODE_IP, 30002, flags="A"))
+    assert code == TC_ACT_REDIRECT and (again[IP].src, again[IP].dst) == (NODE_IP, LOCAL_POD)
