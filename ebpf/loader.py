@@ -212,7 +212,8 @@ class SocketLbLoader:
                 if self.tc_device:
                     attached += [f"{name} on {self.tc_device}" for name in ("na_tc_ingress", "na_tc_egress")]
                 if self.pod_veths:
-                    self.pod_veth_fds = {name: os.dup(fds[name]) for name in ("na_tc_from_pod", "na_tc_egress")}
+                    from ebpf.pod_veths import PROGRAMS as POD_VETH_PROGRAMS
+                    self.pod_veth_fds = {name: os.dup(fds[name]) for name in POD_VETH_PROGRAMS}
         finally:
             os.close(cg_fd)
             compiled.cleanup()   # the programs stay alive while attached, the maps while pinned

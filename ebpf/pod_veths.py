@@ -6,8 +6,9 @@ enters the node on the pod's host veth, where `na_tc_from_pod` (ebpf/nodeport.c)
 to a backend of the cluster set, and the replies get the service address back at the veth's
 egress (`na_tc_egress`). The host veths come and go with pods, so `PodVethAttacher` attaches
 to every one there is at start and then to each new one, watching link notifications
-(RTM_NEWLINK) in a thread of its own: each burst of them is one rescan of the links. Pod veths are recognised by their name, the CNI plugin's
-`na` + 12 hex digits (netagent/kernel/owned.py), never anything else. It holds its own
+(RTM_NEWLINK) in a thread of its own: each burst of them is one rescan of the links. Pod
+veths are recognised by their name, the CNI plugin's `na` + 12 hex digits
+(netagent/kernel/owned.py), never anything else. It holds its own
 duplicates of the two programs' descriptors (the loader's are closed after loading) and closes
 them on `stop()`; removing the filters is `detach_tc`'s, as for the underlay.
 """
@@ -26,7 +27,8 @@ from netagent.kernel.owned import HOST_VETH_PREFIX
 log = logging.getLogger("netagent.ebpf.pod_veths")
 
 POD_VETH = re.compile(rf"^{HOST_VETH_PREFIX}[0-9a-f]{{12}}$")
-FROM_POD, TO_POD = "na_tc_from_pod", "na_tc_egress"
+FROM_POD = "na_tc_from_pod"
+PROGRAMS = (FROM_POD, "na_tc_egress")   # what the loader keeps for the attacher
 RTMGRP_LINK = 1
 NETLINK_ROUTE = 0
 

@@ -2,7 +2,8 @@
 
 `attach_tc` puts `na_tc_ingress` (`na_tc_from_pod` on pod host veths, ebpf/pod_veths.py)
 on the device's ingress hook and `na_tc_egress` on its egress hook (direct action), creating
-the clsact qdisc when missing and replacing filters of ours in place (same priority and handle), so a restarted agent swaps the code without a gap.
+the clsact qdisc when missing and replacing filters of ours in place (same priority and
+handle), so a restarted agent swaps the code without a gap.
 The device must let a translated packet whose source is now a node address in
 (`accept_local`: a NodePort packet SNATed for a remote backend, and its reply translated back,
 both carry the node's address as their source); `TC_SYSCTLS` says so and the caller ensures it.
