@@ -17,11 +17,13 @@
  *   address back as its source.
  * na_tc_from_pod (pod host veths' ingress, `--bpf-pod-veths`): connections of pods whose
  *   processes are outside the socket load balancer's cgroup, to any service address.
+ * A TCP SYN to a service without endpoints is answered by a RST from the service address.
  * A packet that matches nothing is passed untouched. Checksums are fixed incrementally.
  */
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/tcp.h>
 
 #define NA_HTONS(x) ((__be16)__builtin_bswap16(x))   /* x86-64 and arm64 are little-endian */
 #define NA_CT_FORWARD 1
@@ -162,6 +164,54 @@ static __always_inline int back_to_sender(struct __sk_buff *skb)
     return bpf_redirect(skb->ifindex, 0);
 }
 
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+    __u32 folded = (__u32)sum;
+
+    folded = (folded & 0xffff) + (folded >> 16);
+    folded = (folded & 0xffff) + (folded >> 16);
+    return (__u16)~folded;
+}
+
+struct na_pseudo_hdr {
+    __be32 saddr, daddr;
+    __u8 zero, proto;
+    __be16 len;
+};
+
+/* A TCP SYN to a service without any endpoint is refused at once (ECONNREFUSED at the
+ * client), as kube-proxy's REJECT and the socket load balancer do: the packet becomes a
+ * RST+ACK from the service address (options and payload cut off, checksums computed afresh),
+ * sent back out of the device it came in by. Anything else to such a service is dropped. */
+static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow)
+{
+    struct tcphdr syn;
+    struct iphdr ip;
+
+    if (flow->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, flow->l4_off, &syn, sizeof(syn)) < 0
+        || bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) < 0 || !syn.syn || syn.ack || syn.rst)
+        return TC_ACT_SHOT;
+    __u32 payload = (__u32)NA_HTONS(ip.tot_len) - sizeof(ip) - syn.doff * 4;
+    struct tcphdr rst = {.source = syn.dest, .dest = syn.source, .doff = 5, .rst = 1, .ack = 1,
+                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn.seq) + 1 + payload)};
+    struct iphdr reply = {.version = 4, .ihl = 5, .tot_len = NA_HTONS(sizeof(reply) + sizeof(rst)), .ttl = 64,
+                          .protocol = IPPROTO_TCP, .saddr = ip.daddr, .daddr = ip.saddr};
+    struct na_pseudo_hdr pseudo = {.saddr = ip.daddr, .daddr = ip.saddr, .proto = IPPROTO_TCP,
+                                   .len = NA_HTONS(sizeof(rst))};
+    reply.check = csum_fold(bpf_csum_diff(0, 0, (void *)&reply, sizeof(reply), 0));
+    rst.check = csum_fold(bpf_csum_diff(0, 0, (void *)&rst, sizeof(rst),
+                                        bpf_csum_diff(0, 0, (void *)&pseudo, sizeof(pseudo), 0)));
+    unsigned char macs[12];
+    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
+        || bpf_skb_change_tail(skb, ETH_HLEN_ + sizeof(reply) + sizeof(rst), 0) < 0)
+        return TC_ACT_SHOT;
+    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
+    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_, &reply, sizeof(reply), 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_ + sizeof(reply), &rst, sizeof(rst), 0);
+    return bpf_redirect(skb->ifindex, 0);
+}
+
 /* A new flow to a service address: DNAT (and SNAT when asked) and remember both directions.
  * From outside (`from_pod` 0): NodePorts, external and LB IPs, to the external set, replies
  * (to an SNAT address) translated here too. From a pod whose sockets the socket load balancer
@@ -201,9 +251,11 @@ static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
     }
     __u32 set_id = from_pod ? svc->set_id : svc->ext_set_id;
     __u32 count = from_pod ? svc->count : svc->ext_count;
+    if (svc->flags & NA_F_NO_ENDPOINTS)
+        return reset_syn(skb, &flow);
     if (count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, set_id, count, svc->affinity_timeout,
                                     &backend))
-        return TC_ACT_SHOT;   /* no endpoint (or, under Local policy, none on this node) */
+        return TC_ACT_SHOT;   /* none on this node under Local policy: dropped, as kube-proxy does */
 
     __be32 saddr = flow.saddr;
     __be16 sport = flow.sport;

@@ -197,3 +197,25 @@ def test_a_pod_outside_the_cgroup_reaches_services_through_its_host_veth(lab):
             seen = {(answer.split()[0], answer.split()[1]) for answer, _ in results}
             assert seen == {("web-2", ips[client]), ("web-1", ips[client] if client != "web-1" else address)}, \
                 (client, address, seen)
+
+
+def test_the_tc_path_refuses_a_service_without_endpoints_at_once(lab):
+    """A SYN to an empty service is answered with a reset from the service address: from the
+    internet (the underlay's program) and from a pod outside the cgroup (its veth's)."""
+    node1 = sorted(lab.state.nodes)[0]
+    lab.api().apply(manifest("nobody-external", selector={"app": "nobody"}, type="NodePort", ports=[http_port()]))
+    node_port = service_of(lab, "nobody-external")["spec"]["ports"][0]["nodePort"]
+    address = lab.state.nodes[node1].address
+    wait_for(lambda: backends_on(lab, node1).get(f"{address}:{node_port}/TCP") == set(), timeout=20,
+             what="the empty NodePort")
+    try:
+        for argv, target in ((namespaces.exec_prefix(lab.netns_of("internet")), (address, node_port)),
+                             (namespaces.exec_prefix(lab.netns_of("client")),
+                              (service_of(lab, "nobody")["spec"]["clusterIP"], 80))):
+            out = subprocess.run([*argv, sys.executable, "-m", "tests.cluster.traffic", "poll-tcp", target[0],
+                                  str(target[1]), "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+            results = json.loads(out.stdout or "[]")
+            assert len(results) == 3 and all("ConnectionRefusedError" in answer and seconds < 1
+                                             for answer, seconds in results), (target, results, out.stderr)
+    finally:
+        lab.api().delete("v1", "Service", "nobody-external", namespace="default")

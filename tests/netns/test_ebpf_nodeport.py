@@ -35,6 +35,7 @@ SERVICES = dict(
     sticky=port("sticky", 5, 30005, endpoints_on=[(f"10.244.2.{i}", "node-2") for i in range(10, 20)],
                 affinity_timeout=600),
     dns=port("dns", 6, 30053, endpoints_on=[(REMOTE_POD, "node-2")], protocol=Protocol.UDP),
+    empty=port("empty", 7, 30007, endpoints_on=[]),
 )
 
 
@@ -193,3 +194,15 @@ def test_a_pod_reaching_itself_is_snated_to_the_service_and_sent_straight_back_b
     assert (reply[IP].src, reply[TCP].sport, reply[IP].dst, reply[TCP].dport) == (NODE_IP, 30002, LOCAL_POD, 40104)
     code, again = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 40104, NODE_IP, 30002, flags="A"))
     assert code == TC_ACT_REDIRECT and (again[IP].src, again[IP].dst) == (NODE_IP, LOCAL_POD)
+
+
+def test_a_syn_to_a_service_without_endpoints_is_answered_by_a_reset_from_the_service(tc):
+    syn = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=CLIENT, dst=NODE_IP) / \
+        TCP(sport=40200, dport=30007, flags="S", seq=5000, options=[("MSS", 1460), ("SAckOK", b""), ("WScale", 7)])
+    for program, packet in (("na_tc_ingress", syn), ("na_tc_from_pod", syn)):
+        code, out = run(tc[program], packet)
+        assert code == TC_ACT_REDIRECT and (out.src, out.dst) == (syn.dst, syn.src), program
+        assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (NODE_IP, 30007, CLIENT, 40200)
+        assert out[TCP].flags == "RA" and out[TCP].ack == 5001 and len(out[IP]) == 40 and checksums_valid(out)
+    code, _ = run(tc["na_tc_from_pod"], tcp(POD_CLIENT, 40201, "10.96.0.7", 80, flags="A"))   # not a SYN: dropped
+    assert code == TC_ACT_SHOT

@@ -1,6 +1,7 @@
 """One behaviour suite, the same assertions for every backend: a client in one namespace, two
 backends in another, real sockets. Parity is shown, not claimed: a backend that behaves
-differently fails under its own id. iptables (both of its backends) and eBPF run here; IPVS
+differently fails under its own id. iptables (both of its backends) and eBPF (the socket load
+balancer, and the tc path of pods outside its cgroup) run here; IPVS
 needs a kernel with IPVS, so its leg (tests/vm/guest/test_proxy_parity_ipvs.py) runs in the VM
 tier's guest with this module's scenario: `programmed_by` and `assert_same_behaviour`."""
 import contextlib
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
+from ebpf.loader import SocketLbLoader
+from ebpf.tc import attach_tc
 from netagent.kernel import namespaces
 from netagent.kernel.iptables.backend import IptablesBackend
 from proxy.backend import ProxyBackend
@@ -68,16 +71,25 @@ def assert_same_behaviour(result: subprocess.CompletedProcess) -> None:
     assert out["empty"] == errno.ECONNREFUSED
 
 
-@pytest.fixture(params=["iptables-legacy", "iptables-nft", "ebpf"])
+@pytest.fixture(params=["iptables-legacy", "iptables-nft", "ebpf", "ebpf-tc"])
 def programmed(request):
-    """How to run the client, with the services programmed by one backend."""
-    with ClientAndBackends() as topology:
+    """How to run the client, with the services programmed by one backend. "ebpf" is the socket
+    load balancer (the client in its cgroup); "ebpf-tc" the packet path a pod outside the cgroup
+    takes (`na_tc_from_pod` and `na_tc_egress` on the backends' side of the link, as on a pod's
+    host veth, with the client in no cgroup of ours)."""
+    with ClientAndBackends() as topology, contextlib.ExitStack() as stack:
         client_ns = topology.names["cli"]
-        if request.param == "ebpf":
+        if request.param.startswith("ebpf"):
             require_bcc()
-            cgroup = request.getfixturevalue("test_cgroup")
-            backend = build_ebpf_backend(EbpfPaths(bpf_root=request.getfixturevalue("bpf_root"), cgroup=cgroup))
+            cgroup, bpf_root = request.getfixturevalue("test_cgroup"), request.getfixturevalue("bpf_root")
+            backend = build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup=cgroup))
             run = lambda: run_in_cgroup(cgroup, client_ns, CLIENT)  # noqa: E731
+            if request.param == "ebpf-tc":
+                programs = stack.enter_context(SocketLbLoader(bpf_root=bpf_root, cgroup=cgroup).load_tc())
+                with open(namespaces.netns_path(topology.names["be"])) as netns, namespaces.entered(netns.fileno()):
+                    attach_tc(f"na-f{client_ns[-6:]}", programs.fds, ingress="na_tc_from_pod")
+                namespaces.run_in(client_ns, ["ip", "route", "add", "10.96.0.0/16", "via", BACKENDS[0]], check=True)
+                run = client_in(client_ns)
         else:
             # iptables needs a route to the cluster IPs: DNAT in OUTPUT comes after routing
             namespaces.run_in(client_ns, ["ip", "route", "add", "10.96.0.0/16", "dev",
