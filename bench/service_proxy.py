@@ -17,7 +17,8 @@ For each size and backend, in a fresh network namespace:
    services is skipped (ENVIRONMENT.md: more than 25 minutes) unless `--nft-floor-at-10k`.
 5. ebpf: programs compiled by bcc and attached to a cgroup the benchmark makes, maps pinned
    in a private bpffs it mounts (both removed after); the compile and load times at start are
-   printed; "rules" are map entries (service entries + slots).
+   printed; "rules" are map entries (service entries + slots); "/metrics map fill" is what
+   a scrape of the map-size metrics costs (every map's entries counted in the kernel).
 6. `--connect N`: connect() latency (median, p99 over N connects) from a client in the
    benchmark's namespace (and cgroup, for ebpf) to the last service, whose one endpoint is a
    listener in that namespace: does it grow with the number of services?
@@ -193,6 +194,11 @@ def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int,
         started = time.perf_counter()
         backend.sync(state, changed=frozenset({name}))
         changes.append(time.perf_counter() - started)
+    if mode == "ebpf":   # what a /metrics scrape costs: every map's fill counted in the kernel
+        started = time.perf_counter()
+        fill = backend.table_fill()
+        extra["scrape"] = time.perf_counter() - started
+        extra["entries"] = sum(entries for entries, _ in fill.values())
     if connects:
         state = with_listener(state)   # a change may have hit the last service: put its listener back
         backend.sync(state, changed=frozenset({max(state.services, key=lambda n: int(n.name.split("-")[1]))}))
@@ -358,6 +364,8 @@ def main() -> int:
             if "compile" in result:
                 print(f"{'':>8}  {'  ebpf start':<28} bcc compile {result['compile']:.3f} s, load+attach "
                       f"{result['load']:.3f} s, open maps {result['start'] - result['compile'] - result['load']:.3f} s")
+                print(f"{'':>8}  {'  /metrics map fill':<28} {result['entries']} entries counted in "
+                      f"{result['scrape'] * 1e3:.1f} ms")
             if "connect" in result:
                 median, p99 = result["connect"]
                 print(f"{'':>8}  {'  connect() to last service':<28} median {median * 1e6:.0f} us, "

@@ -28,7 +28,7 @@ from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
 SOURCE = Path(__file__).with_name("sock_lb.c")
 TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
 PROG_TYPE_SCHED_CLS = 3
-TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress")
+TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress", "na_tc_from_pod")
 PROG_TYPE_CGROUP_SOCK_ADDR = 18
 
 # program name -> attach type (linux/bpf.h enum bpf_attach_type)
@@ -158,10 +158,12 @@ def remove_pins(bpf_root: str) -> list[str]:
 
 class SocketLbLoader:
     def __init__(self, *, bpf_root: str, cgroup: str, set_retval: bool | None = None,
-                 tc_device: str | None = None):
+                 tc_device: str | None = None, pod_veths: bool = False):
         self.bpf_root = bpf_root
         self.cgroup = cgroup
         self.tc_device = tc_device   # where the tc path is attached (None: not attached)
+        self.pod_veths = pod_veths   # keep the pod veths' programs for ebpf/pod_veths.py
+        self.pod_veth_fds: dict[str, int] = {}   # duplicates the caller owns (and closes)
         self.set_retval = has_set_retval() if set_retval is None else set_retval
 
     @property
@@ -199,14 +201,19 @@ class SocketLbLoader:
                     attached.append(name)
                 else:
                     kept.append(name)
-            if self.tc_device:
+            if self.tc_device or self.pod_veths:
                 from ebpf.tc import attach_tc
                 try:
                     fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
-                    attach_tc(self.tc_device, fds)
+                    if self.tc_device:
+                        attach_tc(self.tc_device, fds)
                 except Exception as error:
                     raise EbpfError(f"attaching the tc programs to {self.tc_device}: {error}") from None
-                attached += [f"{name} on {self.tc_device}" for name in TC_PROGRAMS]
+                if self.tc_device:
+                    attached += [f"{name} on {self.tc_device}" for name in ("na_tc_ingress", "na_tc_egress")]
+                if self.pod_veths:
+                    from ebpf.pod_veths import PROGRAMS as POD_VETH_PROGRAMS
+                    self.pod_veth_fds = {name: os.dup(fds[name]) for name in POD_VETH_PROGRAMS}
         finally:
             os.close(cg_fd)
             compiled.cleanup()   # the programs stay alive while attached, the maps while pinned

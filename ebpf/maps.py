@@ -102,7 +102,7 @@ class CtKey(ctypes.Structure):
 
 class CtValue(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
-                ("dport", ctypes.c_uint16), ("pad", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+                ("dport", ctypes.c_uint16), ("flags", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
 
 
 class LbSrcKey(ctypes.Structure):

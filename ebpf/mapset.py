@@ -33,6 +33,7 @@ class BpfMap(ABC):
     name: str
     key_size: int
     value_size: int
+    max_entries: int
 
     @abstractmethod
     def read_all(self) -> dict[bytes, bytes]:
@@ -85,7 +86,7 @@ class PinnedMap(BpfMap):
         return syscall.map_lookup(self.fd, key, self.value_size)
 
     def count(self) -> int:
-        return syscall.map_count(self.fd, self.key_size)
+        return syscall.map_count(self.fd, self.key_size, self.value_size)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -12,17 +12,24 @@
  *   directions are remembered in `na_ct` (LRU), so every later packet of a connection meets
  *   the same backend and replies are reverse-translated. A reply from a remote backend (to
  *   the SNAT address and port) is translated back here too.
- * na_tc_egress (underlay egress): a reply from a local backend leaving the node gets the
- *   service address back as its source.
+ * na_tc_egress (underlay egress, and pod host veths' egress): a reply from a local backend
+ *   leaving the node, or any reply towards a pod served by na_tc_from_pod, gets the service
+ *   address back as its source.
+ * na_tc_from_pod (pod host veths' ingress, `--bpf-pod-veths`): connections of pods whose
+ *   processes are outside the socket load balancer's cgroup, to any service address.
+ * A TCP SYN to a service without endpoints is answered by a RST from the service address.
  * A packet that matches nothing is passed untouched. Checksums are fixed incrementally.
  */
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/tcp.h>
 
 #define NA_HTONS(x) ((__be16)__builtin_bswap16(x))   /* x86-64 and arm64 are little-endian */
 #define NA_CT_FORWARD 1
 #define NA_CT_REPLY 2
+#define NA_CT_HAIRPIN 3   /* a reply of a pod to itself through a service (na_tc_from_pod) */
+#define NA_CT_F_HAIRPIN 1 /* na_ct_value.flags: sent back out of the veth it came in by */
 #define NA_AFFINITY_CLIENT (1ULL << 63)
 #define NA_BACKEND_LOCAL 1
 #define NA_SNAT_PORT_MIN 32768
@@ -43,7 +50,7 @@ struct na_ct_value {
     __be32 daddr;   /* the packet's new destination */
     __be16 sport;
     __be16 dport;
-    __u32 pad;
+    __u32 flags;    /* NA_CT_F_HAIRPIN */
     __u64 created_ns;
 };
 
@@ -129,7 +136,8 @@ static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow,
     }
 }
 
-/* a known flow (either direction): translate as remembered; 1 when it was one */
+/* a known flow (either direction): translate as remembered; 1 when it was one, 2 when it
+ * is a hairpin (a pod reaching itself through a service) */
 static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __u8 dir)
 {
     struct na_ct_key key = {.saddr = flow->saddr, .daddr = flow->daddr, .sport = flow->sport,
@@ -139,10 +147,81 @@ static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __
     if (!nat)
         return 0;
     rewrite(skb, flow, nat->saddr, nat->sport, nat->daddr, nat->dport);
-    return 1;
+    return (nat->flags & NA_CT_F_HAIRPIN) ? 2 : 1;
 }
 
-int na_tc_ingress(struct __sk_buff *skb)
+/* A hairpin packet, translated, goes straight back out of the pod's veth (MACs swapped):
+ * never routed, since its source may now be a node address, which the host would refuse
+ * on a pod's veth. */
+static __always_inline int back_to_sender(struct __sk_buff *skb)
+{
+    unsigned char macs[12];
+
+    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0)
+        return TC_ACT_SHOT;
+    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
+    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
+    return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+    __u32 folded = (__u32)sum;
+
+    folded = (folded & 0xffff) + (folded >> 16);
+    folded = (folded & 0xffff) + (folded >> 16);
+    return (__u16)~folded;
+}
+
+struct na_pseudo_hdr {
+    __be32 saddr, daddr;
+    __u8 zero, proto;
+    __be16 len;
+};
+
+/* A TCP SYN to a service without any endpoint is refused at once (ECONNREFUSED at the
+ * client), as kube-proxy's REJECT and the socket load balancer do: the packet becomes a
+ * RST+ACK from the service address (options and payload cut off, checksums computed afresh),
+ * sent back out of the device it came in by. Anything else to such a service is dropped. */
+static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow)
+{
+    struct tcphdr syn;
+    struct iphdr ip;
+
+    if (flow->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, flow->l4_off, &syn, sizeof(syn)) < 0
+        || bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) < 0 || !syn.syn || syn.ack || syn.rst)
+        return TC_ACT_SHOT;
+    __u32 payload = (__u32)NA_HTONS(ip.tot_len) - sizeof(ip) - syn.doff * 4;
+    struct tcphdr rst = {.source = syn.dest, .dest = syn.source, .doff = 5, .rst = 1, .ack = 1,
+                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn.seq) + 1 + payload)};
+    struct iphdr reply = {.version = 4, .ihl = 5, .tot_len = NA_HTONS(sizeof(reply) + sizeof(rst)), .ttl = 64,
+                          .protocol = IPPROTO_TCP, .saddr = ip.daddr, .daddr = ip.saddr};
+    struct na_pseudo_hdr pseudo = {.saddr = ip.daddr, .daddr = ip.saddr, .proto = IPPROTO_TCP,
+                                   .len = NA_HTONS(sizeof(rst))};
+    reply.check = csum_fold(bpf_csum_diff(0, 0, (void *)&reply, sizeof(reply), 0));
+    rst.check = csum_fold(bpf_csum_diff(0, 0, (void *)&rst, sizeof(rst),
+                                        bpf_csum_diff(0, 0, (void *)&pseudo, sizeof(pseudo), 0)));
+    unsigned char macs[12];
+    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
+        || bpf_skb_change_tail(skb, ETH_HLEN_ + sizeof(reply) + sizeof(rst), 0) < 0)
+        return TC_ACT_SHOT;
+    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
+    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_, &reply, sizeof(reply), 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_ + sizeof(reply), &rst, sizeof(rst), 0);
+    return bpf_redirect(skb->ifindex, 0);
+}
+
+/* A new flow to a service address: DNAT (and SNAT when asked) and remember both directions.
+ * From outside (`from_pod` 0): NodePorts, external and LB IPs, to the external set, replies
+ * (to an SNAT address) translated here too. From a pod whose sockets the socket load balancer
+ * does not see (`from_pod` 1, on its host veth): cluster IPs as well, to the cluster set as
+ * for any connection made on this node, never SNATed; replies are translated where they leave
+ * towards the pod (na_tc_egress on its veth), so a reply never gets a node address as its
+ * source on a pod's veth (which would take accept_local there). Except a hairpin (the pod
+ * picked as its own backend): SNATed to the service address (the pod must not see its own
+ * address as the source) and sent back at once, both ways (back_to_sender). */
+static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
 {
     struct na_flow flow = {};
     struct na_svc_value *svc;
@@ -151,45 +230,70 @@ int na_tc_ingress(struct __sk_buff *skb)
 
     if (!parse(skb, &flow))
         return TC_ACT_OK;
-    if (known(skb, &flow, NA_CT_FORWARD) || known(skb, &flow, NA_CT_REPLY))
+    if (from_pod) {
+        int hit = known(skb, &flow, NA_CT_FORWARD);
+        if (!hit)
+            hit = known(skb, &flow, NA_CT_HAIRPIN);
+        if (hit)
+            return hit == 2 ? back_to_sender(skb) : TC_ACT_OK;
+    } else if (known(skb, &flow, NA_CT_FORWARD) || known(skb, &flow, NA_CT_REPLY)) {
         return TC_ACT_OK;
+    }
 
     struct na_svc_key key = {.addr = flow.daddr, .port = flow.dport, .proto = flow.proto};
     svc = na_svc.lookup(&key);
-    if (!svc || svc->kind == 1 /* ClusterIP: served by the socket load balancer */)
+    if (!svc || (!from_pod && svc->kind == 1 /* ClusterIP: served by the socket load balancer */))
         return TC_ACT_OK;
     if (svc->flags & NA_F_SOURCE_RANGES) {
         struct na_lbsrc_key src = {.prefixlen = 64, .set_id = svc->ext_set_id, .addr = flow.saddr};
         if (!na_lbsrc.lookup(&src))
             return TC_ACT_SHOT;
     }
-    if (svc->ext_count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, svc->ext_set_id, svc->ext_count,
-                                             svc->affinity_timeout, &backend))
-        return TC_ACT_SHOT;   /* no endpoint (or, under Local policy, none on this node) */
+    __u32 set_id = from_pod ? svc->set_id : svc->ext_set_id;
+    __u32 count = from_pod ? svc->count : svc->ext_count;
+    if (svc->flags & NA_F_NO_ENDPOINTS)
+        return reset_syn(skb, &flow);
+    if (count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, set_id, count, svc->affinity_timeout,
+                                    &backend))
+        return TC_ACT_SHOT;   /* none on this node under Local policy: dropped, as kube-proxy does */
 
     __be32 saddr = flow.saddr;
     __be16 sport = flow.sport;
     struct na_config *config = na_config.lookup(&zero);
-    if (!(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
+    if (!from_pod && !(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
         && (config->flags & NA_CONFIG_SNAT)) {
         saddr = svc->kind == 2 /* NodePort */ || !config->node_addr ? flow.daddr : config->node_addr;
         __u32 hash = bpf_get_prandom_u32();
         sport = NA_HTONS(NA_SNAT_PORT_MIN + hash % NA_SNAT_PORT_SPAN);
     }
+    int hairpin = from_pod && backend.addr == flow.saddr;
+    if (hairpin)
+        saddr = flow.daddr;
+    __u32 flags = hairpin ? NA_CT_F_HAIRPIN : 0;
     __u64 now = bpf_ktime_get_ns();
     struct na_ct_key fwd = {.saddr = flow.saddr, .daddr = flow.daddr, .sport = flow.sport, .dport = flow.dport,
                             .proto = flow.proto, .dir = NA_CT_FORWARD};
     struct na_ct_value to_backend = {.saddr = saddr, .daddr = backend.addr, .sport = sport, .dport = backend.port,
-                                     .created_ns = now};
+                                     .flags = flags, .created_ns = now};
     struct na_ct_key rev = {.saddr = backend.addr, .daddr = saddr, .sport = backend.port, .dport = sport,
-                            .proto = flow.proto, .dir = NA_CT_REPLY};
+                            .proto = flow.proto, .dir = hairpin ? NA_CT_HAIRPIN : NA_CT_REPLY};
     struct na_ct_value to_client = {.saddr = flow.daddr, .daddr = flow.saddr, .sport = flow.dport,
-                                    .dport = flow.sport, .created_ns = now};
+                                    .dport = flow.sport, .flags = flags, .created_ns = now};
     if (na_ct.insert(&rev, &to_client) != 0)
         return TC_ACT_SHOT;   /* that SNAT port is taken: the client's retransmission picks another */
     na_ct.update(&fwd, &to_backend);
     rewrite(skb, &flow, saddr, sport, backend.addr, backend.port);
-    return TC_ACT_OK;
+    return hairpin ? back_to_sender(skb) : TC_ACT_OK;
+}
+
+int na_tc_ingress(struct __sk_buff *skb)
+{
+    return translate_new(skb, 0);
+}
+
+int na_tc_from_pod(struct __sk_buff *skb)
+{
+    return translate_new(skb, 1);
 }
 
 int na_tc_egress(struct __sk_buff *skb)

@@ -13,6 +13,7 @@ import ctypes
 import errno
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _SYS_BPF = 321   # x86_64
@@ -172,7 +173,14 @@ def map_keys(fd: int, key_size: int) -> list[bytes]:
         keys.append(nxt.raw)
 
 
-def map_count(fd: int, key_size: int) -> int:
+def map_count(fd: int, key_size: int, value_size: int, *, chunk: int = 8192) -> int:
+    """How many entries: summed over MAP_LOOKUP_BATCH chunks (a few calls for 100k entries),
+    else by a key walk (LPM trie); for status and for the metrics' scrapes."""
+    try:
+        return sum(got for got, _, _ in _batches(fd, key_size, value_size, chunk))
+    except BpfError as error:
+        if error.errno not in _NO_BATCH:
+            raise
     return len(map_keys(fd, key_size))
 
 
@@ -200,6 +208,14 @@ def map_read_all(fd: int, key_size: int, value_size: int, *, chunk: int = 8192) 
 
 def _read_batches(fd: int, key_size: int, value_size: int, chunk: int) -> dict[bytes, bytes]:
     out: dict[bytes, bytes] = {}
+    for got, kraw, vraw in _batches(fd, key_size, value_size, chunk):
+        for i in range(got):
+            out[kraw[i * key_size:(i + 1) * key_size]] = vraw[i * value_size:(i + 1) * value_size]
+    return out
+
+
+def _batches(fd: int, key_size: int, value_size: int, chunk: int) -> Iterator[tuple[int, bytes, bytes]]:
+    """MAP_LOOKUP_BATCH over the whole map: (entries got, their keys, their values) per call."""
     keys = ctypes.create_string_buffer(key_size * chunk)
     values = ctypes.create_string_buffer(value_size * chunk)
     token_in = ctypes.create_string_buffer(max(key_size, 8))
@@ -216,11 +232,9 @@ def _read_batches(fd: int, key_size: int, value_size: int, chunk: int) -> dict[b
                 raise
             done = True
         got = struct.unpack_from("=I", attr, 32)[0]
-        kraw, vraw = keys.raw, values.raw
-        for i in range(got):
-            out[kraw[i * key_size:(i + 1) * key_size]] = vraw[i * value_size:(i + 1) * value_size]
+        yield got, keys.raw[:got * key_size], values.raw[:got * value_size]
         if done:
-            return out
+            return
         ctypes.memmove(token_in, token_out, len(token_in))
         first = False
 

@@ -1,8 +1,9 @@
 """Attaching the tc programs (ebpf/nodeport.c) to a device's clsact qdisc, and finding ours.
 
-`attach_tc` puts `na_tc_ingress` on the device's ingress hook and `na_tc_egress` on its
-egress hook (direct action), creating the clsact qdisc when missing and replacing filters of
-ours in place (same priority and handle), so a restarted agent swaps the code without a gap.
+`attach_tc` puts `na_tc_ingress` (`na_tc_from_pod` on pod host veths, ebpf/pod_veths.py)
+on the device's ingress hook and `na_tc_egress` on its egress hook (direct action), creating
+the clsact qdisc when missing and replacing filters of ours in place (same priority and
+handle), so a restarted agent swaps the code without a gap.
 The device must let a translated packet whose source is now a node address in
 (`accept_local`: a NodePort packet SNATed for a remote backend, and its reply translated back,
 both carry the node's address as their source); `TC_SYSCTLS` says so and the caller ensures it.
@@ -12,13 +13,13 @@ qdisc, which other software may share. Runs in the caller's network namespace.
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 
 from netagent.kernel.owned import BPF_NAME_PREFIX
 from netagent.kernel.sysctl import Sysctl
 
 INGRESS, EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
 PRIORITY = 0xC0DE   # our filters' preference on both hooks
-HOOKS = {"na_tc_ingress": INGRESS, "na_tc_egress": EGRESS}
 
 
 def tc_sysctls(device: str) -> list[Sysctl]:
@@ -36,7 +37,9 @@ def _ours(ipr, index: int, parent: int) -> list:
     return found
 
 
-def attach_tc(device: str, fds: dict[str, int]) -> None:
+def attach_tc(device: str, fds: Mapping[str, int], *, ingress: str = "na_tc_ingress") -> None:
+    """`ingress` on the device's ingress hook (the underlay's, or `na_tc_from_pod` on a pod's
+    host veth), `na_tc_egress` on its egress hook."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
     with IPRoute() as ipr:
@@ -49,7 +52,7 @@ def attach_tc(device: str, fds: dict[str, int]) -> None:
         except NetlinkError as error:
             if error.code != 17:   # EEXIST: the qdisc is there (ours or shared)
                 raise
-        for name, parent in HOOKS.items():
+        for name, parent in ((ingress, INGRESS), ("na_tc_egress", EGRESS)):
             ipr.tc("replace-filter", "bpf", index, handle=1, fd=fds[name], name=name, parent=parent,
                    prio=PRIORITY, classid=1, direct_action=True, protocol=0x0003)
 

@@ -14,6 +14,7 @@ the core's next sync is a full one.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -64,6 +65,12 @@ class ProxyBackend(ABC):
         """A `time.monotonic()` time by which the backend needs a sync even if nothing changes
         (IPVS: a draining real server's timeout); None when it needs none."""
         return None
+
+    def table_fill(self) -> Mapping[str, tuple[int, int]]:
+        """Each fixed-size kernel table this backend owns -> (entries now, capacity), read from
+        the kernel when asked (eBPF: every pinned map, for the metrics' scrapes); empty for
+        backends without such tables."""
+        return {}
 
     @abstractmethod
     def cleanup(self) -> None:

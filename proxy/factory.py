@@ -9,6 +9,8 @@ programs act on every socket of that cgroup whatever its network namespace.
 """
 from __future__ import annotations
 
+import os
+
 from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
@@ -47,20 +49,35 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
         raise BackendConfigError("--proxy-mode ebpf needs --bpf-root (a bpffs mount) and --cgroup-root "
                                  "(the cgroup v2 directory whose sockets are balanced)")
     report = None
+    veth_fds: dict[str, int] = {}   # the pod veths' programs, kept by the loader for the attacher
     try:
         if load:
-            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device)
+            loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device,
+                                    pod_veths=paths.pod_veths)
             if paths.tc_device:
                 from ebpf.tc import tc_sysctls
                 from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
                 ensure_sysctls(ProcSysctls(), tc_sysctls(paths.tc_device))
             report = loader.ensure_loaded()
+            veth_fds = loader.pod_veth_fds
         else:
             check_bpf_root(paths.bpf_root)
         maps = MapSet.open_pinned(pin_dir(paths.bpf_root))
     except (EbpfError, OSError, LookupError) as error:
+        for fd in veth_fds.values():
+            os.close(fd)
         raise BackendConfigError(str(error)) from None
-    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat)
+    pod_veths = None
+    if veth_fds:
+        from ebpf.pod_veths import PodVethAttacher
+        pod_veths = PodVethAttacher(veth_fds)
+        try:
+            pod_veths.start()
+        except Exception as error:
+            pod_veths.stop()
+            maps.close()
+            raise BackendConfigError(f"watching for pod veths: {error}") from None
+    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat, pod_veths=pod_veths)
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,

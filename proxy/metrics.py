@@ -16,11 +16,17 @@ Dashboards and alerts written for kube-proxy keep working:
     kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}  Local-policy services with none here
 
 and netagent's own: `netagent_proxy_services` (service ports programmed),
-`netagent_proxy_endpoints` (endpoints programmed), `netagent_proxy_conntrack_deleted_total`.
+`netagent_proxy_endpoints` (endpoints programmed), `netagent_proxy_conntrack_deleted_total`,
+and for a backend with fixed-size kernel tables (eBPF: the pinned maps; kube-proxy has no
+such names) `netagent_proxy_bpf_map_entries{map}` and `netagent_proxy_bpf_map_max_entries{map}`,
+read from the kernel at scrape time (one batch lookup per 8k entries), so they show what the
+programs see, LRU tables included. The sync histograms above are the same for every backend.
 The programming-duration buckets are kube-proxy's (0.25 s to about 4.5 h), the sync ones
 netagent's shared sync buckets.
 """
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
 
 from netagent.infra.metrics import Registry, exponential_buckets
 
@@ -29,7 +35,8 @@ PROGRAMMING_BUCKETS = (0.25, 0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30,
 
 
 class ProxyMetrics:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, *,
+                 table_fill: Callable[[], Mapping[str, tuple[int, int]]] | None = None) -> None:
         self.registry = registry
         self.sync = registry.histogram("kubeproxy_sync_proxy_rules_duration_seconds",
                                        "SyncProxyRules latency in seconds")
@@ -66,3 +73,16 @@ class ProxyMetrics:
         self.endpoints = registry.gauge("netagent_proxy_endpoints", "Endpoints programmed (all service ports).")
         self.conntrack_deleted = registry.counter("netagent_proxy_conntrack_deleted_total",
                                                   "Stale UDP conntrack entries deleted.")
+        if table_fill is not None:
+            self._register_table_fill(table_fill)
+
+    def _register_table_fill(self, table_fill: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        capacity: dict[tuple[str, ...], float] = {(name,): size for name, (_, size) in table_fill().items()}
+        if not capacity:
+            return
+        self.registry.callback_gauge("netagent_proxy_bpf_map_entries", "Entries in each BPF map of the proxy.",
+                                     lambda: {(name,): entries for name, (entries, _) in table_fill().items()},
+                                     labels=("map",))
+        self.registry.callback_gauge("netagent_proxy_bpf_map_max_entries",
+                                     "Capacity (max_entries) of each BPF map of the proxy.",
+                                     lambda: capacity, labels=("map",))

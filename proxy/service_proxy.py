@@ -81,7 +81,7 @@ class ServiceProxy:
     ) -> None:
         self.settings = settings
         self.backend = backend
-        self.metrics = ProxyMetrics(registry)
+        self.metrics = ProxyMetrics(registry, table_fill=backend.table_fill)
         self._conntrack = conntrack
         self._healthcheck = healthcheck
         self._local_addresses = local_addresses

@@ -46,6 +46,9 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--bpf-nodeport-device",
                        help="ebpf mode: the underlay device whose traffic from outside the node is translated "
                             "(NodePorts, external and load-balancer IPs); none: only this node's sockets are served")
+    proxy.add_argument("--bpf-pod-veths", action="store_true",
+                       help="ebpf mode: also translate on pod host veths, for pods whose processes are outside "
+                            "--cgroup-root (their connections to any service address)")
 
 
 def ebpf_paths(args):
@@ -53,7 +56,8 @@ def ebpf_paths(args):
     from proxy.ebpf.backend import EbpfPaths
     bpf_root, cgroup = getattr(args, "bpf_root", None), getattr(args, "cgroup_root", None)
     return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup or "",
-                     tc_device=getattr(args, "bpf_nodeport_device", None)) if bpf_root or cgroup else None
+                     tc_device=getattr(args, "bpf_nodeport_device", None),
+                     pod_veths=bool(getattr(args, "bpf_pod_veths", False))) if bpf_root or cgroup else None
 
 
 class ProxyStartError(Exception):

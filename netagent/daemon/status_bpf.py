@@ -34,8 +34,8 @@ def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
             fd = syscall.obj_get(path)
             try:
                 info = syscall.map_info(fd)
-                status["maps"].append({"name": name, "entries": syscall.map_count(fd, info.key_size),
-                                       "max_entries": info.max_entries})
+                entries = syscall.map_count(fd, info.key_size, info.value_size)
+                status["maps"].append({"name": name, "entries": entries, "max_entries": info.max_entries})
             finally:
                 os.close(fd)
     return status

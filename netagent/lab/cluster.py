@@ -283,7 +283,7 @@ class LabCluster:
                 "--cni-data-dir", os.path.join(directory, "ipam"), "--status-bind", "0.0.0.0:10258",
                 "--resync-period", str(self.state.resync_period), "--proxy-mode", self.state.proxy_mode]
         if self.ebpf:
-            argv += ["--bpf-root", self.bpf_root(name), "--bpf-nodeport-device", "eth0",
+            argv += ["--bpf-root", self.bpf_root(name), "--bpf-nodeport-device", "eth0", "--bpf-pod-veths",
                      "--cgroup-root", bpf_places.node_cgroup(self.workdir, self.state.prefix, name)]
         if self.state.network_policy:
             argv.append("--network-policy")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from ebpf import maps as M
 from ebpf.loader import LoadReport
 from ebpf.mapset import MapSet
+from ebpf.pod_veths import PodVethAttacher
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.ebpf.readback import programmed_services, slot_layouts
@@ -39,11 +40,13 @@ from proxy.model import NodeContext, ProxyState, ServicePortName
 @dataclass(frozen=True)
 class EbpfPaths:
     """Where the agent was told its dataplane lives (`--bpf-root`, `--cgroup-root`, and the
-    device of the tc path for traffic from outside, `--bpf-nodeport-device`)."""
+    device of the tc path for traffic from outside, `--bpf-nodeport-device`; the tc path on pod
+    host veths for pods outside the cgroup, `--bpf-pod-veths`)."""
 
     bpf_root: str
     cgroup: str
     tc_device: str | None = None
+    pod_veths: bool = False
 
 
 @dataclass
@@ -86,8 +89,9 @@ class EbpfProxy(ProxyBackend):
     mode = ProxyMode.EBPF
 
     def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None,
-                 tc_snat: bool = False):
+                 tc_snat: bool = False, pod_veths: PodVethAttacher | None = None):
         self.maps = maps
+        self.pod_veths = pod_veths   # attaching the tc path to pod veths as they appear (a thread)
         self.tc_snat = tc_snat   # the tc path SNATs to remote backends itself (False: the node's masquerade does)
         self.paths = paths
         self.load_report = load_report   # bcc compile and load times at start, for the log and the bench
@@ -195,6 +199,9 @@ class EbpfProxy(ProxyBackend):
     def programmed(self) -> list[ProgrammedService]:
         return programmed_services(self.maps)
 
+    def table_fill(self) -> dict[str, tuple[int, int]]:
+        return {name: (bpf_map.count(), bpf_map.max_entries) for name, bpf_map in self.maps.by_name().items()}
+
     def cleanup(self) -> None:
         """Real maps: detach our programs from the cgroup (and our tc filters from this
         namespace's devices) and unpin the maps. Without paths
@@ -206,9 +213,12 @@ class EbpfProxy(ProxyBackend):
             return
         from ebpf.loader import detach_owned, remove_pins
         from ebpf.tc import detach_tc
+        if self.pod_veths is not None:
+            self.pod_veths.stop()
+            self.pod_veths = None
         self.maps.close()
         detach_owned(self.paths.cgroup)
-        if self.paths.tc_device:
+        if self.paths.tc_device or self.paths.pod_veths:
             detach_tc()
         remove_pins(self.paths.bpf_root)
 

@@ -20,9 +20,14 @@ PREFIX = "na-tc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def our_namespaces(prefix: str = PREFIX) -> list:
+_CREATED: set[str] = set()   # the unique prefixes of the labs this process made
+
+
+def our_namespaces() -> list:
+    """Namespaces of labs this process made (other processes' labs share PREFIX, not the id)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+    return [line.split()[0] for line in out.splitlines()
+            if any(line.startswith(f"{prefix}-") for prefix in _CREATED)]
 
 
 @contextlib.contextmanager
@@ -31,6 +36,7 @@ def lab_cluster(*, prefix: str = PREFIX, **kwargs):
     set (the DaemonSet as the kubelet runs it: tests/deploy builds it), else as processes."""
     kwargs.setdefault("agent_image", os.environ.get("NETAGENT_TEST_AGENT_IMAGE") or None)
     lab = LabCluster.create(prefix=prefix, **kwargs)
+    _CREATED.add(lab.state.prefix)
     try:
         yield lab
     finally:

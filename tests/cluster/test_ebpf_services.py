@@ -4,20 +4,33 @@ One 2-node vxlan lab in `--proxy-mode ebpf`: each node's agent attaches the prog
 node's cgroup and pins its maps in a bpffs under the lab's state directory; pod commands run
 inside their node's cgroup. Servers answer with their pod's name and the peer address they
 saw, so each test can say which endpoint answered and that the client address was kept (the
-connection goes straight to the pod: no NAT at all).
+connection goes straight to the pod: no NAT at all). Rolling endpoints under load is the
+iptables module's scenario (`roll_endpoints_under_load`), run here on the eBPF lab.
 """
 from __future__ import annotations
 
 import json
+import re
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
+from netagent.kernel import namespaces
 from netagent.lab.bpf_places import in_cgroup_of
-from tests.cluster.lab_tools import Background, lab_cluster, serve, wait_for
-from tests.cluster.test_services import answered_by, http_port, manifest, pod_ips, poll, service_of
+from tests.cluster.lab_tools import ROOT, Background, lab_cluster, serve, wait_for
+from tests.cluster.test_services import (
+    answered_by,
+    backends_on,
+    http_port,
+    manifest,
+    pod_ips,
+    poll,
+    roll_endpoints_under_load,
+    service_of,
+)
 
 WEB_PORT, UDP_PORT = 8080, 5353
 pytestmark = pytest.mark.usefixtures("_bcc")
@@ -31,13 +44,7 @@ def _bcc():
 
 def programmed(lab, node: str, address: str, expected: set[str]) -> None:
     """Wait until `node`'s maps (read back by `netagent status services`) balance `address` to `expected`."""
-    def ready() -> bool:
-        out = lab.exec(node, [sys.executable, "-m", "netagent.cli", "status", "services", "--json",
-                              "--bpf-root", lab.bpf_root(node)]).stdout
-        services = json.loads(out)["services"] if out else []
-        return any(s["address"] == address and {b.split(":")[0] for b in s["backends"]} == expected
-                   for s in services)
-    wait_for(ready, timeout=20, what=f"{address} on {node}")
+    wait_for(lambda: backends_on(lab, node).get(address) == expected, timeout=20, what=f"{address} on {node}")
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +135,22 @@ def test_agent_kill_9_and_restart_keeps_connections_and_rewrites_nothing(lab):
 
 
 
+def test_metrics_show_map_fill_and_sync_durations(lab):
+    node1 = sorted(lab.state.nodes)[0]
+    text = lab.exec(node1, [sys.executable, "-c", "import urllib.request; print(urllib.request.urlopen("
+                                                  "'http://127.0.0.1:10249/metrics', timeout=10).read().decode())"],
+                    timeout=30).stdout
+    fill = {m.group(1): int(m.group(2)) for m in re.finditer(r'^netagent_proxy_bpf_map_entries{map="(\w+)"} (\d+)$',
+                                                              text, re.M)}
+    pinned = json.loads(lab.exec(node1, [sys.executable, "-m", "netagent.cli", "status", "bpf", "--json",
+                                         "--bpf-root", lab.bpf_root(node1)]).stdout)["maps"]
+    assert fill["na_svc"] == len(backends_on(lab, node1)) > 0, fill
+    for owned in ("na_svc", "na_slots", "na_setname", "na_lbsrc", "na_config"):   # the agent's, not the LRUs
+        assert fill[owned] == next(m["entries"] for m in pinned if m["name"] == owned), (owned, fill, pinned)
+    assert re.search(r'^netagent_proxy_bpf_map_max_entries{map="na_svc"} [1-9]', text, re.M), text
+    assert re.search(r"^kubeproxy_sync_full_proxy_rules_duration_seconds_count [1-9]", text, re.M), text
+
+
 def test_node_port_from_outside_reaches_local_and_remote_endpoints(lab):
     node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
     for node in sorted(lab.state.nodes):
@@ -141,3 +164,58 @@ def test_external_traffic_policy_local_keeps_the_client_address(lab):
     results = poll(lab, "internet", lab.state.nodes[node1].address, node_port, 10)
     assert answered_by(results) == ["web-1"] * 10, results
     assert {answer.split()[1] for answer, _ in results} == {lab.status()["internet"]["address"]}
+
+
+def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
+    node1, node2 = sorted(lab.state.nodes)
+    lab.add_pod("web-3", node=node2, labels={"app": "web"}, ports={"http": WEB_PORT})
+    leaving = serve(lab, "web-3", "tcp", WEB_PORT, lifetime=120, named=True)
+    try:
+        programmed(lab, node1, f"{service_of(lab, 'web')['spec']['clusterIP']}:80/TCP",
+                   {pod_ips(lab)[p] for p in ("web-1", "web-2", "web-3")})
+        roll_endpoints_under_load(lab, leaving="web-3", joining={"web-4": node1, "web-5": node2})
+    finally:
+        leaving.stop()
+
+
+def test_a_pod_outside_the_cgroup_reaches_services_through_its_host_veth(lab):
+    """The socket load balancer does not see these clients (they run in a pod's namespace but
+    not in the node's cgroup): `--bpf-pod-veths` translates their packets on the pod's host
+    veth. web-1 is a backend of its own services: when it picks itself (a hairpin) it sees the
+    service address as the source, otherwise every backend sees the pod's address."""
+    node1 = sorted(lab.state.nodes)[0]
+    node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
+    ips = pod_ips(lab)
+    for client in ("client", "web-1"):
+        for address, port in ((service_of(lab, "web")["spec"]["clusterIP"], 80),
+                              (lab.state.nodes[node1].address, node_port)):   # its own node's NodePort
+            out = subprocess.run([*namespaces.exec_prefix(lab.netns_of(client)), sys.executable, "-m",
+                                  "tests.cluster.traffic", "poll-tcp", address, str(port), "20"],
+                                 capture_output=True, text=True, timeout=120, cwd=ROOT)
+            results = json.loads(out.stdout or "[]")
+            assert set(answered_by(results)) == {"web-1", "web-2"}, (client, address, results, out.stderr)
+            seen = {(answer.split()[0], answer.split()[1]) for answer, _ in results}
+            assert seen == {("web-2", ips[client]), ("web-1", ips[client] if client != "web-1" else address)}, \
+                (client, address, seen)
+
+
+def test_the_tc_path_refuses_a_service_without_endpoints_at_once(lab):
+    """A SYN to an empty service is answered with a reset from the service address: from the
+    internet (the underlay's program) and from a pod outside the cgroup (its veth's)."""
+    node1 = sorted(lab.state.nodes)[0]
+    lab.api().apply(manifest("nobody-external", selector={"app": "nobody"}, type="NodePort", ports=[http_port()]))
+    node_port = service_of(lab, "nobody-external")["spec"]["ports"][0]["nodePort"]
+    address = lab.state.nodes[node1].address
+    wait_for(lambda: backends_on(lab, node1).get(f"{address}:{node_port}/TCP") == set(), timeout=20,
+             what="the empty NodePort")
+    try:
+        for argv, target in ((namespaces.exec_prefix(lab.netns_of("internet")), (address, node_port)),
+                             (namespaces.exec_prefix(lab.netns_of("client")),
+                              (service_of(lab, "nobody")["spec"]["clusterIP"], 80))):
+            out = subprocess.run([*argv, sys.executable, "-m", "tests.cluster.traffic", "poll-tcp", target[0],
+                                  str(target[1]), "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+            results = json.loads(out.stdout or "[]")
+            assert len(results) == 3 and all("ConnectionRefusedError" in answer and seconds < 1
+                                             for answer, seconds in results), (target, results, out.stderr)
+    finally:
+        lab.api().delete("v1", "Service", "nobody-external", namespace="default")

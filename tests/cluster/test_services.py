@@ -3,7 +3,8 @@
 One 2-node vxlan lab for the module, with the EndpointSlice controller deriving slices
 from the pods' labels exactly as `kubectl apply` of a plain Service would in a cluster.
 Servers answer with their pod's name and the peer address they saw, so each test can say
-which endpoint answered and whether the proxy masqueraded.
+which endpoint answered and whether the proxy masqueraded. `roll_endpoints_under_load`,
+`backends_on` and `settled` work in any proxy mode (the eBPF module uses them too).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 
 import pytest
 
+from netagent.lab.bpf_places import in_cgroup_of
 from tests.cluster.lab_tools import Background, lab_cluster, serve, traffic, wait_for
 
 WEB_PORT, UDP_PORT = 8080, 5353
@@ -57,18 +59,28 @@ def programmed(lab, node: str, service: str, expected: set[str], port: int = WEB
     wait_for(rules_ready, timeout=15, what=f"DNAT rules of {service} on {node}")
 
 
+def backends_on(lab, node: str) -> dict[str, set[str]]:
+    """Each service address `node` balances ("10.96.0.10:80/TCP") -> the endpoint addresses it
+    sends to, read back from the kernel by `netagent status services` (any proxy mode)."""
+    argv = [sys.executable, "-m", "netagent.cli", "status", "services", "--json"]
+    if lab.state.proxy_mode == "ebpf":
+        argv += ["--bpf-root", lab.bpf_root(node)]
+    out = lab.exec(node, argv).stdout
+    found: dict[str, set[str]] = {}
+    for service in json.loads(out)["services"] if out else ():
+        found.setdefault(service["address"], set()).update(b.split(":")[0] for b in service["backends"])
+    return found
+
+
 def settled(lab) -> None:
-    """Wait until every node's DNAT rules point only at pods that exist (after pods went away), or at
-    the API server (the endpoint of `default/kubernetes`)."""
+    """Wait until every node sends only to pods that exist (after pods went away), or to the API
+    server (the endpoint of `default/kubernetes`)."""
     api_server = lab.api_url.split("//")[1].rsplit(":", 1)[0]
     for node in sorted(lab.state.nodes):
         def only_live_targets() -> bool:
             live = set(pod_ips(lab).values()) | {api_server}
-            saved = lab.exec(node, ["iptables-save", "-t", "nat"]).stdout
-            targets = {word.split(":")[0] for line in saved.splitlines() if "--to-destination" in line
-                       for word in line.split()[line.split().index("--to-destination") + 1:][:1]}
-            return targets <= live
-        wait_for(only_live_targets, timeout=15, what=f"{node}'s rules to forget removed pods")
+            return all(found <= live for found in backends_on(lab, node).values())
+        wait_for(only_live_targets, timeout=20, what=f"{node}'s services to forget removed pods")
 
 
 @pytest.fixture(scope="module")
@@ -196,32 +208,46 @@ def test_udp_client_moves_to_the_new_endpoint_when_the_old_one_goes(lab):
 
 def test_rolling_the_endpoints_under_load_loses_no_connection(lab):
     node1, node2 = sorted(lab.state.nodes)
+    roll_endpoints_under_load(lab, leaving="web-2", joining={"web-4": node1, "web-5": node2})
+
+
+def roll_endpoints_under_load(lab, *, leaving: str, joining: dict[str, str]) -> None:
+    """Long TCP connections through "web" stay up while the `joining` pods (name -> node) are
+    added and `leaving` terminates; connections made during and after the change all succeed,
+    and `leaving` is gone from the answers once the client's node has forgotten it. Any proxy
+    mode: what is programmed is read back by `netagent status services`. Removes `leaving` and
+    `joining` at the end and waits until every node has forgotten them."""
     cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
-    streams = [Background(lab.netns_of("client"), [sys.executable, "-m", "tests.cluster.traffic", "stream-tcp",
-                                                    cluster_ip, "80", "6"]) for _ in range(4)]
+    client_node = lab.state.pods["client"].node
+    before = slice_addresses(lab, "web")
+    stream = [sys.executable, "-m", "tests.cluster.traffic", "stream-tcp", cluster_ip, "80", "10"]
+    streams = [Background(lab.netns_of("client"), in_cgroup_of(lab.state, "client", [], stream)) for _ in range(4)]
     new_servers = []
     try:
-        for index, node in ((4, node1), (5, node2)):
-            name = f"web-{index}"
+        for name, node in joining.items():
             lab.add_pod(name, node=node, labels={"app": "web"}, ports={"http": WEB_PORT}, ready=False)
             new_servers.append(serve(lab, name, "tcp", WEB_PORT, lifetime=120, named=True))
             lab.set_pod_ready(name, ready=True)  # the readiness probe passes once it listens
-        lab.terminate_pod("web-2")  # terminating: serving, not ready; its network stays until finished
+        lab.terminate_pod(leaving)  # terminating: serving, not ready; its network stays until finished
         during = poll(lab, "client", cluster_ip, 80, 20)  # new connections while the change propagates
         ips = pod_ips(lab)
-        programmed(lab, node1, "web", {ips[p] for p in ("web-1", "web-3", "web-4", "web-5")})
-        wait_for(lambda: f"{ips['web-2']}:{WEB_PORT}" not in lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout,
-                 timeout=15, what="web-2 out of every service's rules")
+        expected = (before - {ips[leaving]}) | {ips[name] for name in joining}
+        wait_for(lambda: backends_on(lab, client_node).get(f"{cluster_ip}:80/TCP") == expected, timeout=20,
+                 what=f"web's new endpoints on {client_node}")
+        wait_for(lambda: not any(ips[leaving] in found for found in backends_on(lab, client_node).values()),
+                 timeout=20, what=f"{leaving} out of every service on {client_node}")
         after = poll(lab, "client", cluster_ip, 80, 30)
         summaries = [json.loads(stream.stop_when_done(timeout=30)[0]) for stream in streams]
         assert all(s["error"] is None and s["answered"] == s["sent"] > 100 for s in summaries), summaries
         assert len(answered_by(during)) == 20, during
-        assert len(answered_by(after)) == 30 and "web-2" not in answered_by(after), after
-        assert {"web-4", "web-5"} <= set(answered_by(after)), after
+        assert len(answered_by(after)) == 30 and leaving not in answered_by(after), after
+        assert set(joining) <= set(answered_by(after)), after
     finally:
+        for stream in streams:
+            stream.stop()
         for server in new_servers:
             server.stop()
-        for name in ("web-2", "web-4", "web-5"):  # web-2's grace period ends: its network goes
+        for name in (leaving, *joining):  # the leaving pod's grace period ends: its network goes
             if name in lab.state.pods:
                 lab.remove_pod(name)
         settled(lab)

@@ -32,7 +32,7 @@ def deploy_lab(**kwargs):
 
 
 def our_namespaces() -> list:
-    return lab_tools.our_namespaces(PREFIX + "-")
+    return [name for name in lab_tools.our_namespaces() if name.startswith(PREFIX + "-")]
 
 
 def require_podman() -> None:

@@ -1,7 +1,7 @@
 """Fixtures for tests that build real namespaces: a lab node with or without its agent.
 
 Every fixture removes what it built, and a final check per test asserts that no namespace
-of ours and no interface of ours in the root namespace outlived it.
+the test made and no interface of ours in the root namespace outlived it.
 """
 import re
 import subprocess
@@ -22,13 +22,17 @@ def ours_in_root_namespace() -> list:
     return [n for n in names if n == "na0" or re.fullmatch(r"na[0-9a-f]{12}", n)]
 
 
+def our_namespaces() -> set:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)}
+
+
 @pytest.fixture(autouse=True)
 def _root_and_no_leaks():
     require_root_netns()
+    before = our_namespaces()  # another suite's namespaces on a shared machine are not this test's
     yield
-    leaked = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                         text=True).stdout.splitlines()
-              if line.startswith(PREFIX)]
+    leaked = sorted(our_namespaces() - before)
     assert not leaked, f"namespaces leaked: {leaked}"
     assert not ours_in_root_namespace(), "an interface of ours appeared in the root namespace"
 

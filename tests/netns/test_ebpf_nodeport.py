@@ -35,6 +35,7 @@ SERVICES = dict(
     sticky=port("sticky", 5, 30005, endpoints_on=[(f"10.244.2.{i}", "node-2") for i in range(10, 20)],
                 affinity_timeout=600),
     dns=port("dns", 6, 30053, endpoints_on=[(REMOTE_POD, "node-2")], protocol=Protocol.UDP),
+    empty=port("empty", 7, 30007, endpoints_on=[]),
 )
 
 
@@ -143,3 +144,65 @@ def test_packets_that_are_not_for_a_service_pass_untouched(tc):
                    Ether() / IP(src=CLIENT, dst=NODE_IP) / (b"\x00" * 20)):
         code, out = run(tc["na_tc_ingress"], packet)
         assert code == TC_ACT_OK and bytes(out) == bytes(packet)
+
+
+POD_CLIENT = "10.244.1.9"
+
+
+def test_from_a_pod_a_cluster_ip_is_translated_to_the_cluster_set_and_the_reply_reversed_at_egress(tc):
+    code, out = run(tc["na_tc_from_pod"], tcp(POD_CLIENT, 40100, "10.96.0.1", 80))
+    assert code == TC_ACT_OK and checksums_valid(out)
+    assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (POD_CLIENT, 40100, REMOTE_POD, 8080)
+    code, reply = run(tc["na_tc_egress"], tcp(REMOTE_POD, 8080, POD_CLIENT, 40100, flags="SA"))
+    assert code == TC_ACT_OK and checksums_valid(reply)
+    assert (reply[IP].src, reply[TCP].sport, reply[IP].dst, reply[TCP].dport) == ("10.96.0.1", 80, POD_CLIENT, 40100)
+    _, outside = run(tc["na_tc_ingress"], tcp(CLIENT, 40100, "10.96.0.1", 80))   # the underlay leaves cluster IPs
+    assert (outside[IP].dst, outside[TCP].dport) == ("10.96.0.1", 80)
+
+
+def test_from_a_pod_a_node_port_is_never_snated_and_local_policy_uses_the_cluster_set(tc):
+    code, out = run(tc["na_tc_from_pod"], tcp(POD_CLIENT, 40101, NODE_IP, 30001))   # SNAT is asked for (tc)
+    assert code == TC_ACT_OK and (out[IP].src, out[IP].dst) == (POD_CLIENT, REMOTE_POD)
+    picked = {run(tc["na_tc_from_pod"], tcp(POD_CLIENT, sport, NODE_IP, 30003))[1][IP].dst
+              for sport in range(41100, 41140)}
+    assert picked == {LOCAL_POD, REMOTE_POD}   # Local policy is for traffic from outside the cluster
+
+
+def test_from_a_pod_replies_are_not_translated_on_the_way_in_and_other_packets_pass(tc):
+    run(tc["na_tc_ingress"], tcp(CLIENT, 40102, NODE_IP, 30002))   # outside -> NodePort -> the local pod
+    code, reply = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 8080, CLIENT, 40102, flags="SA"))
+    assert code == TC_ACT_OK and (reply[IP].src, reply[TCP].sport) == (LOCAL_POD, 8080)   # left to the egress
+    plain = tcp(POD_CLIENT, 40103, "10.244.2.77", 9000)
+    code, out = run(tc["na_tc_from_pod"], plain)
+    assert code == TC_ACT_OK and bytes(out) == bytes(plain)
+
+
+TC_ACT_REDIRECT = 7
+
+
+def test_a_pod_reaching_itself_is_snated_to_the_service_and_sent_straight_back_both_ways(tc):
+    """A hairpin: the pod's own address as the source would be dropped by the pod, a node
+    address as the source by the host on the veth, so neither is routed: both directions are
+    translated and redirected out of the veth they came in by, MACs swapped."""
+    hairpin = tcp(LOCAL_POD, 40104, NODE_IP, 30002)   # "local": LOCAL_POD is the only endpoint
+    code, out = run(tc["na_tc_from_pod"], hairpin)
+    assert code == TC_ACT_REDIRECT and checksums_valid(out)
+    assert (out.src, out.dst) == (hairpin.dst, hairpin.src)
+    assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (NODE_IP, 40104, LOCAL_POD, 8080)
+    code, reply = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 8080, NODE_IP, 40104, flags="SA"))
+    assert code == TC_ACT_REDIRECT and checksums_valid(reply)
+    assert (reply[IP].src, reply[TCP].sport, reply[IP].dst, reply[TCP].dport) == (NODE_IP, 30002, LOCAL_POD, 40104)
+    code, again = run(tc["na_tc_from_pod"], tcp(LOCAL_POD, 40104, NODE_IP, 30002, flags="A"))
+    assert code == TC_ACT_REDIRECT and (again[IP].src, again[IP].dst) == (NODE_IP, LOCAL_POD)
+
+
+def test_a_syn_to_a_service_without_endpoints_is_answered_by_a_reset_from_the_service(tc):
+    syn = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=CLIENT, dst=NODE_IP) / \
+        TCP(sport=40200, dport=30007, flags="S", seq=5000, options=[("MSS", 1460), ("SAckOK", b""), ("WScale", 7)])
+    for program, packet in (("na_tc_ingress", syn), ("na_tc_from_pod", syn)):
+        code, out = run(tc[program], packet)
+        assert code == TC_ACT_REDIRECT and (out.src, out.dst) == (syn.dst, syn.src), program
+        assert (out[IP].src, out[TCP].sport, out[IP].dst, out[TCP].dport) == (NODE_IP, 30007, CLIENT, 40200)
+        assert out[TCP].flags == "RA" and out[TCP].ack == 5001 and len(out[IP]) == 40 and checksums_valid(out)
+    code, _ = run(tc["na_tc_from_pod"], tcp(POD_CLIENT, 40201, "10.96.0.7", 80, flags="A"))   # not a SYN: dropped
+    assert code == TC_ACT_SHOT

@@ -226,3 +226,21 @@ def test_status_bpf_lists_programs_and_map_fill_and_status_services_reads_the_ma
         assert listing["mode"] == "ebpf"
         assert {s["address"] for s in listing["services"]} == {"10.96.0.10:80/TCP", "10.96.0.53:53/UDP",
                                                                "10.96.0.99:80/TCP", "10.96.0.98:53/UDP"}
+
+
+def test_map_counts_in_the_kernel_over_many_batches_and_without_batch_lookups(lab):
+    from ebpf import maps as M
+    from ebpf import syscall
+    _, backend, _ = lab
+    slots = backend.maps.slots   # a hash map: counted by MAP_LOOKUP_BATCH chunks
+    slots.update({M.slot_key(900, i): M.backend(f"10.250.{i // 250}.{i % 250 + 1}", 80) for i in range(300)})
+    lbsrc = backend.maps.lbsrc   # an LPM trie: no batch lookups, counted by a key walk
+    lbsrc.update({M.lbsrc_key(900, f"192.0.2.{i * 16}/28"): M.ALLOWED for i in range(3)})
+    try:
+        assert syscall.map_count(slots.fd, slots.key_size, slots.value_size, chunk=64) == 300 == slots.count()
+        assert lbsrc.count() == 3 == len(lbsrc.read_all())
+        assert {name: fill for name, (fill, _) in backend.table_fill().items()}[M.SLOTS_MAP] == 300
+    finally:
+        slots.delete([M.slot_key(900, i) for i in range(300)])
+        lbsrc.delete(list(lbsrc.read_all()))
+    assert slots.count() == 0 and lbsrc.count() == 0
