@@ -5,7 +5,7 @@
   router namespace, reachable from every node at 198.18.16.1:6443, with the lab's
   EndpointSlice controller inside it (slices for Services with selectors, from the pods);
 - the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
-  as kube-controller-manager's node IPAM would;
+  as kube-controller-manager's node IPAM would, Ready as its kubelet reports (`node_objects.py`);
 - the kubelet and container runtime: pods are network namespaces wired by executing our
   CNI plugin from the node's namespace with the config the agent published, exactly as
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
@@ -37,7 +37,7 @@ import time
 
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces, owned
-from netagent.lab import bpf_places, physical
+from netagent.lab import bpf_places, node_objects, physical
 from netagent.lab.agent_pods import AgentPods, require_image
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.daemonset import NodeHost
@@ -244,13 +244,8 @@ class LabCluster(LabPods):
         self.save()
         node.address = str(physical.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
                                               index=index, port=node.port))
-        self.api().create({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
-                                                  "topology.kubernetes.io/zone": f"segment-{segment}"}},
-            "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
-            "status": {"addresses": [{"type": "InternalIP", "address": node.address},
-                                     {"type": "Hostname", "address": name}]}})
+        self.api().create(node_objects.render_node(name, segment=segment, pod_cidr=node.pod_cidr,
+                                                   address=node.address))
         self.start_agent(name, wait=wait)
         return node
 

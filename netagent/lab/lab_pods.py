@@ -82,7 +82,8 @@ class LabPods:
             pod.ip = out["ips"][0]["address"].split("/")[0]
             self.api().create(pod_objects.render_pod(name, namespace=namespace, node=node,
                                                      host_ip=node_state.address, pod_ip=pod.ip,
-                                                     labels=pod.labels, ports=container_ports, ready=ready))
+                                                     labels=pod.labels, ports=container_ports, ready=ready,
+                                                     container_id=container_id))
         except BaseException:
             if wired:
                 with contextlib.suppress(Exception):
