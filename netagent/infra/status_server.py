@@ -4,7 +4,8 @@ The server only reads: each request calls a health function or `Registry.render(
 of which take short locks and never wait for a sync, so a slow or stuck scrape can never
 hold up the agent (handlers run on their own threads, with a socket timeout). It is the
 stdlib's ThreadingHTTPServer because the load is a probe every few seconds and a scrape
-every 15 s or so.
+every 15 s or so. It binds without HTTPServer's name lookup (`getfqdn`), so starting it
+never waits on DNS.
 
 Endpoints:
 - `/livez`: 200 while the process serves HTTP (the kubelet's liveness probe);
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import socketserver
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -132,6 +134,13 @@ class _Server(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.owner = owner
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind also sets server_name from socket.getfqdn(host): a reverse DNS
+        # lookup that waits out the resolver's timeout (5 s per server seen) where DNS is
+        # unreachable, as in a node namespace without one. Nothing here reads server_name.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -5,11 +5,12 @@
   router namespace, reachable from every node at 198.18.16.1:6443, with the lab's
   EndpointSlice controller inside it (slices for Services with selectors, from the pods);
 - the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
-  as kube-controller-manager's node IPAM would;
+  as kube-controller-manager's node IPAM would, Ready as its kubelet reports (`node_objects.py`);
 - the kubelet and container runtime: pods are network namespaces wired by executing our
   CNI plugin from the node's namespace with the config the agent published, exactly as
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
-  the Ready condition, termination with a grace period: `pod_objects.py`);
+  the Ready condition, termination with a grace period): `lab_pods.py` (the `LabPods` mixin)
+  and `pod_objects.py`;
 - the machines and wires: `physical.py`; the processes (API server, agents): `processes.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import math
 import os
 import shutil
 import signal
@@ -37,16 +37,16 @@ import time
 
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces, owned
-from netagent.lab import bpf_places, physical, pod_objects
+from netagent.lab import bpf_places, node_objects, physical
 from netagent.lab.agent_pods import AgentPods, require_image
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.daemonset import NodeHost
 from netagent.lab.endpointslices import pod_is_ready
 from netagent.lab.kubeconfig import host_listener, render_kubeconfig
-from netagent.lab.node import exec_plugin, raise_for_failure
+from netagent.lab.lab_pods import LabPods
 from netagent.lab.processes import Processes, process_alive, tail
 from netagent.lab.service_status import summarize_services
-from netagent.lab.state import LabError, LabState, NodeState, PodState
+from netagent.lab.state import LabError, LabState, NodeState
 from netagent.noderoutes.routing.model import Mode
 from proxy.backend import PROXY_MODE_CHOICES
 
@@ -55,7 +55,7 @@ API_PORT = 6443
 MODES = tuple(mode.value for mode in Mode)  # the backends --backend accepts
 
 
-class LabCluster:
+class LabCluster(LabPods):
     """Build, drive and remove a lab cluster. Use `create()` or `load()`, then `close()`/`down()`."""
 
     def __init__(self, state: LabState) -> None:
@@ -244,13 +244,8 @@ class LabCluster:
         self.save()
         node.address = str(physical.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
                                               index=index, port=node.port))
-        self.api().create({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
-                                                  "topology.kubernetes.io/zone": f"segment-{segment}"}},
-            "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
-            "status": {"addresses": [{"type": "InternalIP", "address": node.address},
-                                     {"type": "Hostname", "address": name}]}})
+        self.api().create(node_objects.render_node(name, segment=segment, pod_cidr=node.pod_cidr,
+                                                   address=node.address))
         self.start_agent(name, wait=wait)
         return node
 
@@ -341,144 +336,6 @@ class LabCluster:
             self.processes.kill(node.agent_pid, sig=sig)
         node.agent_pid = None
         self.save()
-
-    # ------------------------------------------------------------ pods
-    def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None,
-                ports: dict | None = None, namespace: str = "default", ready: bool = True) -> PodState:
-        """A pod: its network namespace wired by the CNI plugin, then its v1 Pod object (Running, Ready).
-
-        `ports` names container ports for named targetPorts: {"http": 8080, "dns": (53, "UDP")}.
-        `ready=False` starts it not Ready, as a pod whose readiness probe has not passed yet
-        (`set_pod_ready` flips it once its server listens).
-        """
-        if name in self.state.pods:
-            raise LabError(f"pod {name} already exists")
-        try:
-            pod_objects.check_pod_name(name)
-            container_ports = pod_objects.normalize_ports(ports)
-        except pod_objects.PodSpecError as error:
-            raise LabError(str(error)) from None
-        self._require_namespace(namespace)
-        if node is None:  # the emptiest node, as a scheduler spreading pods would
-            counts = {n: 0 for n in self.state.nodes}
-            for pod in self.state.pods.values():
-                counts[pod.node] += 1
-            if not counts:
-                raise LabError("the lab has no nodes")
-            node = min(counts, key=lambda n: (counts[n], self.state.nodes[n].index))
-        node_state = self._node(node)
-        netns = f"{self.state.prefix}-p-{name}"[:60]
-        container_id = f"{self.state.prefix}-{name}"
-        pod = PodState(name=name, node=node, netns=netns, container_id=container_id, ip="",
-                       labels=dict(labels or {}), namespace=namespace, ports=container_ports)
-        self.state.pods[name] = pod
-        self.save()
-        wired = False
-        try:
-            namespaces.create(netns)
-            code, out = self._exec_plugin(pod, "ADD")
-            raise_for_failure(code, out, "ADD")
-            wired = True
-            pod.ip = out["ips"][0]["address"].split("/")[0]
-            self.api().create(pod_objects.render_pod(name, namespace=namespace, node=node,
-                                                     host_ip=node_state.address, pod_ip=pod.ip,
-                                                     labels=pod.labels, ports=container_ports, ready=ready))
-        except BaseException:
-            if wired:
-                with contextlib.suppress(Exception):
-                    self._exec_plugin(pod, "DEL")
-            namespaces.remove(netns)
-            del self.state.pods[name]
-            self.save()
-            raise
-        self.save()
-        return pod
-
-    def _require_namespace(self, namespace: str) -> None:
-        try:
-            self.api().get("v1", "Namespace", namespace)
-        except LabApiError as error:
-            if error.code == 404:
-                raise LabError(f"namespace {namespace} does not exist: apply a Namespace manifest first") from None
-            raise LabError(f"the API server refused to show namespace {namespace}: {error}") from None
-        except OSError as error:
-            raise LabError(f"the API server is not reachable ({error}); pods need it") from None
-
-    def _exec_plugin(self, pod: PodState, command: str) -> tuple:
-        """Run the node's plugin for `pod` as the runtime does: the lab's install, or (agents from
-        an image) the shim the init container put in the node's /opt/cni/bin, seen from the node."""
-        host_view = self.agent_pods.host_view(pod.node) if self.agent_pods else []
-        return exec_plugin(node_netns=self._node(pod.node).netns, bin_dir="/opt/cni/bin" if host_view else self.bin_dir,
-                           command=command, config=self._plugin_config(pod.node), container_id=pod.container_id,
-                           netns=namespaces.netns_path(pod.netns), host_view=host_view)
-
-    def _plugin_config(self, node: str) -> bytes:
-        from cni import invoke
-        try:
-            with open(self.conflist_path(node)) as f:
-                conflist = json.load(f)
-        except FileNotFoundError:
-            raise LabError(f"node {node} has no network config yet (its agent publishes it once it has "
-                           f"its pod CIDR)") from None
-        return invoke.plugin_config(conflist, 0, prev_result=None)
-
-    def _pod(self, name: str) -> PodState:
-        try:
-            return self.state.pods[name]
-        except KeyError:
-            raise LabError(f"no pod {name} (have: {', '.join(self.state.pods) or 'none'})") from None
-
-    def pod_object(self, name: str) -> dict:
-        pod = self._pod(name)
-        return self.api().get("v1", "Pod", name, namespace=pod.namespace)
-
-    def set_pod_ready(self, name: str, *, ready: bool) -> None:
-        """Flip the pod's Ready condition, as its readiness probe would."""
-        pod = self._pod(name)
-        try:
-            patch = pod_objects.with_readiness(self.pod_object(name), ready=ready)
-            if patch is not None:
-                self.api().patch("v1", "Pod", name, patch, namespace=pod.namespace, subresource="status")
-        except LabApiError as error:
-            raise LabError(f"pod {name}: {error}") from None
-
-    def terminate_pod(self, name: str, *, grace_period: int = 30) -> None:
-        """Start a graceful deletion: the Pod gets its deletionTimestamp; its network stays up."""
-        if grace_period < 1:
-            raise LabError("a graceful termination needs a grace period of at least 1 s")
-        pod = self._pod(name)
-        try:
-            self.api().delete("v1", "Pod", name, namespace=pod.namespace, grace_period_seconds=grace_period)
-        except LabApiError as error:
-            raise LabError(f"pod {name}: {error}") from None
-
-    def remove_pod(self, name: str, *, grace_period: float = 0) -> None:
-        """Remove the pod; with a grace period, it terminates (still serving) that long first."""
-        self._pod(name)
-        if grace_period > 0:
-            self.terminate_pod(name, grace_period=max(1, math.ceil(grace_period)))
-            time.sleep(grace_period)
-        self.finish_pod_removal(name)
-
-    def finish_pod_removal(self, name: str) -> None:
-        """What the kubelet does at the end: tear the network down, then delete the Pod for good."""
-        pod = self._pod(name)
-        code, out = self._exec_plugin(pod, "DEL")
-        namespaces.remove(pod.netns)
-        del self.state.pods[name]
-        self.save()
-        api_error = None
-        try:
-            self.api().delete("v1", "Pod", name, namespace=pod.namespace, grace_period_seconds=0)
-        except LabApiError as error:
-            if error.code != 404:
-                api_error = str(error)
-        except OSError as error:
-            api_error = f"the API server is not reachable ({error})"
-        raise_for_failure(code, out, "DEL")
-        if api_error:
-            raise LabError(f"pod {name}: its network is gone but its Pod object is not: {api_error}; "
-                           f"delete it with the API (namespace {pod.namespace}) once the server is back")
 
     def netns_of(self, target: str) -> str:
         """A pod's or node's namespace by name ("internet" and "router" too)."""

@@ -2,9 +2,11 @@
 
 A lab pod is a network namespace wired by our CNI plugin; the API object is what the rest
 of a cluster sees of it: labels for Service selectors, `spec.nodeName`, named container
-ports for named `targetPort`s, `status.podIP(s)`, phase Running and the Ready condition
-(flipped by `lab pod ready`), and, while it terminates, `metadata.deletionTimestamp` (set
-by the API server on a graceful delete). Everything here is pure: `cluster.py` writes.
+ports for named `targetPort`s, `status.podIP(s)`, phase Running, the Ready condition and
+the container's status as a kubelet reports it (running, started, ready, no restarts; so
+kubectl shows READY 1/1), both flipped by `lab pod ready`, and, while it terminates,
+`metadata.deletionTimestamp` (set by the API server on a graceful delete). Everything here
+is pure: `lab_pods.py` writes.
 
 Container ports are given as {name: port} or {name: (port, protocol)}; on the command line
 as `name=port[/protocol],...` (protocol TCP unless said).
@@ -17,6 +19,7 @@ import time
 from netagent.lab.service_spec import PROTOCOLS
 
 CONTAINER_NAME = "main"
+CONTAINER_IMAGE = "netagent-lab/pod"
 _IANA_SERVICE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
@@ -72,6 +75,13 @@ def ready_conditions(*, ready: bool, since: str) -> list[dict]:
     ]
 
 
+def container_statuses(*, ready: bool, started_at: str, container_id: str) -> list[dict]:
+    """The one container's status: running since `started_at`, started, `ready` as its probe says."""
+    return [{"name": CONTAINER_NAME, "image": CONTAINER_IMAGE, "imageID": "",
+             "containerID": f"containerd://{container_id}", "ready": ready, "started": True,
+             "restartCount": 0, "state": {"running": {"startedAt": started_at}}}]
+
+
 def render_pod(
     name: str,
     *,
@@ -82,12 +92,14 @@ def render_pod(
     labels: dict,
     ports: dict[str, list],
     ready: bool = True,
+    container_id: str = "",
 ) -> dict:
-    """The Pod as the kubelet reports it once its sandbox has an address."""
+    """The Pod as the kubelet reports it once its sandbox has an address (`container_id`
+    names the sandbox, as the runtime's id in `containerStatuses[].containerID`)."""
     since = now_rfc3339()
     container_ports = [{"name": port_name, "containerPort": number, "protocol": protocol}
                        for port_name, (number, protocol) in ports.items()]
-    container: dict = {"name": CONTAINER_NAME, "image": "netagent-lab/pod"}
+    container: dict = {"name": CONTAINER_NAME, "image": CONTAINER_IMAGE}
     if container_ports:
         container["ports"] = container_ports
     return {
@@ -104,14 +116,18 @@ def render_pod(
             "podIPs": [{"ip": pod_ip}],
             "startTime": since,
             "conditions": ready_conditions(ready=ready, since=since),
+            "containerStatuses": container_statuses(ready=ready, started_at=since,
+                                                    container_id=container_id or f"{namespace}-{name}"),
         },
     }
 
 
 def with_readiness(pod: dict, *, ready: bool) -> dict | None:
-    """The status patch flipping Ready (and ContainersReady), or None when already so."""
+    """The status patch flipping Ready, ContainersReady and the containers' `ready`, or None
+    when already so."""
     status = "True" if ready else "False"
-    conditions = (pod.get("status") or {}).get("conditions") or []
+    pod_status = pod.get("status") or {}
+    conditions = pod_status.get("conditions") or []
     if any(c.get("type") == "Ready" and c.get("status") == status for c in conditions):
         return None
     since = now_rfc3339()
@@ -121,4 +137,7 @@ def with_readiness(pod: dict, *, ready: bool) -> dict | None:
     ]
     if not any(c.get("type") == "Ready" for c in flipped):
         flipped.append({"type": "Ready", "status": status, "lastTransitionTime": since})
-    return {"status": {"conditions": flipped}}
+    patch: dict = {"conditions": flipped}
+    if pod_status.get("containerStatuses"):
+        patch["containerStatuses"] = [{**c, "ready": ready} for c in pod_status["containerStatuses"]]
+    return {"status": patch}

@@ -43,29 +43,12 @@ What ctr 1.6 (1.6.20 measured here) does and does not do for CNI
 * When ADD fails, ctr calls DEL, exits non-zero and leaves the stopped task and the container
   behind; `run()` removes them and raises `ContainerStartError` with ctr's output.
 
-Isolation (see /work/shared/ENVIRONMENT.md for the rules)
----------------------------------------------------------
-* Network: one namespace `<prefix>-node-<random>`. containerd (and so every shim and every
-  container's parent) runs inside it via `nsenter --net`; ctr and the CNI plugins run inside
-  it via `ip netns exec`, which also gives the plugins a sysfs that shows the node's links.
-  The root network namespace is only read.
-* Files: containerd gets its own config, `--root`, `--state`, gRPC/ttrpc sockets and FIFO
-  directory under the node's temporary directory. Paths that containerd 1.6 and libcni
-  hard-code (`/run/containerd/s` shim sockets, `/run/containerd/runc`, `/var/lib/cni`,
-  `/opt/cni/bin`, `/etc/cni/net.d`) are made visible only inside private mount namespaces
-  (`unshare -m --propagation private`): `/run`, `/var/lib`, `/opt` and `/etc` are overlaid
-  with a throwaway tmpfs upper layer (so a stray write never reaches the host), and the
-  test's directories are bind-mounted at the CNI paths. `mount -n` keeps util-linux from
-  creating `/run/mount/utab` on the host. containerd's image snapshots and container rootfs
-  mounts therefore exist only in its own mount namespace and vanish with it.
-* Cgroups: runc creates `/<namespace>/<id>` in every hierarchy and removes only the leaf;
-  the namespace is unique per node and `close()` removes `/<namespace>`.
-* Processes: everything is found again by the node's unique directory (in the command lines
-  of containerd, its shims and ctr) or by the node's cgroups, and killed by pid.
+Isolation: one network namespace, private mount namespaces over a throwaway tmpfs, the
+node's own cgroups and processes found again by its directory; `containerd_support.py`
+says how, and holds the host-side pieces (records, the runner, the view script, teardown).
 """
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import json
 import os
@@ -73,170 +56,19 @@ import secrets
 import shlex
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.e2e.oci_image import BUSYBOX, ImageArchive
+from tests.e2e.containerd_support import (ENV, OVERLAID, RECORDER, CniCall, Container, ContainerStartError,
+                                          HarnessError, Link, clean_cgroups, kill_process, missing_prerequisites,
+                                          pids_naming, run_tool, tail, view_script)
+from tests.e2e.oci_image import ImageArchive
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-# The paths the private views overlay; the node's temporary directory must not be under them.
-_OVERLAID = ("/run", "/var/lib", "/opt", "/etc")
-_TOOLS = {  # binary -> Debian package that ships it
-    "ctr": "containerd",
-    "containerd": "containerd",
-    "containerd-shim-runc-v2": "containerd",
-    "runc": "runc",
-    "unshare": "util-linux",
-    "nsenter": "util-linux",
-    "mount": "mount",
-    "umount": "mount",
-    "ip": "iproute2",
-}
-_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LANG": "C.UTF-8",
-}
-
-
-class HarnessError(RuntimeError):
-    """The harness could not set up, drive or tear down the node."""
-
-
-class ContainerStartError(HarnessError):
-    """`ctr run --cni` failed (for example the CNI ADD failed); the message holds ctr's output."""
-
-
-# ---------------------------------------------------------------- prerequisites
-
-def _is_static_elf(path: str) -> bool:
-    """True when the ELF file has no PT_INTERP program header (no dynamic loader)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only: this machine is amd64
-            return False
-        endian = "<" if head[5] == 1 else ">"
-        phoff, = struct.unpack_from(endian + "Q", head, 32)
-        phentsize, phnum = struct.unpack_from(endian + "HH", head, 54)
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-    return all(struct.unpack_from(endian + "I", table, i * phentsize)[0] != 3 for i in range(phnum))
-
-
-def missing_prerequisites() -> list[str]:
-    """Why this machine cannot run the harness; empty when it can."""
-    missing = []
-    if os.geteuid() != 0:
-        missing.append("needs root (network and mount namespaces, containerd)")
-    for tool, package in _TOOLS.items():
-        if shutil.which(tool, path=_ENV["PATH"]) is None:
-            missing.append(f"{tool} not found (Debian package {package})")
-    if not os.path.exists(BUSYBOX):
-        missing.append(f"{BUSYBOX} not found (Debian package busybox-static)")
-    elif not _is_static_elf(BUSYBOX):
-        missing.append(f"{BUSYBOX} is dynamically linked (install busybox-static)")
-    try:
-        filesystems = Path("/proc/filesystems").read_text()
-    except OSError:
-        filesystems = ""
-    if "overlay" not in filesystems.split():
-        missing.append("the kernel has no overlay filesystem (containerd's snapshotter needs it)")
-    return missing
-
-
-# ---------------------------------------------------------------- handles and records
-
-@dataclasses.dataclass
-class Container:
-    """A container started by `ContainerdNode.run` (a foreground `ctr run --rm --cni`)."""
-    name: str
-    cni_container_id: str          # what ctr passes as CNI_CONTAINERID: "<namespace>-<name>"
-    argv: list[str]
-    pid: int                       # the task's pid in the host pid namespace
-    log_path: Path                 # ctr's output: the container's stdout/stderr and ctr's log
-    process: subprocess.Popen = dataclasses.field(repr=False)
-    exit_status: int | None = None  # ctr's exit status once stopped (137 after SIGKILL)
-
-
-@dataclasses.dataclass(frozen=True)
-class CniCall:
-    """One plugin execution seen by the recording wrappers (`record_cni_calls=True`)."""
-    plugin: str
-    command: str
-    container_id: str
-    netns: str
-    ifname: str
-    args: str
-    path: str
-    exit_code: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    name: str
-    kind: str          # "veth", "bridge", ... ; "" for a plain device such as lo
-    master: str        # the bridge it is enslaved to, "" when none
-
-
-# ---------------------------------------------------------------- helpers
-
-def _run(argv, *, timeout: float, check: bool = True, env=None, input=None,
-         what: str = "") -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=env if env is not None else _ENV, input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        raise HarnessError(f"{what or argv[0]}: timed out after {timeout}s: {shlex.join(argv)}\n"
-                           f"stdout: {exc.stdout!r}\nstderr: {exc.stderr!r}") from None
-    if check and proc.returncode != 0:
-        raise HarnessError(f"{what or argv[0]} failed ({proc.returncode}): {shlex.join(argv)}\n"
-                           f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
-    return proc
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _view_script(private_dir: Path, overlays, binds, hidden) -> str:
-    """A /bin/sh prelude, run as `unshare -m --propagation private sh SCRIPT CMD...`.
-
-    It mounts a tmpfs on the node's private directory (in this mount namespace only), overlays
-    `overlays` with upper layers in that tmpfs, hides `hidden` behind empty tmpfs mounts,
-    bind-mounts `binds` (source, target) and execs the command.
-    """
-    q = shlex.quote
-    lines = ["set -eu", f"mount -n -t tmpfs -o mode=0700,size=64m na-e2e-view {q(str(private_dir))}"]
-    for i, target in enumerate(overlays):
-        upper, work = private_dir / f"{i}-upper", private_dir / f"{i}-work"
-        lines.append(f"mkdir -p {q(str(upper))} {q(str(work))}")
-        lines.append(f"mount -n -t overlay na-e2e-view -o "
-                     f"{q(f'lowerdir={target},upperdir={upper},workdir={work}')} {q(target)}")
-    for target in hidden:
-        lines.append(f"if [ -d {q(target)} ]; then mount -n -t tmpfs -o mode=0755,size=1m "
-                     f"na-e2e-hidden {q(target)}; fi")
-    for source, target in binds:
-        lines.append(f"mkdir -p {q(target)}")
-        lines.append(f"mount -n --bind {q(str(source))} {q(target)}")
-    lines.append('exec "$@"')
-    return "\n".join(lines) + "\n"
-
-
-_RECORDER = """#!/bin/sh
-# Recording wrapper written by the e2e harness: logs this CNI call, then runs the real plugin.
-{real} "$@"
-rc=$?
-printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' {name} "$CNI_COMMAND" "$CNI_CONTAINERID" \\
-    "$CNI_NETNS" "$CNI_IFNAME" "$CNI_ARGS" "$CNI_PATH" "$rc" >> {log}
-exit $rc
-"""
+__all__ = ["CniCall", "Container", "ContainerStartError", "ContainerdNode", "HarnessError", "ImageArchive",
+           "Link", "missing_prerequisites"]
 
 
 # ---------------------------------------------------------------- the node
@@ -306,7 +138,7 @@ class ContainerdNode:
                 raise HarnessError(f"{d} is not a directory")
         try:
             self._prepare_dirs()
-            _run(["ip", "netns", "add", self.netns], timeout=10)
+            run_tool(["ip", "netns", "add", self.netns], timeout=10)
             self._netns_created = True
             self._start_containerd()
             t0 = time.monotonic()
@@ -318,9 +150,9 @@ class ContainerdNode:
 
     def _prepare_dirs(self) -> None:
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"{self._prefix}-"))
-        if any(str(self.tmp_dir).startswith(p + "/") for p in _OVERLAID):
+        if any(str(self.tmp_dir).startswith(p + "/") for p in OVERLAID):
             raise HarnessError(f"the node directory {self.tmp_dir} is under an overlaid path "
-                               f"{_OVERLAID}; set TMPDIR elsewhere (for example /tmp)")
+                               f"{OVERLAID}; set TMPDIR elsewhere (for example /tmp)")
         for sub in ("root", "state", "fifo", "ctr-view", "containerd-view", "logs", "var-lib-cni"):
             (self.tmp_dir / sub).mkdir(mode=0o700)
         bin_dir = self.cni_bin_dir
@@ -331,16 +163,16 @@ class ContainerdNode:
             for plugin in sorted(self.cni_bin_dir.iterdir()):
                 if plugin.is_file() and os.access(plugin, os.X_OK):
                     wrapper = bin_dir / plugin.name
-                    wrapper.write_text(_RECORDER.format(
+                    wrapper.write_text(RECORDER.format(
                         real=shlex.quote(str(plugin)), name=shlex.quote(plugin.name),
                         log=shlex.quote(str(self.cni_calls_log))))
                     wrapper.chmod(0o755)
         self.plugin_dir = bin_dir  # what the runtime searches: the wrappers when recording
-        (self.tmp_dir / "ctr-view.sh").write_text(_view_script(
-            self.tmp_dir / "ctr-view", overlays=_OVERLAID, hidden=["/usr/lib/cni"],
+        (self.tmp_dir / "ctr-view.sh").write_text(view_script(
+            self.tmp_dir / "ctr-view", overlays=OVERLAID, hidden=["/usr/lib/cni"],
             binds=[(bin_dir, "/opt/cni/bin"), (self.cni_conf_dir, "/etc/cni/net.d"),
                    (self.cni_cache_dir, "/var/lib/cni")]))
-        (self.tmp_dir / "containerd-view.sh").write_text(_view_script(
+        (self.tmp_dir / "containerd-view.sh").write_text(view_script(
             self.tmp_dir / "containerd-view", overlays=("/run", "/var/lib"), hidden=[], binds=[]))
         (self.tmp_dir / "containerd.toml").write_text("\n".join(self._containerd_config()) + "\n")
 
@@ -363,7 +195,7 @@ class ContainerdNode:
         ]
 
     def _env(self) -> dict:
-        return {**_ENV, "TMPDIR": str(self.tmp_dir)}
+        return {**ENV, "TMPDIR": str(self.tmp_dir)}
 
     def _start_containerd(self) -> None:
         log = self.tmp_dir / "logs" / "containerd.log"
@@ -379,11 +211,11 @@ class ContainerdNode:
         deadline = t0 + self.timeout
         while True:
             if self._containerd.poll() is not None:
-                raise HarnessError(f"containerd exited with {self._containerd.returncode}:\n{_tail(log)}")
+                raise HarnessError(f"containerd exited with {self._containerd.returncode}:\n{tail(log)}")
             if self.address.exists() and self.ctr(["version"], check=False, timeout=5).returncode == 0:
                 break
             if time.monotonic() > deadline:
-                raise HarnessError(f"containerd did not answer within {self.timeout}s:\n{_tail(log)}")
+                raise HarnessError(f"containerd did not answer within {self.timeout}s:\n{tail(log)}")
             time.sleep(0.01)
         self.timings["containerd_start"] = time.monotonic() - t0
 
@@ -403,13 +235,13 @@ class ContainerdNode:
         argv = self._ctr_argv(args)
         if cni_view:
             argv = self._cni_view_argv(argv)
-        return _run(argv, timeout=timeout or self.timeout, check=check, env=self._env(), what="ctr")
+        return run_tool(argv, timeout=timeout or self.timeout, check=check, env=self._env(), what="ctr")
 
     def cni_view_run(self, argv, *, input: str | None = None, env: dict | None = None,
                      check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
         """Run any command where ctr runs CNI plugins: in the node netns, with the node's
         /opt/cni/bin, /etc/cni/net.d and /var/lib/cni, and with `env` added to ctr's."""
-        return _run(self._cni_view_argv(argv), timeout=timeout or self.timeout, check=check,
+        return run_tool(self._cni_view_argv(argv), timeout=timeout or self.timeout, check=check,
                     env={**self._env(), **(env or {})}, input=input, what=argv[0])
 
     def _task_status(self, name: str) -> tuple[int, str] | None:
@@ -447,12 +279,12 @@ class ContainerdNode:
                 self._remove_leftover(name)
                 raise ContainerStartError(
                     f"ctr run {name} exited with {process.returncode} before its task was seen running:\n"
-                    f"{_tail(log_path)}{self._calls_note()}")
+                    f"{tail(log_path)}{self._calls_note()}")
             if time.monotonic() > deadline:
-                self._kill_process(process)
+                kill_process(process)
                 self._remove_leftover(name)
                 raise ContainerStartError(f"container {name} not running after {timeout}s:\n"
-                                          f"{_tail(log_path)}{self._calls_note()}")
+                                          f"{tail(log_path)}{self._calls_note()}")
             time.sleep(0.01)
         self.timings[f"run:{name}"] = time.monotonic() - t0
         container = Container(name=name, cni_container_id=f"{self.namespace}-{name}",
@@ -476,7 +308,7 @@ class ContainerdNode:
              check: bool = False) -> subprocess.CompletedProcess:
         """Run ARGV inside the container (`ctr task exec`); stdout and stderr are captured."""
         self._exec_seq += 1
-        return _run(self._ctr_argv(["tasks", "exec", "--exec-id", f"e2e-{self._exec_seq}",
+        return run_tool(self._ctr_argv(["tasks", "exec", "--exec-id", f"e2e-{self._exec_seq}",
                                     "--fifo-dir", str(self.tmp_dir / "fifo"),
                                     container.name, *argv]),
                     timeout=timeout or self.timeout, check=check, env=self._env(),
@@ -509,20 +341,20 @@ class ContainerdNode:
         try:
             container.exit_status = container.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._kill_process(container.process)
+            kill_process(container.process)
             raise HarnessError(f"ctr run {container.name} did not finish within {timeout}s "
-                               f"after SIGKILL:\n{_tail(container.log_path)}") from None
+                               f"after SIGKILL:\n{tail(container.log_path)}") from None
         finally:
             self._containers.pop(container.name, None)
         self.timings[f"stop:{container.name}"] = time.monotonic() - t0
         log = container.log_path.read_text(errors="replace")
         if 'msg="network review"' in log:
-            raise HarnessError(f"CNI DEL failed for {container.name} (ctr's log):\n{_tail(container.log_path)}"
+            raise HarnessError(f"CNI DEL failed for {container.name} (ctr's log):\n{tail(container.log_path)}"
                                f"{self._calls_note()}")
         left = self.ctr(["containers", "ls", "--quiet"], timeout=10).stdout.split()
         if container.name in left:
             raise HarnessError(f"container {container.name} still exists after ctr run --rm ended:\n"
-                               f"{_tail(container.log_path)}")
+                               f"{tail(container.log_path)}")
         return container.exit_status
 
     # -- the node's side
@@ -534,7 +366,7 @@ class ContainerdNode:
     def netns_run(self, argv, *, check: bool = True, timeout: float | None = None,
                   input: str | None = None) -> subprocess.CompletedProcess:
         """Run a command in the node's network namespace (`ip netns exec`)."""
-        return _run(["ip", "netns", "exec", self.netns, *argv], timeout=timeout or self.timeout,
+        return run_tool(["ip", "netns", "exec", self.netns, *argv], timeout=timeout or self.timeout,
                     check=check, input=input, what=argv[0])
 
     def links(self) -> list[Link]:
@@ -555,64 +387,6 @@ class ContainerdNode:
         return calls
 
     # -- teardown
-    @staticmethod
-    def _kill_process(process: subprocess.Popen) -> None:
-        if process.poll() is None:
-            try:
-                os.kill(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def _our_pids(self) -> list[int]:
-        """Processes whose command line names this node's directory: ctr, containerd, shims."""
-        marker = str(self.tmp_dir).encode()
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline:
-                pids.append(int(entry))
-        return pids
-
-    def _cgroup_dirs(self) -> list[Path]:
-        candidates = [CGROUP_ROOT / self.namespace]
-        if CGROUP_ROOT.is_dir():
-            candidates += [h / self.namespace for h in CGROUP_ROOT.iterdir() if h.is_dir()]
-        return [d for d in candidates if d.is_dir()]
-
-    def _clean_cgroups(self, errors: list[str]) -> None:
-        dirs = self._cgroup_dirs()
-        for top in dirs:  # processes runc left behind (only when a shim died)
-            for procs in top.rglob("cgroup.procs"):
-                try:
-                    for pid in procs.read_text().split():
-                        os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-        deadline = time.monotonic() + 5
-        for top in dirs:
-            for path in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()),
-                               key=lambda p: len(p.parts), reverse=True):
-                while True:
-                    try:
-                        path.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError as exc:
-                        if time.monotonic() > deadline:
-                            errors.append(f"cgroup {path}: {exc}")
-                            break
-                        time.sleep(0.02)
-
     def close(self, *, raise_errors: bool = True) -> None:
         """Remove everything the node created; idempotent. Errors are collected, not fatal,
         so that every later step still runs; they are raised (or printed) at the end."""
@@ -640,10 +414,10 @@ class ContainerdNode:
                 self._containerd.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 errors.append("containerd ignored SIGTERM for 10s; killed")
-                self._kill_process(self._containerd)
+                kill_process(self._containerd)
         if self.tmp_dir is not None:
             for _ in range(3):  # shims and ctr processes that outlived containerd
-                pids = self._our_pids()
+                pids = pids_naming(self.tmp_dir)
                 if not pids:
                     break
                 for pid in pids:
@@ -653,17 +427,17 @@ class ContainerdNode:
                         pass
                 time.sleep(0.1)
             else:
-                errors.append(f"processes still alive: {self._our_pids()}")
-        self._clean_cgroups(errors)
+                errors.append(f"processes still alive: {pids_naming(self.tmp_dir)}")
+        clean_cgroups(self.namespace, errors)
         if self._netns_created:
-            step("ip netns del", _run, ["ip", "netns", "del", self.netns], timeout=10)
+            step("ip netns del", run_tool, ["ip", "netns", "del", self.netns], timeout=10)
             self._netns_created = False
         if self.tmp_dir is not None and self.tmp_dir.exists():
             mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
                       if line.split()[1].startswith(str(self.tmp_dir))]
             for mount in sorted(mounts, key=len, reverse=True):  # never expected: all are private
                 errors.append(f"mount {mount} was visible on the host")
-                _run(["umount", "-n", "-l", mount], timeout=10, check=False)
+                run_tool(["umount", "-n", "-l", mount], timeout=10, check=False)
             if self.log_dir is not None:
                 step("copy logs", shutil.copytree, self.tmp_dir / "logs", self.log_dir,
                      dirs_exist_ok=True)

@@ -1,7 +1,8 @@
 """The lab API server, driven by the official `kubernetes` client over loopback TCP.
 
 The client is built by `netagent.kube.config.load_api_client` from a kubeconfig that points
-at the server, so these tests also cover the agent's own way of getting a client.
+at the server, so these tests also cover the agent's own way of getting a client. Watches are
+in `test_kube_apiserver_watch.py`; the fixtures in `kube_apiserver_support.py`.
 """
 from __future__ import annotations
 
@@ -10,10 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 from kubernetes import client, watch
@@ -23,71 +20,10 @@ from netagent.kube.config import KubeConfigError, PatchType, load_api_client
 from netagent.kube.resources import ENDPOINT_SLICES, NODES
 from netagent.lab.apiclient import LabApiClient, LabApiError
 from netagent.lab.apiserver import ApiError, ApiServer, LabelSelector, json_patch, merge_patch
+from tests.unit.kube_apiserver_support import api_client, core, server  # noqa: F401 (fixtures)
+from tests.unit.kube_apiserver_support import node, write_kubeconfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def write_kubeconfig(path, url: str) -> str:
-    document = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "lab", "cluster": {"server": url}}],
-        "users": [{"name": "agent", "user": {"token": "lab-token"}}],
-        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "agent"}}],
-        "current-context": "lab",
-    }
-    path.write_text(json.dumps(document))
-    return str(path)
-
-
-@pytest.fixture
-def server():
-    api_server = ApiServer(bookmark_interval=0.2)
-    api_server.start()
-    yield api_server
-    api_server.stop()
-
-
-@pytest.fixture
-def api_client(server, tmp_path):
-    with load_api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", server.url)) as api_client:
-        yield api_client
-
-
-@pytest.fixture
-def core(api_client):
-    return client.CoreV1Api(api_client)
-
-
-def node(name: str, **labels: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {}}
-
-
-def collect_watch(stream_factory, *, until, timeout: float = 5.0) -> list[dict]:
-    """Run a Watch stream on a thread until `until(events)` holds; return the raw events."""
-    events: list[dict] = []
-    done = threading.Event()
-    stopper = watch.Watch()
-
-    def run():
-        for event in stream_factory(stopper):
-            events.append({"type": event["type"], "object": event["raw_object"]})
-            if until(events):
-                stopper.stop()
-                break
-        done.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert done.wait(timeout), f"watch did not see the expected events; got {events}"
-    return events
-
-
-def raw_watch_lines(url: str) -> list[dict]:
-    """A whole watch response read with the stdlib: the events as the server wrote them."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        assert response.status == 200
-        return [json.loads(line) for line in response.read().splitlines()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,149 +238,6 @@ def test_field_selectors_and_unknown_field_is_400(core, server):
     with pytest.raises(client.ApiException) as unknown:
         core.list_node(field_selector="spec.podCIDR=10.0.0.0/24")
     assert unknown.value.status == 400
-
-
-# ---------------------------------------------------------------------------------------------
-# watch
-# ---------------------------------------------------------------------------------------------
-def test_watch_sends_added_modified_deleted_with_rising_resource_versions(core):
-    start = core.list_node().metadata.resource_version
-
-    def writer():
-        time.sleep(0.2)
-        core.create_node(node("n1"))
-        core.patch_node("n1", {"metadata": {"labels": {"x": "1"}}})
-        core.delete_node("n1")
-
-    threading.Thread(target=writer, daemon=True).start()
-    events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version=start, timeout_seconds=5),
-        until=lambda evs: len(evs) == 3,
-    )
-    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
-    versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
-    assert versions == sorted(versions) and len(set(versions)) == 3
-    assert events[1]["object"]["metadata"]["labels"] == {"x": "1"}
-    assert events[0]["object"]["kind"] == "Node"
-
-
-def test_watch_from_resource_version_zero_starts_with_current_objects(core, server):
-    server.create(node("a"))
-    server.create(node("b"))
-    events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version="0", timeout_seconds=5),
-        until=lambda evs: len(evs) == 2,
-    )
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b")]
-
-
-def test_watch_bookmarks_only_when_asked_and_carry_the_latest_resource_version(core, server):
-    start = core.list_node().metadata.resource_version
-    server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "elsewhere"}})
-    events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version=start, allow_watch_bookmarks=True, timeout_seconds=5),
-        until=lambda evs: any(e["type"] == "BOOKMARK" for e in evs),
-    )
-    bookmark = next(e for e in events if e["type"] == "BOOKMARK")
-    assert bookmark["object"]["kind"] == "Node"
-    assert bookmark["object"]["metadata"]["resourceVersion"] == str(server.resource_version)
-    quiet: list[dict] = []
-    for event in watch.Watch().stream(core.list_node, resource_version=start, timeout_seconds=1):
-        quiet.append(event)
-    assert quiet == []
-
-
-def test_watch_from_a_compacted_resource_version_gets_an_error_event_410(core, server):
-    old = core.list_node().metadata.resource_version
-    server.create(node("a"))
-    server.compact()
-    (event,) = raw_watch_lines(f"{server.url}/api/v1/nodes?watch=true&resourceVersion={old}")
-    assert event["type"] == "ERROR"
-    assert (event["object"]["kind"], event["object"]["code"], event["object"]["reason"]) == ("Status", 410, "Expired")
-    with pytest.raises(client.ApiException) as expired:
-        for _ in watch.Watch().stream(core.list_node, resource_version=old, timeout_seconds=2):
-            pass
-    assert expired.value.status == 410
-
-
-def test_history_is_bounded_and_the_stream_ends_at_timeout_seconds():
-    with ApiServer(history=3) as small:
-        small.start()
-        before = small.resource_version
-        for index in range(5):
-            small.create(node(f"n{index}"))
-        too_old = raw_watch_lines(f"{small.url}/api/v1/nodes?watch=true&resourceVersion={before}")
-        assert [(e["type"], e["object"]["code"]) for e in too_old] == [("ERROR", 410)]
-        started = time.monotonic()
-        recent = small.resource_version - 2
-        replayed = raw_watch_lines(f"{small.url}/api/v1/nodes?watch=1&resourceVersion={recent}&timeoutSeconds=1")
-        assert 0.9 < time.monotonic() - started < 2.5
-        assert [(e["type"], e["object"]["metadata"]["name"]) for e in replayed] == [("ADDED", "n3"), ("ADDED", "n4")]
-        with pytest.raises(urllib.error.HTTPError) as ahead:  # what Kubernetes answers: 504, ResourceVersionTooLarge
-            raw_watch_lines(f"{small.url}/api/v1/nodes?watch=1&resourceVersion={small.resource_version + 5}")
-        status = json.loads(ahead.value.read())
-        assert (ahead.value.code, status["reason"]) == (504, "Timeout")
-        assert status["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
-
-
-def test_watch_with_a_selector_turns_label_changes_into_added_and_deleted(core, server):
-    server.create(node("n1", role="edge"))
-    start = core.list_node().metadata.resource_version
-
-    def writer():
-        time.sleep(0.2)
-        core.patch_node("n1", {"metadata": {"labels": {"role": "core"}}})
-        core.patch_node("n1", {"metadata": {"labels": {"role": "edge"}}})
-
-    threading.Thread(target=writer, daemon=True).start()
-    events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version=start, label_selector="role=edge", timeout_seconds=5),
-        until=lambda evs: len(evs) == 2,
-    )
-    assert [e["type"] for e in events] == ["DELETED", "ADDED"]
-    assert events[0]["object"]["metadata"]["labels"] == {"role": "edge"}  # the last content it matched with
-
-
-def test_stop_ends_open_watch_streams_promptly():
-    server = ApiServer()
-    server.start()
-    api_client = client.ApiClient(client.Configuration(host=server.url))
-    core = client.CoreV1Api(api_client)
-    ended = threading.Event()
-
-    def watch_forever():
-        try:
-            for _ in watch.Watch().stream(core.list_node, timeout_seconds=60):
-                pass
-        except Exception:  # noqa: BLE001 (a closed connection is an acceptable way to end)
-            pass
-        ended.set()
-
-    threading.Thread(target=watch_forever, daemon=True).start()
-    deadline = time.monotonic() + 3
-    while server.watcher_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.watcher_count() == 1
-    started = time.monotonic()
-    server.stop()
-    assert ended.wait(2.0)
-    assert time.monotonic() - started < 1.5
-    api_client.close()
-
-
-def test_lab_watcher_count_follows_clients(server):
-    lab = LabApiClient(url=server.url)
-    assert lab.watcher_count() == 0
-    response = urllib.request.urlopen(f"{server.url}/api/v1/nodes?watch=1", timeout=5)
-    deadline = time.monotonic() + 2
-    while lab.watcher_count() != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert lab.watcher_count() == 1
-    response.close()
-    deadline = time.monotonic() + 2
-    while lab.watcher_count() != 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert lab.watcher_count() == 0
 
 
 # ---------------------------------------------------------------------------------------------

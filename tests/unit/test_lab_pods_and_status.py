@@ -1,10 +1,14 @@
-"""Lab pods as API objects, the services summary of `lab status`, and the lab's proxy-mode argv."""
+"""Lab pods and nodes as API objects (and as kubectl's columns show them), the services summary
+of `lab status`, and the lab's proxy-mode argv."""
 from __future__ import annotations
 
 import pytest
 
 from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
-from netagent.lab import pod_objects
+from netagent.kube.resources import NODES, PODS
+from netagent.lab import node_objects, pod_objects
+from netagent.lab.apiserver import ApiServer, Subresource
+from netagent.lab.apiserver.tables import render_table
 from netagent.lab.cluster import LabCluster
 from netagent.lab.service_status import describe_service, summarize_services
 from netagent.lab.state import LabError, LabState, NodeState
@@ -35,6 +39,50 @@ def test_a_pod_object_is_running_ready_with_named_ports():
     patch = pod_objects.with_readiness(pod, ready=False)
     flipped = {c["type"]: c["status"] for c in patch["status"]["conditions"]}
     assert flipped == {"PodScheduled": "True", "Initialized": "True", "ContainersReady": "False", "Ready": "False"}
+    assert [c["ready"] for c in patch["status"]["containerStatuses"]] == [False]
+
+
+def test_a_pod_object_reports_its_container_running_as_a_kubelet_would():
+    pod = pod_objects.render_pod("web-1", namespace="shop", node="node-1", host_ip="198.18.0.11",
+                                 pod_ip="10.244.1.5", labels={}, ports={}, container_id="lab-web-1")
+    [status] = pod["status"]["containerStatuses"]
+    since = pod["status"]["startTime"]
+    assert status == {"name": pod["spec"]["containers"][0]["name"], "image": pod["spec"]["containers"][0]["image"],
+                      "imageID": "", "containerID": "containerd://lab-web-1", "ready": True, "started": True,
+                      "restartCount": 0, "state": {"running": {"startedAt": since}}}
+    unready = pod_objects.render_pod("web-2", namespace="shop", node="node-1", host_ip="198.18.0.11",
+                                     pod_ip="10.244.1.6", labels={}, ports={}, ready=False)
+    [status] = unready["status"]["containerStatuses"]
+    assert (status["ready"], status["started"], status["containerID"]) == (False, True, "containerd://shop-web-2")
+
+
+def table_cells(server: ApiServer, resource, name: str, **where) -> dict:
+    table = render_table(server.get(resource, name, **where))
+    return {c["name"]: cell for c, cell in zip(table["columnDefinitions"], table["rows"][0]["cells"])}
+
+
+def test_kubectl_columns_show_lab_pods_ready_and_lab_nodes_ready():
+    """What `kubectl get pods,nodes` shows, from the objects as the lab API server stores them."""
+    with ApiServer() as server:
+        server.create(node_objects.render_node("node-1", segment=2, pod_cidr="10.244.1.0/24", address="198.18.16.11"))
+        node = server.get(NODES, "node-1")
+        [ready] = node["status"]["conditions"]
+        assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "KubeletReady")
+        assert ready["lastHeartbeatTime"] == ready["lastTransitionTime"] and ready["lastHeartbeatTime"].endswith("Z")
+        assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == "segment-2"
+        assert node["spec"]["podCIDRs"] == ["10.244.1.0/24"]
+        assert table_cells(server, NODES, "node-1")["Status"] == "Ready"
+
+        server.create(pod_objects.render_pod("web-1", namespace="default", node="node-1", host_ip="198.18.16.11",
+                                             pod_ip="10.244.1.5", labels={}, ports={}))
+        cells = table_cells(server, PODS, "web-1", namespace="default")
+        assert (cells["Ready"], cells["Status"], cells["Restarts"]) == ("1/1", "Running", "0")
+        patch = pod_objects.with_readiness(server.get(PODS, "web-1", namespace="default"), ready=False)
+        server.patch(PODS, "web-1", patch, namespace="default", part=Subresource.STATUS)
+        assert table_cells(server, PODS, "web-1", namespace="default")["Ready"] == "0/1"
+        patch = pod_objects.with_readiness(server.get(PODS, "web-1", namespace="default"), ready=True)
+        server.patch(PODS, "web-1", patch, namespace="default", part=Subresource.STATUS)
+        assert table_cells(server, PODS, "web-1", namespace="default")["Ready"] == "1/1"
 
 
 def endpoint_slice(service: str, ports: list, *endpoints: tuple) -> dict:

@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -154,6 +155,21 @@ def test_ipv6_loopback_bind(serve):
         pytest.skip("no IPv6 loopback here")
     server = serve(bind="[::1]:0")
     assert get(server.port, "/livez", host="::1")[0] == 200
+
+
+def test_starting_does_no_name_lookup(serve, monkeypatch):
+    """HTTPServer.server_bind would call socket.getfqdn, which waits out the resolver's timeout
+    where DNS is unreachable; the status server must start without any such lookup."""
+    def no_lookup(*args):
+        raise AssertionError(f"a name lookup happened: {args}")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    monkeypatch.setattr(socket, "gethostbyaddr", no_lookup)
+    with pytest.raises(AssertionError, match="name lookup"):  # the stdlib server does look up
+        ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler).server_close()
+    for bind in ("127.0.0.1:0", "0.0.0.0:0"):
+        status, _, body = get(serve(bind=bind).port, "/livez")
+        assert (status, body) == (200, "ok\n")
 
 
 # ------------------------------------------------------------------ health from a SyncRunner
