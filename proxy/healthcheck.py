@@ -18,7 +18,9 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from netagent.infra.status_server import NoLookupHTTPServer
 
 log = logging.getLogger("netagent.proxy.healthcheck")
 
@@ -30,7 +32,7 @@ class HealthCheckAnswer:
     local_endpoints: int
 
 
-class _Listener(ThreadingHTTPServer):
+class _Listener(NoLookupHTTPServer):
     daemon_threads = True
     answer: HealthCheckAnswer
     proxy_healthy: Callable[[], bool]

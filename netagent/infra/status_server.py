@@ -125,7 +125,18 @@ def parse_bind(bind: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port_text)
 
 
-class _Server(ThreadingHTTPServer):
+class NoLookupHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer without the name lookup at bind: HTTPServer.server_bind sets
+    server_name from socket.getfqdn(host), a reverse DNS lookup that waits out the resolver's
+    timeout (5 s per server seen) where DNS is unreachable, as in a node namespace without one.
+    Nothing of ours reads server_name. Every HTTP listener of the agent derives from this."""
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+
+class _Server(NoLookupHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
@@ -134,13 +145,6 @@ class _Server(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.owner = owner
         super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind also sets server_name from socket.getfqdn(host): a reverse DNS
-        # lookup that waits out the resolver's timeout (5 s per server seen) where DNS is
-        # unreachable, as in a node namespace without one. Nothing here reads server_name.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -216,7 +216,12 @@ def fetch(port: int) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-def test_health_check_ports_answer_with_local_endpoint_counts():
+def test_health_check_ports_answer_with_local_endpoint_counts(monkeypatch):
+    def no_lookup(*args):  # opening a port must not wait on DNS (HTTPServer's getfqdn)
+        raise AssertionError(f"a name lookup happened: {args}")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    monkeypatch.setattr(socket, "gethostbyaddr", no_lookup)
     ports = HealthCheckPorts(bind_address="127.0.0.1")
     port = free_port()
     try:
