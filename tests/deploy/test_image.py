@@ -5,15 +5,14 @@ Each check runs inside a throwaway container of the image (no network), removed 
 from __future__ import annotations
 
 import json
-import struct
 
 import pytest
 
 from netagent.lab.agent_pods import run_podman
+from tests.elf import has_interpreter
 
 pytestmark = pytest.mark.deploy
 SHIM = "/opt/netagent/cni/netagent"
-PT_INTERP = 3
 
 INSPECT = f"""
 import glob, importlib.util, json, os, shutil
@@ -35,14 +34,6 @@ def run_in_image(image: str, *argv: str):
     return run_podman(["run", "--rm", "--network", "none", "--pull", "never", "--ulimit", "nofile=20000:20000",
                        "--ulimit", "nproc=32768:32768", "--entrypoint", argv[0], image, *argv[1:]],
                       timeout=120)
-
-
-def has_interpreter(elf: bytes) -> bool:
-    """Whether an ELF64 executable names a program interpreter (a dynamic loader)."""
-    assert elf[:4] == b"\x7fELF" and elf[4] == 2, "not an ELF64 file"
-    phoff, = struct.unpack_from("<Q", elf, 0x20)
-    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
-    return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == PT_INTERP for i in range(phnum))
 
 
 def test_image_holds_the_agent_and_nothing_to_build_or_test_with(agent_image):

@@ -33,12 +33,12 @@ import os
 import shlex
 import shutil
 import signal
-import struct
 import subprocess
 import time
 from pathlib import Path
 
 from tests.e2e.oci_image import BUSYBOX
+from tests.elf import is_static_elf
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The paths the private views overlay; the node's temporary directory must not be under them.
@@ -70,20 +70,6 @@ class ContainerStartError(HarnessError):
 
 # ---------------------------------------------------------------- prerequisites
 
-def _is_static_elf(path: str) -> bool:
-    """True when the ELF file has no PT_INTERP program header (no dynamic loader)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only: this machine is amd64
-            return False
-        endian = "<" if head[5] == 1 else ">"
-        phoff, = struct.unpack_from(endian + "Q", head, 32)
-        phentsize, phnum = struct.unpack_from(endian + "HH", head, 54)
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-    return all(struct.unpack_from(endian + "I", table, i * phentsize)[0] != 3 for i in range(phnum))
-
-
 def missing_prerequisites() -> list[str]:
     """Why this machine cannot run the harness; empty when it can."""
     missing = []
@@ -94,7 +80,7 @@ def missing_prerequisites() -> list[str]:
             missing.append(f"{tool} not found (Debian package {package})")
     if not os.path.exists(BUSYBOX):
         missing.append(f"{BUSYBOX} not found (Debian package busybox-static)")
-    elif not _is_static_elf(BUSYBOX):
+    elif not is_static_elf(BUSYBOX):
         missing.append(f"{BUSYBOX} is dynamically linked (install busybox-static)")
     try:
         filesystems = Path("/proc/filesystems").read_text()

@@ -75,19 +75,6 @@ def find_guest_kernel() -> GuestKernel | None:
     return max(candidates, key=lambda k: _version_key(k.version), default=None)
 
 
-def is_static_elf(path: Path) -> bool:
-    """True for a 64-bit ELF without a PT_INTERP segment (no dynamic loader needed)."""
-    with open(path, "rb") as f:
-        header = f.read(64)
-        if header[:5] != b"\x7fELF\x02":
-            return False
-        phoff, = struct.unpack_from("<Q", header, 32)
-        phentsize, phnum = struct.unpack_from("<HH", header, 54)
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-    return all(struct.unpack_from("<I", table, i * phentsize)[0] != 3 for i in range(phnum))
-
-
 # --------------------------------------------------------------------------- modules
 
 def _module_name(path: str) -> str:

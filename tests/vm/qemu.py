@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from tests.vm.guest_boot import (BUSYBOX, GUEST_SHARE, ROOT_TAG, SHARE_TAG, STATUS_PREFIX, GuestKernel,
-                                  VmUnavailable, ensure_boot_image, ensure_initramfs, find_guest_kernel,
-                                  is_static_elf)
+                                  VmUnavailable, ensure_boot_image, ensure_initramfs, find_guest_kernel)
+from tests.elf import is_static_elf
 
 QEMU = "qemu-system-x86_64"
 PROJECT_DIR = Path(__file__).resolve().parents[2]
