@@ -11,13 +11,13 @@ agent listens is journaled by the shim and carried out when the agent starts aga
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from cni.errors import CniError
 from netagent.cniserver import install as cni_install
 from tests.netns.test_interop import LINE_BREAK, Chain, address_of, links, ping, require_reference, reservation_files
+from tests.netns.test_shim import wait_until
 from tests.shim_support import installed_shim_or_skip
 
 
@@ -40,13 +40,6 @@ def bridge_conflist(lab, subnet: str) -> dict:
 
 def served_by_agent(lab, command: str) -> int:
     return lab.agent_output().count(f"CNI {command} (netagent-ipam)")
-
-
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_bridge_with_the_shim_as_its_ipam(node):

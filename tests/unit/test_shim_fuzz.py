@@ -192,32 +192,24 @@ def configs(agent_path: str, down_path: str):
 
 
 # ------------------------------------------------------------------ properties
+@pytest.mark.parametrize("name", wire.PLUGINS)
 @FUZZ
 @given(env=environments, extra=st.dictionaries(st.text(max_size=10), json_values, max_size=5),
        code=st.integers(0, 255), body=st.binary(max_size=500))
-def test_the_agent_receives_what_wire_py_frames_and_its_answer_is_relayed(shim, agent, env, extra, code, body):
+def test_the_agent_receives_what_wire_py_frames_and_its_answer_is_relayed(binaries, agent, name, env, extra, code,
+                                                                         body):
+    """As netagent-ipam the socket is the `ipam` section's and the header carries the selector."""
     env = {k: v for k, v in env.items() if k != "CNI_COMMAND"}
     env["CNI_COMMAND"] = "ADD"
-    stdin = json.dumps({**extra, "agentSocket": agent.path}).encode()
+    if name == wire.PLUGIN_IPAM:
+        stdin = ipam_config(agent.path, **{k: v for k, v in extra.items() if k != "ipam"})
+    else:
+        stdin = json.dumps({**extra, "agentSocket": agent.path}).encode()
     agent.requests.clear()
     agent.reply = (code, body)
-    proc = run_binary(shim, {_b(k): _b(v) for k, v in env.items()}, stdin, timeout=10)
-    assert agent.requests == [expected_request(env, stdin)]
-    assert (proc.returncode, proc.stdout) == (code, body)
-
-
-@FUZZ
-@given(env=environments, extra=st.dictionaries(st.text(max_size=10), json_values, max_size=5),
-       code=st.integers(0, 255), body=st.binary(max_size=500))
-def test_as_netagent_ipam_the_request_carries_the_selector(binaries, agent, env, extra, code, body):
-    env = {k: v for k, v in env.items() if k != "CNI_COMMAND"}
-    env["CNI_COMMAND"] = "DEL"
-    stdin = ipam_config(agent.path, **{k: v for k, v in extra.items() if k != "ipam"})
-    agent.requests.clear()
-    agent.reply = (code, body)
-    proc = run_binary(binaries[wire.PLUGIN_IPAM], {_b(k): _b(v) for k, v in env.items()}, stdin, timeout=10)
-    assert agent.requests == [expected_request(env, stdin, wire.PLUGIN_IPAM)]
-    assert wire.parse_header(agent.requests[0].split(b"\n", 1)[0])[2] == wire.PLUGIN_IPAM
+    proc = run_binary(binaries[name], {_b(k): _b(v) for k, v in env.items()}, stdin, timeout=10)
+    assert agent.requests == [expected_request(env, stdin, name)]
+    assert wire.parse_header(agent.requests[0].split(b"\n", 1)[0])[2] == name
     assert (proc.returncode, proc.stdout) == (code, body)
 
 
