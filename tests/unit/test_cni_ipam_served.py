@@ -115,3 +115,16 @@ def test_the_main_plugins_requests_are_still_its_own(agent, shims):
     code, out = via_shim(shims["netagent"], agent.pod_env("c1"), agent.config())
     assert code == 0 and out["interfaces"], out
     assert_error(via_shim(shims["netagent"], agent.pod_env("c2"), agent.config(mode="vepa")), 7, "'mode'")
+
+
+def test_hostile_input_gets_the_same_codes_on_the_ipam_path(agent, shims):
+    env = agent.pod_env("c1")
+    raw = {k.encode(): v.encode() for k, v in env.items()}
+    assert_error(via_shim(shims["netagent-ipam"], {**raw, b"CNI_ARGS": b"K8S_POD_NAME=\xff"}, bridge_config(agent)),
+                 4, "UTF-8")
+    assert_error(via_shim(shims["netagent-ipam"], env, bridge_config(agent, padding="x" * (16 * 1024 * 1024))),
+                 7, "16 MiB")
+    assert_error(via_shim(shims["netagent-ipam"], {**env, "CNI_IFNAME": "eth0;reboot"}, bridge_config(agent)),
+                 4, "CNI_IFNAME")
+    assert_error(via_shim(shims["netagent-ipam"], env, bridge_config(agent, dataDir="relative")), 7, "absolute")
+    assert reserved(agent.data_dir) == {} and agent.kernel.calls == []
