@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CNI ADD/DEL latency: netagent (the static C shim and the Python client through the agent,
 and the Python client in-process) against the reference `bridge` + `host-local` plugins from
-Debian's containernetworking-plugins, in one run.
+Debian's containernetworking-plugins, in one run; and the reference `bridge` with its IPAM
+delegated to the `netagent-ipam` shim (served by the agent) beside `bridge` + `host-local`.
 
 Every contender gets its own node namespace and the same number of fresh pod namespaces.
 The benchmark enters the node namespace itself (setns on its main thread, inherited by
@@ -49,17 +50,24 @@ class Contender:
         return elapsed, out
 
 
+def bridge_config(ipam_type: str, subnet: str, data_dir: str, **ipam) -> bytes:
+    return json.dumps({
+        "cniVersion": "1.0.0", "name": "reference", "type": "bridge", "bridge": "cni0", "isGateway": True,
+        "ipam": {"type": ipam_type, "ranges": [[{"subnet": subnet}]], "dataDir": data_dir, **ipam}}).encode()
+
+
 def contenders(stack) -> list:
     shim = stack(LabNode(prefix="na-bench", subnets=("10.63.0.0/16",), plugin=PluginBinary.SHIM))
     ours = stack(LabNode(prefix="na-bench", subnets=("10.60.0.0/16",)))
     ours_config = ours.plugin_config()
     inproc = stack(LabNode(prefix="na-bench", subnets=("10.61.0.0/16",), with_agent=False))
     ref = stack(LabNode(prefix="na-bench", with_agent=False))
-    ref_config = json.dumps({
-        "cniVersion": "1.0.0", "name": "reference", "type": "bridge", "bridge": "cni0",
-        "isGateway": True, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.62.0.0/16"}]],
-                                    "dataDir": ref.data_dir}}).encode()
+    ref_config = bridge_config("host-local", "10.62.0.0/16", ref.data_dir)
+    ipam_shim = stack(LabNode(prefix="na-bench", plugin=PluginBinary.SHIM))
+    ipam_shim_config = bridge_config("netagent-ipam", "10.64.0.0/16", ipam_shim.data_dir,
+                                     agentSocket=ipam_shim.socket_path)
     return [Contender("reference bridge+host-local", ref, f"{REFERENCE_DIR}/bridge", ref_config),
+            Contender("bridge+netagent-ipam shim", ipam_shim, f"{REFERENCE_DIR}/bridge", ipam_shim_config),
             Contender("netagent shim (agent)", shim, os.path.join(shim.bin_dir, "netagent"),
                       shim.plugin_config()),
             Contender("netagent python (agent)", ours, os.path.join(ours.bin_dir, "netagent"), ours_config),

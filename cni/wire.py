@@ -1,11 +1,19 @@
 """The framing between the thin CNI client and the node agent's socket.
 
 Deliberately not JSON: the client must not pay for importing `json` (it pulls in `re`,
-about 10 ms at start-up); and no `from __future__` import either (0.2 ms). A request is a header line `NACNI1 <env bytes> <stdin bytes>`,
+about 10 ms at start-up); and no `from __future__` import either (0.2 ms). A request is a header line `NACNI1 <env bytes> <stdin bytes> [<plugin>]`,
 then the `CNI_*` variables as NUL-separated `KEY=VALUE`, then stdin verbatim. A reply
 is `<exit code> <stdout bytes>` and the plugin's stdout verbatim.
+
+`<plugin>` is the name the shim was executed as (argv[0]'s basename): absent for the main
+plugin `netagent` (what every client before it sent, and the shim's DEL journal holds),
+`netagent-ipam` for an IPAM-only request a reference main plugin (bridge, ptp, ...) made.
+Any other word is a malformed request: the agent refuses it, never guesses.
 """
 MAGIC = b"NACNI1"
+PLUGIN_MAIN = "netagent"
+PLUGIN_IPAM = "netagent-ipam"
+PLUGINS = (PLUGIN_MAIN, PLUGIN_IPAM)
 MAX_HEADER = 64
 MAX_ENV = 64 * 1024
 MAX_STDIN = 16 * 1024 * 1024
@@ -45,34 +53,43 @@ def socket_path_problem(path: str) -> "str | None":
     return None
 
 
-def encode_request(env: dict, stdin: bytes) -> bytes:
+def encode_request(env: dict, stdin: bytes, plugin: str = PLUGIN_MAIN) -> bytes:
     blob = encode_env(env)
-    return b"%s %d %d\n" % (MAGIC, len(blob), len(stdin)) + blob + stdin
+    selector = b"" if plugin == PLUGIN_MAIN else b" " + plugin.encode()
+    return b"%s %d %d%s\n" % (MAGIC, len(blob), len(stdin), selector) + blob + stdin
 
 
-def header_lengths(header: bytes) -> "tuple[int, int] | None":
-    """(env bytes, stdin bytes) a request header line announces, or None if it is malformed.
-    Limits are not applied here: `request_too_large` says which one a request exceeds."""
+def parse_header(header: bytes) -> "tuple[int, int, str]":
+    """(env bytes, stdin bytes, plugin) a request header line announces; WireError saying
+    what is wrong if it is malformed. Limits are not applied here: `request_too_large` says
+    which one a request exceeds."""
     parts = header.split()
-    if len(parts) != 3 or parts[0] != MAGIC or not parts[1].isdigit() or not parts[2].isdigit() \
-            or len(header) > MAX_HEADER:
-        return None
-    return int(parts[1]), int(parts[2])
-
-
-def _request_lengths(header: bytes) -> "tuple[int, int] | None":
-    lengths = header_lengths(header)
-    if lengths is None or lengths[0] > MAX_ENV or lengths[1] > MAX_STDIN:
-        return None
-    return lengths
+    if len(header) > MAX_HEADER or len(parts) not in (3, 4) or parts[0] != MAGIC \
+            or not parts[1].isdigit() or not parts[2].isdigit():
+        raise WireError("bad request header")
+    plugin = parts[3].decode("ascii", "replace") if len(parts) == 4 else PLUGIN_MAIN
+    if plugin not in PLUGINS:
+        raise WireError("the request names an unknown plugin %r (this agent serves %s)"
+                        % (plugin[:32], ", ".join(PLUGINS)))
+    return int(parts[1]), int(parts[2]), plugin
 
 
 def decode_request(data: bytes) -> tuple[dict, bytes]:
+    """The main plugin's request (env, stdin); WireError for any other plugin's."""
+    env, stdin, plugin = decode_request_for(data)
+    if plugin != PLUGIN_MAIN:
+        raise WireError("a %s request where only %s's are accepted" % (plugin, PLUGIN_MAIN))
+    return env, stdin
+
+
+def decode_request_for(data: bytes) -> "tuple[dict, bytes, str]":
+    """(env, stdin, plugin) of a whole request, checked against its header and the limits."""
     header, sep, rest = data.partition(b"\n")
-    lengths = _request_lengths(header) if sep else None
-    if lengths is None:
+    if not sep:
         raise WireError("malformed request header")
-    env_len, stdin_len = lengths
+    env_len, stdin_len, plugin = parse_header(header)
+    if env_len > MAX_ENV or stdin_len > MAX_STDIN:
+        raise WireError("malformed request header")
     if len(rest) != env_len + stdin_len:
         raise WireError("request length does not match its header")
     env = {}
@@ -80,7 +97,7 @@ def decode_request(data: bytes) -> tuple[dict, bytes]:
         key, eq, value = item.decode().partition("=")
         if eq and key.startswith("CNI_"):
             env[key] = value
-    return env, rest[env_len:]
+    return env, rest[env_len:], plugin
 
 
 def encode_reply(code: int, stdout: str) -> bytes:

@@ -7,8 +7,14 @@
  * listening there, writes the agent's answer to stdout and exits with the agent's code. The
  * agent runs the one dispatcher (cni/dispatch.py), so answers are the Python client's.
  *
+ * Installed a second time as <bin dir>/netagent-ipam, it is the IPAM plugin of other main
+ * plugins (bridge, ptp, macvlan: "ipam": {"type": "netagent-ipam", "agentSocket": ...}). It
+ * knows by argv[0]'s basename; the config's top level is then the main plugin's, so the socket
+ * is the "ipam" object's "agentSocket" (there is no default path), and the request header
+ * carries the selector " netagent-ipam" for the agent to run its IPAM-only handlers.
+ *
  * Wire format: cni/wire.py is the one definition (cni/client.py speaks it too), limits included:
- *   request  "NACNI1 <env bytes> <stdin bytes>\n", the CNI_* variables as "KEY=VALUE" joined
+ *   request  "NACNI1 <env bytes> <stdin bytes>[ netagent-ipam]\n", the CNI_* variables as "KEY=VALUE" joined
  *            by NUL (first occurrence of each key, environment order), then stdin verbatim;
  *            MAX_ENV 64 KiB of variables, MAX_STDIN 16 MiB of stdin.
  *   reply    "<exit code> <stdout bytes>\n" then stdout; the header within MAX_HEADER, the
@@ -28,8 +34,8 @@
  *   - Any other failure to talk to the agent (timeout, bad reply) is code 11 as well. An agent
  *     that answers before reading the whole request (it refused it) is read despite the EPIPE.
  *
- * The config scan reads only the top-level object's string values of "agentSocket" and
- * "cniVersion" (escapes decoded, the last duplicate wins). Nested values are skipped by
+ * The config scan reads only the top-level object's string values of "agentSocket" (for
+ * netagent-ipam: the "ipam" object's) and "cniVersion" (escapes decoded, the last duplicate wins). Nested values are skipped by
  * matching brackets and strings, not validated: the agent validates the whole config. Stdin
  * must be UTF-8 without a byte-order mark; a lone \uD800-\uDFFF escape counts as malformed.
  * agentSocket must be an absolute path that fits a unix socket address (107 bytes). The
@@ -67,6 +73,7 @@
 #define JOURNAL_DIR "pending-del"
 #define RECORD_NAME 96 /* "shim-" 20+9 digits "-" pid ".wire": at most 76 bytes */
 #define TRY_AGAIN_LATER 11
+#define IPAM_PLUGIN "netagent-ipam" /* cni/wire.py's PLUGIN_IPAM */
 
 /* cni/version.py's SUPPORTED_VERSIONS and LATEST (tests/unit/test_shim_fuzz.py keeps them equal). */
 static const char *const SUPPORTED[] = {"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"};
@@ -355,63 +362,80 @@ static int skip_value(struct scan *s)
     return -1;
 }
 
-/* Scan the top-level object; 0 when stdin is one, -1 when it is not (a decode failure). */
-static int scan_config(const char *data, size_t len, struct config *cfg)
+/* Which object scan_object reads: the config itself, or netagent-ipam's "ipam" section. */
+enum section { TOP_LEVEL, IPAM_SECTION };
+
+/* Scan the object at s->p (on its '{'); -1 when it is not one. At the top level it takes
+ * "cniVersion", and "agentSocket" for the main plugin; for netagent-ipam it takes
+ * "agentSocket" from the last "ipam" object only (the rest of the config is the main plugin's). */
+static int scan_object(struct scan *s, struct config *cfg, enum section where, int ipam_plugin)
 {
-    struct scan s = {data, data + len};
     struct buf key = {0};
     int rc = -1;
-    skip_ws(&s);
-    if (s.p >= s.end || *s.p++ != '{')
+    if (s->p >= s->end || *s->p++ != '{')
         goto out;
-    skip_ws(&s);
-    if (s.p < s.end && *s.p == '}') {
-        s.p++;
-        goto done;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        rc = 0;
+        goto out;
     }
     for (;;) {
         key.len = 0;
-        if (s.p >= s.end || *s.p != '"' || scan_string(&s, &key) < 0 || key.oom)
+        if (s->p >= s->end || *s->p != '"' || scan_string(s, &key) < 0 || key.oom)
             goto out;
-        skip_ws(&s);
-        if (s.p >= s.end || *s.p++ != ':')
+        skip_ws(s);
+        if (s->p >= s->end || *s->p++ != ':')
             goto out;
-        skip_ws(&s);
+        skip_ws(s);
         struct buf *want = NULL;
         int *has = NULL;
-        if (key.len == 11 && memcmp(key.data, "agentSocket", 11) == 0)
+        if (key.len == 11 && memcmp(key.data, "agentSocket", 11) == 0 && (where == IPAM_SECTION) == ipam_plugin)
             want = &cfg->socket, has = &cfg->has_socket;
-        else if (key.len == 10 && memcmp(key.data, "cniVersion", 10) == 0)
+        else if (where == TOP_LEVEL && key.len == 10 && memcmp(key.data, "cniVersion", 10) == 0)
             want = &cfg->version, has = &cfg->has_version;
-        if (want != NULL && s.p < s.end && *s.p == '"') {
+        if (where == TOP_LEVEL && ipam_plugin && key.len == 4 && memcmp(key.data, "ipam", 4) == 0) {
+            cfg->has_socket = 0; /* the last "ipam" is the one the agent reads */
+            if (s->p < s->end && *s->p == '{' ? scan_object(s, cfg, IPAM_SECTION, 1) < 0 : skip_value(s) < 0)
+                goto out;
+        } else if (want != NULL && s->p < s->end && *s->p == '"') {
             want->len = 0;
-            if (scan_string(&s, want) < 0 || want->oom)
+            if (scan_string(s, want) < 0 || want->oom)
                 goto out;
             *has = 1;
         } else {
-            if (skip_value(&s) < 0)
+            if (skip_value(s) < 0)
                 goto out;
             if (has != NULL)
                 *has = 0; /* the last duplicate is not a string */
         }
-        skip_ws(&s);
-        if (s.p < s.end && *s.p == ',') {
-            s.p++;
-            skip_ws(&s);
+        skip_ws(s);
+        if (s->p < s->end && *s->p == ',') {
+            s->p++;
+            skip_ws(s);
             continue;
         }
-        if (s.p < s.end && *s.p == '}') {
-            s.p++;
-            break;
+        if (s->p < s->end && *s->p == '}') {
+            s->p++;
+            rc = 0;
+            goto out;
         }
         goto out;
     }
-done:
-    skip_ws(&s);
-    rc = s.p == s.end ? 0 : -1;
 out:
     free(key.data);
     return rc;
+}
+
+/* Scan stdin; 0 when it is one JSON object, -1 when it is not (a decode failure). */
+static int scan_config(const char *data, size_t len, struct config *cfg, int ipam_plugin)
+{
+    struct scan s = {data, data + len};
+    skip_ws(&s);
+    if (scan_object(&s, cfg, TOP_LEVEL, ipam_plugin) < 0)
+        return -1;
+    skip_ws(&s);
+    return s.p == s.end ? 0 : -1;
 }
 
 /* The version for our own output: the config's cniVersion if we speak it, else the latest. */
@@ -651,10 +675,20 @@ static struct timespec deadline_after(double seconds)
     return t;
 }
 
-int main(void)
+/* Executed as netagent-ipam (argv[0]'s basename): the IPAM-only plugin of another main plugin. */
+static int executed_as_ipam(int argc, char **argv)
+{
+    if (argc < 1 || argv[0] == NULL)
+        return 0;
+    const char *slash = strrchr(argv[0], '/');
+    return strcmp(slash != NULL ? slash + 1 : argv[0], IPAM_PLUGIN) == 0;
+}
+
+int main(int argc, char **argv)
 {
     struct config cfg = {{0}, {0}, 0, 0};
     struct buf in = {0}, env = {0}, request = {0}, reply = {0}, dir = {0};
+    int ipam = executed_as_ipam(argc, argv);
     signal(SIGPIPE, SIG_IGN);
 
     int rc = read_all(STDIN_FILENO, &in, MAX_STDIN, NULL);
@@ -662,7 +696,7 @@ int main(void)
         return fail(&cfg, 5, "cannot read the network configuration from stdin", strerror(errno));
     if (rc > 0)
         return fail(&cfg, 7, "the network configuration is larger than 16 MiB", "");
-    int scanned = scan_config(in.data != NULL ? in.data : "", in.len, &cfg);
+    int scanned = scan_config(in.data != NULL ? in.data : "", in.len, &cfg, ipam);
     if (cfg.socket.oom || cfg.version.oom)
         return fail(&cfg, 100, "netagent shim: out of memory", "");
 
@@ -672,17 +706,21 @@ int main(void)
     if (scanned < 0)
         return fail(&cfg, 6, "cannot decode the network configuration", "it is not a JSON object");
     const char *path = cfg.socket.data;
+    if ((!cfg.has_socket || cfg.socket.len == 0) && ipam)
+        return fail(&cfg, 7, "the network configuration has no 'ipam.agentSocket'",
+                    "netagent-ipam relays every request to the agent listening there");
     if (!cfg.has_socket || cfg.socket.len == 0)
         return fail(&cfg, 7, "the network configuration has no 'agentSocket'",
                     "the netagent plugin relays every request to the agent listening there");
     if (path[0] != '/' || strlen(path) != cfg.socket.len
         || cfg.socket.len >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return fail(&cfg, 7, "'agentSocket' must be an absolute path of at most 107 bytes", path);
+        return fail(&cfg, 7, ipam ? "'ipam.agentSocket' must be an absolute path of at most 107 bytes"
+                                  : "'agentSocket' must be an absolute path of at most 107 bytes", path);
     if (collect_env(&env) > 0)
         return fail(&cfg, 4, "the CNI_* environment is larger than 64 KiB", "");
 
     char header[MAX_HEADER];
-    snprintf(header, sizeof header, "NACNI1 %zu %zu\n", env.len, in.len);
+    snprintf(header, sizeof header, "NACNI1 %zu %zu%s\n", env.len, in.len, ipam ? " " IPAM_PLUGIN : "");
     buf_str(&request, header);
     buf_add(&request, env.data != NULL ? env.data : "", env.len);
     buf_add(&request, in.data != NULL ? in.data : "", in.len);

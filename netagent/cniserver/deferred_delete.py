@@ -16,6 +16,8 @@ The CNI shim (cni/shim/netagent-shim.c) writes here too: a DEL that finds no age
 listening is saved as its wire-format request (`shim-<time>-<pid>.wire`, cni/wire.py's
 framing) and acknowledged. `adopt_shim_records` runs those through the dispatcher at start,
 exactly as if they had arrived on the socket, which turns each into a journal entry above.
+A record keeps the wire's plugin selector: a DEL the shim journaled as `netagent-ipam` runs
+the IPAM-only handlers (`plugins.py`) and releases its reservation then and there.
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ from typing import Callable
 
 from cni import wire
 from cni.config import NetConf, parse_netconf
-from cni.dispatch import Handlers, execute
+from cni.dispatch import Handlers
+from cni.ipam.plugin import LockedIpam
 from cni.request import CniRequest
+from netagent.cniserver.plugins import execute_for
 
 log = logging.getLogger("netagent.cniserver.deferred_delete")
 
@@ -73,7 +77,7 @@ class DeferredDeleter:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def adopt_shim_records(self, handlers: Handlers) -> int:
+    def adopt_shim_records(self, handlers: Handlers, *, ipam_handlers: LockedIpam | None = None) -> int:
         """Carry out the DELs the shim journaled while no agent listened; return how many.
 
         Each record goes through the dispatcher like a request on the socket: a valid DEL
@@ -94,13 +98,13 @@ class DeferredDeleter:
                 continue
             try:
                 with open(path, "rb") as f:
-                    env, stdin = wire.decode_request(f.read(_MAX_SHIM_RECORD + 1))
+                    env, stdin, plugin = wire.decode_request_for(f.read(_MAX_SHIM_RECORD + 1))
                 if env.get("CNI_COMMAND") != "DEL":
                     raise wire.WireError(f"CNI_COMMAND is {env.get('CNI_COMMAND')!r}, not DEL")
             except (OSError, ValueError, wire.WireError) as exc:
                 log.error("dropping the unreadable DEL record %s: %s", name, exc)
             else:
-                code, out = execute(env, stdin, handlers)
+                code, out = execute_for(plugin, env, stdin, handlers=handlers, ipam_handlers=ipam_handlers)
                 if code == 0:
                     adopted += 1
                 else:

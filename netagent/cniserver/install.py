@@ -1,17 +1,18 @@
 """`netagent cni install`: put the plugin binaries and a network config where runtimes look.
 
-`netagent` is the static C shim (`cni/shim/`, built by its `build.sh` into
-`build/cni-shim/netagent`, or given prebuilt): the host needs no interpreter for it, and it
-relays every request to the agent. Building needs a C compiler (`scripts/setup.sh` installs
-musl-tools); a source newer than the built binary is rebuilt.
+`netagent` and `netagent-ipam` are both the static C shim (`cni/shim/`, built by its
+`build.sh` into `build/cni-shim/netagent`, or given prebuilt): the host needs no
+interpreter for it, and it relays every request to the agent, which serves the main plugin
+and, for `netagent-ipam` (the shim knows by its argv[0]), the IPAM-only plugin that other
+main plugins delegate to. Building needs a C compiler (`scripts/setup.sh` installs
+musl-tools); a source newer than the built binary is rebuilt. Nothing installed is a script.
 
-`PluginBinary.PYTHON` installs `cni/client.py` instead, as a script for *this* Python: only
-for hosts that run this very interpreter (the lab and its tests), where it works in-process
-when no agent listens. `netagent-ipam` is still such a script whichever is chosen: the agent
-does not yet serve IPAM-only requests, so the shim cannot stand in for it. Scripts run as
-`python -I -S` with the project's code root on `sys.path`: isolated mode skips
-site-packages and the virtual environment's start-up work (55 ms measured here with
-Debian's system packages visible, 12 ms without).
+`PluginBinary.PYTHON` installs `cni/client.py` and `cni/ipam/plugin.py` instead, as scripts
+for *this* Python: only for hosts that run this very interpreter (the lab and its tests),
+where they work in-process when no agent listens. Scripts run as `python -I -S` with the
+project's code root on `sys.path`: isolated mode skips site-packages and the virtual
+environment's start-up work (55 ms measured here with Debian's system packages visible,
+12 ms without).
 """
 from __future__ import annotations
 
@@ -135,14 +136,14 @@ def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mod
 
     `shim` is a prebuilt shim to copy; without it the project's build is used (see
     `shim_binary`). Raises `ShimUnavailable` before writing anything when there is none."""
-    main: str | bytes = _python_script("netagent", "cni.client")
+    binaries: dict[str, str | bytes] = {"netagent": _python_script("netagent", "cni.client"),
+                                        "netagent-ipam": _python_script("netagent-ipam", "cni.ipam.plugin")}
     if plugin is PluginBinary.SHIM:
         with open(shim_binary(shim), "rb") as f:
-            main = f.read()
+            binaries = dict.fromkeys(binaries, f.read())  # one program; argv[0] says which plugin
     os.makedirs(bin_dir, exist_ok=True)
     written = []
-    for binary, content in (("netagent", main),
-                            ("netagent-ipam", _python_script("netagent-ipam", "cni.ipam.plugin"))):
+    for binary, content in binaries.items():
         path = os.path.join(bin_dir, binary)
         _write_atomically(path, content, 0o755)
         written.append(path)

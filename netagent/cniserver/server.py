@@ -15,6 +15,11 @@ cannot delay another pod's ADD. Bounds, each answered or enforced without a work
 * a peer that is not root (nor our own uid) is answered code 4 "permission denied";
 * a full backlog of work (`max_pending`) or an agent not ready yet is code 11 at once, and
   STATUS when not ready is code 50, as the spec asks.
+
+Each request names the plugin the shim was executed as (cni/wire.py's selector): the main
+plugin's `handlers`, or `netagent-ipam`'s IPAM-only handlers for a reference main plugin
+delegating its IPAM to us (`plugins.py`).
+A header naming anything else is refused as malformed (code 6) before any worker sees it.
 """
 from __future__ import annotations
 
@@ -31,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cni import wire
-from cni.dispatch import Handlers, execute, render_error
+from cni.dispatch import Handlers, render_error
 from cni.errors import CniError, ErrorCode
+from cni.ipam.plugin import LockedIpam
+from netagent.cniserver.plugins import execute_for
 
 log = logging.getLogger("netagent.cniserver.server")
 
@@ -65,9 +72,10 @@ class CniServer:
 
     def __init__(self, socket_path: str, *, handlers: Handlers, workers: int = 8, max_pending: int = 512,
                  not_ready: Callable[[], str | None] = lambda: None, request_deadline: float = REQUEST_DEADLINE,
-                 max_reading: int = MAX_READING) -> None:
+                 max_reading: int = MAX_READING, ipam_handlers: LockedIpam | None = None) -> None:
         self.socket_path = socket_path
         self.handlers = handlers
+        self.ipam_handlers = ipam_handlers or LockedIpam()
         self.max_pending = max_pending
         self.not_ready = not_ready
         self.request_deadline = request_deadline
@@ -235,14 +243,15 @@ class CniServer:
                 return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
                                                   "the request header is too long"))
             return None
-        lengths = wire.header_lengths(bytes(state.data[:newline]))
-        if lengths is None:
+        try:
+            env_len, stdin_len, _ = wire.parse_header(bytes(state.data[:newline]))
+        except wire.WireError as exc:
             return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
-                                              "bad request header"))
-        too_large = wire.lengths_too_large(*lengths)
+                                              str(exc)))
+        too_large = wire.lengths_too_large(env_len, stdin_len)
         if too_large is not None:
             return _error_reply(b"", CniError(*too_large))
-        state.expected = newline + 1 + lengths[0] + lengths[1]
+        state.expected = newline + 1 + env_len + stdin_len
         return None
 
     @staticmethod
@@ -284,24 +293,25 @@ class CniServer:
             return _error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT, "permission denied",
                                               f"the netagent agent serves root only; the caller is uid {uid}"))
         try:
-            env, stdin = wire.decode_request(data)
+            env, stdin, plugin = wire.decode_request_for(data)
         except UnicodeDecodeError:  # the shim relays the environment's bytes as they are
             return _error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT, "the CNI_* environment is not UTF-8"))
         except wire.WireError as exc:
             return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
                                               str(exc)))
-        return self._answer(env, stdin)
+        return self._answer(env, stdin, plugin)
 
-    def _answer(self, env: dict, stdin: bytes) -> bytes:
+    def _answer(self, env: dict, stdin: bytes, plugin: str) -> bytes:
         command = env.get("CNI_COMMAND", "")
         reason = self.not_ready() if command != "VERSION" else None
         if reason:
             error = ErrorCode.NOT_AVAILABLE if command == "STATUS" else ErrorCode.TRY_AGAIN_LATER
             return _error_reply(stdin, CniError(error, "the netagent agent is not ready", reason))
         started = time.monotonic()
-        code, out = execute(env, stdin, self.handlers)
+        code, out = execute_for(plugin, env, stdin, handlers=self.handlers, ipam_handlers=self.ipam_handlers)
         self.requests_served += 1
-        log.info("CNI %s container=%s ifname=%s exit=%d %.1f ms", command,
+        log.info("CNI %s%s container=%s ifname=%s exit=%d %.1f ms", command,
+                 "" if plugin == wire.PLUGIN_MAIN else f" ({plugin})",
                  env.get("CNI_CONTAINERID", "-")[:16], env.get("CNI_IFNAME", "-"), code,
                  (time.monotonic() - started) * 1000)
         return wire.encode_reply(code, out)

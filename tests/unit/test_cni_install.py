@@ -1,4 +1,4 @@
-"""`netagent cni install` puts the static shim in place as `netagent`, never a script for it.
+"""`netagent cni install` puts the static shim in place as `netagent` and `netagent-ipam`, never a script.
 
 The shim is built into a temporary directory with its own build script and handed over as
 a prebuilt binary (`--shim`), the way an image would ship it; the default build location is
@@ -16,16 +16,15 @@ from netagent.cniserver import install as cni_install
 from tests.shim_support import build_shim_or_skip
 
 
-def test_install_copies_the_shim_as_netagent(tmp_path):
+def test_install_copies_the_shim_as_netagent_and_netagent_ipam(tmp_path):
     shim = build_shim_or_skip(tmp_path / "build")
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
     assert cli_main(["cni", "install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
                      "--subnet", "10.244.1.0/24", "--shim", shim]) == 0
-    installed = (bin_dir / "netagent").read_bytes()
-    assert installed == open(shim, "rb").read() and installed[:4] == b"\x7fELF"
-    assert stat.S_IMODE(os.stat(bin_dir / "netagent").st_mode) == 0o755
-    # netagent-ipam stays the Python script until the agent serves IPAM-only requests
-    assert (bin_dir / "netagent-ipam").read_text().startswith("#!")
+    for binary in ("netagent", "netagent-ipam"):  # the same program; its argv[0] tells which plugin
+        installed = (bin_dir / binary).read_bytes()
+        assert installed == open(shim, "rb").read() and installed[:4] == b"\x7fELF"
+        assert stat.S_IMODE(os.stat(bin_dir / binary).st_mode) == 0o755
     assert (conf_dir / cni_install.CONFLIST_NAME).exists()
     assert sorted(os.listdir(bin_dir)) == ["netagent", "netagent-ipam"]  # no temporary left
 

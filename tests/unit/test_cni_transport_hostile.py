@@ -114,7 +114,9 @@ def test_oversized_requests_are_refused_with_their_code_not_11(agent, shim):
 
 
 @pytest.mark.parametrize("header, code", [(b"NACNI1 0 99999999\n", 7), (b"NACNI1 99999999 0\n", 4),
-                                          (b"NACNI9 1 1\n", 6), (b"X" * 100, 6)])
+                                          (b"NACNI9 1 1\n", 6), (b"X" * 100, 6),
+                                          (b"NACNI1 1 1 host-local\n", 6), (b"NACNI1 1 1 netagent-ipam x\n", 6),
+                                          (b"NACNI1 0 99999999 netagent-ipam\n", 7)])
 def test_the_agent_answers_a_request_it_will_not_read(agent, header, code):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)

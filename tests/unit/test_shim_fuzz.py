@@ -6,6 +6,8 @@ and however the agent behaves (answers, closes early, sends garbage or too much,
 answers), it must exit with a status, never a signal; print valid JSON whenever it
 reports an error; and finish within its timeout (NETAGENT_SHIM_TIMEOUT, set short here).
 Where the agent answers, the request it received is byte for byte what cni/wire.py frames.
+The same holds for the shim copied as `netagent-ipam` (argv[0] selects the IPAM-only
+plugin: the socket comes from the config's `ipam` section, the header carries the selector).
 """
 from __future__ import annotations
 
@@ -99,6 +101,14 @@ def shim(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def binaries(shim) -> dict:
+    """{plugin name: path}: the one shim under both names `netagent cni install` gives it."""
+    ipam = os.path.join(os.path.dirname(shim), wire.PLUGIN_IPAM)
+    shutil.copy(shim, ipam)
+    return {wire.PLUGIN_MAIN: shim, wire.PLUGIN_IPAM: ipam}
+
+
+@pytest.fixture(scope="module")
 def sockdir():
     """A short directory of our own: unix socket paths must stay under 108 bytes."""
     directory = tempfile.mkdtemp(prefix="na-shim-")
@@ -140,11 +150,18 @@ def config(socket_path, **extra) -> bytes:
                        "agentSocket": socket_path, **extra}).encode()
 
 
-def expected_request(env: dict, stdin: bytes) -> bytes:
+def ipam_config(socket_path, **extra) -> bytes:
+    """What a main plugin (bridge) hands netagent-ipam: the socket in its `ipam` section."""
+    return json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "bridge", **extra,
+                       "ipam": {"type": wire.PLUGIN_IPAM, "agentSocket": socket_path}}).encode()
+
+
+def expected_request(env: dict, stdin: bytes, plugin: str = wire.PLUGIN_MAIN) -> bytes:
     """cni/wire.py's encode_request, on the raw bytes a process environment holds."""
     items = [_b(k) + b"=" + _b(v) for k, v in env.items() if _b(k).startswith(b"CNI_")]
     blob = b"\0".join(items)
-    return b"%s %d %d\n" % (wire.MAGIC, len(blob), len(stdin)) + blob + stdin
+    selector = b"" if plugin == wire.PLUGIN_MAIN else b" " + plugin.encode()
+    return b"%s %d %d%s\n" % (wire.MAGIC, len(blob), len(stdin), selector) + blob + stdin
 
 
 # ------------------------------------------------------------------ strategies
@@ -162,9 +179,12 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 def configs(agent_path: str, down_path: str):
     socket_values = st.one_of(st.just(agent_path), st.just(down_path), st.just("relative.sock"),
                               st.just("/" + "x" * 200), json_values)
-    documents = st.builds(lambda sock, extra, drop: json.dumps(
-        {**({} if drop else {"agentSocket": sock}), **extra}).encode(),
-        socket_values, st.dictionaries(st.text(max_size=12), json_values, max_size=5), st.booleans())
+    sections = st.one_of(st.none(), json_values, st.builds(  # an "ipam" section, netagent-ipam's socket
+        lambda sock, extra: {**extra, "agentSocket": sock}, socket_values,
+        st.dictionaries(st.text(max_size=12), json_values, max_size=3)))
+    documents = st.builds(lambda sock, extra, drop, ipam: json.dumps(
+        {**({} if drop else {"agentSocket": sock}), **extra, **({} if ipam is None else {"ipam": ipam})}).encode(),
+        socket_values, st.dictionaries(st.text(max_size=12), json_values, max_size=5), st.booleans(), sections)
     mangled = st.tuples(documents, st.integers(0, 400), st.binary(max_size=8)).map(
         lambda t: t[0][:t[1]] + t[2])  # truncated, with junk after
     return st.one_of(documents, mangled, st.binary(max_size=2000),
@@ -172,26 +192,34 @@ def configs(agent_path: str, down_path: str):
 
 
 # ------------------------------------------------------------------ properties
+@pytest.mark.parametrize("name", wire.PLUGINS)
 @FUZZ
 @given(env=environments, extra=st.dictionaries(st.text(max_size=10), json_values, max_size=5),
        code=st.integers(0, 255), body=st.binary(max_size=500))
-def test_the_agent_receives_what_wire_py_frames_and_its_answer_is_relayed(shim, agent, env, extra, code, body):
+def test_the_agent_receives_what_wire_py_frames_and_its_answer_is_relayed(binaries, agent, name, env, extra, code,
+                                                                         body):
+    """As netagent-ipam the socket is the `ipam` section's and the header carries the selector."""
     env = {k: v for k, v in env.items() if k != "CNI_COMMAND"}
     env["CNI_COMMAND"] = "ADD"
-    stdin = json.dumps({**extra, "agentSocket": agent.path}).encode()
+    if name == wire.PLUGIN_IPAM:
+        stdin = ipam_config(agent.path, **{k: v for k, v in extra.items() if k != "ipam"})
+    else:
+        stdin = json.dumps({**extra, "agentSocket": agent.path}).encode()
     agent.requests.clear()
     agent.reply = (code, body)
-    proc = run_binary(shim, {_b(k): _b(v) for k, v in env.items()}, stdin, timeout=10)
-    assert agent.requests == [expected_request(env, stdin)]
+    proc = run_binary(binaries[name], {_b(k): _b(v) for k, v in env.items()}, stdin, timeout=10)
+    assert agent.requests == [expected_request(env, stdin, name)]
+    assert wire.parse_header(agent.requests[0].split(b"\n", 1)[0])[2] == name
     assert (proc.returncode, proc.stdout) == (code, body)
 
 
+@pytest.mark.parametrize("name", wire.PLUGINS)
 @FUZZ
 @given(data=st.data(), env=environments, mode=st.sampled_from(("echo",) + FakeAgent.MISBEHAVIOURS))
-def test_never_crashes_and_always_says_why_in_json(shim, agent, sockdir, data, env, mode):
+def test_never_crashes_and_always_says_why_in_json(binaries, agent, sockdir, name, data, env, mode):
     stdin = data.draw(configs(agent.path, os.path.join(sockdir, "down", "agent.sock")))
     agent.mode = mode
-    proc = run(shim, env, stdin)
+    proc = run(binaries[name], env, stdin)
     if proc.stdout:
         json.loads(proc.stdout)
     if mode != "echo" and proc.returncode != 0 and env.get("CNI_COMMAND") != "VERSION":
@@ -252,6 +280,32 @@ def test_no_agent_is_code_11_and_a_del_is_journaled(shim, tmp_path, how):
     assert [r.suffix for r in records] == [".wire"]
     assert records[0].read_bytes() == expected_request(env, config(path))
     assert wire.decode_request(records[0].read_bytes()) == (env, config(path))
+
+
+def test_as_netagent_ipam_a_del_without_agent_is_journaled_with_its_selector(binaries, tmp_path):
+    path = str(tmp_path / "run" / "agent.sock")
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0"}
+    proc = run(binaries[wire.PLUGIN_IPAM], env, ipam_config(path, agentSocket="/top/level/is/bridge's"))
+    assert (proc.returncode, proc.stdout) == (0, b"")
+    [record] = sorted((tmp_path / "run" / "pending-del").iterdir())
+    stdin = ipam_config(path, agentSocket="/top/level/is/bridge's")
+    assert record.read_bytes() == expected_request(env, stdin, wire.PLUGIN_IPAM)
+    assert wire.decode_request_for(record.read_bytes()) == (env, stdin, wire.PLUGIN_IPAM)
+
+
+@pytest.mark.parametrize("stdin,code,msg", [
+    (b'{"agentSocket": "/a.sock"}', 7, "no 'ipam.agentSocket'"),  # the top level is the main plugin's
+    (b'{"ipam": {"agentSocket": "/a.sock"}, "ipam": null}', 7, "no 'ipam.agentSocket'"),  # the last wins
+    (b'{"ipam": {"agentSocket": 5}}', 7, "no 'ipam.agentSocket'"),
+    (b'{"ipam": {"agentSocket": "a/b"}}', 7, "'ipam.agentSocket' must be an absolute path"),
+    (b'{"ipam": {"x": {"agentSocket": "/a.sock"}}}', 7, "no 'ipam.agentSocket'"),  # only the section's own key
+    (b'{"ipam": {"agentSocket": "/a.sock"}', 6, "cannot decode"),
+    (b'{"ipam": {"agentSocket": "\\udc00"}}', 6, "cannot decode"),
+    (b'{"ipam": [{"agentSocket": "/a.sock"}]}', 7, "no 'ipam.agentSocket'")])
+def test_as_netagent_ipam_bad_sections_are_reported_in_json(binaries, stdin, code, msg):
+    proc = run(binaries[wire.PLUGIN_IPAM], {"CNI_COMMAND": "ADD"}, stdin)
+    error = json.loads(proc.stdout)
+    assert (proc.returncode, error["code"]) == (1, code) and msg in error["msg"], error
 
 
 def test_a_del_that_cannot_be_journaled_is_code_11(shim, tmp_path):

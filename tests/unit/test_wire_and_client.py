@@ -23,6 +23,34 @@ def test_malformed_requests_are_rejected(data):
         wire.decode_request(data)
 
 
+def test_the_plugin_selector_roundtrips_and_is_absent_for_the_main_plugin():
+    env, stdin = {"CNI_COMMAND": "DEL"}, b"{}"
+    main = wire.encode_request(env, stdin)
+    assert main.split(b"\n")[0] == b"NACNI1 15 2"  # what every client before the selector sent
+    assert wire.decode_request_for(main) == (env, stdin, wire.PLUGIN_MAIN)
+    ipam = wire.encode_request(env, stdin, wire.PLUGIN_IPAM)
+    assert ipam.split(b"\n")[0] == b"NACNI1 15 2 netagent-ipam"
+    assert wire.decode_request_for(ipam) == (env, stdin, wire.PLUGIN_IPAM)
+    assert wire.parse_header(b"NACNI1 15 2 netagent") == (15, 2, wire.PLUGIN_MAIN)
+    with pytest.raises(wire.WireError, match="only netagent's"):  # the main plugin's decoder refuses it
+        wire.decode_request(ipam)
+
+
+@pytest.mark.parametrize("header, why", [
+    (b"NACNI1 0 0 host-local", "unknown plugin 'host-local'"),
+    (b"NACNI1 0 0 NETAGENT-IPAM", "unknown plugin"),
+    (b"NACNI1 0 0 netagent-ipam\xff", "unknown plugin"),
+    (b"NACNI1 0 0 netagent-ipam extra", "bad request header"),
+    (b"NACNI1 0 netagent-ipam", "bad request header"),
+    (b"NACNI1 0 0 " + b"x" * 60, "bad request header"),  # past MAX_HEADER
+])
+def test_malformed_plugin_selectors_are_refused_with_a_reason(header, why):
+    with pytest.raises(wire.WireError, match=why):
+        wire.parse_header(header)
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode_request_for(header + b"\n")
+
+
 def test_reply_roundtrip():
     assert wire.decode_reply(wire.encode_reply(7, '{"code": 7}')) == (7, b'{"code": 7}')
     with pytest.raises(wire.WireError):
