@@ -10,7 +10,8 @@ so this module and everything it imports stay stdlib only.
 `LockedIpam` is `BuiltinIpam` holding the attachment's lock (cni/attachment_lock.py, keyed
 by network, container ID and ifname like the main plugin's) around ADD, DEL and CHECK, so
 the one-operation-per-attachment rule holds for IPAM-only requests too, whichever process
-serves them. The main plugin's own builtin IPAM runs unwrapped: it is already under that lock.
+serves them; the IPAM config is validated before the lock is taken, so a refused request
+leaves no lock file. The main plugin's own builtin IPAM runs unwrapped: it is already under that lock.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from cni import attachment_lock
 from cni.attachment_lock import AttachmentLock
 from cni.config import ConfigScope, NetConf
 from cni.dispatch import execute
-from cni.ipam.builtin import BuiltinIpam
+from cni.ipam.builtin import BuiltinIpam, parse_for
 from cni.request import CniRequest
 from cni.wiring import host_veth_name
 
@@ -36,6 +37,7 @@ class LockedIpam:
         self.lock_timeout = lock_timeout
 
     def _locked(self, conf: NetConf, req: CniRequest) -> AbstractContextManager[AttachmentLock]:
+        parse_for(conf)  # a bad IPAM config (a relative dataDir) is refused before any lock file exists
         host_name = host_veth_name(conf.name, req.container_id, req.ifname)
         return attachment_lock.held(attachment_lock.lock_path(conf, host_name), timeout=self.lock_timeout)
 

@@ -128,3 +128,5 @@ def test_hostile_input_gets_the_same_codes_on_the_ipam_path(agent, shims):
                  4, "CNI_IFNAME")
     assert_error(via_shim(shims["netagent-ipam"], env, bridge_config(agent, dataDir="relative")), 7, "absolute")
     assert reserved(agent.data_dir) == {} and agent.kernel.calls == []
+    assert not os.path.exists(os.path.join(attachment_lock.DEFAULT_DATA_DIR, attachment_lock.LOCK_DIR_NAME)), \
+        "a refused request left a lock file in the host's own IPAM directory"
