@@ -38,6 +38,11 @@ without IPVS; then the same KNOWN guard; then per pod, by address in /28 buckets
 -D<net>), since OUTPUT has no input interface and the bridge port is not chosen yet: egress
 `-s podIP` into its egress chain, ingress `-d podIP -o <veth or bridge>` into its ingress chain.
 The `ipvs` match needs the kernel's xt_ipvs, so nothing of this is written in the other modes.
+
+The pod directory: chains NETAGENT-NP-N<net> (per /28), which nothing jumps to, hold one
+target-less rule per programmed local pod, open or isolated (`-d podIP`, comment
+"netagent policy: pod ns/name ip"), so `netagent status policy` can name open pods too, from
+the kernel alone. They cost no packet anything; a pod coming or going rewrites one of them.
 """
 from __future__ import annotations
 
@@ -146,10 +151,12 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) 
 HEX = "0123456789abcdef"
 BUCKET_PREFIX = owned.POLICY_CHAIN.removesuffix("FORWARD")   # "NETAGENT-NP-": + E3, I3, R<network>
 BUCKET_KINDS = "EIRSD"        # FORWARD: egress, ingress by veth digit, routed ingress; OUTPUT: source, destination
+DIRECTORY_PREFIX = BUCKET_PREFIX + "N"      # + /28 network: the pod directory (never jumped to)
+POD_ENTRY = HEADER + "pod "                 # a directory rule's comment: + "ns/name ip"
 
 
 def _block_bucket(kind: str, ip: str) -> str:
-    """The bucket of an address's /28 (R, S, D)."""
+    """The bucket of an address's /28 (R, S, D; N: the pod directory)."""
     block = ipaddress.IPv4Network(f"{ip}/28", strict=False)
     return f"{BUCKET_PREFIX}{kind}{int(block.network_address):08x}"
 
@@ -228,6 +235,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     chains: dict[str, Rules] = {}
     hooks: dict[str | None, list[tuple[str, ...]]] = {}
     known, pending = set(), []
+    directory: dict[str, list[tuple[str, ...]]] = {}
     used: set[SetRef] = set()
     for pod in plan.pods:
         interface = interface_of(pod) if pod.isolated else ""
@@ -235,6 +243,8 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             pending.append(pod.key)
             continue
         known.add(pod.ip)
+        entry = canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
+        directory.setdefault(_block_bucket("N", pod.ip), []).append(entry)
         for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
                                         (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
             if allows is None:
@@ -259,7 +269,8 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
                                                          if bucket[len(BUCKET_PREFIX)] in "SD"))
     sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key): members
             for ref, members in plan.sets.items() if ref in used}
-    return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains},
+    pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
+    return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains, **pods_by_block},
                        sets, frozenset(known), tuple(pending))
 
 

@@ -65,7 +65,7 @@ def test_first_sync_hooks_forward_first_and_programs_pods(node):
     forward = node.chain("FORWARD")
     assert jump_target(forward[0]) == owned.POLICY_CHAIN and jump_target(forward[1]) == "OTHER"
     chains = node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
-    assert len(chains) == 3                               # the hook, a bucket and x/a's ingress chain
+    assert len(chains) == 4                               # the hook, a bucket, x/a's ingress chain, the directory
     assert node.ipset.members(owned.POLICY_KNOWN_SET) == {"10.0.0.2", "10.0.0.3"}
 
 
@@ -147,7 +147,8 @@ def test_deleting_the_policy_removes_chains_and_sets(node):
     node.sync(SyncKind.FULL)
     node.engine.policies.on_delete(DENY_FROM_NON_B)
     node.sync()
-    assert node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX) == {owned.POLICY_CHAIN}
+    assert node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX) == {owned.POLICY_CHAIN,
+                                                                              BUCKET_PREFIX + "N0a000000"}
     assert node.ipset.owned_names(prefix=owned.POLICY_PREFIX) == [owned.POLICY_KNOWN_SET]
 
 

@@ -22,6 +22,7 @@ from tests.unit.test_policy_semantics import PODS, view_of
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "policy"
 VETH = "na0123456789ab"
+DIRECTORY = "NETAGENT-NP-N0a000000"             # the pod directory of 10.0.0.0/28
 WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
     {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}},
               {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.0.1.0/24"]}}],
@@ -59,12 +60,15 @@ def test_open_pods_need_no_interface_and_unknown_interfaces_stay_closed():
     state = wanted(InterfaceMode.ROUTED, WEB, interface=lambda plan: None)
     assert state.pending == ("x/a",)
     assert state.known == {"10.0.0.3"}          # x/b is open: known without an interface
-    assert list(state.chains) == [owned.POLICY_CHAIN]
+    assert list(state.chains) == [owned.POLICY_CHAIN, DIRECTORY]
+    assert [rule[-1] for rule in state.chains[DIRECTORY]] == ["netagent policy: pod x/b 10.0.0.3"]
 
 
-def test_no_policy_leaves_only_the_hook_chain():
+def test_no_policy_leaves_only_the_hook_chain_and_the_pod_directory():
     state = wanted(InterfaceMode.BRIDGE)
-    assert list(state.chains) == [owned.POLICY_CHAIN] and not state.sets
+    assert list(state.chains) == [owned.POLICY_CHAIN, DIRECTORY] and not state.sets
+    assert [rule[:2] for rule in state.chains[DIRECTORY]] == [("-d", "10.0.0.2/32"), ("-d", "10.0.0.3/32")]
+    assert all("-j" not in rule for rule in state.chains[DIRECTORY])     # it only names pods: no target
     assert all(rule[-1] in ("RETURN", "DROP") for rule in state.chains[owned.POLICY_CHAIN])
 
 
