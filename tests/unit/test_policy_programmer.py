@@ -214,3 +214,12 @@ def test_ipvs_hooks_output_first_adopts_with_zero_writes_and_unhooks_when_off(no
     assert node.chain("OUTPUT") == [("-d", "192.0.2.9/32", "-j", "ACCEPT")]
     chains = node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
     assert OUTPUT_CHAIN not in chains and not any(name.startswith(BUCKET_PREFIX + "S") for name in chains)
+
+
+def test_cleanup_removes_the_ipvs_output_hook_too(node):
+    node.engine = node.new_engine(ipvs=True)
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    node.sync(SyncKind.FULL)
+    assert jump_target(node.chain("OUTPUT")[0]) == OUTPUT_CHAIN
+    assert node.engine.programmer.cleanup()
+    assert node.chain("OUTPUT") == [] and not node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
