@@ -154,11 +154,13 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from netagent.policy.engine import PolicyEngine, PolicySettings
     from netagent.policy.programmer import PolicyProgrammer
     from netagent.policy.render import InterfaceMode, RenderSettings
+    from proxy.backend import ProxyMode
 
     programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
                                   ipset=IpsetRunner())
+    ipvs = getattr(args, "proxy_mode", None) == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
     settings = PolicySettings(args.node_name, RenderSettings(InterfaceMode(args.cni_mode),
-                                                            local_cidrs=tuple(pod_cidrs)))
+                                                            local_cidrs=tuple(pod_cidrs), ipvs=ipvs))
     network = getattr(args, "cni_network_name", "netagent")
     engine = PolicyEngine(settings, programmer=programmer, registry=registry,
                           interface_of=ipam_interface_lookup(args.cni_data_dir, network))

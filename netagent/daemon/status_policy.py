@@ -2,7 +2,8 @@
 node's pods and the tracer's answer, read from the kernel (policy/readback.py says why).
 
 One `iptables-save -c -t filter` (counters: packets each pod's DROP has denied) and one
-`ipset save`; works while the agent is down. POD is `ns/name`, a bare name or an address;
+`ipset save`; works while the agent is down. POD is `ns/name`, a bare name or an address
+of a pod of this node, isolated or open (the policy engine's pod directory names them all);
 the tracer's FROM and TO are the same, or any address (a pod of another node, the outside).
 """
 from __future__ import annotations
@@ -38,11 +39,11 @@ def _address(kernel: KernelPolicy, name: str) -> str:
     try:
         return str(ipaddress.IPv4Address(name))
     except ValueError:
-        found = kernel.of(name)
-        if not found:
-            raise ValueError(f"{name}: not an address, and no isolated pod of this node has that name "
-                             f"(give the address)") from None
-        return found[0].ip
+        found = kernel.find(name)
+        if found is None:
+            raise ValueError(f"{name}: not an address, and no pod of this node has that name "
+                             f"(a pod of another node: give its address)") from None
+        return found[1]
 
 
 def _parse_port(text: str) -> tuple[str, int]:
@@ -72,8 +73,12 @@ def status_policy(*, pod: str | None, trace_args: list[str] | None, iptables_bac
                             "allows": c.describe_allows(), "denied_packets": c.denied_packets} for c in chains],
                           indent=2)
     if not chains:
-        return (f"{pod}: not isolated by any policy on this node (open both ways)" if pod
-                else "no pod of this node is isolated by a network policy")
+        if not pod:
+            return "no pod of this node is isolated by a network policy"
+        found = kernel.find(pod)
+        if found is None:
+            return f"{pod}: no pod of this node has that name or address"
+        return f"{found[0]} {found[1]}: not isolated by any policy on this node (open both ways)"
     lines = []
     for chain in sorted(chains, key=lambda c: (c.pod, c.direction)):
         lines.append(f"{chain.pod} {chain.ip} {chain.direction}: isolated by {', '.join(chain.policies)}; "

@@ -9,7 +9,8 @@ The writes, in an order that never opens a pod:
   1. ipsets: create missing sets and change members (one `ipset restore`); addresses leave
      KNOWN here, but none joins it yet;
   2. iptables: changed chains rewritten, chains no longer wanted removed, the FORWARD jump
-     repaired, all in one `iptables-restore --noflush` (atomic for the filter table);
+     (and, with IPVS, the OUTPUT jump) repaired, all in one `iptables-restore --noflush`
+     (atomic for the filter table);
   3. KNOWN gains the pods whose chains now exist (a second `ipset restore`, only when needed);
   4. sets no longer referenced are destroyed.
 After a failure the applied record is dropped, so the next (FULL, the runner's rule) sync
@@ -25,7 +26,18 @@ from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents, canon
 from netagent.kernel.ipset.runner import Ipset, delete_owned_sets, sync_sets
 from netagent.kernel.iptables.restore_format import Table, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
-from netagent.policy.render import JUMP_COMMENT, PARENT_CHAIN, TABLE, Rules, WantedState, render_chains
+from netagent.policy.render import (
+    JUMP_COMMENT,
+    OUTPUT_CHAIN,
+    OUTPUT_JUMP_COMMENT,
+    OUTPUT_JUMP_MATCH,
+    OUTPUT_PARENT,
+    PARENT_CHAIN,
+    TABLE,
+    Rules,
+    WantedState,
+    render_chains,
+)
 
 log = logging.getLogger("netagent.policy")
 KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local pods already programmed")
@@ -51,14 +63,24 @@ class ApplyReport:
                     or self.jump_repaired)
 
 
-def _hook_jump() -> tuple[str, ...]:
-    return jump_spec(owned.POLICY_CHAIN, comment=JUMP_COMMENT)
+HOOKS = {owned.POLICY_CHAIN: (PARENT_CHAIN, jump_spec(owned.POLICY_CHAIN, comment=JUMP_COMMENT)),
+         OUTPUT_CHAIN: (OUTPUT_PARENT, jump_spec(OUTPUT_CHAIN, comment=OUTPUT_JUMP_COMMENT, match=OUTPUT_JUMP_MATCH))}
 
 
-def _jump_is_first(table: Table) -> bool:
-    rules = table.chains[PARENT_CHAIN].rules if PARENT_CHAIN in table.chains else []
-    jumps = [rule for rule in rules if jump_target(rule) == owned.POLICY_CHAIN]
-    return bool(rules) and rules[0] == _hook_jump() and len(jumps) == 1
+def _jump_is_first(table: Table, parent: str, spec: tuple[str, ...]) -> bool:
+    rules = table.chains[parent].rules if parent in table.chains else []
+    jumps = [rule for rule in rules if jump_target(rule) == jump_target(spec)]
+    return bool(rules) and rules[0] == spec and len(jumps) == 1
+
+
+def _jumps_into(table: Table, chains: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """(built-in chain, rule) of our hook jumps into `chains`."""
+    found = []
+    for chain in chains:
+        parent = HOOKS[chain][0] if chain in HOOKS else None
+        if parent is not None and parent in table.chains:
+            found += [(parent, rule) for rule in table.chains[parent].rules if jump_target(rule) == chain]
+    return found
 
 
 class PolicyProgrammer:
@@ -100,11 +122,14 @@ class PolicyProgrammer:
         # 2. chains and the FORWARD jump
         changed = {name: rules for name, rules in wanted.chains.items() if current.chains.get(name) != rules}
         stale = sorted(name for name in current.chains if name not in wanted.chains)
-        builder = render_chains(changed, remove=stale)
-        repair = table is not None and not _jump_is_first(table)   # read (and so checked) on FULL syncs
-        if repair:
-            assert table is not None
-            add_jump_repair(builder, table, PARENT_CHAIN, _hook_jump(), position=JumpPosition.FIRST)
+        if table is None and any(name in HOOKS for name in stale):   # a hook chain no longer wanted
+            table = self.iptables.table(TABLE)
+        builder = render_chains(changed, remove=stale, unhook=_jumps_into(table, stale) if table else ())
+        repair = False
+        for chain, (parent, spec) in HOOKS.items():    # read (and so checked) on FULL syncs
+            if table is not None and chain in wanted.chains and not _jump_is_first(table, parent, spec):
+                add_jump_repair(builder, table, parent, spec, position=JumpPosition.FIRST)
+                repair = True
         if builder:
             self.iptables.restore(builder.text())
         # 3. KNOWN gains the pods programmed above
@@ -126,7 +151,7 @@ class PolicyProgrammer:
         if report.wrote:
             log.info("network policy: %d chain(s) written, %d removed, %d set(s) changed, %d destroyed%s",
                      report.chains_written, report.chains_removed, report.sets_changed, report.sets_destroyed,
-                     ", FORWARD jump repaired" if repair else "")
+                     ", hook jump repaired" if repair else "")
         return report
 
     def cleanup(self) -> list[str]:

@@ -6,7 +6,8 @@ Why from the kernel and not from the agent's memory: the question an operator as
 the node does now (after a restart, a hand edit, a failed sync), and the rules say it: each
 pod chain starts with a comment rule naming the pod, its address and the policies that
 isolate it (render.py), each allow rule's comment names its policy rule, and the final DROP
-carries the denied packet count. The tracer walks the same chains a new connection walks:
+carries the denied packet count; the pod directory chains (never jumped to) name every
+programmed local pod, open ones included, with its address. The tracer walks the same chains a new connection walks:
 the KNOWN guard of the hook chain, the source pod's egress chain, the destination pod's
 ingress chain; it understands exactly the matches the renderer writes and says so when it
 meets anything else.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from netagent.kernel import owned
 from netagent.kernel.iptables.restore_format import split_tokens
-from netagent.policy.render import HEADER
+from netagent.policy.render import DIRECTORY_PREFIX, HEADER, POD_ENTRY
 
 _HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
 ALLOW_PREFIX = HEADER + "allow "
@@ -53,9 +54,18 @@ class PodDirection:
 class KernelPolicy:
     pods: list[PodDirection] = field(default_factory=list)
     guard: list[ReadRule] = field(default_factory=list)   # the hook chain's DROP rules (KNOWN guard)
+    local: dict[str, str] = field(default_factory=dict)   # every programmed local pod (the directory): ns/name -> ip
 
     def of(self, pod_or_ip: str) -> list[PodDirection]:
         return [p for p in self.pods if pod_or_ip in (p.pod, p.ip, p.pod.split("/")[-1])]
+
+    def find(self, pod_or_ip: str) -> tuple[str, str] | None:
+        """(ns/name, ip) of a local pod given as ns/name, a bare name or its address."""
+        for pod, ip in sorted(self.local.items()):
+            if pod_or_ip in (pod, ip, pod.split("/")[-1]):
+                return pod, ip
+        chains = self.of(pod_or_ip)
+        return (chains[0].pod, chains[0].ip) if chains else None
 
 
 def _comment(spec: Sequence[str]) -> str:
@@ -98,6 +108,10 @@ def parse_kernel_policy(save_text: str) -> KernelPolicy:
         spec = tuple(tokens)
         chains.setdefault(chain, []).append(ReadRule(_match_only(spec), _comment(spec), _target(spec), packets))
     found = KernelPolicy(guard=[rule for rule in chains.get(owned.POLICY_CHAIN, []) if rule.target == "DROP"])
+    for chain, rules in chains.items():
+        if chain.startswith(DIRECTORY_PREFIX):
+            entries = (rule.comment.removeprefix(POD_ENTRY).split() for rule in rules if rule.comment.startswith(POD_ENTRY))
+            found.local.update((entry[0], entry[1]) for entry in entries if len(entry) == 2)
     for chain, rules in sorted(chains.items()):
         head = _HEADER.match(rules[0].comment) if rules else None
         if head is None:
@@ -195,7 +209,8 @@ def trace(kernel: KernelPolicy, sets: Mapping[str, frozenset[str]], packet: Pack
         for direction, address in (("egress", packet.source), ("ingress", packet.destination)):
             chain = next((p for p in kernel.pods if p.direction == direction and p.ip == address), None)
             if chain is None:
-                steps.append(f"{direction}: {address} is not isolated for {direction} on this node")
+                named = next((f"{pod} ({ip})" for pod, ip in kernel.local.items() if ip == address), address)
+                steps.append(f"{direction}: {named} is not isolated for {direction} on this node")
                 continue
             allowed_by = next((rule for rule in chain.allows if _matches(rule.spec, packet, sets)), None)
             if allowed_by is None:

@@ -26,7 +26,23 @@ filter FORWARD -> NETAGENT-NP-FORWARD (the first rule of FORWARD), in order:
 
 Traffic from the node itself to its pods (kubelet probes) never crosses FORWARD, so it passes,
 as with the other plugins; the pods' traffic to their own node (INPUT) is not filtered.
-Services: DNAT happens in PREROUTING, before FORWARD, so rules see the chosen endpoint.
+Services: DNAT happens in PREROUTING, before FORWARD, so rules see the chosen endpoint; the
+eBPF proxy rewrites connect() or translates at the pod veth's tc hook, also before FORWARD.
+
+IPVS (`RenderSettings.ipvs`, the agent's `--proxy-mode ipvs`): IPVS takes a Service connection
+in INPUT and sends it, translated, out through OUTPUT and POSTROUTING, so FORWARD never sees
+it. filter OUTPUT therefore jumps, for IPVS-forwarded packets only (`-m ipvs --ipvs --vdir
+ORIGINAL`), to NETAGENT-NP-OUTPUT: replies RETURN; packets the node itself originates (a local
+source address: the node's own clients of a Service, as kubelet probes) RETURN, as they pass
+without IPVS; then the same KNOWN guard; then per pod, by address in /28 buckets (-S<net>,
+-D<net>), since OUTPUT has no input interface and the bridge port is not chosen yet: egress
+`-s podIP` into its egress chain, ingress `-d podIP -o <veth or bridge>` into its ingress chain.
+The `ipvs` match needs the kernel's xt_ipvs, so nothing of this is written in the other modes.
+
+The pod directory: chains NETAGENT-NP-N<net> (per /28), which nothing jumps to, hold one
+target-less rule per programmed local pod, open or isolated (`-d podIP`, comment
+"netagent policy: pod ns/name ip"), so `netagent status policy` can name open pods too, from
+the kernel alone. They cost no packet anything; a pod coming or going rewrites one of them.
 """
 from __future__ import annotations
 
@@ -46,6 +62,10 @@ Rules = tuple[tuple[str, ...], ...]
 TABLE = "filter"
 PARENT_CHAIN = "FORWARD"
 JUMP_COMMENT = "netagent: network policy"
+OUTPUT_PARENT = "OUTPUT"
+OUTPUT_CHAIN = owned.POLICY_PREFIX + "-OUTPUT"     # filter OUTPUT jumps here, IPVS-forwarded packets only
+OUTPUT_JUMP_MATCH = ("-m", "ipvs", "--ipvs", "--vdir", "ORIGINAL")
+OUTPUT_JUMP_COMMENT = "netagent: network policy (IPVS-forwarded)"
 SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET,
              SetKind.NAMED: IpsetType.HASH_IP_PORT}
 
@@ -61,11 +81,12 @@ class RenderSettings:
     mode: InterfaceMode
     bridge: str = owned.DEFAULT_BRIDGE
     local_cidrs: tuple[str, ...] = ()          # this node's pod CIDRs: closed until programmed
+    ipvs: bool = False                         # the IPVS proxy forwards Services: hook OUTPUT too
 
 
 @dataclass(frozen=True)
 class WantedState:
-    chains: Mapping[str, Rules]                # every chain of ours, the hook chain first
+    chains: Mapping[str, Rules]                # every chain of ours, the hook chain(s) first
     sets: Mapping[IpsetSpec, frozenset[str]]   # selector, except and named-port sets
     known: frozenset[str]                      # local pod addresses programmed by this state
     pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
@@ -129,6 +150,15 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) 
 
 HEX = "0123456789abcdef"
 BUCKET_PREFIX = owned.POLICY_CHAIN.removesuffix("FORWARD")   # "NETAGENT-NP-": + E3, I3, R<network>
+BUCKET_KINDS = "EIRSD"        # FORWARD: egress, ingress by veth digit, routed ingress; OUTPUT: source, destination
+DIRECTORY_PREFIX = BUCKET_PREFIX + "N"      # + /28 network: the pod directory (never jumped to)
+POD_ENTRY = HEADER + "pod "                 # a directory rule's comment: + "ns/name ip"
+
+
+def _block_bucket(kind: str, ip: str) -> str:
+    """The bucket of an address's /28 (R, S, D; N: the pod directory)."""
+    block = ipaddress.IPv4Network(f"{ip}/28", strict=False)
+    return f"{BUCKET_PREFIX}{kind}{int(block.network_address):08x}"
 
 
 def _interface_bucket(interface: str) -> str | None:
@@ -148,19 +178,32 @@ def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: st
         return [(bucket, _rule("-o" if ingress else "-i", interface, comment=comment, target=chain))]
     if not ingress:
         return [(bucket, _rule("-m", "physdev", "--physdev-in", interface, comment=comment, target=chain))]
-    block = ipaddress.IPv4Network(f"{plan.ip}/28", strict=False)
     return [(bucket, _rule("-o", settings.bridge, "-m", "physdev", "--physdev-out", interface,
                            "--physdev-is-bridged", comment=comment, target=chain)),
-            (f"{BUCKET_PREFIX}R{int(block.network_address):08x}",
+            (_block_bucket("R", plan.ip),
              _rule("-d", plan.ip, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
                    comment=comment + " (routed)", target=chain))]
+
+
+def _output_hook(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,
+                 ingress: bool) -> tuple[str, tuple[str, ...]]:
+    """(bucket, rule) of a pod chain in NETAGENT-NP-OUTPUT, for IPVS-forwarded packets."""
+    comment = f"netagent policy: {'ingress to' if ingress else 'egress from'} {plan.key} (IPVS)"
+    if not ingress:
+        return _block_bucket("S", plan.ip), _rule("-s", plan.ip, comment=comment, target=chain)
+    device = interface if settings.mode is InterfaceMode.ROUTED else settings.bridge
+    return _block_bucket("D", plan.ip), _rule("-d", plan.ip, "-o", device, comment=comment, target=chain)
 
 
 def _bucket_entry(bucket: str, settings: RenderSettings) -> tuple[str, ...]:
     """The hook chain's rule into a bucket: by interface digit, or by /28 for routed ingress."""
     kind, key = bucket[len(BUCKET_PREFIX)], bucket[len(BUCKET_PREFIX) + 1:]
-    if kind == "R":
+    if kind in "RSD":
         block = f"{ipaddress.IPv4Address(int(key, 16))}/28"
+        if kind == "S":
+            return _rule("-s", block, comment=f"netagent policy: pods in {block} (IPVS, egress)", target=bucket)
+        if kind == "D":
+            return _rule("-d", block, comment=f"netagent policy: pods in {block} (IPVS, ingress)", target=bucket)
         return _rule("-d", block, "-o", settings.bridge, "-m", "physdev", "!", "--physdev-is-bridged",
                      comment=f"netagent policy: pods in {block} (routed)", target=bucket)
     wildcard = owned.HOST_VETH_PREFIX + key + "+"
@@ -181,17 +224,18 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     The per-pod hooks are grouped in bucket chains (by the veth's first hex digit; routed
     ingress in bridge mode by the pod's /28), so a new connection walks about 16 + n/16
     hooks instead of n."""
-    hook: list[tuple[str, ...]] = [
-        _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
-              comment="netagent policy: replies of allowed connections", target="RETURN")]
+    replies = _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
+                    comment="netagent policy: replies of allowed connections", target="RETURN")
+    guard: list[tuple[str, ...]] = []
     for cidr in settings.local_cidrs:
-        hook.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "src",
+        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "src",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
-        hook.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
+        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
     chains: dict[str, Rules] = {}
     hooks: dict[str | None, list[tuple[str, ...]]] = {}
     known, pending = set(), []
+    directory: dict[str, list[tuple[str, ...]]] = {}
     used: set[SetRef] = set()
     for pod in plan.pods:
         interface = interface_of(pod) if pod.isolated else ""
@@ -199,6 +243,8 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             pending.append(pod.key)
             continue
         known.add(pod.ip)
+        entry = canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
+        directory.setdefault(_block_bucket("N", pod.ip), []).append(entry)
         for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
                                         (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
             if allows is None:
@@ -207,13 +253,24 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
             for bucket, rule in _hooks(pod, interface, settings, chain=chain, ingress=ingress):
                 hooks.setdefault(bucket, []).append(rule)
+            if settings.ipvs:
+                bucket, rule = _output_hook(pod, interface, settings, chain=chain, ingress=ingress)
+                hooks.setdefault(bucket, []).append(rule)
             used.update(_set_refs(allows))
-    buckets = sorted((b for b in hooks if b is not None), key=lambda b: ("EIR".index(b[len(BUCKET_PREFIX)]), b))
-    hook.extend(hooks.get(None, ()))
-    hook.extend(_bucket_entry(bucket, settings) for bucket in buckets)
+    buckets = sorted((b for b in hooks if b is not None),
+                     key=lambda b: (BUCKET_KINDS.index(b[len(BUCKET_PREFIX)]), b))
+    hook = [replies, *guard, *hooks.get(None, ())]
+    hook.extend(_bucket_entry(bucket, settings) for bucket in buckets if bucket[len(BUCKET_PREFIX)] in "EIR")
+    heads = {owned.POLICY_CHAIN: tuple(hook)}
+    if settings.ipvs:
+        local = _rule("-m", "addrtype", "--src-type", "LOCAL",
+                      comment="netagent policy: connections the node makes (IPVS)", target="RETURN")
+        heads[OUTPUT_CHAIN] = (replies, local, *guard, *(_bucket_entry(bucket, settings) for bucket in buckets
+                                                         if bucket[len(BUCKET_PREFIX)] in "SD"))
     sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key): members
             for ref, members in plan.sets.items() if ref in used}
-    return WantedState({owned.POLICY_CHAIN: tuple(hook), **{b: tuple(hooks[b]) for b in buckets}, **chains},
+    pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
+    return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains, **pods_by_block},
                        sets, frozenset(known), tuple(pending))
 
 
@@ -229,11 +286,15 @@ def _set_refs(allows: Sequence[Allow]) -> set[SetRef]:
     return refs
 
 
-def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = ()) -> RestoreBuilder:
+def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = (),
+                  unhook: Sequence[tuple[str, tuple[str, ...]]] = ()) -> RestoreBuilder:
     """Restore input (for --noflush) that (re)writes `chains` and removes the chains in
     `remove`: every chain is declared before any rule, so jumps to new chains resolve, and the
-    removed ones go last, once nothing written above refers to them."""
+    removed ones go last, once nothing written above refers to them. `unhook`: (built-in
+    chain, rule) jumps into removed chains, deleted first."""
     builder = RestoreBuilder()
+    for parent, rule in unhook:
+        builder.delete(TABLE, parent, rule)
     for name in chains:
         builder.declare_chain(TABLE, name)
     for name, rules in chains.items():

@@ -1,5 +1,6 @@
 """NetworkPolicy across nodes: real agents (`lab up --network-policy`), the lab's API server,
-pods on two nodes, policies and labelled namespaces applied with `lab apply -f`.
+pods on two nodes, policies and labelled namespaces applied with `lab apply -f`. The Service
+check runs again on a second lab in eBPF proxy mode (socket load balancer and tc path).
 
 Pods: x-a (node-1) and x-b (node-2) in namespace x (team=red); y-b (node-1) and y-c (node-2)
 in namespace y (team=blue). Every pod serves TCP 80 (policy_lab's server). Each check probes
@@ -10,6 +11,7 @@ routed-ingress hook covers; same-node traffic is bridged.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import pytest
 from netagent.kernel import namespaces
 from netagent.lab.cluster import LabCluster
 from netagent.lab.state import LabError
-from tests.cluster.lab_tools import PREFIX, ROOT, Background, serve
+from tests.cluster.lab_tools import PREFIX, ROOT, Background, serve, wait_for
 from tests.conftest import require_root_netns
 from tests.netns.policy_lab import PROBE, SERVER
 
@@ -86,17 +88,19 @@ def _no_leaks_per_module():
     yield
 
 
-@pytest.fixture(scope="module")
-def lab():
-    lab = LabCluster.create(prefix=PREFIX, nodes=2, network_policy=True, proxy_mode="iptables")
+@contextlib.contextmanager
+def policy_lab(proxy_mode: str, pods: dict):
+    """A 2-node lab enforcing policies with `proxy_mode`: the namespaces and the Service `web`
+    applied, `pods` added through the CLI, each serving TCP 80 (x pods also 8080, named)."""
+    lab = LabCluster.create(prefix=PREFIX, nodes=2, network_policy=True, proxy_mode=proxy_mode)
     prefix = lab.state.prefix
     servers: list[Background] = []
     try:
         lab_cli(lab, "apply", "-f", "-", stdin=NAMESPACES)
-        for name, (namespace, node, labels) in PODS.items():   # the CLI, as a user sets a scenario up
+        for name, (namespace, node, labels) in pods.items():   # the CLI, as a user sets a scenario up
             lab_cli(lab, "pod", "add", name, "--namespace", namespace, "--node", node, "--labels", labels)
         lab = LabCluster.load(lab.workdir)
-        for name in PODS:
+        for name in pods:
             servers.append(Background(lab.netns_of(name), [sys.executable, "-c", SERVER, "80"], ready_line="ready"))
             if name.startswith("x-"):
                 servers.append(serve(lab, name, "tcp", 8080, lifetime=600, named=True))
@@ -114,9 +118,19 @@ def lab():
     assert not left, f"namespaces leaked: {left}"
 
 
-def probe(lab: LabCluster, source: str, targets: list[tuple[str, str, int]], timeout: float = 1.0) -> dict:
+@pytest.fixture(scope="module")
+def lab():
+    with policy_lab("iptables", PODS) as lab:
+        yield lab
+
+
+def probe(lab: LabCluster, source: str, targets: list[tuple[str, str, int]], timeout: float = 1.0, *,
+          socket_lb: bool = False) -> dict:
+    """Connect from `source` to each target at once. `socket_lb`: run in the node's cgroup (in
+    eBPF mode the socket load balancer rewrites connect()); else outside it (the tc path)."""
     jobs = [[ident, address, "tcp", port] for ident, address, port in targets]
-    done = subprocess.run([*namespaces.exec_prefix(lab.netns_of(source)), sys.executable, "-c", PROBE,
+    prefix = lab.exec_prefix(source) if socket_lb else namespaces.exec_prefix(lab.netns_of(source))
+    done = subprocess.run([*prefix, sys.executable, "-c", PROBE,
                            json.dumps(jobs), str(timeout)], capture_output=True, text=True, timeout=30, check=True)
     return json.loads(done.stdout)
 
@@ -153,6 +167,16 @@ def relabel(lab: LabCluster, name: str, labels: dict) -> None:
     api.replace(obj)
 
 
+def denied_to_x_b(lab: LabCluster) -> float:
+    """x-b's ingress drops as node-2's agent reports them (from its kernel counters)."""
+    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:10258/metrics').read().decode())"
+    metrics = lab.exec("node-2", [sys.executable, "-c", scrape], timeout=30).stdout
+    denied = [line for line in metrics.splitlines()
+              if line.startswith('netagent_policy_denied_packets{pod="x/x-b",direction="ingress"}')]
+    assert denied, metrics
+    return float(denied[0].split()[-1])
+
+
 def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     becomes(lab, expect())                                     # no policy: all open
     lab_cli(lab, "apply", "-f", "-", stdin=FROM_BLUE_B)
@@ -181,14 +205,48 @@ def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     cluster_ip = lab.api().get("v1", "Service", "web", namespace="x")["spec"]["clusterIP"]
     answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(24)])
     assert any(answers.values()) and not all(answers.values()), answers   # x-a answers, x-b never does
-    # the drops are counted: node-2's agent reports them from its kernel counters
-    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:10258/metrics').read().decode())"
-    metrics = lab.exec("node-2", [sys.executable, "-c", scrape], timeout=30).stdout
-    denied = [line for line in metrics.splitlines()
-              if line.startswith('netagent_policy_denied_packets{pod="x/x-b",direction="ingress"}')]
-    assert denied and float(denied[0].split()[-1]) > 0, metrics
+    assert denied_to_x_b(lab) > 0   # the drops are counted: node-2's agent reports them from its kernel counters
 
     lab_cli(lab, "delete", "-f", "-", stdin=LOCK_B)
     becomes(lab, expect())
     answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(8)])
     assert all(answers.values()), answers
+
+
+@pytest.fixture(scope="module")
+def ebpf_lab():
+    from tests.netns.ebpf_fixtures import require_bcc
+    require_bcc()
+    with policy_lab("ebpf", PODS) as lab:
+        yield lab
+
+
+def some_answer(lab: LabCluster, source: str, targets: list, *, socket_lb: bool) -> dict:
+    """The probe's answers once at least one connection is answered (the agents program the
+    Service asynchronously)."""
+    def answered() -> dict | None:
+        answers = probe(lab, source, targets, socket_lb=socket_lb)
+        return answers if any(answers.values()) else None
+    return wait_for(answered, timeout=20, what=f"the Service from {source} (socket LB: {socket_lb})")
+
+
+def test_ebpf_service_reaches_only_allowed_endpoints(ebpf_lab):
+    """eBPF proxy mode: the socket load balancer (in the node's cgroup) picks the endpoint in
+    connect(), the tc program on the pod's veth (outside it) translates the first packet; either
+    way the packet carries the endpoint's address into FORWARD, where x-b's ingress chain judges
+    it. y-b is on the other node than x-b, y-c on the same one (routed and bridged ingress)."""
+    lab = ebpf_lab
+    lab_cli(lab, "apply", "-f", "-", stdin=LOCK_B)
+    becomes(lab, expect(closed_to=("x-b",)))
+    cluster_ip = lab.api().get("v1", "Service", "web", namespace="x")["spec"]["clusterIP"]
+    targets = [(str(n), cluster_ip, 80) for n in range(24)]
+    for source in ("y-b", "y-c"):
+        for socket_lb in (True, False):
+            answers = some_answer(lab, source, targets, socket_lb=socket_lb)
+            assert not all(answers.values()), (source, socket_lb, answers)   # x-a answers, x-b never
+    assert denied_to_x_b(lab) > 0
+    lab_cli(lab, "delete", "-f", "-", stdin=LOCK_B)
+    becomes(lab, expect())
+    for socket_lb in (True, False):
+        answers = probe(lab, "y-c", targets[:8], socket_lb=socket_lb)
+        assert all(answers.values()), (socket_lb, answers)

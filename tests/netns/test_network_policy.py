@@ -293,12 +293,14 @@ def test_status_reads_policies_drops_and_traces_from_the_kernel(np_bridge):
     assert [(c["pod"], c["direction"], c["policies"]) for c in listing] == [("x/a", "ingress", ["x/from-b"])]
     assert listing[0]["denied_packets"] >= 2          # y/b's and z/c's SYNs (and their retries)
     assert listing[0]["allows"][0].startswith("x/from-b ingress[0]: tcp/80 in set NETAGENT-NPS-")
-    # an open pod has no chain, so the kernel knows it by address only
+    # an open pod has no chain of its own: the pod directory names it
     source = lab.addresses["x/b"]
-    assert status("--trace", source, "x/a", "80").startswith(f"{source} -> {lab.addresses['x/a']} tcp/80: ALLOWED")
+    assert status("--trace", "x/b", "x/a", "80").startswith(f"{source} -> {lab.addresses['x/a']} tcp/80: ALLOWED")
     assert ": DENIED" in status("--trace", lab.addresses["y/b"], "x/a", "80")
     assert ": DENIED" in status("--trace", source, "x/a", "81/tcp")
-    assert "not isolated" in status("y/a")
+    assert status("y/a").strip() == f"y/a {lab.addresses['y/a']}: not isolated by any policy on this node (open both ways)"
+    assert f"ingress: x/b ({source}) is not isolated" in status("--trace", "x/a", "b", "80")
+    assert "no pod of this node" in status("nosuch")
 
 
 def test_egress_to_an_ip_block_outside_the_cluster_only(np):

@@ -10,10 +10,10 @@ from netagent.infra.sync_runner import SyncKind, SyncResult
 from netagent.kernel import owned
 from netagent.kernel.ipset import FakeIpset, iptables_references
 from netagent.kernel.iptables.fake import FakeIptables
-from netagent.kernel.iptables.restore_format import jump_target
+from netagent.kernel.iptables.restore_format import RestoreBuilder, jump_target
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import InterfaceMode, RenderSettings
+from netagent.policy.render import BUCKET_PREFIX, OUTPUT_CHAIN, OUTPUT_JUMP_MATCH, InterfaceMode, RenderSettings
 from tests.unit.policy_objects import namespace, pod, policy
 
 FOREIGN = "*filter\n:OTHER - [0:0]\n-A FORWARD -j OTHER\n-A OTHER -s 192.0.2.0/24 -j ACCEPT\nCOMMIT\n"
@@ -27,8 +27,9 @@ class Node:
         self.ipset = ipset or FakeIpset(in_use=iptables_references(self.iptables))
         self.engine = self.new_engine()
 
-    def new_engine(self) -> PolicyEngine:
-        engine = PolicyEngine(PolicySettings("node-1", RenderSettings(InterfaceMode.ROUTED, local_cidrs=("10.0.0.0/24",))),
+    def new_engine(self, *, ipvs: bool = False) -> PolicyEngine:
+        settings = RenderSettings(InterfaceMode.ROUTED, local_cidrs=("10.0.0.0/24",), ipvs=ipvs)
+        engine = PolicyEngine(PolicySettings("node-1", settings),
                               programmer=PolicyProgrammer(iptables=self.iptables, ipset=self.ipset),
                               interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"),
                               registry=Registry())
@@ -64,7 +65,7 @@ def test_first_sync_hooks_forward_first_and_programs_pods(node):
     forward = node.chain("FORWARD")
     assert jump_target(forward[0]) == owned.POLICY_CHAIN and jump_target(forward[1]) == "OTHER"
     chains = node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
-    assert len(chains) == 3                               # the hook, a bucket and x/a's ingress chain
+    assert len(chains) == 4                               # the hook, a bucket, x/a's ingress chain, the directory
     assert node.ipset.members(owned.POLICY_KNOWN_SET) == {"10.0.0.2", "10.0.0.3"}
 
 
@@ -146,7 +147,8 @@ def test_deleting_the_policy_removes_chains_and_sets(node):
     node.sync(SyncKind.FULL)
     node.engine.policies.on_delete(DENY_FROM_NON_B)
     node.sync()
-    assert node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX) == {owned.POLICY_CHAIN}
+    assert node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX) == {owned.POLICY_CHAIN,
+                                                                              BUCKET_PREFIX + "N0a000000"}
     assert node.ipset.owned_names(prefix=owned.POLICY_PREFIX) == [owned.POLICY_KNOWN_SET]
 
 
@@ -186,3 +188,38 @@ def test_unreadable_fields_are_reported_once_and_counted(node, caplog):
     assert node.engine.metrics.problems.value == 1
     # fail closed: x/a and x/b are isolated with nothing allowed
     assert all(p.ingress == () for p in node.engine.plan.pods)
+
+
+def test_ipvs_hooks_output_first_adopts_with_zero_writes_and_unhooks_when_off(node):
+    node.iptables.restore("*filter\n-A OUTPUT -d 192.0.2.9/32 -j ACCEPT\nCOMMIT\n")
+    node.engine = node.new_engine(ipvs=True)
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    output = node.chain("OUTPUT")
+    assert jump_target(output[0]) == OUTPUT_CHAIN and output[0][:5] == OUTPUT_JUMP_MATCH
+    assert output[1:] == [("-d", "192.0.2.9/32", "-j", "ACCEPT")]
+    assert jump_target(node.chain("FORWARD")[0]) == owned.POLICY_CHAIN
+    before = node.writes()
+    node.engine = node.new_engine(ipvs=True)                  # a restart adopts both hooks
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    node.sync(SyncKind.FULL)
+    assert node.writes() == before and not node.engine.last_report.wrote
+    node.iptables.restore(RestoreBuilder().delete("filter", "OUTPUT", output[0]).text())
+    assert jump_target(node.chain("OUTPUT")[0]) != OUTPUT_CHAIN
+    node.sync(SyncKind.FULL)                                  # drift: the jump is put back, first
+    assert node.engine.last_report.jump_repaired and jump_target(node.chain("OUTPUT")[0]) == OUTPUT_CHAIN
+    node.engine = node.new_engine()                           # restarted in another proxy mode
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    assert node.chain("OUTPUT") == [("-d", "192.0.2.9/32", "-j", "ACCEPT")]
+    chains = node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
+    assert OUTPUT_CHAIN not in chains and not any(name.startswith(BUCKET_PREFIX + "S") for name in chains)
+
+
+def test_cleanup_removes_the_ipvs_output_hook_too(node):
+    node.engine = node.new_engine(ipvs=True)
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    node.sync(SyncKind.FULL)
+    assert jump_target(node.chain("OUTPUT")[0]) == OUTPUT_CHAIN
+    assert node.engine.programmer.cleanup()
+    assert node.chain("OUTPUT") == [] and not node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)

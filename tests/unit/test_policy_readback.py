@@ -41,3 +41,12 @@ def test_tracer_follows_sets_ports_and_excepts():
     assert not trace(kernel, sets, Packet("10.0.0.2", "10.0.1.2", "tcp", 80))[0]
     allowed, steps = trace(kernel, sets, Packet("10.0.0.99", "10.0.0.3", "tcp", 80))
     assert not allowed and "not programmed yet" in steps[0]                            # the KNOWN guard
+
+
+def test_open_pods_are_named_from_the_pod_directory():
+    kernel, sets = programmed()
+    assert kernel.local == {"x/a": "10.0.0.2", "x/b": "10.0.0.3"}
+    assert kernel.of("x/b") == [] and kernel.find("x/b") == kernel.find("b") == ("x/b", "10.0.0.3")
+    assert kernel.find("10.0.0.2") == ("x/a", "10.0.0.2") and kernel.find("y/a") is None   # y/a: another node
+    allowed, steps = trace(kernel, sets, Packet("10.0.0.2", "10.0.0.3", "udp", 53))
+    assert allowed and steps[-1] == "ingress: x/b (10.0.0.3) is not isolated for ingress on this node"

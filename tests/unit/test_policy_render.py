@@ -22,6 +22,7 @@ from tests.unit.test_policy_semantics import PODS, view_of
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "policy"
 VETH = "na0123456789ab"
+DIRECTORY = "NETAGENT-NP-N0a000000"             # the pod directory of 10.0.0.0/28
 WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
     {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}},
               {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.0.1.0/24"]}}],
@@ -30,15 +31,17 @@ WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress
                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "UDP", "port": 53}]}]})
 
 
-def wanted(mode: InterfaceMode, *policies: dict, interface=lambda plan: VETH):
+def wanted(mode: InterfaceMode, *policies: dict, interface=lambda plan: VETH, ipvs: bool = False):
     plan = plan_node(view_of(*PODS, *policies), node_name="node-1")
-    return render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",)), interface_of=interface)
+    return render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",), ipvs=ipvs),
+                         interface_of=interface)
 
 
+@pytest.mark.parametrize("ipvs", [False, True], ids=["", "ipvs"])
 @pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
-def test_golden(mode):
-    text = render_chains(wanted(mode, WEB).chains).text()
-    path = GOLDEN_DIR / f"{mode.value}.rules"
+def test_golden(mode, ipvs):
+    text = render_chains(wanted(mode, WEB, ipvs=ipvs).chains).text()
+    path = GOLDEN_DIR / f"{mode.value}{'-ipvs' if ipvs else ''}.rules"
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text()
@@ -57,12 +60,15 @@ def test_open_pods_need_no_interface_and_unknown_interfaces_stay_closed():
     state = wanted(InterfaceMode.ROUTED, WEB, interface=lambda plan: None)
     assert state.pending == ("x/a",)
     assert state.known == {"10.0.0.3"}          # x/b is open: known without an interface
-    assert list(state.chains) == [owned.POLICY_CHAIN]
+    assert list(state.chains) == [owned.POLICY_CHAIN, DIRECTORY]
+    assert [rule[-1] for rule in state.chains[DIRECTORY]] == ["netagent policy: pod x/b 10.0.0.3"]
 
 
-def test_no_policy_leaves_only_the_hook_chain():
+def test_no_policy_leaves_only_the_hook_chain_and_the_pod_directory():
     state = wanted(InterfaceMode.BRIDGE)
-    assert list(state.chains) == [owned.POLICY_CHAIN] and not state.sets
+    assert list(state.chains) == [owned.POLICY_CHAIN, DIRECTORY] and not state.sets
+    assert [rule[:2] for rule in state.chains[DIRECTORY]] == [("-d", "10.0.0.2/32"), ("-d", "10.0.0.3/32")]
+    assert all("-j" not in rule for rule in state.chains[DIRECTORY])     # it only names pods: no target
     assert all(rule[-1] in ("RETURN", "DROP") for rule in state.chains[owned.POLICY_CHAIN])
 
 
@@ -94,3 +100,27 @@ def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
     hooks_per_chain = {owned.POLICY_EGRESS_PREFIX: 1,
                        owned.POLICY_INGRESS_PREFIX: 2 if mode is InterfaceMode.BRIDGE else 1}
     assert len(pod_chains) == 2 * 61 and all(reached[name] == hooks_per_chain[name[:13]] for name in pod_chains)
+
+
+@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+def test_ipvs_output_chain_reaches_every_pod_chain_once_by_address(mode):
+    """With IPVS, NETAGENT-NP-OUTPUT lets replies and the node's own connections pass, keeps
+    the KNOWN guard, and reaches each pod chain once: egress by source, ingress by destination
+    and the device the packet leaves by (the veth when routed, the bridge otherwise)."""
+    from netagent.kernel.iptables.restore_format import jump_target
+    from netagent.policy.render import OUTPUT_CHAIN
+    state = wanted(mode, WEB, ipvs=True)
+    head = state.chains[OUTPUT_CHAIN]
+    assert "RELATED,ESTABLISHED" in head[0] and ("--src-type", "LOCAL") == head[1][head[1].index("--src-type"):][:2]
+    assert [rule[-1] for rule in head[2:4]] == ["DROP", "DROP"]
+    reached = {jump_target(rule): rule for bucket in head[4:] for rule in state.chains[jump_target(bucket)]}
+    pod_chains = [name for name in state.chains if name.startswith((owned.POLICY_INGRESS_PREFIX,
+                                                                   owned.POLICY_EGRESS_PREFIX))]
+    assert sorted(reached) == sorted(pod_chains) and len(pod_chains) == 2
+    device = VETH if mode is InterfaceMode.ROUTED else owned.DEFAULT_BRIDGE
+    for name, rule in reached.items():
+        if name.startswith(owned.POLICY_INGRESS_PREFIX):
+            assert ("-d", "10.0.0.2/32", "-o", device) == rule[:4]
+        else:
+            assert ("-s", "10.0.0.2/32") == rule[:2]
+    assert OUTPUT_CHAIN not in wanted(mode, WEB).chains           # nothing of it without IPVS
