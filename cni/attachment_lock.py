@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 from cni.config import NetConf
 from cni.errors import CniError, ErrorCode
+from cni.ipam.config import DEFAULT_DATA_DIR
 
-DEFAULT_DATA_DIR = "/var/lib/cni/networks"  # host-local's, as cni.ipam.config has it
 LOCK_DIR_NAME = ".netagent-attachments"  # not a network name: those start with a letter or digit
 LOCK_TIMEOUT = 60.0
 _POLL = (0.001, 0.05)  # first and longest sleep between tries

@@ -88,16 +88,21 @@ def decode_request_for(data: bytes) -> "tuple[dict, bytes, str]":
     if not sep:
         raise WireError("malformed request header")
     env_len, stdin_len, plugin = parse_header(header)
-    if env_len > MAX_ENV or stdin_len > MAX_STDIN:
+    if lengths_too_large(env_len, stdin_len) is not None:
         raise WireError("malformed request header")
     if len(rest) != env_len + stdin_len:
         raise WireError("request length does not match its header")
+    return decode_env(rest[:env_len]), rest[env_len:], plugin
+
+
+def decode_env(blob: bytes) -> dict:
+    """The CNI_* variables of a request's environment part; UnicodeDecodeError if not UTF-8."""
     env = {}
-    for item in rest[:env_len].split(b"\0"):
+    for item in blob.split(b"\0"):
         key, eq, value = item.decode().partition("=")
         if eq and key.startswith("CNI_"):
             env[key] = value
-    return env, rest[env_len:], plugin
+    return env
 
 
 def encode_reply(code: int, stdout: str) -> bytes:

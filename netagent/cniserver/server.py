@@ -59,12 +59,15 @@ def _error_reply(stdin: bytes, error: CniError) -> bytes:
 
 @dataclass
 class _Arriving:
-    """A connection whose request is still arriving."""
+    """A connection whose request is arriving (the reader thread's), then whole (a worker's)."""
     conn: socket.socket
     uid: int
     deadline: float
     data: bytearray = field(default_factory=bytearray)
     expected: int | None = None  # total length, once the header is in
+    env_at: int = 0  # where the environment part starts (after the header line)
+    env_len: int = 0
+    plugin: str = wire.PLUGIN_MAIN
 
 
 class CniServer:
@@ -244,14 +247,15 @@ class CniServer:
                                                   "the request header is too long"))
             return None
         try:
-            env_len, stdin_len, _ = wire.parse_header(bytes(state.data[:newline]))
+            env_len, stdin_len, plugin = wire.parse_header(bytes(state.data[:newline]))
         except wire.WireError as exc:
             return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
                                               str(exc)))
         too_large = wire.lengths_too_large(env_len, stdin_len)
         if too_large is not None:
             return _error_reply(b"", CniError(*too_large))
-        state.expected = newline + 1 + env_len + stdin_len
+        state.env_at, state.env_len, state.plugin = newline + 1, env_len, plugin
+        state.expected = state.env_at + env_len + stdin_len
         return None
 
     @staticmethod
@@ -272,34 +276,34 @@ class CniServer:
         if overloaded:
             self._answer_now(state.conn, _error_reply(b"", CniError(ErrorCode.TRY_AGAIN_LATER, "the agent is busy")))
             return
-        self._pool.submit(self._serve, state.conn, bytes(state.data[:state.expected]), state.uid)
+        self._pool.submit(self._serve, state)
 
     # ------------------------------------------------------------ answering (the workers)
-    def _serve(self, conn: socket.socket, data: bytes, uid: int) -> None:
+    def _serve(self, state: _Arriving) -> None:
+        """Answer a whole request; its header was parsed and checked by the reader thread."""
         try:
-            with conn:
+            with state.conn as conn:
                 conn.setblocking(True)
                 conn.settimeout(WRITE_TIMEOUT)
-                conn.sendall(self._reply(data, uid))
+                conn.sendall(self._reply(state))
         except OSError as exc:
             log.warning("could not answer a CNI request: %s", exc)
         finally:
             with self._pending_lock:
                 self._pending -= 1
 
-    def _reply(self, data: bytes, uid: int) -> bytes:
+    def _reply(self, state: _Arriving) -> bytes:
+        uid = state.uid
         if uid not in (0, os.getuid()):
             log.warning("refused a CNI request from uid %d", uid)
             return _error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT, "permission denied",
                                               f"the netagent agent serves root only; the caller is uid {uid}"))
+        view, stdin_at = memoryview(state.data), state.env_at + state.env_len
         try:
-            env, stdin, plugin = wire.decode_request_for(data)
+            env = wire.decode_env(bytes(view[state.env_at:stdin_at]))
         except UnicodeDecodeError:  # the shim relays the environment's bytes as they are
             return _error_reply(b"", CniError(ErrorCode.INVALID_ENVIRONMENT, "the CNI_* environment is not UTF-8"))
-        except wire.WireError as exc:
-            return _error_reply(b"", CniError(ErrorCode.DECODE_FAILURE, "malformed request from the CNI client",
-                                              str(exc)))
-        return self._answer(env, stdin, plugin)
+        return self._answer(env, bytes(view[stdin_at:state.expected]), state.plugin)
 
     def _answer(self, env: dict, stdin: bytes, plugin: str) -> bytes:
         command = env.get("CNI_COMMAND", "")
