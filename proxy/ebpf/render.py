@@ -98,11 +98,13 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
     sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node))}
     set_names = {cluster_id: M.set_name(str(name), M.SetRole.CLUSTER)}
     ext_id = cluster_id
-    external = _backends(selection.external, node) if service.has_external_addresses else []
-    if service.has_external_addresses and sorted(external) != sorted(sets[cluster_id]):
-        ext_id = set_id(name, M.SetRole.EXTERNAL)
-        sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
-        set_names[ext_id] = M.set_name(str(name), M.SetRole.EXTERNAL)
+    # the external set is its own only when it differs (same endpoints: same backends, not packed again)
+    if service.has_external_addresses and selection.external != selection.cluster:
+        external = _backends(selection.external, node)
+        if sorted(external) != sorted(sets[cluster_id]):
+            ext_id = set_id(name, M.SetRole.EXTERNAL)
+            sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
+            set_names[ext_id] = M.set_name(str(name), M.SetRole.EXTERNAL)
     flags = 0 if selection.has_endpoints else M.F_NO_ENDPOINTS
     if service.external_local:
         flags |= M.F_EXTERNAL_LOCAL
