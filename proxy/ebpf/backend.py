@@ -140,8 +140,9 @@ class EbpfProxy(ProxyBackend):
                 ids.adopt(name, role, sid)
             else:
                 ids.reserved.add(sid)
-        ids.reserved.update(M.parse_svc(k, v).set_id for k, v in present_svc.items())
-        ids.reserved.update(M.parse_svc(k, v).ext_set_id for k, v in present_svc.items())
+        for key, value in present_svc.items():
+            entry = M.parse_svc(key, value)
+            ids.reserved.update((entry.set_id, entry.ext_set_id))
         ids.reserved -= set(ids.ids.values())
         self._ids = ids
         layouts = slot_layouts(present_slots)
