@@ -47,8 +47,9 @@ class PortEntries:
     lbsrc: Mapping[bytes, bytes] = field(default_factory=dict)   # allowed source ranges (na_lbsrc)
 
     def __post_init__(self) -> None:
+        # read-only views of the dicts render_service_port built for this entry alone (not copied)
         for attr in ("svc", "sets", "set_names", "lbsrc"):
-            object.__setattr__(self, attr, MappingProxyType(dict(getattr(self, attr))))
+            object.__setattr__(self, attr, MappingProxyType(getattr(self, attr)))
 
     @property
     def slot_count(self) -> int:
