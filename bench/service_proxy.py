@@ -95,11 +95,9 @@ def ebpf_places():
     import tempfile
     import uuid
 
-    from ebpf import syscall
     from ebpf.loader import detach_owned, remove_pins
-    mount = next(p for p in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
-                 if syscall.fs_magic(p) == syscall.CGROUP2_SUPER_MAGIC)
-    cgroup = os.path.join(mount, f"netagent-bench-{uuid.uuid4().hex[:8]}")
+    from netagent.lab.bpf_places import cgroup2_mount
+    cgroup = os.path.join(cgroup2_mount(), f"netagent-bench-{uuid.uuid4().hex[:8]}")
     with tempfile.TemporaryDirectory(prefix="na-bench-bpffs-") as bpf_root:
         subprocess.run(["mount", "-t", "bpf", "bpf", bpf_root], check=True)
         os.mkdir(cgroup)

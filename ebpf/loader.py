@@ -244,7 +244,7 @@ class SocketLbLoader:
 
     def load_tc(self) -> TcPrograms:
         """The tc programs loaded (not attached), over the same pinned maps; the caller closes
-        them. Attaching them to the underlay's clsact qdisc is not done by the agent yet."""
+        them (tests attach them themselves; the agent attaches through `ensure_loaded`)."""
         check_bpf_root(self.bpf_root)
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
         from bcc import BPF

@@ -85,8 +85,6 @@ def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = No
     """Which backend has programmed this namespace: eBPF when `bpf_root` holds our pinned maps,
     IPVS when its device exists, iptables when our service chain does, None when none."""
     if bpf_root:
-        import os
-
         from ebpf.loader import pin_dir
         if os.path.isdir(pin_dir(bpf_root)):
             return ProxyMode.EBPF

@@ -140,8 +140,9 @@ class EbpfProxy(ProxyBackend):
                 ids.adopt(name, role, sid)
             else:
                 ids.reserved.add(sid)
-        ids.reserved.update(M.parse_svc(k, v).set_id for k, v in present_svc.items())
-        ids.reserved.update(M.parse_svc(k, v).ext_set_id for k, v in present_svc.items())
+        for key, value in present_svc.items():
+            entry = M.parse_svc(key, value)
+            ids.reserved.update((entry.set_id, entry.ext_set_id))
         ids.reserved -= set(ids.ids.values())
         self._ids = ids
         layouts = slot_layouts(present_slots)
@@ -159,8 +160,9 @@ class EbpfProxy(ProxyBackend):
         writes.diff("slots", slots, present_slots)
         writes.diff("names", names, present_names)
         writes.diff("lbsrc", lbsrc, self.maps.lbsrc.read_all())
-        writes.config = {k: v for k, v in {M.set_id_key(0): M.config_value(snat_address(state.node), snat=self.tc_snat)}.items()
-                         if self.maps.config.lookup(k) != v}
+        config_key, config = M.set_id_key(0), M.config_value(snat_address(state.node), snat=self.tc_snat)
+        if self.maps.config.lookup(config_key) != config:
+            writes.config[config_key] = config
         return ports, writes
 
     def _partial(self, state: ProxyState, ports: dict[ServicePortName, PortEntries],

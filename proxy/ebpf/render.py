@@ -47,8 +47,9 @@ class PortEntries:
     lbsrc: Mapping[bytes, bytes] = field(default_factory=dict)   # allowed source ranges (na_lbsrc)
 
     def __post_init__(self) -> None:
+        # read-only views of the dicts render_service_port built for this entry alone (not copied)
         for attr in ("svc", "sets", "set_names", "lbsrc"):
-            object.__setattr__(self, attr, MappingProxyType(dict(getattr(self, attr))))
+            object.__setattr__(self, attr, MappingProxyType(getattr(self, attr)))
 
     @property
     def slot_count(self) -> int:
@@ -98,11 +99,13 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
     sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node))}
     set_names = {cluster_id: M.set_name(str(name), M.SetRole.CLUSTER)}
     ext_id = cluster_id
-    external = _backends(selection.external, node) if service.has_external_addresses else []
-    if service.has_external_addresses and sorted(external) != sorted(sets[cluster_id]):
-        ext_id = set_id(name, M.SetRole.EXTERNAL)
-        sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
-        set_names[ext_id] = M.set_name(str(name), M.SetRole.EXTERNAL)
+    # the external set is its own only when it differs (same endpoints: same backends, not packed again)
+    if service.has_external_addresses and selection.external != selection.cluster:
+        external = _backends(selection.external, node)
+        if sorted(external) != sorted(sets[cluster_id]):
+            ext_id = set_id(name, M.SetRole.EXTERNAL)
+            sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
+            set_names[ext_id] = M.set_name(str(name), M.SetRole.EXTERNAL)
     flags = 0 if selection.has_endpoints else M.F_NO_ENDPOINTS
     if service.external_local:
         flags |= M.F_EXTERNAL_LOCAL

@@ -11,20 +11,6 @@ import uuid
 
 import pytest
 
-CGROUP2_CANDIDATES = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
-
-
-def cgroup2_mount() -> str | None:
-    from ebpf import syscall
-    for path in CGROUP2_CANDIDATES:
-        try:
-            if syscall.fs_magic(path) == syscall.CGROUP2_SUPER_MAGIC:
-                return path
-        except OSError:
-            continue
-    return None
-
-
 def require_bcc():
     try:
         import bcc  # noqa: F401
@@ -52,8 +38,10 @@ def bpf_root(tmp_path):
 def test_cgroup():
     """A child cgroup made for this test; its processes are killed and it is removed after."""
     from ebpf.loader import detach_owned
-    mount = cgroup2_mount()
-    if mount is None:
+    from netagent.lab.bpf_places import BpfPlacesError, cgroup2_mount
+    try:
+        mount = cgroup2_mount()
+    except BpfPlacesError:
         pytest.skip("no cgroup v2 mount")
     path = os.path.join(mount, f"netagent-test-{uuid.uuid4().hex[:8]}")
     os.mkdir(path)
