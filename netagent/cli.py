@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import logging
 import sys
+from collections.abc import Callable
 
 from netagent import __version__
 from netagent.cniserver import install as cni_install
@@ -56,39 +57,39 @@ def _cmd_cleanup(args) -> int:
     return 0
 
 
+def _print_status(what: str, report: Callable[[], str], errors: tuple[type[Exception], ...]) -> int:
+    """Print a `netagent status` report; one of `errors` is a message on stderr and exit 1."""
+    try:
+        print(report())
+    except errors as exc:
+        print(f"netagent status {what}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_status_services(args) -> int:
     from netagent.daemon.status_services import status_services
     from netagent.kernel.iptables.backend import IptablesNotInstalled
-    try:
-        print(status_services(iptables_backend=args.iptables_backend, as_json=args.json, bpf_root=args.bpf_root))
-    except (IptablesNotInstalled, OSError) as exc:
-        print(f"netagent status services: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return _print_status("services", lambda: status_services(iptables_backend=args.iptables_backend,
+                                                             as_json=args.json, bpf_root=args.bpf_root),
+                         (IptablesNotInstalled, OSError))
 
 
 def _cmd_status_bpf(args) -> int:
     from ebpf.loader import EbpfError
     from netagent.daemon.status_bpf import bpf_status, render_bpf_status
-    try:
-        print(render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root), as_json=args.json))
-    except (EbpfError, OSError) as exc:
-        print(f"netagent status bpf: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return _print_status("bpf", lambda: render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root),
+                                                          as_json=args.json),
+                         (EbpfError, OSError))
 
 
 def _cmd_status_policy(args) -> int:
     from netagent.daemon.status_policy import status_policy
     from netagent.kernel.ipset.model import IpsetError
     from netagent.kernel.iptables.backend import IptablesNotInstalled
-    try:
-        print(status_policy(pod=args.pod, trace_args=args.trace, iptables_backend=args.iptables_backend,
-                            as_json=args.json))
-    except (IptablesNotInstalled, IpsetError, OSError, ValueError) as exc:
-        print(f"netagent status policy: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return _print_status("policy", lambda: status_policy(pod=args.pod, trace_args=args.trace,
+                                                         iptables_backend=args.iptables_backend, as_json=args.json),
+                         (IptablesNotInstalled, IpsetError, OSError, ValueError))
 
 
 def _cmd_lab(args) -> int:

@@ -156,9 +156,7 @@ class PolicyProgrammer:
 
     def cleanup(self) -> list[str]:
         """Remove every chain and set of the policy engine (and the FORWARD jump)."""
-        chains = self.iptables.list_chains(TABLE, prefix=owned.POLICY_PREFIX)
-        self.iptables.delete_chains(TABLE, chains)
-        removed = [f"{TABLE}/{name}" for name in sorted(chains)]
+        removed = self.iptables.delete_owned(prefix=owned.POLICY_PREFIX, table=TABLE)   # one read of filter
         removed += [f"ipset {name}" for name in delete_owned_sets(self.ipset, prefix=owned.POLICY_PREFIX)]
         self._applied = None
         return removed

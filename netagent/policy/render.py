@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetSpec, IpsetType
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec
-from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
+from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef, set_refs
 
 Rules = tuple[tuple[str, ...], ...]
 TABLE = "filter"
@@ -256,7 +256,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             if settings.ipvs:
                 bucket, rule = _output_hook(pod, interface, settings, chain=chain, ingress=ingress)
                 hooks.setdefault(bucket, []).append(rule)
-            used.update(_set_refs(allows))
+            used.update(ref for allow in allows for ref in set_refs(allow))
     buckets = sorted((b for b in hooks if b is not None),
                      key=lambda b: (BUCKET_KINDS.index(b[len(BUCKET_PREFIX)]), b))
     hook = [replies, *guard, *hooks.get(None, ())]
@@ -272,18 +272,6 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
     return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains, **pods_by_block},
                        sets, frozenset(known), tuple(pending))
-
-
-def _set_refs(allows: Sequence[Allow]) -> set[SetRef]:
-    refs: set[SetRef] = set()
-    for allow in allows:
-        if allow.named is not None:
-            refs.add(allow.named)
-        if isinstance(allow.peer, SetRef):
-            refs.add(allow.peer)
-        elif isinstance(allow.peer, CidrMatch) and allow.peer.excepts is not None:
-            refs.add(allow.peer.excepts)
-    return refs
 
 
 def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = (),

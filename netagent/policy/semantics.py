@@ -272,7 +272,7 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
                              tuple(selecting[(pod.key, PolicyType.INGRESS)]),
                              tuple(selecting[(pod.key, PolicyType.EGRESS)])))
     used = {ref for plan in plans for allows in (plan.ingress or (), plan.egress or ())
-            for allow in allows for ref in _refs(allow)}
+            for allow in allows for ref in set_refs(allow)}
     return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used})
 
 
@@ -285,7 +285,8 @@ def _dedup(allows: list[Allow] | None) -> tuple[Allow, ...] | None:
     return tuple(seen.values())
 
 
-def _refs(allow: Allow) -> list[SetRef]:
+def set_refs(allow: Allow) -> list[SetRef]:
+    """The sets an allow refers to (its named-port set, its peer's set or except set)."""
     refs = [ref for ref in (allow.named,) if ref is not None]
     if isinstance(allow.peer, SetRef):
         refs.append(allow.peer)

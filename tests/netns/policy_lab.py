@@ -32,6 +32,8 @@ from netagent.lab import LabNode
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.render import InterfaceMode, RenderSettings
+from tests.unit.policy_objects import namespace as namespace_object
+from tests.unit.policy_objects import pod as pod_object
 
 NAMESPACES = ("x", "y", "z")
 PODS = ("a", "b", "c")
@@ -123,21 +125,6 @@ print(json.dumps(results))
 """
 
 Probe = tuple[str, int]          # ("tcp", 80)
-
-
-def pod_object(namespace: str, name: str, ip: str, labels: dict, *, node: str = NODE_NAME,
-               ports: dict | None = None) -> dict:
-    container_ports = [{"name": port_name, "containerPort": number, "protocol": protocol}
-                       for port_name, (number, protocol) in (ports or {}).items()]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"namespace": namespace, "name": name, "labels": dict(labels), "resourceVersion": "1"},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "ports": container_ports}]},
-            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}
-
-
-def namespace_object(name: str, labels: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **labels}}}
 
 
 class Matrix:
@@ -232,7 +219,7 @@ class PolicyLab:
             namespaces.run_in(self.node.node, ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
             self._add_ext()
             for namespace in NAMESPACES:
-                self.engine.namespaces.on_add(namespace_object(namespace, {"ns": namespace}))
+                self.engine.namespaces.on_add(namespace_object(namespace, ns=namespace))
             for namespace in NAMESPACES:
                 for name in PODS:
                     self.add_pod(namespace, name, {"pod": name}, ports=NAMED_PORTS[name])
@@ -283,7 +270,8 @@ class PolicyLab:
         self.veths[pod.ip] = host
         self.netns_of[key] = pod.netns_name
         self._start_server(key, pod.netns_name)
-        self.pod_objects[key] = pod_object(namespace, name, pod.ip, labels, ports=ports)
+        self.pod_objects[key] = pod_object(namespace, name, pod.ip, labels,
+                                           ports=tuple((port, *spec) for port, spec in (ports or {}).items()))
         if record:
             self.engine.pods.on_add(self.pod_objects[key])
         return key
@@ -323,7 +311,7 @@ class PolicyLab:
         self.engine.pods.on_update(old, new)
 
     def relabel_namespace(self, name: str, labels: dict) -> None:
-        self.engine.namespaces.on_update(namespace_object(name, {"ns": name}), namespace_object(name, labels))
+        self.engine.namespaces.on_update(namespace_object(name, ns=name), namespace_object(name, **labels))
 
     def sync(self, kind: SyncKind = SyncKind.PARTIAL) -> None:
         assert self.engine.sync(kind) is SyncResult.SUCCEEDED
@@ -333,7 +321,7 @@ class PolicyLab:
         self.backend = backend or self.backend
         self.engine = self._new_engine()
         for namespace in NAMESPACES:
-            self.engine.namespaces.on_add(namespace_object(namespace, {"ns": namespace}))
+            self.engine.namespaces.on_add(namespace_object(namespace, ns=namespace))
         for obj in self.pod_objects.values():
             self.engine.pods.on_add(obj)
         for policy in self.policies.values():

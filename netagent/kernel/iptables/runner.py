@@ -172,16 +172,17 @@ class Iptables(abc.ABC):
         self.restore(builder.text())
         return True
 
-    def delete_owned(self, *, prefix: str = OWNED_PREFIX) -> list[str]:
+    def delete_owned(self, *, prefix: str = OWNED_PREFIX, table: str | None = None) -> list[str]:
         """Remove every chain named with `prefix` and every jump to one, in every table
-        present. Returns `table/chain` for each chain removed."""
+        present (or only in `table`), reading the kernel once. Returns `table/chain` for each
+        chain removed."""
         if not prefix:
             raise ValueError("refusing to delete chains without a name prefix")
         builder = RestoreBuilder()
         removed: list[str] = []
-        for name, table in self.tables().items():
-            owned = {chain for chain in table.chains if chain.startswith(prefix)}
-            add_chain_removal(builder, table, owned)
+        for name, held in self.tables(table).items():
+            owned = {chain for chain in held.chains if chain.startswith(prefix)}
+            add_chain_removal(builder, held, owned)
             removed.extend(f"{name}/{chain}" for chain in sorted(owned))
         if builder:
             self.restore(builder.text())
