@@ -19,6 +19,7 @@ import pytest
 from netagent.kube.resources import NAMESPACES, PODS, SERVICES
 from netagent.lab.apiserver import ApiServer
 from netagent.lab.apiserver.kinds import EVENTS
+from netagent.lab.kubeconfig import render_kubeconfig
 
 KUBECTL = shutil.which("kubectl", path=os.path.dirname(sys.executable)) or shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(
@@ -29,11 +30,7 @@ pytestmark = pytest.mark.skipif(
 class Kubectl:
     def __init__(self, server: ApiServer, home) -> None:
         self.server = server
-        config = {"apiVersion": "v1", "kind": "Config", "current-context": "lab",
-                  "clusters": [{"name": "lab", "cluster": {"server": server.url}}],
-                  "users": [{"name": "lab", "user": {}}],
-                  "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}
-        (home / "kubeconfig").write_text(json.dumps(config))
+        (home / "kubeconfig").write_text(json.dumps(render_kubeconfig({"lab": server.url})))
         self.env = {**os.environ, "KUBECONFIG": str(home / "kubeconfig"), "KUBECACHEDIR": str(home / "cache"),
                     "HOME": str(home)}
         self.home = home

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ipaddress
 
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.kube.resources import ENDPOINT_SLICES, ENDPOINTS, SERVICES, Resource
+from netagent.lab.apiserver.endpoints_mirror import SKIP_MIRROR
 from netagent.lab.apiserver.objects import Subresource, typed
 from netagent.lab.apiserver.store import Store
 
@@ -39,12 +41,12 @@ def ensure_kubernetes_service(store: Store, *, address: str, port: int, service_
                 "sessionAffinity": "None"}
         _put(store, SERVICES, {"metadata": metadata, "spec": spec})
         _put(store, ENDPOINTS, {
-            "metadata": {**metadata, "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+            "metadata": {**metadata, "labels": {SKIP_MIRROR: "true"}},
             "subsets": [{"addresses": [{"ip": address}],
                          "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
         })
         _put(store, ENDPOINT_SLICES, {
-            "metadata": {**metadata, "labels": {"kubernetes.io/service-name": NAME}},
+            "metadata": {**metadata, "labels": {SERVICE_NAME_LABEL: NAME}},
             "addressType": family, "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         })

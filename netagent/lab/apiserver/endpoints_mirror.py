@@ -21,13 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 
+from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.kube.resources import ENDPOINT_SLICES, ENDPOINTS, SERVICES
 from netagent.lab.apiserver.errors import ApiError
 from netagent.lab.apiserver.objects import Subresource, typed
 from netagent.lab.apiserver.store import Store
 from netagent.lab.apiserver.watch import StoreEvent
 
-SERVICE_NAME = "kubernetes.io/service-name"
 SKIP_MIRROR = "endpointslice.kubernetes.io/skip-mirror"
 _log = logging.getLogger("netagent.lab.apiserver")
 
@@ -103,8 +103,8 @@ class EndpointsMirror:
         metadata = event.obj["metadata"]
         if event.resource is SERVICES:
             key = (metadata["namespace"], metadata["name"])
-        elif event.resource is ENDPOINT_SLICES and (metadata.get("labels") or {}).get(SERVICE_NAME):
-            key = (metadata["namespace"], metadata["labels"][SERVICE_NAME])
+        elif event.resource is ENDPOINT_SLICES and (metadata.get("labels") or {}).get(SERVICE_NAME_LABEL):
+            key = (metadata["namespace"], metadata["labels"][SERVICE_NAME_LABEL])
         else:
             return
         with self._changed:
@@ -140,7 +140,7 @@ class EndpointsMirror:
             if not (service.get("spec") or {}).get("selector"):
                 return  # its Endpoints are someone else's to write
             slices = [s for s in store.items(ENDPOINT_SLICES, namespace=namespace)
-                      if (s["metadata"].get("labels") or {}).get(SERVICE_NAME) == name]
+                      if (s["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == name]
             desired = typed(ENDPOINTS, desired_endpoints(service, slices))
             if existing is None:
                 store.create(ENDPOINTS, desired, namespace=namespace)

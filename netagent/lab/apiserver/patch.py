@@ -2,10 +2,9 @@
 
 Both are pure functions from (object, patch) to a new object: the store applies them to a
 typed copy of the stored object and then validates the result like any other update, so a
-patch can do nothing a PUT could not. Strategic merge is served as a merge patch (lists are
-replaced, `$patch` directives are not understood): good enough for annotations, labels and
-status, as the package docstring says. A malformed patch is 400; one that does not fit the
-document (a missing path, a failed `test`) is 422 Invalid, as the real server answers.
+patch can do nothing a PUT could not. Strategic merge patch is `strategic.py`'s. A malformed
+patch is 400; one that does not fit the document (a missing path, a failed `test`) is 422
+Invalid, as the real server answers.
 """
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ never change a stored object.
 from __future__ import annotations
 
 import builtins
-import http.server
 import logging
 import os
 import socket
@@ -24,6 +23,7 @@ import socketserver
 import threading
 import time
 
+from netagent.infra.status_server import NoLookupHTTPServer
 from netagent.kube.config import PatchType
 from netagent.kube.resources import Resource
 from netagent.lab.apiserver.builtin_objects import ensure_kubernetes_service
@@ -42,16 +42,10 @@ def _log_connection_error(server: socketserver.BaseServer, request: object, clie
     _log.debug("connection from %s ended with an error", client_address or "unix socket", exc_info=True)
 
 
-class ListeningServer(http.server.ThreadingHTTPServer):
+class ListeningServer(NoLookupHTTPServer):  # no getfqdn at bind: a lab namespace has no resolver
     daemon_threads = True
     api: ApiServer
     handle_error = _log_connection_error
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves its own name (getfqdn): a DNS query that can hang
-        # for seconds in a lab network namespace without a resolver. Nothing here needs it.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
 class ListeningServer6(ListeningServer):

@@ -28,9 +28,9 @@ from netagent.lab.apiserver.errors import bad_request, conflict, invalid
 from netagent.lab.apiserver.kinds import kind_of
 from netagent.lab.apiserver.objects import STATUS_SUBRESOURCE, Subresource, bare
 from netagent.lab.service_spec import InvalidService, ServiceAddresses
+from netagent.policy.model import NAMESPACE_NAME_LABEL
 
 _OMITTED_WHEN_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")  # Go's omitempty: never stored empty
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
