@@ -30,9 +30,9 @@ def our_namespaces() -> set:
 @pytest.fixture(autouse=True)
 def _root_and_no_leaks():
     require_root_netns()
-    before = our_namespaces()  # another suite's namespaces on a shared machine are not this test's
+    before = our_namespaces()  # another run's namespaces on a shared machine are not this test's
     yield
-    leaked = sorted(our_namespaces() - before)
+    leaked = sorted((our_namespaces() - before) & namespaces.created_here())
     assert not leaked, f"namespaces leaked: {leaked}"
     assert not ours_in_root_namespace(), "an interface of ours appeared in the root namespace"
 
