@@ -55,7 +55,7 @@ class RecordingBackend(ProxyBackend):
         pass
 
 
-def wait_for(predicate, timeout=10.0):
+def wait_for(predicate, timeout=30.0):
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -151,15 +151,16 @@ def test_partial_syncs_name_the_changed_ports_and_a_failure_makes_the_next_full(
     wait_for(lambda: len(backend.calls) >= 2)
     state, changed = backend.calls[-1]
     assert changed == {WEB} and state.endpoints_of(WEB)
-    assert "kubeproxy_network_programming_duration_seconds_count 1" in registry.render()
+    # the proxy records a run's metrics after the backend returns: wait for them, not for the call
+    wait_for(lambda: "kubeproxy_network_programming_duration_seconds_count 1" in registry.render())
     backend.fail_next = True
     server.delete(SERVICES, "db", namespace="default")
     wait_for(lambda: len(backend.calls) >= 3)
     state, changed = backend.calls[-1]
     assert changed is None and ServicePortName("default", "db", "pg") not in state.services
+    wait_for(lambda: "kubeproxy_sync_full_proxy_rules_duration_seconds_count 2" in registry.render())
     metrics = registry.render()
     assert "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 1" in metrics
-    assert "kubeproxy_sync_full_proxy_rules_duration_seconds_count 2" in metrics
 
 
 def test_services_of_another_proxy_and_headless_slices_are_not_watched(server, make_proxy):
