@@ -211,7 +211,7 @@ def free_port() -> int:
 
 def fetch(port: int) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
