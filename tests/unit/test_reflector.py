@@ -6,7 +6,6 @@ port with its state file (changed meanwhile by another server instance).
 """
 from __future__ import annotations
 
-import random
 import socket
 import statistics
 import threading
@@ -20,6 +19,7 @@ from netagent.kube.nodes import get_node, patch_node_annotations
 from netagent.kube.reflector import Backoff, Reflector
 from netagent.kube.resources import NODES, SERVICES, object_key
 from netagent.lab.apiserver import ApiServer
+from tests.unit.free_ports import ports_below_the_ephemeral_range
 
 FAST_BACKOFF = Backoff(initial=0.05, maximum=0.2, factor=2, jitter=0.2)
 SETTLE = 30.0  # seconds a test waits for the reflector to catch up (never reached when passing; a loaded CI is slow)
@@ -252,12 +252,8 @@ def test_outage_then_compaction_gives_410_and_a_relist_that_delivers_the_differe
 
 
 def start_below_the_ephemeral_ports(server: ApiServer) -> int:
-    """Start `server` on a free port the kernel never hands out on its own: while the server is down,
-    neither another process's connection nor the reflector's own retries (a TCP self-connect to
-    127.0.0.1:port) can take the port the restart needs, as they can an ephemeral one."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        lowest_ephemeral = int(f.read().split()[0])
-    for port in random.sample(range(10000, max(lowest_ephemeral, 10100)), 50):
+    """Start `server` on a port nothing can take while it is down (tests/unit/free_ports.py)."""
+    for port in ports_below_the_ephemeral_range():
         try:
             server.start(port=port)
         except OSError:

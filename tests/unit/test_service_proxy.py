@@ -27,6 +27,7 @@ from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.model import NodeContext, ServicePortName
 from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy, health_check_answers
+from tests.unit.free_ports import ports_below_the_ephemeral_range
 from tests.unit.proxy_objects import endpoint, endpoint_slice, service
 
 WEB = ServicePortName("default", "web", "http")
@@ -204,9 +205,15 @@ def test_a_shared_node_watch_gives_the_proxy_only_its_own_node(server, make_prox
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that no ephemeral allocation can take before HealthCheckPorts binds it."""
+    for port in ports_below_the_ephemeral_range():
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def fetch(port: int) -> tuple[int, dict]:
