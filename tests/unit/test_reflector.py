@@ -98,11 +98,11 @@ class FaultyProxy:
                 downstream, _ = self._listener.accept()
             except OSError:
                 return
-            if not self._up:
-                downstream.close()
-                continue
-            upstream = socket.create_connection(self._target)
-            with self._lock:
+            with self._lock:  # one step with cut(): a connection accepted as it cuts is cut too
+                if not self._up:
+                    downstream.close()
+                    continue
+                upstream = socket.create_connection(self._target)
                 self._sockets.update((downstream, upstream))
             for source, sink in ((downstream, upstream), (upstream, downstream)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
@@ -121,8 +121,8 @@ class FaultyProxy:
                 pass
 
     def cut(self) -> None:
-        self._up = False
         with self._lock:
+            self._up = False
             sockets, self._sockets = list(self._sockets), set()
         for sock in sockets:
             try:
