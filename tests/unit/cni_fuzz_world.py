@@ -20,8 +20,10 @@ import subprocess
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from cni import attachment_lock, client
+from cni.ipam import config as ipam_config
 from cni.dispatch import execute
 from cni.fake_kernel import FakeCniKernel
 from cni.handlers import PluginHandlers
@@ -30,7 +32,6 @@ from cni.wiring import ALIAS_PREFIX, host_veth_name
 from netagent.cniserver.deferred_delete import DeferredDeleter
 from netagent.cniserver.server import CniServer
 
-HOST_LOCKS = os.path.join(attachment_lock.DEFAULT_DATA_DIR, attachment_lock.LOCK_DIR_NAME)
 PODS = tuple(f"/var/run/netns/p{i}" for i in range(4))
 # codes a request may be answered with here; 100 (internal error) is a crash, 11 cannot clear
 # in a sequential run against a live agent
@@ -62,11 +63,24 @@ class Figures:
                 f"duplicate addresses {self.duplicates}")
 
 
+def redirect_default_data_dir(path: str) -> Callable[[], None]:
+    """Make a config without a usable `dataDir` land in `path` instead of the host's own
+    /var/lib/cni/networks (the IPAM store and the attachment locks); returns the undo.
+    A test then asks whether `path` exists, which no other run on the machine can change."""
+    saved = ipam_config.DEFAULT_DATA_DIR, attachment_lock.DEFAULT_DATA_DIR
+    ipam_config.DEFAULT_DATA_DIR = attachment_lock.DEFAULT_DATA_DIR = path
+
+    def undo() -> None:
+        ipam_config.DEFAULT_DATA_DIR, attachment_lock.DEFAULT_DATA_DIR = saved
+    return undo
+
+
 class World:
     def __init__(self, path: Path, *, shim: str | None = None) -> None:
         self.path = path
         self.shim = shim
         self.dir = tempfile.mkdtemp(prefix="na-fz-", dir="/tmp")
+        self.host_data_dir = os.path.join(self.dir, "host-default-data-dir")  # stands in for /var/lib/cni/networks
         self.data_dirs = (os.path.join(self.dir, "ipam"), os.path.join(self.dir, "ipam2"))
         self.cni_path = os.path.join(self.dir, "bin")  # empty: no delegated IPAM plugin is ever found
         os.makedirs(self.cni_path)
@@ -84,12 +98,14 @@ class World:
             self.deferred.start()
             self.server = CniServer(self.socket_path, handlers=self.handlers, workers=2)
             self.server.start()
+        self._undo_redirect = redirect_default_data_dir(self.host_data_dir)  # last: close() undoes it
 
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
         if self.deferred is not None:
             self.deferred.stop()
+        self._undo_redirect()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ------------------------------------------------------------ requests
@@ -111,7 +127,7 @@ class World:
                 answer = client._relay(self.socket_path, text_env, stdin)
         if self.deferred is not None:
             assert self.deferred.wait_idle(timeout=60), "a deferred DEL did not finish"
-        assert not os.path.exists(HOST_LOCKS), "a fuzz request reached the host's own IPAM directory"
+        assert not os.path.exists(self.host_data_dir), "a fuzz request reached the host's own IPAM directory"
         return answer
 
     # ------------------------------------------------------------ what exists

@@ -52,28 +52,37 @@ def node(name: str, **labels: str) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {}}
 
 
-def collect_watch(stream_factory, *, until, timeout: float = 5.0) -> list[dict]:
+SETTLE = 30.0  # seconds a test waits for a watch or a stream (never reached when passing; a loaded CI is slow)
+
+
+def collect_watch(stream_factory, *, until, timeout: float = SETTLE) -> list[dict]:
     """Run a Watch stream on a thread until `until(events)` holds; return the raw events."""
     events: list[dict] = []
+    failures: list[BaseException] = []
     done = threading.Event()
     stopper = watch.Watch()
 
     def run():
-        for event in stream_factory(stopper):
-            events.append({"type": event["type"], "object": event["raw_object"]})
-            if until(events):
-                stopper.stop()
-                break
-        done.set()
+        try:
+            for event in stream_factory(stopper):
+                events.append({"type": event["type"], "object": event["raw_object"]})
+                if until(events):
+                    stopper.stop()
+                    break
+        except BaseException as error:  # noqa: BLE001 (reported by the assertion below)
+            failures.append(error)
+        finally:
+            done.set()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert done.wait(timeout), f"watch did not see the expected events; got {events}"
+    assert not failures, f"the watch failed after {events}: {failures[0]!r}"
     return events
 
 
 def raw_watch_lines(url: str) -> list[dict]:
     """A whole watch response read with the stdlib: the events as the server wrote them."""
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=SETTLE) as response:
         assert response.status == 200
         return [json.loads(line) for line in response.read().splitlines()]

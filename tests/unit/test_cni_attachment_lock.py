@@ -40,36 +40,58 @@ def test_a_second_holder_waits_and_times_out_with_code_11(tmp_path):
 def test_the_lock_excludes_another_process(tmp_path):
     path = str(tmp_path / "na0123.lock")
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from cni import attachment_lock\n"
+        "import sys; from cni import attachment_lock\n"
         f"with attachment_lock.held({path!r}):\n"
-        "    print('held', flush=True); time.sleep(1.0)\n")], stdout=subprocess.PIPE, text=True)
+        "    print('held', flush=True); sys.stdin.readline()\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        started = time.monotonic()
+        # the other process holds it until told: we are refused for as long as we wait
+        with pytest.raises(CniError) as refused:
+            with attachment_lock.held(path, timeout=0.3):
+                pass
+        assert refused.value.code == ErrorCode.TRY_AGAIN_LATER
+        holder.stdin.write("release\n")
+        holder.stdin.close()
         with attachment_lock.held(path, timeout=30):
-            waited = time.monotonic() - started
-        assert waited > 0.3  # it waited for the other process, which held it about a second
+            pass  # and we get it once that process let go
     finally:
+        holder.kill()  # a no-op when it already ended
         holder.wait(timeout=30)
+        holder.stdout.close()
 
 
-def test_a_waiter_follows_the_file_a_del_removed(tmp_path):
+def test_a_waiter_follows_the_file_a_del_removed(tmp_path, monkeypatch):
     path = str(tmp_path / "na0123.lock")
     order = []
+    refused = threading.Event()
+    waiter_thread: list[threading.Thread] = []
+
+    class WatchedTime:  # attachment_lock's clock; sleep() is called only after a refused try
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if threading.current_thread() in waiter_thread:
+                refused.set()
+            time.sleep(seconds)
+
+    monkeypatch.setattr(attachment_lock, "time", WatchedTime)
 
     def second() -> None:
-        with attachment_lock.held(path):
+        with attachment_lock.held(path, timeout=30):
             order.append("second")
 
     with attachment_lock.held(path) as lock:
         waiter = threading.Thread(target=second)
+        waiter_thread.append(waiter)
         waiter.start()
-        time.sleep(0.1)
-        lock.remove()
+        assert refused.wait(30), "the waiter never tried the held file"
         order.append("first")
-    waiter.join(timeout=10)
+        lock.remove()
+    waiter.join(timeout=30)
     assert order == ["first", "second"]
-    # and a third comer excludes the second's file, not a stale one
+    # the waiter took (created) the file the path names now, not the removed one
     assert os.path.exists(path)
 
 

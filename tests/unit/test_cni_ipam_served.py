@@ -21,6 +21,7 @@ from cni.config import ConfigScope, parse_netconf
 from cni.ipam.plugin import LockedIpam, run_ipam
 from cni.wiring import host_veth_name
 from tests.shim_support import build_shim_or_skip, run_binary
+from tests.unit.cni_fuzz_world import redirect_default_data_dir
 from tests.unit.test_cni_transport_hostile import Agent, assert_error, via_shim
 
 
@@ -118,6 +119,15 @@ def test_the_main_plugins_requests_are_still_its_own(agent, shims):
 
 
 def test_hostile_input_gets_the_same_codes_on_the_ipam_path(agent, shims):
+    host_data_dir = os.path.join(agent.dir, "host-default-data-dir")  # stands in for /var/lib/cni/networks
+    undo = redirect_default_data_dir(host_data_dir)
+    try:
+        _hostile_input_on_the_ipam_path(agent, shims, host_data_dir)
+    finally:
+        undo()
+
+
+def _hostile_input_on_the_ipam_path(agent: Agent, shims: dict, host_data_dir: str) -> None:
     env = agent.pod_env("c1")
     raw = {k.encode(): v.encode() for k, v in env.items()}
     assert_error(via_shim(shims["netagent-ipam"], {**raw, b"CNI_ARGS": b"K8S_POD_NAME=\xff"}, bridge_config(agent)),
@@ -128,5 +138,4 @@ def test_hostile_input_gets_the_same_codes_on_the_ipam_path(agent, shims):
                  4, "CNI_IFNAME")
     assert_error(via_shim(shims["netagent-ipam"], env, bridge_config(agent, dataDir="relative")), 7, "absolute")
     assert reserved(agent.data_dir) == {} and agent.kernel.calls == []
-    assert not os.path.exists(os.path.join(attachment_lock.DEFAULT_DATA_DIR, attachment_lock.LOCK_DIR_NAME)), \
-        "a refused request left a lock file in the host's own IPAM directory"
+    assert not os.path.exists(host_data_dir), "a refused request left a file in the host's own IPAM directory"

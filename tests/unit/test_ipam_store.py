@@ -135,7 +135,7 @@ def test_lock_excludes_other_threads_of_the_same_process(tmp_path):
         thread = threading.Thread(target=contender)
         thread.start()
         assert not entered.wait(0.3)
-    assert entered.wait(5)
+    assert entered.wait(30)
     thread.join()
 
 
@@ -146,7 +146,7 @@ def test_fake_store_lock_excludes_threads():
         thread = threading.Thread(target=lambda: (store.locked().__enter__(), entered.set()))
         thread.start()
         assert not entered.wait(0.2)
-    assert entered.wait(5)
+    assert entered.wait(30)
     thread.join()
 
 
@@ -207,5 +207,5 @@ def test_lock_is_held_for_the_whole_operation(tmp_path, monkeypatch):
         assert not done.is_set()
         assert sorted(n for n in os.listdir(tmp_path / "podnet") if n.startswith("10.")) == \
             ["10.0.0.2"]
-    assert done.wait(5)
+    assert done.wait(30)
     thread.join()

@@ -213,10 +213,10 @@ def test_unknown_fields_are_refused_as_kubectls_strict_validation_expects(kubect
 
 
 def test_get_watch_sees_pods_come_and_go(kubectl, server):
-    watcher = subprocess.Popen([KUBECTL, "get", "pods", "--watch", "--output-watch-events", "--request-timeout=20s"],
+    watcher = subprocess.Popen([KUBECTL, "get", "pods", "--watch", "--output-watch-events", "--request-timeout=60s"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kubectl.env)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # generous: kubectl starts slowly on a loaded CI
         server.create(pod("come", ip="10.244.1.7"))  # before or after the watch starts: ADDED either way
         assert watcher.stdout.readline().split() == ["EVENT", "NAME", "READY", "STATUS", "RESTARTS", "AGE"]
         seen = []

@@ -252,7 +252,7 @@ def test_endpoints_mirror_restates_a_selector_services_slices(server):
     mirror = EndpointsMirror(server.store)
     mirror.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not server.store.find(ENDPOINTS, "web", namespace="default"):
             time.sleep(0.01)
         mirror.sync_all()
@@ -264,6 +264,7 @@ def test_endpoints_mirror_restates_a_selector_services_slices(server):
             "notReadyAddresses": [{"ip": "10.244.0.5"}],
             "ports": [{"name": "p80", "port": 8080, "protocol": "TCP"}]}]
         server.delete(SERVICES, "web", namespace="default")
+        deadline = time.monotonic() + 30  # a fresh wait, not what the first one left
         while time.monotonic() < deadline and server.store.find(ENDPOINTS, "web", namespace="default"):
             time.sleep(0.01)
         assert [e["metadata"]["name"] for e in server.list(ENDPOINTS)] == ["manual"]  # hand-written: kept

@@ -16,7 +16,7 @@ from kubernetes import client, watch
 from netagent.lab.apiclient import LabApiClient
 from netagent.lab.apiserver import ApiServer
 from tests.unit.kube_apiserver_support import api_client, core, server  # noqa: F401 (fixtures)
-from tests.unit.kube_apiserver_support import collect_watch, node, raw_watch_lines
+from tests.unit.kube_apiserver_support import SETTLE, collect_watch, node, raw_watch_lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -33,7 +33,7 @@ def test_watch_sends_added_modified_deleted_with_rising_resource_versions(core):
 
     threading.Thread(target=writer, daemon=True).start()
     events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version=start, timeout_seconds=5),
+        lambda w: w.stream(core.list_node, resource_version=start, timeout_seconds=60),
         until=lambda evs: len(evs) == 3,
     )
     assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
@@ -47,7 +47,7 @@ def test_watch_from_resource_version_zero_starts_with_current_objects(core, serv
     server.create(node("a"))
     server.create(node("b"))
     events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version="0", timeout_seconds=5),
+        lambda w: w.stream(core.list_node, resource_version="0", timeout_seconds=60),
         until=lambda evs: len(evs) == 2,
     )
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b")]
@@ -57,7 +57,7 @@ def test_watch_bookmarks_only_when_asked_and_carry_the_latest_resource_version(c
     start = core.list_node().metadata.resource_version
     server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "elsewhere"}})
     events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version=start, allow_watch_bookmarks=True, timeout_seconds=5),
+        lambda w: w.stream(core.list_node, resource_version=start, allow_watch_bookmarks=True, timeout_seconds=60),
         until=lambda evs: any(e["type"] == "BOOKMARK" for e in evs),
     )
     bookmark = next(e for e in events if e["type"] == "BOOKMARK")
@@ -93,7 +93,8 @@ def test_history_is_bounded_and_the_stream_ends_at_timeout_seconds():
         started = time.monotonic()
         recent = small.resource_version - 2
         replayed = raw_watch_lines(f"{small.url}/api/v1/nodes?watch=1&resourceVersion={recent}&timeoutSeconds=1")
-        assert 0.9 < time.monotonic() - started < 2.5
+        # it ended at the asked second, not at the server's watch timeout (minutes); generous for a loaded CI
+        assert 0.9 < time.monotonic() - started < 15
         assert [(e["type"], e["object"]["metadata"]["name"]) for e in replayed] == [("ADDED", "n3"), ("ADDED", "n4")]
         with pytest.raises(urllib.error.HTTPError) as ahead:  # what Kubernetes answers: 504, ResourceVersionTooLarge
             raw_watch_lines(f"{small.url}/api/v1/nodes?watch=1&resourceVersion={small.resource_version + 5}")
@@ -113,7 +114,7 @@ def test_watch_with_a_selector_turns_label_changes_into_added_and_deleted(core, 
 
     threading.Thread(target=writer, daemon=True).start()
     events = collect_watch(
-        lambda w: w.stream(core.list_node, resource_version=start, label_selector="role=edge", timeout_seconds=5),
+        lambda w: w.stream(core.list_node, resource_version=start, label_selector="role=edge", timeout_seconds=60),
         until=lambda evs: len(evs) == 2,
     )
     assert [e["type"] for e in events] == ["DELETED", "ADDED"]
@@ -129,34 +130,34 @@ def test_stop_ends_open_watch_streams_promptly():
 
     def watch_forever():
         try:
-            for _ in watch.Watch().stream(core.list_node, timeout_seconds=60):
+            for _ in watch.Watch().stream(core.list_node, timeout_seconds=3600):
                 pass
         except Exception:  # noqa: BLE001 (a closed connection is an acceptable way to end)
             pass
         ended.set()
 
     threading.Thread(target=watch_forever, daemon=True).start()
-    deadline = time.monotonic() + 3
-    while server.watcher_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: server.watcher_count() != 0)
     assert server.watcher_count() == 1
     started = time.monotonic()
     server.stop()
-    assert ended.wait(2.0)
-    assert time.monotonic() - started < 1.5
+    assert ended.wait(SETTLE)
+    assert time.monotonic() - started < 10  # not the stream's hour: stop ended it
     api_client.close()
 
 
 def test_lab_watcher_count_follows_clients(server):
     lab = LabApiClient(url=server.url)
     assert lab.watcher_count() == 0
-    response = urllib.request.urlopen(f"{server.url}/api/v1/nodes?watch=1", timeout=5)
-    deadline = time.monotonic() + 2
-    while lab.watcher_count() != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    response = urllib.request.urlopen(f"{server.url}/api/v1/nodes?watch=1", timeout=SETTLE)
+    wait_until(lambda: lab.watcher_count() != 0)
     assert lab.watcher_count() == 1
     response.close()
-    deadline = time.monotonic() + 2
-    while lab.watcher_count() != 0 and time.monotonic() < deadline:
+    wait_until(lambda: lab.watcher_count() == 0)
+
+
+def wait_until(predicate) -> None:
+    deadline = time.monotonic() + SETTLE
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.02)
-    assert lab.watcher_count() == 0

@@ -290,7 +290,7 @@ def test_a_tampered_managed_slice_is_repaired_without_a_trigger_time(server, con
     assert [e["addresses"][0] for s in slices_of(server) for e in s["endpoints"]] == ["10.244.1.2"]
 
 
-def wait_until(predicate, *, timeout: float = 5.0):
+def wait_until(predicate, *, timeout: float = 30.0):  # generous: never reached when passing
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"

@@ -29,6 +29,11 @@ def value(registry: Registry, name: str) -> float:
     return float(match.group(1))
 
 
+def value_or_none(registry: Registry, name: str) -> float | None:
+    match = re.search(rf"^{name} (\S+)$", registry.render(), re.M)
+    return float(match.group(1)) if match else None
+
+
 def test_map_entries_and_capacity_of_every_map_follow_the_syncs(server):  # noqa: F811
     maps = fake_map_set(max_entries=4096)
     registry = Registry()
@@ -41,14 +46,18 @@ def test_map_entries_and_capacity_of_every_map_follow_the_syncs(server):  # noqa
                          backend=EbpfProxy(maps=maps), registry=registry)
     proxy.start()
     try:
-        wait_for(lambda: samples(registry, "netagent_proxy_bpf_map_entries").get(SLOTS_MAP) == 1)
+        # the maps change inside the sync, its durations are observed after it: wait for both
+        wait_for(lambda: samples(registry, "netagent_proxy_bpf_map_entries").get(SLOTS_MAP) == 1
+                 and value_or_none(registry, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1)
         assert samples(registry, "netagent_proxy_bpf_map_max_entries") == {name: 4096 for name in MAP_NAMES}
         entries = samples(registry, "netagent_proxy_bpf_map_entries")
         assert entries == {name: bpf_map.count() for name, bpf_map in maps.by_name().items()}
         assert entries[SVC_MAP] == 1   # the cluster IP
         assert value(registry, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1
         server.create(endpoint_slice("web-2", "web", [endpoint("10.244.1.6"), endpoint("10.244.1.7")]))
-        wait_for(lambda: samples(registry, "netagent_proxy_bpf_map_entries").get(SLOTS_MAP) == 3)
+        wait_for(lambda: samples(registry, "netagent_proxy_bpf_map_entries").get(SLOTS_MAP) == 3
+                 and (value_or_none(registry, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count") or 0) >= 1
+                 and (value_or_none(registry, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") or 0) > 0)
         assert value(registry, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count") >= 1
         assert value(registry, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 2
         assert value(registry, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 0

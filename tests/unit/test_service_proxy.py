@@ -27,6 +27,7 @@ from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.model import NodeContext, ServicePortName
 from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy, health_check_answers
+from tests.unit.free_ports import ports_below_the_ephemeral_range
 from tests.unit.proxy_objects import endpoint, endpoint_slice, service
 
 WEB = ServicePortName("default", "web", "http")
@@ -55,7 +56,7 @@ class RecordingBackend(ProxyBackend):
         pass
 
 
-def wait_for(predicate, timeout=10.0):
+def wait_for(predicate, timeout=30.0):
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -151,15 +152,16 @@ def test_partial_syncs_name_the_changed_ports_and_a_failure_makes_the_next_full(
     wait_for(lambda: len(backend.calls) >= 2)
     state, changed = backend.calls[-1]
     assert changed == {WEB} and state.endpoints_of(WEB)
-    assert "kubeproxy_network_programming_duration_seconds_count 1" in registry.render()
+    # the proxy records a run's metrics after the backend returns: wait for them, not for the call
+    wait_for(lambda: "kubeproxy_network_programming_duration_seconds_count 1" in registry.render())
     backend.fail_next = True
     server.delete(SERVICES, "db", namespace="default")
     wait_for(lambda: len(backend.calls) >= 3)
     state, changed = backend.calls[-1]
     assert changed is None and ServicePortName("default", "db", "pg") not in state.services
+    wait_for(lambda: "kubeproxy_sync_full_proxy_rules_duration_seconds_count 2" in registry.render())
     metrics = registry.render()
     assert "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 1" in metrics
-    assert "kubeproxy_sync_full_proxy_rules_duration_seconds_count 2" in metrics
 
 
 def test_services_of_another_proxy_and_headless_slices_are_not_watched(server, make_proxy):
@@ -203,14 +205,20 @@ def test_a_shared_node_watch_gives_the_proxy_only_its_own_node(server, make_prox
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that no ephemeral allocation can take before HealthCheckPorts binds it."""
+    for port in ports_below_the_ephemeral_range():
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def fetch(port: int) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())

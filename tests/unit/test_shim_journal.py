@@ -71,7 +71,7 @@ def test_a_del_journaled_by_the_shim_is_carried_out_when_the_agent_starts(shim, 
     deferred.start()
     try:
         assert deferred.adopt_shim_records(handlers) == 1
-        assert deferred.wait_idle(10)
+        assert deferred.wait_idle(60)
     finally:
         deferred.stop()
     assert veths(fake) == [] and reservations(tmp_path) == []

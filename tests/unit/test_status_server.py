@@ -16,7 +16,7 @@ from netagent.infra.status_server import HealthReport, StatusServer, all_healthy
 from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
 from tests.unit.test_metrics import parse_exposition
 
-SETTLE = 2.0
+SETTLE = 30.0  # real seconds to wait for a thread or an HTTP answer (never reached when passing)
 
 
 def get(port: int, path: str, *, host: str = "127.0.0.1") -> tuple[int, dict[str, str], str]:
