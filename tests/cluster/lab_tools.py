@@ -154,6 +154,16 @@ class Capture:
             return []
 
 
+def syn_retransmits(prefix: list) -> int:
+    """The TCP SYNs retransmitted so far in the namespace `prefix` runs commands in (TcpExt
+    TCPSynRetrans): unchanged across refused connections, each refusal answered the first SYN,
+    "at once" however loaded the machine (a dropped SYN is retried after 1 s)."""
+    out = subprocess.run([*prefix, "cat", "/proc/net/netstat"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    names, values = [line.split() for line in out.splitlines() if line.startswith("TcpExt:")]
+    return int(dict(zip(names, values))["TCPSynRetrans"])
+
+
 def ip_routes(lab: LabCluster, node: str) -> list:
     out = lab.exec(node, ["ip", "-j", "route", "show"], check=True).stdout
     return json.loads(out)

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from netagent.kernel import namespaces
-from tests.cluster.lab_tools import ROOT, lab_cluster, serve, stop_stream, stream, traffic, wait_for
+from tests.cluster.lab_tools import ROOT, lab_cluster, serve, stop_stream, stream, syn_retransmits, traffic, wait_for
 
 WEB_PORT, UDP_PORT = 8080, 5353
 
@@ -94,21 +94,12 @@ def serving(lab, node: str, expected: dict[str, set[str]]) -> None:
 
 def refusals(lab, pod: str, address: str, port: int, count: int, *, in_cgroup: bool = True) -> tuple[list, int]:
     """`count` connections from `pod` (`in_cgroup` False: outside its node's cgroup in ebpf mode),
-    and how many SYNs its namespace retransmitted meanwhile: 0 means every refusal answered the
-    first SYN, a refusal "at once" however loaded the machine (a dropped SYN is retried in 1 s)."""
+    and how many SYNs its namespace retransmitted meanwhile (0: every refusal came at once)."""
     prefix = lab.exec_prefix(pod) if in_cgroup else namespaces.exec_prefix(lab.netns_of(pod))
-
-    def run(*argv: str) -> str:
-        return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                              check=True).stdout
-
-    def syn_retransmits() -> int:
-        names, values = [line.split() for line in run("cat", "/proc/net/netstat").splitlines()
-                         if line.startswith("TcpExt:")]
-        return int(dict(zip(names, values))["TCPSynRetrans"])
-    before = syn_retransmits()
-    results = json.loads(run(sys.executable, "-m", "tests.cluster.traffic", "poll-tcp", address, str(port), str(count)))
-    return results, syn_retransmits() - before
+    before = syn_retransmits(prefix)
+    out = subprocess.run([*prefix, sys.executable, "-m", "tests.cluster.traffic", "poll-tcp", address, str(port),
+                          str(count)], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout
+    return json.loads(out), syn_retransmits(prefix) - before
 
 
 @pytest.fixture(scope="module")
