@@ -29,11 +29,15 @@ CONVERGE_SECONDS = 60.0
 _CREATED: set[str] = set()   # the unique prefixes of the labs this process made
 
 
+def ours(names: list) -> list:
+    """The `names` of labs this process made (other processes' labs share PREFIX, not the id)."""
+    return [name for name in names if any(name.startswith(f"{prefix}-") for prefix in _CREATED)]
+
+
 def our_namespaces() -> list:
-    """Namespaces of labs this process made (other processes' labs share PREFIX, not the id)."""
+    """Namespaces of labs this process made."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines()
-            if any(line.startswith(f"{prefix}-") for prefix in _CREATED)]
+    return ours([line.split()[0] for line in out.splitlines() if line.strip()])
 
 
 @contextlib.contextmanager
