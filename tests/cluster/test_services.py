@@ -254,12 +254,12 @@ def roll_endpoints_under_load(lab, *, leaving: str, joining: dict[str, str]) -> 
                  what=f"web's new endpoints on {client_node}")
         wait_for(lambda: not any(ips[leaving] in found for found in backends_on(lab, client_node).values()),
                  what=f"{leaving} out of every service on {client_node}")
-        after = poll(lab, "client", cluster_ip, 80, 30)
+        after = poll(lab, "client", cluster_ip, 80, 60)   # each of 4 endpoints misses 60 picks at 3e-8
         # up from before the change until now, every line answered, the last one after all of it
         summaries = [stop_stream(running) for running in streams]
         assert all(s["error"] is None and s["answered"] == s["sent"] > 1 for s in summaries), summaries
         assert len(answered_by(during)) == 20, during
-        assert len(answered_by(after)) == 30 and leaving not in answered_by(after), after
+        assert len(answered_by(after)) == 60 and leaving not in answered_by(after), after
         assert set(joining) <= set(answered_by(after)), after
     finally:
         for running in streams:
