@@ -8,26 +8,36 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import time
 
 from netagent.kernel import namespaces
+from netagent.lab.bpf_places import in_cgroup_of
 from netagent.lab.cluster import LabCluster
 
 PREFIX = "na-tc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# how long a condition may take to hold: generous, for a loaded 2-core machine; a wait returns
+# as soon as its condition holds, so only a failing test pays for it
+CONVERGE_SECONDS = 60.0
 
 
 _CREATED: set[str] = set()   # the unique prefixes of the labs this process made
 
 
+def ours(names: list) -> list:
+    """The `names` of labs this process made (other processes' labs share PREFIX, not the id)."""
+    return [name for name in names if any(name.startswith(f"{prefix}-") for prefix in _CREATED)]
+
+
 def our_namespaces() -> list:
-    """Namespaces of labs this process made (other processes' labs share PREFIX, not the id)."""
+    """Namespaces of labs this process made."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines()
-            if any(line.startswith(f"{prefix}-") for prefix in _CREATED)]
+    return ours([line.split()[0] for line in out.splitlines() if line.strip()])
 
 
 @contextlib.contextmanager
@@ -87,6 +97,27 @@ def traffic(lab: LabCluster, pod: str, *args: str) -> subprocess.CompletedProces
     return lab.exec(pod, [sys.executable, "-m", "tests.cluster.traffic", *args], timeout=60)
 
 
+def stream(lab: LabCluster, pod: str, kind: str, address: str, port: int, *extra: str,
+           seconds: float = 120) -> Background:
+    """A `stream-tcp`/`stream-udp` client in `pod` (in its node's cgroup in ebpf mode), returned
+    once it has had its first answer: the stream is established before the test changes anything.
+    It runs until `stop_stream` (at most `seconds`)."""
+    argv = [sys.executable, "-m", "tests.cluster.traffic", f"stream-{kind}", address, str(port), str(seconds),
+            "--ready", *extra]
+    return Background(lab.netns_of(pod), in_cgroup_of(lab.state, pod, [], argv), ready_line="ready",
+                      timeout=CONVERGE_SECONDS)
+
+
+def stop_stream(running: Background, *, wait: float | None = None):
+    """End a stream (SIGTERM; with `wait`, let it end by itself within that many seconds) and
+    return its parsed result."""
+    out, err = running.stop() if wait is None else running.stop_when_done(timeout=wait)
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise AssertionError(f"the stream printed no result: {out!r}\n{err}") from None
+
+
 def serve(lab: LabCluster, pod: str, kind: str, port: int, *, lifetime: float = 120, named: bool = False) -> Background:
     """A server in `pod`; `named` answers start with the pod's name (to tell endpoints apart)."""
     return Background(lab.netns_of(pod), [sys.executable, "-m", "tests.cluster.traffic", f"serve-{kind}",
@@ -108,12 +139,33 @@ class Capture:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("tcpdump did not start")
 
-    def packets(self):
-        from scapy.all import rdpcap
-        time.sleep(0.2)
+    def packets(self, until=lambda packets: True, *, timeout: float = CONVERGE_SECONDS) -> list:
+        """Every packet captured, once those on disk satisfy `until` (or after `timeout`): tcpdump
+        drops what it has not read yet when it is stopped, and on a loaded machine it may lag."""
+        deadline = time.monotonic() + timeout
+        while not until(self._written()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(timeout=10)
-        return list(rdpcap(self.path))
+        return self._written()
+
+    def _written(self) -> list:
+        from scapy.all import rdpcap
+        from scapy.error import Scapy_Exception
+        try:
+            return list(rdpcap(self.path))
+        except (Scapy_Exception, EOFError, struct.error):   # nothing flushed yet, or a record half-written
+            return []
+
+
+def syn_retransmits(prefix: list) -> int:
+    """The TCP SYNs retransmitted so far in the namespace `prefix` runs commands in (TcpExt
+    TCPSynRetrans): unchanged across refused connections, each refusal answered the first SYN,
+    "at once" however loaded the machine (a dropped SYN is retried after 1 s)."""
+    out = subprocess.run([*prefix, "cat", "/proc/net/netstat"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    names, values = [line.split() for line in out.splitlines() if line.startswith("TcpExt:")]
+    return int(dict(zip(names, values))["TCPSynRetrans"])
 
 
 def ip_routes(lab: LabCluster, node: str) -> list:
@@ -121,7 +173,7 @@ def ip_routes(lab: LabCluster, node: str) -> list:
     return json.loads(out)
 
 
-def wait_for(predicate, *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+def wait_for(predicate, *, timeout: float = CONVERGE_SECONDS, interval: float = 0.05, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -142,9 +194,11 @@ def pods_by_node(lab: LabCluster) -> dict:
 
 def capture_ping(lab: LabCluster, source, target, pcap_path: str, *, size: int = 56, df: bool = False):
     """Ping `target` from pod `source` twice while capturing on the source node's switch port;
-    return (answered, packets)."""
+    return (answered, packets), the packets once every answered echo and its reply were captured."""
+    from scapy.layers.inet import ICMP
     node = lab.state.nodes[source.node]
     capture = Capture(lab.state.switch, node.port, pcap_path)
     argv = ["ping", "-c", "2", "-i", "0.2", "-W", "3", "-s", str(size), *(["-M", "do"] if df else []), target.ip]
-    ok = lab.exec(source.name, argv, timeout=60).returncode == 0
-    return ok, capture.packets()
+    done = lab.exec(source.name, argv, timeout=60)
+    received = int(m.group(1)) if (m := re.search(r"(\d+) received", done.stdout)) else 0
+    return done.returncode == 0, capture.packets(lambda packets: sum(ICMP in p for p in packets) >= 2 * received)

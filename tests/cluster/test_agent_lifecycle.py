@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.cluster.lab_tools import lab_cluster
+from tests.cluster.lab_tools import lab_cluster, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,14 @@ def test_agent_needs_a_cluster_cidr_and_a_node_name(lab):
 
 def test_metrics_and_health_are_served(lab):
     fetch = ("import urllib.request,sys;"
-             "print(urllib.request.urlopen('http://127.0.0.1:10258/' + sys.argv[1]).read().decode())")
-    health = lab.exec("node-1", [sys.executable, "-c", fetch, "healthz"], check=True).stdout
+             "print(urllib.request.urlopen('http://127.0.0.1:10258/' + sys.argv[1], timeout=30).read().decode())")
+    health = lab.exec("node-1", [sys.executable, "-c", fetch, "healthz"], check=True, timeout=60).stdout
     assert json.loads(health)["healthy"] is True
-    metrics = lab.exec("node-1", [sys.executable, "-c", fetch, "metrics"], check=True).stdout
-    assert 'netagent_node_peers{mode="vxlan"} 1' in metrics
+
+    def peered() -> str:   # node-1's agent may have started (and synced first) before node-2 had its lease
+        text = lab.exec("node-1", [sys.executable, "-c", fetch, "metrics"], check=True, timeout=60).stdout
+        return text if 'netagent_node_peers{mode="vxlan"} 1' in text else ""
+    metrics = wait_for(peered, what="node-1's agent to count node-2 as its peer")
     assert "netagent_node_sync_duration_seconds_count" in metrics
     assert 'netagent_kube_watch_events{resource="nodes",type="ADDED"}' in metrics
 

@@ -14,13 +14,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from netagent.kernel import namespaces
-from netagent.lab.bpf_places import in_cgroup_of
-from tests.cluster.lab_tools import ROOT, Background, lab_cluster, serve, wait_for
+from tests.cluster.lab_tools import ROOT, lab_cluster, serve, stop_stream, stream, wait_for
 from tests.cluster.test_services import (
     answered_by,
     backends_on,
@@ -28,8 +26,10 @@ from tests.cluster.test_services import (
     manifest,
     pod_ips,
     poll,
+    refusals,
     roll_endpoints_under_load,
     service_of,
+    serving,
 )
 
 WEB_PORT, UDP_PORT = 8080, 5353
@@ -44,7 +44,7 @@ def _bcc():
 
 def programmed(lab, node: str, address: str, expected: set[str]) -> None:
     """Wait until `node`'s maps (read back by `netagent status services`) balance `address` to `expected`."""
-    wait_for(lambda: backends_on(lab, node).get(address) == expected, timeout=20, what=f"{address} on {node}")
+    serving(lab, node, {address: expected})
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,13 @@ def lab():
                        {pods["web-1"], pods["web-2"]})
         programmed(lab, node1, f"{service_of(lab, 'dns')['spec']['clusterIP']}:53/UDP", {pods["web-2"]})
         node_port = service_of(lab, "web-external")["spec"]["ports"][0]["nodePort"]
-        for node in (node1, node2):
-            programmed(lab, node, f"{lab.state.nodes[node].address}:{node_port}/TCP", {pods["web-1"], pods["web-2"]})
+        local_port = service_of(lab, "web-local")["spec"]["ports"][0]["nodePort"]
+        web = {pods["web-1"], pods["web-2"]}
+        for node in (node1, node2):   # every service of the module, before any test relies on one
+            serving(lab, node, {f"{lab.state.nodes[node].address}:{node_port}/TCP": web,
+                                f"{service_of(lab, 'web-sticky')['spec']['clusterIP']}:80/TCP": web,
+                                f"{service_of(lab, 'nobody')['spec']['clusterIP']}:80/TCP": set()})
+        serving(lab, node1, {f"{lab.state.nodes[node1].address}:{local_port}/TCP": {pods["web-1"]}})
         try:
             yield lab
         finally:
@@ -100,8 +105,9 @@ def test_dns_over_udp_answers_from_the_service_address(lab):
 
 def test_a_service_without_endpoints_refuses_at_once(lab):
     cluster_ip = service_of(lab, "nobody")["spec"]["clusterIP"]
-    results = poll(lab, "client", cluster_ip, 80, 3)
-    assert all("ConnectionRefusedError" in answer and seconds < 1 for answer, seconds in results), results
+    results, retransmitted = refusals(lab, "client", cluster_ip, 80, 3)
+    assert all("ConnectionRefusedError" in answer for answer, _ in results) and retransmitted == 0, \
+        (results, retransmitted)
 
 
 def test_session_affinity_pins_a_client(lab):
@@ -112,23 +118,22 @@ def test_session_affinity_pins_a_client(lab):
 def test_agent_kill_9_and_restart_keeps_connections_and_rewrites_nothing(lab):
     node1 = sorted(lab.state.nodes)[0]
     cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
-    stream = Background(lab.netns_of("client"), in_cgroup_of(lab.state, "client", [], [
-        sys.executable, "-m", "tests.cluster.traffic", "stream-tcp", cluster_ip, "80", "6"]))
-    time.sleep(1)
+    tcp = stream(lab, "client", "tcp", cluster_ip, 80)   # established: it has had an answer
+    compiled = open(lab.agent_log(node1)).read().count("compiled in")
     lab.stop_agent(node1, sig=signal.SIGKILL)
-    lab.start_agent(node1)
-    out, err = stream.stop_when_done(timeout=30)
-    summary = json.loads(out)
-    assert summary["error"] is None and summary["answered"] == summary["sent"] > 0, (summary, err)
-    log = open(lab.agent_log(node1)).read().split("compiled in")[-1]
-    assert "kept na_connect4, na_sendmsg4, na_recvmsg4, na_getpeername4" in log
-    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1], timeout=20,
+    lab.start_agent(node1)   # returns once it serves CNI: after it loaded the programs and the proxy started
+    summary = stop_stream(tcp)   # its last line was answered after the restart
+    assert summary["error"] is None and summary["answered"] == summary["sent"] > 1, summary
+    log = open(lab.agent_log(node1)).read()
+    assert log.count("compiled in") == compiled + 1, log[-3000:]   # this log is the restarted agent's too
+    assert "kept na_connect4, na_sendmsg4, na_recvmsg4, na_getpeername4" in log.split("compiled in")[-1]
+    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1],
              what="the restarted agent's first sync")
     # that agent programmed everything there is now (a NodePort on an address that appeared after the
     # first agent's last full sync included); a second restart finds all of it and writes nothing
     lab.stop_agent(node1, sig=signal.SIGKILL)
     lab.start_agent(node1)
-    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1], timeout=20,
+    wait_for(lambda: "full sync" in open(lab.agent_log(node1)).read().split("compiled in")[-1],
              what="the second restarted agent's first sync")
     assert "0 map entries written" in open(lab.agent_log(node1)).read().split("compiled in")[-1]
     assert len(set(answered_by(poll(lab, "client", cluster_ip, 80, 20)))) == 2
@@ -206,16 +211,13 @@ def test_the_tc_path_refuses_a_service_without_endpoints_at_once(lab):
     lab.api().apply(manifest("nobody-external", selector={"app": "nobody"}, type="NodePort", ports=[http_port()]))
     node_port = service_of(lab, "nobody-external")["spec"]["ports"][0]["nodePort"]
     address = lab.state.nodes[node1].address
-    wait_for(lambda: backends_on(lab, node1).get(f"{address}:{node_port}/TCP") == set(), timeout=20,
-             what="the empty NodePort")
+    serving(lab, node1, {f"{address}:{node_port}/TCP": set()})
     try:
-        for argv, target in ((namespaces.exec_prefix(lab.netns_of("internet")), (address, node_port)),
-                             (namespaces.exec_prefix(lab.netns_of("client")),
-                              (service_of(lab, "nobody")["spec"]["clusterIP"], 80))):
-            out = subprocess.run([*argv, sys.executable, "-m", "tests.cluster.traffic", "poll-tcp", target[0],
-                                  str(target[1]), "3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-            results = json.loads(out.stdout or "[]")
-            assert len(results) == 3 and all("ConnectionRefusedError" in answer and seconds < 1
-                                             for answer, seconds in results), (target, results, out.stderr)
+        for pod, target in (("internet", (address, node_port)),
+                            ("client", (service_of(lab, "nobody")["spec"]["clusterIP"], 80))):
+            results, retransmitted = refusals(lab, pod, *target, 3, in_cgroup=False)
+            assert len(results) == 3 and all("ConnectionRefusedError" in answer for answer, _ in results) \
+                and retransmitted == 0, (target, results, retransmitted)
     finally:
         lab.api().delete("v1", "Service", "nobody-external", namespace="default")
+        wait_for(lambda: f"{address}:{node_port}/TCP" not in backends_on(lab, node1), what="nobody-external gone")

@@ -17,7 +17,7 @@ import pytest
 
 from netagent.kernel import namespaces
 from netagent.lab.cluster import LabCluster
-from tests.cluster.lab_tools import ROOT
+from tests.cluster.lab_tools import ROOT, wait_for
 
 KUBECTL = shutil.which("kubectl", path=os.path.dirname(sys.executable)) or shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(
@@ -58,11 +58,16 @@ def test_kubectl_from_the_host_and_from_a_node_reaches_the_lab(tmp_path):
                    "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80,
                                                                    "targetPort": "http"}]}}
         assert kubectl(host_config, "apply", "-f", "-", stdin=json.dumps(service)).strip() == "service/web created"
-        slices = json.loads(kubectl(host_config, "get", "endpointslices", "-l", "kubernetes.io/service-name=web",
-                                    "-o", "json"))["items"]  # the lab's controller, in the same process
-        assert slices[0]["endpoints"][0]["addresses"] == [pod_ip]
-        endpoints = kubectl(host_config, "get", "ep", "web").splitlines()  # the v1 mirror of those slices
-        assert endpoints[1].split()[:2] == ["web", f"{pod_ip}:8080"]
+        def slices() -> list:   # written by the lab's controller (in the API server's process) after the apply
+            return json.loads(kubectl(host_config, "get", "endpointslices", "-l", "kubernetes.io/service-name=web",
+                                      "-o", "json"))["items"]
+        published = wait_for(slices, what="web's EndpointSlice")
+        assert published[0]["endpoints"][0]["addresses"] == [pod_ip]
+        def endpoints() -> list:   # the v1 mirror of those slices, another controller of the API server's
+            lines = kubectl(host_config, "get", "ep", "web", "--ignore-not-found").splitlines()
+            return lines if len(lines) > 1 and ":" in lines[1] else []
+        mirrored = wait_for(endpoints, what="web's v1 Endpoints")
+        assert mirrored[1].split()[:2] == ["web", f"{pod_ip}:8080"]
         kubernetes = kubectl(host_config, "get", "endpoints", "kubernetes", "-o",
                              "jsonpath={.subsets[0].addresses[0].ip}:{.subsets[0].ports[0].port}")
         assert f"http://{kubernetes}" == lab.api_url

@@ -10,6 +10,8 @@ this is about what the lab serves, not about packets.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -98,7 +100,7 @@ def endpoints_become(lab, name: str, **expected: list) -> dict:
     def matches():
         status = service_status(lab, name)
         return status if status and all(status[key] == value for key, value in expected.items()) else None
-    return wait_for(matches, timeout=10, interval=0.2, what=f"{name} endpoints {expected}")
+    return wait_for(matches, interval=0.2, what=f"{name} endpoints {expected}")
 
 
 def test_a_service_manifest_gets_its_endpoints_from_labelled_pods(lab, tmp_path):
@@ -126,13 +128,19 @@ def test_a_service_manifest_gets_its_endpoints_from_labelled_pods(lab, tmp_path)
     endpoints_become(lab, "web", notReady=[])
 
     removing = subprocess.Popen([sys.executable, "-m", "netagent.cli", "lab", "--state-dir", lab.workdir,
-                                 "pod", "remove", "web-2", "--grace", "3"],
+                                 "pod", "remove", "web-2", "--grace", "10"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        endpoints_become(lab, "web", endpoints=[f"{ip['web-1']}:8080"], terminating=[f"{ip['web-2']}:9090"])
-        assert fresh(lab).exec("web-1", ["ping", "-c", "1", "-W", "2", ip["web-2"]]).returncode == 0  # still up
+        announced = removing.stdout.readline()   # printed once web-2 is terminating, then it waits the grace
+        assert "terminating for 10 s" in announced, announced + removing.stderr.read()
+        os.kill(removing.pid, signal.SIGSTOP)    # held there: the checks below cannot outlast the grace period
+        try:
+            endpoints_become(lab, "web", endpoints=[f"{ip['web-1']}:8080"], terminating=[f"{ip['web-2']}:9090"])
+            assert fresh(lab).exec("web-1", ["ping", "-c", "1", "-W", "2", ip["web-2"]]).returncode == 0  # still up
+        finally:
+            os.kill(removing.pid, signal.SIGCONT)
     finally:
-        out, err = removing.communicate(timeout=30)
+        out, err = removing.communicate(timeout=60)
     assert removing.returncode == 0, out + err
     endpoints_become(lab, "web", endpoints=[f"{ip['web-1']}:8080"], terminating=[])
 
@@ -144,8 +152,7 @@ def test_a_service_manifest_gets_its_endpoints_from_labelled_pods(lab, tmp_path)
     assert deleted.stdout.split("\n")[:3] == ["endpointslice/manual-1 -n default deleted",
                                                "service/web -n default deleted", "service/manual -n default deleted"]
     wait_for(lambda: [s["metadata"]["name"] for s in lab.api().list("discovery.k8s.io/v1", "EndpointSlice")]
-             == ["kubernetes"], timeout=10,
-             what="the controller to delete web's slices")
+             == ["kubernetes"], what="the controller to delete web's slices")
     remaining = json.loads(lab_cli(lab, "status", "--json").stdout)["services"]
     assert [(s["namespace"], s["name"]) for s in remaining] == [("default", "kubernetes")]  # the API server's own
     assert "service/web -n default not found" in lab_cli(lab, "delete", "-f", str(path)).stdout

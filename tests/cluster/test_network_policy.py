@@ -22,10 +22,13 @@ import pytest
 from netagent.kernel import namespaces
 from netagent.lab.cluster import LabCluster
 from netagent.lab.state import LabError
-from tests.cluster.lab_tools import PREFIX, ROOT, Background, serve, wait_for
+from tests.cluster.lab_tools import CONVERGE_SECONDS, PREFIX, ROOT, Background, serve, wait_for
 from tests.conftest import require_root_netns
 from tests.netns.policy_lab import PROBE, SERVER
 
+# a probe that must be answered once (not retried until a matrix converges) gets this long: a
+# connection is judged closed when unanswered, and a loaded machine can stall the prober a second
+ANSWER_SECONDS = 5.0
 PODS = {"x-a": ("x", "node-1", "app=a,role=web"), "x-b": ("x", "node-2", "app=b,role=web"),
         "y-b": ("y", "node-1", "app=b"), "y-c": ("y", "node-2", "app=c")}
 NAMESPACES = """\
@@ -144,7 +147,7 @@ def matrix(lab: LabCluster) -> dict[tuple[str, str], bool]:
     return cells
 
 
-def becomes(lab: LabCluster, expected: dict[tuple[str, str], bool], *, timeout: float = 20.0) -> None:
+def becomes(lab: LabCluster, expected: dict[tuple[str, str], bool], *, timeout: float = CONVERGE_SECONDS) -> None:
     deadline = time.monotonic() + timeout
     while True:
         seen = matrix(lab)
@@ -187,7 +190,7 @@ def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     lab.state = LabCluster.load(lab.workdir).state
     with Background(lab.netns_of("x-new"), [sys.executable, "-c", SERVER, "80"], ready_line="ready"):
         address = lab.state.pods["x-new"].ip
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + CONVERGE_SECONDS
         while not (probe(lab, "y-b", [("new", address, 80)])["new"]
                    and not probe(lab, "y-c", [("new", address, 80)])["new"]):
             assert time.monotonic() < deadline, "the new pod did not get the policy in force"
@@ -203,13 +206,13 @@ def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     lab_cli(lab, "apply", "-f", "-", stdin=LOCK_B)
     becomes(lab, expect(closed_to=("x-b",)))
     cluster_ip = lab.api().get("v1", "Service", "web", namespace="x")["spec"]["clusterIP"]
-    answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(24)])
+    answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(24)], timeout=ANSWER_SECONDS)
     assert any(answers.values()) and not all(answers.values()), answers   # x-a answers, x-b never does
     assert denied_to_x_b(lab) > 0   # the drops are counted: node-2's agent reports them from its kernel counters
 
     lab_cli(lab, "delete", "-f", "-", stdin=LOCK_B)
     becomes(lab, expect())
-    answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(8)])
+    answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(8)], timeout=ANSWER_SECONDS)
     assert all(answers.values()), answers
 
 
@@ -227,7 +230,7 @@ def some_answer(lab: LabCluster, source: str, targets: list, *, socket_lb: bool)
     def answered() -> dict | None:
         answers = probe(lab, source, targets, socket_lb=socket_lb)
         return answers if any(answers.values()) else None
-    return wait_for(answered, timeout=20, what=f"the Service from {source} (socket LB: {socket_lb})")
+    return wait_for(answered, what=f"the Service from {source} (socket LB: {socket_lb})")
 
 
 def test_ebpf_service_reaches_only_allowed_endpoints(ebpf_lab):
@@ -248,5 +251,5 @@ def test_ebpf_service_reaches_only_allowed_endpoints(ebpf_lab):
     lab_cli(lab, "delete", "-f", "-", stdin=LOCK_B)
     becomes(lab, expect())
     for socket_lb in (True, False):
-        answers = probe(lab, "y-c", targets[:8], socket_lb=socket_lb)
+        answers = probe(lab, "y-c", targets[:8], timeout=ANSWER_SECONDS, socket_lb=socket_lb)
         assert all(answers.values()), (socket_lb, answers)

@@ -9,10 +9,16 @@ Run as a program inside a namespace (`ip netns exec NS python -m tests.cluster.t
     ask-udp ADDR PORT     one datagram; print the answer
     poll-tcp ADDR PORT COUNT       COUNT new connections in a row; print a JSON list, per
                           connection the answer or "error: ..." and the seconds it took
-    stream-tcp ADDR PORT SECONDS   one long connection, a line every 20 ms for SECONDS; print a JSON
-                          summary {"sent", "answered", "error"}: an established connection's fate
-    stream-udp ADDR PORT SECONDS   one socket (one conntrack entry), a datagram every 50 ms; print
-                          a JSON list of [seconds since start, answer] for every answer
+    stream-tcp ADDR PORT SECONDS   one long connection, a line every 20 ms for at most SECONDS; print
+                          a JSON summary {"sent", "answered", "error"}: an established connection's fate
+    stream-udp ADDR PORT SECONDS   one socket (one conntrack entry), a datagram every 50 ms for at
+                          most SECONDS; print a JSON list of [seconds since start, answer] for every answer
+
+Streams take `--ready` (print "ready" once the first answer came: the test knows the
+connection is up before it changes anything) and end early on SIGTERM, still printing their
+result: a test stops them after its change instead of guessing a duration that outlasts it on
+a loaded machine. A TCP stream stopped so exchanges one more line first (the connection still
+works at the end); `stream-udp --until NAME` ends by itself after 20 answers starting with NAME.
 
 The servers exit after `--lifetime` seconds so a failed test can never leave them behind.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import sys
 import threading
@@ -84,19 +91,31 @@ def ask_udp(address: str, port: int, payload: str) -> str:
     raise TimeoutError(f"no UDP answer from {address}:{port}")
 
 
-def stream_tcp(address: str, port: int, seconds: float) -> dict:
+def stop_on_sigterm() -> threading.Event:
+    """An event SIGTERM sets: the stream's cue to finish and print what it saw."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def stream_tcp(address: str, port: int, seconds: float, *, ready: bool = False) -> dict:
     summary = {"sent": 0, "answered": 0, "error": None}
+    stop = stop_on_sigterm()
     try:
         with socket.create_connection((address, port), timeout=5) as conn, conn.makefile("rwb") as stream:
             deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
+            while True:  # ends with an exchange: one made after the stop was asked for
                 stream.write(f"{summary['sent']}\n".encode())
                 stream.flush()
                 summary["sent"] += 1
                 if not stream.readline():
                     raise ConnectionError("the server closed the connection")
                 summary["answered"] += 1
-                time.sleep(0.02)
+                if ready and summary["answered"] == 1:
+                    print("ready", flush=True)
+                if stop.is_set() or time.monotonic() >= deadline:
+                    break
+                stop.wait(0.02)
     except OSError as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
     return summary
@@ -114,20 +133,26 @@ def poll_tcp(address: str, port: int, count: int, payload: str) -> list:
     return results
 
 
-def stream_udp(address: str, port: int, seconds: float) -> list:
-    answers = []
+def stream_udp(address: str, port: int, seconds: float, *, ready: bool = False, until: str = "") -> list:
+    answers: list = []
+    stop = stop_on_sigterm()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.settimeout(0.05)
         started = time.monotonic()
         sent = 0
-        while time.monotonic() - started < seconds:
+        while time.monotonic() - started < seconds and not stop.is_set():
             sock.sendto(f"{sent}".encode(), (address, port))
             sent += 1
             try:
                 answers.append([round(time.monotonic() - started, 3), sock.recv(65535).decode().strip()])
             except OSError:  # timeout, or an ICMP error reported on the socket
                 pass
-            time.sleep(0.05)
+            else:
+                if ready and len(answers) == 1:
+                    print("ready", flush=True)
+                if until and sum(answer.startswith(until) for _, answer in answers) >= 20:
+                    break
+            stop.wait(0.05)
     return answers
 
 
@@ -139,6 +164,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lifetime", type=float, default=120)
     parser.add_argument("--payload", default="hello")
     parser.add_argument("--name", default="", help="servers: start every answer with this name")
+    parser.add_argument("--ready", action="store_true", help="streams: print \"ready\" after the first answer")
+    parser.add_argument("--until", default="", help="stream-udp: end after 20 answers starting with this")
     ns = parser.parse_args(argv)
     if ns.action == "serve-tcp":
         serve_tcp(int(ns.args[0]), ns.lifetime, ns.name)
@@ -151,9 +178,9 @@ def main(argv=None) -> int:
     elif ns.action == "poll-tcp":
         print(json.dumps(poll_tcp(ns.args[0], int(ns.args[1]), int(ns.args[2]), ns.payload)))
     elif ns.action == "stream-udp":
-        print(json.dumps(stream_udp(ns.args[0], int(ns.args[1]), float(ns.args[2]))))
+        print(json.dumps(stream_udp(ns.args[0], int(ns.args[1]), float(ns.args[2]), ready=ns.ready, until=ns.until)))
     else:
-        print(json.dumps(stream_tcp(ns.args[0], int(ns.args[1]), float(ns.args[2]))))
+        print(json.dumps(stream_tcp(ns.args[0], int(ns.args[1]), float(ns.args[2]), ready=ns.ready)))
     return 0
 
 

@@ -9,6 +9,7 @@ namespace and no container of ours outlived it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -22,8 +23,11 @@ from tests.cluster import lab_tools
 from tests.cluster.lab_tools import ROOT
 from tests.conftest import require_root_netns
 
-IMAGE = os.environ.get("NETAGENT_TEST_IMAGE", "localhost/netagent:lab-test")
-NEXT_IMAGE = IMAGE + "-next"
+# Tags name this checkout (another checkout's run on the machine builds its own source) and
+# the rollout's image this process (another run's session end removes its own).
+IMAGE = os.environ.get("NETAGENT_TEST_IMAGE",
+                       f"localhost/netagent:lab-test-{hashlib.sha256(ROOT.encode()).hexdigest()[:8]}")
+NEXT_IMAGE = f"{IMAGE}-next-{os.getpid()}"
 PREFIX = "na-td"  # not the cluster tier's: its tests may run at the same time
 
 
@@ -42,8 +46,8 @@ def require_podman() -> None:
 
 
 def our_containers() -> list[str]:
-    names = run_podman(["ps", "--all", "--format", "{{.Names}}"]).stdout.split()
-    return [name for name in names if name.startswith(PREFIX + "-")]
+    """Containers of the labs this process made (another run's labs share PREFIX, not the id)."""
+    return lab_tools.ours(run_podman(["ps", "--all", "--format", "{{.Names}}"]).stdout.split())
 
 
 @pytest.fixture(scope="session")

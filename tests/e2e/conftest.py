@@ -7,9 +7,10 @@ This file owns three things, shaped by the machine's safety rules (no change to 
   archive built once per session (it takes tens of milliseconds, each node imports it);
 * `host_untouched` (autouse): a snapshot of what the harness must never change on the host
   (the root network namespace's links, addresses, routes, forwarding sysctls and firewall;
-  network namespaces, host mounts, cgroups and processes named like ours, and the CNI and
-  containerd paths that the harness only mounts inside private namespaces; other test tiers
-  may build their own namespaces at the same time, so those are left out),
+  network namespaces, host mounts, cgroups and processes named like this process's nodes
+  (`RUN_PREFIX`), and the CNI and containerd paths that the harness only mounts inside private
+  namespaces; other test tiers and other runs may build their own namespaces and nodes at the
+  same time, so those are left out),
   compared after each test. A difference fails the test in teardown.
 """
 from __future__ import annotations
@@ -25,9 +26,10 @@ import pytest
 
 from tests.conftest import processes_with
 from tests.e2e.containerd_harness import missing_prerequisites
+from tests.e2e.containerd_support import RUN_PREFIX
 from tests.e2e.oci_image import build_busybox_image
 
-PREFIX = "na-e2e"
+PREFIX = RUN_PREFIX   # this process's: other runs' nodes on the machine are not compared
 _WATCHED_PATHS = ["/opt/cni", "/etc/cni", "/var/lib/cni", "/run/containerd",
                   "/var/lib/containerd", "/run/mount"]
 _SYSCTLS = ["/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"]

@@ -62,7 +62,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.e2e.containerd_support import (ENV, OVERLAID, RECORDER, CniCall, Container, ContainerStartError,
+from tests.e2e.containerd_support import (ENV, OVERLAID, RECORDER, RUN_PREFIX, CniCall, Container, ContainerStartError,
                                           HarnessError, Link, clean_cgroups, kill_process, missing_prerequisites,
                                           pids_naming, run_tool, tail, view_script)
 from tests.e2e.oci_image import ImageArchive
@@ -86,7 +86,7 @@ class ContainerdNode:
     """
 
     def __init__(self, *, cni_bin_dir, cni_conf_dir, image: ImageArchive,
-                 name_prefix: str = "na-e2e", record_cni_calls: bool = False,
+                 name_prefix: str = RUN_PREFIX, record_cni_calls: bool = False,
                  log_dir=None, timeout: float = 30.0):
         self.cni_bin_dir = Path(cni_bin_dir).resolve()
         self.cni_conf_dir = Path(cni_conf_dir).resolve()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -38,6 +39,11 @@ import time
 from pathlib import Path
 
 from tests.e2e.oci_image import BUSYBOX
+
+# What every name of this test process's nodes starts with (network namespaces, containerd
+# namespaces and their cgroups, node directories, client namespaces): one per process, so
+# that what a check calls "ours" is never another test run's on the same machine.
+RUN_PREFIX = f"na-e2e-{secrets.token_hex(2)}"
 from tests.elf import is_static_elf
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -230,7 +236,7 @@ def clean_cgroups(namespace: str, errors: list[str]) -> None:
                     os.kill(int(pid), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30   # until the killed processes have left their cgroups
     for top in dirs:
         for path in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()),
                            key=lambda p: len(p.parts), reverse=True):

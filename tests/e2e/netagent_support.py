@@ -96,7 +96,7 @@ def agent_in(node, socket_path: Path, log_path: Path):
                                   "--cni-socket", str(socket_path)], stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60   # a Python start-up: seconds on a loaded machine
         while not socket_path.exists():
             assert agent.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.02)

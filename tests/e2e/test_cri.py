@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.containerd_support import RUN_PREFIX
 from tests.e2e.cri_harness import CriNode, cri_api
 from tests.e2e.oci_image import build_pause_image
 from tests.e2e.netagent_support import (NETAGENT, NETAGENT_MISSING, REFERENCE_PLUGINS, agent_in, bridge_name,
@@ -179,7 +180,7 @@ class _Client:
     """A namespace outside the node, linked to it by a veth: where a hostPort user connects from."""
 
     def __init__(self, node: CriNode, node_address: str, client_address: str):
-        self.node, self.netns = node, f"na-e2e-client-{secrets.token_hex(3)}"
+        self.node, self.netns = node, f"{RUN_PREFIX}-client-{secrets.token_hex(3)}"
         self.node_address, self.address = node_address, client_address
         self.uplink = "uplink"  # the node's end of the veth
 
