@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -335,12 +334,10 @@ def test_nearly_full_slash_16_is_searched_in_memory():
                 store.files[name] = f"pod{third}-{fourth}\r\neth0"
     store.last[0] = "10.1.250.8"
     conf = netconf({"subnet": "10.1.0.0/16"})
-    started = time.monotonic()
     ipam.status(conf, request())
     assert addresses(add(ipam, conf)) == [f"{free}/16"]
-    assert store.reserve_calls == 1
+    assert store.reserve_calls == 1  # the search probed memory, not the store, address by address
     assert code_of(lambda: ipam.status(conf, request())).code == ErrorCode.NOT_AVAILABLE
-    assert time.monotonic() - started < 5.0
 
 
 def test_disk_allocation_lists_once_and_stats_nothing(tmp_path, monkeypatch):
