@@ -22,7 +22,6 @@ NETNS_DIR = "/var/run/netns"
 THREAD_NETNS = "/proc/thread-self/ns/net"
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
-_created_here: set[str] = set()
 
 
 def setns(fd: int) -> None:
@@ -67,19 +66,12 @@ def netns_path(name: str) -> str:
 def create(name: str) -> str:
     """Create a namespace with loopback up; return its path."""
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, text=True)
-    _created_here.add(name)
     try:
         run_in(name, ["ip", "link", "set", "lo", "up"], check=True)
     except BaseException:
         remove(name)
         raise
     return netns_path(name)
-
-
-def created_here() -> frozenset[str]:
-    """The names this process gave to `create`: a leak check on a machine shared with other
-    runs counts only these."""
-    return frozenset(_created_here)
 
 
 def remove(name: str) -> None:

@@ -117,17 +117,25 @@ class LabNode:
         namespaces.run_in(self.node, ["ip", "addr", "add", self.node_address + "/32", "dev", "lo"],
                           check=True)
 
-    def start_agent(self, *, timeout: float = 20.0) -> None:
+    def start_agent(self, *, timeout: float = 60.0) -> None:
+        """Start the agent and return once it serves its socket.
+
+        The socket file alone is no sign of that: it exists from the agent's bind (before its
+        listen and its adoption of the shim's journaled DELs), and an agent killed with -9
+        leaves a stale one behind. The agent prints its "serving CNI" line after all of that,
+        so this waits for that line in the part of the log this start wrote."""
         log = open(self.agent_log, "ab")
+        start_of_this_run = log.tell()
         self._agent = subprocess.Popen(
             [*namespaces.exec_prefix(self.node), sys.executable, "-m", "netagent.cli",
              "--log-level", "INFO", "run", "--cni-only", "--cni-socket", self.socket_path],
             stdout=log, stderr=subprocess.STDOUT, cwd=cni_install.code_root())
         log.close()
         deadline = time.monotonic() + timeout
-        while not os.path.exists(self.socket_path):
+        ready = f"serving CNI on {self.socket_path}".encode()
+        while ready not in self._agent_log_since(start_of_this_run):
             if self._agent.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the agent did not start; its log:\n{self.agent_output()}")
+                raise RuntimeError(f"the agent did not start within {timeout} s; its log:\n{self.agent_output()}")
             time.sleep(0.02)
 
     def pending_deletes(self) -> int:
@@ -136,7 +144,7 @@ class LabNode:
             return 0
         return sum(name.endswith(".json") for name in os.listdir(self.journal_dir))
 
-    def settle(self, *, timeout: float = 30.0) -> None:
+    def settle(self, *, timeout: float = 60.0) -> None:
         """Wait until the agent has finished every acknowledged DEL."""
         deadline = time.monotonic() + timeout
         while self.pending_deletes() and self._agent is not None and self._agent.poll() is None:
@@ -150,11 +158,16 @@ class LabNode:
         if self._agent.poll() is None:
             self._agent.send_signal(sig)
             try:
-                self._agent.wait(timeout=10)
+                self._agent.wait(timeout=60)  # a graceful stop on a loaded machine can take seconds
             except subprocess.TimeoutExpired:
                 self._agent.kill()
                 self._agent.wait()
         self._agent = None
+
+    def _agent_log_since(self, offset: int) -> bytes:
+        with open(self.agent_log, "rb") as f:
+            f.seek(offset)
+            return f.read()
 
     def agent_output(self) -> str:
         with contextlib.suppress(OSError), open(self.agent_log, errors="replace") as f:
@@ -212,4 +225,6 @@ class LabNode:
         return namespaces.run_in(netns_name, argv, **kwargs)
 
     def ping(self, source: str, address: str) -> bool:
-        return self.exec_in(source, ["ping", "-c", "1", "-W", "2", address]).returncode == 0
+        """Whether `address` answers an echo request within 10 s (pinging every 0.2 s, done at
+        the first reply): a path that works answers at once, however loaded the machine."""
+        return self.exec_in(source, ["ping", "-c", "1", "-w", "10", "-i", "0.2", address]).returncode == 0

@@ -3,6 +3,7 @@
 Every fixture removes what it built, and a final check per test asserts that no namespace
 the test made and no interface of ours in the root namespace outlived it.
 """
+import os
 import re
 import subprocess
 
@@ -22,19 +23,26 @@ def ours_in_root_namespace() -> list:
     return [n for n in names if n == "na0" or re.fullmatch(r"na[0-9a-f]{12}", n)]
 
 
-def our_namespaces() -> set:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)}
-
-
 @pytest.fixture(autouse=True)
-def _root_and_no_leaks():
+def _root_and_no_leaks(monkeypatch):
+    """Every namespace this test made is gone, and no interface of ours appeared in the root
+    namespace. Only the namespaces made through `namespaces.create` in this process are the
+    test's: other suites on a shared machine make (and remove) `na-t` namespaces at any time."""
     require_root_netns()
-    before = our_namespaces()  # another run's namespaces on a shared machine are not this test's
+    made: list[str] = []
+    create = namespaces.create
+
+    def recording(name: str) -> str:
+        made.append(name)
+        return create(name)
+
+    monkeypatch.setattr(namespaces, "create", recording)
+    in_root_before = set(ours_in_root_namespace())
     yield
-    leaked = sorted((our_namespaces() - before) & namespaces.created_here())
+    leaked = sorted(name for name in set(made) if os.path.exists(namespaces.netns_path(name)))
     assert not leaked, f"namespaces leaked: {leaked}"
-    assert not ours_in_root_namespace(), "an interface of ours appeared in the root namespace"
+    appeared = sorted(set(ours_in_root_namespace()) - in_root_before)
+    assert not appeared, f"an interface of ours appeared in the root namespace: {appeared}"
 
 
 @pytest.fixture(params=["agent", "in-process"])

@@ -41,7 +41,8 @@ PORTS = (80, 81)
 NODE_NAME = "node-1"
 SUBNET = "10.244.1.0/24"
 EXT_ADDRESS = "192.0.2.2"
-PROBE_TIMEOUT = 1.0
+PROBE_TIMEOUT = 1.0     # the window in which a probe expected to be dropped must stay unanswered
+PROBE_PATIENCE = 30.0   # how long a probe expected to get through may take on a loaded machine
 # not "na-t": the lab outlives single tests (one per module), which netns/conftest checks for leaks
 LAB_PREFIX = "na-np"
 # named container ports: one name, a different number per pod (c has none)
@@ -99,9 +100,13 @@ for n, (ip, port) in enumerate(json.loads(sys.argv[1])):
 
 PROBE = r"""
 import json, selectors, socket, sys, time
-targets, timeout = json.loads(sys.argv[1]), float(sys.argv[2])
-sel, results = selectors.DefaultSelector(), {}
-for ident, ip, proto, port in targets:
+# argv: the jobs [ident, ip, proto, port(, expected to answer)], the window every probe gets
+# (an unanswered probe is "unreachable"), and optionally how long a probe expected to answer
+# may take: a loaded machine may schedule an echo server late, never a dropped packet's answer
+jobs, window = json.loads(sys.argv[1]), float(sys.argv[2])
+patience = max(window, float(sys.argv[3])) if len(sys.argv) > 3 else window
+sel, results, awaited = selectors.DefaultSelector(), {}, set()
+for ident, ip, proto, port, *expected in jobs:
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     s = socket.socket(socket.AF_INET, kind); s.setblocking(False)
     if proto == "tcp":
@@ -109,9 +114,15 @@ for ident, ip, proto, port in targets:
     else:
         s.connect((ip, port)); s.send(b"probe"); sel.register(s, selectors.EVENT_READ, ident)
     results[ident] = False
-deadline = time.monotonic() + timeout
-while sel.get_map() and time.monotonic() < deadline:
-    for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+    if expected and expected[0]:
+        awaited.add(ident)
+start = time.monotonic()
+while sel.get_map():
+    waiting = {key.data for key in sel.get_map().values()}
+    end = start + (patience if waiting & awaited else window)
+    # once past the end this polls: what arrived while this process was not scheduled still counts
+    ready = sel.select(max(0.0, end - time.monotonic()))
+    for key, _ in ready:
         s = key.fileobj
         try:
             if s.type == socket.SOCK_STREAM:
@@ -121,6 +132,8 @@ while sel.get_map() and time.monotonic() < deadline:
         except OSError:
             results[key.data] = False
         sel.unregister(s); s.close()
+    if not ready and time.monotonic() >= end:
+        break
 print(json.dumps(results))
 """
 
@@ -202,7 +215,7 @@ class PolicyLab:
 
     def _new_engine(self) -> PolicyEngine:
         prefix = namespaces.exec_prefix(self.node.node)
-        self.iptables = IptablesRunner(backend=self.backend, exec_prefix=prefix)
+        self.iptables = IptablesRunner(backend=self.backend, exec_prefix=prefix, lock_wait_seconds=60)
         programmer = PolicyProgrammer(iptables=self.iptables,
                                       ipset=IpsetRunner(exec_prefix=prefix))
         settings = PolicySettings(NODE_NAME, RenderSettings(self.mode, local_cidrs=(SUBNET,)))
@@ -332,8 +345,13 @@ class PolicyLab:
     def _sctp_log(self, key: str) -> str:
         return os.path.join(self.node.workdir, f"sctp-{key.replace('/', '-')}.log")
 
-    def _probe_sctp(self, probes: list[Probe], sources: list[str], targets: list[str]) -> dict:
-        """Each source sends one INIT per (target, port); a target's log says what arrived."""
+    def _probe_sctp(self, probes: list[Probe], sources: list[str], targets: list[str],
+                    expect: Expect | None) -> dict:
+        """Each source sends one INIT per (target, port); a target's log says what arrived.
+
+        Every log is read for PROBE_TIMEOUT at least (what is dropped never arrives), and on
+        until each INIT `expect` says gets through has arrived (PROBE_PATIENCE at most): the
+        servers write their logs when a loaded machine gets round to scheduling them."""
         for target in targets:
             open(self._sctp_log(target), "w").close()
         by_address = {address: key for key, address in self.addresses.items()}
@@ -341,15 +359,29 @@ class PolicyLab:
         def send(source: str) -> None:
             jobs = [[self.addresses[t], port] for _, port in probes for t in targets if t != source]
             subprocess.run([*namespaces.exec_prefix(self.netns_of[source]), sys.executable, "-c", SCTP_SEND,
-                            json.dumps(jobs)], check=True, timeout=30)
+                            json.dumps(jobs)], check=True, timeout=60)
 
         with ThreadPoolExecutor(max_workers=len(sources)) as pool:
             list(pool.map(send, sources))
-        time.sleep(PROBE_TIMEOUT)                  # what is allowed has arrived by now; drops never do
+        sent = time.monotonic()
+        awaited = {(probe, s, t) for probe in probes for s in sources for t in targets
+                   if s != t and expect is not None and expect.value(probe, s, t)}
+        while True:
+            cells = self._sctp_arrivals(probes, sources, targets, by_address)
+            elapsed = time.monotonic() - sent
+            arrived = all(cells[probe][(s, t)] for probe, s, t in awaited)
+            if elapsed >= PROBE_PATIENCE or (elapsed >= PROBE_TIMEOUT and arrived):
+                return cells
+            time.sleep(0.05)
+
+    def _sctp_arrivals(self, probes: list[Probe], sources: list[str], targets: list[str],
+                       by_address: dict[str, str]) -> dict:
         cells: dict = {probe: {(s, t): False for s in sources for t in targets if s != t} for probe in probes}
         for target in targets:
             with open(self._sctp_log(target)) as log:
                 for line in log:
+                    if not line.endswith("\n"):
+                        continue                   # the server is still writing this line
                     source, port = by_address.get(line.split()[0]), ("sctp", int(line.split()[1]))
                     if port in cells and (source, target) in cells[port]:
                         cells[port][(source, target)] = True
@@ -360,24 +392,27 @@ class PolicyLab:
         return sorted(self.addresses)
 
     def probe(self, probes: Iterable[Probe] = (("tcp", 80),), *, sources: Iterable[str] | None = None,
-              targets: Iterable[str] | None = None) -> Matrix:
+              targets: Iterable[str] | None = None, expect: Expect | None = None) -> Matrix:
+        """Probe every (source, target) pair; a probe `expect` says gets through may take up to
+        PROBE_PATIENCE, every other one is given PROBE_TIMEOUT to be answered."""
         probes = list(probes)
         sources = list(sources) if sources is not None else self.pods()
         targets = list(targets) if targets is not None else self.pods()
         cells: dict[Probe, dict[tuple[str, str], bool]] = {probe: {} for probe in probes}
         sctp = [probe for probe in probes if probe[0] == "sctp"]
         if sctp:
-            cells.update(self._probe_sctp(sctp, sources, targets))
+            cells.update(self._probe_sctp(sctp, sources, targets, expect))
             probes = [probe for probe in probes if probe[0] != "sctp"]
             if not probes:
                 return Matrix(cells)
 
         def run(source: str) -> dict[str, bool]:
-            jobs = [[f"{n}|{t}", self.addresses[t], probe[0], probe[1]]
+            jobs = [[f"{n}|{t}", self.addresses[t], probe[0], probe[1],
+                     expect is not None and expect.value(probe, source, t)]
                     for n, probe in enumerate(probes) for t in targets if t != source]
             done = subprocess.run([*namespaces.exec_prefix(self.netns_of[source]), sys.executable, "-c", PROBE,
-                                   json.dumps(jobs), str(PROBE_TIMEOUT)], capture_output=True, text=True,
-                                  timeout=30, check=True)
+                                   json.dumps(jobs), str(PROBE_TIMEOUT), str(PROBE_PATIENCE)],
+                                  capture_output=True, text=True, timeout=PROBE_PATIENCE + 60, check=True)
             return json.loads(done.stdout)
 
         with ThreadPoolExecutor(max_workers=len(sources)) as pool:
@@ -388,5 +423,5 @@ class PolicyLab:
         return Matrix(cells)
 
     def check(self, expect: Expect, probes: Iterable[Probe] = (("tcp", 80),), **where) -> None:
-        difference = compare(self.probe(probes, **where), expect)
+        difference = compare(self.probe(probes, expect=expect, **where), expect)
         assert not difference, "\n" + difference

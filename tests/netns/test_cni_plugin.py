@@ -87,7 +87,7 @@ def test_dual_stack(make_node, where):
     a, b = node.add_pod("a"), node.add_pod("b")
     assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["24", "64"]
     v6 = b.result["ips"][1]["address"].split("/")[0]
-    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-W", "2", v6]).returncode == 0
+    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-w", "10", "-i", "0.2", v6]).returncode == 0
     routes = node.exec_in("a", ["ip", "-6", "route", "show", "default"]).stdout
     assert "via fd00:244:3::1" in routes
 
@@ -97,7 +97,7 @@ def test_dual_stack_routed(make_node):
     a, b = node.add_pod("a"), node.add_pod("b")
     assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["32", "128"]
     v6 = b.result["ips"][1]["address"].split("/")[0]
-    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-W", "2", v6]).returncode == 0
+    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-w", "10", "-i", "0.2", v6]).returncode == 0
     assert node.ping("a", b.ip)
 
 

@@ -46,11 +46,11 @@ def test_every_pod_veth_gets_the_tc_path_as_it_appears_and_nothing_else_does(bpf
             expected = {"ingress na_tc_from_pod", "egress na_tc_egress"}
             assert filters(netns, "na0123456789ab") == expected
             veth(netns, "nafedcba987654")                # a pod made later
-            wait_for(lambda: filters(netns, "nafedcba987654") == expected, timeout=10, what="the new pod veth")
+            wait_for(lambda: filters(netns, "nafedcba987654") == expected, timeout=60, what="the new pod veth")
             assert filters(netns, "na-other0") == set() and filters(netns, "pba987654") == set()   # not pods' ends
             namespaces.run_in(netns, ["ip", "link", "del", "nafedcba987654"], check=True)
             veth(netns, "nafedcba987654")                # the same name again: a new device
-            wait_for(lambda: filters(netns, "nafedcba987654") == expected, timeout=10, what="the re-made pod veth")
+            wait_for(lambda: filters(netns, "nafedcba987654") == expected, timeout=60, what="the re-made pod veth")
         finally:
             attacher.stop()
         assert attacher.fds == {}

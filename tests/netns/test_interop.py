@@ -43,7 +43,8 @@ def links(netns_name: str) -> dict:
 
 
 def ping(netns_name: str, address: str) -> bool:
-    return namespaces.run_in(netns_name, ["ping", "-c", "1", "-W", "2", address]).returncode == 0
+    """A reply within 10 s (done at the first one; see LabNode.ping)."""
+    return namespaces.run_in(netns_name, ["ping", "-c", "1", "-w", "10", "-i", "0.2", address]).returncode == 0
 
 
 def reservation_files(directory: str) -> dict:
@@ -183,7 +184,7 @@ s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 8080))
 s.listen(1)
-s.settimeout(10)
+s.settimeout(120)
 print("listening", flush=True)
 conn, peer = s.accept()
 conn.sendall(("hello from pod a; you are " + peer[0]).encode())
@@ -192,8 +193,8 @@ conn.close()
 
 CLIENT = r"""
 import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
-c.settimeout(5)
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+c.settimeout(30)
 data = b""
 while True:
     chunk = c.recv(4096)
@@ -298,11 +299,11 @@ def test_chain_with_portmap_and_bandwidth(make_node):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "listening", server.stderr.read()
-        client = node.exec_in("b", [sys.executable, "-c", CLIENT, "10.250.3.1", "18080"], timeout=15)
+        client = node.exec_in("b", [sys.executable, "-c", CLIENT, "10.250.3.1", "18080"], timeout=90)
         assert client.returncode == 0, client.stderr
         # the masquerade of portmap's snat: pod a sees the node's gateway, not pod b
         assert client.stdout.strip() == "hello from pod a; you are 10.250.3.1"
-        server.wait(timeout=10)
+        server.wait(timeout=60)
     finally:
         if server.poll() is None:
             server.kill()

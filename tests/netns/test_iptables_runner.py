@@ -11,7 +11,8 @@ from netagent.kernel.iptables.runner import FlushMode, IptablesError, IptablesRu
 
 @pytest.fixture
 def runner(netns, backend):
-    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=30)
+    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=120,
+                          lock_wait_seconds=60)  # the xtables lock is shared with every other namespace
 
 
 BAD_LINES = [

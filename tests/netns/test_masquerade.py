@@ -78,7 +78,9 @@ class Lab(NamespaceTopology):
         for role in ("pod", "remote", "inet"):
             self.start_server(role, [sys.executable, "-c", SOURCE_ECHO, str(PORT)])
 
-    def seen_by(self, source_role: str, destination: str, *, timeout: float = 2.0) -> str:
+    def seen_by(self, source_role: str, destination: str, *, timeout: float = 15.0) -> str:
+        """What the far end answered; `timeout` is for its echo server to be scheduled on a loaded
+        machine (a probe expected to go unanswered passes a short one)."""
         done = namespaces.run_in(self.names[source_role],
                                  [sys.executable, "-c", PROBE, destination, str(PORT),
                                   str(next(self.source_ports)), str(timeout)], check=True)
@@ -93,7 +95,8 @@ def lab():
 
 @pytest.fixture
 def runner(lab, backend):
-    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(lab.names["node"]), timeout=30)
+    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(lab.names["node"]), timeout=120,
+                          lock_wait_seconds=60)  # the xtables lock is shared with every other namespace
 
 
 @pytest.fixture

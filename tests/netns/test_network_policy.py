@@ -93,7 +93,7 @@ def test_deny_all_ingress_in_a_namespace_but_replies_and_the_node_pass(np):
     np.check(Expect(True), [TCP80], sources=X, targets=Y)
     # kubelet probes: the pod's own node reaches it
     node = np.netns_of["node"]
-    assert namespaces.run_in(node, ["python3", "-c", f"import socket; socket.create_connection(('{np.addresses['x/a']}', 80), 2)"]).returncode == 0
+    assert namespaces.run_in(node, ["python3", "-c", f"import socket; socket.create_connection(('{np.addresses['x/a']}', 80), 10)"]).returncode == 0
 
 
 def test_allow_all_ingress_rule_opens_again(np_bridge):

@@ -13,12 +13,14 @@ default route points at the outside namespace, which does not forward: a packet 
 service address that no rule translates disappears, so "refused at once" can only come
 from our REJECT, and the control probes before the first sync show it.
 """
+import subprocess
 import sys
 
 import pytest
 
 from netagent.kernel import namespaces
 from netagent.kernel.ipset import IpsetRunner
+from netagent.kernel.iptables.backend import IptablesTool, binary_name
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesRunner
 from proxy.iptables import IptablesProxy
@@ -100,7 +102,9 @@ class Lab(NamespaceTopology):
             self.start_server(role, [sys.executable, "-c", SERVER, role, str(SERVER_PORT)])
 
     def probe(self, role: str, host: str, port: int, *, count: int = 1, protocol: str = "tcp",
-              timeout: float = 2.0) -> list[tuple[str, float]]:
+              timeout: float = 15.0) -> list[tuple[str, float]]:
+        """`count` requests, each given `timeout` to be answered (an endpoint's server answers
+        when a loaded machine schedules it); a probe expected to go unanswered passes a short one."""
         done = namespaces.run_in(self.names[role], [sys.executable, "-c", PROBE, protocol, host, str(port),
                                                     str(count), str(timeout)], check=True,
                                  timeout=count * timeout + 10)
@@ -119,7 +123,8 @@ def lab():
 
 @pytest.fixture
 def runner(lab, backend):
-    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(lab.names["node"]), timeout=30)
+    return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(lab.names["node"]), timeout=120,
+                          lock_wait_seconds=60)  # the xtables lock is shared with every other namespace
 
 
 @pytest.fixture
@@ -152,6 +157,15 @@ def assert_kernel_holds_the_render(runner, proxy, desired: ProxyState):
     assert ours == {chain.name for chain in ruleset.chains()}
 
 
+def rejected(runner) -> int:
+    """How many packets our REJECT rules in the node's filter table have answered so far."""
+    save = binary_name(runner.family, runner.backend, IptablesTool.SAVE)
+    out = subprocess.run([*runner.exec_prefix, save, "-c", "-t", "filter"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    return sum(int(line[1:line.index(":")]) for line in out.splitlines()
+               if line.startswith("[") and " -j REJECT" in line)
+
+
 def who(answers: list[str]) -> set[str]:
     return {answer.split()[0] for answer in answers}
 
@@ -159,6 +173,9 @@ def who(answers: list[str]) -> set[str]:
 def seen_sources(answers: list[str]) -> set[str]:
     return {answer.split()[1] for answer in answers}
 
+
+# requests whose random endpoints must cover all three: one endpoint never picked has odds of 3 * (2/3)**60
+SPREAD = 60
 
 WEB = ServicePort(name("web"), Protocol.TCP, 80, "10.96.0.10", node_port=30080)
 DNS = ServicePort(name("dns"), Protocol.UDP, 53, "10.96.0.53")
@@ -169,12 +186,12 @@ def test_cluster_ip_node_port_and_udp_reach_every_endpoint(lab, runner, proxy):
     proxy.sync(desired, changed=None)
     assert_kernel_holds_the_render(runner, proxy, desired)
 
-    from_pod = lab.answers("pod", "10.96.0.10", 80, count=30)
+    from_pod = lab.answers("pod", "10.96.0.10", 80, count=SPREAD)
     assert who(from_pod) == {"ep1", "ep2", "ep3"} and seen_sources(from_pod) == {POD}
-    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=30)
+    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=SPREAD)
     assert who(from_outside) == {"ep1", "ep2", "ep3"}
     assert seen_sources(from_outside) == {"10.244.1.1", "10.244.2.1", "10.244.3.1"}   # masqueraded
-    over_udp = lab.answers("pod", "10.96.0.53", 53, count=30, protocol="udp")
+    over_udp = lab.answers("pod", "10.96.0.53", 53, count=SPREAD, protocol="udp")
     assert who(over_udp) == {"ep1", "ep2", "ep3"}
     assert {(entry.kind, entry.address) for entry in proxy.programmed()} == {
         ("ClusterIP", "10.96.0.10:80/TCP"), ("NodePort", "*:30080/TCP"), ("ClusterIP", "10.96.0.53:53/UDP")}
@@ -188,11 +205,11 @@ def test_external_local_keeps_the_client_address_and_affinity_pins(lab, runner, 
     proxy.sync(desired, changed=None)
     assert_kernel_holds_the_render(runner, proxy, desired)
 
-    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=20)
+    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=SPREAD)
     assert who(from_outside) == {"ep1", "ep2"} and seen_sources(from_outside) == {OUTSIDE}
     pinned = lab.answers("pod", "10.96.0.11", 80, count=12)
     assert len(who(pinned)) == 1
-    spread = lab.answers("pod", "10.96.0.10", 80, count=30)   # the same client, no affinity: spread
+    spread = lab.answers("pod", "10.96.0.10", 80, count=SPREAD)   # the same client, no affinity: spread
     assert who(spread) == {"ep1", "ep2", "ep3"}
 
 
@@ -201,15 +218,18 @@ def test_no_endpoints_refuses_at_once_and_partial_syncs_follow_endpoint_changes(
     empty = state((WEB, ()))
     proxy.sync(empty, changed=None)
     for role, host, port in (("pod", "10.96.0.10", 80), ("out", NODE_OUTSIDE, 30080)):
-        [(answer, elapsed)] = lab.probe(role, host, port, timeout=3.0)
-        assert answer == "refused" and elapsed < 1.0
+        # refused, not timed out: only our REJECT answers (the control above); the SYN it answered
+        # was the first, not a retransmission, however slowly the machine ran the probe
+        before = rejected(runner)
+        assert lab.answers(role, host, port) == ["refused"]
+        assert rejected(runner) == before + 1
 
     one = state((WEB, endpoints("ep1")))
     assert proxy.sync(one, changed=frozenset({WEB.name})).scope.value == "partial"
     assert who(lab.answers("pod", "10.96.0.10", 80, count=5)) == {"ep1"}
     moved = state((WEB, endpoints("ep2", "ep3")))
     proxy.sync(moved, changed=frozenset({WEB.name}))
-    assert who(lab.answers("pod", "10.96.0.10", 80, count=20)) == {"ep2", "ep3"}
+    assert who(lab.answers("pod", "10.96.0.10", 80, count=SPREAD)) == {"ep2", "ep3"}
     assert_kernel_holds_the_render(runner, proxy, moved)
 
 
