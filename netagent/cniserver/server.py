@@ -8,7 +8,8 @@ sends nothing, or sends a byte a second, holds a file descriptor, never a worker
 cannot delay another pod's ADD. Bounds, each answered or enforced without a worker:
 
 * a whole-request deadline (`request_deadline`, from accept to the last byte), after which
-  the connection is closed;
+  the connection is closed (what had arrived by then is read first: a starved reader thread
+  must not drop a request that came in time);
 * at most `max_reading` connections being read at once: past that the oldest is dropped;
 * the wire's size limits (`cni.wire`): a header announcing more is answered at once with the
   shim's own error (code 7 for stdin, 4 for the environment), as the clients check too;
@@ -165,8 +166,10 @@ class CniServer:
             while not self._stopping.is_set():
                 now = time.monotonic()
                 for conn in [c for c, a in arriving.items() if a.deadline <= now]:
-                    log.warning("dropped a CNI connection: no whole request within %.1f s", self.request_deadline)
-                    self._drop(selector, arriving, conn)
+                    self._read_what_arrived(selector, arriving, conn)  # this thread may have been starved
+                    if conn in arriving:
+                        log.warning("dropped a CNI connection: no whole request within %.1f s", self.request_deadline)
+                        self._drop(selector, arriving, conn)
                 timeout = min((a.deadline for a in arriving.values()), default=now + 1.0) - now
                 for key, _ in selector.select(max(0.0, timeout)):
                     try:
@@ -236,6 +239,19 @@ class CniServer:
             arriving.pop(conn)
             selector.unregister(conn)
             self._dispatch(state)
+
+    def _read_what_arrived(self, selector: selectors.BaseSelector, arriving: dict[socket.socket, _Arriving],
+                           conn: socket.socket) -> None:
+        """Read what is already queued on a connection whose deadline passed: a request that
+        arrived in time while this thread could not run is served, not dropped."""
+        try:
+            while conn in arriving:
+                before = len(arriving[conn].data)
+                self._read(selector, arriving, conn)
+                if conn in arriving and len(arriving[conn].data) == before:
+                    return  # nothing more queued
+        except Exception:
+            log.exception("error while reading a CNI connection")
 
     @staticmethod
     def _check_header(state: _Arriving) -> bytes | None:

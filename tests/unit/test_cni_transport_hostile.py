@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,7 @@ import pytest
 from cni import client, wire
 from cni.fake_kernel import FakeCniKernel
 from cni.handlers import PluginHandlers
-from netagent.cniserver.server import CniServer
+from netagent.cniserver.server import CniServer, _Arriving
 from tests.shim_support import build_shim_or_skip, run_binary
 
 NETNS = "/var/run/netns/pod"
@@ -307,3 +308,34 @@ def test_both_clients_read_an_agents_early_refusal_despite_the_broken_pipe(shim)
     finally:
         listener.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_request_that_arrived_while_the_reader_was_starved_is_served_not_dropped(tmp_path):
+    """The reader thread drops connections past their deadline; a whole request queued on one
+    while the thread could not run (a loaded node) is read and served first. This test is the
+    reader: the server is not started, its connection's deadline long passed."""
+    server = CniServer(str(tmp_path / "cni.sock"), handlers=PluginHandlers(kernel=FakeCniKernel()))
+    selector = selectors.DefaultSelector()
+    whole, whole_peer = socket.socketpair()
+    half, half_peer = socket.socketpair()
+    try:
+        arriving = {}
+        for conn in (whole, half):
+            conn.setblocking(False)
+            selector.register(conn, selectors.EVENT_READ)
+            arriving[conn] = _Arriving(conn=conn, uid=0, deadline=time.monotonic() - 60)
+        request = wire.encode_request({"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}')
+        whole_peer.sendall(request)
+        half_peer.sendall(request[:-3])
+        server._read_what_arrived(selector, arriving, whole)
+        server._read_what_arrived(selector, arriving, half)
+        assert whole not in arriving and half in arriving  # the loop drops the half request
+        whole_peer.settimeout(60)
+        reply = b"".join(iter(lambda: whole_peer.recv(65536), b""))
+        code, out = wire.decode_reply(reply)
+        assert code == 0 and "1.0.0" in json.loads(out)["supportedVersions"]
+    finally:
+        server._pool.shutdown(wait=True)
+        selector.close()
+        for sock in (whole, whole_peer, half, half_peer):
+            sock.close()
