@@ -240,18 +240,25 @@ def test_host_gw_refuses_a_peer_behind_a_router(lab):
 class NetlinkMonitor:
     """`ip monitor` inside a namespace, for "nothing was written" assertions.
 
-    It is known to be subscribed once it reports a marker route the test adds, and to have
-    reported everything before `stop()` once it reports the marker's removal: no sleeps."""
+    It is known to be subscribed once it reports one of the marker routes the test adds (one
+    added before it subscribed is never reported, so another follows every half second), and
+    to have reported everything before `stop()` once it reports a last marker: no sleeps."""
 
-    MARKER = ["unreachable", "198.18.255.254/32", "table", "4242"]
+    TABLE = "4242"
 
     def __init__(self, netns: str) -> None:
         self.netns = netns
+        self.markers: list[str] = []
         self.proc = subprocess.Popen(["ip", "-n", netns, "-o", "monitor", "link", "address", "route", "neigh"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        self._until_marker("add")
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "ip monitor never reported a marker route"
+            self._add_marker(f"198.18.254.{len(self.markers) + 1}")
+            if self._lines_until("unreachable 198.18.254.", wait=0.5) is not None:
+                return
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -259,21 +266,33 @@ class NetlinkMonitor:
             self.lines.put(line)
         self.lines.put(None)
 
-    def _until_marker(self, action: str) -> list:
-        """Add or delete the marker route; return the lines reported before it."""
-        subprocess.run(["ip", "-n", self.netns, "route", action, *self.MARKER], check=True)
-        before, deadline = [], time.monotonic() + 60
+    def _add_marker(self, address: str) -> None:
+        subprocess.run(["ip", "-n", self.netns, "route", "add", "unreachable", f"{address}/32", "table", self.TABLE],
+                       check=True)
+        self.markers.append(address)
+
+    def _lines_until(self, marker: str, *, wait: float) -> list | None:
+        """The lines reported before one containing `marker`, or None if none came within `wait` s."""
+        before, deadline = [], time.monotonic() + wait
         while True:
-            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
             assert line is not None, "ip monitor exited"
-            if "198.18.255.254" in line:
+            if marker in line:
                 return before
             before.append(line)
 
     def stop(self) -> list:
-        out = self._until_marker("del")
+        self._add_marker("198.18.255.254")
+        out = self._lines_until("unreachable 198.18.255.254 ", wait=60)
+        assert out is not None, "ip monitor did not report the last marker route"
         self.proc.terminate()
         self.proc.wait(timeout=60)
+        for address in self.markers:
+            subprocess.run(["ip", "-n", self.netns, "route", "del", "unreachable", f"{address}/32",
+                            "table", self.TABLE], check=True)
         return [line for line in out if "na-vxlan" in line or f"proto {ROUTE_PROTOCOL}" in line]
 
 
