@@ -315,8 +315,13 @@ class ContainerdNode:
                     what=f"exec in {container.name}")
 
     def container_interface(self, container: Container, ifname: str = "eth0") -> ipaddress.IPv4Interface:
-        """The first IPv4 address (with its prefix) on IFNAME, read inside the container."""
-        proc = self.exec(container, ["ip", "-o", "-4", "addr", "show", "dev", ifname], check=True)
+        """The first IPv4 address (with its prefix) on IFNAME in the container's network namespace.
+
+        Read from the host through the task's /proc/PID/ns/net, not with `ctr tasks exec`: ctr
+        cancels an exec's output copy when the process exits, and on a loaded machine the
+        output can be lost (seen: rc 0 and an empty stdout)."""
+        proc = run_tool(["nsenter", f"--net=/proc/{container.pid}/ns/net", "ip", "-o", "-4", "addr", "show",
+                         "dev", ifname], timeout=self.timeout, check=True, what=f"ip addr in {container.name}")
         for line in proc.stdout.splitlines():
             fields = line.split()
             if "inet" in fields:

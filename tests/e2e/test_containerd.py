@@ -32,7 +32,7 @@ REFERENCE_PLUGINS = Path("/usr/lib/cni")
 
 
 def _ping(node, container, address):
-    proc = node.exec(container, ["ping", "-c", "1", "-W", "2", address], timeout=10)
+    proc = node.exec(container, ["ping", "-c", "1", "-W", "10", address], timeout=30)
     assert proc.returncode == 0, f"{container.name} -> {address}:\n{proc.stdout}{proc.stderr}"
 
 
