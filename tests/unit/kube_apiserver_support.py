@@ -13,7 +13,6 @@ import pytest
 from kubernetes import client, watch
 
 from netagent.kube.config import load_api_client
-from netagent.lab.apiserver import ApiServer
 
 
 def write_kubeconfig(path, url: str) -> str:
@@ -30,11 +29,8 @@ def write_kubeconfig(path, url: str) -> str:
 
 
 @pytest.fixture
-def server():
-    api_server = ApiServer(bookmark_interval=0.2)
-    api_server.start()
-    yield api_server
-    api_server.stop()
+def server(lab_api_servers):
+    return lab_api_servers(bookmark_interval=0.2)
 
 
 @pytest.fixture

@@ -138,11 +138,8 @@ class FaultyProxy:
 
 
 @pytest.fixture
-def server():
-    api_server = ApiServer(bookmark_interval=0.1)
-    api_server.start()
-    yield api_server
-    api_server.stop()
+def server(lab_api_servers):
+    return lab_api_servers(bookmark_interval=0.1)
 
 
 def api_client_for(url: str) -> client.ApiClient:

@@ -21,7 +21,6 @@ from netagent.infra.sync_runner import SyncKind
 from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
-from netagent.lab.apiserver import ApiServer
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.catalog import ServiceCatalog
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
@@ -69,11 +68,8 @@ def node(name="node-a", zone="zone-1"):
 
 
 @pytest.fixture
-def server():
-    api = ApiServer(bookmark_interval=0.5)
-    api.start()
-    yield api
-    api.stop()
+def server(lab_api_servers):
+    return lab_api_servers(bookmark_interval=0.5)
 
 
 @pytest.fixture
