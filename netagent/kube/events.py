@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Callable
 
 from netagent.kube.config import request_json
 
@@ -57,12 +58,17 @@ def render_event(target: EventTarget, *, reason: str, message: str, component: s
     }
 
 
+Send = Callable[[str, dict], None]
+
+
 class EventPoster:
-    """Queue Warning Events and post them from one background thread."""
+    """Queue Warning Events and post them from one background thread (`send(path, body)`,
+    by default a POST through `api_client`)."""
 
     def __init__(self, api_client, *, component: str, host: str, capacity: int = 256,
-                 repeat_after: float = 600.0, timeout: float = 5.0) -> None:
+                 repeat_after: float = 600.0, timeout: float = 5.0, send: Send | None = None) -> None:
         self._api_client = api_client
+        self._send = send or self._post
         self._component, self._host = component, host
         self._queue: queue.Queue[dict | None] = queue.Queue(maxsize=capacity)
         self._repeat_after, self._timeout = repeat_after, timeout
@@ -102,8 +108,10 @@ class EventPoster:
                 return
             namespace = body["metadata"]["namespace"]
             try:
-                request_json(self._api_client, "POST", f"/api/v1/namespaces/{namespace}/events",
-                             body=body, timeout=self._timeout)
+                self._send(f"/api/v1/namespaces/{namespace}/events", body)
                 self.posted += 1
             except Exception as exc:  # best effort: the log line and the metric already stand
                 log.debug("could not post an Event on %s: %s", body["involvedObject"].get("name"), exc)
+
+    def _post(self, path: str, body: dict) -> None:
+        request_json(self._api_client, "POST", path, body=body, timeout=self._timeout)
