@@ -224,8 +224,8 @@ class IpsetRunner(Ipset):
     def _run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         command = [*self.exec_prefix, self.binary, *args]
         try:
-            return subprocess.run(command, input=stdin, capture_output=True, text=True,
-                                  timeout=self.timeout)
+            return subprocess.run(command, input=stdin, capture_output=True, encoding="utf-8",
+                                  errors="surrogateescape", timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise IpsetError(f"{' '.join(command[:6])}: timed out after {self.timeout:g} s") from None
         except FileNotFoundError:

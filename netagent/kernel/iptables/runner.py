@@ -285,8 +285,11 @@ class IptablesRunner(Iptables):
     def _run(self, argv: list[str], *, stdin: str | None = None) -> subprocess.CompletedProcess:
         command = [*self.exec_prefix, *argv]
         try:
-            return subprocess.run(command, input=stdin, capture_output=True, text=True,
-                                  timeout=self.timeout)
+            # UTF-8 with surrogateescape both ways: a foreign rule's comment may hold any
+            # bytes (xt_comment even cuts inside a character), and must read back, and be
+            # written back by `-D`, byte for byte rather than fail the whole save.
+            return subprocess.run(command, input=stdin, capture_output=True, encoding="utf-8",
+                                  errors="surrogateescape", timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise IptablesError(f"timed out after {self.timeout:g} s", command=command) from None
 
@@ -345,7 +348,7 @@ def explain_restore_failure(stderr: str, text: str) -> tuple[int | None, str | N
     if not found:
         return None, None, message
     line_number = int(found.group(1))
-    lines = text.splitlines()
+    lines = text.split("\n")
     line = lines[line_number - 1] if 0 < line_number <= len(lines) else None
     missing = _MISSING_CHAIN.search(stderr)
     if line is not None and line.strip() == "COMMIT" and missing:
