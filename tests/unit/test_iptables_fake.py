@@ -23,6 +23,8 @@ from netagent.kernel.iptables.restore_format import (
     RestoreBuilder,
     RestoreSyntaxError,
     canonical_spec,
+    is_goto,
+    jump_target,
     parse_restore,
     parse_save,
     quote_token,
@@ -569,3 +571,12 @@ def test_parse_save_splits_lines_at_newlines_only():
     fake = FakeIptables()
     fake.restore(saved)
     assert parse_save(fake.save("filter"))["filter"].chains["INPUT"] == parse_save(saved)["filter"].chains["INPUT"]
+
+
+def test_a_comment_that_looks_like_a_target_is_a_comment():
+    spec = ("-m", "comment", "--comment", "-j", "-j", "NETAGENT-Y")
+    assert jump_target(spec) == "NETAGENT-Y" and not is_goto(spec)
+    assert jump_target(("-m", "comment", "--comment", "-g")) is None
+    fake = FakeIptables()
+    fake.restore("*filter\n:NETAGENT-Y - [0:0]\n:NETAGENT-X - [0:0]\n-A NETAGENT-X " + join_tokens(spec) + "\nCOMMIT\n")
+    assert fake.state()["filter"].references_to("NETAGENT-Y") == [("NETAGENT-X", spec)]

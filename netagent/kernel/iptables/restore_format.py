@@ -163,15 +163,28 @@ class Table:
 
 def jump_target(spec: Sequence[str]) -> str | None:
     """The chain or target a rule jumps or goes to (None for a rule without target)."""
-    for option in _TARGET_OPTIONS:
-        if option in spec:
-            index = spec.index(option)
-            return spec[index + 1] if index + 1 < len(spec) else None
-    return None
+    index = _target_index(spec)
+    return spec[index + 1] if index is not None and index + 1 < len(spec) else None
 
 
 def is_goto(spec: Sequence[str]) -> bool:
-    return "-g" in spec or "--goto" in spec
+    index = _target_index(spec)
+    return index is not None and spec[index] in ("-g", "--goto")
+
+
+def _target_index(spec: Sequence[str]) -> int | None:
+    """Where `-j`/`-g` is, skipping a comment's value (`--comment -j` is a comment, as getopt
+    hands an option's required argument over whatever it looks like)."""
+    found: int | None = None
+    for option in _TARGET_OPTIONS:
+        if option not in spec:
+            continue
+        index: int | None = spec.index(option)
+        while index and spec[index - 1] == "--comment":
+            index = spec.index(option, index + 1) if option in spec[index + 1:] else None
+        if index is not None:
+            found = index if found is None else min(found, index)
+    return found
 
 
 def canonical_spec(spec: Sequence[str]) -> tuple[str, ...]:
@@ -351,7 +364,8 @@ def _check_targets(spec: Sequence[str], fail) -> None:
         before = spec[index - 1] if index else ""
         if not (before.startswith("-") or (index > 1 and spec[index - 2] in _TWO_VALUES)):
             raise fail(f"Bad argument `{token}'")
-    count = sum(spec.count(option) for option in _TARGET_OPTIONS)
+    count = sum(1 for index, token in enumerate(spec)
+                if token in _TARGET_OPTIONS and not (index and spec[index - 1] == "--comment"))
     if count > 1:
         raise fail("more than one -j/-g")
     if count == 1 and spec[-1] in _TARGET_OPTIONS:
