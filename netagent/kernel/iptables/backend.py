@@ -27,6 +27,8 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from netagent.kernel.iptables.tokens import run_tool
+
 log = logging.getLogger("netagent.kernel.iptables")
 
 KUBELET_HINT_CHAINS = frozenset({"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"})
@@ -131,8 +133,7 @@ def _read_save(family: IpFamily, backend: IptablesBackend, exec_prefix: Sequence
         return None
     # Without -t, legacy-save dumps only tables already loaded, so detecting never creates one.
     try:
-        done = subprocess.run([*exec_prefix, save], capture_output=True, encoding="utf-8",
-                              errors="surrogateescape", timeout=DETECTION_TIMEOUT_SECONDS)
+        done = run_tool([*exec_prefix, save], timeout=DETECTION_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         log.warning("%s timed out during backend detection", save)
         return None

@@ -68,6 +68,7 @@ _HEADER_OPTIONS = {"-s": "-s", "--source": "-s", "--src": "-s",
                    "-p": "-p", "--protocol": "-p"}
 _HEADER_ORDER = ("-s", "-d", "-i", "-o", "-p", "-f")
 _TARGET_OPTIONS = frozenset({"-j", "--jump", "-g", "--goto"})
+_NEEDS_VALUE = _TARGET_OPTIONS | set(_HEADER_OPTIONS) | {"--comment", "-m", "--match"}
 _TWO_VALUES = frozenset({"--match-set", "--tcp-flags"})   # options taking two words
 
 
@@ -358,12 +359,22 @@ def _is_number(token: str) -> bool:
 def _check_targets(spec: Sequence[str], fail) -> None:
     """One target at most, with its name; every word that is not an option nor `!` is the
     value of the option before it (getopt's "Bad argument" otherwise)."""
-    for index, token in enumerate(spec):
-        if token.startswith("-") or token == "!":
-            continue
-        before = spec[index - 1] if index else ""
-        if not (before.startswith("-") or (index > 1 and spec[index - 2] in _TWO_VALUES)):
+    index, count = 0, len(spec)
+    while index < count:
+        token = spec[index]
+        if token == "!":
+            index += 1
+        elif token in _TWO_VALUES:
+            index += 3
+        elif token == "--comment" or (token.startswith("-") and index + 1 < count
+                                      and not spec[index + 1].startswith("-") and spec[index + 1] != "!"):
+            index += 2      # an option and its value (a comment's value whatever it looks like)
+        elif token.startswith("-"):
+            index += 1      # a flag
+        else:
             raise fail(f"Bad argument `{token}'")
+    if spec and spec[-1] in _NEEDS_VALUE and not (len(spec) > 1 and spec[-2] == "--comment"):
+        raise fail(f"option \"{spec[-1]}\" requires an argument")
     count = sum(1 for index, token in enumerate(spec)
                 if token in _TARGET_OPTIONS and not (index and spec[index - 1] == "--comment"))
     if count > 1:

@@ -53,6 +53,7 @@ from netagent.kernel.iptables.restore_format import (
     parse_save,
     split_tokens,
 )
+from netagent.kernel.iptables.tokens import run_tool
 
 OWNED_PREFIX = owned.CHAIN_PREFIX
 RANDOM_FULLY_SINCE = (1, 6, 2)
@@ -285,11 +286,7 @@ class IptablesRunner(Iptables):
     def _run(self, argv: list[str], *, stdin: str | None = None) -> subprocess.CompletedProcess:
         command = [*self.exec_prefix, *argv]
         try:
-            # UTF-8 with surrogateescape both ways: a foreign rule's comment may hold any
-            # bytes (xt_comment even cuts inside a character), and must read back, and be
-            # written back by `-D`, byte for byte rather than fail the whole save.
-            return subprocess.run(command, input=stdin, capture_output=True, encoding="utf-8",
-                                  errors="surrogateescape", timeout=self.timeout)
+            return run_tool(command, stdin=stdin, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise IptablesError(f"timed out after {self.timeout:g} s", command=command) from None
 

@@ -40,7 +40,8 @@ comments; `ipset_token` admits only the characters a set name or member can hold
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import subprocess
+from collections.abc import Iterable, Sequence
 
 COMMENT_MAX_BYTES = 255          # xt_comment: XT_MAX_COMMENT_LEN (256) including the NUL
 TOKEN_MAX_BYTES = 1023           # add_param_to_argv's buffer is 1024 bytes with its NUL
@@ -60,6 +61,19 @@ _NOT_RESTORE_SPACE = re.compile("[\x0b\x0c\r\x1c-\x1f\x85\xa0\u1680\u2000-\u200a
 _TOKEN = re.compile(r'[ \t\n]*([^ \t\n"]*)(?:"((?:[^"\\]|\\.)*)\\?("?))?', re.S)
 _UNESCAPE = re.compile(r"\\(.)", re.S)
 _IPSET_TOKEN = re.compile(r"[A-Za-z0-9_.:,/][A-Za-z0-9_.:,/-]*")
+
+
+def run_tool(command: Sequence[str], *, stdin: str | None = None,
+             timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a restore/save tool with text in and out as UTF-8 with surrogateescape and NO
+    newline translation (text=True would turn a comment's `\\r` into `\\n` and a foreign
+    comment's invalid UTF-8 into an exception): what is read back is byte for byte what the
+    kernel holds, and writing it back (`-D`) gives the same bytes."""
+    done = subprocess.run(list(command), capture_output=True, timeout=timeout,
+                          input=None if stdin is None else stdin.encode("utf-8", "surrogateescape"))
+    return subprocess.CompletedProcess(done.args, done.returncode,
+                                       done.stdout.decode("utf-8", "surrogateescape"),
+                                       done.stderr.decode("utf-8", "surrogateescape"))
 
 
 class UnsafeText(ValueError):
@@ -146,10 +160,11 @@ def split_tokens(line: str) -> list[str]:
     while position < end:
         found = _TOKEN.match(line, position)
         assert found is not None, "every group of _TOKEN may be empty"
-        plain, quoted = found.group(1), found.group(2)
-        if quoted is None and not plain:
-            break       # only whitespace was left
-        tokens.append(plain + (_UNESCAPE.sub(r"\1", quoted) if quoted else ""))
+        plain, quoted, closed = found.group(1), found.group(2), found.group(3)
+        token = plain + (_UNESCAPE.sub(r"\1", quoted) if quoted else "")
+        if not token and not closed:
+            break       # only whitespace was left, or a quote opened on nothing (no token)
+        tokens.append(token)
         position = found.end()
     return tokens
 
