@@ -107,8 +107,8 @@ def test_every_renderer_reads_alike_for_adversarial_names(netns, real, backend):
     services, endpoints = {}, {}
     for index, text in enumerate(NAMES):
         name = ServicePortName(text, text, text)
-        services[name] = ServicePort(name=name, protocol=Protocol.TCP, port=80 + index, cluster_ip=f"10.96.0.{10 + index}",
-                                     node_port=30080 + index)
+        services[name] = ServicePort(name=name, protocol=Protocol.TCP, port=80 + index,
+                                     cluster_ip=f"10.96.0.{10 + index}", node_port=30080 + index)
         endpoints[name] = (Endpoint("10.244.1.5", 8080, node_name="node-a"),) if index % 2 else ()
     proxy_text = render_ruleset(ProxyState(node, services, endpoints),
                                 settings=IptablesProxySettings()).restore_text(jumps=JumpLines.APPEND)

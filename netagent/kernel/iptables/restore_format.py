@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from netagent.kernel.iptables.arguments import TARGET_OPTIONS, argument_problem
 from netagent.kernel.iptables.tokens import (
     COMMENT_MAX_BYTES,
     RULE_MAX_TOKENS,
@@ -67,9 +68,7 @@ _HEADER_OPTIONS = {"-s": "-s", "--source": "-s", "--src": "-s",
                    "-o": "-o", "--out-interface": "-o",
                    "-p": "-p", "--protocol": "-p"}
 _HEADER_ORDER = ("-s", "-d", "-i", "-o", "-p", "-f")
-_TARGET_OPTIONS = frozenset({"-j", "--jump", "-g", "--goto"})
-_NEEDS_VALUE = _TARGET_OPTIONS | set(_HEADER_OPTIONS) | {"--comment", "-m", "--match"}
-_TWO_VALUES = frozenset({"--match-set", "--tcp-flags"})   # options taking two words
+_TARGET_OPTIONS = TARGET_OPTIONS
 
 
 class RestoreSyntaxError(ValueError):
@@ -348,39 +347,14 @@ def _parse_entry(line: str, *, line_number: int, raw: str) -> Entry:
         position = 1
     if position is not None and position < 1:
         raise fail("rule numbers start at 1")
-    _check_targets(args, fail)
+    problem = argument_problem(args)
+    if problem:
+        raise fail(problem)
     return Entry(line_number, raw, op, chain, spec=tuple(args), position=position)
 
 
 def _is_number(token: str) -> bool:
     return token.isascii() and token.isdigit()
-
-
-def _check_targets(spec: Sequence[str], fail) -> None:
-    """One target at most, with its name; every word that is not an option nor `!` is the
-    value of the option before it (getopt's "Bad argument" otherwise)."""
-    index, count = 0, len(spec)
-    while index < count:
-        token = spec[index]
-        if token == "!":
-            index += 1
-        elif token in _TWO_VALUES:
-            index += 3
-        elif token == "--comment" or (token.startswith("-") and index + 1 < count
-                                      and not spec[index + 1].startswith("-") and spec[index + 1] != "!"):
-            index += 2      # an option and its value (a comment's value whatever it looks like)
-        elif token.startswith("-"):
-            index += 1      # a flag
-        else:
-            raise fail(f"Bad argument `{token}'")
-    if spec and spec[-1] in _NEEDS_VALUE and not (len(spec) > 1 and spec[-2] == "--comment"):
-        raise fail(f"option \"{spec[-1]}\" requires an argument")
-    count = sum(1 for index, token in enumerate(spec)
-                if token in _TARGET_OPTIONS and not (index and spec[index - 1] == "--comment"))
-    if count > 1:
-        raise fail("more than one -j/-g")
-    if count == 1 and spec[-1] in _TARGET_OPTIONS:
-        raise fail("-j/-g requires an argument")
 
 
 # ---- save text <-> tables ------------------------------------------------------------------

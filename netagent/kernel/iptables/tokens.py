@@ -36,6 +36,9 @@ what the renderer meant and nothing looks like drift.
 cannot be written), `\\r` is whitespace, `#` starts a comment line even after spaces, a NUL
 ends the line, and an element comment over 255 characters fails. netagent writes no ipset
 comments; `ipset_token` admits only the characters a set name or member can hold.
+
+netagent writes no `nft` input of its own (the nft backend is driven through
+iptables-nft-restore, which tokenizes as above); a writer of nft text must go through here.
 """
 from __future__ import annotations
 
