@@ -141,3 +141,26 @@ def test_any_comment_is_one_token_that_reads_back_as_its_safe_form(text):
 def _quoted(text: str) -> str:
     from netagent.kernel.iptables.tokens import quote_comment
     return quote_comment(text)
+
+
+# ---- no drift: what the kernel keeps is what the renderer meant ----------------------------------
+
+def test_adversarial_and_long_names_program_once_and_then_look_in_sync():
+    """A comment longer than 255 bytes was cut by the kernel (inside a character, even) while
+    the renderer kept its own text, so every FULL sync saw drift and rewrote the chains; a
+    name with a newline could not be written at all. Now the spec carries the safe form."""
+    from netagent.infra.sync_runner import SyncKind, SyncResult
+    from tests.unit.test_policy_programmer import Node
+
+    node = Node()
+    for index, text in enumerate(["é" * 200, "x\n-I INPUT -j ACCEPT\n#", "𝕏" * 70 + '"\\']):
+        node.engine.pods.on_add(pod("x", text, f"10.0.0.{5 + index}", {"pod": "a"}))
+        node.engine.policies.on_add(policy("x", text, {"podSelector": {"matchLabels": {"pod": "a"}},
+                                                       "ingress": [{"from": [{"podSelector": {}}]}]}))
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    written = node.writes()
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    assert node.writes() == written
+    for comment in comments(node.iptables.state()["filter"]):
+        assert not UNSAFE.search(comment) and len(comment.encode()) <= COMMENT_MAX_BYTES
+    assert node.iptables.state()["filter"].chains["INPUT"].rules == []
