@@ -5,6 +5,7 @@ Every rejection here was first observed with the real iptables-restore 1.8.9 (le
 nft) in a test namespace; tests/netns/test_iptables_runner.py replays a sequence of them
 against both real backends and the fake side by side.
 """
+import random
 import subprocess
 import sys
 
@@ -580,3 +581,15 @@ def test_a_comment_that_looks_like_a_target_is_a_comment():
     fake = FakeIptables()
     fake.restore("*filter\n:NETAGENT-Y - [0:0]\n:NETAGENT-X - [0:0]\n-A NETAGENT-X " + join_tokens(spec) + "\nCOMMIT\n")
     assert fake.state()["filter"].references_to("NETAGENT-Y") == [("NETAGENT-X", spec)]
+
+
+def test_split_tokens_fast_paths_agree_with_the_general_reader():
+    """Lines without backslashes take str.split paths (save output is large); they must read
+    exactly as the general reader does."""
+    from netagent.kernel.iptables.tokens import _split_escaped
+
+    rng = random.Random(18)
+    pieces = [" ", "\t", '"', "a", "é", "\r", "\x0b", "\u3000", "\n", "#", "-j", '""', "\\"]
+    for _ in range(20000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert split_tokens(line) == _split_escaped(line), repr(line)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 COMMENT_MAX_BYTES = 255          # xt_comment: XT_MAX_COMMENT_LEN (256) including the NUL
 TOKEN_MAX_BYTES = 1023           # add_param_to_argv's buffer is 1024 bytes with its NUL
@@ -154,10 +154,39 @@ def split_tokens(line: str) -> list[str]:
     """Split one line of restore or save text as iptables-restore does (see the module
     docstring). `line` may end with the `\\n` it was read with: an open quote keeps it.
     Accepts everything the real tool accepts; limits are checked by the caller."""
+    words = _restore_words if _NOT_RESTORE_SPACE.search(line) else str.split
     if '"' not in line:
-        if _NOT_RESTORE_SPACE.search(line):
-            return [token for token in re.split("[ \t\n]+", line) if token]
-        return line.split()
+        return words(line)
+    if "\\" not in line:
+        return _split_quoted(line, words)
+    return _split_escaped(line)
+
+
+def _restore_words(text: str) -> list[str]:
+    return [token for token in re.split("[ \t\n]+", text) if token]
+
+
+def _split_quoted(line: str, words: Callable[[str], list[str]]) -> list[str]:
+    """Quotes without backslashes (every saved comment): str.split, ten times faster than the
+    regex on the hundreds of thousands of lines a save can hold. Even parts are outside quotes."""
+    parts = line.split('"')
+    last = len(parts) - 1
+    tokens: list[str] = []
+    pending = ""        # the word a quote opens onto (`ab"c d"` is one token)
+    for index, part in enumerate(parts):
+        if index % 2:
+            token, pending = pending + part, ""
+            if index < last or token:      # closed, or an open quote holding something
+                tokens.append(token)
+            continue
+        found = words(part)
+        if index < last and found and part[-1] not in " \t\n":
+            pending = found.pop()
+        tokens.extend(found)
+    return tokens
+
+
+def _split_escaped(line: str) -> list[str]:
     tokens: list[str] = []
     position, end = 0, len(line)
     while position < end:
