@@ -93,7 +93,7 @@ class WantedState:
 
 
 def pod_chain(prefix: str, pod_key: str) -> str:
-    return prefix + hashlib.sha256(pod_key.encode()).hexdigest()[:15]
+    return prefix + hashlib.sha256(pod_key.encode("utf-8", "surrogatepass")).hexdigest()[:15]
 
 
 def _rule(*match: str, comment: str, target: str) -> tuple[str, ...]:

@@ -58,7 +58,7 @@ class SetRef:
 
     @property
     def name(self) -> str:
-        digest = hashlib.sha256(f"{self.kind.value}\0{self.key}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{self.kind.value}\0{self.key}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
         return f"{owned.POLICY_SET_PREFIX}{digest}"
 
 

@@ -51,7 +51,7 @@ PER_SERVICE_CHAIN = re.compile(
 
 def _digest(text: str) -> str:
     # 10 bytes are 16 base32 characters: enough for 15 without encoding the whole digest.
-    return base64.b32encode(hashlib.sha256(text.encode()).digest()[:10]).decode()[:HASH_LENGTH]
+    return base64.b32encode(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:10]).decode()[:HASH_LENGTH]
 
 
 @functools.lru_cache(maxsize=65536)

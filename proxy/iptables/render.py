@@ -63,7 +63,7 @@ from types import MappingProxyType
 
 from netagent.kernel import owned
 from netagent.kernel.ipset import entry as ipset_entry
-from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_token
+from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_comment
 from netagent.kernel.iptables.runner import PortRandomization
 from proxy.iptables.names import (
     FILTER_CHAIN,
@@ -298,7 +298,7 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], *, 
     mark = f"-j MARK --set-xmark {settings.mark}/{settings.mark}"
 
     def entry(kind: EntryKind, destination: str, port: int, *, extra: str = "") -> str:
-        comment = quote_token(f"{service.name} {kind.value}")
+        comment = quote_comment(f"{service.name} {kind.value}")
         return f"{destination}{port_match} -m comment --comment {comment}{extra} -m {proto} --dport {port}"
 
     cluster_entry = entry(EntryKind.CLUSTER_IP, f"-d {service.cluster_ip}/32 ", service.port)

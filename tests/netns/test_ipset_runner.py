@@ -16,6 +16,7 @@ from netagent.kernel.ipset import (
     sync_set,
     sync_sets,
 )
+from netagent.kernel.iptables.tokens import split_ipset_line
 
 
 @pytest.fixture
@@ -127,3 +128,17 @@ def test_runner_leaves_sets_of_others_alone(runner, netns):
         runner.destroy("KUBE-CLUSTER-IP")
     out = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout
     assert "NETAGENT-T-" not in out, "a test set appeared in the root namespace"
+
+
+@pytest.mark.parametrize("line", ['create "NETAGENT-T-Q" hash:ip', "create NETAGENT-T-T\thash:ip\r",
+                                  "create NETAGENT-T-Z hash:ip\x00 garbage", "  # create NETAGENT-T-C hash:ip",
+                                  'create NETAGENT-T-J"OIN" hash:ip', "\r"])
+def test_split_ipset_line_reads_like_the_real_ipset_restore(runner, line):
+    """The tokenizer the property tests judge ipset text with (tokens.split_ipset_line) agrees
+    with ipset restore on quotes, blanks, NUL and comment lines."""
+    done = runner._run("restore", stdin=line + "\n")
+    tokens = split_ipset_line(line)
+    assert done.returncode == 0, done.stderr
+    assert runner.list_names() == ([tokens[1]] if tokens else [])
+    if tokens:
+        runner.destroy(tokens[1])

@@ -22,7 +22,9 @@ from netagent.kernel.ipset import (
     sync_set,
     sync_sets,
 )
+from netagent.kernel.ipset.restore import restore_lines
 from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.iptables.tokens import UnsafeText, ipset_token, split_ipset_line
 from proxy.model import Protocol
 
 HASH = IpsetSpec("NETAGENT-T-HASH", IpsetType.HASH_IP_PORT_IP)
@@ -271,3 +273,45 @@ def test_parse_save_reads_every_set():
     assert (sets["NETAGENT-B"].type, sets["NETAGENT-B"].family, sets["NETAGENT-B"].members) == \
         (IpsetType.BITMAP_PORT, None, {"30080"})
     assert sets["NETAGENT-E"].members == frozenset() and sets["X"].type == "list:set"
+
+
+# ---- the restore text: every token through ipset_token ----------------------------------------
+
+
+@pytest.mark.parametrize("line, tokens", [      # as ipset 7.17 reads them (measured in a namespace)
+    ("create NETAGENT-A hash:ip family inet", ["create", "NETAGENT-A", "hash:ip", "family", "inet"]),
+    ('create "NETAGENT-A" hash:ip', ["create", "NETAGENT-A", "hash:ip"]),
+    ('add S 10.0.0.1 comment a"b c"d', ["add", "S", "10.0.0.1", "comment", "ab cd"]),
+    ("create NETAGENT-A\thash:ip family inet\r", ["create", "NETAGENT-A", "hash:ip", "family", "inet"]),
+    ("create NETAGENT-A hash:ip\x00garbage", ["create", "NETAGENT-A", "hash:ip"]),
+    ("  # a comment", None), ("# a comment", None), ("", None),
+])
+def test_split_ipset_line_reads_like_ipset_restore(line, tokens):
+    assert split_ipset_line(line) == tokens
+
+
+def test_split_ipset_line_refuses_an_open_quote():
+    with pytest.raises(ValueError):
+        split_ipset_line('add S 10.0.0.1 comment "a b')
+
+
+@pytest.mark.parametrize("token", ["NETAGENT-A", "10.0.0.1,tcp:80,10.0.0.1", "10.1.0.0/16", "hash:ip,port", "65535"])
+def test_ipset_token_admits_names_and_members(token):
+    assert ipset_token(token) == token
+
+
+@pytest.mark.parametrize("token", ["", "a b", 'a"b', "a\nadd", "a\rb", "#x", "-exist", "a\\b", "é", "a\x00"])
+def test_ipset_token_refuses_what_could_change_the_line(token):
+    with pytest.raises(UnsafeText):
+        ipset_token(token)
+
+
+def test_restore_lines_refuse_an_unsafe_member_rather_than_write_it():
+    lines = restore_lines(create=[HASH], changes={HASH.name: (["10.0.0.1,tcp:80,10.0.0.1"], [])})
+    assert [split_ipset_line(line) for line in lines] == [
+        ["create", HASH.name, "hash:ip,port,ip", "family", "inet", "maxelem", str(HASH.max_elements)],
+        ["add", HASH.name, "10.0.0.1,tcp:80,10.0.0.1"]]
+    with pytest.raises(UnsafeText):
+        restore_lines(create=[], changes={HASH.name: (["10.0.0.1\nflush"], [])})
+    with pytest.raises(UnsafeText):
+        restore_lines(create=[], changes={"NETAGENT-X Y": (["10.0.0.1"], [])})

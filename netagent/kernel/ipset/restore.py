@@ -10,6 +10,8 @@ output without root.
 The restore input is every `create` first, then per set its `del` lines before its `add`
 lines, so removals free room before the adds count against `maxelem`. `create` takes
 `family inet` and `maxelem` for hash types; bitmap:port takes the full port range instead.
+Each token is checked by `iptables.tokens.ipset_token` (the one escaping module: ipset has no
+escapes, so anything but a name's or member's characters is refused, never written).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from netagent.kernel.ipset.model import (
     IpsetType,
     SetContents,
 )
+from netagent.kernel.iptables.tokens import ipset_token
 
 _HEADER_FIELD = re.compile(r"^(Name|Type|Header|References|Number of entries):\s*(.*)$")
 
@@ -37,11 +40,14 @@ def create_arguments(spec: IpsetSpec) -> list[str]:
 
 def restore_lines(*, create: Sequence[IpsetSpec],
                   changes: Mapping[str, tuple[Sequence[str], Sequence[str]]]) -> list[str]:
-    """`ipset restore` input for `Ipset._apply`, in the order both implementations apply it."""
-    lines = [" ".join(["create", *create_arguments(spec)]) for spec in create]
+    """`ipset restore` input for `Ipset._apply`, in the order both implementations apply it.
+    Every name and member passes `ipset_token` (UnsafeText otherwise): ipset restore has no
+    escapes, so a token with a quote, a blank or a control character would change the line."""
+    lines = [" ".join(["create", *map(ipset_token, create_arguments(spec))]) for spec in create]
     for name, (add, remove) in changes.items():
-        lines += [f"del {name} {member}" for member in remove]
-        lines += [f"add {name} {member}" for member in add]
+        name = ipset_token(name)
+        lines += [f"del {name} {ipset_token(member)}" for member in remove]
+        lines += [f"add {name} {ipset_token(member)}" for member in add]
     return lines
 
 

@@ -60,6 +60,7 @@ from netagent.kernel.ipset.restore import (
     parse_save,
     restore_lines,
 )
+from netagent.kernel.iptables.tokens import run_tool
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 
@@ -224,8 +225,7 @@ class IpsetRunner(Ipset):
     def _run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         command = [*self.exec_prefix, self.binary, *args]
         try:
-            return subprocess.run(command, input=stdin, capture_output=True, text=True,
-                                  timeout=self.timeout)
+            return run_tool(command, stdin=stdin, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise IpsetError(f"{' '.join(command[:6])}: timed out after {self.timeout:g} s") from None
         except FileNotFoundError:

@@ -6,7 +6,11 @@ thousands of rules on the legacy backend (python-iptables would be legacy-only a
 
 Modules, one job each:
 - `backend`: which iptables backend (legacy or nft) the host uses, and the binaries' names;
-- `restore_format`: the restore/save text format (tokens, parsed tables, a restore builder);
+- `tokens`: one token of rule text: how iptables-restore and ipset restore split a line (as
+  measured), and the one escaping every string written into their input goes through
+  (`quote_token` refuses control characters, `comment_text` makes a comment safe);
+- `restore_format`: the restore/save text format (lines, parsed tables, a restore builder);
+- `arguments`: what iptables' option parser refuses in a rule's arguments (the fake's check);
 - `runner`: the `Iptables` interface (restore and save, and owned-rule operations built on
   them) and `IptablesRunner`, its subprocess implementation, optionally inside a namespace;
 - `fake`: `FakeIptables`, an in-memory implementation that validates restore input the way

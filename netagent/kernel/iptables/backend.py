@@ -27,6 +27,8 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from netagent.kernel.iptables.tokens import run_tool
+
 log = logging.getLogger("netagent.kernel.iptables")
 
 KUBELET_HINT_CHAINS = frozenset({"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"})
@@ -131,8 +133,7 @@ def _read_save(family: IpFamily, backend: IptablesBackend, exec_prefix: Sequence
         return None
     # Without -t, legacy-save dumps only tables already loaded, so detecting never creates one.
     try:
-        done = subprocess.run([*exec_prefix, save], capture_output=True, text=True,
-                              timeout=DETECTION_TIMEOUT_SECONDS)
+        done = run_tool([*exec_prefix, save], timeout=DETECTION_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         log.warning("%s timed out during backend detection", save)
         return None
@@ -143,9 +144,9 @@ def _read_save(family: IpFamily, backend: IptablesBackend, exec_prefix: Sequence
 
 
 def _declared_chains(save_text: str) -> set[str]:
-    return {line[1:].split()[0] for line in save_text.splitlines()
+    return {line[1:].split()[0] for line in save_text.split("\n")
             if line.startswith(":") and len(line) > 1}
 
 
 def _rule_count(save_text: str) -> int:
-    return sum(1 for line in save_text.splitlines() if line.startswith("-A "))
+    return sum(1 for line in save_text.split("\n") if line.startswith("-A "))

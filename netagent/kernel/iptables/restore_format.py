@@ -7,9 +7,15 @@ the real tools would be given.
 
 Facts about the format this module encodes (measured with iptables 1.8.9, both backends):
 - a table block is `*table`, then `:CHAIN POLICY [packets:bytes]` lines and commands
-  (`-A -I -D -R -N -X -F -P -Z`), then `COMMIT`; `#` lines and blank lines are ignored;
-- tokens split on whitespace; `"` opens and closes a quoted part, a backslash escapes the
-  next character (save writes `it\\'s`); single quotes are not quotes;
+  (`-A -I -D -R -N -X -F -P -Z`), then `COMMIT`; lines end at `\\n` only, and a NUL ends a
+  line's text; a line that is empty, or whose FIRST character is `#`, is skipped (` #x` is
+  a command, and fails); `*`, `:` and `COMMIT` count only in the first column, `COMMIT`
+  only with nothing after it (`COMMIT ` and `COMMIT\\r` are commands, and fail); a line of
+  blanks inside a table fails ("no command specified"); `*` and `:` lines are split on
+  space/tab without quotes (`:"X" -` declares a chain named `"X"`), and a `:` line ignores
+  what follows its policy;
+- rule lines are tokenized as `tokens.split_tokens` says (double quotes, backslash escapes
+  only inside them, no other whitespace than space/tab/newline); single quotes are not quotes;
 - iptables-save prints a rule's address and interface options first, in the order
   `-s -d -i -o -p -f`, writes bare host addresses as `/32` (`/128`) and sorts user chains
   by name. `canonical_spec` reproduces the first two so specs compare equal to saved ones.
@@ -26,6 +32,23 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from netagent.kernel.iptables.arguments import TARGET_OPTIONS, argument_problem
+from netagent.kernel.iptables.tokens import (
+    COMMENT_MAX_BYTES,
+    RULE_MAX_TOKENS,
+    TOKEN_MAX_BYTES,
+    comment_text,
+    join_tokens,
+    quote_comment,
+    quote_token,
+    save_comment,
+    save_token,
+    split_tokens,
+    utf8_length,
+)
+
+__all__ = ["join_tokens", "quote_comment", "quote_token", "split_tokens"]  # re-exported
+
 MAX_CHAIN_NAME_LENGTH = 28
 
 BUILTIN_CHAINS: dict[str, tuple[str, ...]] = {
@@ -38,7 +61,6 @@ BUILTIN_CHAINS: dict[str, tuple[str, ...]] = {
 BUILTIN_POLICIES = ("ACCEPT", "DROP")
 USER_CHAIN_POLICY = "-"
 
-_UNQUOTED_SAFE = re.compile(r"[^\s\"'\\]+")
 _COUNTERS = re.compile(r"\[\d+:\d+\]")
 _HEADER_OPTIONS = {"-s": "-s", "--source": "-s", "--src": "-s",
                    "-d": "-d", "--destination": "-d", "--dst": "-d",
@@ -46,7 +68,7 @@ _HEADER_OPTIONS = {"-s": "-s", "--source": "-s", "--src": "-s",
                    "-o": "-o", "--out-interface": "-o",
                    "-p": "-p", "--protocol": "-p"}
 _HEADER_ORDER = ("-s", "-d", "-i", "-o", "-p", "-f")
-_TARGET_OPTIONS = frozenset({"-j", "--jump", "-g", "--goto"})
+_TARGET_OPTIONS = TARGET_OPTIONS
 
 
 class RestoreSyntaxError(ValueError):
@@ -137,93 +159,56 @@ class Table:
                 if jump_target(spec) == target]
 
 
-# ---- tokens -------------------------------------------------------------------------------
-
-# One token: runs of plain characters, "quoted parts" and \escapes, glued together. Each
-# alternative starts with a different character, so matching never backtracks far.
-_TOKENS = re.compile(r'(?:[^\s"\\]|"(?:[^"\\]|\\.)*"|\\.)+', re.S)
-_UNESCAPE = re.compile(r'\\(.)|"', re.S)
-
-
-def split_tokens(line: str) -> list[str]:
-    """Split a restore line the way iptables-restore does (double quotes, backslash escapes).
-
-    Built on str.split rather than a character loop: a saved ruleset can be hundreds of
-    thousands of lines; most have no quotes, most others only a quoted comment."""
-    if "\\" in line:
-        return _split_escaped(line)
-    if '"' not in line:
-        return line.split()
-    parts = line.split('"')
-    if len(parts) % 2 == 0:
-        raise ValueError("unterminated quote")
-    tokens: list[str] = []
-    pending: str | None = None  # a token still open: it may glue onto what follows
-    for index, part in enumerate(parts):
-        if index % 2:
-            pending = (pending or "") + part
-            continue
-        if not part:
-            continue
-        words = part.split()
-        if pending is not None:
-            if not part[0].isspace():
-                pending += words.pop(0)
-            if part[0].isspace() or words or part[-1].isspace():
-                tokens.append(pending)
-                pending = None
-        if words:
-            if part[-1].isspace():
-                tokens.extend(words)
-            else:
-                tokens.extend(words[:-1])
-                pending = words[-1]
-    if pending is not None:
-        tokens.append(pending)
-    return tokens
-
-
-def _split_escaped(line: str) -> list[str]:
-    tokens: list[str] = []
-    end = 0
-    for found in _TOKENS.finditer(line):
-        if line[end:found.start()].strip() or (tokens and found.start() == end):
-            raise ValueError("unterminated quote or escape")
-        tokens.append(_UNESCAPE.sub(lambda escape: escape.group(1) or "", found.group()))
-        end = found.end()
-    if line[end:].strip():
-        raise ValueError("unterminated quote or escape")
-    return tokens
-
-
-def quote_token(token: str) -> str:
-    if _UNQUOTED_SAFE.fullmatch(token):
-        return token
-    escaped = token.replace("\\", "\\\\").replace('"', '\\"').replace("'", "\\'")
-    return f'"{escaped}"'
-
-
-def join_tokens(tokens: Iterable[str]) -> str:
-    return " ".join(quote_token(token) for token in tokens)
-
+# ---- tokens: netagent/kernel/iptables/tokens.py --------------------------------------------
 
 def jump_target(spec: Sequence[str]) -> str | None:
     """The chain or target a rule jumps or goes to (None for a rule without target)."""
-    for option in _TARGET_OPTIONS:
-        if option in spec:
-            index = spec.index(option)
-            return spec[index + 1] if index + 1 < len(spec) else None
-    return None
+    index = _target_index(spec)
+    return spec[index + 1] if index is not None and index + 1 < len(spec) else None
 
 
 def is_goto(spec: Sequence[str]) -> bool:
-    return "-g" in spec or "--goto" in spec
+    index = _target_index(spec)
+    return index is not None and spec[index] in ("-g", "--goto")
+
+
+def _target_index(spec: Sequence[str]) -> int | None:
+    """Where `-j`/`-g` is, skipping a comment's value (`--comment -j` is a comment, as getopt
+    hands an option's required argument over whatever it looks like)."""
+    found: int | None = None
+    for option in _TARGET_OPTIONS:
+        if option not in spec:
+            continue
+        index: int | None = spec.index(option)
+        while index and spec[index - 1] == "--comment":
+            index = spec.index(option, index + 1) if option in spec[index + 1:] else None
+        if index is not None:
+            found = index if found is None else min(found, index)
+    return found
 
 
 def canonical_spec(spec: Sequence[str]) -> tuple[str, ...]:
-    """The spec as iptables-save prints it: header options first in save's order, short
-    option names, host addresses with a prefix length. Other options keep their order, and
-    everything after `-j TARGET` belongs to the target (e.g. SNAT's `--to-source`)."""
+    """The spec as iptables-save prints it once we wrote it: header options first in save's
+    order, short option names, host addresses with a prefix length, each comment in
+    `comment_text`'s safe form (what `join_tokens` writes). Other options keep their order,
+    and everything after `-j TARGET` belongs to the target (e.g. SNAT's `--to-source`)."""
+    return _canonical(spec, comment_text)
+
+
+def stored_spec(spec: Sequence[str]) -> tuple[str, ...]:
+    """The spec as the kernel keeps what the tool was given (the fake's view): like
+    `canonical_spec`, but each comment only cut to 255 bytes, as xt_comment does, even
+    inside a UTF-8 character (the cut bytes stay as surrogate escapes)."""
+    return _canonical(spec, _kernel_comment)
+
+
+def _kernel_comment(text: str) -> str:
+    if utf8_length(text) <= COMMENT_MAX_BYTES:
+        return text
+    return text.encode("utf-8", "surrogateescape")[:COMMENT_MAX_BYTES].decode("utf-8", "surrogateescape")
+
+
+def _canonical(spec: Sequence[str], comment) -> tuple[str, ...]:
     header: dict[str, tuple[str, ...]] = {}
     rest: list[str] = []
     index, count, in_target = 0, len(spec), False
@@ -246,6 +231,9 @@ def canonical_spec(spec: Sequence[str]) -> tuple[str, ...]:
         elif option in ("-f", "--fragment"):
             header["-f"] = (("!",) if negated else ()) + ("-f",)
             index = option_at + 1
+        elif token == "--comment" and index + 1 < count:
+            rest += (token, comment(spec[index + 1]))
+            index += 2
         else:
             in_target = token in _TARGET_OPTIONS
             rest.append(token)
@@ -268,23 +256,21 @@ def _with_prefix_length(value: str) -> str:
 
 def parse_restore(text: str) -> Iterator[TableBlock]:
     """Yield table blocks in order, lazily: like the real tool, a syntax error in a later
-    block is only raised after the earlier blocks were handed out (and committed)."""
+    block is only raised after the earlier blocks were handed out (and committed). Lines are
+    read as iptables-restore reads them (see the module docstring)."""
     block: TableBlock | None = None
-    for line_number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+    for line_number, raw, line in _restore_lines(text):
+        if not raw or line.startswith("#"):
             continue
-        if line.startswith("*"):
-            if block is not None:
-                raise RestoreSyntaxError("table started before the previous COMMIT",
-                                         line_number=line_number, line=raw)
-            block = TableBlock(line[1:].strip(), line_number, [], 0)
-            if not block.name:
-                raise RestoreSyntaxError("table name missing", line_number=line_number, line=raw)
+        if line.startswith("*") and block is None:
+            name = _first_words(line[1:], 1)
+            if not name:
+                raise RestoreSyntaxError("table name invalid", line_number=line_number, line=raw)
+            block = TableBlock(name[0], line_number, [], 0)
             continue
         if block is None:
             raise RestoreSyntaxError("line outside a table block", line_number=line_number, line=raw)
-        if line == "COMMIT":
+        if line.rstrip("\n") == "COMMIT":
             block.commit_line_number = line_number
             yield block
             block = None
@@ -294,19 +280,43 @@ def parse_restore(text: str) -> Iterator[TableBlock]:
         raise RestoreSyntaxError("COMMIT expected", line_number=block.line_number, line=f"*{block.name}")
 
 
+def _restore_lines(text: str) -> Iterator[tuple[int, str, str]]:
+    """(number, line without its newline, what the tool sees: the text up to a NUL, with the
+    newline the line was read with)."""
+    lines = text.split("\n")
+    last = len(lines) - 1
+    for index, raw in enumerate(lines):
+        if index == last and not raw:
+            return
+        line = raw + "\n" if index < last else raw
+        if "\0" in line:
+            line = line.split("\0", 1)[0]
+        yield index + 1, raw, line
+
+
+def _first_words(text: str, count: int) -> list[str]:
+    """strtok(" \\t\\n"): the first `count` words, no quoting."""
+    return [word for word in re.split("[ \t\n]+", text, maxsplit=count) if word][:count]
+
+
 def _parse_entry(line: str, *, line_number: int, raw: str) -> Entry:
     def fail(message: str) -> RestoreSyntaxError:
         return RestoreSyntaxError(message, line_number=line_number, line=raw)
 
     if line.startswith(":"):
-        parts = line[1:].split()
-        if len(parts) < 2 or (len(parts) > 2 and not _COUNTERS.fullmatch(parts[2])) or len(parts) > 3:
-            raise fail("chain declaration needs a name and a policy")
+        parts = _first_words(line[1:], 2)
+        if not parts:
+            raise fail("chain name invalid")
+        if len(parts) < 2:
+            raise fail("policy invalid")
         return Entry(line_number, raw, Op.DECLARE, parts[0], policy=parts[1])
-    try:
-        tokens = split_tokens(line)
-    except ValueError as error:
-        raise fail(str(error)) from None
+    tokens = split_tokens(line)
+    if not tokens:
+        raise fail("no command specified")
+    if len(tokens) > RULE_MAX_TOKENS:
+        raise fail("Parser cannot handle more arguments")
+    if any(len(token) > TOKEN_MAX_BYTES // 4 and utf8_length(token) > TOKEN_MAX_BYTES for token in tokens):
+        raise fail("Parameter too long!")
     if tokens and _COUNTERS.fullmatch(tokens[0]):
         tokens = tokens[1:]
     if not tokens or tokens[0] not in _OP_SPELLINGS:
@@ -327,26 +337,24 @@ def _parse_entry(line: str, *, line_number: int, raw: str) -> Entry:
             raise fail("-P needs exactly one policy")
         return Entry(line_number, raw, op, chain, policy=args[0])
     position = None
-    if op in (Op.INSERT, Op.REPLACE) and args and args[0].isdigit():
+    if op in (Op.INSERT, Op.REPLACE) and args and _is_number(args[0]):
         position, args = int(args[0]), args[1:]
     elif op is Op.REPLACE:
         raise fail("-R needs a rule number")
-    elif op is Op.DELETE and len(args) == 1 and args[0].isdigit():
+    elif op is Op.DELETE and len(args) == 1 and _is_number(args[0]):
         return Entry(line_number, raw, op, chain, position=int(args[0]))
     if op is Op.INSERT and position is None:
         position = 1
     if position is not None and position < 1:
         raise fail("rule numbers start at 1")
-    _check_targets(args, fail)
+    problem = argument_problem(args)
+    if problem:
+        raise fail(problem)
     return Entry(line_number, raw, op, chain, spec=tuple(args), position=position)
 
 
-def _check_targets(spec: Sequence[str], fail) -> None:
-    count = sum(spec.count(option) for option in _TARGET_OPTIONS)
-    if count > 1:
-        raise fail("more than one -j/-g")
-    if count == 1 and spec[-1] in _TARGET_OPTIONS:
-        raise fail("-j/-g requires an argument")
+def _is_number(token: str) -> bool:
+    return token.isascii() and token.isdigit()
 
 
 # ---- save text <-> tables ------------------------------------------------------------------
@@ -357,16 +365,18 @@ def parse_save(text: str, *, skip_rules_of: str | None = None) -> dict[str, Tabl
     `skip_rules_of` keep their names but not their rules (the cheap view a full sync needs).
 
     A loop of its own rather than `parse_restore`: save output is trusted and can be hundreds of
-    thousands of lines, so this does the least per line."""
+    thousands of lines, so this does the least per line. Lines end at `\\n` only: a
+    comment may hold `\\r`, U+0085 or U+2028, which str.splitlines() would break."""
     tables: dict[str, Table] = {}
     table: Table | None = None
     skipped = f"-A {skip_rules_of}" if skip_rules_of else None
-    for line_number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
+    lines = text.split("\n")
+    for line_number, raw in enumerate(lines, start=1):
+        line = raw.strip(" \t")
         if not line or line[0] == "#":
             continue
         if line[0] == "[":  # `iptables-save -c` puts [packets:bytes] before each rule
-            line = line.partition("]")[2].strip()
+            line = line.partition("]")[2].strip(" \t")
         if line.startswith("-A "):
             if skipped is not None and line.startswith(skipped):
                 continue
@@ -379,19 +389,20 @@ def parse_save(text: str, *, skip_rules_of: str | None = None) -> dict[str, Tabl
                 raise RestoreSyntaxError("rule for an undeclared chain or outside a table",
                                          line_number=line_number, line=raw) from None
         elif line[0] == ":" and table is not None:
-            parts = line[1:].split()
+            parts = _first_words(line[1:], 2)
             if len(parts) < 2:
                 raise RestoreSyntaxError("chain declaration needs a name and a policy",
                                          line_number=line_number, line=raw)
             table.chains.setdefault(parts[0], Chain(parts[0], parts[1]))
         elif line[0] == "*" and table is None:
-            table = tables.setdefault(line[1:], Table(line[1:]))
+            name = line[1:]
+            table = tables.setdefault(name, Table(name))
         elif line == "COMMIT" and table is not None:
             table = None
         else:
             raise RestoreSyntaxError("not save output", line_number=line_number, line=raw)
     if table is not None:
-        raise RestoreSyntaxError("COMMIT expected", line_number=len(text.splitlines()), line=f"*{table.name}")
+        raise RestoreSyntaxError("COMMIT expected", line_number=len(lines), line=f"*{table.name}")
     return tables
 
 
@@ -405,9 +416,20 @@ def render_save(tables: Iterable[Table]) -> str:
         for chain in builtin + user:
             lines.append(f":{chain.name} {chain.policy} [0:0]")
         for chain in builtin + user:
-            lines.extend(f"-A {chain.name} {join_tokens(spec)}".rstrip() for spec in chain.rules)
+            lines.extend(f"-A {chain.name} {_save_spec(spec)}".rstrip() for spec in chain.rules)
         lines.append("COMMIT")
     return "\n".join(lines) + "\n" if lines else ""
+
+
+
+def _save_spec(spec: Sequence[str]) -> str:
+    """A spec as iptables-save prints it: never refused, control characters as they are."""
+    out: list[str] = []
+    comment_next = False
+    for token in spec:
+        out.append(save_comment(token) if comment_next else save_token(token))
+        comment_next = not comment_next and token == "--comment"
+    return " ".join(out)
 
 
 # ---- building restore input ----------------------------------------------------------------

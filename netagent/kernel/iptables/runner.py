@@ -53,6 +53,7 @@ from netagent.kernel.iptables.restore_format import (
     parse_save,
     split_tokens,
 )
+from netagent.kernel.iptables.tokens import run_tool
 
 OWNED_PREFIX = owned.CHAIN_PREFIX
 RANDOM_FULLY_SINCE = (1, 6, 2)
@@ -285,8 +286,7 @@ class IptablesRunner(Iptables):
     def _run(self, argv: list[str], *, stdin: str | None = None) -> subprocess.CompletedProcess:
         command = [*self.exec_prefix, *argv]
         try:
-            return subprocess.run(command, input=stdin, capture_output=True, text=True,
-                                  timeout=self.timeout)
+            return run_tool(command, stdin=stdin, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise IptablesError(f"timed out after {self.timeout:g} s", command=command) from None
 
@@ -345,7 +345,7 @@ def explain_restore_failure(stderr: str, text: str) -> tuple[int | None, str | N
     if not found:
         return None, None, message
     line_number = int(found.group(1))
-    lines = text.splitlines()
+    lines = text.split("\n")
     line = lines[line_number - 1] if 0 < line_number <= len(lines) else None
     missing = _MISSING_CHAIN.search(stderr)
     if line is not None and line.strip() == "COMMIT" and missing:
