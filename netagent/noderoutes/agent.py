@@ -103,11 +103,14 @@ def _routing_view(node: object) -> tuple:
     """The parts of a Node that routing depends on (status heartbeats change nothing); on the
     watch thread, so it must not raise on a malformed Node (it then counts as changed)."""
     try:
-        notes = nodes.node_annotations(node)
-        metadata = node.get("metadata") if isinstance(node, dict) else None
-        created = metadata.get("creationTimestamp") if isinstance(metadata, dict) else None
-        return (tuple(nodes.pod_cidr_strings(node)), created,
-                *(notes.get(key) for key in nodes.ANNOUNCED))
+        if not isinstance(node, dict):
+            return (node,)
+        metadata, spec = node.get("metadata"), node.get("spec")
+        notes = metadata.get("annotations") if isinstance(metadata, dict) else metadata
+        raw_cidrs = (spec.get("podCIDR"), spec.get("podCIDRs")) if isinstance(spec, dict) else spec
+        fields = (metadata.get("creationTimestamp"), metadata.get("uid")) if isinstance(metadata, dict) else ()
+        announced = tuple(notes.get(key) for key in nodes.ANNOUNCED) if isinstance(notes, dict) else notes
+        return (raw_cidrs, fields, announced)  # raw values: read_peer judges them, not this
     except Exception:
         return (object(),)  # equal to nothing: record the change, read_peer judges it
 
@@ -285,8 +288,10 @@ class NodeAgent:
         cluster = tuple(c for c in self.settings.cluster_cidrs if c.version == 4)
         reserved = [(c, "the service range (--service-cidr)") for c in self.settings.service_cidrs
                     if c.version == 4]
+        ours = [c for c in self.pod_cidrs if c.version == 4]  # claimed as this node's by the planner
         reserved += [(network, what) for network, what in self.host_networks
-                     if network.prefixlen == 32 or not any(c.subnet_of(network) for c in cluster)]
+                     if not any(network.subnet_of(c) for c in ours)
+                     and (network.prefixlen == 32 or not any(c.subnet_of(network) for c in cluster))]
         return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved))
 
     def _announce(self, own: dict, backend_data: dict, underlay: Underlay) -> None:
