@@ -16,6 +16,13 @@ changed (a `ChangeRecorder`, `node_changes`) and poke the runner; the runner's o
 recorded changes (partial sync) or reconciles everything (periodic full sync, which is
 also the drift repair). Nothing is flushed on exit: a restarted agent adopts the kernel
 state it finds, so established connections never notice.
+
+Every other Node is untrusted: each is read alone (`read_peer`, which never raises) and the
+planner admits only peers inside `bounds()` (the cluster CIDR, clear of `--service-cidr` and
+this node's own networks) that take no claim from an older Node. Every Node refused either
+way is rejected in `rejections` with its reason (and accepted again once usable or deleted),
+so one bad Node costs no other its routes and /healthz lists it. When another writer changes
+our own announcement, the sync that sees it patches back the keys that differ.
 """
 from __future__ import annotations
 
