@@ -43,7 +43,14 @@ from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
 from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes import node_objects as nodes
-from netagent.noderoutes.routing.model import LocalNode, PeerBounds, RefusalReason, RoutingSettings, pod_mtu
+from netagent.noderoutes.routing.model import (
+    LocalNode,
+    PeerBounds,
+    RefusalReason,
+    Refused,
+    RoutingSettings,
+    pod_mtu,
+)
 from netagent.noderoutes.underlay import Underlay, UnderlaySnapshot, choose_underlay, read_underlay_snapshot
 
 if TYPE_CHECKING:  # imported where used, at start-up
@@ -57,6 +64,7 @@ if TYPE_CHECKING:  # imported where used, at start-up
 log = logging.getLogger("netagent.node")
 NODE = "Node"  # the rejected objects' kind
 DEFAULT_SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"),)  # kubeadm's --service-cidr default
+REASSERT_MIN_INTERVAL = 5.0  # seconds between two restorations of our announcement (see _reassert_announcement)
 
 class AgentStartError(Exception):
     """The agent cannot start without guessing; the message says what to fix."""
@@ -166,6 +174,8 @@ class NodeAgent:
         self._unusable: dict[str, nodes.Unusable] = {}  # Nodes read_peer refused, by name
         self._rejected: set[str] = set()  # Node names currently rejected in self.rejections
         self._announcement: dict[str, str] = {}  # what start() announced; re-asserted when changed
+        self._reasserted_at: float | None = None  # time.monotonic() of the last restoration
+        self.monotonic: Callable[[], float] = time.monotonic  # tests hold time still
 
     # ------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -327,8 +337,10 @@ class NodeAgent:
 
     def _reassert_announcement(self) -> None:
         """Another writer changed our announcement under us: patch it back. Only keys that differ
-        are written and our own write comes back equal, so there is no patch loop; a failure is
-        logged and retried at the next sync that sees the drift (every full sync looks)."""
+        are written and our own write comes back equal, so there is no patch loop with ourselves;
+        against a writer that keeps fighting (a second agent with our node name) restorations are
+        at least REASSERT_MIN_INTERVAL apart, the ones in between left to a later sync (every full
+        sync looks). A failure is logged and retried the same way; routing goes on either way."""
         assert self.reflector is not None, "the reflector exists before any sync"
         own = self.reflector.store.get(self.settings.node_name)
         if own is None or not self._announcement:
@@ -336,6 +348,12 @@ class NodeAgent:
         changed = self._announcement_drift(own)
         if not changed:
             return
+        now = self.monotonic()
+        if self._reasserted_at is not None and now - self._reasserted_at < REASSERT_MIN_INTERVAL:
+            log.debug("announcement drift on node %s: restored %.1f s ago, waiting", self.settings.node_name,
+                      now - self._reasserted_at)
+            return
+        self._reasserted_at = now
         from netagent.kube.nodes import patch_node_annotations
         log.warning("node %s: our announcement was changed by another writer (%s); restoring it",
                     self.settings.node_name, ", ".join(sorted(changed)))
@@ -417,17 +435,17 @@ class NodeAgent:
             if partial is not None:  # RoutingApplyError: the plan stands, its refusals are known
                 self._record_rejections(partial)
             raise
-        self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self._record_rejections(report)
+        self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
 
     def _record_rejections(self, report: SyncReport) -> None:
-        """Every Node refused now (unreadable, or refused by the plan) is rejected with its reason;
-        one refused before and usable or gone now is accepted."""
+        """Every Node refused now (unreadable, added to `report.refused` here, or refused by the
+        plan) is rejected with its reason; one refused before and usable or gone now is accepted."""
         assert self.reflector is not None, "the reflector exists before any sync"
         store = self.reflector.store
-        now: dict[str, tuple[str, str]] = {name: (bad.reason.value, bad.detail) for name, bad in self._unusable.items()}
-        now.update((name, (refused.label.value, refused.reason)) for name, refused in report.refused.items())
+        report.refused.update((name, Refused(bad.detail, bad.reason)) for name, bad in self._unusable.items())
+        now = {name: (refused.label.value, refused.reason) for name, refused in report.refused.items()}
         for name, (reason, detail) in now.items():
             ref = dataclasses.replace(ObjectRef.of(NODE, store.get(name), key=name), namespace="", name=name)
             self.rejections.reject(ref, reason=reason, detail=detail)

@@ -15,9 +15,9 @@ import pytest
 from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.routing.vxlan import vtep_mac
-from netagent.noderoutes.agent import own_networks
+from netagent.noderoutes.agent import REASSERT_MIN_INTERVAL, own_networks
 from netagent.noderoutes.underlay import InterfaceInfo, UnderlaySnapshot
-from tests.unit.node_agent_support import CLUSTER, AgentHarness, node
+from tests.unit.node_agent_support import CLUSTER, LOCAL_IP, AgentHarness, node
 
 
 def deep_json(size: int = 20_000) -> str:
@@ -192,3 +192,28 @@ def test_own_networks_are_reserved_unless_they_hold_the_whole_cluster():
         default_route_ifindexes=(2,)))
     reserved = {str(network) for network, _ in harness.agent.bounds().reserved}
     assert reserved == {"10.96.0.0/16", "10.3.0.5/32", "10.244.250.1/32", "10.244.250.0/24"}
+
+
+def test_a_writer_that_keeps_fighting_is_answered_at_most_every_few_seconds(monkeypatch):
+    """A second agent with our node name would rewrite the announcement after each of our patches:
+    restorations are at least REASSERT_MIN_INTERVAL apart; a full sync after that restores it."""
+    harness = AgentHarness()
+    clock = [1000.0]
+    harness.agent.monotonic = lambda: clock[0]
+    patches = []
+    monkeypatch.setattr("netagent.kube.nodes.patch_node_annotations",
+                        lambda api_client, name, annotations: patches.append(dict(annotations)))
+
+    def tamper(address: str) -> None:
+        tampered = json.loads(json.dumps(harness.reflector.store.get("node-1")))
+        tampered["metadata"]["annotations"][nodes.PUBLIC_IP] = address
+        harness.put(tampered)
+
+    tamper("198.18.16.200")
+    harness.sync()
+    tamper("198.18.16.201")  # the other writer again, before our write came back
+    harness.sync()
+    assert len(patches) == 1
+    clock[0] += REASSERT_MIN_INTERVAL
+    harness.sync(SyncKind.FULL)
+    assert len(patches) == 2 and patches[1] == {nodes.PUBLIC_IP: str(LOCAL_IP)}
