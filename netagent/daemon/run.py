@@ -34,7 +34,11 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                          help="this node's Node name (default: $NODE_NAME)")
     cluster.add_argument("--cluster-cidr", action="append", default=[],
-                         help="the cluster's pod network (repeat for dual stack)")
+                         help="the cluster's pod network (repeat for dual stack); every peer's pod CIDR "
+                              "must lie inside it")
+    cluster.add_argument("--service-cidr", action="append", default=[],
+                         help="the cluster's Service range (repeat for dual stack; default 10.96.0.0/12 as "
+                              "kubeadm): no peer's pod CIDR may overlap it")
     cluster.add_argument("--backend", choices=[mode.value for mode in Mode], default=Mode.VXLAN.value)
     cluster.add_argument("--auto-encap", choices=[Mode.VXLAN.value, Mode.IPIP.value], default=Mode.VXLAN.value,
                          help="in auto mode, the encapsulation for peers on other subnets")
@@ -111,7 +115,7 @@ def run_agent(args) -> int:
 
 
 def _settings_from(args):
-    from netagent.noderoutes.agent import AgentSettings, AgentStartError, parse_cluster_cidrs
+    from netagent.noderoutes.agent import AgentSettings, AgentStartError, parse_cluster_cidrs, parse_service_cidrs
     from netagent.noderoutes.routing.model import ChecksumOffload, Mode, RoutingSettings
     if not args.node_name:
         raise AgentStartError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it "
@@ -123,6 +127,7 @@ def _settings_from(args):
                               vxlan_checksum_offload=ChecksumOffload.OFF if args.vxlan_checksum_offload == "off"
                               else ChecksumOffload.ON)
     return AgentSettings(node_name=args.node_name, checksum_offload_auto=args.vxlan_checksum_offload == "auto", cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
+                         service_cidrs=parse_service_cidrs(args.service_cidr),
                          routing=routing, iface=args.iface, iface_regex=args.iface_regex,
                          lease_timeout=args.lease_timeout, masquerade=args.masquerade == "on",
                          cni_conf_dir=args.cni_conf_dir or None, cni_mode=args.cni_mode,

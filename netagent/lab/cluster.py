@@ -51,6 +51,7 @@ from netagent.noderoutes.routing.model import Mode
 from proxy.backend import PROXY_MODE_CHOICES
 
 CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
+SERVICE_CIDR = ipaddress.ip_network("10.96.0.0/16")  # the lab API server's Service range (its default)
 API_PORT = 6443
 MODES = tuple(mode.value for mode in Mode)  # the backends --backend accepts
 
@@ -272,7 +273,8 @@ class LabCluster(LabPods):
         directory = self.node_dir(name)
         argv = [sys.executable, "-m", "netagent.cli", "--log-level", "INFO", "run",
                 "--kubeconfig", os.path.join(self.workdir, "kubeconfig"), "--node-name", name,
-                "--cluster-cidr", str(CLUSTER_CIDR), "--backend", self.state.mode,
+                "--cluster-cidr", str(CLUSTER_CIDR), "--service-cidr", str(SERVICE_CIDR),
+                "--backend", self.state.mode,
                 "--auto-encap", self.state.auto_encap, "--iface", "eth0",
                 "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
                 "--cni-data-dir", os.path.join(directory, "ipam"), "--status-bind", "0.0.0.0:10258",

@@ -16,6 +16,13 @@ changed (a `ChangeRecorder`, `node_changes`) and poke the runner; the runner's o
 recorded changes (partial sync) or reconciles everything (periodic full sync, which is
 also the drift repair). Nothing is flushed on exit: a restarted agent adopts the kernel
 state it finds, so established connections never notice.
+
+Every other Node is untrusted: each is read alone (`read_peer`, which never raises) and the
+planner admits only peers inside `bounds()` (the cluster CIDR, clear of `--service-cidr` and
+this node's own networks) that take no claim from an older Node. Every Node refused either
+way is rejected in `rejections` with its reason (and accepted again once usable or deleted),
+so one bad Node costs no other its routes and /healthz lists it. When another writer changes
+our own announcement, the sync that sees it patches back the keys that differ.
 """
 from __future__ import annotations
 
@@ -29,14 +36,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from netagent.cniserver import install as cni_install
+from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import owned
 from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
 from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes import node_objects as nodes
-from netagent.noderoutes.routing.model import LocalNode, RoutingSettings, pod_mtu
-from netagent.noderoutes.underlay import Underlay, choose_underlay, read_underlay_snapshot
+from netagent.noderoutes.routing.model import (
+    LocalNode,
+    PeerBounds,
+    RefusalReason,
+    Refused,
+    RoutingSettings,
+    pod_mtu,
+)
+from netagent.noderoutes.underlay import Underlay, UnderlaySnapshot, choose_underlay, read_underlay_snapshot
 
 if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.infra.status_server import HealthFunction, HealthReport
@@ -47,6 +62,9 @@ if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.noderoutes.routing.routes import RouteManager
 
 log = logging.getLogger("netagent.node")
+NODE = "Node"  # the rejected objects' kind
+DEFAULT_SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"),)  # kubeadm's --service-cidr default
+REASSERT_MIN_INTERVAL = 5.0  # seconds between two restorations of our announcement (see _reassert_announcement)
 
 class AgentStartError(Exception):
     """The agent cannot start without guessing; the message says what to fix."""
@@ -57,6 +75,7 @@ class AgentSettings:
     node_name: str
     cluster_cidrs: tuple
     routing: RoutingSettings
+    service_cidrs: tuple = DEFAULT_SERVICE_CIDRS  # --service-cidr: no peer may claim it
     iface: str | None = None
     iface_regex: str | None = None
     lease_timeout: float = 60.0
@@ -95,19 +114,45 @@ def node_changes(*, on_change: Callable[[], None] = lambda: None) -> ChangeRecor
                           relevant=lambda old, new: _routing_view(old) != _routing_view(new))
 
 
-def _routing_view(node: dict) -> tuple:
-    """The parts of a Node that routing depends on (status heartbeats change nothing)."""
-    notes = nodes.node_annotations(node)
-    return (tuple(nodes.pod_cidr_strings(node)), notes.get(nodes.PUBLIC_IP), notes.get(nodes.BACKEND_DATA))
+def _routing_view(node: object) -> tuple:
+    """The parts of a Node that routing depends on (status heartbeats change nothing); on the
+    watch thread, so it must not raise on a malformed Node (it then counts as changed)."""
+    try:
+        if not isinstance(node, dict):
+            return (node,)
+        metadata, spec = node.get("metadata"), node.get("spec")
+        notes = metadata.get("annotations") if isinstance(metadata, dict) else metadata
+        raw_cidrs = (spec.get("podCIDR"), spec.get("podCIDRs")) if isinstance(spec, dict) else spec
+        fields = (metadata.get("creationTimestamp"), metadata.get("uid")) if isinstance(metadata, dict) else ()
+        announced = tuple(notes.get(key) for key in nodes.ANNOUNCED) if isinstance(notes, dict) else notes
+        return (raw_cidrs, fields, announced)  # raw values: read_peer judges them, not this
+    except Exception:
+        return (object(),)  # equal to nothing: record the change, read_peer judges it
+
+
+def own_networks(snapshot: UnderlaySnapshot) -> tuple:
+    """(network, what) pairs no peer may claim: every address of this node (/32) and every
+    connected IPv4 subnet of its interfaces (not loopback, not our own devices), except a
+    subnet so wide that it holds a whole cluster CIDR (routes to pods inside it are then the
+    normal case); the addresses still protect the node itself."""
+    reserved = []
+    for info in snapshot.interfaces:
+        if info.name == "lo" or info.name.startswith(owned.DEVICE_PREFIX):
+            continue
+        for address in info.addresses:
+            reserved.append((ipaddress.ip_network(f"{address.ip}/32"), f"this node's address on {info.name}"))
+            reserved.append((address.network, f"this node's network on {info.name}"))
+    return tuple(reserved)
 
 
 class NodeAgent:
     """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
 
     def __init__(self, settings: AgentSettings, *, api_client, kernel, iptables_runner, registry,
-                 node_listeners: Sequence[EventHandler] = ()) -> None:
+                 node_listeners: Sequence[EventHandler] = (), rejections: RejectionScope | None = None) -> None:
         """`node_listeners` share this agent's Node watch (the service proxy's own-Node recorder):
-        one process, one Node reflector."""
+        one process, one Node reflector. `rejections` records the Nodes refused as peers (the
+        process's scope in the daemon; a private one otherwise)."""
         from netagent.noderoutes.metrics import NodeAgentMetrics
         self.settings = settings
         self.api_client = api_client
@@ -124,6 +169,13 @@ class NodeAgent:
         self.pod_cidrs: tuple = ()
         self.last_report: SyncReport | None = None
         self._runner_health: HealthFunction | None = None
+        self.rejections = rejections if rejections is not None else standalone("noderoutes")
+        self.host_networks: tuple = ()  # (network, what): this node's own, read with the underlay
+        self._unusable: dict[str, nodes.Unusable] = {}  # Nodes read_peer refused, by name
+        self._rejected: set[str] = set()  # Node names currently rejected in self.rejections
+        self._announcement: dict[str, str] = {}  # what start() announced; re-asserted when changed
+        self._reasserted_at: float | None = None  # time.monotonic() of the last restoration
+        self.monotonic: Callable[[], float] = time.monotonic  # tests hold time still
 
     # ------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -169,7 +221,11 @@ class NodeAgent:
         if self._runner_health is None:
             self._runner_health = health_from_sync_runner(
                 self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))
-        return self._runner_health()
+        report = self._runner_health()
+        rejected = self.rejections.health_details()
+        if rejected:
+            report.details["rejected"] = rejected
+        return report
 
     def stop(self) -> None:
         if self.runner is not None:
@@ -210,6 +266,7 @@ class NodeAgent:
         from netagent.noderoutes.underlay import UnderlayError
         with IPRoute() as ipr:
             snapshot = read_underlay_snapshot(ipr)
+        self.host_networks = own_networks(snapshot)
         try:
             return choose_underlay(snapshot, iface=self.settings.iface, iface_regex=self.settings.iface_regex,
                                    public_ip_override=nodes.node_annotations(own).get(nodes.PUBLIC_IP_OVERWRITE))
@@ -233,7 +290,7 @@ class NodeAgent:
         if self.settings.checksum_offload_auto:
             routing = dataclasses.replace(routing, vxlan_checksum_offload=auto_checksum_offload(
                 kernel_release=os.uname().release, behind_nat=underlay.behind_nat))
-        route_manager = RouteManager(kernel=self.kernel, settings=routing, local=local)
+        route_manager = RouteManager(kernel=self.kernel, settings=routing, local=local, bounds=self.bounds())
         masquerade = None
         if self.settings.masquerade:
             masquerade = MasqueradeManager(
@@ -242,14 +299,25 @@ class NodeAgent:
                 pod_cidrs=[c for c in self.pod_cidrs if c.version == 4])
         return route_manager, masquerade
 
+    def bounds(self) -> PeerBounds:
+        """Where peers' pod CIDRs may lie: the cluster CIDR, clear of the service range and of this
+        node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
+        cluster = tuple(c for c in self.settings.cluster_cidrs if c.version == 4)
+        reserved = [(c, "the service range (--service-cidr)") for c in self.settings.service_cidrs
+                    if c.version == 4]
+        ours = [c for c in self.pod_cidrs if c.version == 4]  # claimed as this node's by the planner
+        reserved += [(network, what) for network, what in self.host_networks
+                     if not any(network.subnet_of(c) for c in ours)
+                     and (network.prefixlen == 32 or not any(c.subnet_of(network) for c in cluster))]
+        return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved))
+
     def _announce(self, own: dict, backend_data: dict, underlay: Underlay) -> None:
-        from netagent.kube.nodes import patch_node_annotations
-        wanted = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
-                                           public_ip=underlay.public_ip, backend_data=backend_data)
-        current = nodes.node_annotations(own)
-        changed = {k: v for k, v in wanted.items() if current.get(k) != v}
+        self._announcement = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
+                                                       public_ip=underlay.public_ip, backend_data=backend_data)
+        changed = self._announcement_drift(own)
         if not changed:
             return
+        from netagent.kube.nodes import patch_node_annotations
         deadline = time.monotonic() + self.settings.lease_timeout
         while True:
             try:
@@ -261,6 +329,38 @@ class NodeAgent:
                 log.warning("annotating node %s failed (%s); retrying", self.settings.node_name, exc)
                 time.sleep(1.0)
         log.info("announced: %s", ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+
+    def _announcement_drift(self, own: object) -> dict:
+        """Our announcement's keys whose value on our Node differs from what we announced."""
+        current = nodes.node_annotations(own)
+        return {key: value for key, value in self._announcement.items() if current.get(key) != value}
+
+    def _reassert_announcement(self) -> None:
+        """Another writer changed our announcement under us: patch it back. Only keys that differ
+        are written and our own write comes back equal, so there is no patch loop with ourselves;
+        against a writer that keeps fighting (a second agent with our node name) restorations are
+        at least REASSERT_MIN_INTERVAL apart, the ones in between left to a later sync (every full
+        sync looks). A failure is logged and retried the same way; routing goes on either way."""
+        assert self.reflector is not None, "the reflector exists before any sync"
+        own = self.reflector.store.get(self.settings.node_name)
+        if own is None or not self._announcement:
+            return
+        changed = self._announcement_drift(own)
+        if not changed:
+            return
+        now = self.monotonic()
+        if self._reasserted_at is not None and now - self._reasserted_at < REASSERT_MIN_INTERVAL:
+            log.debug("announcement drift on node %s: restored %.1f s ago, waiting", self.settings.node_name,
+                      now - self._reasserted_at)
+            return
+        self._reasserted_at = now
+        from netagent.kube.nodes import patch_node_annotations
+        log.warning("node %s: our announcement was changed by another writer (%s); restoring it",
+                    self.settings.node_name, ", ".join(sorted(changed)))
+        try:
+            patch_node_annotations(self.api_client, self.settings.node_name, changed)
+        except Exception as exc:  # the API may be down: the next sync retries, routing goes on
+            log.warning("restoring the announcement on node %s failed: %s", self.settings.node_name, exc)
 
     def _publish_to_cni(self, underlay: Underlay) -> None:
         if not self.settings.cni_conf_dir:
@@ -276,24 +376,36 @@ class NodeAgent:
 
     # ------------------------------------------------------------ sync
     def peers(self, names: Iterable[str] | None = None) -> tuple[list, list]:
-        """(peers, removed names) for the given Node names, or for all Nodes."""
+        """(peers, removed names) for the given Node names, or for all Nodes. Each Node is read on
+        its own (`read_peer` is total): one that cannot be read is remembered as unusable and
+        removed from routing, and costs no other Node anything."""
         assert self.reflector is not None, "start() creates the reflector before anything asks for peers"
         store = self.reflector.store
         wanted = store.keys() if names is None else names
+        if names is None:
+            self._unusable.clear()
         peers, removed, pending = [], [], {}
         for name in wanted:
             if name == self.settings.node_name:
                 continue
+            self._unusable.pop(name, None)
             node = store.get(name)
             if node is None:
                 removed.append(name)
                 continue
-            peer, why = nodes.peer_from_node(node)
-            if peer is None:
-                pending[name] = why
+            found = nodes.read_peer(node)
+            if isinstance(found, nodes.Unusable):
+                self._unusable[name] = found
+                removed.append(name)
+            elif isinstance(found, nodes.NotYet):
+                pending[name] = found.detail
                 removed.append(name)  # whatever we programmed for it is no longer right
+            elif found.name != name:  # the store's key is the truth; a mismatch is not this Node
+                self._unusable[name] = nodes.Unusable(RefusalReason.MALFORMED,
+                                                      f"metadata.name {found.name!r} is not its key")
+                removed.append(name)
             else:
-                peers.append(peer)
+                peers.append(found)
         if pending:
             log.debug("pending peers: %s", pending)
         return peers, removed
@@ -305,19 +417,41 @@ class NodeAgent:
         try:
             if kind is SyncKind.FULL:
                 self.tracker.drain()
+                self._reassert_announcement()
                 route_manager.ensure_local()
                 peers, _ = self.peers()
                 report = route_manager.sync_all(peers)
                 if self.masquerade is not None:
                     self.masquerade.ensure()
             else:
-                peers, removed = self.peers(set(self.tracker.drain()))
+                changed = set(self.tracker.drain())
+                if self.settings.node_name in changed:
+                    self._reassert_announcement()
+                peers, removed = self.peers(changed)
                 report = route_manager.apply_changes(upserts=peers, removals=removed)
-        except Exception:
+        except Exception as exc:
             self.metrics.sync_errors.inc()
+            partial = getattr(exc, "report", None)
+            if partial is not None:  # RoutingApplyError: the plan stands, its refusals are known
+                self._record_rejections(partial)
             raise
+        self._record_rejections(report)
         self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
+
+    def _record_rejections(self, report: SyncReport) -> None:
+        """Every Node refused now (unreadable, added to `report.refused` here, or refused by the
+        plan) is rejected with its reason; one refused before and usable or gone now is accepted."""
+        assert self.reflector is not None, "the reflector exists before any sync"
+        store = self.reflector.store
+        report.refused.update((name, Refused(bad.detail, bad.reason)) for name, bad in self._unusable.items())
+        now = {name: (refused.label.value, refused.reason) for name, refused in report.refused.items()}
+        for name, (reason, detail) in now.items():
+            ref = dataclasses.replace(ObjectRef.of(NODE, store.get(name), key=name), namespace="", name=name)
+            self.rejections.reject(ref, reason=reason, detail=detail)
+        for name in self._rejected - now.keys():
+            self.rejections.accept(kind=NODE, key=name)
+        self._rejected = set(now)
 
 
 def parse_cluster_cidrs(values) -> tuple:
@@ -325,3 +459,13 @@ def parse_cluster_cidrs(values) -> tuple:
         return tuple(ipaddress.ip_network(v, strict=True) for v in values)
     except ValueError as exc:
         raise AgentStartError(f"--cluster-cidr: {exc}") from None
+
+
+def parse_service_cidrs(values) -> tuple:
+    """--service-cidr (repeatable); kubeadm's 10.96.0.0/12 when none is given."""
+    if not values:
+        return DEFAULT_SERVICE_CIDRS
+    try:
+        return tuple(ipaddress.ip_network(v, strict=True) for v in values)
+    except ValueError as exc:
+        raise AgentStartError(f"--service-cidr: {exc}") from None

@@ -3,7 +3,9 @@
     netagent_node_sync_duration_seconds{kind}     histogram of route syncs (partial, full)
     netagent_node_sync_errors_total               syncs that raised (a full resync follows)
     netagent_node_peers{mode}                     peers programmed, by how they are reached
-    netagent_node_peers_refused                   peers we will not route to (e.g. host-gw across subnets)
+    netagent_node_peers_refused                   Nodes we will not route to (unreadable, outside the cluster
+                                                  CIDR, in conflict, host-gw across subnets; by reason in
+                                                  netagent_rejected_objects{kind="Node"})
     netagent_node_peers_pending                   Nodes not announced yet (no public IP, VTEP MAC or CIDR)
     netagent_node_route_changes_total{op}         routes/neighbours/FDB entries added or removed
     netagent_kube_watch_events{resource,type}, netagent_kube_relists{resource},
@@ -25,7 +27,7 @@ class NodeAgentMetrics:
         self.sync_errors = registry.counter("netagent_node_sync_errors_total",
                                             "Node route syncs that failed.")
         self.peers = registry.gauge("netagent_node_peers", "Peers programmed, by mode.", labels=("mode",))
-        self.refused = registry.gauge("netagent_node_peers_refused", "Peers refused (reason in the log).")
+        self.refused = registry.gauge("netagent_node_peers_refused", "Peers refused (reasons: netagent_rejected_objects).")
         self.pending = registry.gauge("netagent_node_peers_pending", "Nodes not announced yet.")
         self.changes = registry.counter("netagent_node_route_changes_total",
                                         "Kernel objects added or removed by syncs.", labels=("op",))

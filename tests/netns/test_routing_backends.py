@@ -27,7 +27,7 @@ import pytest
 from cni.netns import entered
 from netagent.kernel import namespaces
 from netagent.noderoutes.routing.kernel import NetlinkKernel
-from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, LocalNode, Mode, Peer, RoutingSettings
+from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, LocalNode, Mode, Peer, PeerBounds, RoutingSettings
 from netagent.noderoutes.routing.routes import RouteManager
 from netagent.noderoutes.routing.vxlan import vtep_mac
 
@@ -63,6 +63,9 @@ def our_routes(netns: str) -> dict:
 
 def our_links(netns: str) -> list:
     return sorted(link["ifname"] for link in ip_json(netns, "link", "show") if link["ifname"].startswith("na-"))
+
+
+BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"),))  # every pod CIDR of these tests
 
 
 @dataclass
@@ -139,7 +142,7 @@ class Lab:
 
     def start(self, node: Node, settings: RoutingSettings) -> RouteManager:
         node.kernel = self.kernel_in(node.netns)
-        node.routes = RouteManager(kernel=node.kernel, settings=settings, local=node.local())
+        node.routes = RouteManager(kernel=node.kernel, settings=settings, local=node.local(), bounds=BOUNDS)
         node.backend_data = node.routes.ensure_local()
         return node.routes
 
@@ -232,7 +235,7 @@ def test_host_gw_refuses_a_peer_behind_a_router(lab):
     n1, n2, n3 = lab.add_node(segment="a"), lab.add_node(segment="a"), lab.add_node(segment="b")
     reports = lab.start_all(RoutingSettings(mode=Mode.HOST_GW))
     assert set(reports["node-1"].refused) == {"node-3"}
-    assert "not on this node's underlay subnet 192.0.2.0/24" in reports["node-1"].refused["node-3"]
+    assert "not on this node's underlay subnet 192.0.2.0/24" in reports["node-1"].refused["node-3"].reason
     assert set(our_routes(n1.netns)) == {"10.244.2.0/24"}
     assert ping(n1, n2) and silent(n1, n3)
 
@@ -306,7 +309,7 @@ def test_a_restarted_manager_adopts_without_writes_and_traffic_never_drops(lab):
                                                                       n2.pod_ip],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     monitor = NetlinkMonitor(n1.netns)
-    restarted = RouteManager(kernel=lab.kernel_in(n1.netns), settings=settings, local=n1.local())
+    restarted = RouteManager(kernel=lab.kernel_in(n1.netns), settings=settings, local=n1.local(), bounds=BOUNDS)
     assert restarted.ensure_local() == {"vtepMAC": vtep_mac("node-1")}
     report = restarted.sync_all(lab.peers_of(n1))
     events = monitor.stop()
@@ -457,7 +460,8 @@ def test_thousand_peers_timings(lab, mode, capsys):
     peers = [Peer(name=f"n{i:04}", public_ip=IPv4Address(f"172.31.{4 + i // 250}.{i % 250 + 1}"),
                   pod_cidrs=(IPv4Network(f"10.{100 + i // 256}.{i % 256}.0/24"),), vtep_mac=vtep_mac(f"n{i:04}"))
              for i in range(1000)]
-    routes = RouteManager(kernel=lab.kernel_in(netns), settings=RoutingSettings(mode=mode), local=local)
+    routes = RouteManager(kernel=lab.kernel_in(netns), settings=RoutingSettings(mode=mode), local=local,
+                          bounds=BOUNDS)
     routes.ensure_local()
     per_peer = 3 if mode is Mode.VXLAN else 1
     started = time.perf_counter()

@@ -6,7 +6,7 @@ import pytest
 
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.agent import auto_checksum_offload, node_changes
-from netagent.noderoutes.routing.model import ChecksumOffload, Mode, pod_mtu
+from netagent.noderoutes.routing.model import ChecksumOffload, Mode, Peer, pod_mtu
 from netagent.noderoutes.underlay import InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay
 
 
@@ -92,20 +92,19 @@ def test_announcement_round_trips_into_a_peer():
     notes = nodes.render_announcement(backend_type="vxlan", public_ip="192.0.2.11",
                                       backend_data={"vtepMAC": "0e:00:00:00:00:01"})
     assert json.loads(notes[nodes.BACKEND_DATA]) == {"vtepMAC": "0e:00:00:00:00:01"}
-    peer, why = nodes.peer_from_node(node("node-2", cidrs=("10.244.2.0/24",), annotations=notes))
-    assert why == ""
+    peer = nodes.read_peer(node("node-2", cidrs=("10.244.2.0/24",), annotations=notes))
+    assert isinstance(peer, Peer)
     assert (peer.name, str(peer.public_ip), peer.pod_cidrs, peer.vtep_mac) == \
         ("node-2", "192.0.2.11", (ipaddress.ip_network("10.244.2.0/24"),), "0e:00:00:00:00:01")
 
 
 @pytest.mark.parametrize("annotations, cidrs, why", [
     ({}, ("10.244.2.0/24",), "not announced"),
-    ({nodes.PUBLIC_IP: "fe80::1"}, ("10.244.2.0/24",), "not an IPv4"),
     ({nodes.PUBLIC_IP: "192.0.2.11"}, (), "no pod CIDR"),
 ])
 def test_nodes_that_are_not_peers_yet(annotations, cidrs, why):
-    peer, reason = nodes.peer_from_node(node("node-2", cidrs=cidrs, annotations=annotations))
-    assert peer is None and why in reason
+    found = nodes.read_peer(node("node-2", cidrs=cidrs, annotations=annotations))
+    assert isinstance(found, nodes.NotYet) and why in found.detail
 
 
 def test_tracker_ignores_heartbeats_but_records_routing_changes():

@@ -19,6 +19,7 @@ from netagent.noderoutes.routing.model import (
     Mode,
     Neighbour,
     Peer,
+    PeerBounds,
     Route,
     RoutingApplyError,
     RoutingSettings,
@@ -30,6 +31,7 @@ LOCAL = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_if
                   underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,
                   pod_cidrs=(IPv4Network("10.244.1.0/24"),))
 MAC_B, MAC_C = vtep_mac("node-b"), vtep_mac("node-c")
+BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"),))
 
 
 def peer(name, ip, *cidrs, mac="derive"):
@@ -49,7 +51,7 @@ def fresh_kernel() -> FakeKernel:
 
 
 def manager(kernel, mode=Mode.VXLAN, **settings) -> RouteManager:
-    return RouteManager(kernel=kernel, settings=RoutingSettings(mode=mode, **settings), local=LOCAL)
+    return RouteManager(kernel=kernel, settings=RoutingSettings(mode=mode, **settings), local=LOCAL, bounds=BOUNDS)
 
 
 def started(kernel, peers, mode=Mode.VXLAN, **settings) -> RouteManager:
@@ -61,7 +63,9 @@ def started(kernel, peers, mode=Mode.VXLAN, **settings) -> RouteManager:
 
 
 def many_peers(count):
-    return [peer(f"n{i:04}", f"192.0.2.{i % 200 + 2}", f"10.{100 + i // 256}.{i % 256}.0/24") for i in range(count)]
+    """`count` peers, each with its own public IP (a shared one is a conflict) and pod CIDR."""
+    return [peer(f"n{i:04}", str(IPv4Address("100.64.0.1") + i), f"10.{100 + i // 256}.{i % 256}.0/24")
+            for i in range(count)]
 
 
 def test_fresh_vxlan_sync_programs_devices_then_each_peer_in_order():
@@ -215,7 +219,7 @@ def test_apply_changes_reevaluates_a_conflict_the_event_resolves():
     holder = peer("node-m", "192.0.2.13", "10.244.9.0/24")
     claimant = peer("node-z", "192.0.2.26", "10.244.9.0/24")
     routes = started(kernel, [holder, claimant], Mode.HOST_GW)
-    assert routes.apply_changes(upserts=[], removals=[]).refused == {
+    assert {name: r.reason for name, r in routes.apply_changes(upserts=[], removals=[]).refused.items()} == {
         "node-z": "pod CIDR 10.244.9.0/24 overlaps one held by node-m"}
     report = routes.apply_changes(upserts=[], removals=["node-m"])
     assert kernel.writes == ["replace route 10.244.9.0/24 via 192.0.2.26 dev eth0"]
@@ -241,7 +245,7 @@ def test_refusals_are_reported_every_sync_but_logged_once(caplog):
     with caplog.at_level(logging.INFO, logger="netagent.noderoutes.routing"):
         for _ in range(3):
             report = routes.sync_all([B, C, dual])
-            assert report.refused["node-c"].startswith("public IP 198.51.100.3 is not on this node's underlay")
+            assert report.refused["node-c"].reason.startswith("public IP 198.51.100.3 is not on this node's underlay")
     assert IPv4Network("10.244.3.0/24") not in kernel.routes
     refusals = [r for r in caplog.records if "node-c refused" in r.getMessage()]
     ipv6 = [r for r in caplog.records if "IPv6 pod CIDRs are not routed" in r.getMessage()]

@@ -19,7 +19,10 @@ from netagent.noderoutes.routing.model import (
     Neighbour,
     ObservedDevice,
     Peer,
+    PeerBounds,
     PeerPlan,
+    RefusalReason,
+    Refused,
     Route,
     RoutingSettings,
     VxlanDevice,
@@ -30,6 +33,7 @@ from netagent.noderoutes.routing.vxlan import normalize_mac, vtep_mac
 LOCAL = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                   underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,
                   pod_cidrs=(IPv4Network("10.244.1.0/24"),))
+BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"),))
 
 
 def peer(name, ip, *cidrs, mac="derive"):
@@ -117,22 +121,22 @@ ignored IPv6 node-e 2001:db8:5::/64""",
 
 @pytest.mark.parametrize("mode", [Mode.VXLAN, Mode.HOST_GW, Mode.IPIP], ids=lambda m: m.value)
 def test_golden_per_mode(mode):
-    assert describe_plan(render_plan(LOCAL, PEERS, RoutingSettings(mode=mode))) == GOLDEN[mode]
+    assert describe_plan(render_plan(LOCAL, PEERS, RoutingSettings(mode=mode), bounds=BOUNDS)) == GOLDEN[mode]
 
 
 @pytest.mark.parametrize("encap", [Mode.VXLAN, Mode.IPIP], ids=lambda m: m.value)
 def test_golden_auto_mixes_host_gw_and_encapsulation(encap):
-    plan = render_plan(LOCAL, PEERS, RoutingSettings(mode=Mode.AUTO, auto_encap=encap))
+    plan = render_plan(LOCAL, PEERS, RoutingSettings(mode=Mode.AUTO, auto_encap=encap), bounds=BOUNDS)
     assert describe_plan(plan) == GOLDEN_AUTO[encap]
 
 
 def test_render_is_deterministic_whatever_the_input_order():
     settings = RoutingSettings(mode=Mode.AUTO)
-    expected = render_plan(LOCAL, PEERS, settings)
+    expected = render_plan(LOCAL, PEERS, settings, bounds=BOUNDS)
     shuffled = list(PEERS)
     random.Random(7).shuffle(shuffled)
-    assert render_plan(LOCAL, shuffled, settings) == expected
-    assert describe_plan(render_plan(LOCAL, reversed(PEERS), settings)) == describe_plan(expected)
+    assert render_plan(LOCAL, shuffled, settings, bounds=BOUNDS) == expected
+    assert describe_plan(render_plan(LOCAL, reversed(PEERS), settings, bounds=BOUNDS)) == describe_plan(expected)
 
 
 def test_vxlan_device_settings_are_honoured():
@@ -144,7 +148,7 @@ def test_vxlan_device_settings_are_honoured():
     assert device == VxlanDevice(ifname="na-vx42", vni=42, port=8472, local=IPv4Address("192.0.2.1"),
                                  underlay_ifname="ens3", mac="56:57:5a:8a:3a:9a", mtu=8950,
                                  address=IPv4Interface("10.244.7.0/32"))
-    plan = render_plan(local, [PEERS[0]], settings)
+    plan = render_plan(local, [PEERS[0]], settings, bounds=BOUNDS)
     assert plan.peers["node-b"].routes[0].ifname == "na-vx42"
     assert plan.ignored_ipv6 == ("node-a fd00:1::/64",)
 
@@ -177,13 +181,14 @@ def test_announced_macs_are_normalised_or_refused():
                  vtep_mac="A2:26:7E:92:D0:C1")
     broken = Peer(name="node-c", public_ip=IPv4Address("192.0.2.3"), pod_cidrs=(IPv4Network("10.244.3.0/24"),),
                   vtep_mac="not-a-mac")
-    plan = render_plan(LOCAL, [upper, broken], RoutingSettings(mode=Mode.VXLAN))
+    plan = render_plan(LOCAL, [upper, broken], RoutingSettings(mode=Mode.VXLAN), bounds=BOUNDS)
     assert plan.peers["node-b"].fdb == (FdbEntry(lladdr="a2:26:7e:92:d0:c1", dst=IPv4Address("192.0.2.2"),
                                                  ifname="na-vxlan"),)
-    assert plan.refused == {"node-c": "announced VTEP MAC 'not-a-mac' is not a unicast MAC address"}
+    assert plan.refused == {"node-c": Refused("announced VTEP MAC 'not-a-mac' is not a unicast MAC address",
+                                              RefusalReason.MALFORMED)}
 
 
-def test_conflicts_refuse_the_later_claim_by_name():
+def test_conflicts_between_equally_old_nodes_refuse_the_later_name():
     peers = [
         peer("node-z", "192.0.2.26", "10.244.9.0/24"),
         peer("node-y", "192.0.2.25", "10.244.0.0/16"),     # covers the local CIDR
@@ -194,9 +199,12 @@ def test_conflicts_refuse_the_later_claim_by_name():
         peer("node-p", "192.0.2.16", mac=None),            # no pod CIDR yet
         peer("node-q", "192.0.2.17", "2001:db8:17::/64"),  # IPv6 only: ignored, not pending
     ]
-    plan = render_plan(LOCAL, peers, RoutingSettings(mode=Mode.VXLAN))
+    plan = render_plan(LOCAL, peers, RoutingSettings(mode=Mode.VXLAN), bounds=BOUNDS)
     assert sorted(plan.peers) == ["node-m"]
-    assert plan.refused == {
+    assert {name: r.label for name, r in plan.refused.items()} == {
+        "node-n": RefusalReason.CONFLICT, "node-o": RefusalReason.CONFLICT, "node-y": RefusalReason.OVERLAP,
+        "node-z": RefusalReason.OVERLAP}
+    assert {name: r.reason for name, r in plan.refused.items()} == {
         "node-n": "VTEP MAC 7a:3a:96:51:d0:96 is already used by node-m",
         "node-o": "announces public IP 192.0.2.1, which is this node's own",
         "node-y": "pod CIDR 10.244.0.0/16 overlaps one held by this node (node-a)",
@@ -208,13 +216,15 @@ def test_conflicts_refuse_the_later_claim_by_name():
 
 def test_a_peer_claiming_our_vtep_mac_is_refused():
     thief = peer("node-b", "192.0.2.2", "10.244.2.0/24", mac=vtep_mac("node-a"))
-    plan = render_plan(LOCAL, [thief], RoutingSettings(mode=Mode.VXLAN))
-    assert plan.refused == {"node-b": f"VTEP MAC {vtep_mac('node-a')} is already used by this node (node-a)"}
+    plan = render_plan(LOCAL, [thief], RoutingSettings(mode=Mode.VXLAN), bounds=BOUNDS)
+    assert plan.refused == {"node-b": Refused(f"VTEP MAC {vtep_mac('node-a')} is already used by this node "
+                                              f"(node-a)", RefusalReason.CONFLICT)}
 
 
 def test_many_peers_without_overlap_all_render():
-    peers = [peer(f"n{i:04}", f"192.0.2.{i % 200 + 2}", f"10.{100 + i // 256}.{i % 256}.0/24") for i in range(1000)]
-    plan = render_plan(LOCAL, peers, RoutingSettings(mode=Mode.HOST_GW))
+    peers = [peer(f"n{i:04}", str(IPv4Address("100.64.0.1") + i), f"10.{100 + i // 256}.{i % 256}.0/24")
+             for i in range(1000)]
+    plan = render_plan(LOCAL, peers, RoutingSettings(mode=Mode.VXLAN), bounds=BOUNDS)
     assert len(plan.peers) == 1000 and not plan.refused
 
 

@@ -9,8 +9,10 @@ seams of ARCHITECTURE.md:
     hostgw.py       host-gw: per peer a route via the peer's underlay address
     ipip.py         IPIP: one NBMA tunnel device, per peer an onlink route via the peer
     auto.py         per peer: host-gw on the same underlay subnet, encapsulation otherwise
-    plan.py         `render_plan` (pure: local node + peers + settings -> Plan), the object
-                    diff and the device drift check shared by both kernels
+    admission.py    which peers may be routed: pod CIDRs inside the cluster CIDR and clear of
+                    reserved ranges, claims (CIDR, public IP, VTEP MAC) kept by the older Node
+    plan.py         `render_plan` (pure: local node + peers + settings + bounds -> Plan), the
+                    object diff and the device drift check shared by both kernels
     kernel.py       `NetlinkKernel`: the real kernel over one pyroute2 IPRoute socket
     fake_kernel.py  `FakeKernel`: keeps state and validates like the kernel, for unit tests
     routes.py       `RouteManager`: ensure the devices, then diff the plan against what is

@@ -1,6 +1,7 @@
 """The vocabulary of node routing: inputs, desired kernel objects, outputs, the kernel seam.
 
-Inputs (`LocalNode`, `Peer`, `RoutingSettings`) are built by the agent from Node objects.
+Inputs (`LocalNode`, `Peer`, `RoutingSettings`, `PeerBounds`) are built by the agent from
+Node objects and its flags; `PeerBounds` says where a peer's pod CIDRs may lie at all.
 Desired kernel objects (`VxlanDevice`, `IpipDevice`, `Route`, `Neighbour`, `FdbEntry`) are
 plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
 and both kernels (real and fake) speak exactly these types. `RoutingKernel` is the seam:
@@ -13,6 +14,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
+from datetime import datetime
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Mapping
 
@@ -69,6 +71,28 @@ class Peer:
     public_ip: IPv4Address
     pod_cidrs: tuple  # IPv4Network, ...; IPv6 entries are ignored
     vtep_mac: str | None = None  # from the peer's announcement, for VXLAN
+    created: datetime | None = None  # the Node's metadata.creationTimestamp (server-set), UTC
+    uid: str = ""                    # the Node's metadata.uid: breaks ties between equal timestamps
+
+    @property
+    def seniority(self) -> tuple:
+        """Sort key of conflict resolution: the older Node keeps a claim, so a newcomer can never
+        take a pod CIDR, VTEP MAC or public IP from a Node that holds it. A Node without a readable
+        timestamp is the youngest; ties go by uid, then name (the same order on every node)."""
+        return (self.created is None, self.created or _EPOCH, self.uid, self.name)
+
+
+_EPOCH = datetime(1970, 1, 1).astimezone()
+
+
+@dataclass(frozen=True)
+class PeerBounds:
+    """Where peers' pod CIDRs may lie: inside `cluster_cidrs` (`--cluster-cidr`), and clear of
+    every `reserved` range, each named for the refusal (the service range, this node's own
+    underlay subnets). A peer outside them would have the overlay swallow traffic meant for
+    the metadata service, Services or the node's own neighbours."""
+    cluster_cidrs: tuple  # IPv4Network, ...
+    reserved: tuple = ()  # (IPv4Network, "what it is"), ...
 
 
 class ChecksumOffload(enum.Enum):
@@ -182,17 +206,29 @@ class Pending:
     reason: str
 
 
+class RefusalReason(enum.Enum):
+    """Why a Node is not routed: the short label of its rejection (a metric label)."""
+    MALFORMED = "malformed"                        # unreadable or wrongly typed fields
+    TOO_LARGE = "too-large"                        # an annotation over its size or depth bound
+    OUTSIDE_CLUSTER_CIDR = "outside-cluster-cidr"  # a pod CIDR not inside --cluster-cidr
+    RESERVED = "reserved"                          # a pod CIDR over the service range or our networks
+    OVERLAP = "overlap"                            # a pod CIDR over this node's or an older peer's
+    CONFLICT = "conflict"                          # our / an older peer's public IP or VTEP MAC
+    UNROUTABLE = "unroutable"                      # the mode cannot reach it (host-gw across subnets)
+
+
 @dataclass(frozen=True)
 class Refused:
     """The peer must not be programmed (e.g. host-gw across subnets); an operator should look."""
     reason: str
+    label: RefusalReason = RefusalReason.UNROUTABLE
 
 
 @dataclass(frozen=True)
 class Plan:
     devices: tuple  # VxlanDevice | IpipDevice
     peers: Mapping[str, PeerPlan]
-    refused: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[str, Refused] = field(default_factory=dict)
     pending: Mapping[str, str] = field(default_factory=dict)
     ignored_ipv6: tuple = ()  # "peer cidr" strings
 
@@ -202,7 +238,7 @@ class SyncReport:
     added: int = 0  # kernel objects (routes, neighbours, FDB entries) created or replaced
     removed: int = 0
     unchanged: int = 0
-    refused: dict = field(default_factory=dict)  # peer -> why
+    refused: dict = field(default_factory=dict)  # peer -> Refused (why, and its label)
     pending: list = field(default_factory=list)
     peers_by_mode: dict = field(default_factory=dict)  # "host-gw" / "vxlan" / "ipip" -> count
 

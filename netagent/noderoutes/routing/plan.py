@@ -5,11 +5,10 @@ devices the mode needs and, per peer, its objects or the reason it has none (pen
 refused). It has no side effects and no knowledge of what is programmed, so it is golden
 tested (`describe_plan` prints a plan the way `ip` would show it).
 
-The peer loop runs in name order and the first claim wins, so conflicts resolve the same
-way on every node and every run: a pod CIDR overlapping this node's or an earlier peer's
-is refused, as is a VTEP MAC already used. Overlap checks walk the prefix lengths of one
-CIDR (at most 33 integer lookups), never all pairs, and only when a sort-and-sweep over
-all CIDRs found an overlap at all: a plan for 1,000 peers renders in about 20 ms.
+The peer loop runs in seniority order (the oldest Node first) and `admission.py` decides
+who may be routed: pod CIDRs inside the cluster CIDR and clear of reserved ranges, and no
+claim (CIDR, public IP, VTEP MAC) taken from this node or an older peer. So conflicts
+resolve the same way on every node and every run, and never in a newcomer's favour.
 
 `diff_objects` compares desired objects with current ones (from a kernel dump or from
 memory) by identity - a route by destination, a neighbour by (device, IP), an FDB entry by
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Iterable
 
+from netagent.noderoutes.routing.admission import Admission
 from netagent.noderoutes.routing.auto import render_auto_peer
 from netagent.noderoutes.routing.hostgw import render_host_gw_peer
 from netagent.noderoutes.routing.ipip import render_ipip_device, render_ipip_peer
@@ -34,6 +34,7 @@ from netagent.noderoutes.routing.model import (
     Neighbour,
     ObservedDevice,
     Peer,
+    PeerBounds,
     PeerPlan,
     Pending,
     Plan,
@@ -44,9 +45,6 @@ from netagent.noderoutes.routing.model import (
 )
 from netagent.noderoutes.routing.vxlan import render_vxlan_device, render_vxlan_peer
 
-_MASKS = tuple((0xFFFFFFFF << (32 - n)) & 0xFFFFFFFF for n in range(33))
-
-
 # ---------------------------------------------------------------- render
 
 def render_devices(local: LocalNode, settings: RoutingSettings) -> tuple:
@@ -56,51 +54,6 @@ def render_devices(local: LocalNode, settings: RoutingSettings) -> tuple:
     if settings.encap is Mode.IPIP:
         return (render_ipip_device(local, settings),)
     return ()
-
-
-class _Claims:
-    """Who holds which IPv4 prefix; an overlap check costs one lookup per prefix length."""
-
-    def __init__(self) -> None:
-        self._exact: dict[tuple, str] = {}  # (network int, prefixlen) -> owner
-        self._below: dict[tuple, str] = {}  # a supernet of some claimed prefix -> its owner
-
-    def overlapping_owner(self, cidr) -> str | None:
-        network = int(cidr.network_address)
-        for prefixlen in range(cidr.prefixlen, -1, -1):
-            owner = self._exact.get((network & _MASKS[prefixlen], prefixlen))
-            if owner is not None:
-                return owner
-        return self._below.get((network, cidr.prefixlen))
-
-    def claim(self, cidr, owner: str) -> None:
-        network = int(cidr.network_address)
-        self._exact[(network, cidr.prefixlen)] = owner
-        for prefixlen in range(cidr.prefixlen):
-            self._below.setdefault((network & _MASKS[prefixlen], prefixlen), owner)
-
-
-class _NoClaims:
-    """Stands in for `_Claims` when a sweep has shown that no two CIDRs overlap."""
-
-    def overlapping_owner(self, cidr) -> None:
-        return None
-
-    def claim(self, cidr, owner: str) -> None:
-        pass
-
-
-def _claims_for(local: LocalNode, peers: Iterable[Peer]) -> _Claims | _NoClaims:
-    """One sort and sweep over every IPv4 CIDR: only when some overlap is the lookup table needed."""
-    nodes: tuple[LocalNode | Peer, ...] = (local, *peers)
-    spans = sorted((int(c.network_address), int(c.broadcast_address))
-                   for node in nodes for c in node.pod_cidrs if c.version == 4)
-    reach = -1
-    for start, end in spans:
-        if start <= reach:
-            return _Claims()
-        reach = end
-    return _NoClaims()
 
 
 def _render_backend(local: LocalNode, peer: Peer, cidrs: tuple,
@@ -115,54 +68,48 @@ def _render_backend(local: LocalNode, peer: Peer, cidrs: tuple,
 
 
 def _render_peer(local: LocalNode, peer: Peer, cidrs: tuple, settings: RoutingSettings, *,
-                 claims: _Claims | _NoClaims, macs: dict) -> PeerPlan | Pending | Refused:
-    """One peer's outcome; records its CIDR and MAC claims so later peers see them."""
-    if peer.public_ip == local.public_ip:
-        return Refused(f"announces public IP {peer.public_ip}, which is this node's own")
-    for cidr in cidrs:
-        owner = claims.overlapping_owner(cidr)
-        if owner is not None:
-            return Refused(f"pod CIDR {cidr} overlaps one held by {owner}")
-    for cidr in cidrs:
-        claims.claim(cidr, peer.name)
+                 admission: Admission) -> PeerPlan | Pending | Refused:
+    """One peer's outcome; an accepted peer's claims are recorded so younger peers see them."""
+    refused = admission.check(peer, cidrs)
+    if refused is not None:
+        return refused
     result = _render_backend(local, peer, cidrs, settings)
     if isinstance(result, PeerPlan):
-        for entry in result.fdb:
-            if entry.lladdr in macs:
-                return Refused(f"VTEP MAC {entry.lladdr} is already used by {macs[entry.lladdr]}")
-        for entry in result.fdb:
-            macs[entry.lladdr] = peer.name
+        refused = admission.check_macs(result)
+        if refused is not None:
+            return refused
+    if not isinstance(result, Refused):
+        admission.admit(peer, cidrs, result)
     return result
 
 
-def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettings) -> Plan:
-    """Everything the kernel should hold for `peers` (a peer named like the local node is skipped)."""
+def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettings, *,
+                bounds: PeerBounds) -> Plan:
+    """Everything the kernel should hold for `peers` (a peer named like the local node is skipped);
+    only peers inside `bounds` and holding their claims (`admission.py`) get objects."""
     devices = render_devices(local, settings)
     by_name = {peer.name: peer for peer in peers if peer.name != local.name}
-    claims = _claims_for(local, by_name.values())
-    for cidr in local.pod_cidrs:
-        if cidr.version == 4:
-            claims.claim(cidr, f"this node ({local.name})")
-    macs = {device.mac: f"this node ({local.name})" for device in devices if isinstance(device, VxlanDevice)}
+    admission = Admission(local, by_name.values(), bounds=bounds, devices=devices)
     planned, refused, pending = {}, {}, {}
-    ignored_ipv6 = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4]
-    for name in sorted(by_name):
-        peer = by_name[name]
+    ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4]
+    ignored_ipv6: list[str] = []
+    for peer in sorted(by_name.values(), key=lambda p: p.seniority):
+        name = peer.name
         cidrs = tuple(c for c in peer.pod_cidrs if c.version == 4)
         if len(cidrs) != len(peer.pod_cidrs):
             ignored_ipv6.extend(f"{name} {c}" for c in peer.pod_cidrs if c.version != 4)
         if not peer.pod_cidrs:
             pending[name] = "no pod CIDR yet"
         elif cidrs:  # an IPv6-only peer has nothing to route in this release
-            result = _render_peer(local, peer, cidrs, settings, claims=claims, macs=macs)
+            result = _render_peer(local, peer, cidrs, settings, admission=admission)
             if isinstance(result, PeerPlan):
                 planned[name] = result
             elif isinstance(result, Pending):
                 pending[name] = result.reason
             else:
-                refused[name] = result.reason
-    return Plan(devices=devices, peers=planned, refused=refused, pending=pending,
-                ignored_ipv6=tuple(ignored_ipv6))
+                refused[name] = result
+    return Plan(devices=devices, peers=dict(sorted(planned.items())), refused=dict(sorted(refused.items())),
+                pending=dict(sorted(pending.items())), ignored_ipv6=tuple(ignored_local + sorted(ignored_ipv6)))
 
 
 # ---------------------------------------------------------------- text form (logs, goldens)
@@ -191,7 +138,7 @@ def describe_plan(plan: Plan) -> str:
         lines.append(f"peer {name} {peer.mode.value}")
         lines.extend(f"  {describe(obj)}" for obj in peer.objects())
     lines.extend(f"pending {name}: {why}" for name, why in plan.pending.items())
-    lines.extend(f"refused {name}: {why}" for name, why in plan.refused.items())
+    lines.extend(f"refused {name}: {why.reason}" for name, why in plan.refused.items())
     lines.extend(f"ignored IPv6 {entry}" for entry in plan.ignored_ipv6)
     return "\n".join(lines)
 

@@ -34,6 +34,7 @@ from netagent.noderoutes.routing.model import (
     Mode,
     Neighbour,
     Peer,
+    PeerBounds,
     PeerPlan,
     Plan,
     Route,
@@ -51,10 +52,11 @@ _CONCRETE_MODES = (Mode.HOST_GW, Mode.VXLAN, Mode.IPIP)
 
 class RouteManager:
     def __init__(self, *, kernel: RoutingKernel, settings: RoutingSettings, local: LocalNode,
-                 log: logging.Logger = _log) -> None:
+                 bounds: PeerBounds, log: logging.Logger = _log) -> None:
         self.kernel = kernel
         self.settings = settings
         self.local = local
+        self.bounds = bounds
         self.log = log
         self.devices = render_devices(local, settings)  # fails now, not mid-sync, without an IPv4 pod CIDR
         self._peers: dict[str, Peer] = {}
@@ -143,7 +145,7 @@ class RouteManager:
 
     # ------------------------------------------------------------ objects
     def _render(self) -> Plan:
-        plan = render_plan(self.local, self._peers.values(), self.settings)
+        plan = render_plan(self.local, self._peers.values(), self.settings, bounds=self.bounds)
         self._log_status(plan)
         return plan
 
@@ -207,7 +209,7 @@ class RouteManager:
     def _log_status(self, plan: Plan) -> None:
         """Log a peer's pending or refused reason when it first appears or changes, not every sync."""
         status = {name: f"pending: {why}" for name, why in plan.pending.items()}
-        status.update((name, f"refused: {why}") for name, why in plan.refused.items())
+        status.update((name, f"refused: {why.reason}") for name, why in plan.refused.items())
         for name, text in status.items():
             if self._logged_status.get(name) != text:
                 level = logging.WARNING if text.startswith("refused") else logging.INFO

@@ -37,6 +37,7 @@ from netagent.noderoutes.routing.model import (
     Peer,
     PeerPlan,
     Pending,
+    RefusalReason,
     Refused,
     Route,
     RoutingSettings,
@@ -76,7 +77,8 @@ def render_vxlan_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> Pe
         return Pending("no VTEP MAC announced yet (vxlan)")
     mac = normalize_mac(peer.vtep_mac)
     if mac is None:
-        return Refused(f"announced VTEP MAC {peer.vtep_mac!r} is not a unicast MAC address")
+        return Refused(f"announced VTEP MAC {peer.vtep_mac[:40]!r} is not a unicast MAC address",
+                       RefusalReason.MALFORMED)
     ifname = settings.vxlan_ifname
     return PeerPlan(
         name=peer.name, mode=Mode.VXLAN,
