@@ -83,6 +83,7 @@ class ReflectorStats:
     outages: int = 0  # runs of failed requests (each logged once)
     failed_requests: int = 0  # every failed request, retries included
     handler_errors: int = 0
+    unkeyed_objects: int = 0  # objects without a usable name or namespace: skipped, never stored
     events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EVENT_TYPES, 0))
 
     @property
@@ -299,9 +300,12 @@ class Reflector:
             kind = kind[:-4] if kind.endswith("List") else self.resource.kind
             api_version = page.get("apiVersion", self.resource.api_version)
             for item in page.get("items") or []:
+                key = self._key_or_skip(item)
+                if key is None:
+                    continue
                 item.setdefault("kind", kind)
                 item.setdefault("apiVersion", api_version)
-                listed[object_key(item)] = item
+                listed[key] = item
             metadata = page.get("metadata") or {}
             token = metadata.get("continue")
             if not token:
@@ -326,6 +330,16 @@ class Reflector:
             old = self.store._pop(key)
             if old is not None:
                 self._call("on_delete", old)
+
+    def _key_or_skip(self, obj: object) -> str | None:
+        """The object's store key; an object that cannot be keyed (no usable name: a lax or
+        hostile server) is skipped and counted, never stored, so it costs no other object."""
+        try:
+            return object_key(obj)  # type: ignore[arg-type]
+        except ValueError as error:
+            self.stats.unkeyed_objects += 1
+            _log.warning("%s: skipping an object: %s", self.resource.plural, error)
+            return None
 
     # -- watch -----------------------------------------------------------------------------------
     def _watch_and_deliver(self) -> None:
@@ -384,7 +398,11 @@ class Reflector:
             if resource_version:
                 self._resource_version = resource_version
             return
-        key = object_key(obj)
+        key = self._key_or_skip(obj)
+        if key is None:
+            if resource_version:
+                self._resource_version = resource_version
+            return
         if event_type == "DELETED":
             old = self.store._pop(key)
             if old is not None:
@@ -407,7 +425,9 @@ class Reflector:
 
 
 def _resource_version(obj: dict) -> str:
-    return (obj.get("metadata") or {}).get("resourceVersion") or ""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+    return version if isinstance(version, str) else ""
 
 
 def _drain(response) -> bytes:

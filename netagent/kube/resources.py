@@ -67,7 +67,13 @@ def resource_for(api_version: str, kind: str) -> Resource:
 
 
 def object_key(obj: dict) -> str:
-    """The store key of an object: `namespace/name`, or `name` for cluster-scoped ones."""
-    metadata = obj["metadata"]
-    namespace = metadata.get("namespace")
-    return f"{namespace}/{metadata['name']}" if namespace else metadata["name"]
+    """The store key of an object: `namespace/name`, or `name` for cluster-scoped ones.
+    An object with no usable name (a lax or hostile server) raises ValueError."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError("object without a usable metadata.name")
+    namespace = metadata.get("namespace")  # type: ignore[union-attr]
+    if namespace is not None and not isinstance(namespace, str):
+        raise ValueError(f"object {name[:253]!r} with a metadata.namespace that is not a string")
+    return f"{namespace}/{name}" if namespace else name

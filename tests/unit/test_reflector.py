@@ -6,6 +6,7 @@ port with its state file (changed meanwhile by another server instance).
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -380,3 +381,62 @@ def test_listing_10000_nodes_in_pages_delivers_each_once_then_synced(server, ref
     assert reflector.synced.wait(SETTLE)
     assert len(reflector.store) == 10000 and reflector.stats.list_requests == 20
     assert handler.events == [("add", f"node-{index:05d}") for index in range(10000)] + [("synced", "")]
+
+
+class LaxServer:
+    """A lax API server for Nodes: its list holds objects no real server would store (no
+    name, a non-string namespace, not an object at all) beside good ones, and its watch sends
+    such objects before a good one."""
+
+    LIST = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "5"},
+            "items": [{"metadata": {}}, "not-an-object", {"metadata": {"name": "odd", "namespace": 7}},
+                      node("good-1"), {"metadata": None}]}
+    WATCH = [{"type": "ADDED", "object": {"metadata": {"name": None, "resourceVersion": "6"}}},
+             {"type": "ADDED", "object": [1, 2]},
+             {"type": "ADDED", "object": {**node("good-2"), "metadata": {"name": "good-2", "resourceVersion": "7"}}}]
+
+    def __init__(self) -> None:
+        import http.server
+
+        lax = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                watching = "watch=true" in self.path.lower()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if not watching:
+                    body = json.dumps(lax.LIST).encode()
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.end_headers()
+                for event in lax.WATCH:  # then the watch ends (HTTP/1.0: the stream is read to its close)
+                    self.wfile.write(json.dumps(event).encode() + b"\n")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_objects_a_lax_server_sends_without_a_usable_name_are_skipped_and_cost_no_other(reflectors):
+    lax = LaxServer()
+    try:
+        handler = RecordingHandler()
+        reflector = reflectors(lax.url, handler)
+        assert reflector.synced.wait(SETTLE), "one unkeyable object kept the whole list from syncing"
+        handler.wait_for(lambda events: ("add", "good-2") in events)
+        assert sorted(reflector.store.keys()) == ["good-1", "good-2"]
+        assert reflector.stats.unkeyed_objects >= 6  # 4 listed, 2 watched (a reopened watch repeats them)
+        assert reflector.stats.handler_errors == 0
+    finally:
+        lax.stop()
