@@ -8,6 +8,8 @@ reports an error; and finish within its timeout (NETAGENT_SHIM_TIMEOUT, set shor
 Where the agent answers, the request it received is byte for byte what cni/wire.py frames.
 The same holds for the shim copied as `netagent-ipam` (argv[0] selects the IPAM-only
 plugin: the socket comes from the config's `ipam` section, the header carries the selector).
+Configs carry any cniVersion, "" included. The coverage-guided fuzzer of the same parsing is
+cni/shim/fuzz/ (tests/unit/test_shim_libfuzzer.py).
 """
 from __future__ import annotations
 
@@ -180,9 +182,13 @@ def configs(agent_path: str, down_path: str):
     sections = st.one_of(st.none(), json_values, st.builds(  # an "ipam" section, netagent-ipam's socket
         lambda sock, extra: {**extra, "agentSocket": sock}, socket_values,
         st.dictionaries(st.text(max_size=12), json_values, max_size=3)))
-    documents = st.builds(lambda sock, extra, drop, ipam: json.dumps(
-        {**({} if drop else {"agentSocket": sock}), **extra, **({} if ipam is None else {"ipam": ipam})}).encode(),
-        socket_values, st.dictionaries(st.text(max_size=12), json_values, max_size=5), st.booleans(), sections)
+    versions = st.one_of(st.none(), st.just(""), st.sampled_from(cni_version.SUPPORTED_VERSIONS), st.text(max_size=6),
+                         json_values)  # "" crashed the shim once (issue 18)
+    documents = st.builds(lambda version, sock, extra, drop, ipam: json.dumps(
+        {**({} if version is None else {"cniVersion": version}), **({} if drop else {"agentSocket": sock}), **extra,
+         **({} if ipam is None else {"ipam": ipam})}).encode(),
+        versions, socket_values, st.dictionaries(st.text(max_size=12), json_values, max_size=5), st.booleans(),
+        sections)
     mangled = st.tuples(documents, st.integers(0, 400), st.binary(max_size=8)).map(
         lambda t: t[0][:t[1]] + t[2])  # truncated, with junk after
     return st.one_of(documents, mangled, st.binary(max_size=2000),
