@@ -740,11 +740,11 @@ static int journal_del(const char *socket_path, const struct buf *request, struc
 {
     const char *slash = strrchr(socket_path, '/'); /* absolute: there is one */
     buf_add(dir, socket_path, slash == socket_path ? 1 : (size_t)(slash - socket_path));
-    *where = dir->data;
+    *where = dir->data != NULL ? dir->data : socket_path; /* NULL only when out of memory */
     if (dir->oom || (mkdir(dir->data, 0700) < 0 && errno != EEXIST))
         return -1;
     buf_str(dir, "/" JOURNAL_DIR);
-    *where = dir->data;
+    *where = dir->data != NULL ? dir->data : socket_path; /* NULL only when out of memory */
     if (dir->oom || (mkdir(dir->data, 0700) < 0 && errno != EEXIST))
         return -1;
     int dirfd = open(dir->data, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
