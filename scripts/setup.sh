@@ -3,7 +3,8 @@
 # system packages (the kernel tools, the reference CNI plugins and containerd that the
 # tests compare against, bcc and kernel headers for it, qemu with Debian's kernel for the VM tier: IPIP,
 # IPVS, and podman, buildah and mmdebstrap for scripts/build-image), a virtual environment at .venv,
-# and the static CNI shim (musl-tools' musl-gcc) in build/cni-shim/netagent. The venv is made from
+# and the static CNI shim (musl-tools' musl-gcc) in build/cni-shim/netagent; clang and
+# libclang-rt-dev (libFuzzer, ASan, UBSan) build the shim's fuzzer, cni/shim/fuzz/. The venv is made from
 # Debian's /usr/bin/python3 with --system-site-packages because bcc exists only as the
 # Debian package python3-bpfcc. Safe to run again.
 set -euo pipefail
@@ -19,7 +20,7 @@ apt-get install -y -qq --no-install-recommends \
   python3 python3-venv python3-pip python3-bpfcc \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
-  qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 \
+  qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 clang libclang-rt-dev \
   podman buildah mmdebstrap >/dev/null
 
 # bcc compiles the eBPF programs at agent start and wants this kernel's headers in

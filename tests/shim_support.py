@@ -15,11 +15,22 @@ import pytest
 from netagent.cniserver import install as cni_install
 
 
-def build_shim_or_skip(directory) -> str:
-    """Build the shim into `directory` with cni/shim/build.sh; return the binary's path."""
+def build_shim_or_skip(directory, *, default_socket: str | None = None) -> str:
+    """Build the shim into `directory` with cni/shim/build.sh; return the binary's path.
+
+    The shim a config without `agentSocket` sends to is `default_socket`, by default
+    `<directory>/no-agent/cni.sock` (nothing listens there): a test's shim never reaches, nor
+    journals a DEL under, the host's real /run/netagent. Only the shim `netagent cni install`
+    copies (`installed_shim_or_skip`) keeps the production default."""
     if not (os.environ.get("CC") or shutil.which("musl-gcc") or shutil.which("gcc")):
         pytest.skip("no C compiler (musl-gcc or gcc) to build the CNI shim: apt-get install musl-tools")
-    return cni_install.build_shim(os.path.join(str(directory), "netagent"))
+    output = os.path.join(str(directory), "netagent")
+    default_socket = default_socket or os.path.join(str(directory), "no-agent", "cni.sock")
+    proc = subprocess.run(["sh", os.path.join(cni_install.shim_source_dir(), "build.sh"), output],
+                          env={**os.environ, "NETAGENT_DEFAULT_SOCKET": default_socket},
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"building the CNI shim failed:\n{proc.stderr}"
+    return output
 
 
 def installed_shim_or_skip() -> str:

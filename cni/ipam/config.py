@@ -8,7 +8,9 @@ first, and `runtimeConfig.ipRanges` (the `ipRanges` capability) sets placed befo
 Defaults, checks and error wording follow host-local's `Range.Canonicalize`: a subnet with
 host bits set is refused, IPv4 /31 and /32 (IPv6 /127 and /128) are too small, ranges in
 one set share a family and do not overlap, and neither do sets. Beyond host-local, the
-gateway must lie inside its subnet and every value must have the right JSON type.
+gateway must lie inside its subnet, a subnet may not overlap a block no pod can use (loopback,
+multicast, unspecified, link-local, reserved: `UNUSABLE_BLOCKS`), and every value must have
+the right JSON type.
 
 Everything invalid is `CniError` code 7 raised before any file is touched, with the
 location (`ipam.ranges[1][0]`) in `details`. Parsing is cheap and stdlib-only so the
@@ -144,7 +146,35 @@ def parse_subnet(text: object, *, where: str) -> Network:
         raise invalid(f"Network has host bits set. For a subnet mask of length "
                       f"{network.prefixlen} the network address is {network.network_address}",
                       where)
+    unusable = unusable_block(network)
+    if unusable is not None:
+        raise invalid(f"subnet {text} overlaps {unusable[0]}, which is {unusable[1]}",
+                      f"{where}: pod addresses must be unicast addresses a pod can use and be reached at")
     return network
+
+
+# Address blocks no pod may be given an address from (IANA's special-purpose registries): what
+# the kernel treats as local, multicast or unspecified, or will not route. host-local takes them;
+# a pod with 127.0.0.5 is unreachable, one with 224.0.0.5 breaks multicast, 0.0.0.0/8 is "this host".
+UNUSABLE_BLOCKS = tuple((ipaddress.ip_network(cidr), why) for cidr, why in (
+    ("0.0.0.0/8", "'this network' (unspecified)"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved (and the limited broadcast address)"),
+    ("::/128", "the unspecified address"),
+    ("::1/128", "loopback"),
+    ("fe80::/10", "link-local"),
+    ("ff00::/8", "multicast"),
+))
+
+
+def unusable_block(network: Network) -> tuple[Network, str] | None:
+    """The first special-purpose block `network` overlaps, with what it is, or None."""
+    for block, why in UNUSABLE_BLOCKS:
+        if block.version == network.version and network.overlaps(block):
+            return block, why
+    return None
 
 
 def _last_usable(subnet: Network) -> Address:

@@ -2,7 +2,9 @@
 # Build the CNI shim (netagent-shim.c beside this script) into OUTPUT as a static binary:
 # musl-gcc -static -Os -s (about 60 KB, no loader, no libc on the host needed), or, with a
 # warning, gcc -static when musl-gcc is missing (Debian: apt-get install musl-tools).
-# CC=... picks a compiler explicitly. The binary is written beside OUTPUT and renamed into
+# CC=... picks a compiler explicitly. NETAGENT_DEFAULT_SOCKET=/abs/path changes the socket the shim
+# uses when a config names no agentSocket (default: /run/netagent/cni.sock, `netagent run`'s):
+# tests point it at their own agent. The binary is written beside OUTPUT and renamed into
 # place, so a runtime executing OUTPUT never sees half a file and parallel builds do not clash.
 #
 #     cni/shim/build.sh build/cni-shim/netagent
@@ -28,9 +30,25 @@ else
   exit 1
 fi
 
+defines=
+if [ -n "${NETAGENT_DEFAULT_SOCKET:-}" ]; then
+  case $NETAGENT_DEFAULT_SOCKET in
+    /*) ;;
+    *) echo "build.sh: NETAGENT_DEFAULT_SOCKET must be an absolute path" >&2; exit 2 ;;
+  esac
+  if [ "${#NETAGENT_DEFAULT_SOCKET}" -gt 107 ] \
+     || printf '%s' "$NETAGENT_DEFAULT_SOCKET" | LC_ALL=C grep -q '[^A-Za-z0-9/._+-]'; then
+    echo "build.sh: NETAGENT_DEFAULT_SOCKET must be at most 107 bytes of [A-Za-z0-9/._+-]" >&2
+    exit 2
+  fi
+  defines="-DDEFAULT_SOCKET=\"$NETAGENT_DEFAULT_SOCKET\""
+fi
+
 mkdir -p "$(dirname "$output")"
 tmp="$output.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
-"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s -o "$tmp" "$source"
+# $defines is empty or one word without blanks: unquoted on purpose
+# shellcheck disable=SC2086
+"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s $defines -o "$tmp" "$source"
 chmod 0755 "$tmp"
 mv -f "$tmp" "$output"

@@ -5,12 +5,13 @@
  * It does no network work. It reads the CNI_* environment and the network config on stdin,
  * finds "agentSocket" in that config, relays the whole request to the netagent agent
  * listening there, writes the agent's answer to stdout and exits with the agent's code. The
- * agent runs the one dispatcher (cni/dispatch.py), so answers are the Python client's.
+ * agent runs the one dispatcher (cni/dispatch.py), so answers are the Python client's. A config
+ * without "agentSocket" (absent, null or "") goes to DEFAULT_SOCKET, `netagent run`'s default.
  *
  * Installed a second time as <bin dir>/netagent-ipam, it is the IPAM plugin of other main
- * plugins (bridge, ptp, macvlan: "ipam": {"type": "netagent-ipam", "agentSocket": ...}). It
+ * plugins (bridge, ptp, macvlan: "ipam": {"type": "netagent-ipam"}, as host-local is named). It
  * knows by argv[0]'s basename; the config's top level is then the main plugin's, so the socket
- * is the "ipam" object's "agentSocket" (there is no default path), and the request header
+ * is the "ipam" object's "agentSocket" (else DEFAULT_SOCKET too), and the request header
  * carries the selector " netagent-ipam" for the agent to run its IPAM-only handlers.
  *
  * Wire format: cni/wire.py is the one definition (cni/client.py speaks it too), limits included:
@@ -34,11 +35,14 @@
  *   - Any other failure to talk to the agent (timeout, bad reply) is code 11 as well. An agent
  *     that answers before reading the whole request (it refused it) is read despite the EPIPE.
  *
- * The config scan reads only the top-level object's string values of "agentSocket" (for
- * netagent-ipam: the "ipam" object's) and "cniVersion" (escapes decoded, the last duplicate wins). Nested values are skipped by
- * matching brackets and strings, not validated: the agent validates the whole config. Stdin
- * must be UTF-8 without a byte-order mark; a lone \uD800-\uDFFF escape counts as malformed.
- * agentSocket must be an absolute path that fits a unix socket address (107 bytes). The
+ * Stdin must be one JSON object (RFC 8259 plus Python's NaN/Infinity, as json.loads reads it),
+ * nested at most 512 levels deep (cni/config.py's MAX_JSON_DEPTH), UTF-8 without a byte-order
+ * mark; a lone \uD800-\uDFFF escape counts as malformed. Anything else is code 6 "cannot
+ * decode", decided here before the socket is looked at (VERSION of blank stdin excepted), never
+ * relayed: the agent would answer 6 too. The scan takes only the top-level object's string
+ * values of "agentSocket" (for netagent-ipam: the "ipam" object's) and "cniVersion" (escapes
+ * decoded, the last duplicate wins); the agent validates the rest of the config. agentSocket
+ * must be a string, an absolute path that fits a unix socket address (107 bytes). The
  * journal directory is dirname(agentSocket)/pending-del as the agent derives it, except that
  * the agent normalises "..": give agentSocket without "..".
  *
@@ -74,6 +78,13 @@
 #define RECORD_NAME 96 /* "shim-" 20+9 digits "-" pid ".wire": at most 76 bytes */
 #define TRY_AGAIN_LATER 11
 #define IPAM_PLUGIN "netagent-ipam" /* cni/wire.py's PLUGIN_IPAM */
+/* The agent's socket when the config names none: `netagent run`'s --cni-socket default
+ * (netagent/cniserver/install.py's DEFAULT_SOCKET). build.sh may set another (tests do). */
+#ifndef DEFAULT_SOCKET
+#define DEFAULT_SOCKET "/run/netagent/cni.sock"
+#endif
+_Static_assert(sizeof DEFAULT_SOCKET > 1 && sizeof DEFAULT_SOCKET <= 108,
+               "DEFAULT_SOCKET must fit a unix socket address (build.sh checks that it is absolute)");
 
 /* cni/version.py's SUPPORTED_VERSIONS and LATEST (tests/unit/test_shim_fuzz.py keeps them equal). */
 static const char *const SUPPORTED[] = {"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"};
@@ -263,15 +274,35 @@ static void put_json_string(struct buf *b, const char *text)
     buf_add(b, "\"", 1);
 }
 
-/* What the shim needs from the config: two top-level string values (NULL when absent). */
+/* What the shim needs from the config: two string values. `has_*` is 1 for a string (its
+ * `data` is then never NULL, even for ""), 0 when absent or null, -1 for any other type. */
 struct config {
     struct buf version, socket;
     int has_version, has_socket;
 };
 
+/* cni/config.py's MAX_JSON_DEPTH: the agent refuses deeper nesting with code 6 as well. */
+#define MAX_JSON_DEPTH 512
+
 struct scan {
-    const char *p, *end;
+    const char *start, *p, *end;
+    size_t depth;
+    const char *why, *at; /* the first reason it is not JSON, and where (for the details) */
+    int oom;
 };
+
+/* Which object scan_object reads: the config itself, netagent-ipam's "ipam" section, or any
+ * other (nested) object, whose keys mean nothing to the shim. */
+enum section { TOP_LEVEL, IPAM_SECTION, NESTED };
+
+static int bad(struct scan *s, const char *why)
+{
+    if (s->why == NULL)
+        s->why = why, s->at = s->p;
+    return -1;
+}
+
+static int peek(const struct scan *s, char c) { return s->p < s->end && *s->p == c; }
 
 static void skip_ws(struct scan *s)
 {
@@ -293,133 +324,216 @@ static int hex4(const char *p, unsigned *v)
     return 0;
 }
 
-/* The string at s->p (on its opening quote), decoded to UTF-8 into `out` (NULL: only skip it). */
+/* The string at s->p (on its opening quote), decoded to UTF-8 into `out` (NULL: only check it).
+ * `out` always ends up allocated (data != NULL) when the string is well-formed, "" included. */
 static int scan_string(struct scan *s, struct buf *out)
 {
+    if (out != NULL)
+        buf_add(out, "", 0);
     for (s->p++; s->p < s->end;) {
-        unsigned char c = (unsigned char)*s->p++;
-        if (c == '"')
-            return 0;
+        unsigned char c = (unsigned char)*s->p;
+        unsigned cp;
+        if (c == '"') {
+            s->p++;
+            if (out != NULL && out->oom)
+                s->oom = 1;
+            return out != NULL && out->oom ? bad(s, "out of memory") : 0;
+        }
         if (c < 0x20)
-            return -1; /* control characters must be escaped */
+            return bad(s, "a control character in a string");
+        if (c >= 0x80) { /* the bytes of one well-formed UTF-8 sequence, copied as they are */
+            size_t used = utf8_decode((const unsigned char *)s->p, (size_t)(s->end - s->p), &cp);
+            if (used == 0)
+                return bad(s, "invalid UTF-8");
+            if (out != NULL)
+                buf_add(out, s->p, used);
+            s->p += used;
+            continue;
+        }
         if (c != '\\') {
             if (out != NULL)
                 buf_add(out, &c, 1);
+            s->p++;
             continue;
         }
-        if (s->p >= s->end)
-            return -1;
-        c = (unsigned char)*s->p++;
+        if (s->end - s->p < 2)
+            break;
+        c = (unsigned char)s->p[1];
         static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
         const char *hit = c != '\0' ? strchr(from, c) : NULL;
-        unsigned cp;
         if (hit != NULL) {
             cp = (unsigned char)to[hit - from];
-        } else if (c == 'u' && s->end - s->p >= 4 && hex4(s->p, &cp) == 0) {
-            s->p += 4;
+            s->p += 2;
+        } else if (c == 'u' && s->end - s->p >= 6 && hex4(s->p + 2, &cp) == 0) {
             if (cp >= 0xDC00 && cp <= 0xDFFF)
-                return -1; /* a low surrogate alone */
+                return bad(s, "a lone UTF-16 surrogate escape");
             if (cp >= 0xD800 && cp <= 0xDBFF) {
                 unsigned low;
-                if (s->end - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u' || hex4(s->p + 2, &low)
+                const char *q = s->p + 6;
+                if (s->end - q < 6 || q[0] != '\\' || q[1] != 'u' || hex4(q + 2, &low)
                     || low < 0xDC00 || low > 0xDFFF)
-                    return -1;
-                s->p += 6;
+                    return bad(s, "a lone UTF-16 surrogate escape");
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+                s->p += 6;
             }
+            s->p += 6;
         } else {
-            return -1;
+            return bad(s, "an invalid escape in a string");
         }
         if (out != NULL)
             put_utf8(out, cp);
     }
-    return -1; /* unterminated */
+    return bad(s, "an unterminated string");
 }
 
-/* Skip one value up to the ',' or '}' that ends it, matching brackets and strings only. */
-static int skip_value(struct scan *s)
+static int scan_literal(struct scan *s, const char *word)
 {
-    const char *start = s->p;
-    size_t depth = 0;
-    while (s->p < s->end) {
-        char c = *s->p;
-        if (depth == 0 && (c == ',' || c == '}'))
-            return s->p > start ? 0 : -1;
-        if (c == '"') {
-            if (scan_string(s, NULL) < 0)
-                return -1;
-            continue;
-        }
-        if (c == '{' || c == '[') {
-            depth++;
-        } else if (c == '}' || c == ']') {
-            if (depth == 0)
-                return -1; /* a ']' that closes nothing ('}' at depth 0 ended the value above) */
-            depth--;
-        }
-        s->p++;
-    }
-    return -1;
+    size_t n = strlen(word);
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, word, n) != 0)
+        return bad(s, "not a JSON value");
+    s->p += n;
+    return 0;
 }
 
-/* Which object scan_object reads: the config itself, or netagent-ipam's "ipam" section. */
-enum section { TOP_LEVEL, IPAM_SECTION };
+static int digits(struct scan *s)
+{
+    const char *first = s->p;
+    while (s->p < s->end && *s->p >= '0' && *s->p <= '9')
+        s->p++;
+    return s->p > first ? 0 : bad(s, "a malformed number");
+}
 
-/* Scan the object at s->p (on its '{'); -1 when it is not one. At the top level it takes
- * "cniVersion", and "agentSocket" for the main plugin; for netagent-ipam it takes
- * "agentSocket" from the last "ipam" object only (the rest of the config is the main plugin's). */
+/* A JSON number, or Python's NaN, Infinity and -Infinity (json.loads, and so the agent, takes them). */
+static int scan_number(struct scan *s)
+{
+    if (peek(s, 'N'))
+        return scan_literal(s, "NaN");
+    if (peek(s, '-'))
+        s->p++;
+    if (peek(s, 'I'))
+        return scan_literal(s, "Infinity");
+    if (!(s->p < s->end && *s->p >= '0' && *s->p <= '9'))
+        return bad(s, "not a JSON value");
+    if (peek(s, '0'))
+        s->p++;
+    else
+        digits(s);
+    if (peek(s, '.')) {
+        s->p++;
+        if (digits(s) < 0)
+            return -1;
+    }
+    if (peek(s, 'e') || peek(s, 'E')) {
+        s->p++;
+        if (peek(s, '+') || peek(s, '-'))
+            s->p++;
+        if (digits(s) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int scan_value(struct scan *s, struct config *cfg);
+
+/* The array at s->p (on its '['): values nested anywhere mean nothing to the shim. */
+static int scan_array(struct scan *s, struct config *cfg)
+{
+    s->p++;
+    skip_ws(s);
+    if (peek(s, ']')) {
+        s->p++;
+        return 0;
+    }
+    for (;;) {
+        if (scan_value(s, cfg) < 0)
+            return -1;
+        skip_ws(s);
+        if (peek(s, ']')) {
+            s->p++;
+            return 0;
+        }
+        if (!peek(s, ','))
+            return bad(s, s->p < s->end ? "expected ',' or ']'" : "it ends too early");
+        s->p++;
+        skip_ws(s);
+    }
+}
+
+static int key_is(const struct buf *key, const char *name)
+{
+    return key->len == strlen(name) && memcmp(key->data, name, key->len) == 0;
+}
+
+/* The object at s->p (on its '{'). At the top level it takes "cniVersion", and "agentSocket"
+ * for the main plugin; for netagent-ipam it takes "agentSocket" from the last "ipam" object
+ * only (the rest of the config is the main plugin's). The last duplicate wins. */
 static int scan_object(struct scan *s, struct config *cfg, enum section where, int ipam_plugin)
 {
     struct buf key = {0};
     int rc = -1;
-    if (s->p >= s->end || *s->p++ != '{')
-        goto out;
+    s->p++;
     skip_ws(s);
-    if (s->p < s->end && *s->p == '}') {
+    if (peek(s, '}')) {
         s->p++;
         rc = 0;
         goto out;
     }
     for (;;) {
         key.len = 0;
-        if (s->p >= s->end || *s->p != '"' || scan_string(s, &key) < 0 || key.oom)
+        if (!peek(s, '"')) {
+            bad(s, s->p < s->end ? "expected a string key" : "it ends too early");
+            goto out;
+        }
+        if (scan_string(s, &key) < 0)
             goto out;
         skip_ws(s);
-        if (s->p >= s->end || *s->p++ != ':')
+        if (!peek(s, ':')) {
+            bad(s, s->p < s->end ? "expected ':'" : "it ends too early");
             goto out;
+        }
+        s->p++;
         skip_ws(s);
         struct buf *want = NULL;
         int *has = NULL;
-        if (key.len == 11 && memcmp(key.data, "agentSocket", 11) == 0 && (where == IPAM_SECTION) == ipam_plugin)
+        if (key_is(&key, "agentSocket") && where != NESTED && (where == IPAM_SECTION) == ipam_plugin)
             want = &cfg->socket, has = &cfg->has_socket;
-        else if (where == TOP_LEVEL && key.len == 10 && memcmp(key.data, "cniVersion", 10) == 0)
+        else if (where == TOP_LEVEL && key_is(&key, "cniVersion"))
             want = &cfg->version, has = &cfg->has_version;
-        if (where == TOP_LEVEL && ipam_plugin && key.len == 4 && memcmp(key.data, "ipam", 4) == 0) {
+        if (where == TOP_LEVEL && ipam_plugin && key_is(&key, "ipam")) {
             cfg->has_socket = 0; /* the last "ipam" is the one the agent reads */
-            if (s->p < s->end && *s->p == '{' ? scan_object(s, cfg, IPAM_SECTION, 1) < 0 : skip_value(s) < 0)
+            if (peek(s, '{') && s->depth + 1 <= MAX_JSON_DEPTH) {
+                s->depth++;
+                int got = scan_object(s, cfg, IPAM_SECTION, ipam_plugin);
+                s->depth--;
+                if (got < 0)
+                    goto out;
+            } else if (scan_value(s, cfg) < 0) {
                 goto out;
-        } else if (want != NULL && s->p < s->end && *s->p == '"') {
+            }
+        } else if (want != NULL && peek(s, '"')) {
             want->len = 0;
-            if (scan_string(s, want) < 0 || want->oom)
+            if (scan_string(s, want) < 0)
                 goto out;
             *has = 1;
         } else {
-            if (skip_value(s) < 0)
+            int null = peek(s, 'n');
+            if (scan_value(s, cfg) < 0)
                 goto out;
             if (has != NULL)
-                *has = 0; /* the last duplicate is not a string */
+                *has = null ? 0 : -1; /* null is absent, as the agent reads it; else the wrong type */
         }
         skip_ws(s);
-        if (s->p < s->end && *s->p == ',') {
+        if (peek(s, ',')) {
             s->p++;
             skip_ws(s);
             continue;
         }
-        if (s->p < s->end && *s->p == '}') {
+        if (peek(s, '}')) {
             s->p++;
             rc = 0;
             goto out;
         }
+        bad(s, s->p < s->end ? "expected ',' or '}'" : "it ends too early");
         goto out;
     }
 out:
@@ -427,22 +541,53 @@ out:
     return rc;
 }
 
-/* Scan stdin; 0 when it is one JSON object, -1 when it is not (a decode failure). */
-static int scan_config(const char *data, size_t len, struct config *cfg, int ipam_plugin)
+static int scan_value(struct scan *s, struct config *cfg)
 {
-    struct scan s = {data, data + len};
-    skip_ws(&s);
-    if (scan_object(&s, cfg, TOP_LEVEL, ipam_plugin) < 0)
+    if (s->p >= s->end)
+        return bad(s, "it ends too early");
+    switch (*s->p) {
+    case '{':
+    case '[': {
+        if (++s->depth > MAX_JSON_DEPTH) {
+            s->depth--;
+            return bad(s, "it nests arrays and objects more than 512 levels deep");
+        }
+        int rc = *s->p == '{' ? scan_object(s, cfg, NESTED, 0) : scan_array(s, cfg);
+        s->depth--;
+        return rc;
+    }
+    case '"':
+        return scan_string(s, NULL);
+    case 't':
+        return scan_literal(s, "true");
+    case 'f':
+        return scan_literal(s, "false");
+    case 'n':
+        return scan_literal(s, "null");
+    default:
+        return scan_number(s);
+    }
+}
+
+/* Check that stdin is one JSON object (RFC 8259 as Python's json.loads reads it, UTF-8, nested at
+ * most MAX_JSON_DEPTH deep) and take what the shim needs from it. 0, or -1 with s->why set. */
+static int scan_config(struct scan *s, struct config *cfg, int ipam_plugin)
+{
+    skip_ws(s);
+    if (!peek(s, '{'))
+        return bad(s, s->p < s->end ? "it is not a JSON object" : "it is empty");
+    s->depth = 1;
+    if (scan_object(s, cfg, TOP_LEVEL, ipam_plugin) < 0)
         return -1;
-    skip_ws(&s);
-    return s.p == s.end ? 0 : -1;
+    skip_ws(s);
+    return s->p == s->end ? 0 : bad(s, "extra data after the object");
 }
 
 /* The version for our own output: the config's cniVersion if we speak it, else the latest. */
 static const char *reply_version(const struct config *cfg)
 {
-    for (size_t i = 0; cfg->has_version && i < sizeof SUPPORTED / sizeof SUPPORTED[0]; i++)
-        if (strcmp(cfg->version.data, SUPPORTED[i]) == 0 && strlen(SUPPORTED[i]) == cfg->version.len)
+    for (size_t i = 0; cfg->has_version == 1 && i < sizeof SUPPORTED / sizeof SUPPORTED[0]; i++)
+        if (strlen(SUPPORTED[i]) == cfg->version.len && memcmp(cfg->version.data, SUPPORTED[i], cfg->version.len) == 0)
             return SUPPORTED[i];
     return LATEST;
 }
@@ -457,23 +602,29 @@ static void print_buf(struct buf *out)
     free(out->data);
 }
 
-/* The spec's error object, as cni/errors.py's to_dict() and json.dumps() render it; exit 1. */
+/* The spec's error object, as cni/errors.py's to_dict() and json.dumps() render it. */
+static void render_error(struct buf *out, const struct config *cfg, int code, const char *msg, const char *details)
+{
+    char num[16];
+    snprintf(num, sizeof num, "%d", code);
+    buf_str(out, "{\"cniVersion\": \"");
+    buf_str(out, reply_version(cfg));
+    buf_str(out, "\", \"code\": ");
+    buf_str(out, num);
+    buf_str(out, ", \"msg\": ");
+    put_json_string(out, msg);
+    if (details != NULL && details[0] != '\0') {
+        buf_str(out, ", \"details\": ");
+        put_json_string(out, details);
+    }
+    buf_str(out, "}");
+}
+
+/* Print the error object; the exit status 1. */
 static int fail(const struct config *cfg, int code, const char *msg, const char *details)
 {
     struct buf out = {0};
-    char num[16];
-    snprintf(num, sizeof num, "%d", code);
-    buf_str(&out, "{\"cniVersion\": \"");
-    buf_str(&out, reply_version(cfg));
-    buf_str(&out, "\", \"code\": ");
-    buf_str(&out, num);
-    buf_str(&out, ", \"msg\": ");
-    put_json_string(&out, msg);
-    if (details != NULL && details[0] != '\0') {
-        buf_str(&out, ", \"details\": ");
-        put_json_string(&out, details);
-    }
-    buf_str(&out, "}");
+    render_error(&out, cfg, code, msg, details);
     print_buf(&out);
     return 1;
 }
@@ -528,6 +679,21 @@ static long parse_count(const char **p, const char *end, char stop)
     return value;
 }
 
+/* The reply's header, "<code> <length>\n" within MAX_HEADER, where the length is exactly what
+ * follows: 0 with the exit code and where the body starts, or -1 when it is malformed. */
+static int parse_reply(const char *data, size_t len, int *code, size_t *body_at)
+{
+    const char *end = data + (len < MAX_HEADER ? len : MAX_HEADER);
+    const char *p = data;
+    long exit_code = parse_count(&p, end, ' ');
+    long length = exit_code < 0 ? -1 : parse_count(&p, end, '\n');
+    if (length < 0 || exit_code > 255 || (size_t)length != len - (size_t)(p - data))
+        return -1;
+    *body_at = (size_t)(p - data);
+    *code = (int)exit_code;
+    return 0;
+}
+
 /* Send the request, half-close, read and check the reply. 0, or -1 with errno and `*step`. */
 static int exchange(int fd, const struct buf *request, const struct timespec *deadline,
                     struct buf *reply, int *code, size_t *body_at, const char **step)
@@ -554,18 +720,9 @@ static int exchange(int fd, const struct buf *request, const struct timespec *de
         errno = send_err != 0 ? send_err : EPROTO;
         return -1;
     }
-    /* "<code> <length>\n" within MAX_HEADER; the length is exactly what follows */
     *step = "malformed reply";
     errno = EPROTO;
-    const char *end = reply->data + (reply->len < MAX_HEADER ? reply->len : MAX_HEADER);
-    const char *p = reply->data;
-    long exit_code = parse_count(&p, end, ' ');
-    long length = exit_code < 0 ? -1 : parse_count(&p, end, '\n');
-    if (length < 0 || exit_code > 255 || (size_t)length != reply->len - (size_t)(p - reply->data))
-        return -1;
-    *body_at = (size_t)(p - reply->data);
-    *code = (int)exit_code;
-    return 0;
+    return parse_reply(reply->data, reply->len, code, body_at);
 }
 
 /* Seconds from NETAGENT_SHIM_TIMEOUT when it is a sane number, else the default. */
@@ -583,11 +740,11 @@ static int journal_del(const char *socket_path, const struct buf *request, struc
 {
     const char *slash = strrchr(socket_path, '/'); /* absolute: there is one */
     buf_add(dir, socket_path, slash == socket_path ? 1 : (size_t)(slash - socket_path));
-    *where = dir->data;
+    *where = dir->data != NULL ? dir->data : socket_path; /* NULL only when out of memory */
     if (dir->oom || (mkdir(dir->data, 0700) < 0 && errno != EEXIST))
         return -1;
     buf_str(dir, "/" JOURNAL_DIR);
-    *where = dir->data;
+    *where = dir->data != NULL ? dir->data : socket_path; /* NULL only when out of memory */
     if (dir->oom || (mkdir(dir->data, 0700) < 0 && errno != EEXIST))
         return -1;
     int dirfd = open(dir->data, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
@@ -618,25 +775,77 @@ static int journal_del(const char *socket_path, const struct buf *request, struc
 
 /* ------------------------------------------------------------------ main */
 
-/* VERSION, answered here as cni/version.py's version_answer() and json.dumps() would. */
-static int answer_version(const struct config *cfg, const struct buf *in, int scanned)
+/* VERSION's answer, as cni/version.py's version_answer() and json.dumps() render it. */
+static void render_version(struct buf *out, const struct config *cfg)
 {
-    size_t blank = 0; /* Python's bytes.strip() whitespace */
-    while (blank < in->len && in->data[blank] != '\0' && strchr(" \t\n\r\v\f", in->data[blank]) != NULL)
-        blank++;
-    if (blank < in->len && scanned < 0)
-        return fail(cfg, 6, "cannot decode the network configuration", "it is not a JSON object");
-    struct buf out = {0};
-    buf_str(&out, "{\"cniVersion\": \"");
-    buf_str(&out, reply_version(cfg));
-    buf_str(&out, "\", \"supportedVersions\": [");
+    buf_str(out, "{\"cniVersion\": \"");
+    buf_str(out, reply_version(cfg));
+    buf_str(out, "\", \"supportedVersions\": [");
     for (size_t i = 0; i < sizeof SUPPORTED / sizeof SUPPORTED[0]; i++) {
-        buf_str(&out, i > 0 ? ", \"" : "\"");
-        buf_str(&out, SUPPORTED[i]);
-        buf_str(&out, "\"");
+        buf_str(out, i > 0 ? ", \"" : "\"");
+        buf_str(out, SUPPORTED[i]);
+        buf_str(out, "\"");
     }
-    buf_str(&out, "]}");
-    print_buf(&out);
+    buf_str(out, "]}");
+}
+
+/* The agent's socket for this config: its agentSocket (netagent-ipam: ipam.agentSocket), or
+ * DEFAULT_SOCKET when that is absent, null or "" (the agent reads those as unset too). NULL with
+ * `*problem` set when it is unusable: not a string, not absolute, too long for a socket address. */
+static const char *agent_socket(const struct config *cfg, int ipam, const char **problem)
+{
+    *problem = NULL;
+    if (cfg->has_socket < 0)
+        *problem = ipam ? "'ipam.agentSocket' must be a string" : "'agentSocket' must be a string";
+    if (cfg->has_socket <= 0 || cfg->socket.len == 0)
+        return *problem != NULL ? NULL : DEFAULT_SOCKET;
+    const char *path = cfg->socket.data;
+    if (path[0] != '/' || strlen(path) != cfg->socket.len
+        || cfg->socket.len >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+        *problem = ipam ? "'ipam.agentSocket' must be an absolute path of at most 107 bytes"
+                        : "'agentSocket' must be an absolute path of at most 107 bytes";
+        return NULL;
+    }
+    return path;
+}
+
+/* Everything the shim decides from stdin alone: 0 with `*path` set when the request goes to the
+ * agent there; else `*path` is NULL and `out` holds the answer (VERSION's, or an error object)
+ * with the exit code returned. `cfg` starts zeroed. The fuzz harness (cni/shim/fuzz/) calls it. */
+static int decide(const char *data, size_t len, int ipam, const char *command, struct config *cfg,
+                  const char **path, struct buf *out)
+{
+    struct scan s = {data, data, data + len, 0, NULL, NULL, 0};
+    int scanned = scan_config(&s, cfg, ipam);
+    char why[96];
+    *path = NULL;
+    if (s.oom || cfg->socket.oom || cfg->version.oom) {
+        render_error(out, cfg, 100, "netagent shim: out of memory", "");
+        return 1;
+    }
+    if (scanned < 0) { /* the agent answers an undecodable config in the latest version too */
+        snprintf(why, sizeof why, "%s (at byte %zu)", s.why, (size_t)(s.at - s.start));
+        cfg->has_version = 0;
+    }
+    if (command != NULL && strcmp(command, "VERSION") == 0) {
+        size_t blank = 0; /* Python's bytes.strip() whitespace: blank stdin is no config at all */
+        while (blank < len && data[blank] != '\0' && strchr(" \t\n\r\v\f", data[blank]) != NULL)
+            blank++;
+        if (blank == len || scanned == 0) {
+            render_version(out, cfg);
+            return 0;
+        }
+    }
+    if (scanned < 0) {
+        render_error(out, cfg, 6, "cannot decode the network configuration", why);
+        return 1;
+    }
+    const char *problem;
+    *path = agent_socket(cfg, ipam, &problem);
+    if (*path == NULL) {
+        render_error(out, cfg, 7, problem, cfg->has_socket > 0 ? cfg->socket.data : "");
+        return 1;
+    }
     return 0;
 }
 
@@ -675,6 +884,16 @@ static struct timespec deadline_after(double seconds)
     return t;
 }
 
+/* The request in cni/wire.py's framing: the header, the CNI_* variables, stdin. */
+static void frame_request(struct buf *request, const struct buf *env, const struct buf *in, int ipam)
+{
+    char header[MAX_HEADER];
+    snprintf(header, sizeof header, "NACNI1 %zu %zu%s\n", env->len, in->len, ipam ? " " IPAM_PLUGIN : "");
+    buf_str(request, header);
+    buf_add(request, env->data != NULL ? env->data : "", env->len);
+    buf_add(request, in->data != NULL ? in->data : "", in->len);
+}
+
 /* Executed as netagent-ipam (argv[0]'s basename): the IPAM-only plugin of another main plugin. */
 static int executed_as_ipam(int argc, char **argv)
 {
@@ -696,34 +915,17 @@ int main(int argc, char **argv)
         return fail(&cfg, 5, "cannot read the network configuration from stdin", strerror(errno));
     if (rc > 0)
         return fail(&cfg, 7, "the network configuration is larger than 16 MiB", "");
-    int scanned = scan_config(in.data != NULL ? in.data : "", in.len, &cfg, ipam);
-    if (cfg.socket.oom || cfg.version.oom)
-        return fail(&cfg, 100, "netagent shim: out of memory", "");
-
-    const char *command = getenv("CNI_COMMAND");
-    if (command != NULL && strcmp(command, "VERSION") == 0)
-        return answer_version(&cfg, &in, scanned);
-    if (scanned < 0)
-        return fail(&cfg, 6, "cannot decode the network configuration", "it is not a JSON object");
-    const char *path = cfg.socket.data;
-    if ((!cfg.has_socket || cfg.socket.len == 0) && ipam)
-        return fail(&cfg, 7, "the network configuration has no 'ipam.agentSocket'",
-                    "netagent-ipam relays every request to the agent listening there");
-    if (!cfg.has_socket || cfg.socket.len == 0)
-        return fail(&cfg, 7, "the network configuration has no 'agentSocket'",
-                    "the netagent plugin relays every request to the agent listening there");
-    if (path[0] != '/' || strlen(path) != cfg.socket.len
-        || cfg.socket.len >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return fail(&cfg, 7, ipam ? "'ipam.agentSocket' must be an absolute path of at most 107 bytes"
-                                  : "'agentSocket' must be an absolute path of at most 107 bytes", path);
+    struct buf answer = {0};
+    const char *command = getenv("CNI_COMMAND"), *path;
+    rc = decide(in.data != NULL ? in.data : "", in.len, ipam, command, &cfg, &path, &answer);
+    if (path == NULL) {
+        print_buf(&answer);
+        return rc;
+    }
     if (collect_env(&env) > 0)
         return fail(&cfg, 4, "the CNI_* environment is larger than 64 KiB", "");
 
-    char header[MAX_HEADER];
-    snprintf(header, sizeof header, "NACNI1 %zu %zu%s\n", env.len, in.len, ipam ? " " IPAM_PLUGIN : "");
-    buf_str(&request, header);
-    buf_add(&request, env.data != NULL ? env.data : "", env.len);
-    buf_add(&request, in.data != NULL ? in.data : "", in.len);
+    frame_request(&request, &env, &in, ipam);
     if (request.oom || env.oom)
         return fail(&cfg, 100, "netagent shim: out of memory", "");
 

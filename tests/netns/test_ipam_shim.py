@@ -6,7 +6,11 @@ which serves them from its store. Here a lab node installs the shim (`PluginBina
 and runs its agent; Debian's bridge plugin, run from inside the node's namespace as a
 runtime would, execs the shim copy: ADD gets an address from the agent's store (the
 reservation file, the agent's log), CHECK confirms it, DEL releases it; and a DEL while no
-agent listens is journaled by the shim and carried out when the agent starts again.
+agent listens is journaled by the shim and carried out when the agent starts again. A user's
+own bridge conflist that names no `agentSocket` (as host-local is configured) reaches the agent
+at the shim's default socket: there the shim is built with its default pointed at the lab
+agent's socket (build.sh's NETAGENT_DEFAULT_SOCKET), as the shipped one points at `netagent
+run`'s, so the host's /run/netagent is never used.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from cni.errors import CniError
 from netagent.cniserver import install as cni_install
 from tests.netns.test_interop import LINE_BREAK, Chain, address_of, links, ping, require_reference, reservation_files
 from tests.netns.test_shim import wait_until
-from tests.shim_support import installed_shim_or_skip
+from tests.shim_support import build_shim_or_skip, installed_shim_or_skip
 
 
 @pytest.fixture
@@ -31,11 +35,13 @@ def node(make_node):
     return lab
 
 
-def bridge_conflist(lab, subnet: str) -> dict:
+def bridge_conflist(lab, subnet: str, *, agent_socket: bool = True) -> dict:
+    ipam = {"type": "netagent-ipam", "agentSocket": lab.socket_path,
+            "ranges": [[{"subnet": subnet}]], "dataDir": os.path.join(lab.workdir, "ref-ipam")}
+    if not agent_socket:
+        del ipam["agentSocket"]
     return {"cniVersion": "1.0.0", "name": "refnet", "plugins": [{
-        "type": "bridge", "bridge": "cni-ref0", "isGateway": True,
-        "ipam": {"type": "netagent-ipam", "agentSocket": lab.socket_path,
-                 "ranges": [[{"subnet": subnet}]], "dataDir": os.path.join(lab.workdir, "ref-ipam")}}]}
+        "type": "bridge", "bridge": "cni-ref0", "isGateway": True, "ipam": ipam}]}
 
 
 def served_by_agent(lab, command: str) -> int:
@@ -100,3 +106,30 @@ def test_no_agent_add_is_code_11_and_nothing_is_left(node):
     wait_until(lambda: not [n for n in os.listdir(lab.journal_dir) if n.endswith((".wire", ".json"))])
     assert "adopted 1 DEL(s)" in lab.agent_output()
     assert reservation_files(os.path.join(lab.workdir, "ref-ipam", "refnet")) == {}
+
+
+def test_a_conflist_without_agent_socket_uses_the_default_socket(node, tmp_path):
+    """Issue 18: this was code 7 "no 'ipam.agentSocket'", so the documented IPAM-only use failed."""
+    lab = node
+    shim = build_shim_or_skip(tmp_path, default_socket=lab.socket_path)
+    os.replace(shim, os.path.join(lab.bin_dir, "netagent-ipam"))  # what bridge executes, as installed
+    chain = Chain(lab, bridge_conflist(lab, "10.250.9.0/24", agent_socket=False))
+    network_dir = os.path.join(lab.workdir, "ref-ipam", "refnet")
+    netns_name = lab.new_pod_netns("d")
+    container_id = f"{lab.prefix}-d"
+    result = chain.run("ADD", container_id=container_id, netns_name=netns_name)
+    assert served_by_agent(lab, "ADD") == 1
+    address = address_of(result)
+    assert result["ips"][0]["gateway"] == "10.250.9.1"
+    assert reservation_files(network_dir) == {address: f"{container_id}{LINE_BREAK}eth0"}
+    assert ping(netns_name, "10.250.9.1")  # bridge's gateway on the node, through the pod's veth
+
+    # the agent is down: the DEL is journaled beside the default socket, replayed at its start
+    lab.stop_agent()
+    chain.run("DEL", container_id=container_id, netns_name=netns_name, prev_result=result)
+    assert [n for n in os.listdir(lab.journal_dir) if n.endswith(".wire")]
+    assert "eth0" not in links(netns_name)
+    lab.start_agent()
+    wait_until(lambda: not [n for n in os.listdir(lab.journal_dir) if n.endswith((".wire", ".json"))])
+    assert "adopted 1 DEL(s)" in lab.agent_output()
+    assert reservation_files(network_dir) == {}

@@ -8,6 +8,8 @@ reports an error; and finish within its timeout (NETAGENT_SHIM_TIMEOUT, set shor
 Where the agent answers, the request it received is byte for byte what cni/wire.py frames.
 The same holds for the shim copied as `netagent-ipam` (argv[0] selects the IPAM-only
 plugin: the socket comes from the config's `ipam` section, the header carries the selector).
+Configs carry any cniVersion, "" included. The coverage-guided fuzzer of the same parsing is
+cni/shim/fuzz/ (tests/unit/test_shim_libfuzzer.py).
 """
 from __future__ import annotations
 
@@ -180,9 +182,13 @@ def configs(agent_path: str, down_path: str):
     sections = st.one_of(st.none(), json_values, st.builds(  # an "ipam" section, netagent-ipam's socket
         lambda sock, extra: {**extra, "agentSocket": sock}, socket_values,
         st.dictionaries(st.text(max_size=12), json_values, max_size=3)))
-    documents = st.builds(lambda sock, extra, drop, ipam: json.dumps(
-        {**({} if drop else {"agentSocket": sock}), **extra, **({} if ipam is None else {"ipam": ipam})}).encode(),
-        socket_values, st.dictionaries(st.text(max_size=12), json_values, max_size=5), st.booleans(), sections)
+    versions = st.one_of(st.none(), st.just(""), st.sampled_from(cni_version.SUPPORTED_VERSIONS), st.text(max_size=6),
+                         json_values)  # "" crashed the shim once (issue 18)
+    documents = st.builds(lambda version, sock, extra, drop, ipam: json.dumps(
+        {**({} if version is None else {"cniVersion": version}), **({} if drop else {"agentSocket": sock}), **extra,
+         **({} if ipam is None else {"ipam": ipam})}).encode(),
+        versions, socket_values, st.dictionaries(st.text(max_size=12), json_values, max_size=5), st.booleans(),
+        sections)
     mangled = st.tuples(documents, st.integers(0, 400), st.binary(max_size=8)).map(
         lambda t: t[0][:t[1]] + t[2])  # truncated, with junk after
     return st.one_of(documents, mangled, st.binary(max_size=2000),
@@ -292,18 +298,26 @@ def test_as_netagent_ipam_a_del_without_agent_is_journaled_with_its_selector(bin
 
 
 @pytest.mark.parametrize("stdin,code,msg", [
-    (b'{"agentSocket": "/a.sock"}', 7, "no 'ipam.agentSocket'"),  # the top level is the main plugin's
-    (b'{"ipam": {"agentSocket": "/a.sock"}, "ipam": null}', 7, "no 'ipam.agentSocket'"),  # the last wins
-    (b'{"ipam": {"agentSocket": 5}}', 7, "no 'ipam.agentSocket'"),
+    # no ipam.agentSocket: the default socket (this build's: nothing listens there), never a top-level one
+    (b'{"agentSocket": "/a.sock"}', 11, "not running"),  # the top level is the main plugin's
+    (b'{"ipam": {"agentSocket": "/a.sock"}, "ipam": null}', 11, "not running"),  # the last wins
+    (b'{"ipam": {"x": {"agentSocket": "/a.sock"}}}', 11, "not running"),  # only the section's own key
+    (b'{"ipam": [{"agentSocket": "/a.sock"}]}', 11, "not running"),
+    (b'{"ipam": {"agentSocket": 5}}', 7, "'ipam.agentSocket' must be a string"),
     (b'{"ipam": {"agentSocket": "a/b"}}', 7, "'ipam.agentSocket' must be an absolute path"),
-    (b'{"ipam": {"x": {"agentSocket": "/a.sock"}}}', 7, "no 'ipam.agentSocket'"),  # only the section's own key
     (b'{"ipam": {"agentSocket": "/a.sock"}', 6, "cannot decode"),
-    (b'{"ipam": {"agentSocket": "\\udc00"}}', 6, "cannot decode"),
-    (b'{"ipam": [{"agentSocket": "/a.sock"}]}', 7, "no 'ipam.agentSocket'")])
+    (b'{"ipam": {"agentSocket": "\\udc00"}}', 6, "cannot decode")])
 def test_as_netagent_ipam_bad_sections_are_reported_in_json(binaries, stdin, code, msg):
     proc = run(binaries[wire.PLUGIN_IPAM], {"CNI_COMMAND": "ADD"}, stdin)
     error = json.loads(proc.stdout)
     assert (proc.returncode, error["code"]) == (1, code) and msg in error["msg"], error
+    if code == 11:
+        assert error["details"].startswith(default_socket(binaries[wire.PLUGIN_MAIN]) + ": connect: ")
+
+
+def default_socket(shim: str) -> str:
+    """Where a config without agentSocket sends this module's shim (tests/shim_support.py's default)."""
+    return os.path.join(os.path.dirname(shim), "no-agent", "cni.sock")
 
 
 def test_a_del_that_cannot_be_journaled_is_code_11(shim, tmp_path):
@@ -315,7 +329,8 @@ def test_a_del_that_cannot_be_journaled_is_code_11(shim, tmp_path):
 @pytest.mark.parametrize("stdin,code", [(b"", 6), (b"[1]", 6), (b'{"agentSocket": 5}', 7),
                                         (b'{"agentSocket": "a/b"}', 7), (b'{"agentSocket": "/a\\u0000b"}', 7),
                                         (b'{"agentSocket": "/a"} x', 6), (b'{"agentSocket": "\\ud800"}', 6),
-                                        (b'{"x": "\xff\xfe", "agentSocket": "/\xff"}', 11)])
+                                        (b'{"x": "\xff\xfe", "agentSocket": "/\xff"}', 6),  # not UTF-8: issue 18
+                                        (b'{"agentSocket": "/\xc3\xa9"}', 11)])
 def test_bad_configs_are_reported_in_json(shim, stdin, code):
     proc = run(shim, {"CNI_COMMAND": "ADD"}, stdin)
     assert proc.returncode == 1 and json.loads(proc.stdout)["code"] == code
