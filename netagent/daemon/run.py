@@ -153,6 +153,8 @@ def _run_cluster_mode(args) -> int:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     registry = Registry()
+    from netagent.daemon.rejection_reports import build_rejections, with_rejections
+    rejections, event_poster = build_rejections(registry, api_client=api_client, node_name=settings.node_name)
     cluster_cidr = next((str(c) for c in settings.cluster_cidrs if c.version == 4), None)
     try:
         proxy = build_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
@@ -163,12 +165,15 @@ def _run_cluster_mode(args) -> int:
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     agent = NodeAgent(settings, api_client=api_client, kernel=NetlinkKernel(),
                       iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry,
-                      node_listeners=[proxy.proxy.node] if proxy is not None else [])
+                      node_listeners=[proxy.proxy.node] if proxy is not None else [],
+                      rejections=rejections.scope("noderoutes"))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
     status = StatusServer(bind=args.status_bind, registry=registry,
-                          health=with_policy_health(agent.health, started_policy,
-                                                    stale_after=max(2 * args.policy_sync_period, 60.0)))
+                          health=with_rejections(
+                              with_policy_health(agent.health, started_policy,
+                                                 stale_after=max(2 * args.policy_sync_period, 60.0)),
+                              rejections))
     status.start()
     policy = None
     try:
@@ -190,6 +195,7 @@ def _run_cluster_mode(args) -> int:
             proxy.stop()
         agent.stop()
         status.stop()
+        event_poster.stop()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
           f"iptables {backend.value}, proxy {args.proxy_mode}, network policy "
@@ -203,6 +209,7 @@ def _run_cluster_mode(args) -> int:
         proxy.stop()
     agent.stop()
     status.stop()
+    event_poster.stop()
     return 0
 
 

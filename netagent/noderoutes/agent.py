@@ -221,11 +221,7 @@ class NodeAgent:
         if self._runner_health is None:
             self._runner_health = health_from_sync_runner(
                 self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))
-        report = self._runner_health()
-        rejected = self.rejections.health_details()
-        if rejected:
-            report.details["rejected"] = rejected
-        return report
+        return self._runner_health()  # refused Nodes: the daemon lists every rejection (rejection_reports.py)
 
     def stop(self) -> None:
         if self.runner is not None:

@@ -41,7 +41,7 @@ def hostile_node(name: str, *, pod_cidr: str, public_ip: str, backend_data: str)
 
 def rejected_on(lab, node: str) -> list[str]:
     health = json.loads(lab.exec(node, [sys.executable, "-c", FETCH, "healthz"], check=True, timeout=60).stdout)
-    return health["details"].get("rejected", [])
+    return health["details"].get("rejected_objects", [])
 
 
 def is_rejected(lab, node: str, name: str, reason: str) -> bool:
