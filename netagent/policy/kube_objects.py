@@ -72,15 +72,17 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PolicyLimits:
     """What one NetworkPolicy may hold before it is read closed as `too-large` (its selected
-    pods isolated, nothing allowed). Every rule is rendered once per selected local pod, so a
-    policy's (peer x port) pairs bound the length of each of their chains. The defaults are
-    far above hand-written policies and keep one policy's work to milliseconds."""
+    pods isolated, nothing allowed). Each (peer, port) pair of a rule is a rule in the chain
+    of every local pod the policy selects, except that a rule's ipBlocks without except are
+    one hash:net set (one peer, however many blocks), so `pairs` bounds each of those chains.
+    The defaults are far above hand-written policies (10,000 ipBlocks hold a cloud provider's
+    published ranges) and keep one policy's work to a fraction of a second."""
     rules: int = 500            # ingress + egress rules
-    peers: int = 2000           # from/to items, ipBlocks included
-    ip_blocks: int = 2000
+    peers: int = 2000           # selector peers (podSelector / namespaceSelector items)
+    ip_blocks: int = 10000      # ipBlock peers
     excepts: int = 4000         # except entries over all ipBlocks
     ports: int = 1000           # ports items over all rules
-    pairs: int = 10000          # sum over rules of max(1, peers) x max(1, ports)
+    pairs: int = 10000          # sum over rules of max(1, rendered peers) x max(1, ports)
 
 
 DEFAULT_LIMITS = PolicyLimits()
@@ -287,15 +289,23 @@ def _measure(spec: dict, limits: PolicyLimits) -> str:
             peers, ports = rule.get(peer_field), rule.get("ports")
             peers = peers if isinstance(peers, list) else []
             ports = ports if isinstance(ports, list) else []
-            counts["peers"] += len(peers)
             counts["ports"] += len(ports)
-            counts["pairs"] += max(1, len(peers)) * max(1, len(ports))
+            rendered = plain = 0            # peers rendered one by one; blocks grouped in a set
             for item in peers:
                 block = item.get("ipBlock") if isinstance(item, dict) else None
-                if isinstance(block, dict):
-                    counts["ip_blocks"] += 1
-                    excepts = block.get("except")
-                    counts["excepts"] += len(excepts) if isinstance(excepts, list) else 0
+                if not isinstance(block, dict):
+                    counts["peers"] += 1
+                    rendered += 1
+                    continue
+                counts["ip_blocks"] += 1
+                excepts = block.get("except")
+                counts["excepts"] += len(excepts) if isinstance(excepts, list) else 0
+                if excepts:
+                    rendered += 1
+                else:
+                    plain += 1
+            rendered += min(plain, 1)
+            counts["pairs"] += max(1, rendered) * max(1, len(ports))
     over = [f"{count} {name.replace('_', ' ')} (limit {getattr(limits, name)})"
             for name, count in counts.items() if count > getattr(limits, name)]
     return ", ".join(over)

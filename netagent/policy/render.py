@@ -74,7 +74,7 @@ OUTPUT_CHAIN = owned.POLICY_PREFIX + "-OUTPUT"     # filter OUTPUT jumps here, I
 OUTPUT_JUMP_MATCH = ("-m", "ipvs", "--ipvs", "--vdir", "ORIGINAL")
 OUTPUT_JUMP_COMMENT = "netagent: network policy (IPVS-forwarded)"
 SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET,
-             SetKind.NAMED: IpsetType.HASH_IP_PORT}
+             SetKind.NAMED: IpsetType.HASH_IP_PORT, SetKind.NETS: IpsetType.HASH_NET}
 
 
 class InterfaceMode(enum.Enum):

@@ -57,6 +57,7 @@ from netagent.policy.model import (
 class SetKind(enum.Enum):
     PODS = "pods"            # hash:ip, the addresses of a scope's pods
     EXCEPT = "except"        # hash:net, an ipBlock's except list
+    NETS = "nets"            # hash:net, a rule's ipBlocks that have no except (two or more)
     NAMED = "named"          # hash:ip,port, a named port resolved on each destination pod
 
 
@@ -255,18 +256,39 @@ class _Planner:
         peers: Iterable[Peer | None] = rule.peers if rule.peers is not None else (None,)
         ports: Iterable[PortSpec | None] = rule.ports if rule.ports is not None else (None,)
         found: list[Allow | tuple[SetRef | CidrMatch | None, PortSpec]] = []
+        grouped, nets = self._nets(rule.peers or ())
+        first_of_group = True
         for peer in peers:
+            in_group = peer in grouped
             for spec in ports:
+                named_egress = spec is not None and isinstance(spec.port, str) and direction is PolicyType.EGRESS
+                if in_group and not named_egress and not first_of_group:
+                    continue                                   # the group's one allow is already there
+                match = nets if in_group and not named_egress else None
                 if spec is None:
-                    found.append(Allow(origin, self._peer(peer), None))
+                    found.append(Allow(origin, match or self._peer(peer), None))
                 elif not isinstance(spec.port, str):
                     last = spec.end_port if spec.end_port is not None else spec.port
-                    found.append(Allow(origin, self._peer(peer), PortMatch(spec.protocol, spec.port, last)))
+                    found.append(Allow(origin, match or self._peer(peer), PortMatch(spec.protocol, spec.port, last)))
                 elif direction is PolicyType.INGRESS:
-                    found.append((self._peer(peer), spec))     # resolved on each selected pod
+                    found.append((match or self._peer(peer), spec))     # resolved on each selected pod
                 else:
                     found.append(Allow(origin, None, None, named=self.named_set(peer, spec)))
+            first_of_group = first_of_group and not in_group
         return found
+
+    def _nets(self, peers: Iterable[Peer]) -> tuple[frozenset[Peer], SetRef | None]:
+        """A rule's ipBlocks without except (two or more, /0 aside) as one hash:net set: one
+        rule per port for any number of blocks, rather than one per block."""
+        plain = frozenset(peer for peer in peers if peer.ip_block is not None and not peer.ip_block.excepts
+                          and not peer.ip_block.cidr.endswith("/0"))
+        if len(plain) < 2:
+            return frozenset(), None
+        cidrs = sorted({peer.ip_block.cidr for peer in plain if peer.ip_block is not None})
+        text = " ".join(cidrs)
+        key = f"ipBlocks {text}" if len(text) <= 160 else \
+            f"ipBlocks {len(cidrs)} sha256:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+        return plain, self.set_ref(SetKind.NETS, key, lambda: cidrs)
 
     def _peer(self, peer: Peer | None) -> SetRef | CidrMatch | None:
         return None if peer is None else self.peer_match(peer)
