@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from netagent.policy.limits import DEFAULT_LIMITS, PolicyLimits, measure
 from netagent.policy.model import (
     ContainerPort,
     IpBlock,
@@ -69,23 +70,6 @@ PORT_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9](?:[a-z0-9-]{0,13}[a-z0-9])?$")   #
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class PolicyLimits:
-    """What one NetworkPolicy may hold before it is read closed as `too-large` (its selected
-    pods isolated, nothing allowed). Each (peer, port) pair of a rule is a rule in the chain
-    of every local pod the policy selects, except that a rule's ipBlocks without except are
-    one hash:net set (one peer, however many blocks), so `pairs` bounds each of those chains.
-    The defaults are far above hand-written policies (10,000 ipBlocks hold a cloud provider's
-    published ranges) and keep one policy's work to a fraction of a second."""
-    rules: int = 500            # ingress + egress rules
-    peers: int = 2000           # selector peers (podSelector / namespaceSelector items)
-    ip_blocks: int = 10000      # ipBlock peers
-    excepts: int = 4000         # except entries over all ipBlocks
-    ports: int = 1000           # ports items over all rules
-    pairs: int = 10000          # sum over rules of max(1, rendered peers) x max(1, ports)
-
-
-DEFAULT_LIMITS = PolicyLimits()
 
 
 @dataclass(frozen=True)
@@ -277,40 +261,6 @@ def _policy_types(spec: dict, *, where: str, problems: list[str]) -> frozenset[P
     return frozenset(PolicyType(v) for v in raw)
 
 
-def _measure(spec: dict, limits: PolicyLimits) -> str:
-    """Which limit the spec exceeds ("" none), counted on the raw lists before any parsing."""
-    counts = dict.fromkeys(("rules", "peers", "ip_blocks", "excepts", "ports", "pairs"), 0)
-    for field, peer_field in (("ingress", "from"), ("egress", "to")):
-        rules = spec.get(field)
-        for rule in rules if isinstance(rules, list) else ():
-            counts["rules"] += 1
-            if not isinstance(rule, dict):
-                continue
-            peers, ports = rule.get(peer_field), rule.get("ports")
-            peers = peers if isinstance(peers, list) else []
-            ports = ports if isinstance(ports, list) else []
-            counts["ports"] += len(ports)
-            rendered = plain = 0            # peers rendered one by one; blocks grouped in a set
-            for item in peers:
-                block = item.get("ipBlock") if isinstance(item, dict) else None
-                if not isinstance(block, dict):
-                    counts["peers"] += 1
-                    rendered += 1
-                    continue
-                counts["ip_blocks"] += 1
-                excepts = block.get("except")
-                counts["excepts"] += len(excepts) if isinstance(excepts, list) else 0
-                if excepts:
-                    rendered += 1
-                else:
-                    plain += 1
-            rendered += min(plain, 1)
-            counts["pairs"] += max(1, rendered) * max(1, len(ports))
-    over = [f"{count} {name.replace('_', ' ')} (limit {getattr(limits, name)})"
-            for name, count in counts.items() if count > getattr(limits, name)]
-    return ", ".join(over)
-
-
 def _identity(obj: object, key: str) -> tuple[str, str]:
     """(namespace, name): from the recorder's key when given (what the view is keyed by)."""
     if key:
@@ -360,7 +310,7 @@ def _parse_policy(obj: object, *, namespace: str, name: str, where: str,
     if selector is None:
         why = f"{where}: its podSelector cannot be read, so it isolates {whom} and allows nothing"
         return Reading(_closed(namespace, name, None, types, why), (*problems, why), MALFORMED)
-    over = _measure(spec, limits)
+    over = measure(spec, limits)
     if over:
         why = f"{where}: too large ({over}); it isolates {whom} and allows nothing"
         return Reading(_closed(namespace, name, selector, types, why), (*problems, why), TOO_LARGE)
