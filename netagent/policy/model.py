@@ -192,5 +192,5 @@ class NamespaceInfo:
     @property
     def label_map(self) -> dict[str, str]:
         labels = dict(self.labels)
-        labels.setdefault(NAMESPACE_NAME_LABEL, self.name)
+        labels[NAMESPACE_NAME_LABEL] = self.name      # as the API server forces it: no namespace claims another's name
         return labels

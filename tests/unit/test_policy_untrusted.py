@@ -89,7 +89,8 @@ def test_a_bad_policy_in_one_namespace_does_not_drop_a_deny_all_in_another(node,
     assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
     isolated = node.plan("y/c")
     assert isolated.ingress == () and isolated.egress == () and isolated.policies == ("y/deny-all",)
-    assert {pod_chain(owned.POLICY_INGRESS_PREFIX, "y/c"), pod_chain(owned.POLICY_EGRESS_PREFIX, "y/c")} <= node.chains()
+    chains = {pod_chain(owned.POLICY_INGRESS_PREFIX, "y/c"), pod_chain(owned.POLICY_EGRESS_PREFIX, "y/c")}
+    assert chains <= node.chains()
     assert node.rejected() == {"NetworkPolicy x/bad": "malformed"}
     assert node.known() == {"10.0.0.2", "10.0.0.3", "10.0.0.4"}
 
@@ -293,3 +294,13 @@ def test_set_capacity_is_sized_from_its_members_and_names_a_new_set_when_it_grow
     assert capacity_for(DEFAULT_MAX_ELEMENTS) == 2 * DEFAULT_MAX_ELEMENTS
     small, big = SetRef(SetKind.PODS, "k"), SetRef(SetKind.PODS, "k", 2 * DEFAULT_MAX_ELEMENTS)
     assert small.name != big.name and len(big.name) == len(small.name)
+
+
+def test_a_namespace_cannot_claim_another_namespace_name_label(node):
+    """A lax server's Namespace `z` labelled `kubernetes.io/metadata.name: x` is still `z`."""
+    node.engine.namespaces.on_add(namespace("z", **{"kubernetes.io/metadata.name": "x"}))
+    node.engine.pods.on_add(pod("z", "spy", "10.0.1.20", {"pod": "a"}, node="node-2"))
+    node.engine.policies.on_add(policy("y", "from-x", {"podSelector": {}, "ingress": [{"from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}}]}]}))
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    assert list(node.engine.plan.sets.values()) == [{"10.0.0.2", "10.0.0.3"}]
