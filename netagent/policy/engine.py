@@ -203,8 +203,8 @@ class PolicyEngine:
         self.plan = plan_node(self.view, node_name=self.settings.node_name)
         self.wanted = render_wanted(self.plan, settings=self.settings.render, interface_of=self.interface_of)
         unprogrammed = self.plan.problems + self.wanted.refused
-        if unprogrammed != self.unprogrammed:
-            for problem in self.plan.problems:
+        if unprogrammed != self.unprogrammed:        # said once, not every sync
+            for problem in unprogrammed:
                 log.warning("network policy: %s", problem)
         self.unprogrammed = unprogrammed
         self.last_report = self.programmer.apply(self.wanted, full=kind is SyncKind.FULL)

@@ -52,7 +52,6 @@ inside a guard. A pod left out is `refused`: not in KNOWN, so it stays closed.
 from __future__ import annotations
 
 import enum
-import logging
 import re
 import functools
 import hashlib
@@ -99,8 +98,6 @@ class WantedState:
     pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
     refused: tuple[str, ...] = ()              # why local pods were left closed: they could not be rendered
 
-
-log = logging.getLogger("netagent.policy")
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")    # what the kernel takes as a name (IFNAMSIZ)
 
 
@@ -282,8 +279,6 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key[:200], max_elements=ref.capacity): held
             for ref, held in members.items() if ref in used}
     pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
-    for problem in refused:
-        log.warning("network policy: %s", problem)
     return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains, **pods_by_block},
                        sets, frozenset(known), tuple(pending), tuple(refused))
 
