@@ -304,3 +304,17 @@ def test_a_namespace_cannot_claim_another_namespace_name_label(node):
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}}]}]}))
     assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
     assert list(node.engine.plan.sets.values()) == [{"10.0.0.2", "10.0.0.3"}]
+
+
+def test_the_tracer_follows_an_ip_block_set(node):
+    from netagent.policy.readback import Packet, parse_kernel_policy, trace
+    node.engine.policies.on_add(policy("x", "blocks", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
+        {"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}, {"ipBlock": {"cidr": "198.51.100.7/32"}}],
+         "ports": [{"port": 80}]}]}))
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    kernel = parse_kernel_policy(node.iptables.save("filter"))
+    sets = {name: contents.members for name, contents in node.ipset.snapshot().items()}
+    assert trace(kernel, sets, Packet("192.0.2.77", "10.0.0.2", "tcp", 80))[0]
+    assert trace(kernel, sets, Packet("198.51.100.7", "10.0.0.2", "tcp", 80))[0]
+    assert not trace(kernel, sets, Packet("198.51.100.8", "10.0.0.2", "tcp", 80))[0]
+    assert not trace(kernel, sets, Packet("192.0.2.77", "10.0.0.2", "tcp", 81))[0]
