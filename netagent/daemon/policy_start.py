@@ -17,6 +17,12 @@ agent or the API is slow. The cost: a new pod waits for the kubelet to report it
 and one sync (tens of milliseconds) before it can talk, which the pod's containers, started
 after the sandbox, rarely notice.
 
+Every watched object is untrusted (policy/kube_objects.py): one the engine cannot read fully
+is rejected in the `RejectionScope` given to `build_policy` (the daemon's, so the metric,
+the log line and the Event are shared) and listed in /healthz's `network_policy.rejected`,
+while it is enforced closed. `--policy-max-*` bound what one NetworkPolicy may hold
+(`PolicyLimits`); above them it is rejected `too-large` and isolates the pods it selects.
+
 A pod's host interface comes from the CNI plugin's IPAM store: the reservation file of its
 address names the container and interface, from which the plugin named the host veth.
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import HealthFunction
     from netagent.infra.sync_runner import SyncRunner
     from netagent.kube.reflector import Reflector
@@ -47,6 +54,32 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                             "(without it, any policy rules a previous run left are removed)")
     group.add_argument("--policy-sync-period", type=float, default=30.0,
                        help="seconds between full policy syncs (drift repair)")
+    from netagent.policy.kube_objects import DEFAULT_LIMITS
+    for field, what in LIMIT_FLAGS:
+        group.add_argument(f"--policy-max-{field.replace('_', '-')}", type=_positive, metavar="N",
+                           default=getattr(DEFAULT_LIMITS, field),
+                           help=f"at most N {what} in one NetworkPolicy (default %(default)s); a policy above "
+                                f"it is rejected as too large and isolates the pods it selects")
+
+
+LIMIT_FLAGS = (("rules", "ingress + egress rules"), ("peers", "from/to peers, over all rules"),
+               ("ip_blocks", "ipBlock peers"), ("excepts", "ipBlock except entries"),
+               ("ports", "ports items, over all rules"),
+               ("pairs", "(peer x port) pairs, summed over its rules"))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
+
+
+def policy_limits(args):
+    """The `PolicyLimits` the `--policy-max-*` flags ask for (defaults when absent)."""
+    from netagent.policy.kube_objects import DEFAULT_LIMITS, PolicyLimits
+    return PolicyLimits(**{field: getattr(args, f"policy_max_{field}", getattr(DEFAULT_LIMITS, field))
+                           for field, _ in LIMIT_FLAGS})
 
 
 def ipam_interface_lookup(data_dir: str, network: str):
@@ -107,7 +140,11 @@ def with_policy_health(base: HealthFunction, holder: list[PolicyParts], *, stale
         if not holder:
             return report
         policy = holder[0].health(stale_after)()
-        details = {**report.details, "network_policy": {"healthy": policy.healthy, "reason": policy.reason}}
+        engine = holder[0].engine
+        section: dict = {"healthy": policy.healthy, "reason": policy.reason}
+        if engine is not None:  # refused objects: the daemon lists every rejection (rejection_reports.py)
+            section["unprogrammed"] = list(engine.unprogrammed)
+        details = {**report.details, "network_policy": section}
         if policy.healthy:
             return HealthReport(report.healthy, report.reason, details)
         reason = f"network policy: {policy.reason}"
@@ -142,7 +179,8 @@ def remove_policy_state_everywhere() -> list[str]:
     return removed
 
 
-def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str]) -> PolicyParts:
+def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str],
+                 rejections: RejectionScope | None = None) -> PolicyParts:
     from netagent.daemon.status_policy import read_policy_rules
     from netagent.infra.metrics import CallbackGauge
     from netagent.infra.sync_runner import SyncKind, SyncRunner
@@ -160,9 +198,10 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
                                   ipset=IpsetRunner())
     ipvs = getattr(args, "proxy_mode", None) == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
     settings = PolicySettings(args.node_name, RenderSettings(InterfaceMode(args.cni_mode),
-                                                            local_cidrs=tuple(pod_cidrs), ipvs=ipvs))
+                                                            local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
+                              limits=policy_limits(args))
     network = getattr(args, "cni_network_name", "netagent")
-    engine = PolicyEngine(settings, programmer=programmer, registry=registry,
+    engine = PolicyEngine(settings, programmer=programmer, registry=registry, rejections=rejections,
                           interface_of=ipam_interface_lookup(args.cni_data_dir, network))
     runner = SyncRunner(name="network-policy", sync=engine.sync, min_interval=args.min_sync_period,
                         max_interval=args.policy_sync_period, retry_interval=1.0)

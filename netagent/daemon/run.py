@@ -181,6 +181,7 @@ def _run_cluster_mode(args) -> int:
         if proxy is not None:
             proxy.start()
         policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
+                               rejections=rejections.scope("policy"),
                                pod_cidrs=[str(c) for c in agent.pod_cidrs if c.version == 4],
                                timeout=settings.lease_timeout)
         if policy is not None:
@@ -213,7 +214,7 @@ def _run_cluster_mode(args) -> int:
     return 0
 
 
-def _start_policy(args, *, api_client, backend, registry, pod_cidrs, timeout: float):
+def _start_policy(args, *, api_client, backend, registry, rejections, pod_cidrs, timeout: float):
     """Start NetworkPolicy enforcement and wait for its first sync, BEFORE the CNI server
     serves (policy_start.py says why); with the flag off, remove what a previous run left."""
     from netagent.daemon.policy_start import build_policy, remove_policy_state
@@ -222,6 +223,7 @@ def _start_policy(args, *, api_client, backend, registry, pod_cidrs, timeout: fl
             log.info("network policy off: removed %s", removed)
         return None
     policy = build_policy(args, api_client=api_client, iptables_backend=backend, registry=registry,
+                          rejections=rejections,
                           pod_cidrs=pod_cidrs)
     policy.start()
     if not policy.wait_first_sync(timeout):

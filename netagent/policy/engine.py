@@ -4,9 +4,18 @@ Seam 1 of ARCHITECTURE.md: the NetworkPolicy, Pod and Namespace reflectors deliv
 `ChangeRecorder`s that only keep (previous, current) and ask for a sync; updates that change
 nothing the policies read (a pod's status conditions, a namespace's annotations) are not
 even recorded. On the sync thread, `sync(kind)` drains them into a `ClusterView` (parsing
-only what changed, reporting what could not be read), plans (semantics.py), renders
-(render.py) and applies (programmer.py), which writes only the difference: a PARTIAL sync
-against what it last wrote, a FULL one against the kernel (adoption, drift repair).
+only what changed), plans (semantics.py), renders (render.py) and applies (programmer.py),
+which writes only the difference: a PARTIAL sync against what it last wrote, a FULL one
+against the kernel (adoption, drift repair).
+
+Every object is untrusted. Drained changes wait in a backlog and leave it only once folded
+into the view; each object is parsed alone (kube_objects.py never raises, and a guard here
+reads anything unexpected closed), so one bad object costs no other its change. The view is
+what the kernel must hold: a sync that fails after draining leaves its changes in the view,
+and the next sync (FULL, the runner's rule) programs them. An object that could not be read
+fully is *rejected* in the `RejectionScope` (log, `netagent_rejected_objects{kind,reason}`,
+an Event, /healthz's details) while it stays in the view closed, and *accepted* again once
+it is fixed or deleted.
 
 A local pod whose host interface cannot be found stays closed (not in KNOWN); the sync says
 which pods wait (log, `netagent_policy_pods{state="pending"}`) and every later sync looks again.
@@ -18,10 +27,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from netagent.infra.metrics import Counter, Gauge, Histogram, Registry, exponential_buckets
+from netagent.infra.metrics import Gauge, Histogram, Registry, exponential_buckets
+from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncResult
-from netagent.kube.changes import ChangeRecorder
-from netagent.policy.kube_objects import parse_namespace, parse_pod, parse_policy
+from netagent.kube.changes import Change, ChangeRecorder
+from netagent.policy.kube_objects import (
+    DEFAULT_LIMITS,
+    MALFORMED,
+    PolicyLimits,
+    Reading,
+    parse_namespace,
+    parse_pod,
+    parse_policy,
+)
+from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, PolicyType
 from netagent.policy.programmer import ApplyReport, PolicyProgrammer
 from netagent.policy.render import RenderSettings, WantedState, render_wanted
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
@@ -35,6 +54,17 @@ InterfaceLookup = Callable[[PodPlan], "str | None"]
 class PolicySettings:
     node_name: str
     render: RenderSettings
+    limits: PolicyLimits = DEFAULT_LIMITS
+
+
+def _guarded(relevant: Callable[[dict, dict], bool]) -> Callable[[dict, dict], bool]:
+    """A `relevant` filter that cannot raise on the watch thread: unreadable means relevant."""
+    def check(old: dict, new: dict) -> bool:
+        try:
+            return relevant(old, new)
+        except Exception:
+            return True
+    return check
 
 
 def _pod_relevant(old: dict, new: dict) -> bool:
@@ -61,25 +91,25 @@ class PolicyMetrics:
             buckets=exponential_buckets(0.001, 2, 15), labels=("kind",)))
         self.pods = registry.register(Gauge(
             "netagent_policy_pods", "local pods by policy state", labels=("state",)))
-        self.problems = registry.register(Counter(
-            "netagent_policy_object_problems_total", "fields of policies and pods that could not be read"))
 
 
 class PolicyEngine:
     """Owns the recorders and the view; `sync` is the SyncRunner's function."""
 
     def __init__(self, settings: PolicySettings, *, programmer: PolicyProgrammer, interface_of: InterfaceLookup,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, rejections: RejectionScope | None = None) -> None:
         self.settings = settings
         self.programmer = programmer
         self.interface_of = interface_of
         self._request: Callable[[], None] = lambda: None
         poke = self._poke
-        self.policies = ChangeRecorder("networkpolicies", on_change=poke, relevant=_policy_relevant)
-        self.pods = ChangeRecorder("pods", on_change=poke, relevant=_pod_relevant)
-        self.namespaces = ChangeRecorder("namespaces", on_change=poke, relevant=_namespace_relevant)
+        self.policies = ChangeRecorder("networkpolicies", on_change=poke, relevant=_guarded(_policy_relevant))
+        self.pods = ChangeRecorder("pods", on_change=poke, relevant=_guarded(_pod_relevant))
+        self.namespaces = ChangeRecorder("namespaces", on_change=poke, relevant=_guarded(_namespace_relevant))
+        self.rejections = rejections if rejections is not None else standalone("policy")
         self.view = ClusterView()
-        self.problems: dict[str, list[str]] = {}
+        self._backlog: dict[str, dict[str, Change]] = {POLICY: {}, POD: {}, NAMESPACE: {}}
+        self.unprogrammed: tuple[str, ...] = ()     # what the last sync could not plan or render
         self.plan: NodePlan | None = None
         self.wanted: WantedState | None = None
         self.last_report: ApplyReport | None = None
@@ -96,44 +126,73 @@ class PolicyEngine:
     def caches_synced(self) -> bool:
         return all(recorder.synced.is_set() for recorder in (self.policies, self.pods, self.namespaces))
 
-    def _note(self, key: str, problems: list[str]) -> None:
-        if problems and problems != self.problems.get(key):
-            for problem in problems:
-                log.warning("%s", problem)
-            if self.metrics is not None:
-                self.metrics.problems.inc(len(problems))
-        if problems:
-            self.problems[key] = problems
-        else:
-            self.problems.pop(key, None)
-
     def drain(self) -> int:
-        """Fold recorded changes into the view; returns how many objects changed."""
+        """Fold recorded changes into the view, each object alone; returns how many changed.
+        A change leaves the backlog only once it is in the view (read closed if need be)."""
         changed = 0
-        for key, (_, current) in self.policies.drain().items():
-            changed += 1
-            policy, problems = parse_policy(current) if current is not None else (None, [])
-            self._note(f"networkpolicy {key}", problems)
-            if policy is None:
-                self.view.policies.pop(key, None)
-            else:
-                self.view.policies[key] = policy
-        for key, (_, current) in self.pods.drain().items():
-            changed += 1
-            if current is None:
-                self.view.pods.pop(key, None)
-                self._note(f"pod {key}", [])
-                continue
-            pod, problems = parse_pod(current)
-            self._note(f"pod {key}", problems)
-            self.view.pods[key] = pod
-        for key, (_, current) in self.namespaces.drain().items():
-            changed += 1
-            if current is None:
-                self.view.namespaces.pop(key, None)
-            else:
-                self.view.namespaces[key] = parse_namespace(current)
+        for kind, recorder, fold in ((POLICY, self.policies, self._fold_policy), (POD, self.pods, self._fold_pod),
+                                     (NAMESPACE, self.namespaces, self._fold_namespace)):
+            backlog = self._backlog[kind]
+            for key, (previous, current) in recorder.drain().items():
+                held = backlog.get(key)
+                backlog[key] = (held[0] if held is not None else previous, current)
+            while backlog:
+                key, (previous, current) = next(iter(backlog.items()))
+                try:
+                    fold(key, current)
+                except Exception as error:   # the guard behind the parsers' own: read it closed
+                    self._fold_unreadable(kind, key, current, error)
+                del backlog[key]
+                changed += 1
         return changed
+
+    def _record(self, kind: str, key: str, obj: object, reading: Reading) -> None:
+        if not reading.reason:
+            self.rejections.accept(kind=kind, key=key)
+            return
+        self.rejections.reject(_ref(kind, key, obj), reason=reading.reason, detail="; ".join(reading.problems))
+
+    def _fold_policy(self, key: str, current: dict | None) -> None:
+        if current is None:
+            self.view.policies.pop(key, None)
+            self.rejections.accept(kind=POLICY, key=key)
+            return
+        reading = parse_policy(current, key=key, limits=self.settings.limits)
+        self.view.policies[key] = reading.value
+        self._record(POLICY, key, current, reading)
+
+    def _fold_pod(self, key: str, current: dict | None) -> None:
+        if current is None:
+            self.view.pods.pop(key, None)
+            self.rejections.accept(kind=POD, key=key)
+            return
+        reading = parse_pod(current, key=key)
+        self.view.pods[key] = reading.value
+        self._record(POD, key, current, reading)
+
+    def _fold_namespace(self, key: str, current: dict | None) -> None:
+        if current is None:
+            self.view.namespaces.pop(key, None)
+            self.rejections.accept(kind=NAMESPACE, key=key)
+            return
+        reading = parse_namespace(current, key=key)
+        self.view.namespaces[key] = reading.value
+        self._record(NAMESPACE, key, current, reading)
+
+    def _fold_unreadable(self, kind: str, key: str, current: dict | None, error: Exception) -> None:
+        namespace, _, name = key.rpartition("/")
+        detail = f"{kind} {key}: cannot be read ({type(error).__name__}); "
+        if kind == POLICY:
+            self.view.policies[key] = NetworkPolicy(namespace, name, LabelSelector(),
+                                                    frozenset(PolicyType), closed="unreadable")
+            detail += f"it isolates every pod of {namespace} both ways"
+        elif kind == POD:
+            self.view.pods.pop(key, None)
+            detail += "left unprogrammed"
+        else:
+            self.view.namespaces[key] = NamespaceInfo(key, (), labels_known=False)
+            detail += "matched by no namespace selector but an empty one"
+        self.rejections.reject(_ref(kind, key, current), reason=MALFORMED, detail=detail)
 
     def sync(self, kind: SyncKind) -> SyncResult:
         started = time.monotonic()
@@ -143,6 +202,11 @@ class PolicyEngine:
         self._in_sync = False
         self.plan = plan_node(self.view, node_name=self.settings.node_name)
         self.wanted = render_wanted(self.plan, settings=self.settings.render, interface_of=self.interface_of)
+        unprogrammed = self.plan.problems + self.wanted.refused
+        if unprogrammed != self.unprogrammed:        # said once, not every sync
+            for problem in unprogrammed:
+                log.warning("network policy: %s", problem)
+        self.unprogrammed = unprogrammed
         self.last_report = self.programmer.apply(self.wanted, full=kind is SyncKind.FULL)
         self._in_sync = not self.wanted.pending
         if self.metrics is not None:
@@ -158,3 +222,14 @@ class PolicyEngine:
             log.warning("network policy: no host interface for %s; they stay closed until found",
                         ", ".join(self.wanted.pending))
         return SyncResult.SUCCEEDED
+
+
+POLICY, POD, NAMESPACE = "NetworkPolicy", "Pod", "Namespace"
+
+
+def _ref(kind: str, key: str, obj: object) -> ObjectRef:
+    """The object's reference, named by its recorder key (so `accept` finds the same record)."""
+    namespace, _, name = key.rpartition("/")
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    uid = metadata.get("uid") if isinstance(metadata, dict) else None
+    return ObjectRef(kind=kind, namespace=namespace, name=name, uid=uid if isinstance(uid, str) else "")

@@ -136,6 +136,7 @@ class NetworkPolicy:
     policy_types: frozenset[PolicyType]
     ingress: tuple[Rule, ...] = ()
     egress: tuple[Rule, ...] = ()
+    closed: str = ""            # why it was read closed (isolates, allows nothing); "" when read fully
 
     @property
     def key(self) -> str:
@@ -161,6 +162,7 @@ class PodInfo:
     node_name: str | None
     host_network: bool = False
     ports: tuple[ContainerPort, ...] = ()
+    labels_known: bool = True           # False: labels unreadable (isolated by any policy, matched by none)
 
     @property
     def key(self) -> str:
@@ -185,9 +187,10 @@ class PodInfo:
 class NamespaceInfo:
     name: str
     labels: Labels
+    labels_known: bool = True           # False: labels unreadable (only an empty selector matches it)
 
     @property
     def label_map(self) -> dict[str, str]:
         labels = dict(self.labels)
-        labels.setdefault(NAMESPACE_NAME_LABEL, self.name)
+        labels[NAMESPACE_NAME_LABEL] = self.name      # as the API server forces it: no namespace claims another's name
         return labels

@@ -43,10 +43,16 @@ The pod directory: chains NETAGENT-NP-N<net> (per /28), which nothing jumps to, 
 target-less rule per programmed local pod, open or isolated (`-d podIP`, comment
 "netagent policy: pod ns/name ip"), so `netagent status policy` can name open pods too, from
 the kernel alone. They cost no packet anything; a pod coming or going rewrites one of them.
+
+Nothing one object holds can fail the whole write: every set member is checked with the
+ipset model's own validation before it is rendered (a bad member of an allow set is left
+out; a pod whose rules would use a bad except set is left out), and each pod is rendered
+inside a guard. A pod left out is `refused`: not in KNOWN, so it stays closed.
 """
 from __future__ import annotations
 
 import enum
+import re
 import functools
 import hashlib
 import ipaddress
@@ -54,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from netagent.kernel import owned
-from netagent.kernel.ipset.model import IpsetSpec, IpsetType
+from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef, set_refs
 
@@ -67,7 +73,7 @@ OUTPUT_CHAIN = owned.POLICY_PREFIX + "-OUTPUT"     # filter OUTPUT jumps here, I
 OUTPUT_JUMP_MATCH = ("-m", "ipvs", "--ipvs", "--vdir", "ORIGINAL")
 OUTPUT_JUMP_COMMENT = "netagent: network policy (IPVS-forwarded)"
 SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET,
-             SetKind.NAMED: IpsetType.HASH_IP_PORT}
+             SetKind.NAMED: IpsetType.HASH_IP_PORT, SetKind.NETS: IpsetType.HASH_NET}
 
 
 class InterfaceMode(enum.Enum):
@@ -90,6 +96,9 @@ class WantedState:
     sets: Mapping[IpsetSpec, frozenset[str]]   # selector, except and named-port sets
     known: frozenset[str]                      # local pod addresses programmed by this state
     pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
+    refused: tuple[str, ...] = ()              # why local pods were left closed: they could not be rendered
+
+INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")    # what the kernel takes as a name (IFNAMSIZ)
 
 
 def pod_chain(prefix: str, pod_key: str) -> str:
@@ -235,28 +244,28 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     chains: dict[str, Rules] = {}
     hooks: dict[str | None, list[tuple[str, ...]]] = {}
     known, pending = set(), []
+    refused: list[str] = []
     directory: dict[str, list[tuple[str, ...]]] = {}
     used: set[SetRef] = set()
+    members, broken = _checked_sets(plan, refused)
     for pod in plan.pods:
-        interface = interface_of(pod) if pod.isolated else ""
-        if interface is None:
-            pending.append(pod.key)
-            continue
-        known.add(pod.ip)
-        entry = canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
-        directory.setdefault(_block_bucket("N", pod.ip), []).append(entry)
-        for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
-                                        (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
-            if allows is None:
+        try:
+            interface = interface_of(pod) if pod.isolated else ""
+            if interface is None:
+                pending.append(pod.key)
                 continue
-            chain = pod_chain(prefix, pod.key)
-            chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
-            for bucket, rule in _hooks(pod, interface, settings, chain=chain, ingress=ingress):
-                hooks.setdefault(bucket, []).append(rule)
-            if settings.ipvs:
-                bucket, rule = _output_hook(pod, interface, settings, chain=chain, ingress=ingress)
-                hooks.setdefault(bucket, []).append(rule)
-            used.update(ref for allow in allows for ref in set_refs(allow))
+            done = _render_pod(pod, interface, settings, broken=broken)
+        except Exception as error:     # the guard: this pod stays closed (not in KNOWN), the others go on
+            refused.append(f"pod {pod.key}: cannot be rendered ({type(error).__name__}: {str(error)[:160]}); "
+                           f"it stays closed")
+            continue
+        pod_chains, pod_hooks, refs, entry = done
+        known.add(pod.ip)
+        directory.setdefault(_block_bucket("N", pod.ip), []).append(entry)
+        chains.update(pod_chains)
+        for bucket, rule in pod_hooks:
+            hooks.setdefault(bucket, []).append(rule)
+        used.update(refs)
     buckets = sorted((b for b in hooks if b is not None),
                      key=lambda b: (BUCKET_KINDS.index(b[len(BUCKET_PREFIX)]), b))
     hook = [replies, *guard, *hooks.get(None, ())]
@@ -267,11 +276,61 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
                       comment="netagent policy: connections the node makes (IPVS)", target="RETURN")
         heads[OUTPUT_CHAIN] = (replies, local, *guard, *(_bucket_entry(bucket, settings) for bucket in buckets
                                                          if bucket[len(BUCKET_PREFIX)] in "SD"))
-    sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key): members
-            for ref, members in plan.sets.items() if ref in used}
+    sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key[:200], max_elements=ref.capacity): held
+            for ref, held in members.items() if ref in used}
     pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
     return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains, **pods_by_block},
-                       sets, frozenset(known), tuple(pending))
+                       sets, frozenset(known), tuple(pending), tuple(refused))
+
+
+def _checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[str]], set[SetRef]]:
+    """Every set's members in the spelling ipset takes, checked as the ipset model checks them.
+    A member no set can hold is left out of an allow set (it allows less); an except set with
+    one is `broken` (leaving it out would allow more): the pods using it are refused."""
+    members: dict[SetRef, frozenset[str]] = {}
+    broken: set[SetRef] = set()
+    for ref, raw in plan.sets.items():
+        good = set()
+        for member in raw:
+            try:
+                good.add(canonical_member(SET_TYPES[ref.kind], member))
+            except (IpsetError, ValueError, TypeError):
+                refused.append(f"set {ref.key[:120]}: member {str(member)[:60]!r} cannot be written; "
+                               + ("its pods stay closed" if ref.kind is SetKind.EXCEPT else "left out"))
+                if ref.kind is SetKind.EXCEPT:
+                    broken.add(ref)
+        if len(good) > ref.capacity:
+            refused.append(f"set {ref.key[:120]}: {len(good)} members exceed its capacity; its pods stay closed")
+            broken.add(ref)
+        members[ref] = frozenset(good)
+    return members, broken
+
+
+def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
+                broken: set[SetRef]) -> tuple[dict[str, Rules], list[tuple[str | None, tuple[str, ...]]],
+                                              set[SetRef], tuple[str, ...]]:
+    """(chains, hooks, sets used, directory entry) of one pod; raises when it cannot be rendered."""
+    if pod.isolated and not INTERFACE_NAME.match(interface):
+        raise ValueError(f"host interface {interface[:40]!r} is not an interface name")
+    ipaddress.IPv4Address(pod.ip)
+    chains: dict[str, Rules] = {}
+    hooks: list[tuple[str | None, tuple[str, ...]]] = []
+    refs: set[SetRef] = set()
+    for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
+                                    (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
+        if allows is None:
+            continue
+        for allow in allows:
+            refs.update(set_refs(allow))
+        chain = pod_chain(prefix, pod.key)
+        chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
+        hooks.extend(_hooks(pod, interface, settings, chain=chain, ingress=ingress))
+        if settings.ipvs:
+            hooks.append(_output_hook(pod, interface, settings, chain=chain, ingress=ingress))
+    if refs & broken:
+        raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
+    entry = canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
+    return chains, hooks, refs, entry
 
 
 def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = (),

@@ -17,6 +17,14 @@ The rules of `networking.k8s.io/v1`, all decided here and nowhere else:
   no such port); for egress every destination may differ, so the rule becomes a set of
   (address, protocol:port) pairs, one per peer pod that has the port.
 
+Fail closed, for what kube_objects.py could not read: a pod whose labels are unknown is
+isolated by every policy of its namespace (in that policy's directions) but gets allows only
+from policies with an empty podSelector (the ones certain to select it), and it matches a
+selector peer only when that selector is empty; a namespace whose labels are unknown matches
+only an empty namespaceSelector. Each policy is planned inside a guard: one that fails to
+plan isolates every local pod of its namespace both ways, allowing nothing, and is reported
+in `NodePlan.problems`; it costs no other policy its rules.
+
 Pod selector peers become `SetRef`s (one ipset per distinct scope, shared by every rule that
 names it), so a pod gaining a label changes set members and no rule. Host-network pods and
 pods without an address are never set members and never programmed.
@@ -27,10 +35,11 @@ import enum
 import functools
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from netagent.kernel import owned
+from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS
 from netagent.policy.model import (
     IpBlock,
     NamespaceInfo,
@@ -48,17 +57,32 @@ from netagent.policy.model import (
 class SetKind(enum.Enum):
     PODS = "pods"            # hash:ip, the addresses of a scope's pods
     EXCEPT = "except"        # hash:net, an ipBlock's except list
+    NETS = "nets"            # hash:net, a rule's ipBlocks that have no except (two or more)
     NAMED = "named"          # hash:ip,port, a named port resolved on each destination pod
+
+
+def capacity_for(members: int) -> int:
+    """A set's `maxelem`, sized from its members: the ipset default while that leaves room to
+    double, else the power of two that does (the set is then a new one, see `SetRef.name`)."""
+    capacity = DEFAULT_MAX_ELEMENTS
+    while capacity < 2 * members:
+        capacity *= 2
+    return capacity
 
 
 @dataclass(frozen=True)
 class SetRef:
     kind: SetKind
     key: str                 # what the set means, in words; the name is derived from it
+    capacity: int = DEFAULT_MAX_ELEMENTS      # its maxelem (capacity_for its members)
 
     @property
     def name(self) -> str:
-        digest = hashlib.sha256(f"{self.kind.value}\0{self.key}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        """Derived from what the set means and, above the default, its capacity: a set that
+        outgrows its maxelem (which the kernel cannot change in place) becomes a new set, which
+        the rules switch to in one restore before the old one is destroyed."""
+        size = "" if self.capacity == DEFAULT_MAX_ELEMENTS else f"\0{self.capacity}"
+        digest = hashlib.sha256(f"{self.kind.value}\0{self.key}{size}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
         return f"{owned.POLICY_SET_PREFIX}{digest}"
 
 
@@ -121,6 +145,7 @@ class PodPlan:
 class NodePlan:
     pods: tuple[PodPlan, ...]
     sets: Mapping[SetRef, frozenset[str]] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()            # policies that could not be planned (read closed)
 
 
 @dataclass
@@ -138,10 +163,12 @@ class _Planner:
         for pod in view.pods.values():
             if pod.ip is not None and not pod.host_network:
                 self.by_namespace[pod.namespace].append(pod)
-        self.namespace_labels = {name: info.label_map for name, info in view.namespaces.items()}
+        self.namespace_labels: dict[str, dict[str, str] | None] = {
+            name: info.label_map if info.labels_known else None for name, info in view.namespaces.items()}
         for name in self.by_namespace:
             self.namespace_labels.setdefault(name, NamespaceInfo(name, ()).label_map)
         self.sets: dict[SetRef, frozenset[str]] = {}
+        self._refs: dict[tuple[SetKind, str], SetRef] = {}
         self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
         self._rule_allows: dict[tuple[int, PolicyType], list] = {}
 
@@ -152,34 +179,43 @@ class _Planner:
                 namespaces: Iterable[str] = [scope.own_namespace]
             else:
                 selector = scope.namespaces
-                namespaces = [name for name, labels in self.namespace_labels.items() if selector.matches(labels)]
+                namespaces = [name for name, labels in self.namespace_labels.items()
+                              if (selector.matches(labels) if labels is not None else selector.is_empty)]
             found = tuple(pod for name in namespaces for pod in self.by_namespace.get(name, ())
-                          if scope.pods.matches(pod.label_map))
+                          if (scope.pods.matches(pod.label_map) if pod.labels_known else scope.pods.is_empty))
             self._scope_pods[scope] = found
         return found
 
     def all_pods(self) -> Iterable[PodInfo]:
         return (pod for pods in self.by_namespace.values() for pod in pods)
 
+    def set_ref(self, kind: SetKind, key: str, members: Callable[[], Iterable[str]]) -> SetRef:
+        """The set meaning `key`, its members computed once per plan."""
+        ref = self._refs.get((kind, key))
+        if ref is None:
+            found = frozenset(members())
+            ref = self._refs[(kind, key)] = SetRef(kind, key, capacity_for(len(found)))
+            self.sets[ref] = found
+        return ref
+
     def peer_match(self, peer: Peer) -> SetRef | CidrMatch:
         if peer.ip_block is not None:
+            block = peer.ip_block
             excepts = None
-            if peer.ip_block.excepts:
-                excepts = SetRef(SetKind.EXCEPT, " ".join(peer.ip_block.excepts))
-                self.sets[excepts] = frozenset(peer.ip_block.excepts)
-            return CidrMatch(peer.ip_block.cidr, excepts)
-        assert peer.scope is not None
-        ref = SetRef(SetKind.PODS, peer.scope.key())
-        if ref not in self.sets:
-            self.sets[ref] = frozenset(pod.ip for pod in self.scope_pods(peer.scope) if pod.ip)
-        return ref
+            if block.excepts:
+                excepts = self.set_ref(SetKind.EXCEPT, " ".join(block.excepts), lambda: block.excepts)
+            return CidrMatch(block.cidr, excepts)
+        scope = peer.scope
+        assert scope is not None
+        return self.set_ref(SetKind.PODS, scope.key(), lambda: (pod.ip for pod in self.scope_pods(scope) if pod.ip))
 
     def named_set(self, peer: Peer | None, spec: PortSpec) -> SetRef:
         assert isinstance(spec.port, str)
         where = ("any peer" if peer is None else peer.scope.key() if peer.scope is not None
                  else _block_key(peer.ip_block))
-        ref = SetRef(SetKind.NAMED, f"{where} port {spec.port}/{spec.protocol.value}")
-        if ref not in self.sets:
+        port_name, protocol = spec.port, spec.protocol
+
+        def members() -> set[str]:
             if peer is None:
                 population: Iterable[PodInfo] = self.all_pods()
             elif peer.scope is not None:
@@ -188,13 +224,13 @@ class _Planner:
                 block = peer.ip_block
                 assert block is not None
                 population = (pod for pod in self.all_pods() if pod.ip and block.contains(pod.ip))
-            members = set()
+            found = set()
             for pod in population:
-                number = pod.named_port(spec.port, spec.protocol)
+                number = pod.named_port(port_name, protocol)
                 if number is not None and pod.ip:
-                    members.add(f"{pod.ip},{spec.protocol.value.lower()}:{number}")
-            self.sets[ref] = frozenset(members)
-        return ref
+                    found.add(f"{pod.ip},{protocol.value.lower()}:{number}")
+            return found
+        return self.set_ref(SetKind.NAMED, f"{where} port {port_name}/{protocol.value}", members)
 
     def allows(self, rule: Rule, *, direction: PolicyType, pod: PodInfo, origin: str) -> list[Allow]:
         """The rule's allows for `pod`. Everything but an ingress named port is the same for
@@ -220,18 +256,39 @@ class _Planner:
         peers: Iterable[Peer | None] = rule.peers if rule.peers is not None else (None,)
         ports: Iterable[PortSpec | None] = rule.ports if rule.ports is not None else (None,)
         found: list[Allow | tuple[SetRef | CidrMatch | None, PortSpec]] = []
+        grouped, nets = self._nets(rule.peers or ())
+        first_of_group = True
         for peer in peers:
+            in_group = peer in grouped
             for spec in ports:
+                named_egress = spec is not None and isinstance(spec.port, str) and direction is PolicyType.EGRESS
+                if in_group and not named_egress and not first_of_group:
+                    continue                                   # the group's one allow is already there
+                match = nets if in_group and not named_egress else None
                 if spec is None:
-                    found.append(Allow(origin, self._peer(peer), None))
+                    found.append(Allow(origin, match or self._peer(peer), None))
                 elif not isinstance(spec.port, str):
                     last = spec.end_port if spec.end_port is not None else spec.port
-                    found.append(Allow(origin, self._peer(peer), PortMatch(spec.protocol, spec.port, last)))
+                    found.append(Allow(origin, match or self._peer(peer), PortMatch(spec.protocol, spec.port, last)))
                 elif direction is PolicyType.INGRESS:
-                    found.append((self._peer(peer), spec))     # resolved on each selected pod
+                    found.append((match or self._peer(peer), spec))     # resolved on each selected pod
                 else:
                     found.append(Allow(origin, None, None, named=self.named_set(peer, spec)))
+            first_of_group = first_of_group and not in_group
         return found
+
+    def _nets(self, peers: Iterable[Peer]) -> tuple[frozenset[Peer], SetRef | None]:
+        """A rule's ipBlocks without except (two or more, /0 aside) as one hash:net set: one
+        rule per port for any number of blocks, rather than one per block."""
+        plain = frozenset(peer for peer in peers if peer.ip_block is not None and not peer.ip_block.excepts
+                          and not peer.ip_block.cidr.endswith("/0"))
+        if len(plain) < 2:
+            return frozenset(), None
+        cidrs = sorted({peer.ip_block.cidr for peer in plain if peer.ip_block is not None})
+        text = " ".join(cidrs)
+        key = f"ipBlocks {text}" if len(text) <= 160 else \
+            f"ipBlocks {len(cidrs)} sha256:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+        return plain, self.set_ref(SetKind.NETS, key, lambda: cidrs)
 
     def _peer(self, peer: Peer | None) -> SetRef | CidrMatch | None:
         return None if peer is None else self.peer_match(peer)
@@ -251,18 +308,19 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
     local_by_namespace: dict[str, list[PodInfo]] = defaultdict(list)
     for pod in local:
         local_by_namespace[pod.namespace].append(pod)
+    problems = []
     for policy in sorted(view.policies.values(), key=lambda p: p.key):
-        for pod in local_by_namespace.get(policy.namespace, ()):
-            if not policy.pod_selector.matches(pod.label_map):
-                continue
-            for direction in (PolicyType.INGRESS, PolicyType.EGRESS):
-                if direction not in policy.policy_types:
-                    continue
-                selecting[(pod.key, direction)].append(policy.key)
-                bucket = allowed[pod.key].setdefault(direction, [])
-                for index, rule in enumerate(policy.rules(direction)):
-                    origin = f"{policy.key} {direction.value.lower()}[{index}]"
-                    bucket.extend(planner.allows(rule, direction=direction, pod=pod, origin=origin))
+        candidates = local_by_namespace.get(policy.namespace, ())
+        try:
+            contribution = _policy_allows(planner, policy, candidates)
+        except Exception as error:    # the guard: this policy isolates its namespace, allowing nothing
+            problems.append(f"NetworkPolicy {policy.key}: cannot be planned ({type(error).__name__}: "
+                            f"{str(error)[:120]}); it isolates every pod of {policy.namespace} both ways")
+            contribution = [(pod, direction, []) for pod in candidates
+                            for direction in (PolicyType.INGRESS, PolicyType.EGRESS)]
+        for pod, direction, allows in contribution:
+            selecting[(pod.key, direction)].append(policy.key)
+            allowed[pod.key].setdefault(direction, []).extend(allows)
     plans = []
     for pod in local:
         directions = allowed[pod.key]
@@ -273,7 +331,29 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
                              tuple(selecting[(pod.key, PolicyType.EGRESS)])))
     used = {ref for plan in plans for allows in (plan.ingress or (), plan.egress or ())
             for allow in allows for ref in set_refs(allow)}
-    return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used})
+    return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used},
+                    tuple(problems))
+
+
+def _policy_allows(planner: _Planner, policy: NetworkPolicy,
+                   candidates: Iterable[PodInfo]) -> list[tuple[PodInfo, PolicyType, list[Allow]]]:
+    """(pod, direction, allows) for each local pod the policy isolates. A pod whose labels are
+    unknown is isolated whatever the selector, but allowed only what a policy certain to
+    select it (an empty podSelector) allows."""
+    found = []
+    for pod in candidates:
+        certain = policy.pod_selector.matches(pod.label_map) if pod.labels_known else policy.pod_selector.is_empty
+        if not certain and pod.labels_known:
+            continue
+        for direction in (PolicyType.INGRESS, PolicyType.EGRESS):
+            if direction not in policy.policy_types:
+                continue
+            allows: list[Allow] = []
+            for index, rule in enumerate(policy.rules(direction) if certain else ()):
+                origin = f"{policy.key} {direction.value.lower()}[{index}]"
+                allows.extend(planner.allows(rule, direction=direction, pod=pod, origin=origin))
+            found.append((pod, direction, allows))
+    return found
 
 
 def _dedup(allows: list[Allow] | None) -> tuple[Allow, ...] | None:

@@ -319,3 +319,73 @@ def test_sctp_ports_and_ranges(np):
     np.check(Expect(True).deny(targets=X, probes=[SCTP81, TCP80]).deny(sources=["y/b"])
              .allow(sources=["y/b"], targets=Z, probes=[SCTP80, SCTP81]),
              [SCTP80, SCTP81, TCP80], sources=["x/b", "y/b", "z/a", "ext"], targets=["x/a", "y/a", "z/b", "ext"])
+
+
+# ---- untrusted objects (issue 18): one bad object costs no other its change, and fails closed ----
+
+def rejected(lab) -> dict[str, str]:
+    return {f"{r.ref.kind} {r.ref.key}": r.reason for r in lab.engine.rejections.snapshot()}
+
+
+def test_a_malformed_policy_in_one_namespace_does_not_stop_a_deny_all_in_another(np):
+    """Fails on the old code: the bad policy raised in the drain, the deny-all drained with it
+    was lost (and the next sync reported success without it)."""
+    np.apply(policy("x", "bad", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        {"ipBlock": {"cidr": "10.0.0.0/8", "except": 7}}]}]}),
+        policy("y", "deny-all", {"podSelector": {}, "policyTypes": ["Ingress"]}))
+    np.sync(SyncKind.FULL)
+    assert rejected(np) == {"NetworkPolicy x/bad": "malformed"}
+    # y is denied; x/a too: the bad policy's only peer is dropped, so it allows nothing
+    np.check(Expect(True).deny(targets=[*Y, "x/a"]), [TCP80])
+
+
+def test_a_policy_with_an_unreadable_field_isolates_the_pods_it_selects(np_bridge):
+    """Fails on the old code: an unknown spec field was ignored (x/a open), a policy whose
+    podSelector could not be read was ignored (z open), an unknown policyTypes value was
+    dropped (y/b's egress open)."""
+    np_bridge.apply(
+        policy("x", "unknown-field", {"podSelector": pods(pod="a"), "ingress": [{}], "denyAll": True}),
+        policy("y", "unknown-type", {"podSelector": pods(pod="b"), "policyTypes": ["Ingress", "Egres"],
+                                     "ingress": [{}]}),
+        policy("z", "bad-selector", {"podSelector": {"matchLabels": {"pod": 1}}, "ingress": [{}]}))
+    assert rejected(np_bridge) == {"NetworkPolicy x/unknown-field": "malformed",
+                                   "NetworkPolicy y/unknown-type": "malformed",
+                                   "NetworkPolicy z/bad-selector": "malformed"}
+    np_bridge.check(Expect(True).deny(targets=["x/a", *Z]).deny(sources=["y/b"]), [TCP80])
+
+
+def test_a_pod_with_container_port_70000_does_not_stop_the_first_sync(np):
+    """Fails on the old code: y/c's `serve` port 70000 reached the named-port set, `ipset
+    restore` refused it and the whole sync failed (the first one, which CNI waits for, too)."""
+    old = np.pod_objects["y/c"]
+    new = json.loads(json.dumps(old))
+    new["spec"]["containers"][0]["ports"] = [{"name": "serve", "containerPort": 70000, "protocol": "TCP"}]
+    np.pod_objects["y/c"] = new
+    try:
+        np.apply(policy("x", "egress-named", {"podSelector": pods(pod="a"), "policyTypes": ["Egress"],
+                                              "egress": [{"to": [{"namespaceSelector": {}}],
+                                                          "ports": [{"port": "serve"}]}]}))
+        np.restart_engine()                   # a restarted agent's first sync sees the pod
+        np.sync(SyncKind.FULL)
+        assert rejected(np) == {"Pod y/c": "malformed"}
+        expect = (Expect(True).deny(sources=["x/a"]).allow(sources=["x/a"], targets=[t for t in X + Y + Z
+                                                                                     if t.endswith("/a")],
+                                                           probes=[TCP80])
+                  .allow(sources=["x/a"], targets=[t for t in X + Y + Z if t.endswith("/b")], probes=[TCP81]))
+        np.check(expect, [TCP80, TCP81], sources=["x/a", "x/b"], targets=[*Y, "z/a"])
+    finally:
+        np.engine.pods.on_update(new, old)
+        np.pod_objects["y/c"] = old
+        np.sync(SyncKind.FULL)
+
+
+def test_ip_blocks_without_except_are_one_hash_net_set(np):
+    """A rule's plain ipBlocks are one hash:net set (one rule per port, however many blocks)."""
+    blocks = [{"ipBlock": {"cidr": f"172.{16 + n // 256}.{n % 256}.0/24"}} for n in range(500)]
+    np.apply(policy("x", "blocks", {"podSelector": pods(pod="a"), "ingress": [{"from": [
+        *blocks, {"ipBlock": {"cidr": np.addresses["z/c"] + "/32"}}, {"ipBlock": {"cidr": "192.0.2.0/24"}}],
+        "ports": [{"port": 80}]}]}))
+    plan = next(p for p in np.engine.plan.pods if p.key == "x/a")
+    assert plan.ingress is not None and len(plan.ingress) == 1
+    np.check(Expect(True).deny(targets=["x/a"]).allow(sources=["z/c", "ext"], targets=["x/a"]), [TCP80],
+             sources=["z/c", "ext", "y/c", "x/b"], targets=["x/a", "x/b"])

@@ -183,11 +183,17 @@ def test_unreadable_fields_are_reported_once_and_counted(node, caplog):
     bad = policy("x", "bad", {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "nope"}}]}]})
     node.engine.policies.on_add(bad)
     node.sync(SyncKind.FULL)
-    assert node.engine.problems == {"networkpolicy x/bad": [
-        "NetworkPolicy x/bad: ingress[0].from[0].ipBlock.cidr: 'nope' is not a CIDR; this peer is ignored"]}
-    assert node.engine.metrics.problems.value == 1
+    [rejection] = node.engine.rejections.snapshot()
+    assert (rejection.ref.kind, rejection.ref.key, rejection.reason) == ("NetworkPolicy", "x/bad", "malformed")
+    assert rejection.detail == \
+        "NetworkPolicy x/bad: ingress[0].from[0].ipBlock.cidr: 'nope' is not a CIDR; this peer is ignored"
+    node.sync(SyncKind.FULL)
+    assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 1      # logged once
     # fail closed: x/a and x/b are isolated with nothing allowed
     assert all(p.ingress == () for p in node.engine.plan.pods)
+    node.engine.policies.on_delete(bad)                       # deleted: no longer rejected
+    node.sync(SyncKind.PARTIAL)
+    assert node.engine.rejections.snapshot() == []
 
 
 def test_ipvs_hooks_output_first_adopts_with_zero_writes_and_unhooks_when_off(node):

@@ -17,14 +17,13 @@ def view_of(*objects: dict) -> ClusterView:
     for obj in objects:
         kind = obj.get("kind") or ("Pod" if "spec" in obj and "containers" in obj["spec"] else "Namespace")
         if kind == "NetworkPolicy":
-            parsed, problems = parse_policy(obj)
-            assert parsed is not None, problems
-            view.policies[parsed.key] = parsed
+            reading = parse_policy(obj)
+            view.policies[reading.value.key] = reading.value
         elif kind == "Pod":
-            info, _ = parse_pod(obj)
+            info = parse_pod(obj).value
             view.pods[info.key] = info
         else:
-            ns = parse_namespace(obj)
+            ns = parse_namespace(obj).value
             view.namespaces[ns.name] = ns
     return view
 
@@ -56,8 +55,9 @@ def test_unselected_pods_are_open_and_only_local_pods_are_planned():
     ({"policyTypes": ["Egress"], "ingress": [{}]}, {PolicyType.EGRESS}),
 ])
 def test_policy_types_default_from_the_egress_section(spec, types):
-    parsed, problems = parse_policy(policy("x", "p", {"podSelector": {}, **spec}))
-    assert parsed is not None and not problems
+    reading = parse_policy(policy("x", "p", {"podSelector": {}, **spec}))
+    parsed, problems = reading.value, reading.problems
+    assert not problems and not reading.reason
     assert parsed.policy_types == types
 
 
@@ -124,12 +124,13 @@ def test_host_network_finished_and_addressless_pods_are_never_members():
 
 
 def test_unreadable_items_fail_closed_with_reasons():
-    parsed, problems = parse_policy(policy("x", "p", {"podSelector": {}, "ingress": [
+    reading = parse_policy(policy("x", "p", {"podSelector": {}, "ingress": [
         {"from": [{"ipBlock": {"cidr": "not-a-cidr"}}, {"podSelector": {"matchExpressions": [
             {"key": "k", "operator": "Sometimes"}]}}]},
         {"ports": [{"port": 80, "protocol": "ICMP"}]},
         {"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["192.168.0.0/16"]}}, {"podSelector": {}}]}]}))
-    assert parsed is not None
+    parsed, problems = reading.value, reading.problems
+    assert reading.reason == "malformed" and not parsed.closed
     assert parsed.ingress[0].peers == ()            # matches nobody, not everybody
     assert parsed.ingress[1].ports == ()
     assert len(parsed.ingress[2].peers) == 1        # the good peer stays
@@ -138,9 +139,12 @@ def test_unreadable_items_fail_closed_with_reasons():
     assert any("ICMP" in p for p in problems) and any("192.168.0.0/16 is not inside" in p for p in problems)
 
 
-def test_a_policy_whose_pod_selector_is_unreadable_is_ignored_with_a_reason():
-    parsed, problems = parse_policy(policy("x", "p", {"podSelector": {"matchLabels": {"a": 1}}}))
-    assert parsed is None and "spec.podSelector" in problems[0]
+def test_a_policy_whose_pod_selector_is_unreadable_isolates_its_whole_namespace():
+    reading = parse_policy(policy("x", "p", {"podSelector": {"matchLabels": {"a": 1}}}))
+    assert reading.reason == "malformed" and "spec.podSelector" in reading.problems[0]
+    parsed = reading.value
+    assert parsed.pod_selector.is_empty and parsed.ingress == () and parsed.egress == () and parsed.closed
+    assert parsed.policy_types == {PolicyType.INGRESS}            # its policyTypes are still read
 
 
 @pytest.mark.parametrize("raw, message", [

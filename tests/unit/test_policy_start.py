@@ -55,3 +55,27 @@ def test_health_turns_unhealthy_when_a_policy_change_waits_too_long():
         assert report.details["runs"] == 1                                    # the agent's own details stay
     finally:
         runner.stop()
+
+
+def test_health_lists_unprogrammed_pods_and_the_limit_flags_reach_the_engine():
+    from types import SimpleNamespace
+
+    from netagent.daemon.policy_start import PolicyParts, policy_limits, with_policy_health
+    from netagent.infra.rejections import ObjectRef, standalone
+    from netagent.infra.status_server import HealthReport
+    from netagent.infra.sync_runner import SyncRunner
+
+    scope = standalone("policy")
+    scope.reject(ObjectRef("NetworkPolicy", "x", "bad"), reason="too-large", detail="too large (3 rules (limit 2))")
+    engine = SimpleNamespace(rejections=scope, unprogrammed=("pod x/a: cannot be rendered",))
+    runner = SyncRunner(name="network-policy", sync=lambda kind: None, min_interval=0, max_interval=300,
+                        retry_interval=5)
+    holder = [PolicyParts(engine=engine, runner=runner, reflectors=[])]  # type: ignore[arg-type]
+    section = with_policy_health(lambda: HealthReport(True, "ok", {}), holder, stale_after=60)().details[
+        "network_policy"]
+    assert "rejected" not in section  # the daemon lists every component's rejections once (rejection_reports.py)
+    assert section["unprogrammed"] == ["pod x/a: cannot be rendered"]
+    args = build_parser().parse_args(["run", "--node-name", "n", "--cluster-cidr", "10.244.0.0/16",
+                                      "--policy-max-ip-blocks", "5", "--policy-max-pairs", "7"])
+    limits = policy_limits(args)
+    assert (limits.ip_blocks, limits.pairs, limits.rules) == (5, 7, 500)
