@@ -251,6 +251,16 @@ def test_probes_point_at_the_status_bind_port():
     assert {"name": "status", "containerPort": port, "protocol": "TCP"} in container["ports"]
 
 
+def test_metrics_are_served_on_loopback_only():
+    import ipaddress
+
+    from netagent.daemon.proxy_start import metrics_binds
+    from netagent.infra.status_server import parse_bind
+    binds = metrics_binds(parsed_agent_args())
+    assert binds and all(ipaddress.ip_address(parse_bind(bind)[0]).is_loopback for bind in binds), binds
+    assert metrics_binds(build_parser().parse_args(["run"])) == ["127.0.0.1:10249"]   # the default too
+
+
 def test_init_container_installs_only_the_binaries_into_the_hosts_cni_bin_dir():
     (init,) = pod_spec()["initContainers"]
     args = build_parser().parse_args(init["args"])
