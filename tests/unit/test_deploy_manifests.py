@@ -239,8 +239,19 @@ def test_an_undeclared_env_reference_is_refused():
         expand_env_references(["--iface-address=$(NODE_IP)"], [{"name": "NODE_NAME"}], values={})
 
 
-def test_the_agent_is_privileged():
-    assert agent_container()["securityContext"]["privileged"] is True
+AGENT_CAPABILITIES = {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}   # tests/deploy checks the running container has them
+
+
+def test_the_agent_gets_capabilities_not_privileged_and_the_installer_none():
+    context = agent_container()["securityContext"]
+    assert "privileged" not in context and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": sorted(AGENT_CAPABILITIES)}
+    (init,) = pod_spec()["initContainers"]
+    assert init["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    # without privileged, only HostToContainer propagation is allowed (Bidirectional needs it)
+    assert {m.get("mountPropagation", "None") for c in pod_spec()["containers"] + pod_spec()["initContainers"]
+            for m in c["volumeMounts"]} <= {"None", "HostToContainer"}
+    assert parsed_agent_args().proxy_mode in ("iptables", "none")   # ipvs and ebpf need privileged
 
 
 def test_probes_point_at_the_status_bind_port():
