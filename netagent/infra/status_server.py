@@ -216,6 +216,7 @@ class _Server(NoLookupHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128  # a burst of scrapes waits in the backlog, not in SYN retries (the default is 5)
 
     def __init__(self, address: tuple[str, int], owner: "StatusServer") -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
