@@ -4,11 +4,13 @@ kube-proxy's operational surface, so existing probes, scrapes and habits carry o
 `--proxy-mode iptables|ipvs|ebpf|none` (ebpf also needs `--bpf-root`, a bpffs mount for its pinned
 maps, and `--cgroup-root`, the cgroup v2 directory whose sockets it balances), `--nodeport-addresses CIDR,...`, `--sync-period`
 (full resync; the agent's `--min-sync-period` also spaces proxy syncs, as kube-proxy's
-does), healthz on `--healthz-bind-address` (0.0.0.0:10256: /healthz and /livez, what cloud
-load balancers probe) and metrics on `--metrics-bind-address` (127.0.0.1:10249). Both
-servers are the agent's `StatusServer`: the healthz one answers for the proxy alone, the
-metrics one serves the agent's whole registry, kube-proxy's `/proxyMode`, and `/services`
-(what `netagent status services` shows, with the names the running agent knows).
+does), healthz on `--healthz-bind-address` (0.0.0.0:10256: /healthz and /livez only, what cloud
+load balancers probe, as kube-proxy serves there) and metrics on `--metrics-bind-address`
+(127.0.0.1:10249, loopback unless an operator exposes it; repeat it for more addresses, ""
+for none). Both servers are the agent's `StatusServer`: the healthz one answers for the proxy
+alone, the metrics one serves the agent's whole registry, kube-proxy's `/proxyMode`, and
+`/services` (what `netagent status services` shows, with the names the running agent knows).
+With `--proxy-mode none`, `netagent run` serves the registry on the same metrics addresses.
 """
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
 log = logging.getLogger("netagent.daemon.proxy_start")
 
 DEFAULT_MIN_SYNC_PERIOD = 1.0
+DEFAULT_METRICS_BIND = "127.0.0.1:10249"
+
+
+def metrics_binds(args) -> list[str]:
+    """The addresses /metrics is served on: `--metrics-bind-address` (each time given), default
+    loopback; an empty one turns metrics off."""
+    given = getattr(args, "metrics_bind_address", None) or [DEFAULT_METRICS_BIND]
+    return [] if "" in given else list(given)
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +48,9 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds between full proxy syncs (drift repair)")
     proxy.add_argument("--healthz-bind-address", default="0.0.0.0:10256",
                        help="the proxy's /healthz and /livez, as kube-proxy's")
-    proxy.add_argument("--metrics-bind-address", default="127.0.0.1:10249",
-                       help="Prometheus /metrics, as kube-proxy's")
+    proxy.add_argument("--metrics-bind-address", action="append",
+                       help=f"the agent's Prometheus /metrics (every mode), as kube-proxy's; default {DEFAULT_METRICS_BIND} "
+                            "(loopback: pass the node's or 0.0.0.0:10249 to expose it); repeatable; '' for none")
     proxy.add_argument("--ipvs-scheduler", default="rr", help="IPVS scheduler (rr, wrr, lc, sh, ...)")
     proxy.add_argument("--bpf-root", help="ebpf mode: a bpffs mount where the maps are pinned (kept across restarts)")
     proxy.add_argument("--cgroup-root", help="ebpf mode: the cgroup v2 directory whose sockets are load balanced")
@@ -131,9 +142,10 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     health = health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0))
     health_checks.proxy_healthy = lambda: health().healthy
 
-    healthz = StatusServer(bind=args.healthz_bind_address, registry=registry, health=health)
-    metrics = StatusServer(bind=args.metrics_bind_address, registry=registry, health=health, pages={
+    healthz = StatusServer(bind=args.healthz_bind_address, registry=None, health=health)
+    binds = metrics_binds(args)
+    metrics = StatusServer(bind=binds, registry=registry, health=health, pages={
         "/proxyMode": ("text/plain; charset=utf-8", lambda: args.proxy_mode),
         "/services": ("application/json", lambda: services_json(args.proxy_mode, backend.programmed())),
-    })
-    return ProxyParts(proxy=proxy, servers=(healthz, metrics))
+    }) if binds else None
+    return ProxyParts(proxy=proxy, servers=(healthz, metrics) if metrics is not None else (healthz,))

@@ -1,8 +1,9 @@
 """`netagent run`: compose the daemon from its parts and run it until SIGTERM.
 
 Two shapes: `--cni-only` serves the CNI plugin alone (plain containerd or podman hosts);
-the default cluster mode adds the node agent (Kubernetes watch, node routes, masquerade)
-and the status server (/healthz, /metrics). The CNI server starts only once the node
+the default cluster mode adds the node agent (Kubernetes watch, node routes, masquerade),
+the status server (/healthz, /livez, /readyz on `--status-bind`, what the kubelet probes) and
+/metrics on `--metrics-bind-address` (loopback by default; the proxy's server when it runs). The CNI server starts only once the node
 agent has its lease and has programmed the routes: until then the CNI shim finds no socket
 and answers "try again later" (code 11; the runtime retries) and journals DELs, which the
 agent adopts before it serves; the Python client (the lab's) works in-process instead.
@@ -58,7 +59,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                          help="where to publish the network config with this node's pod CIDR ('' to skip)")
     cluster.add_argument("--cni-mode", choices=["bridge", "routed"], default="bridge")
     cluster.add_argument("--cni-data-dir", default=cni_install.DEFAULT_DATA_DIR)
-    cluster.add_argument("--status-bind", default="0.0.0.0:10258", help="/healthz and /metrics")
+    cluster.add_argument("--status-bind", default="0.0.0.0:10258",
+                         help="/healthz, /livez and /readyz (the kubelet's probes; /metrics: --metrics-bind-address)")
     cluster.add_argument("--resync-period", type=float, default=30.0,
                          help="seconds between full reconciles (drift repair)")
     cluster.add_argument("--min-sync-period", type=float, default=0.0,
@@ -169,17 +171,19 @@ def _run_cluster_mode(args) -> int:
                       rejections=rejections.scope("noderoutes"))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
-    status = StatusServer(bind=args.status_bind, registry=registry,
-                          health=with_rejections(
-                              with_policy_health(agent.health, started_policy,
-                                                 stale_after=max(2 * args.policy_sync_period, 60.0)),
-                              rejections))
+    health = with_rejections(
+        with_policy_health(agent.health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
+        rejections)
+    status = StatusServer(bind=args.status_bind, registry=None, health=health)
     status.start()
     policy = None
+    metrics = _metrics_server(args, registry=registry, health=health) if proxy is None else None
     try:
         agent.start()
         if proxy is not None:
             proxy.start()
+        if metrics is not None:
+            metrics.start()
         policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
                                rejections=rejections.scope("policy"),
                                pod_cidrs=[str(c) for c in agent.pod_cidrs if c.version == 4],
@@ -194,6 +198,8 @@ def _run_cluster_mode(args) -> int:
             policy.stop()
         if proxy is not None:
             proxy.stop()
+        if metrics is not None:
+            metrics.stop()
         agent.stop()
         status.stop()
         event_poster.stop()
@@ -208,10 +214,20 @@ def _run_cluster_mode(args) -> int:
         policy.stop()
     if proxy is not None:
         proxy.stop()
+    if metrics is not None:
+        metrics.stop()
     agent.stop()
     status.stop()
     event_poster.stop()
     return 0
+
+
+def _metrics_server(args, *, registry, health):
+    """/metrics on `--metrics-bind-address` when no proxy serves it (the proxy's server does)."""
+    from netagent.daemon.proxy_start import metrics_binds
+    from netagent.infra.status_server import StatusServer
+    binds = metrics_binds(args)
+    return StatusServer(bind=binds, registry=registry, health=health) if binds else None
 
 
 def _start_policy(args, *, api_client, backend, registry, rejections, pod_cidrs, timeout: float):

@@ -1,18 +1,24 @@
 """The agent's HTTP face: /healthz, /livez, /readyz and /metrics on a background thread.
 
-The server only reads: each request calls a health function or `Registry.render()`, both
-of which take short locks and never wait for a sync, so a slow or stuck scrape can never
-hold up the agent (handlers run on their own threads, with a socket timeout). It is the
-stdlib's ThreadingHTTPServer because the load is a probe every few seconds and a scrape
-every 15 s or so. It binds without HTTPServer's name lookup (`getfqdn`), so starting it
-never waits on DNS.
+The server only reads: each request calls a health function or reads a snapshot, and neither
+waits for a sync, so a slow or stuck scrape can never hold up the agent (handlers run on
+their own threads, with a socket timeout). It is the stdlib's ThreadingHTTPServer because the
+load is a probe every few seconds and a scrape every 15 s or so. It binds without
+HTTPServer's name lookup (`getfqdn`), so starting it never waits on DNS.
 
 Endpoints:
 - `/livez`: 200 while the process serves HTTP (the kubelet's liveness probe);
 - `/healthz`: the health function's `HealthReport` as JSON, 200 when healthy, else 503;
 - `/readyz`: the same from a separate readiness function (defaults to the health one);
-- `/metrics`: the registry in Prometheus text format 0.0.4;
+- `/metrics`: the registry in Prometheus text format 0.0.4, only when the server is given one
+  (the agent serves metrics on a loopback address by default and health on the node's);
 - extra read-only `pages` an owner adds (the proxy's `/proxyMode` and `/services`).
+
+`/metrics` and every page are served from a `Snapshot`: produced at most once per
+`snapshot_max_age` (1 s) and single-flight, so any number of concurrent scrapes cost one
+render, and a metric read from the kernel at scrape time (the policy DROP counters from
+`iptables-save -c`, BPF map fill, `/services`) forks at most once a second whatever the
+scrapers do. Health is computed per request: it reads only the runners' state.
 
 `health_from_sync_runner` gives kube-proxy's healthz meaning to a `SyncRunner`: unhealthy
 until the first successful sync, then unhealthy while some demand (a request, a failed run,
@@ -32,8 +38,9 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
+from netagent.infra.clock import Clock, MonotonicClock
 from netagent.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from netagent.infra.metrics import Registry
 from netagent.infra.sync_runner import SyncRunner
@@ -41,6 +48,8 @@ from netagent.infra.sync_runner import SyncRunner
 log = logging.getLogger("netagent.infra.status_server")
 
 REQUEST_TIMEOUT_SECONDS = 10.0
+SNAPSHOT_MAX_AGE_SECONDS = 1.0
+SNAPSHOT_WAIT_SECONDS = 30.0  # a reader waits this long for a refresh in flight, then gives up
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,73 @@ def all_healthy(checks: Mapping[str, HealthFunction]) -> HealthFunction:
     return health
 
 
+# ------------------------------------------------------------------ snapshots
+class Snapshot:
+    """A page body produced at most once per `max_age` seconds, and single-flight.
+
+    `get()` answers the last body while it is younger than `max_age` (measured from the end of
+    the refresh that made it, so refreshes are at least `max_age` apart however slow they are);
+    otherwise the first reader refreshes it, outside the lock, and every reader that arrives
+    meanwhile waits for that refresh and shares its body. A refresh that raised is kept just
+    as long (its error is raised to each reader), so a failing producer is not retried per
+    request either. `refreshes` counts the producer's calls; `waiting` the readers waiting
+    for one in flight."""
+
+    def __init__(self, produce: Callable[[], str], *, max_age: float = SNAPSHOT_MAX_AGE_SECONDS,
+                 clock: Clock | None = None, wait_limit: float = SNAPSHOT_WAIT_SECONDS) -> None:
+        self._produce = produce
+        self._max_age = max_age
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._wait_limit = wait_limit
+        self._cond = threading.Condition()
+        self._body: str | None = None
+        self._error: Exception | None = None
+        self._taken_at: float | None = None
+        self._refreshing = False
+        self.refreshes = 0
+        self.waiting = 0
+
+    def _fresh(self) -> bool:
+        return self._taken_at is not None and self._clock.now() - self._taken_at < self._max_age
+
+    def _answer(self) -> str:
+        if self._error is not None:
+            raise self._error
+        assert self._body is not None
+        return self._body
+
+    def get(self) -> str:
+        with self._cond:
+            while not self._fresh():
+                if not self._refreshing:
+                    self._refreshing = True
+                    break
+                self.waiting += 1
+                try:
+                    if not self._cond.wait(self._wait_limit) and self._refreshing:
+                        raise TimeoutError(f"a refresh has been running for over {self._wait_limit:g} s")
+                finally:
+                    self.waiting -= 1
+            else:
+                return self._answer()
+        body: str | None = None
+        error: Exception | None = None
+        try:
+            body = self._produce()
+        except Exception as e:
+            error = e
+        finally:
+            with self._cond:
+                self._refreshing = False
+                self.refreshes += 1
+                self._body, self._error, self._taken_at = body, error, self._clock.now()
+                self._cond.notify_all()
+        if error is not None:
+            raise error
+        assert body is not None
+        return body
+
+
 # ------------------------------------------------------------------ the server
 def parse_bind(bind: str) -> tuple[str, int]:
     """"host:port" or "[v6]:port" -> (host, port); an empty host means all IPv4 addresses."""
@@ -140,6 +216,7 @@ class _Server(NoLookupHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128  # a burst of scrapes waits in the backlog, not in SYN retries (the default is 5)
 
     def __init__(self, address: tuple[str, int], owner: "StatusServer") -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
@@ -162,22 +239,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/readyz":
             self._send_health(owner.ready)
         elif path in owner.pages:
-            content_type, produce = owner.pages[path]
+            content_type, snapshot = owner.pages[path]
             try:
-                body = produce()
+                body = snapshot.get()
             except Exception as e:
                 log.exception("%s failed", path)
                 self._send(500, "text/plain; charset=utf-8", f"{path} failed: {e}\n")
                 return
             self._send(200, content_type, body)
-        elif path == "/metrics":
-            try:
-                body = owner.registry.render()
-            except Exception as e:
-                log.exception("rendering metrics failed")
-                self._send(500, "text/plain; charset=utf-8", f"rendering metrics failed: {e}\n")
-                return
-            self._send(200, METRICS_CONTENT_TYPE, body)
         else:
             self._send(404, "text/plain; charset=utf-8", f"no such endpoint: {path}\n")
 
@@ -203,41 +272,66 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class StatusServer:
-    """Serves the endpoints above from `start()` until `stop()`; `.port` is the bound port."""
+    """Serves the endpoints above from `start()` until `stop()`, on one address or several (the
+    same pages and snapshots on each); `.port` is the first one's bound port."""
 
-    def __init__(self, *, bind: str, registry: Registry, health: HealthFunction,
+    def __init__(self, *, bind: str | Sequence[str], registry: Registry | None, health: HealthFunction,
                  ready: HealthFunction | None = None,
-                 pages: Mapping[str, tuple[str, Callable[[], str]]] | None = None) -> None:
-        self.host, self._requested_port = parse_bind(bind)
-        self.pages = dict(pages or {})  # path -> (content type, body producer): extra read-only pages
+                 pages: Mapping[str, tuple[str, Callable[[], str]]] | None = None,
+                 snapshot_max_age: float = SNAPSHOT_MAX_AGE_SECONDS, clock: Clock | None = None) -> None:
+        binds = [bind] if isinstance(bind, str) else list(bind)
+        if not binds:
+            raise ValueError("a status server needs an address to bind")
+        self.addresses = [parse_bind(b) for b in binds]
+        self.host = self.addresses[0][0]
+        produced = dict(pages or {})  # path -> (content type, body producer): extra read-only pages
+        if registry is not None:   # None: health only, no /metrics here
+            produced["/metrics"] = (METRICS_CONTENT_TYPE, registry.render)
+        self.pages = {path: (content_type, Snapshot(produce, max_age=snapshot_max_age, clock=clock))
+                      for path, (content_type, produce) in produced.items()}
         self.registry = registry
         self.health = health
         self.ready = ready if ready is not None else health
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._servers: list[_Server] = []
+        self._threads: list[threading.Thread] = []
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        return self.ports[0]
+
+    @property
+    def ports(self) -> list[int]:
+        if not self._servers:
             raise RuntimeError("status server not started")
-        return self._server.server_address[1]
+        return [server.server_address[1] for server in self._servers]
+
+    def snapshot(self, path: str) -> Snapshot:
+        return self.pages[path][1]
 
     def start(self) -> None:
-        if self._server is not None:
+        if self._servers:
             raise RuntimeError("status server already started")
-        server = _Server((self.host, self._requested_port), self)
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="status-server", daemon=True)
-        self._thread.start()
-        log.info("status server listening on %s:%d", self.host, self.port)
+        try:
+            for address in self.addresses:
+                self._servers.append(_Server(address, self))
+        except BaseException:
+            for server in self._servers:
+                server.server_close()
+            self._servers = []
+            raise
+        for server in self._servers:
+            thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                      name="status-server", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            log.info("status server listening on %s:%d (%s)", server.server_address[0], server.server_address[1],
+                     ", ".join(["/healthz", *sorted(self.pages)]))
 
     def stop(self, timeout: float = 5.0) -> None:
-        server, thread = self._server, self._thread
-        if server is None or thread is None:
-            return
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout)
-        self._server = None
-        self._thread = None
+        servers, threads = self._servers, self._threads
+        self._servers, self._threads = [], []
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        for thread in threads:
+            thread.join(timeout)

@@ -58,11 +58,11 @@ def render_event(target: EventTarget, *, reason: str, message: str, component: s
     }
 
 
-Send = Callable[[str, dict], None]
+Send = Callable[[str, dict], None]  # (namespace, Event body)
 
 
 class EventPoster:
-    """Queue Warning Events and post them from one background thread (`send(path, body)`,
+    """Queue Warning Events and post them from one background thread (`send(namespace, body)`,
     by default a POST through `api_client`)."""
 
     def __init__(self, api_client, *, component: str, host: str, capacity: int = 256,
@@ -108,10 +108,11 @@ class EventPoster:
                 return
             namespace = body["metadata"]["namespace"]
             try:
-                self._send(f"/api/v1/namespaces/{namespace}/events", body)
+                self._send(namespace, body)
                 self.posted += 1
             except Exception as exc:  # best effort: the log line and the metric already stand
                 log.debug("could not post an Event on %s: %s", body["involvedObject"].get("name"), exc)
 
-    def _post(self, path: str, body: dict) -> None:
-        request_json(self._api_client, "POST", path, body=body, timeout=self._timeout)
+    def _post(self, namespace: str, body: dict) -> None:
+        request_json(self._api_client, "POST", f"/api/v1/namespaces/{namespace}/events", body=body,
+                     timeout=self._timeout)

@@ -4,6 +4,11 @@ At start the agent reads its own Node (podCIDR, addresses) before the reflector 
 and it publishes its backend data (VTEP MAC, public IP) as annotations with one merge patch:
 a merge patch touches only the keys it names, so two writers of different annotations never
 conflict, and a None value removes a key. Plain dicts, like everything in `netagent.kube`.
+
+The patch goes to the `nodes/status` subresource, as flannel's does: the API server applies a
+status write's metadata (labels, annotations) and keeps the spec, so the agent needs only
+`patch` on `nodes/status` and never the right to change any Node's spec (podCIDR, taints,
+unschedulable) that `patch` on `nodes` would give it (deploy/netagent.yaml's ClusterRole).
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ def get_node(api_client, name: str) -> dict:
 
 
 def patch_node_annotations(api_client, node_name: str, annotations: Mapping[str, str | None]) -> dict:
-    """Set (str) or remove (None) annotations on a Node; returns the updated Node."""
+    """Set (str) or remove (None) annotations on a Node through its status subresource; returns
+    the updated Node."""
     body = {"metadata": {"annotations": dict(annotations)}}
-    return request_json(api_client, "PATCH", NODES.object_path(node_name), body=body, content_type=PatchType.MERGE.value)
+    return request_json(api_client, "PATCH", NODES.object_path(node_name) + "/status", body=body,
+                        content_type=PatchType.MERGE.value)

@@ -1,6 +1,7 @@
 """The DaemonSet's pod on each lab node, run with podman the way the kubelet runs it.
 
 `AgentPods` takes the plan `daemonset.render_pod` makes for a node and carries it out: the
+node's prerequisites (`provision_node`: what kubeadm's preflight checks), the
 init containers one after another, each to completion (a failure stops the pod, with its
 log), then the containers detached; the probes hit over HTTP (or TCP) at their ports on the
 node's address from inside the node's namespace, as the kubelet's prober does for a
@@ -64,6 +65,21 @@ def run_podman(args: list, *, check: bool = True, timeout: float = 120) -> subpr
 def require_image(image: str) -> None:
     if run_podman(["image", "exists", image], check=False).returncode != 0:
         raise LabError(f"image {image} is not here: build it with scripts/build-image (the lab pulls nothing)")
+
+
+# What kubeadm's preflight requires of every node before the pod network is installed
+# (FileContent--proc-sys-net-ipv4-ip_forward): the manifest's agent is not privileged, so
+# /proc/sys is read-only to it and it can only check this, as on a real node.
+NODE_SYSCTLS = (("net.ipv4.ip_forward", "1"),)
+
+
+def provision_node(node: NodeHost) -> None:
+    """Set the node prerequisites above in the lab node's namespace (never the host's)."""
+    for key, value in NODE_SYSCTLS:
+        proc = subprocess.run([*namespaces.exec_prefix(node.netns), "sysctl", "-qw", f"{key}={value}"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise LabError(f"{node.name}: sysctl {key}={value}: {proc.stderr.strip()}")
 
 
 def probe_once(netns: str, address: str, port: int, path: str | None, *, timeout: float) -> bool:
@@ -225,6 +241,7 @@ class AgentPods:
             os.makedirs(os.path.dirname(resolv_conf), exist_ok=True)
             with open(resolv_conf, "w") as f:
                 f.write("# a lab node: no name server\n")
+        provision_node(node)
         pod = self.plan(node)
         for container in pod.init_containers:
             proc = self._run(pod, node, container, detach=False)

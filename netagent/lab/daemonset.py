@@ -3,8 +3,9 @@
 `render_pod` reads the DaemonSet's pod template and turns it, for one node, into what a
 kubelet hands its runtime: each init container and container with its image, its args with
 `$(VAR)` expanded, its environment (values, the downward API's fieldRefs, ConfigMaps named
-by envFrom), privileged or not, and every volume mount resolved to a host path with its
-propagation; plus the probes to hit. `podman_run_argv` turns one container into the
+by envFrom), its securityContext (privileged, or the capabilities it adds and drops, and
+allowPrivilegeEscalation; any other field is refused rather than ignored), and every volume
+mount resolved to a host path with its propagation; plus the probes to hit. `podman_run_argv` turns one container into the
 `podman run` that starts it (`agent_pods.py` runs them).
 
 What the lab changes, and why, in one place:
@@ -91,14 +92,49 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Security:
+    """A container's securityContext as the runtime applies it."""
+    privileged: bool = False
+    add: tuple[str, ...] = ()    # capabilities, as Kubernetes spells them (NET_ADMIN; ALL)
+    drop: tuple[str, ...] = ()
+    no_new_privileges: bool = False   # allowPrivilegeEscalation: false
+
+    def podman_options(self) -> list:
+        if self.privileged:
+            return ["--privileged"]
+        options = [option for cap in self.drop for option in ("--cap-drop", cap.lower() if cap == "ALL" else cap)]
+        options += [option for cap in self.add for option in ("--cap-add", cap)]
+        return [*options, *(["--security-opt", "no-new-privileges"] if self.no_new_privileges else [])]
+
+
+SECURITY_FIELDS = {"privileged", "capabilities", "allowPrivilegeEscalation"}
+
+
+def security_of(container: dict) -> Security:
+    context = container.get("securityContext") or {}
+    unknown = sorted(set(context) - SECURITY_FIELDS)
+    if unknown:
+        raise LabError(f"{container['name']}: securityContext {', '.join(unknown)} is not run by the lab "
+                       f"(it runs {', '.join(sorted(SECURITY_FIELDS))})")
+    capabilities = context.get("capabilities") or {}
+    return Security(privileged=bool(context.get("privileged")), add=tuple(capabilities.get("add") or ()),
+                    drop=tuple(capabilities.get("drop") or ()),
+                    no_new_privileges=context.get("allowPrivilegeEscalation") is False)
+
+
+@dataclass(frozen=True)
 class ContainerPlan:
     name: str
     image: str
     args: list
     env: dict
     mounts: list
-    privileged: bool
+    security: Security
     probes: dict = field(default_factory=dict)  # ProbeKind -> Probe
+
+    @property
+    def privileged(self) -> bool:
+        return self.security.privileged
 
 
 @dataclass(frozen=True)
@@ -257,7 +293,7 @@ def render_pod(daemonset: dict, *, node: NodeHost, image: str, kubeconfig: str, 
                 args = with_flag(args, flag, value)
         return ContainerPlan(name=container["name"], image=image, args=args, env=env,
                              mounts=[*_mounts(container, volumes=volumes, node=node), lab_mount],
-                             privileged=bool((container.get("securityContext") or {}).get("privileged")),
+                             security=security_of(container),
                              probes=_probes(container))
 
     return PodPlan(name=pod_name, namespace=namespace,
@@ -303,7 +339,7 @@ def podman_run_argv(container: ContainerPlan, *, pod: PodPlan, node: NodeHost, n
     else:
         argv += ["--network", "none"]
     argv += ["--detach"] if detach else []
-    argv += ["--privileged"] if container.privileged else []
+    argv += container.security.podman_options()
     for key, value in sorted(labels.items()):
         argv += ["--label", f"{key}={value}"]
     for key, value in container.env.items():

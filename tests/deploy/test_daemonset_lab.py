@@ -1,8 +1,9 @@
 """A lab cluster whose agents are the image, run as deploy/netagent.yaml's DaemonSet says.
 
 One 2-node vxlan lab (iptables proxy) for the module: on each node podman ran the init
-container (which installed the shim into the node's /opt/cni/bin) and the privileged agent
-container in the node's namespace with the manifest's mounts, env and args; every pod is
+container (which installed the shim into the node's /opt/cni/bin) and the agent container, not
+privileged but with exactly the manifest's capabilities, in the node's namespace with the
+manifest's mounts, env and args; every pod is
 wired by executing that installed shim from the node's own view, as a runtime on the host
 would. The tests run in file order and leave the lab whole for the next one: services and
 pods across nodes first, then the agent killed and restarted, a rollout to another image
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -24,6 +26,7 @@ from netagent.lab.daemonset import ProbeKind
 from tests.cluster.lab_tools import serve, stop_stream, stream, wait_for
 from tests.cluster.test_services import answered_by, http_port, manifest, poll, programmed
 from tests.deploy.conftest import deploy_lab
+from tests.unit.test_deploy_manifests import AGENT_CAPABILITIES
 
 pytestmark = pytest.mark.deploy
 WEB_PORT = 8080
@@ -72,6 +75,27 @@ def lab(agent_image):
                 server.stop()
 
 
+CAPABILITY_BITS = {"NET_ADMIN": 12, "NET_RAW": 13, "SYS_ADMIN": 21}
+
+
+def effective_capabilities(pid: int) -> set[str]:
+    """The capabilities the kernel says a process has (CapEff), by name; any bit we cannot name fails."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
+    names = {bit: name for name, bit in CAPABILITY_BITS.items()}
+    found = {names.get(bit, f"bit {bit}") for bit in range(64) if mask >> bit & 1}
+    return found
+
+
+def fetch(lab, node: str, url: str) -> int:
+    """The HTTP status of a GET from inside the node's namespace (0: nothing listens)."""
+    code = ("import sys, urllib.request, urllib.error\n"
+            "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=30).status)\n"
+            "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+            "except OSError:\n    print(0)\n")
+    return int(lab.exec(node, [sys.executable, "-c", code, url], check=True, timeout=60).stdout)
+
+
 def cluster_ip(lab) -> str:
     return lab.api().get("v1", "Service", "web", namespace="default")["spec"]["clusterIP"]
 
@@ -82,7 +106,10 @@ def test_each_node_runs_the_manifests_containers_and_the_installed_shim(lab, age
         assert status[node]["agent"]["running"] and status[node]["agent"]["image"] == agent_image
         assert container_image(lab, node).endswith(agent_image.split("/", 1)[1])
         inspected = json.loads(run_podman(["inspect", lab.agent_pods.container_name(node, AGENT_CONTAINER)]).stdout)[0]
-        assert inspected["HostConfig"]["Privileged"] is True
+        # the manifest's securityContext: not privileged, exactly its capabilities, here and in the kernel
+        assert inspected["HostConfig"]["Privileged"] is False
+        assert sorted(inspected["EffectiveCaps"]) == sorted(f"CAP_{cap}" for cap in AGENT_CAPABILITIES)
+        assert effective_capabilities(inspected["State"]["Pid"]) == AGENT_CAPABILITIES
         assert f"NODE_NAME={node}" in inspected["Config"]["Env"]
         assert f"--node-name={node}" in inspected["Args"]
         mounts = {m["Destination"]: m for m in inspected["Mounts"]}
@@ -97,6 +124,17 @@ def test_each_node_runs_the_manifests_containers_and_the_installed_shim(lab, age
             assert json.load(f)["plugins"][0]["agentSocket"] == "/run/netagent/cni.sock"
         host = lab.node_host(node)
         assert all(lab.agent_pods.probe(host, kind) for kind in ProbeKind)
+
+
+def test_health_is_served_on_the_node_address_and_metrics_on_loopback_only(lab):
+    for node in sorted(lab.state.nodes):
+        address = lab.state.nodes[node].address
+        assert fetch(lab, node, f"http://{address}:10258/healthz") == 200   # the kubelet's probes
+        assert fetch(lab, node, f"http://{address}:10256/healthz") == 200   # load balancers'
+        assert fetch(lab, node, f"http://{address}:10258/metrics") == 404
+        assert fetch(lab, node, f"http://{address}:10256/metrics") == 404
+        assert fetch(lab, node, f"http://{address}:10249/metrics") == 0     # not on the node's address
+        assert fetch(lab, node, "http://127.0.0.1:10249/metrics") == 200
 
 
 def test_pods_on_both_nodes_reach_each_other(lab):

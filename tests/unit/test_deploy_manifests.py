@@ -8,7 +8,7 @@ offline, against the real code rather than against copies of it:
   breaks this test instead of a rollout;
 - the paths the agent writes into the network config (socket, IPAM data directory) are
   mounted at the same path on the host, where the runtime's plugin reads them;
-- RBAC grants what the agent's API calls need (the resources come from `netagent.kube`);
+- RBAC grants exactly what the agent's API calls need, read from the code (`api_calls.py`);
 - the Containerfile copies every package folder pyproject.toml declares, installs them into
   a venv and ends in the `netagent` console script;
 - the lab's Vagrantfile uses the manifest's cluster CIDR, image and argument layout.
@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from netagent.cli import build_parser
-from netagent.kube.resources import ENDPOINT_SLICES, NAMESPACES, NETWORK_POLICIES, NODES, PODS, SERVICES
+from netagent.kube.resources import NODES
+from tests.unit.api_calls import UnclassifiedCall, permissions_in, permissions_used
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "netagent.yaml"
@@ -147,18 +148,36 @@ def granted_permissions() -> set[tuple[str, str, str]]:
             for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
 
 
-@pytest.mark.parametrize("group, resource, verbs", [
-    (NODES.group, NODES.plural, ("get", "list", "watch", "patch")),  # reflector, get_node, announcement
-    (NODES.group, f"{NODES.plural}/status", ("patch",)),
-    (SERVICES.group, SERVICES.plural, ("get", "list", "watch")),
-    (ENDPOINT_SLICES.group, ENDPOINT_SLICES.plural, ("get", "list", "watch")),
-    *((resource.group, resource.plural, ("list", "watch")) for resource in (NETWORK_POLICIES, PODS, NAMESPACES)),
-    ("", "events", ("create",)),
-])
-def test_rbac_grants_what_the_agent_calls(group, resource, verbs):
+def test_rbac_grants_exactly_what_the_code_calls():
+    # derived from the shipped code's API call sites (tests/unit/api_calls.py), not a copy
+    used, granted = permissions_used(), granted_permissions()
+    assert not used - granted, f"called but not granted: {sorted(used - granted)}"
+    assert not granted - used, f"granted but never called: {sorted(granted - used)}"
+
+
+def test_the_agent_cannot_patch_nodes_only_annotate_through_status():
     granted = granted_permissions()
-    missing = [verb for verb in verbs if (group, resource, verb) not in granted]
-    assert not missing, f"{group or 'core'}/{resource}: {missing} not granted"
+    assert (NODES.group, f"{NODES.plural}/status", "patch") in granted
+    assert not {verb for group, resource, verb in granted if resource == NODES.plural} - {"get", "list", "watch"}
+
+
+@pytest.mark.parametrize("source, permissions", [
+    ('Reflector(api_client=c, resource=PODS, handler=h)', {("", "pods", "list"), ("", "pods", "watch")}),
+    ('request_json(c, "PATCH", NODES.object_path(n) + "/status", body=b)', {("", "nodes/status", "patch")}),
+    ('request_json(c, "GET", NODES.object_path(n))', {("", "nodes", "get")}),
+    ('request_json(c, "POST", f"/api/v1/namespaces/{ns}/events", body=b)', {("", "events", "create")}),
+    ('open_request(c, "DELETE", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{n}")',
+     {("discovery.k8s.io", "endpointslices", "delete")}),
+])
+def test_the_call_reader_classifies_each_shape(source, permissions):
+    assert permissions_in(source, where="example") == permissions
+
+
+@pytest.mark.parametrize("source", ['request_json(c, method, path)', 'request_json(c, "GET", some_path)',
+                                    'Reflector(api_client=c, resource=whatever, handler=h)'])
+def test_the_call_reader_refuses_what_it_cannot_classify(source):
+    with pytest.raises(UnclassifiedCall):
+        permissions_in(source, where="example")
 
 
 def test_rbac_grants_no_wildcards_or_secrets():
@@ -220,8 +239,19 @@ def test_an_undeclared_env_reference_is_refused():
         expand_env_references(["--iface-address=$(NODE_IP)"], [{"name": "NODE_NAME"}], values={})
 
 
-def test_the_agent_is_privileged():
-    assert agent_container()["securityContext"]["privileged"] is True
+AGENT_CAPABILITIES = {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}   # tests/deploy checks the running container has them
+
+
+def test_the_agent_gets_capabilities_not_privileged_and_the_installer_none():
+    context = agent_container()["securityContext"]
+    assert "privileged" not in context and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": sorted(AGENT_CAPABILITIES)}
+    (init,) = pod_spec()["initContainers"]
+    assert init["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    # without privileged, only HostToContainer propagation is allowed (Bidirectional needs it)
+    assert {m.get("mountPropagation", "None") for c in pod_spec()["containers"] + pod_spec()["initContainers"]
+            for m in c["volumeMounts"]} <= {"None", "HostToContainer"}
+    assert parsed_agent_args().proxy_mode in ("iptables", "none")   # ipvs and ebpf need privileged
 
 
 def test_probes_point_at_the_status_bind_port():
@@ -230,6 +260,16 @@ def test_probes_point_at_the_status_bind_port():
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port}, probe
     assert {"name": "status", "containerPort": port, "protocol": "TCP"} in container["ports"]
+
+
+def test_metrics_are_served_on_loopback_only():
+    import ipaddress
+
+    from netagent.daemon.proxy_start import metrics_binds
+    from netagent.infra.status_server import parse_bind
+    binds = metrics_binds(parsed_agent_args())
+    assert binds and all(ipaddress.ip_address(parse_bind(bind)[0]).is_loopback for bind in binds), binds
+    assert metrics_binds(build_parser().parse_args(["run"])) == ["127.0.0.1:10249"]   # the default too
 
 
 def test_init_container_installs_only_the_binaries_into_the_hosts_cni_bin_dir():

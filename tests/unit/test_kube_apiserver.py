@@ -114,8 +114,36 @@ def test_status_subresource_is_separate_from_the_main_resource(core):
     assert core.read_node("n1").status is None  # the main resource ignored it
     core.patch_node_status("n1", {"status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}})
     assert core.read_node("n1").status.addresses[0].address == "10.0.0.1"
-    core.patch_node_status("n1", {"metadata": {"labels": {"ignored": "yes"}}})
-    assert core.read_node("n1").metadata.labels is None  # empty labels are never stored, as in Go's omitempty
+    core.patch_node_status("n1", {"spec": {"unschedulable": True}})
+    assert core.read_node("n1").spec.unschedulable is None  # /status keeps the spec
+
+
+def test_a_status_write_applies_metadata_as_the_real_node_status_strategy(core, api_client):
+    # nodeStatusStrategy resets only the spec: flannel and netagent (kube/nodes.py) annotate
+    # their Node with a status patch, so RBAC needs no `patch` on nodes.
+    from netagent.kube.nodes import patch_node_annotations
+    core.create_node({**node("n1"), "spec": {"podCIDR": "10.244.1.0/24"}})
+    core.patch_node_status("n1", {"metadata": {"labels": {"role": "edge"}, "annotations": {"a": "1"}},
+                                  "spec": {"podCIDR": "10.99.0.0/24", "unschedulable": True}})
+    stored = core.read_node("n1")
+    assert (stored.metadata.labels, stored.metadata.annotations) == ({"role": "edge"}, {"a": "1"})
+    assert (stored.spec.pod_cidr, stored.spec.unschedulable) == ("10.244.1.0/24", None)
+    updated = patch_node_annotations(api_client, "n1", {"netagent.io/public-ip": "10.0.0.1", "a": None})
+    assert updated["metadata"]["annotations"] == {"netagent.io/public-ip": "10.0.0.1"}
+    assert updated["spec"]["podCIDR"] == "10.244.1.0/24"
+    assert core.read_node("n1").metadata.annotations == {"netagent.io/public-ip": "10.0.0.1"}
+
+
+def test_a_pod_status_write_keeps_the_owner_references(core):
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u1"}
+    pod = {"metadata": {"name": "p", "ownerReferences": [owner]},
+           "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    core.create_namespaced_pod("default", pod)
+    core.patch_namespaced_pod_status("p", "default", {"metadata": {"ownerReferences": None, "labels": {"x": "y"}},
+                                                      "status": {"phase": "Running"}})
+    stored = core.read_namespaced_pod("p", "default")
+    assert stored.metadata.owner_references[0].name == "ds" and stored.metadata.labels == {"x": "y"}
+    assert stored.status.phase == "Running"
 
 
 def test_generate_name(core):

@@ -38,7 +38,10 @@ def test_pod_is_named_for_the_node_and_runs_in_its_network():
     argv = daemonset.podman_run_argv(agent(pod), pod=pod, node=NODE, name="c", labels={"k": "v"}, detach=True,
                                      log_path="/lab/agent.log")
     assert argv[argv.index("--network") + 1] == "ns:/run/netns/lab-n7"
-    assert "--privileged" in argv and "--detach" in argv and argv[argv.index("--pull") + 1] == "never"
+    assert "--privileged" not in argv and "--detach" in argv and argv[argv.index("--pull") + 1] == "never"
+    assert argv[argv.index("--cap-drop") + 1] == "all"   # the manifest's capabilities, nothing else
+    assert {argv[i + 1] for i, a in enumerate(argv) if a == "--cap-add"} == {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
+    assert argv[argv.index("--security-opt") + 1] == "no-new-privileges"
     assert argv[-len(agent(pod).args) - 1:] == ["localhost/netagent:next", *agent(pod).args]
 
 
@@ -130,3 +133,16 @@ def test_ensure_host_path_creates_and_checks_as_the_kubelet(tmp_path):
         ensure_host_path(str(tmp_path / "missing"), "Directory")
     with pytest.raises(LabError):
         ensure_host_path(str(tmp_path / "d"), "Socket")
+
+
+def test_security_contexts_become_podman_options_and_unknown_fields_are_refused():
+    security = daemonset.security_of
+    assert security({"name": "c", "securityContext": {"privileged": True}}).podman_options() == ["--privileged"]
+    assert security({"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
+                                                       "allowPrivilegeEscalation": False}}).podman_options() == [
+        "--cap-drop", "all", "--cap-add", "NET_ADMIN", "--security-opt", "no-new-privileges"]
+    assert security({"name": "c"}).podman_options() == []   # the runtime's defaults
+    with pytest.raises(LabError, match="seccompProfile"):
+        security({"name": "c", "securityContext": {"seccompProfile": {"type": "Unconfined"}}})
+    (init,) = render().init_containers
+    assert init.security.podman_options() == ["--cap-drop", "all", "--security-opt", "no-new-privileges"]

@@ -54,7 +54,7 @@ def test_a_rejection_posts_one_warning_event_on_the_object(api_client, core) -> 
 def test_the_poster_never_blocks_and_drops_past_its_capacity() -> None:
     release, sent = threading.Event(), []
 
-    def stuck_send(path: str, body: dict) -> None:  # an API server that does not answer
+    def stuck_send(namespace: str, body: dict) -> None:  # an API server that does not answer
         release.wait(SETTLE)
         sent.append(body["involvedObject"]["name"])
     poster = EventPoster(None, component="netagent", host="n", capacity=2, send=stuck_send)

@@ -12,7 +12,14 @@ import pytest
 
 from netagent.infra.fake_clock import FakeClock
 from netagent.infra.metrics import Registry
-from netagent.infra.status_server import HealthReport, StatusServer, all_healthy, health_from_sync_runner, parse_bind
+from netagent.infra.status_server import (
+    HealthReport,
+    Snapshot,
+    StatusServer,
+    all_healthy,
+    health_from_sync_runner,
+    parse_bind,
+)
 from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
 from tests.unit.test_metrics import parse_exposition
 
@@ -287,3 +294,143 @@ def test_runner_durations_reach_the_metrics_endpoint(serve):
         assert family.value("netagent_route_sync_duration_seconds_count", kind="partial") == 1
     finally:
         assert runner.stop(SETTLE)
+
+
+# ------------------------------------------------------------------ health only, several addresses
+def test_a_server_without_a_registry_serves_health_and_no_metrics():
+    server = StatusServer(bind="127.0.0.1:0", registry=None, health=healthy)
+    server.start()
+    try:
+        assert get(server.port, "/healthz")[0] == 200 and get(server.port, "/livez")[0] == 200
+        assert get(server.port, "/metrics")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_one_server_listens_on_several_addresses_with_the_same_pages():
+    registry = Registry()
+    registry.counter("netagent_test_total", "A test counter.").inc()
+    server = StatusServer(bind=["127.0.0.1:0", "127.0.0.1:0"], registry=registry, health=healthy)
+    server.start()
+    try:
+        first, second = server.ports
+        assert first != second
+        assert get(first, "/metrics")[2] == get(second, "/metrics")[2]
+        assert "netagent_test_total 1" in get(second, "/metrics")[2]
+    finally:
+        server.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", first), timeout=SETTLE)
+
+
+# ------------------------------------------------------------------ snapshots: scrapes never fork per request
+def policy_save_text(denied: int) -> str:
+    """What `iptables-save -c -t filter` prints for the renderer's policy chains, x/a's DROP
+    having counted `denied` packets (as tests/unit/test_policy_readback.py builds it)."""
+    from netagent.kernel.ipset import FakeIpset, iptables_references
+    from netagent.kernel.iptables.fake import FakeIptables
+    from netagent.policy.programmer import PolicyProgrammer
+    from netagent.policy.render import InterfaceMode
+    from tests.unit.test_policy_render import WEB, wanted
+    iptables = FakeIptables()
+    PolicyProgrammer(iptables=iptables, ipset=FakeIpset(in_use=iptables_references(iptables))).apply(
+        wanted(InterfaceMode.BRIDGE, WEB), full=True)
+    return "\n".join((f"[{denied}:{denied * 60}] " + line) if "deny ingress to x/a" in line else line
+                     for line in iptables.save("filter").splitlines())
+
+
+def test_concurrent_scrapes_share_one_iptables_save_a_second_and_values_still_update(monkeypatch, tmp_path):
+    """The policy engine's DROP-counter gauge (registered by the real build_policy) reads
+    `iptables-save -c` at scrape time: 16 concurrent scrapes run it once, the next second's
+    scrape runs it again and shows the new counter. The fork is counted at the subprocess seam
+    and held until every other scrape waits on it; time is a FakeClock."""
+    import argparse
+    import subprocess
+    import types
+
+    from netagent.daemon import policy_start, status_policy
+    from netagent.kernel.iptables.backend import IptablesBackend
+    saves: list[list[str]] = []
+    denied = {"packets": 7}
+    release = threading.Event()
+
+    def run(argv, **_kwargs):
+        saves.append(list(argv))
+        assert release.wait(SETTLE)
+        return subprocess.CompletedProcess(argv, 0, stdout=policy_save_text(denied["packets"]), stderr="")
+    monkeypatch.setattr(status_policy, "subprocess", types.SimpleNamespace(run=run))
+    registry = Registry()
+    args = argparse.Namespace(node_name="node-a", cni_mode="bridge", cni_data_dir=str(tmp_path), proxy_mode="none",
+                              min_sync_period=0.0, policy_sync_period=30.0)
+    policy_start.build_policy(args, api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
+                              pod_cidrs=["10.0.0.0/24"])
+    clock = FakeClock()
+    server = StatusServer(bind="127.0.0.1:0", registry=registry, health=healthy, clock=clock)
+    server.start()
+    try:
+        bodies: list[str] = []
+        scrapes = [threading.Thread(target=lambda: bodies.append(get(server.port, "/metrics")[2])) for _ in range(16)]
+        for scrape in scrapes:
+            scrape.start()
+        snapshot = server.snapshot("/metrics")
+        wait_until(lambda: len(saves) == 1 and snapshot.waiting == 15, what="15 scrapes waiting on the one refresh")
+        release.set()
+        for scrape in scrapes:
+            scrape.join(SETTLE)
+        assert len(bodies) == 16 and len(set(bodies)) == 1
+        assert len(saves) == 1 and saves[0][0].endswith("-save") and "-c" in saves[0]
+        family = parse_exposition(bodies[0])["netagent_policy_denied_packets"]
+        assert family.value("netagent_policy_denied_packets", pod="x/a", direction="ingress") == 7
+
+        denied["packets"] = 9
+        assert bodies[0] == get(server.port, "/metrics")[2]   # the same second: the snapshot
+        assert len(saves) == 1
+        clock.advance(1.0)
+        family = parse_exposition(get(server.port, "/metrics")[2])["netagent_policy_denied_packets"]
+        assert family.value("netagent_policy_denied_packets", pod="x/a", direction="ingress") == 9
+        assert len(saves) == 2 and snapshot.refreshes == 2
+    finally:
+        release.set()
+        server.stop()
+
+
+def wait_until(condition, *, what: str) -> None:
+    done = threading.Event()
+    deadline = threading.Timer(SETTLE, done.set)
+    deadline.start()
+    try:
+        while not condition():
+            assert not done.wait(0.01), f"timed out waiting for {what}"
+    finally:
+        deadline.cancel()
+
+
+def test_a_snapshot_that_raised_is_kept_as_long_and_raised_to_each_reader():
+    clock = FakeClock()
+    calls: list[int] = []
+
+    def produce() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("iptables-save: locked")
+        return "ok"
+    snapshot = Snapshot(produce, max_age=1.0, clock=clock)
+    for _ in range(3):
+        with pytest.raises(OSError, match="locked"):
+            snapshot.get()
+    assert len(calls) == 1
+    clock.advance(1.0)
+    assert snapshot.get() == "ok" and len(calls) == 2
+
+
+def test_a_failing_page_answers_500_and_metrics_404_without_a_registry():
+    def broken() -> str:
+        raise OSError("iptables-save: locked")
+    server = StatusServer(bind="127.0.0.1:0", registry=None, health=healthy,
+                          pages={"/services": ("application/json", broken)})
+    server.start()
+    try:
+        status, _, body = get(server.port, "/services")
+        assert status == 500 and "locked" in body
+    finally:
+        server.stop()

@@ -6,7 +6,7 @@ without copies. `typed` puts kind and apiVersion back on the way out, `bare` tak
 on the way in, and `clone` is the deep copy handed to in-process callers. `Subresource` and
 `STATUS_SUBRESOURCE` say which half of an object a write may change: the resources listed
 there have a `/status` subresource, as in the real server, and writes to the main resource
-leave their `status` alone.
+leave their `status` alone (writes to `/status` leave the spec alone and apply the metadata).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 from netagent.kube.resources import Resource
 from netagent.lab.apiserver.kinds import SERVED
 
-# Resources whose writes to the main resource leave `status` alone (and `/status` the rest).
+# Resources whose writes to the main resource leave `status` alone (and `/status` the spec).
 STATUS_SUBRESOURCE = frozenset(kind.resource for kind in SERVED if kind.status)
 
 

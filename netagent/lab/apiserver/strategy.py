@@ -6,8 +6,9 @@ resource's kind and carry object metadata; the namespace comes from the path or 
 they must agree; names are DNS subdomains (or generated from `generateName`); the server
 owns uid, creationTimestamp, generation (for the kinds that have one), resourceVersion and
 the deletion fields; an update keeps the half of the object its subresource does not own
-(`status` for the main resource of the resources with a `/status`, everything else for
-`/status`) and bumps `generation` when the spec changes; empty labels, annotations,
+(`status` for the main resource of the resources with a `/status`; the spec for `/status`,
+whose writes change the status and the metadata, labels and annotations included, as the real
+status strategies do: flannel and netagent annotate their Node so) and bumps `generation` when the spec changes; empty labels, annotations,
 finalizers and owner references are not stored (Go's `omitempty`); namespaces carry the
 `kubernetes.io/metadata.name` label and the `kubernetes` finalizer; a stale resourceVersion
 precondition is 409 Conflict; Services are defaulted, validated and given their addresses
@@ -23,7 +24,7 @@ import re
 import time
 import uuid
 
-from netagent.kube.resources import NAMESPACES, SERVICES, Resource
+from netagent.kube.resources import NAMESPACES, PODS, SERVICES, Resource
 from netagent.lab.apiserver.errors import bad_request, conflict, invalid
 from netagent.lab.apiserver.kinds import kind_of
 from netagent.lab.apiserver.objects import STATUS_SUBRESOURCE, Subresource, bare
@@ -125,16 +126,22 @@ def prepare_for_update(
     """What an update of `old` to `proposed` stores: the server's fields and the other half kept."""
     name = old["metadata"]["name"]
     if part is Subresource.STATUS:
-        new = {k: v for k, v in old.items() if k != "status"}
+        # As the real status strategies: the spec (everything but metadata and status) is the
+        # stored one, the status and the metadata (labels, annotations) are the request's; a
+        # pod's ownerReferences stay. flannel and netagent write Node annotations this way.
+        new = {k: v for k, v in old.items() if k not in ("metadata", "status")}
         if proposed.get("status") is not None:
             new["status"] = proposed["status"]
-        return new
-    new = {k: v for k, v in proposed.items() if k != "status"}
-    if resource in STATUS_SUBRESOURCE:
-        if "status" in old:
-            new["status"] = old["status"]
-    elif "status" in proposed:
-        new["status"] = proposed["status"]
+        proposed = {**new, "metadata": dict(proposed.get("metadata") or {})}
+        if resource is PODS:
+            _keep_field(proposed["metadata"], old["metadata"], "ownerReferences")
+    else:
+        new = {k: v for k, v in proposed.items() if k != "status"}
+        if resource in STATUS_SUBRESOURCE:
+            if "status" in old:
+                new["status"] = old["status"]
+        elif "status" in proposed:
+            new["status"] = proposed["status"]
     metadata = dict(proposed.get("metadata") or {})
     if metadata.get("name", name) != name:
         given = json.dumps(metadata.get("name"))
@@ -147,12 +154,19 @@ def prepare_for_update(
             metadata.pop(kept, None)
     new["metadata"] = metadata
     _label_namespace(resource, metadata)
-    if resource is SERVICES:
+    if resource is SERVICES and part is Subresource.MAIN:
         new["spec"] = _complete_service(services, name, new.get("spec") or {}, old_spec=old.get("spec") or {})
     outside = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
     if outside(new) != outside(old) and "generation" in metadata:
         metadata["generation"] = int(old["metadata"].get("generation", 1)) + 1
     return new
+
+
+def _keep_field(metadata: dict, old_metadata: dict, field: str) -> None:
+    if field in old_metadata:
+        metadata[field] = old_metadata[field]
+    else:
+        metadata.pop(field, None)
 
 
 def check_precondition(resource: Resource, old: dict, *, proposed: dict) -> None:
