@@ -278,10 +278,9 @@ class LabCluster(LabPods):
                 "--auto-encap", self.state.auto_encap, "--iface", "eth0",
                 "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
                 "--cni-data-dir", os.path.join(directory, "ipam"),
-                # health on the node's address, as the kubelet probes it; metrics on loopback as in
-                # the DaemonSet, at 10249 and at the lab's old 10258 (scripts and tests scrape it)
-                "--status-bind", f"{self._node(name).address}:10258",
-                "--metrics-bind-address", "127.0.0.1:10249", "--metrics-bind-address", "127.0.0.1:10258",
+                # as the DaemonSet: health on every address (the kubelet probes the node's), metrics
+                # on loopback only
+                "--status-bind", "0.0.0.0:10258", "--metrics-bind-address", "127.0.0.1:10249",
                 "--resync-period", str(self.state.resync_period), "--proxy-mode", self.state.proxy_mode]
         if self.ebpf:
             argv += ["--bpf-root", self.bpf_root(name), "--bpf-nodeport-device", "eth0", "--bpf-pod-veths",

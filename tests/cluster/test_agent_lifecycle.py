@@ -54,12 +54,12 @@ def test_agent_needs_a_cluster_cidr_and_a_node_name(lab):
 
 def test_metrics_and_health_are_served(lab):
     fetch = ("import urllib.request,sys;"
-             "print(urllib.request.urlopen('http://127.0.0.1:10258/' + sys.argv[1], timeout=30).read().decode())")
-    health = lab.exec("node-1", [sys.executable, "-c", fetch, "healthz"], check=True, timeout=60).stdout
+             "print(urllib.request.urlopen('http://127.0.0.1:' + sys.argv[1], timeout=30).read().decode())")
+    health = lab.exec("node-1", [sys.executable, "-c", fetch, "10258/healthz"], check=True, timeout=60).stdout
     assert json.loads(health)["healthy"] is True
 
     def peered() -> str:   # node-1's agent may have started (and synced first) before node-2 had its lease
-        text = lab.exec("node-1", [sys.executable, "-c", fetch, "metrics"], check=True, timeout=60).stdout
+        text = lab.exec("node-1", [sys.executable, "-c", fetch, "10249/metrics"], check=True, timeout=60).stdout
         return text if 'netagent_node_peers{mode="vxlan"} 1' in text else ""
     metrics = wait_for(peered, what="node-1's agent to count node-2 as its peer")
     assert "netagent_node_sync_duration_seconds_count" in metrics

@@ -172,7 +172,7 @@ def relabel(lab: LabCluster, name: str, labels: dict) -> None:
 
 def denied_to_x_b(lab: LabCluster) -> float:
     """x-b's ingress drops as node-2's agent reports them (from its kernel counters)."""
-    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:10258/metrics').read().decode())"
+    scrape = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())"
     metrics = lab.exec("node-2", [sys.executable, "-c", scrape], timeout=30).stdout
     denied = [line for line in metrics.splitlines()
               if line.startswith('netagent_policy_denied_packets{pod="x/x-b",direction="ingress"}')]
