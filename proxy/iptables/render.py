@@ -58,7 +58,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from netagent.kernel import owned
@@ -176,6 +176,17 @@ class Ruleset:
         for port in self.ports.values():
             found.extend(chain for chain in port.chains if table in (None, chain.table))
         return found
+
+    def with_hairpin_set(self, name: str) -> Ruleset:
+        """The same ruleset with its MASQUERADE rule matching the hairpin set `name` (the
+        backend sizes the set from the members: hairpin.py)."""
+        if name == self.settings.hairpin_set:
+            return self
+        match = f" --match-set {self.settings.hairpin_set} "
+        shared = tuple(replace(chain, rules=tuple(rule.replace(match, f" --match-set {name} ", 1)
+                                                  for rule in chain.rules))
+                       if chain.name == POSTROUTING_CHAIN else chain for chain in self.shared)
+        return replace(self, shared=shared)
 
     @property
     def rule_count(self) -> int:
