@@ -59,6 +59,12 @@ def _service_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
+def _ref(kind: str, obj: object, key: str) -> ObjectRef:
+    """The object named by its recorder key (what `accept` clears later), with its uid for an Event."""
+    namespace, _, name = key.rpartition("/")
+    return ObjectRef(kind=kind, namespace=namespace, name=name, uid=ObjectRef.of(kind, obj, key=key).uid)
+
+
 def _verdict(error: Exception) -> tuple[str, str]:
     if isinstance(error, TooLarge):
         return "too-large", str(error)
@@ -138,11 +144,18 @@ class ServiceCatalog:
             self.problems.pop(key, None)
             self._refs.pop((SERVICE, key), None)
             return
-        self._refs[(SERVICE, key)] = ObjectRef.of(SERVICE, current, key=key)
+        self._refs[(SERVICE, key)] = _ref(SERVICE, current, key)
         try:
             parsed = parse_service(current, max_ports=self.limits.ports_per_service)
         except Exception as error:   # one object's fault, whatever it is: reject it alone
             self._parse_verdicts[(SERVICE, key)] = _verdict(error)
+            self._ports_by_service.pop(key, None)
+            self.problems.pop(key, None)
+            return
+        named = {_service_key(name.namespace, name.name) for name in parsed.ports}
+        if named - {key}:   # another Service's name: it must not take over (or delete) that one's ports
+            self._parse_verdicts[(SERVICE, key)] = ("malformed", f"its metadata names {sorted(named)[0]!r}, "
+                                                                 f"not {key!r}")
             self._ports_by_service.pop(key, None)
             self.problems.pop(key, None)
             return
@@ -173,8 +186,13 @@ class ServiceCatalog:
             parsed = parse_endpoint_slice(current, max_endpoints=self.limits.endpoints_per_slice,
                                           max_ports=self.limits.ports_per_slice)
         except Exception as error:
-            self._refs[(SLICE, key)] = ObjectRef.of(SLICE, current, key=key)
+            self._refs[(SLICE, key)] = _ref(SLICE, current, key)
             self._parse_verdicts[(SLICE, key)] = _verdict(error)
+            return touched
+        if parsed is not None and parsed.namespace != key.rpartition("/")[0]:
+            self._refs[(SLICE, key)] = _ref(SLICE, current, key)
+            self._parse_verdicts[(SLICE, key)] = ("malformed", f"its metadata names namespace "
+                                                               f"{parsed.namespace!r}, not that of {key!r}")
             return touched
         if parsed is not None:
             owner = _service_key(parsed.namespace, parsed.service)
@@ -279,5 +297,5 @@ class ServiceCatalog:
                 self.rejections.accept(kind=kind, key=key)
             else:
                 self._told[(kind, key)] = verdict
-                ref = self._refs.get((kind, key)) or ObjectRef.of(kind, None, key=key)
+                ref = self._refs.get((kind, key)) or _ref(kind, None, key)
                 self.rejections.reject(ref, reason=verdict[0], detail=verdict[1])

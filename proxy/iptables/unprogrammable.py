@@ -28,22 +28,34 @@ class LeftOut:
     reason: str
 
 
+def _lines_of(rules) -> list[str]:
+    lines = []
+    for chain in rules.chains:
+        lines.append(chain.declaration)
+        lines.extend(chain.rules)
+        lines.append(f"-X {chain.name}")
+    for chain_name, own in ((SERVICES_CHAIN, rules.services), (NODEPORTS_CHAIN, rules.nodeports),
+                            (FILTER_CHAIN, rules.filter)):
+        lines.extend(f"-A {chain_name} {line}" for line in own)
+    return lines
+
+
 def owner_of_line(ruleset: Ruleset, line: str | None) -> ServicePortName | None:
     """The service port whose rules hold `line` (a restore input line); None when it is no
-    single service port's (a shared rule, a COMMIT)."""
-    if not line:
+    single service port's (a shared rule, a COMMIT). A line the tool cut short (a carriage
+    return in a name: the fake splits lines there) is matched by its start when that names
+    one service port only."""
+    if not line or not line.strip():
         return None
     line = line.strip()
+    starting = set()
     for name, rules in ruleset.ports.items():
-        for chain in rules.chains:
-            if line == chain.declaration or line in chain.rules or line == f"-X {chain.name}":
+        for own in _lines_of(rules):
+            if own == line:
                 return name
-        shared = ((SERVICES_CHAIN, rules.services), (NODEPORTS_CHAIN, rules.nodeports), (FILTER_CHAIN, rules.filter))
-        for chain_name, lines in shared:
-            prefix = f"-A {chain_name} "
-            if line.startswith(prefix) and line[len(prefix):] in lines:
-                return name
-    return None
+            if own.startswith(line):
+                starting.add(name)
+    return starting.pop() if len(starting) == 1 and len(line) > 16 else None
 
 
 def without(state: ProxyState, names: set[ServicePortName] | frozenset[ServicePortName]) -> ProxyState:

@@ -78,21 +78,19 @@ def test_a_restarted_agent_adopts_the_larger_set_and_removes_the_rest():
 
 
 class PickyIptables(FakeIptables):
-    """FakeIptables that, like the real xt_comment, refuses a comment over 256 characters,
-    naming the line as iptables-restore does."""
+    """FakeIptables that, like iptables-restore 1.8 (legacy and nft; tests/netns shows the
+    real one), refuses a parameter of 1,024 characters or more, naming the line."""
 
     def restore(self, text, **kwargs):
         for block in parse_restore(text):
             for entry in block.entries:
-                spec = list(entry.spec or ())
-                if "--comment" in spec and len(spec[spec.index("--comment") + 1]) > 256:
+                if any(len(token) >= 1024 for token in entry.spec or ()):
                     line = text.splitlines()[entry.line_number - 1]
-                    raise IptablesError("COMMENT may not exceed 256 characters", line_number=entry.line_number,
-                                        line=line)
+                    raise IptablesError("Parameter too long!", line_number=entry.line_number, line=line)
         return super().restore(text, **kwargs)
 
 
-def long_named(length: int = 300) -> tuple[ServicePortName, ServicePort]:
+def long_named(length: int = 1100) -> tuple[ServicePortName, ServicePort]:
     name = ServicePortName("default", "x" * length, "http")
     return name, ServicePort(name=name, protocol=Protocol.TCP, port=80, cluster_ip="10.96.1.1")
 
@@ -105,7 +103,7 @@ def test_a_service_port_the_tool_refuses_is_left_out_and_the_rest_programmed():
     whole = ProxyState(NODE, {**good.services, bad_name: bad},
                        {**good.endpoints, bad_name: (Endpoint("10.244.2.9", 80),)})
     report = backend.sync(whole, changed=None)
-    assert set(report.unprogrammed) == {bad_name} and "256" in report.unprogrammed[bad_name]
+    assert set(report.unprogrammed) == {bad_name} and "too long" in report.unprogrammed[bad_name]
     assert {s.name for s in backend.programmed()} == {str(n) for n in good.services}
     # unchanged, it stays out without another refused restore; the rest still syncs partially
     restores = len(iptables.restores)
@@ -124,15 +122,15 @@ def test_the_proxy_rejects_the_unprogrammable_service_and_stays_healthy():
     rejections = Rejections()
     proxy = ServiceProxy(api_client=None, settings=ProxySettings(node_name="node-a"), backend=backend,
                          registry=Registry(), rejections=rejections.scope("proxy"))
-    long = service("y" * 300, cluster_ip="10.96.1.1")
+    long = service("y" * 1100, cluster_ip="10.96.1.1")
     proxy.services.on_add(service("web"))
     proxy.services.on_add(long)
     proxy.slices.on_add(endpoint_slice("web-1", "web", [endpoint("10.244.1.5")]))
     proxy._sync(SyncKind.FULL)         # does not raise: the sync succeeds for the rest
     assert {s.name for s in backend.programmed()} == {"default/web:http"}
     [record] = rejections.snapshot()
-    assert (record.ref.key, record.reason) == (f"default/{'y' * 300}", "unprogrammable")
-    assert proxy.rejections.health_details() and "256" in proxy.rejections.health_details()[0]
+    assert (record.ref.key, record.reason) == (f"default/{'y' * 1100}", "unprogrammable")
+    assert proxy.rejections.health_details() and "too long" in proxy.rejections.health_details()[0]
     proxy.services.on_delete(long)
     proxy._sync(SyncKind.PARTIAL)
     assert rejections.snapshot() == []
