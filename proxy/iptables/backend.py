@@ -21,7 +21,7 @@ did not ask for one.
 The hairpin ipset is referenced by a rule, so its order matters: the set is created and
 new members added before the restore that may start using them; stale members are
 deleted after it; the set itself is destroyed only by `cleanup()`, after every rule that
-references it is gone, or when a larger one replaces it (`hairpin.py`: sized from the state,
+references it is gone, or when a larger one replaces it (`proxy/hairpin_set.py`: sized from the state,
 so `Hash is full` never stops a sync).
 
 One service port the kernel refuses does not cost the others theirs: iptables-restore is
@@ -42,7 +42,7 @@ from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS, IpsetError
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
 from netagent.kernel.iptables.runner import Iptables, IptablesError, JumpPosition, add_chain_removal, jump_drift
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
-from proxy.iptables import hairpin
+from proxy import hairpin_set as hairpin
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.readback import programmed_services, read_kernel_view
 from proxy.iptables.render import TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset, render_ruleset

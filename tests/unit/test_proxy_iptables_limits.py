@@ -134,3 +134,39 @@ def test_the_proxy_rejects_the_unprogrammable_service_and_stays_healthy():
     proxy.services.on_delete(long)
     proxy._sync(SyncKind.PARTIAL)
     assert rejections.snapshot() == []
+
+
+# ---- the IPVS backend's hairpin set grows the same way ----------------------------------------
+
+def ipvs_kernel():
+    from netagent.kernel.fake_sysctl import FakeSysctls
+    from proxy.ipvs.fake_device import FakeAddressDevice
+    from proxy.ipvs.fake_table import FakeIpvsTable
+    from proxy.ipvs.proxy import IpvsProxy
+    from proxy.ipvs.sysctls import IPVS_SYSCTLS
+    iptables, ipset = kernel()
+    proxy = IpvsProxy(table=FakeIpvsTable(), device=FakeAddressDevice(), ipset=ipset, iptables=iptables,
+                      sysctls=FakeSysctls({s.key: "0" for s in IPVS_SYSCTLS}), hairpin_minimum=64)
+    return proxy, iptables, ipset
+
+
+def ipvs_hairpin_rule_set(iptables: FakeIptables) -> str:
+    rule = iptables.table("nat").chains["NETAGENT-IPVS-POSTRTG"].rules[0]
+    return rule[list(rule).index("--match-set") + 1]
+
+
+def test_the_ipvs_hairpin_set_grows_too():
+    proxy, iptables, ipset = ipvs_kernel()
+    small = state(1, 2, 10)
+    proxy.sync(small, changed=None)
+    assert ipvs_hairpin_rule_set(iptables) == "NETAGENT-IPVS-HAIRPIN"
+    big = state(3, 10, 10)          # 300 members > 64: the partial sync becomes a full one that grows it
+    report = proxy.sync(big, changed=frozenset(big.services) - frozenset(small.services))
+    assert report.scope is SyncKind.FULL
+    assert ipvs_hairpin_rule_set(iptables) == "NETAGENT-IPVS-HAIRPIN-10"
+    assert len(ipset.members("NETAGENT-IPVS-HAIRPIN-10")) == 300 and "NETAGENT-IPVS-HAIRPIN" not in ipset.sets
+    more = state(3, 11, 10)         # 330 still fits: partial, into the grown set
+    report = proxy.sync(more, changed=frozenset(more.services) | frozenset(big.services))
+    assert report.scope is SyncKind.PARTIAL and len(ipset.members("NETAGENT-IPVS-HAIRPIN-10")) == 330
+    proxy.cleanup()
+    assert not [name for name in ipset.sets if "HAIRPIN" in name]

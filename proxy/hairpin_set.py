@@ -1,16 +1,16 @@
 """The hairpin ipset's size: chosen from the state, grown by replacing the set, never full.
 
-The hairpin set (render.py: one `endpoint,proto:port,endpoint` member per selected endpoint
-of every service port) grows with Services x ports x endpoints, and a hash set refuses
+Shared by the iptables and IPVS backends. The hairpin set (one `endpoint,proto:port,endpoint`
+member per selected endpoint of every service port) grows with Services x ports x endpoints, and a hash set refuses
 members past its `maxelem`: at the old fixed 262,144, 27 Services x 100 ports over the same
 100 pods made `ipset restore` fail with `Hash is full` before the iptables restore, so
 nothing at all was programmed on any node. A set's `maxelem` is fixed when it is created and
 a set an iptables rule references cannot be destroyed, so growing means a *new* set:
 
 - capacities are powers of two from `minimum` (262,144, ipset's default) up; the set of the
-  smallest capacity keeps the plain name (`NETAGENT-HAIRPIN`, what earlier agents made) and
-  a larger one is named for its capacity (`NETAGENT-HAIRPIN-20` holds 2^20), so a restarted
-  agent recognises every set of ours by its name;
+  smallest capacity keeps the plain name (`NETAGENT-HAIRPIN`, `NETAGENT-IPVS-HAIRPIN`: what
+  earlier agents made) and a larger one is named for its capacity (`NETAGENT-HAIRPIN-20`
+  holds 2^20), so a restarted agent recognises every set of ours by its name;
 - a set is kept while its members stay under 7/8 of its capacity; past that the next
   capacity at least twice the members is chosen: the backend creates and fills it, the same
   restore that writes the rules points the MASQUERADE rule at it, and the old set is
