@@ -182,3 +182,24 @@ def test_catalog_does_not_keep_a_reference_to_the_callers_objects():
     before = copy.deepcopy(obj)
     cat.apply({"default/a": (None, obj)}, {})
     assert obj == before
+
+
+def test_health_lists_the_rejected_without_turning_unhealthy_and_the_flags_set_the_limits():
+    from netagent.cli import build_parser
+    from netagent.daemon.proxy_start import with_rejections
+    from netagent.infra.rejections import ObjectRef
+    from netagent.infra.status_server import HealthReport
+    from proxy.limits import limits_from_args
+
+    scope = Rejections().scope("proxy")
+    health = with_rejections(lambda: HealthReport(healthy=True, reason="ok", details={"runs": 3}), scope)
+    assert health().details == {"runs": 3}
+    scope.reject(ObjectRef("Service", "default", "bad"), reason="malformed", detail="spec.ports is str, not a list")
+    report = health()
+    assert report.healthy and report.details["runs"] == 3
+    assert report.details["rejected"] == ["proxy: Service default/bad rejected (malformed): spec.ports is str, "
+                                          "not a list"]
+    args = build_parser().parse_args(["run", "--proxy-max-ports-per-service", "7", "--proxy-max-endpoint-ports", "9"])
+    assert limits_from_args(args) == ProxyLimits(ports_per_service=7, endpoint_ports=9)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--proxy-max-endpoints-per-port", "0"])
