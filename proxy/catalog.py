@@ -52,7 +52,7 @@ class _Wanted:
     ports: Mapping[ServicePortName, ServicePort]
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
     created: str
-    cost: int   # endpoint-ports, a port without endpoints counting one
+    cost: int   # endpoint-ports (a port without endpoints counting one) plus each port's addresses
 
 
 def _service_key(namespace: str, name: str) -> str:
@@ -146,7 +146,8 @@ class ServiceCatalog:
             return
         self._refs[(SERVICE, key)] = _ref(SERVICE, current, key)
         try:
-            parsed = parse_service(current, max_ports=self.limits.ports_per_service)
+            parsed = parse_service(current, max_ports=self.limits.ports_per_service,
+                                   max_addresses=self.limits.addresses_per_service)
         except Exception as error:   # one object's fault, whatever it is: reject it alone
             self._parse_verdicts[(SERVICE, key)] = _verdict(error)
             self._ports_by_service.pop(key, None)
@@ -225,7 +226,8 @@ class ServiceCatalog:
                 return
             if found:
                 endpoints[name] = found
-        cost = sum(max(1, len(endpoints.get(name, ()))) for name in ports)
+        cost = sum(max(1, len(endpoints.get(name, ()))) + len(port.external_ips) + len(port.load_balancer_ips)
+                   + len(port.load_balancer_source_ranges) for name, port in ports.items())
         self._wanted[service_key] = _Wanted(ports=ports, endpoints=endpoints,
                                             created=self._created.get(service_key, ""), cost=cost)
         self._wanted_cost += cost

@@ -166,7 +166,8 @@ def _prefers_close(service: Mapping) -> bool:
     return any(_annotation(metadata, key).lower() == "auto" for key in TOPOLOGY_MODE_ANNOTATIONS)
 
 
-def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per_service) -> ParsedService:
+def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per_service,
+                  max_addresses: int = DEFAULT_LIMITS.addresses_per_service) -> ParsedService:
     """The service ports of one Service; none (with the reason) when it is not proxied.
     `MalformedObject` when a field has the wrong type."""
     service = _mapping(service, "the Service")
@@ -188,13 +189,23 @@ def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per
         shown = printable(spec.get('clusterIPs') or spec.get('clusterIP'), limit=80)
         return ParsedService({}, (f"no IPv4 cluster IP in {shown}: not proxied",), created)
     problems: list[str] = []
-    external_ips = _addresses(spec.get("externalIPs"), "external IP", problems)
+    raw_external = _sequence(spec.get("externalIPs"), "spec.externalIPs")
+    raw_ranges = _sequence(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    if len(raw_external) + len(raw_ranges) > max_addresses:
+        raise TooLarge(f"{len(raw_external)} external IPs and {len(raw_ranges)} source ranges, more than the limit "
+                       f"of {max_addresses} addresses per Service (--proxy-max-addresses-per-service)")
+    external_ips = _addresses(raw_external, "external IP", problems)
     lb_ips: tuple[str, ...] = ()
     if kind == "LoadBalancer":
         balancer = _mapping(_mapping(service.get("status"), "status").get("loadBalancer"), "status.loadBalancer")
         ingress = [entry.get("ip") for entry in _sequence(balancer.get("ingress"), "status.loadBalancer.ingress")
                    if isinstance(entry, Mapping) and entry.get("ip") and entry.get("ipMode") != "Proxy"]
         lb_ips = _addresses(ingress, "load-balancer ingress IP", problems)
+    source_ranges = _source_ranges(service, problems) if lb_ips else ()
+    if len(external_ips) + len(lb_ips) + len(source_ranges) > max_addresses:
+        raise TooLarge(f"{len(external_ips)} external IPs, {len(lb_ips)} load-balancer IPs and {len(source_ranges)} "
+                       f"source ranges, more than the limit of {max_addresses} addresses per Service "
+                       f"(--proxy-max-addresses-per-service)")
     external_local = spec.get("externalTrafficPolicy") == "Local"
     health_port = _port_number(spec.get("healthCheckNodePort")) if external_local and kind == "LoadBalancer" else None
     service_port = functools.partial(
@@ -202,7 +213,7 @@ def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per
         cluster_ip=cluster_ip,
         external_ips=external_ips,
         load_balancer_ips=lb_ips,
-        load_balancer_source_ranges=_source_ranges(service, problems) if lb_ips else (),
+        load_balancer_source_ranges=source_ranges,
         affinity_timeout=_affinity_timeout(spec),
         internal_policy=TrafficPolicy.LOCAL if spec.get("internalTrafficPolicy") == "Local" else TrafficPolicy.CLUSTER,
         external_policy=TrafficPolicy.LOCAL if external_local else TrafficPolicy.CLUSTER,

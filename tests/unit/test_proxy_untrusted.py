@@ -203,3 +203,35 @@ def test_health_lists_the_rejected_without_turning_unhealthy_and_the_flags_set_t
     assert limits_from_args(args) == ProxyLimits(ports_per_service=7, endpoint_ports=9)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--proxy-max-endpoints-per-port", "0"])
+
+
+def test_a_service_with_too_many_addresses_is_rejected_and_addresses_count_against_the_budget():
+    cat, rejections = catalog(addresses_per_service=3, endpoint_ports=10)
+    crowded = web("crowded", externalIPs=[f"192.0.2.{i}" for i in range(4)])
+    update = cat.apply({"default/crowded": (None, crowded)}, {})
+    assert update.state.services == {} and "4 external IPs" in rejections.snapshot()[0].detail
+    two = many_ports("two", 2, "10.96.0.11")
+    two["spec"]["externalIPs"] = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]   # 2 ports x (1 + 3 addresses) = 8
+    two["metadata"]["creationTimestamp"] = "2024-01-01T00:00:00Z"
+    fits = cat.apply({"default/two": (None, two)}, {})
+    assert len(fits.state.services) == 2
+    three = many_ports("three", 3, "10.96.0.12")                            # 3 more: 11 > 10
+    three["metadata"]["creationTimestamp"] = "2024-06-01T00:00:00Z"
+    over = cat.apply({"default/three": (None, three)}, {})
+    assert {n.name for n in over.state.services} == {"two"}
+
+
+def test_stale_udp_flow_deletions_are_bounded_per_sync():
+    from proxy.conntrack import MAX_FLOW_FILTERS, stale_flows
+    from proxy.model import Endpoint, Protocol, ProxyState, ServicePort
+    name = ServicePortName("default", "dns", "dns")
+    port = ServicePort(name=name, protocol=Protocol.UDP, port=53, cluster_ip="10.96.0.53", node_port=30053,
+                       external_ips=tuple(f"192.0.2.{i}" for i in range(1, 11)))
+    node = NodeContext(name="node-a")
+    before = ProxyState(node, {name: port}, {name: tuple(Endpoint(f"10.244.{i // 250}.{i % 250 + 1}", 53)
+                                                         for i in range(1000))})
+    after = ProxyState(node, {name: port}, {name: before.endpoints[name][:1]})
+    flows = stale_flows(before, after, frozenset({name}))   # 12 entry points x 999 gone endpoints
+    assert len(flows) == 12 <= MAX_FLOW_FILTERS and all(flow.reply_source is None for flow in flows)
+    few = ProxyState(node, {name: port}, {name: before.endpoints[name][:3]})
+    assert len(stale_flows(few, after, frozenset({name}))) == 24     # small changes stay precise
