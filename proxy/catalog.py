@@ -59,7 +59,7 @@ def _service_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def _ref(kind: str, obj: object, key: str) -> ObjectRef:
+def _ref(kind: str, obj: object, *, key: str) -> ObjectRef:
     """The object named by its recorder key (what `accept` clears later), with its uid for an Event."""
     namespace, _, name = key.rpartition("/")
     return ObjectRef(kind=kind, namespace=namespace, name=name, uid=ObjectRef.of(kind, obj, key=key).uid)
@@ -144,7 +144,7 @@ class ServiceCatalog:
             self.problems.pop(key, None)
             self._refs.pop((SERVICE, key), None)
             return
-        self._refs[(SERVICE, key)] = _ref(SERVICE, current, key)
+        self._refs[(SERVICE, key)] = _ref(SERVICE, current, key=key)
         try:
             parsed = parse_service(current, max_ports=self.limits.ports_per_service,
                                    max_addresses=self.limits.addresses_per_service)
@@ -187,11 +187,11 @@ class ServiceCatalog:
             parsed = parse_endpoint_slice(current, max_endpoints=self.limits.endpoints_per_slice,
                                           max_ports=self.limits.ports_per_slice)
         except Exception as error:
-            self._refs[(SLICE, key)] = _ref(SLICE, current, key)
+            self._refs[(SLICE, key)] = _ref(SLICE, current, key=key)
             self._parse_verdicts[(SLICE, key)] = _verdict(error)
             return touched
         if parsed is not None and parsed.namespace != key.rpartition("/")[0]:
-            self._refs[(SLICE, key)] = _ref(SLICE, current, key)
+            self._refs[(SLICE, key)] = _ref(SLICE, current, key=key)
             self._parse_verdicts[(SLICE, key)] = ("malformed", f"its metadata names namespace "
                                                                f"{parsed.namespace!r}, not that of {key!r}")
             return touched
@@ -299,5 +299,5 @@ class ServiceCatalog:
                 self.rejections.accept(kind=kind, key=key)
             else:
                 self._told[(kind, key)] = verdict
-                ref = self._refs.get((kind, key)) or _ref(kind, None, key)
+                ref = self._refs.get((kind, key)) or _ref(kind, None, key=key)
                 self.rejections.reject(ref, reason=verdict[0], detail=verdict[1])

@@ -87,10 +87,10 @@ class IptablesProxy(ProxyBackend):
         reported in `unprogrammed`) and the rest written again, up to MAX_LEFT_OUT_PER_SYNC
         times per sync; a refusal that names no service port's line raises."""
         previous, self._written = self._written, None   # forgotten until this sync succeeds
-        state, changed = leave_out_known(state, changed, self._left_out)
+        state, changed = leave_out_known(state, changed, left_out=self._left_out)
         for attempt in range(MAX_LEFT_OUT_PER_SYNC + 1):
             try:
-                applied = self._sync_once(state, changed, previous)
+                applied = self._sync_once(state, changed=changed, previous=previous)
                 break
             except IptablesError as error:
                 culprit = owner_of_line(self._attempt, error.line) if self._attempt is not None else None
@@ -99,8 +99,9 @@ class IptablesProxy(ProxyBackend):
                 reason = error.message if isinstance(error.message, str) else str(error)
                 log.warning("iptables refused the rules of %s (%s): leaving it out, writing the rest", culprit,
                             reason)
-                self._left_out[culprit] = LeftOut(state.services[culprit], state.endpoints_of(culprit),
-                                                  f"iptables-restore: {reason}")
+                self._left_out[culprit] = LeftOut(service=state.services[culprit],
+                                                  endpoints=state.endpoints_of(culprit),
+                                                  reason=f"iptables-restore: {reason}")
                 state, changed, previous = without(state, {culprit}), None, None
         ruleset = applied.ruleset
         self._written = ruleset
@@ -112,7 +113,7 @@ class IptablesProxy(ProxyBackend):
                                         + (f", {len(unprogrammed)} left out" if unprogrammed else ""),
                                  unprogrammed=unprogrammed)
 
-    def _sync_once(self, state: ProxyState, changed: frozenset[ServicePortName] | None,
+    def _sync_once(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None,
                    previous: Ruleset | None) -> _Applied:
         self._attempt = None
         if changed is not None and previous is not None and previous.node == state.node:

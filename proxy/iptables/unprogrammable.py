@@ -65,7 +65,7 @@ def without(state: ProxyState, names: set[ServicePortName] | frozenset[ServicePo
                       endpoints={n: e for n, e in state.endpoints.items() if n not in names})
 
 
-def leave_out_known(state: ProxyState, changed: frozenset[ServicePortName] | None,
+def leave_out_known(state: ProxyState, changed: frozenset[ServicePortName] | None, *,
                     left_out: dict[ServicePortName, LeftOut]) -> tuple[ProxyState, frozenset[ServicePortName] | None]:
     """Drop from `state` the ports refused before and unchanged since; forget (so retry) the
     ones that changed or are gone. `left_out` is updated in place."""
