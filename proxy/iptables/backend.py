@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from netagent.infra.rejections import printable
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel.ipset import Ipset, IpsetSpec
 from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS, IpsetError
@@ -97,8 +98,8 @@ class IptablesProxy(ProxyBackend):
                 if culprit is None or culprit not in state.services or attempt == MAX_LEFT_OUT_PER_SYNC:
                     raise
                 reason = error.message if isinstance(error.message, str) else str(error)
-                log.warning("iptables refused the rules of %s (%s): leaving it out, writing the rest", culprit,
-                            reason)
+                log.warning("iptables refused the rules of %s (%s): leaving it out, writing the rest",
+                            printable(culprit, limit=200), printable(reason, limit=200))
                 self._left_out[culprit] = LeftOut(service=state.services[culprit],
                                                   endpoints=state.endpoints_of(culprit),
                                                   reason=f"iptables-restore: {reason}")
