@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from enum import Enum
 
 from netagent.infra.sync_runner import SyncKind
@@ -38,6 +39,9 @@ class BackendSyncReport:
     services_written: int  # service ports whose kernel objects were (re)written
     rules: int             # the size of what is programmed: iptables rules, or IPVS real servers
     detail: str = ""       # one line for the log
+    # service ports left out of this sync because the kernel refused their rules (-> why); the
+    # rest is programmed. A backend that cannot tell one service port from another raises instead.
+    unprogrammed: Mapping[ServicePortName, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

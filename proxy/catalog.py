@@ -7,6 +7,13 @@ services touched, and answers the new `ProxyState`, the service ports that chang
 EndpointSlice trigger times the sync is about to honour (for
 `network_programming_duration_seconds`). At 10,000 services a one-endpoint change costs one
 slice parse and one merge, not a rebuild.
+
+Every object is untrusted: each is parsed alone inside a guard, and one that cannot be read
+(`malformed`) or is above a limit (`too-large`, `proxy/limits.py`) is *rejected* through the
+proxy's `RejectionScope` and programmed as if absent; no other object loses its change, and
+`apply` itself never raises for an object's sake. A rejection is cleared (`accept`) when the
+object is fixed, fits again or is deleted. The node-wide budget of endpoint-ports admits
+Services oldest first, so a newcomer cannot push an established Service out.
 """
 from __future__ import annotations
 
@@ -14,11 +21,22 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.kube.changes import Change
-from proxy.kube_objects import ParsedSlice, merge_endpoints, parse_endpoint_slice, parse_service
+from proxy.kube_objects import (
+    MalformedObject,
+    ParsedSlice,
+    TooLarge,
+    merge_endpoints,
+    parse_endpoint_slice,
+    parse_service,
+)
+from proxy.limits import DEFAULT_LIMITS, ProxyLimits
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName
 
 log = logging.getLogger("netagent.proxy.catalog")
+
+SERVICE, SLICE = "Service", "EndpointSlice"
 
 
 @dataclass(frozen=True)
@@ -28,22 +46,56 @@ class CatalogUpdate:
     trigger_times: tuple[float, ...]  # of the slices whose changes this state includes
 
 
+@dataclass(frozen=True)
+class _Wanted:
+    """One Service as it would be programmed, before the node-wide budget is applied."""
+    ports: Mapping[ServicePortName, ServicePort]
+    endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
+    created: str
+    cost: int   # endpoint-ports (a port without endpoints counting one) plus each port's addresses
+
+
 def _service_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
+
+
+def _ref(kind: str, obj: object, *, key: str) -> ObjectRef:
+    """The object named by its recorder key (what `accept` clears later), with its uid for an Event."""
+    namespace, _, name = key.rpartition("/")
+    return ObjectRef(kind=kind, namespace=namespace, name=name, uid=ObjectRef.of(kind, obj, key=key).uid)
+
+
+def _verdict(error: Exception) -> tuple[str, str]:
+    if isinstance(error, TooLarge):
+        return "too-large", str(error)
+    if isinstance(error, MalformedObject):
+        return "malformed", str(error)
+    return "malformed", f"cannot be read: {type(error).__name__}: {error}"
 
 
 class ServiceCatalog:
     """Parsed Services and EndpointSlices, and the `ProxyState` they add up to (sync thread only)."""
 
-    def __init__(self, node: NodeContext) -> None:
+    def __init__(self, node: NodeContext, *, limits: ProxyLimits = DEFAULT_LIMITS,
+                 rejections: RejectionScope | None = None) -> None:
         self._node = node
+        self.limits = limits
+        self.rejections = rejections if rejections is not None else standalone("proxy")
         self._ports_by_service: dict[str, dict[ServicePortName, ServicePort]] = {}
+        self._created: dict[str, str] = {}
         self._slices_by_service: dict[str, dict[str, ParsedSlice]] = {}
         self._slice_owner: dict[str, str] = {}   # slice key -> service key it was filed under
+        self._wanted: dict[str, _Wanted] = {}
+        self._wanted_cost = 0
+        self._over_budget: set[str] = set()
         self._services: dict[ServicePortName, ServicePort] = {}
         self._names_by_service: dict[str, set[ServicePortName]] = {}
         self._endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
         self.problems: dict[str, tuple[str, ...]] = {}  # service key -> why parts are not programmed
+        self._refs: dict[tuple[str, str], ObjectRef] = {}
+        self._parse_verdicts: dict[tuple[str, str], tuple[str, str]] = {}   # (kind, key) -> (reason, detail)
+        self._size_verdicts: dict[str, tuple[str, str]] = {}                # service key -> (reason, detail)
+        self._told: dict[tuple[str, str], tuple[str, str]] = {}              # what the scope holds now
 
     @property
     def node(self) -> NodeContext:
@@ -58,6 +110,10 @@ class ServiceCatalog:
     def state(self) -> ProxyState:
         return ProxyState(node=self._node, services=self._services, endpoints=self._endpoints)
 
+    def rejected(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(kind, key) -> (reason, detail) of every object this catalog refuses now."""
+        return dict(self._told)
+
     def apply(self, service_changes: Mapping[str, Change], slice_changes: Mapping[str, Change]) -> CatalogUpdate:
         touched: set[str] = set()
         for key, (_, current) in service_changes.items():
@@ -65,28 +121,50 @@ class ServiceCatalog:
             self._set_service(key, current)
         trigger_times = []
         for key, (_, current) in slice_changes.items():
-            owner = self._set_slice(key, current)
-            touched.update(owner)
+            touched.update(self._set_slice(key, current))
             if current is not None:
                 parsed = self._slices_by_service.get(self._slice_owner.get(key, ""), {}).get(key)
                 if parsed is not None and parsed.trigger_time is not None:
                     trigger_times.append(parsed.trigger_time)
-        changed: set[ServicePortName] = set()
         for service_key in touched:
-            changed.update(self._refresh(service_key))
+            self._want(service_key)
+        changed: set[ServicePortName] = set()
+        for service_key in self._admit(touched):
+            changed.update(self._publish(service_key))
+        self._tell({(SERVICE, key) for key in touched} | {(SLICE, key) for key in slice_changes}
+                   | {(SERVICE, key) for key in self._over_budget} | set(self._told))
         return CatalogUpdate(state=self.state(), changed=frozenset(changed), trigger_times=tuple(trigger_times))
 
     # -- services --------------------------------------------------------------------------------
     def _set_service(self, key: str, current: dict | None) -> None:
+        self._parse_verdicts.pop((SERVICE, key), None)
         if current is None:
+            self._ports_by_service.pop(key, None)
+            self._created.pop(key, None)
+            self.problems.pop(key, None)
+            self._refs.pop((SERVICE, key), None)
+            return
+        self._refs[(SERVICE, key)] = _ref(SERVICE, current, key=key)
+        try:
+            parsed = parse_service(current, max_ports=self.limits.ports_per_service,
+                                   max_addresses=self.limits.addresses_per_service)
+        except Exception as error:   # one object's fault, whatever it is: reject it alone
+            self._parse_verdicts[(SERVICE, key)] = _verdict(error)
             self._ports_by_service.pop(key, None)
             self.problems.pop(key, None)
             return
-        parsed = parse_service(current)
+        named = {_service_key(name.namespace, name.name) for name in parsed.ports}
+        if named - {key}:   # another Service's name: it must not take over (or delete) that one's ports
+            self._parse_verdicts[(SERVICE, key)] = ("malformed", f"its metadata names {sorted(named)[0]!r}, "
+                                                                 f"not {key!r}")
+            self._ports_by_service.pop(key, None)
+            self.problems.pop(key, None)
+            return
         self._ports_by_service[key] = parsed.ports
+        self._created[key] = parsed.created
         if parsed.problems:
             if self.problems.get(key) != parsed.problems:
-                log.info("service %s: %s", key, "; ".join(parsed.problems))
+                log.info("service %s: %s", key, "; ".join(parsed.problems[:5]))
             self.problems[key] = parsed.problems
         else:
             self.problems.pop(key, None)
@@ -101,30 +179,93 @@ class ServiceCatalog:
             if not self._slices_by_service.get(previous_owner):
                 self._slices_by_service.pop(previous_owner, None)
             touched.add(previous_owner)
-        parsed = parse_endpoint_slice(current) if current is not None else None
+        self._parse_verdicts.pop((SLICE, key), None)
+        self._refs.pop((SLICE, key), None)
+        if current is None:
+            return touched
+        try:
+            parsed = parse_endpoint_slice(current, max_endpoints=self.limits.endpoints_per_slice,
+                                          max_ports=self.limits.ports_per_slice)
+        except Exception as error:
+            self._refs[(SLICE, key)] = _ref(SLICE, current, key=key)
+            self._parse_verdicts[(SLICE, key)] = _verdict(error)
+            return touched
+        if parsed is not None and parsed.namespace != key.rpartition("/")[0]:
+            self._refs[(SLICE, key)] = _ref(SLICE, current, key=key)
+            self._parse_verdicts[(SLICE, key)] = ("malformed", f"its metadata names namespace "
+                                                               f"{parsed.namespace!r}, not that of {key!r}")
+            return touched
         if parsed is not None:
             owner = _service_key(parsed.namespace, parsed.service)
             self._slices_by_service.setdefault(owner, {})[key] = parsed
             self._slice_owner[key] = owner
             touched.add(owner)
             if parsed.problems:
-                log.info("endpoint slice %s: %s", key, "; ".join(parsed.problems))
+                log.info("endpoint slice %s: %s", key, "; ".join(parsed.problems[:5]))
         return touched
 
+    # -- what each service wants, and the budget ---------------------------------------------------
+    def _want(self, service_key: str) -> None:
+        old = self._wanted.pop(service_key, None)
+        if old is not None:
+            self._wanted_cost -= old.cost
+        self._size_verdicts.pop(service_key, None)
+        ports = self._ports_by_service.get(service_key)
+        if not ports:
+            return
+        by_name = self._slices_by_service.get(service_key, {})
+        slices = [by_name[k] for k in sorted(by_name)]
+        endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
+        limit = self.limits.endpoints_per_service_port
+        for name, port in ports.items():
+            found = merge_endpoints(port, slices)
+            if len(found) > limit:
+                self._size_verdicts[service_key] = (
+                    "too-large", f"port {name.port or '(unnamed)'} has {len(found)} endpoints, more than the "
+                                 f"limit of {limit} per service port (--proxy-max-endpoints-per-port)")
+                return
+            if found:
+                endpoints[name] = found
+        cost = sum(max(1, len(endpoints.get(name, ()))) + len(port.external_ips) + len(port.load_balancer_ips)
+                   + len(port.load_balancer_source_ranges) for name, port in ports.items())
+        self._wanted[service_key] = _Wanted(ports=ports, endpoints=endpoints,
+                                            created=self._created.get(service_key, ""), cost=cost)
+        self._wanted_cost += cost
+
+    def _admit(self, touched: set[str]) -> set[str]:
+        """Apply the node-wide budget; answers the services to publish again (touched, plus
+        every service whose admission changed)."""
+        budget = self.limits.endpoint_ports
+        if self._wanted_cost <= budget and not self._over_budget:
+            return touched
+        over: set[str] = set()
+        spent = 0
+        for key in sorted(self._wanted, key=lambda k: (self._wanted[k].created or "~", k)):
+            cost = self._wanted[key].cost
+            if spent + cost <= budget:
+                spent += cost
+            else:
+                over.add(key)
+        republish = touched | (over ^ self._over_budget)
+        self._over_budget = over
+        return republish
+
     # -- the merged view -------------------------------------------------------------------------
-    def _refresh(self, service_key: str) -> set[ServicePortName]:
-        """Recompute one service's ports and endpoints; answers the service ports that changed."""
+    def _publish(self, service_key: str) -> set[ServicePortName]:
+        """Make one service's published ports and endpoints what it wants (nothing when it is
+        rejected or over budget); answers the service ports that changed."""
+        wanted = self._wanted.get(service_key)
+        if service_key in self._over_budget:
+            wanted = None
         old_names = self._names_by_service.pop(service_key, set())
-        ports = self._ports_by_service.get(service_key, {})
-        slices = [self._slices_by_service.get(service_key, {})[k]
-                  for k in sorted(self._slices_by_service.get(service_key, {}))]
+        ports = wanted.ports if wanted is not None else {}
         changed = set()
         for name in old_names - set(ports):
             del self._services[name]
             self._endpoints.pop(name, None)
             changed.add(name)
         for name, port in ports.items():
-            endpoints = merge_endpoints(port, slices)
+            endpoints = wanted.endpoints.get(name, ()) if wanted is not None else ()
             if self._services.get(name) != port or self._endpoints.get(name, ()) != endpoints:
                 changed.add(name)
             self._services[name] = port
@@ -135,3 +276,28 @@ class ServiceCatalog:
         if ports:
             self._names_by_service[service_key] = set(ports)
         return changed
+
+    # -- rejections --------------------------------------------------------------------------------
+    def _verdict_of(self, kind: str, key: str) -> tuple[str, str] | None:
+        verdict = self._parse_verdicts.get((kind, key))
+        if verdict is None and kind == SERVICE:
+            verdict = self._size_verdicts.get(key)
+            if verdict is None and key in self._over_budget:
+                verdict = ("too-large", f"the node's budget of {self.limits.endpoint_ports} endpoint-ports "
+                                        f"(--proxy-max-endpoint-ports) is taken by older Services; this one "
+                                        f"needs {self._wanted[key].cost}")
+        return verdict
+
+    def _tell(self, keys: set[tuple[str, str]]) -> None:
+        """Bring the scope's records of `keys` in line with the verdicts: reject, or accept."""
+        for kind, key in keys:
+            verdict = self._verdict_of(kind, key)
+            if verdict == self._told.get((kind, key)):
+                continue
+            if verdict is None:
+                del self._told[(kind, key)]
+                self.rejections.accept(kind=kind, key=key)
+            else:
+                self._told[(kind, key)] = verdict
+                ref = self._refs.get((kind, key)) or _ref(kind, None, key=key)
+                self.rejections.reject(ref, reason=verdict[0], detail=verdict[1])

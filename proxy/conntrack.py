@@ -14,6 +14,12 @@ entries after the rules changed, as kube-proxy does:
 `ConntrackCommand` runs the `conntrack` tool (one `-D` per filter, inside the agent's
 network namespace through `exec_prefix`). TCP and SCTP are left alone: their endpoints end
 connections themselves, and deleting live entries would break graceful termination.
+
+Bounded: each filter is one exec, and a hostile (or just large) change multiplies entry
+points by gone endpoints. Past `MAX_FLOW_FILTERS` per sync the filters of one entry point
+are merged into one without the reply source (all of that service address's UDP entries go:
+clients of endpoints that stayed pick again, once), and past that the rest are left to time
+out, with a warning.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from proxy.selection import select_endpoints
 log = logging.getLogger("netagent.proxy.conntrack")
 
 _DELETED = re.compile(r"(\d+) flow entries have been deleted")
+MAX_FLOW_FILTERS = 256   # conntrack execs per sync
 
 
 @dataclass(frozen=True, order=True)
@@ -78,7 +85,23 @@ def stale_flows(previous: ProxyState, current: ProxyState, changed: frozenset[Se
         if new is not None and new.protocol is Protocol.UDP and _endpoint_ips(current, name):
             if old is None or old.protocol is not Protocol.UDP or not _endpoint_ips(previous, name):
                 filters.update(FlowFilter(port=port, address=address) for address, port in _entry_points(new))
-    return sorted(filters, key=lambda f: (f.port, f.address or "", f.reply_source or ""))
+    return bounded(sorted(filters, key=_order))
+
+
+def _order(flow: FlowFilter) -> tuple[int, str, str]:
+    return flow.port, flow.address or "", flow.reply_source or ""
+
+
+def bounded(filters: list[FlowFilter], *, limit: int = MAX_FLOW_FILTERS) -> list[FlowFilter]:
+    """At most `limit` filters (see the module docstring): merged per entry point, then cut."""
+    if len(filters) <= limit:
+        return filters
+    merged = sorted({FlowFilter(port=flow.port, address=flow.address) for flow in filters}, key=_order)
+    if len(merged) > limit:
+        log.warning("%d service addresses lost UDP endpoints at once: stale flows of %d of them are left to time "
+                    "out", len(merged), len(merged) - limit)
+        merged = merged[:limit]
+    return merged
 
 
 class ConntrackCommand:

@@ -6,16 +6,23 @@ IPv4 cluster IP) yields no service ports and a `reason`; a single bad port or ad
 dropped with a reason while the rest of the Service still works, as kube-proxy does. The
 API server validates most fields, but the proxy must not crash or program garbage when a
 value slips through (an old object, a hand-written EndpointSlice).
+
+Every object is untrusted (a lax API server, a hand-written object): a field of the wrong
+type raises `MalformedObject` (never an AttributeError deep inside), and an annotation whose
+value is not a string is read as absent, so a null annotation costs nothing. The caller
+(`catalog.py`) parses each object alone inside a guard and rejects what raises.
 """
 from __future__ import annotations
 
 import functools
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_conditions
+from netagent.infra.rejections import printable
+from proxy.limits import DEFAULT_LIMITS
 from proxy.model import DEFAULT_AFFINITY_TIMEOUT, Endpoint, Protocol, ServicePort, ServicePortName, TrafficPolicy
 
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
@@ -27,10 +34,50 @@ EXTERNAL_TYPES = frozenset({"NodePort", "LoadBalancer"})
 MAX_AFFINITY_TIMEOUT = 86400  # seconds, the API's upper bound
 
 
+class MalformedObject(ValueError):
+    """A Service or EndpointSlice whose shape cannot be read (a field of the wrong type)."""
+
+
+class TooLarge(ValueError):
+    """A Service or EndpointSlice above one of the per-object limits (`proxy/limits.py`)."""
+
+
 @dataclass(frozen=True)
 class ParsedService:
     ports: dict[ServicePortName, ServicePort]
     problems: tuple[str, ...] = ()  # why something in it is not programmed ("" when all is fine)
+    created: str = ""               # metadata.creationTimestamp (RFC 3339 sorts as text), "" unknown
+
+
+def _mapping(value: object, what: str) -> Mapping:
+    """`value` as an object; None (unset) reads as empty; any other type is malformed."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise MalformedObject(f"{what} is {type(value).__name__}, not an object")
+    return value
+
+
+def _sequence(value: object, what: str) -> tuple:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise MalformedObject(f"{what} is {type(value).__name__}, not a list")
+    return tuple(value)
+
+
+def _text(value: object, what: str, *, default: str = "") -> str:
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise MalformedObject(f"{what} is {type(value).__name__}, not a string")
+    return value
+
+
+def _annotation(metadata: Mapping, key: str) -> str:
+    """An annotation's value; one that is not a string (null from a lax server) is absent."""
+    value = _mapping(metadata.get("annotations"), "metadata.annotations").get(key)
+    return value if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)
@@ -65,25 +112,27 @@ def _port_number(value: object) -> int | None:
 
 
 def _protocol(value: object) -> Protocol | None:
+    if value is not None and not isinstance(value, str):
+        return None
     try:
-        return Protocol(value if value is not None else "TCP")
+        return Protocol(value or "TCP")
     except ValueError:
         return None
 
 
 def _addresses(values: Iterable | None, what: str, problems: list[str], *, parse=_ipv4) -> tuple[str, ...]:
-    kept = []
-    for value in values or ():
+    kept: list[str] = []
+    for value in _sequence(values, what):
         address = parse(value)
         if address is None:
-            problems.append(f"{what} {value!r} is not an IPv4 address: skipped")
+            problems.append(f"{what} {printable(value, limit=80)} is not an IPv4 address: skipped")
         elif address not in kept:
             kept.append(address)
     return tuple(kept)
 
 
 def _cluster_ip(spec: Mapping) -> str | None:
-    candidates = list(spec.get("clusterIPs") or ()) or [spec.get("clusterIP")]
+    candidates = list(_sequence(spec.get("clusterIPs"), "spec.clusterIPs")) or [spec.get("clusterIP")]
     for candidate in candidates:
         address = _ipv4(candidate)
         if address is not None:
@@ -92,51 +141,71 @@ def _cluster_ip(spec: Mapping) -> str | None:
 
 
 def _source_ranges(service: Mapping, problems: list[str]) -> tuple[str, ...]:
-    ranges = (service.get("spec") or {}).get("loadBalancerSourceRanges") or ()
+    ranges = _sequence(_mapping(service.get("spec"), "spec").get("loadBalancerSourceRanges"),
+                       "spec.loadBalancerSourceRanges")
     if not ranges:
-        annotation = ((service.get("metadata") or {}).get("annotations") or {}).get(SOURCE_RANGES_ANNOTATION, "")
-        ranges = [part for part in annotation.split(",") if part.strip()]
+        annotation = _annotation(_mapping(service.get("metadata"), "metadata"), SOURCE_RANGES_ANNOTATION)
+        ranges = tuple(part for part in annotation.split(",") if part.strip())
     return _addresses(ranges, "load-balancer source range", problems, parse=_ipv4_cidr)
 
 
 def _affinity_timeout(spec: Mapping) -> int | None:
     if spec.get("sessionAffinity") != "ClientIP":
         return None
-    timeout = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}).get("timeoutSeconds")
+    config = _mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    timeout = _mapping(config.get("clientIP"), "spec.sessionAffinityConfig.clientIP").get("timeoutSeconds")
     valid = isinstance(timeout, int) and not isinstance(timeout, bool) and 0 < timeout <= MAX_AFFINITY_TIMEOUT
     return timeout if valid else DEFAULT_AFFINITY_TIMEOUT
 
 
 def _prefers_close(service: Mapping) -> bool:
-    spec = service.get("spec") or {}
-    annotations = (service.get("metadata") or {}).get("annotations") or {}
+    spec = _mapping(service.get("spec"), "spec")
+    metadata = _mapping(service.get("metadata"), "metadata")
     if spec.get("trafficDistribution") in PREFER_CLOSE_DISTRIBUTIONS:
         return True
-    return any(annotations.get(key, "").lower() == "auto" for key in TOPOLOGY_MODE_ANNOTATIONS)
+    return any(_annotation(metadata, key).lower() == "auto" for key in TOPOLOGY_MODE_ANNOTATIONS)
 
 
-def parse_service(service: Mapping) -> ParsedService:
-    """The service ports of one Service; none (with the reason) when it is not proxied."""
-    metadata = service.get("metadata") or {}
-    spec = service.get("spec") or {}
-    namespace, name = metadata.get("namespace") or "default", metadata.get("name") or ""
-    kind = spec.get("type") or "ClusterIP"
+def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per_service,
+                  max_addresses: int = DEFAULT_LIMITS.addresses_per_service) -> ParsedService:
+    """The service ports of one Service; none (with the reason) when it is not proxied.
+    `MalformedObject` when a field has the wrong type."""
+    service = _mapping(service, "the Service")
+    metadata = _mapping(service.get("metadata"), "metadata")
+    spec = _mapping(service.get("spec"), "spec")
+    namespace = _text(metadata.get("namespace"), "metadata.namespace", default="default")
+    name = _text(metadata.get("name"), "metadata.name")
+    if not name:
+        raise MalformedObject("metadata.name is missing")
+    created = metadata.get("creationTimestamp")
+    created = created if isinstance(created, str) else ""
+    kind = _text(spec.get("type"), "spec.type", default="ClusterIP")
     if kind == "ExternalName":
-        return ParsedService({}, ("type ExternalName is DNS only: not proxied",))
+        return ParsedService({}, ("type ExternalName is DNS only: not proxied",), created)
     if spec.get("clusterIP") == "None":
-        return ParsedService({}, ("headless (clusterIP None): not proxied",))
+        return ParsedService({}, ("headless (clusterIP None): not proxied",), created)
     cluster_ip = _cluster_ip(spec)
     if cluster_ip is None:
-        return ParsedService({}, (f"no IPv4 cluster IP in {spec.get('clusterIPs') or spec.get('clusterIP')!r}: "
-                                  f"not proxied",))
+        shown = printable(spec.get('clusterIPs') or spec.get('clusterIP'), limit=80)
+        return ParsedService({}, (f"no IPv4 cluster IP in {shown}: not proxied",), created)
     problems: list[str] = []
-    external_ips = _addresses(spec.get("externalIPs"), "external IP", problems)
+    raw_external = _sequence(spec.get("externalIPs"), "spec.externalIPs")
+    raw_ranges = _sequence(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    if len(raw_external) + len(raw_ranges) > max_addresses:
+        raise TooLarge(f"{len(raw_external)} external IPs and {len(raw_ranges)} source ranges, more than the limit "
+                       f"of {max_addresses} addresses per Service (--proxy-max-addresses-per-service)")
+    external_ips = _addresses(raw_external, "external IP", problems)
     lb_ips: tuple[str, ...] = ()
     if kind == "LoadBalancer":
-        ingress = [entry.get("ip") for entry in ((service.get("status") or {}).get("loadBalancer") or {})
-                   .get("ingress") or () if isinstance(entry, Mapping) and entry.get("ip")
-                   and entry.get("ipMode") != "Proxy"]
+        balancer = _mapping(_mapping(service.get("status"), "status").get("loadBalancer"), "status.loadBalancer")
+        ingress = [entry.get("ip") for entry in _sequence(balancer.get("ingress"), "status.loadBalancer.ingress")
+                   if isinstance(entry, Mapping) and entry.get("ip") and entry.get("ipMode") != "Proxy"]
         lb_ips = _addresses(ingress, "load-balancer ingress IP", problems)
+    source_ranges = _source_ranges(service, problems) if lb_ips else ()
+    if len(external_ips) + len(lb_ips) + len(source_ranges) > max_addresses:
+        raise TooLarge(f"{len(external_ips)} external IPs, {len(lb_ips)} load-balancer IPs and {len(source_ranges)} "
+                       f"source ranges, more than the limit of {max_addresses} addresses per Service "
+                       f"(--proxy-max-addresses-per-service)")
     external_local = spec.get("externalTrafficPolicy") == "Local"
     health_port = _port_number(spec.get("healthCheckNodePort")) if external_local and kind == "LoadBalancer" else None
     service_port = functools.partial(
@@ -144,7 +213,7 @@ def parse_service(service: Mapping) -> ParsedService:
         cluster_ip=cluster_ip,
         external_ips=external_ips,
         load_balancer_ips=lb_ips,
-        load_balancer_source_ranges=_source_ranges(service, problems) if lb_ips else (),
+        load_balancer_source_ranges=source_ranges,
         affinity_timeout=_affinity_timeout(spec),
         internal_policy=TrafficPolicy.LOCAL if spec.get("internalTrafficPolicy") == "Local" else TrafficPolicy.CLUSTER,
         external_policy=TrafficPolicy.LOCAL if external_local else TrafficPolicy.CLUSTER,
@@ -152,15 +221,20 @@ def parse_service(service: Mapping) -> ParsedService:
         prefer_close=_prefers_close(service),
     )
     ports: dict[ServicePortName, ServicePort] = {}
-    for raw in spec.get("ports") or ():
+    raw_ports = _sequence(spec.get("ports"), "spec.ports")
+    if len(raw_ports) > max_ports:
+        raise TooLarge(f"{len(raw_ports)} ports, more than the limit of {max_ports} per Service "
+                       f"(--proxy-max-ports-per-service)")
+    for raw in raw_ports:
         if not isinstance(raw, Mapping):
-            problems.append(f"port entry {raw!r} is not an object: skipped")
+            problems.append(f"port entry {printable(raw, limit=80)} is not an object: skipped")
             continue
-        port_name = ServicePortName(namespace, name, str(raw.get("name") or ""))
+        port_name = ServicePortName(namespace, name, _text(raw.get("name"), "port name"))
         protocol, port = _protocol(raw.get("protocol")), _port_number(raw.get("port"))
         if protocol is None or port is None:
-            problems.append(f"port {port_name.port or '(unnamed)'}: protocol {raw.get('protocol')!r} / port "
-                            f"{raw.get('port')!r} not usable: skipped")
+            problems.append(f"port {port_name.port or '(unnamed)'}: protocol "
+                            f"{printable(raw.get('protocol'), limit=40)} / port "
+                            f"{printable(raw.get('port'), limit=40)} not usable: skipped")
             continue
         if port_name in ports:
             problems.append(f"port name {port_name.port!r} repeated: the first one wins")
@@ -169,11 +243,11 @@ def parse_service(service: Mapping) -> ParsedService:
         ports[port_name] = service_port(name=port_name, protocol=protocol, port=port, node_port=node_port)
     if not ports and not problems:
         problems.append("no ports: nothing to proxy")
-    return ParsedService(ports, tuple(problems))
+    return ParsedService(ports, tuple(dict.fromkeys(problems)), created)
 
 
 def _trigger_time(metadata: Mapping) -> float | None:
-    text = (metadata.get("annotations") or {}).get(TRIGGER_TIME_ANNOTATION)
+    text = _annotation(metadata, TRIGGER_TIME_ANNOTATION)
     if not text:
         return None
     try:
@@ -183,45 +257,63 @@ def _trigger_time(metadata: Mapping) -> float | None:
 
 
 def _names(hints: Mapping, key: str) -> frozenset[str]:
-    return frozenset(str(entry.get("name")) for entry in hints.get(key) or () if isinstance(entry, Mapping))
+    return frozenset(str(entry.get("name")) for entry in _sequence(hints.get(key), f"hints.{key}")
+                     if isinstance(entry, Mapping) and isinstance(entry.get("name"), str))
+
+
+def _optional_text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _endpoint(raw: Mapping, port: int) -> Endpoint | None:
-    addresses = raw.get("addresses") or ()
-    ip = _ipv4(addresses[0]) if addresses else None
+    addresses = _sequence(raw.get("addresses"), "endpoint addresses")
+    ip = _ipv4(addresses[0]) if addresses and isinstance(addresses[0], str) else None
     if ip is None:
         return None
+    _mapping(raw.get("conditions"), "endpoint conditions")
     conditions = endpoint_conditions(raw)
-    hints = raw.get("hints") or {}
+    hints = _mapping(raw.get("hints"), "endpoint hints")
     return Endpoint(
         ip=ip, port=port, ready=conditions.ready, serving=conditions.serving, terminating=conditions.terminating,
-        node_name=raw.get("nodeName"), zone=raw.get("zone"),
+        node_name=_optional_text(raw.get("nodeName")), zone=_optional_text(raw.get("zone")),
         zone_hints=_names(hints, "forZones"), node_hints=_names(hints, "forNodes"),
     )
 
 
-def parse_endpoint_slice(endpoint_slice: Mapping) -> ParsedSlice | None:
-    """The slice's endpoints per port; None when it belongs to no service or is not IPv4."""
-    metadata = endpoint_slice.get("metadata") or {}
-    service = (metadata.get("labels") or {}).get(SERVICE_NAME_LABEL)
-    namespace = metadata.get("namespace") or "default"
-    if not service or endpoint_slice.get("addressType", "IPv4") != "IPv4":
+def parse_endpoint_slice(endpoint_slice: Mapping, *,
+                         max_endpoints: int = DEFAULT_LIMITS.endpoints_per_slice,
+                         max_ports: int = DEFAULT_LIMITS.ports_per_slice) -> ParsedSlice | None:
+    """The slice's endpoints per port; None when it belongs to no service or is not IPv4.
+    `MalformedObject` when a field has the wrong type, `TooLarge` above the limits."""
+    endpoint_slice = _mapping(endpoint_slice, "the EndpointSlice")
+    metadata = _mapping(endpoint_slice.get("metadata"), "metadata")
+    service = _mapping(metadata.get("labels"), "metadata.labels").get(SERVICE_NAME_LABEL)
+    namespace = _text(metadata.get("namespace"), "metadata.namespace", default="default")
+    if not service or not isinstance(service, str) or endpoint_slice.get("addressType", "IPv4") != "IPv4":
         return None
+    raw_ports = _sequence(endpoint_slice.get("ports"), "ports")
+    raw_endpoints = _sequence(endpoint_slice.get("endpoints"), "endpoints")
+    if len(raw_ports) > max_ports or len(raw_endpoints) > max_endpoints:
+        raise TooLarge(f"{len(raw_ports)} ports and {len(raw_endpoints)} endpoints: the limits per EndpointSlice "
+                       f"are {max_ports} ports and {max_endpoints} endpoints (the API's own)")
     problems: list[str] = []
+    found: list[Endpoint] = []
+    template = 1
+    for raw in raw_endpoints:   # parsed once, then copied per port
+        endpoint = _endpoint(raw, template) if isinstance(raw, Mapping) else None
+        if endpoint is None:
+            problems.append(f"endpoint {printable(raw, limit=80)} has no IPv4 address: skipped")
+        else:
+            found.append(endpoint)
     endpoints: dict[tuple[str, Protocol], tuple[Endpoint, ...]] = {}
-    for raw_port in endpoint_slice.get("ports") or ():
-        port, protocol = _port_number((raw_port or {}).get("port")), _protocol((raw_port or {}).get("protocol"))
+    for raw_port in raw_ports:
+        raw_port = raw_port if isinstance(raw_port, Mapping) else {}
+        port, protocol = _port_number(raw_port.get("port")), _protocol(raw_port.get("protocol"))
         if port is None or protocol is None:
-            problems.append(f"slice port {raw_port!r} not usable: skipped")
+            problems.append(f"slice port {printable(raw_port, limit=80)} not usable: skipped")
             continue
-        found = []
-        for raw in endpoint_slice.get("endpoints") or ():
-            endpoint = _endpoint(raw, port) if isinstance(raw, Mapping) else None
-            if endpoint is None:
-                problems.append(f"endpoint {raw!r} has no IPv4 address: skipped")
-            else:
-                found.append(endpoint)
-        endpoints[(str(raw_port.get("name") or ""), protocol)] = tuple(found)
+        key = (_text(raw_port.get("name"), "slice port name"), protocol)
+        endpoints[key] = tuple(replace(endpoint, port=port) for endpoint in found)
     return ParsedSlice(namespace=namespace, service=service, endpoints=endpoints,
                        trigger_time=_trigger_time(metadata), problems=tuple(dict.fromkeys(problems)))
 
@@ -242,6 +334,8 @@ def merge_endpoints(service_port: ServicePort, slices: Iterable[ParsedSlice]) ->
 
 
 def node_zone(node: Mapping | None) -> str | None:
-    if not node:
-        return None
-    return ((node.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL)
+    """The node's zone label; None when unset or unreadable (a Node is untrusted too)."""
+    metadata = node.get("metadata") if isinstance(node, Mapping) else None
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    zone = labels.get(ZONE_LABEL) if isinstance(labels, Mapping) else None
+    return zone if isinstance(zone, str) and zone else None

@@ -19,6 +19,14 @@ Shape (ARCHITECTURE.md's seams, kube-proxy's behaviour):
 
 Services and slices carrying `service.kubernetes.io/service-proxy-name` belong to another
 proxy and are not watched, as with kube-proxy; nor are headless services' slices.
+
+Nothing is lost on the way: the catalog parses each object alone and rejects a bad one
+(`rejections`, the proxy's `RejectionScope`) without costing any other its change; drained
+changes are handed back to the next sync should `apply` ever raise; a failed backend sync
+keeps the catalog's state, and the next (full) sync programs it. A service port the backend
+could not program (`BackendSyncReport.unprogrammed`: iptables-restore refused its lines
+while the rest went in) is rejected as `unprogrammable` until it is programmed; the sync
+succeeds, so the node stays healthy for everything else and its health details name it.
 """
 from __future__ import annotations
 
@@ -30,8 +38,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from netagent.infra.metrics import Registry
+from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncRunner
-from netagent.kube.changes import ChangeRecorder
+from netagent.kube.changes import Change, ChangeRecorder
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from proxy.backend import BackendSyncReport, ProxyBackend
@@ -39,6 +48,7 @@ from proxy.catalog import ServiceCatalog
 from proxy.conntrack import ConntrackCommand, stale_flows
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
+from proxy.limits import DEFAULT_LIMITS, ProxyLimits
 from proxy.metrics import ProxyMetrics
 from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
 from proxy.nodeport_addresses import nodeport_addresses
@@ -64,6 +74,24 @@ class ProxySettings:
     min_sync_period: float = 1.0
     sync_period: float = 30.0
     retry_period: float = 5.0
+    limits: ProxyLimits = DEFAULT_LIMITS
+
+
+def _is_node(name: str):
+    """The own-Node filter, reading defensively: it runs on a watch thread (the node agent's,
+    with a shared Node watch), where a malformed Node must not raise."""
+    def accept(node: dict) -> bool:
+        metadata = node.get("metadata") if isinstance(node, dict) else None
+        return isinstance(metadata, dict) and metadata.get("name") == name
+    return accept
+
+
+def _merge(held: dict[str, Change], drained: dict[str, Change]) -> dict[str, Change]:
+    """Changes held back from a failed apply, then newer ones: the first previous, the last current."""
+    merged = dict(held)
+    for key, (previous, current) in drained.items():
+        merged[key] = (merged[key][0] if key in merged else previous, current)
+    return merged
 
 
 class ServiceProxy:
@@ -78,6 +106,7 @@ class ServiceProxy:
         healthcheck: HealthCheckPorts | None = None,
         local_addresses: Callable[[], tuple[str, ...]] = tuple,
         node_source: NodeSource = NodeSource.OWN_WATCH,
+        rejections: RejectionScope | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -87,8 +116,7 @@ class ServiceProxy:
         self._local_addresses = local_addresses
         self.services = ChangeRecorder("services", on_change=self._on_change)
         self.slices = ChangeRecorder("endpointslices", on_change=self._on_change)
-        self.node = ChangeRecorder("node", on_change=self._on_change,
-                                   accept=lambda node: node["metadata"]["name"] == settings.node_name)
+        self.node = ChangeRecorder("node", on_change=self._on_change, accept=_is_node(settings.node_name))
         self.reflectors = [
             Reflector(api_client=api_client, resource=SERVICES, handler=self.services,
                       label_selector=OTHER_PROXY_SELECTOR),
@@ -98,7 +126,11 @@ class ServiceProxy:
         if node_source is NodeSource.OWN_WATCH:
             self.reflectors.append(Reflector(api_client=api_client, resource=NODES, handler=self.node,
                                              field_selector=f"metadata.name={settings.node_name}"))
-        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr))
+        self.rejections = rejections if rejections is not None else standalone("proxy")
+        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr),
+                                      limits=settings.limits, rejections=self.rejections)
+        self._held: tuple[dict[str, Change], dict[str, Change]] = ({}, {})   # drained, not yet applied
+        self._unprogrammable: dict[str, str] = {}   # service key -> why the backend could not program it
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed
         self.last_report: BackendSyncReport | None = None
@@ -161,10 +193,14 @@ class ServiceProxy:
     def _sync(self, kind: SyncKind) -> None:
         started = time.monotonic()
         node_changed = self.catalog.set_node(self._node_context(kind))
-        service_changes, slice_changes = self.services.drain(), self.slices.drain()
-        self.metrics.service_changes.inc(len(service_changes))
-        self.metrics.endpoint_changes.inc(len(slice_changes))
+        drained = self.services.drain(), self.slices.drain()
+        self.metrics.service_changes.inc(len(drained[0]))
+        self.metrics.endpoint_changes.inc(len(drained[1]))
+        service_changes = _merge(self._held[0], drained[0])
+        slice_changes = _merge(self._held[1], drained[1])
+        self._held = (service_changes, slice_changes)   # until applied: a raise keeps them for the next sync
         update = self.catalog.apply(service_changes, slice_changes)
+        self._held = ({}, {})
         self._trigger_times.extend(update.trigger_times)
         full = kind is SyncKind.FULL or node_changed
         try:
@@ -180,9 +216,28 @@ class ServiceProxy:
         changed = update.state.changed_since(self._programmed) if full else update.changed
         previous, self._programmed = self._programmed, update.state
         self.last_report = report
+        self._report_unprogrammable(report)
         self._wake_up_at(self.backend.next_sync_due())
         self._after_sync(previous, update.state, changed)
         self._observe(report, full=full, changed=changed, seconds=time.monotonic() - started)
+
+    def _report_unprogrammable(self, report: BackendSyncReport) -> None:
+        """Reject the Services the backend left out, accept the ones it programs again (unless
+        the catalog itself rejects them: its record stands)."""
+        now: dict[str, list[str]] = {}
+        for name, reason in sorted(report.unprogrammed.items()):
+            now.setdefault(name.service, []).append(f"port {name.port or '(unnamed)'}: {reason}")
+        catalog_rejected = {key for kind, key in self.catalog.rejected() if kind == "Service"}
+        for key in set(self._unprogrammable) - set(now):
+            if key not in catalog_rejected:
+                self.rejections.accept(kind="Service", key=key)
+        details = {key: "the kernel refused its rules (the other Services are programmed): " + "; ".join(reasons)
+                   for key, reasons in now.items()}
+        for key, detail in details.items():
+            if self._unprogrammable.get(key) != detail:
+                self.rejections.reject(ObjectRef.of("Service", None, key=key), reason="unprogrammable",
+                                       detail=detail)
+        self._unprogrammable = details
 
     def _wake_up_at(self, due: float | None) -> None:
         """Ask for a sync at `due` (monotonic), replacing an earlier wake-up."""

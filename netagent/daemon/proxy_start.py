@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
+from proxy.limits import add_limit_arguments, limits_from_args
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import StatusServer
     from proxy.service_proxy import ServiceProxy
 
@@ -60,6 +62,7 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--bpf-pod-veths", action="store_true",
                        help="ebpf mode: also translate on pod host veths, for pods whose processes are outside "
                             "--cgroup-root (their connections to any service address)")
+    add_limit_arguments(proxy)
 
 
 def ebpf_paths(args):
@@ -94,14 +97,18 @@ class ProxyParts:
             self.started.pop().stop()
 
 
-def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: str | None) -> ProxyParts | None:
+def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: str | None,
+                rejections: RejectionScope | None = None) -> ProxyParts | None:
     """Check the flags and build the proxy and its servers; None with --proxy-mode none.
 
     The proxy's Node events are shared (`NodeSource.SHARED`): the caller feeds
-    `parts.proxy.node` from the Node reflector it already runs."""
+    `parts.proxy.node` from the Node reflector it already runs. Services and EndpointSlices
+    the proxy refuses are recorded in `rejections` (a private scope when None) and listed in
+    /healthz's details (`rejected`) without making the node unhealthy."""
     if args.proxy_mode == NO_PROXY:
         return None
     from netagent.daemon.status_services import services_json
+    from netagent.infra.rejections import standalone
     from netagent.infra.status_server import StatusServer, health_from_sync_runner
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import BackendConfigError, build_backend
@@ -122,8 +129,13 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
         raise ProxyStartError(f"--nodeport-addresses {','.join(cidrs)}: no local address is inside them "
                               f"(local: {', '.join(local_ipv4_addresses()) or 'none'})")
     min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
+    try:
+        limits = limits_from_args(args)
+    except ValueError as error:
+        raise ProxyStartError(str(error)) from None
     settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidr, nodeport_cidrs=cidrs,
-                             min_sync_period=min_sync, sync_period=args.sync_period)
+                             min_sync_period=min_sync, sync_period=args.sync_period, limits=limits)
+    scope = rejections if rejections is not None else standalone("proxy")
     try:
         backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler,
                                 ebpf=ebpf_paths(args))
@@ -137,9 +149,11 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     health_checks = HealthCheckPorts()
     proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
                          conntrack=ConntrackCommand(), healthcheck=health_checks,
-                         local_addresses=local_ipv4_addresses, node_source=NodeSource.SHARED)
+                         local_addresses=local_ipv4_addresses, node_source=NodeSource.SHARED, rejections=scope)
     # a change left unprogrammed for longer than this makes the proxy unhealthy
-    health = health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0))
+    from netagent.daemon.rejection_reports import with_rejections
+    health = with_rejections(health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0)),
+                             scope)
     health_checks.proxy_healthy = lambda: health().healthy
 
     healthz = StatusServer(bind=args.healthz_bind_address, registry=None, health=health)

@@ -7,14 +7,15 @@ that record to the cluster and to the status server, and nothing else:
 - `build_rejections` makes the process's `Rejections`, registered in the metrics registry,
   whose notify posts a Warning Event (reason `NetagentRejected`) on the refused object
   through `kube/events.py`'s bounded poster;
-- `with_rejections` adds the current rejections to a health report's details. A refused
-  object does not make the node unhealthy (the others are programmed); it is listed so an
-  operator sees which object is not served and why.
+- `with_rejections` adds the current rejections to a health report's details (the agent's
+  /healthz lists every component's; the proxy's 10256 its own). A refused object does not
+  make the node unhealthy (the others are programmed); it is listed so an operator sees which
+  object is not served and why.
 """
 from __future__ import annotations
 
 from netagent.infra.metrics import Registry
-from netagent.infra.rejections import Rejection, Rejections
+from netagent.infra.rejections import Rejection, Rejections, RejectionScope
 from netagent.infra.status_server import HealthFunction, HealthReport
 from netagent.kube.events import EventPoster, EventTarget
 
@@ -32,7 +33,8 @@ def build_rejections(registry: Registry, *, api_client, node_name: str) -> tuple
     return Rejections(registry, notify=notify), poster
 
 
-def with_rejections(base: HealthFunction, rejections: Rejections) -> HealthFunction:
+def with_rejections(base: HealthFunction, rejections: Rejections | RejectionScope) -> HealthFunction:
+    """`base` with the current rejections (the process's, or one component's) in its details."""
     def health() -> HealthReport:
         report = base()
         records = rejections.snapshot()

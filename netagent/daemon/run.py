@@ -160,7 +160,7 @@ def _run_cluster_mode(args) -> int:
     cluster_cidr = next((str(c) for c in settings.cluster_cidrs if c.version == 4), None)
     try:
         proxy = build_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
-                            cluster_cidr=cluster_cidr)
+                            cluster_cidr=cluster_cidr, rejections=rejections.scope("proxy"))
     except ProxyStartError as exc:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1

@@ -21,66 +21,163 @@ did not ask for one.
 The hairpin ipset is referenced by a rule, so its order matters: the set is created and
 new members added before the restore that may start using them; stale members are
 deleted after it; the set itself is destroyed only by `cleanup()`, after every rule that
-references it is gone.
+references it is gone, or when a larger one replaces it (`proxy/hairpin_set.py`: sized from the state,
+so `Hash is full` never stops a sync).
+
+One service port the kernel refuses does not cost the others theirs: iptables-restore is
+all or nothing, so when it names a refused line that belongs to one service port
+(`unprogrammable.py`), that port is left out and the rest written again; it stays out,
+reported in `BackendSyncReport.unprogrammed`, until its definition or endpoints change.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
+from types import MappingProxyType
 
+from netagent.infra.rejections import printable
 from netagent.infra.sync_runner import SyncKind
-from netagent.kernel.ipset import Ipset, IpsetSpec, IpsetType
+from netagent.kernel.ipset import Ipset, IpsetSpec
+from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS, IpsetError
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
-from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_chain_removal, jump_drift
+from netagent.kernel.iptables.runner import Iptables, IptablesError, JumpPosition, add_chain_removal, jump_drift
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
+from proxy import hairpin_set as hairpin
 from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.readback import programmed_services, read_kernel_view
-from proxy.iptables.render import TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset, render_ruleset
+from proxy.iptables.render import (TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset, UnrenderablePort,
+                                   render_ruleset)
+from proxy.iptables.unprogrammable import LeftOut, leave_out_known, owner_of_line, without
 from proxy.model import ProxyState, ServicePortName
 
-HAIRPIN_COMMENT = "netagent service proxy: endpoints reaching themselves through their service"
+log = logging.getLogger("netagent.proxy.iptables")
+
+HAIRPIN_COMMENT = hairpin.HAIRPIN_COMMENT
+MAX_LEFT_OUT_PER_SYNC = 8   # restores retried in one sync, each without one more refused service port
+
+
+@dataclass(frozen=True)
+class _Applied:
+    ruleset: Ruleset
+    written: int
+    scope: SyncKind
 
 
 class IptablesProxy(ProxyBackend):
     mode = ProxyMode.IPTABLES
 
-    def __init__(self, *, iptables: Iptables, ipset: Ipset, settings: IptablesProxySettings | None = None):
+    def __init__(self, *, iptables: Iptables, ipset: Ipset, settings: IptablesProxySettings | None = None,
+                 hairpin_minimum: int = DEFAULT_MAX_ELEMENTS):
         self.iptables = iptables
         self.ipset = ipset
         if settings is None:
             ports = iptables.port_randomization
             settings = IptablesProxySettings(ports=ports)
         self.settings = settings
-        self.hairpin_spec = IpsetSpec(settings.hairpin_set, IpsetType.HASH_IP_PORT_IP, comment=HAIRPIN_COMMENT)
+        self.hairpin_minimum = hairpin_minimum
+        self.hairpin_spec = hairpin.hairpin_spec(settings.hairpin_set, hairpin_minimum, minimum=hairpin_minimum)
+        self._hairpin_known = False             # hairpin_spec read from the kernel (first full sync)
         self._written: Ruleset | None = None   # what the last successful sync left in the kernel
+        self._left_out: dict[ServicePortName, LeftOut] = {}   # refused by the kernel, left out until changed
+        self._attempt: Ruleset | None = None   # what the current restore is writing (to find a refused line)
 
     # ---- sync ---------------------------------------------------------------------------------
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        """Program `state`; a service port whose lines the kernel refuses is left out (and
+        reported in `unprogrammed`) and the rest written again, up to MAX_LEFT_OUT_PER_SYNC
+        times per sync; a refusal that names no service port's line raises."""
         previous, self._written = self._written, None   # forgotten until this sync succeeds
+        state, changed = leave_out_known(state, changed, left_out=self._left_out)
+        for attempt in range(MAX_LEFT_OUT_PER_SYNC + 1):
+            try:
+                applied = self._sync_once(state, changed=changed, previous=previous)
+                break
+            except (IptablesError, UnrenderablePort) as error:
+                if isinstance(error, UnrenderablePort):
+                    culprit: ServicePortName | None = error.name
+                    reason = f"cannot be rendered: {error.reason}"
+                else:
+                    culprit = owner_of_line(self._attempt, error.line) if self._attempt is not None else None
+                    reason = "iptables-restore: " + (error.message if isinstance(error.message, str) else str(error))
+                if culprit is None or culprit not in state.services or attempt == MAX_LEFT_OUT_PER_SYNC:
+                    raise
+                log.warning("iptables refused the rules of %s (%s): leaving it out, writing the rest",
+                            printable(culprit, limit=200), printable(reason, limit=200))
+                self._left_out[culprit] = LeftOut(service=state.services[culprit],
+                                                  endpoints=state.endpoints_of(culprit), reason=reason)
+                state, changed, previous = without(state, {culprit}), None, None
+        ruleset = applied.ruleset
+        self._written = ruleset
+        unprogrammed = MappingProxyType({name: left.reason for name, left in self._left_out.items()})
+        return BackendSyncReport(scope=applied.scope, services_written=applied.written, rules=ruleset.rule_count,
+                                 detail=f"{applied.scope.value} sync: {applied.written} service port(s) written, "
+                                        f"{ruleset.rule_count} rules, {len(ruleset.hairpin_members)} hairpin "
+                                        f"members in {self.hairpin_spec.name}"
+                                        + (f", {len(unprogrammed)} left out" if unprogrammed else ""),
+                                 unprogrammed=unprogrammed)
+
+    def _sync_once(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None,
+                   previous: Ruleset | None) -> _Applied:
+        self._attempt = None
         if changed is not None and previous is not None and previous.node == state.node:
             ruleset = render_ruleset(state, settings=self.settings, reuse=previous, changed=changed)
-            written = self._apply_partial(ruleset, previous, changed)
-            scope = SyncKind.PARTIAL
-        else:
-            ruleset = render_ruleset(state, settings=self.settings)
-            written = self._apply_full(ruleset)
-            scope = SyncKind.FULL
-        self._written = ruleset
-        return BackendSyncReport(scope=scope, services_written=written, rules=ruleset.rule_count,
-                                 detail=f"{scope.value} sync: {written} service port(s) written, "
-                                        f"{ruleset.rule_count} rules, {len(ruleset.hairpin_members)} hairpin members")
+            ruleset, written = self._apply_partial(ruleset, previous, changed)
+            return _Applied(ruleset, written, SyncKind.PARTIAL)
+        ruleset = render_ruleset(state, settings=self.settings)
+        ruleset, written = self._apply_full(ruleset)
+        return _Applied(ruleset, written, SyncKind.FULL)
 
-    def _apply_full(self, ruleset: Ruleset) -> int:
+    def _adopt_hairpin(self) -> list[str]:
+        """Our hairpin sets in the kernel; the first time, the largest becomes the current one."""
+        base = self.settings.hairpin_set
+        found = [name for name in self.ipset.owned_names(prefix=base) if hairpin.is_hairpin_set(base, name)]
+        if not self._hairpin_known and found:
+            sizes = {}
+            for name in found:
+                info = self.ipset.describe(name)
+                if info is not None:
+                    sizes[name] = info.max_elements or hairpin.capacity_of(base, name, minimum=self.hairpin_minimum)
+            if sizes:
+                name = max(sizes, key=lambda n: (sizes[n], n))
+                self.hairpin_spec = IpsetSpec(name, self.hairpin_spec.type, comment=HAIRPIN_COMMENT,
+                                              max_elements=sizes[name])
+        self._hairpin_known = True
+        return found
+
+    def _destroy_obsolete(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name != self.hairpin_spec.name:
+                try:
+                    self.ipset.destroy(name)
+                except IpsetError as error:   # still referenced (a failed restore): the next full sync retries
+                    log.warning("could not remove the old hairpin set %s: %s", name, error)
+
+    def _apply_full(self, ruleset: Ruleset) -> tuple[Ruleset, int]:
         views = {table: read_kernel_view(self.iptables.save(table)).get(table) or Table(table)
                  for table in TABLE_ORDER}
+        existing = self._adopt_hairpin()
+        members = ruleset.hairpin_members
+        self.hairpin_spec = hairpin.choose(self.settings.hairpin_set, len(members), current=self.hairpin_spec,
+                                           minimum=self.hairpin_minimum)
+        ruleset = ruleset.with_hairpin_set(self.hairpin_spec.name)
+        self._attempt = ruleset
         self.ipset.ensure_set(self.hairpin_spec)
         present = self.ipset.members(self.hairpin_spec.name)
-        self.ipset.update(self.hairpin_spec.name, add=ruleset.hairpin_members - present)
+        self.ipset.update(self.hairpin_spec.name, add=members - present)
         self.iptables.restore(render_full_restore(ruleset, views))
-        self.ipset.update(self.hairpin_spec.name, remove=present - ruleset.hairpin_members)
-        return len(ruleset.ports)
+        self.ipset.update(self.hairpin_spec.name, remove=present - members)
+        self._destroy_obsolete(existing)
+        return ruleset, len(ruleset.ports)
 
-    def _apply_partial(self, ruleset: Ruleset, previous: Ruleset, changed: Iterable[ServicePortName]) -> int:
+    def _apply_partial(self, ruleset: Ruleset, previous: Ruleset,
+                       changed: Iterable[ServicePortName]) -> tuple[Ruleset, int]:
+        old_spec = self.hairpin_spec
+        self.hairpin_spec = hairpin.choose(self.settings.hairpin_set, len(ruleset.hairpin_members),
+                                           current=old_spec, minimum=self.hairpin_minimum)
+        ruleset = ruleset.with_hairpin_set(self.hairpin_spec.name)
+        self._attempt = ruleset
         write: list[RenderedChain] = []
         delete: list[RenderedChain] = []
         written = 0
@@ -94,8 +191,15 @@ class IptablesProxy(ProxyBackend):
             delete.extend(chain for chain in (old.chains if old is not None else ()) if chain.name not in kept)
         before = {(chain.table, chain.name): chain for chain in previous.shared}
         write.extend(chain for chain in ruleset.shared if before.get((chain.table, chain.name)) != chain)
-        adding = ruleset.hairpin_members - previous.hairpin_members
-        removing = previous.hairpin_members - ruleset.hairpin_members
+        grown = self.hairpin_spec != old_spec
+        adding: Iterable[str]
+        removing: Iterable[str]
+        if grown:   # a larger set, filled whole before the restore points the rule at it
+            self.ipset.ensure_set(self.hairpin_spec)
+            adding, removing = ruleset.hairpin_members, ()
+        else:
+            adding = ruleset.hairpin_members - previous.hairpin_members
+            removing = previous.hairpin_members - ruleset.hairpin_members
         if adding:
             self.ipset.update(self.hairpin_spec.name, add=adding)
         text = render_partial_restore(write, delete)
@@ -103,7 +207,9 @@ class IptablesProxy(ProxyBackend):
             self.iptables.restore(text)
         if removing:
             self.ipset.update(self.hairpin_spec.name, remove=removing)
-        return written
+        if grown:
+            self._destroy_obsolete([old_spec.name])
+        return ruleset, written
 
     # ---- read back and clean up ----------------------------------------------------------------
 
@@ -120,7 +226,10 @@ class IptablesProxy(ProxyBackend):
             add_chain_removal(builder, table, {name for name in table.chains if is_owned_chain(name)})
         if builder:
             self.iptables.restore(builder.text())
-        self.ipset.destroy(self.hairpin_spec.name)
+        base = self.settings.hairpin_set
+        for name in self.ipset.owned_names(prefix=base):
+            if hairpin.is_hairpin_set(base, name):
+                self.ipset.destroy(name)
 
 
 # ---- restore text -------------------------------------------------------------------------------

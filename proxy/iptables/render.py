@@ -58,11 +58,12 @@ import ipaddress
 import re
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from netagent.kernel import owned
 from netagent.kernel.ipset import entry as ipset_entry
+from netagent.kernel.ipset.model import IpsetError
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_comment
 from netagent.kernel.iptables.runner import PortRandomization
 from proxy.iptables.names import (
@@ -83,6 +84,15 @@ from proxy.selection import select_endpoints
 TABLE_ORDER = ("filter", "nat")
 LOOPBACK = "127.0.0.0/8"
 REJECT = "REJECT --reject-with icmp-port-unreachable"
+
+
+class UnrenderablePort(ValueError):
+    """One service port's rules cannot be written (a value the token rules refuse); the
+    backend leaves that port out as it does one the tool refuses."""
+
+    def __init__(self, name: ServicePortName, reason: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name, self.reason = name, reason
 
 
 class MasqueradeScope(str, enum.Enum):
@@ -177,6 +187,17 @@ class Ruleset:
             found.extend(chain for chain in port.chains if table in (None, chain.table))
         return found
 
+    def with_hairpin_set(self, name: str) -> Ruleset:
+        """The same ruleset with its MASQUERADE rule matching the hairpin set `name` (the
+        backend sizes the set from the members: hairpin.py)."""
+        if name == self.settings.hairpin_set:
+            return self
+        match = f" --match-set {self.settings.hairpin_set} "
+        shared = tuple(replace(chain, rules=tuple(rule.replace(match, f" --match-set {name} ", 1)
+                                                  for rule in chain.rules))
+                       if chain.name == POSTROUTING_CHAIN else chain for chain in self.shared)
+        return replace(self, shared=shared)
+
     @property
     def rule_count(self) -> int:
         return sum(len(chain.rules) for chain in self.chains()) + len(self.jumps)
@@ -232,8 +253,11 @@ def render_ruleset(state: ProxyState, *, settings: IptablesProxySettings, reuse:
     for name in sorted(state.services, key=_name_key):
         rules = reusable.get(name)
         if rules is None:
-            rules = render_service_port(state.services[name], state.endpoints_of(name),
-                                        node=state.node, settings=settings)
+            try:
+                rules = render_service_port(state.services[name], state.endpoints_of(name),
+                                            node=state.node, settings=settings)
+            except (ValueError, IpsetError) as error:  # tokens.UnsafeText, a set member it cannot be
+                raise UnrenderablePort(name, str(error)) from error
         ports[name] = rules
     return assemble_ruleset(ports, node=state.node, settings=settings)
 

@@ -26,6 +26,11 @@ even with nothing changed) also advances the drains; `reap_drained()` does only 
 `drain_deadline()` says when it is next needed, for a caller that wants drains to end on time
 between syncs.
 
+The hairpin set grows with Services x ports x endpoints; it is sized from the state as the
+iptables backend's is (proxy/hairpin_set.py): past 7/8 of its capacity a larger set
+(`NETAGENT-IPVS-HAIRPIN-<log2 size>`) is filled by the set sync, the rule repaired to match
+it, and the old set destroyed; a partial sync that would outgrow it becomes a full one.
+
 Sockets: the netlink objects open sockets per thread (proxy/ipvs/netlink.py), so the backend
 may be driven from the sync runner's thread; a lock keeps sync, reap, status and cleanup apart.
 """
@@ -41,6 +46,7 @@ from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import namespaces
 from netagent.kernel.ipset import (
     Ipset,
+    IpsetError,
     IpsetNotInstalled,
     IpsetRunner,
     SetContents,
@@ -48,10 +54,12 @@ from netagent.kernel.ipset import (
     entry,
     sync_sets,
 )
+from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS
 from netagent.kernel.iptables.backend import IptablesBackend, detect_backend
 from netagent.kernel.iptables.runner import Iptables, IptablesRunner
 from netagent.kernel.sysctl import ProcSysctls, Sysctls, ensure_sysctls
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
+from proxy import hairpin_set as hairpin
 from proxy.ipvs.device import AddressDevice
 from proxy.ipvs.graceful import GracefulRemovals, Removal
 from proxy.ipvs.render import (
@@ -63,6 +71,7 @@ from proxy.ipvs.render import (
     render_service_port,
 )
 from proxy.ipvs.rules import (
+    HAIRPIN_SET,
     IPVS_SETS,
     NODEPORT_SETS,
     SET_PREFIX,
@@ -86,7 +95,7 @@ class IpvsProxy(ProxyBackend):
 
     def __init__(self, *, table: IpvsTable, device: AddressDevice, ipset: Ipset, iptables: Iptables,
                  sysctls: Sysctls, settings: IpvsSettings = IpvsSettings(),
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, hairpin_minimum: int = DEFAULT_MAX_ELEMENTS):
         self.table = table
         self.device = device
         self.ipset = ipset
@@ -100,6 +109,9 @@ class IpvsProxy(ProxyBackend):
         self._node: NodeContext | None = None
         self._rendered: dict[ServicePortName, tuple[ServicePort, tuple[Endpoint, ...], ServicePortPlan]] = {}
         self._lock = threading.RLock()
+        self.hairpin_minimum = hairpin_minimum
+        self.hairpin_spec = hairpin.hairpin_spec(HAIRPIN_SET.name, hairpin_minimum, minimum=hairpin_minimum)
+        self._hairpin_known = False
 
     @classmethod
     def in_namespace(cls, *, netns: str | None = None, settings: IpvsSettings = IpvsSettings(),
@@ -137,7 +149,27 @@ class IpvsProxy(ProxyBackend):
     def chains(self, state: ProxyState) -> tuple[IpvsChain, ...]:
         return render_ipvs_chains(cluster_cidr=state.node.cluster_cidr,
                                   ports=self.iptables.port_randomization,
-                                  mark=self.settings.masquerade_mark)
+                                  mark=self.settings.masquerade_mark, hairpin_set=self.hairpin_spec.name)
+
+    def _choose_hairpin(self, members: int, sets: dict[str, SetContents]) -> list[str]:
+        """Size the hairpin set for `members` (adopting the largest one there is the first
+        time); answers the hairpin sets in `sets` that are not the chosen one."""
+        base = HAIRPIN_SET.name
+        found = sorted(name for name in sets if hairpin.is_hairpin_set(base, name))
+        if not self._hairpin_known and found:
+            name = max(found, key=lambda n: hairpin.capacity_of(base, n, minimum=self.hairpin_minimum))
+            self.hairpin_spec = hairpin.hairpin_spec(
+                base, hairpin.capacity_of(base, name, minimum=self.hairpin_minimum), minimum=self.hairpin_minimum)
+        self._hairpin_known = True
+        self.hairpin_spec = hairpin.choose(base, members, current=self.hairpin_spec, minimum=self.hairpin_minimum)
+        return [name for name in found if name != self.hairpin_spec.name]
+
+    def _wanted_sets(self, index: PlanIndex) -> dict:
+        return {(self.hairpin_spec if spec.name == HAIRPIN_SET.name else spec): index.set_members(spec.name)
+                for spec in IPVS_SETS}
+
+    def _kernel_set(self, set_name: str) -> str:
+        return self.hairpin_spec.name if set_name == HAIRPIN_SET.name else set_name
 
     def _render(self, state: ProxyState) -> IpvsPlan:
         """render_ipvs, reusing the plans of service ports whose service and endpoints are
@@ -168,10 +200,15 @@ class IpvsProxy(ProxyBackend):
         addresses_before = self.device.addresses()
         sets_before = self.ipset.snapshot()
         nodeports_before = _nodeport_entries(sets_before)
-        counts = sync_sets(self.ipset, {spec: index.set_members(spec.name) for spec in IPVS_SETS},
-                           current=sets_before)
+        obsolete = self._choose_hairpin(len(index.members[HAIRPIN_SET.name]), sets_before)
+        counts = sync_sets(self.ipset, self._wanted_sets(index), current=sets_before)
         set_changes = sum(added + removed for added, removed in counts.values())
         repaired = ensure_ipvs_rules(self.iptables, self.chains(state))
+        for name in obsolete:   # no rule names it any more
+            try:
+                self.ipset.destroy(name)
+            except IpsetError as error:
+                log.warning("could not remove the old hairpin set %s: %s", name, error)
         for address in sorted(set(index.addresses) - addresses_before):
             self.device.add_address(address)
 
@@ -231,12 +268,14 @@ class IpvsProxy(ProxyBackend):
                 services[name] = new
                 self._rendered[name] = (service, state.endpoints_of(name), new)
         self._plan = IpvsPlan(services)
+        if not hairpin.fits(self.hairpin_spec, len(index.members[HAIRPIN_SET.name])):
+            return self._sync_full(state)   # a larger hairpin set: filled, then the rule repaired to use it
 
         set_changes = {}
         for set_name, members in sorted(touched_members.items()):
             wanted = {m for m in members if index.wanted_member(set_name, m)}
-            set_changes[set_name] = (wanted, members - wanted)
-        self.ipset.update_many(set_changes, types={spec.name: spec.type for spec in IPVS_SETS})
+            set_changes[self._kernel_set(set_name)] = (wanted, members - wanted)
+        self.ipset.update_many(set_changes, types={self._kernel_set(spec.name): spec.type for spec in IPVS_SETS})
         for address in sorted(a for a in touched_addresses if index.wanted_address(a)):
             self.device.add_address(address)
         written = set(rerendered)
@@ -368,6 +407,7 @@ class IpvsProxy(ProxyBackend):
             self.device.delete()
             self._graceful.clear()
             self._plan, self._index, self._node, self._rendered = None, None, None, {}
+            self._hairpin_known = False
 
 
 def _nodeport_entries(sets: dict[str, SetContents]) -> frozenset[str]:

@@ -115,8 +115,9 @@ def _match(spec: IpsetSpec, directions: str, *, negate: bool = False) -> tuple[s
 
 
 def render_ipvs_chains(*, cluster_cidr: str | None, ports: PortRandomization = PortRandomization.FULLY,
-                       mark: int = MASQUERADE_MARK) -> tuple[IpvsChain, ...]:
-    """The four chains, in the form iptables-save prints them. Pure."""
+                       mark: int = MASQUERADE_MARK, hairpin_set: str = HAIRPIN_SET.name) -> tuple[IpvsChain, ...]:
+    """The four chains, in the form iptables-save prints them. Pure. `hairpin_set` is the
+    hairpin set of the size the state needs (proxy/hairpin_set.py: a larger one replaces it)."""
     set_mark = ("-j", "MARK", "--set-xmark", f"{mark:#x}/{mark:#x}")
     masquerade = ("-j", *ports.target)
     from_outside: tuple[str, ...] = ()
@@ -128,7 +129,7 @@ def render_ipvs_chains(*, cluster_cidr: str | None, ports: PortRandomization = P
         _rule(*_match(NODEPORT_SET, "dst,dst"), *set_mark),
     )
     postrouting = (
-        _rule(*_match(HAIRPIN_SET, "dst,dst,src"), *masquerade),
+        _rule("-m", "set", "--match-set", hairpin_set, "dst,dst,src", *masquerade),
         _rule("-m", "mark", "!", "--mark", f"{mark:#x}/{mark:#x}", "-j", "RETURN"),
         _rule("-j", "MARK", "--set-xmark", f"{mark:#x}/0x0"),
         _rule(*masquerade),

@@ -246,3 +246,49 @@ def test_hairpin_is_masqueraded_and_cleanup_leaves_nothing_of_ours(lab, runner, 
     assert runner.table("nat") == foreign
     assert HAIRPIN_SET not in lab.run("node", "ipset", "list", "-n").stdout.split()
     assert lab.answers("pod", "10.96.0.12", 80, timeout=0.5) == ["timeout"]
+
+
+def hairpin_sets(lab) -> dict[str, int]:
+    """Our hairpin sets in the node namespace -> their maxelem, as the real ipset reports them."""
+    found = {}
+    for set_name in lab.run("node", "ipset", "list", "-n").stdout.split():
+        if set_name.startswith(HAIRPIN_SET):
+            header = lab.run("node", "ipset", "list", "-t", set_name).stdout
+            found[set_name] = int(header.split("maxelem ", 1)[1].split()[0])
+    return found
+
+
+def test_the_hairpin_set_grows_past_its_capacity_with_the_real_tools(lab, runner):
+    """Issue 18 item 3: a full hairpin set failed every sync ('Hash is full', nothing
+    programmed). A 64-member first capacity stands for ipset's default 262,144."""
+    proxy = IptablesProxy(iptables=runner, ipset=IpsetRunner(exec_prefix=namespaces.exec_prefix(lab.names["node"])),
+                          hairpin_minimum=64)
+    lonely = ServicePort(name("lonely"), Protocol.TCP, 80, "10.96.0.12")
+    proxy.sync(state((lonely, endpoints("ep1"))), changed=None)
+    assert hairpin_sets(lab) == {HAIRPIN_SET: 64}
+    many = [(ServicePort(name(f"s{i}"), Protocol.TCP, 80, f"10.96.1.{i + 1}"),
+             tuple(Endpoint(ip, 9000 + i) for ip in ENDPOINT_IPS.values())) for i in range(100)]
+    grown = state((lonely, endpoints("ep1")), *many)      # 301 members
+    report = proxy.sync(grown, changed=frozenset(grown.services))
+    assert report.scope.value == "partial" and hairpin_sets(lab) == {f"{HAIRPIN_SET}-10": 1024}
+    assert f"--match-set {HAIRPIN_SET}-10 dst,dst,src" in runner.save()
+    assert lab.answers("ep1", "10.96.0.12", 80) == ["ep1 10.244.1.1"]        # hairpin still masqueraded
+    proxy.cleanup()
+    assert hairpin_sets(lab) == {}
+
+
+def test_a_service_port_the_real_tool_refuses_is_left_out_and_the_rest_answers(lab, runner, proxy):
+    """Issue 18 item 3: iptables-restore is all or nothing; a Service whose rule the tool
+    refuses (here a cluster IP that is no address, "host/network ... not found", as if a value
+    had slipped past the parser) no longer costs every other Service its rules. A 1,100-character
+    name, which the tool refused in a comment before comments were cut to what xt_comment
+    holds, is programmed."""
+    refused = ServicePort(ServicePortName("default", "bad", "p"), Protocol.TCP, 80, "10.96.0.300")
+    long_named = ServicePort(ServicePortName("default", "x" * 1100, "p"), Protocol.TCP, 80, "10.96.0.21")
+    desired = state((WEB, endpoints("ep1")), (refused, endpoints("ep2")), (long_named, endpoints("ep2")))
+    report = proxy.sync(desired, changed=None)
+    assert set(report.unprogrammed) == {refused.name}
+    assert report.unprogrammed[refused.name].startswith("iptables-restore: ")
+    assert who(lab.answers("pod", "10.96.0.10", 80, count=3)) == {"ep1"}
+    assert who(lab.answers("pod", "10.96.0.21", 80, count=3)) == {"ep2"}
+    assert_kernel_holds_the_render(runner, proxy, state((WEB, endpoints("ep1")), (long_named, endpoints("ep2"))))

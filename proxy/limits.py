@@ -1,0 +1,83 @@
+"""The service proxy's per-object and per-node limits: what bounds the work one object can cause.
+
+Every Service and EndpointSlice is untrusted, and the work of programming one grows with its
+ports and endpoints: one Service with 100,000 ports rendered 300,000 iptables rules (35 MB of
+restore input, 8 s) before these limits. So the proxy refuses, with a `too-large` rejection
+(`infra/rejections.py`: a log line, the `netagent_rejected_objects` gauge, an Event, the
+proxy's /healthz details), any object above them, and the rest of the cluster keeps its
+programming. The defaults sit well above what a real cluster writes and well below what
+hurts a node:
+
+- `ports_per_service` (1,000): Kubernetes sets no limit, but a Service with more ports than
+  this is a port range written out by hand; `--proxy-max-ports-per-service`.
+- `addresses_per_service` (1,000): external IPs, load-balancer ingress IPs and source ranges
+  together; each is a rule per port (and a conntrack filter per gone UDP endpoint);
+  `--proxy-max-addresses-per-service`.
+- `endpoints_per_service_port` (20,000): the endpoints of one service port across all its
+  slices (Kubernetes' scalability envelope is 5,000 pods per Service);
+  `--proxy-max-endpoints-per-port`.
+- `endpoint_ports` (1,000,000): the whole node's programmed (service port, endpoint) pairs,
+  about one iptables rule each (a port's addresses count one each too, and a port without
+  endpoints one); `--proxy-max-endpoint-ports`. Above it, Services are admitted
+  oldest first (creationTimestamp, then namespace/name), so a newcomer can never push an
+  established Service out; the ones that do not fit are rejected until room is made.
+- `endpoints_per_slice` and `ports_per_slice` (1,000 and 100): the API server's own
+  validation limits for one EndpointSlice, enforced here for a lax server; not flags.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    ports_per_service: int = 1000
+    addresses_per_service: int = 1000
+    endpoints_per_service_port: int = 20000
+    endpoint_ports: int = 1_000_000
+    endpoints_per_slice: int = 1000
+    ports_per_slice: int = 100
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"proxy limit {name} must be a positive integer, not {value!r}")
+
+
+DEFAULT_LIMITS = ProxyLimits()
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def add_limit_arguments(group) -> None:
+    """The limits' flags, in the proxy's argument group."""
+    group.add_argument("--proxy-max-ports-per-service", type=_positive, default=DEFAULT_LIMITS.ports_per_service,
+                       help="a Service with more ports is rejected (too-large) and not programmed")
+    group.add_argument("--proxy-max-addresses-per-service", type=_positive,
+                       default=DEFAULT_LIMITS.addresses_per_service,
+                       help="a Service with more external IPs, load-balancer IPs and source ranges (together) is "
+                            "rejected")
+    group.add_argument("--proxy-max-endpoints-per-port", type=_positive,
+                       default=DEFAULT_LIMITS.endpoints_per_service_port,
+                       help="a Service one of whose ports has more endpoints (all slices together) is rejected")
+    group.add_argument("--proxy-max-endpoint-ports", type=_positive, default=DEFAULT_LIMITS.endpoint_ports,
+                       help="the node's budget of (service port, endpoint) pairs; Services beyond it, newest "
+                            "first, are rejected until it has room")
+
+
+def limits_from_args(args) -> ProxyLimits:
+    return ProxyLimits(
+        ports_per_service=getattr(args, "proxy_max_ports_per_service", DEFAULT_LIMITS.ports_per_service),
+        addresses_per_service=getattr(args, "proxy_max_addresses_per_service", DEFAULT_LIMITS.addresses_per_service),
+        endpoints_per_service_port=getattr(args, "proxy_max_endpoints_per_port",
+                                           DEFAULT_LIMITS.endpoints_per_service_port),
+        endpoint_ports=getattr(args, "proxy_max_endpoint_ports", DEFAULT_LIMITS.endpoint_ports))
