@@ -1,5 +1,6 @@
 #!/bin/sh
-# Build the CNI shim (netagent-shim.c beside this script) into OUTPUT as a static binary:
+# Build the CNI shim (every .c file beside this script, compiled together; main is in
+# netagent-shim.c) into OUTPUT as a static binary:
 # musl-gcc -static -Os -s (about 60 KB, no loader, no libc on the host needed), or, with a
 # warning, gcc -static when musl-gcc is missing (Debian: apt-get install musl-tools).
 # CC=... picks a compiler explicitly. NETAGENT_DEFAULT_SOCKET=/abs/path changes the socket the shim
@@ -15,7 +16,7 @@ if [ $# -ne 1 ]; then
   exit 2
 fi
 output=$1
-source="$(cd "$(dirname "$0")" && pwd)/netagent-shim.c"
+here="$(cd "$(dirname "$0")" && pwd)"
 
 if [ -n "${CC:-}" ]; then
   cc=$CC
@@ -49,6 +50,6 @@ tmp="$output.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 # $defines is empty or one word without blanks: unquoted on purpose
 # shellcheck disable=SC2086
-"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s $defines -o "$tmp" "$source"
+"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s $defines -o "$tmp" "$here"/*.c
 chmod 0755 "$tmp"
 mv -f "$tmp" "$output"

@@ -12,7 +12,7 @@ makes the early reply safe: an agent killed with DELs pending replays them at st
 It lives on tmpfs (/run) in production and needs no fsync: it has to survive the agent,
 not the machine, and after a reboot the veths are gone anyway.
 
-The CNI shim (cni/shim/netagent-shim.c) writes here too: a DEL that finds no agent
+The CNI shim (cni/shim/journal.c) writes here too: a DEL that finds no agent
 listening is saved as its wire-format request (`shim-<time>-<pid>.wire`, cni/wire.py's
 framing) and acknowledged. `adopt_shim_records` runs those through the dispatcher at start,
 exactly as if they had arrived on the socket, which turns each into a journal entry above.

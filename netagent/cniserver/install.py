@@ -60,6 +60,21 @@ def shim_source_dir() -> str:
     return os.path.join(code_root(), "cni", "shim")
 
 
+def shim_sources() -> list[str]:
+    """Every file the shim's build reads: `build.sh` and each `.c` and `.h` beside it.
+
+    A change to any of them makes the built shim stale; `fuzz/` is the harness, not the shim.
+    Empty when the source directory is not here (an installed package without it)."""
+    directory = shim_source_dir()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    return [os.path.join(directory, name) for name in names
+            if (name == "build.sh" or name.endswith((".c", ".h")))
+            and os.path.isfile(os.path.join(directory, name))]
+
+
 def default_shim_path() -> str:
     """Where `scripts/setup.sh` and `shim_binary()` build the shim (ignored by git)."""
     return os.path.join(code_root(), "build", "cni-shim", "netagent")
@@ -88,8 +103,9 @@ def shim_binary(prebuilt: str | None = None) -> str:
             raise ShimUnavailable(f"{prebuilt} is not an executable shim")
         return prebuilt
     built = default_shim_path()
-    sources = [os.path.join(shim_source_dir(), name) for name in ("netagent-shim.c", "build.sh")]
-    if not all(os.path.exists(source) for source in sources):
+    sources = shim_sources()
+    names = [os.path.basename(source) for source in sources]
+    if "build.sh" not in names or not any(name.endswith(".c") for name in names):
         if os.access(built, os.X_OK):
             return built
         raise ShimUnavailable(f"no CNI shim at {built} and no source to build it from")

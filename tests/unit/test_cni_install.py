@@ -43,6 +43,37 @@ def test_a_failing_build_is_a_clear_error(tmp_path, monkeypatch):
     assert not (tmp_path / "netagent").exists()
 
 
+def test_the_shim_is_stale_when_any_of_its_sources_is_newer():
+    """Every .c and .h of cni/shim/ (and build.sh) counts, so no file of the split shim can leave a
+    stale binary; the fuzz harness beside them is not part of the shim."""
+    directory = cni_install.shim_source_dir()
+    expected = sorted(name for name in os.listdir(directory) if name.endswith((".c", ".h")))
+    names = [os.path.basename(source) for source in cni_install.shim_sources()]
+    assert names == sorted([*expected, "build.sh"]) and "netagent-shim.c" in names
+    assert all(os.path.dirname(source) == directory for source in cni_install.shim_sources())
+
+
+@pytest.mark.parametrize("touched", ["wire.h", "journal.c", "build.sh", "fuzz/fuzz_shim.c"])
+def test_a_touched_source_rebuilds_the_shim_and_only_a_source_does(tmp_path, monkeypatch, touched):
+    source = tmp_path / "cni" / "shim"
+    (source / "fuzz").mkdir(parents=True)
+    for name in ("build.sh", "netagent-shim.c", "journal.c", "wire.h", "fuzz/fuzz_shim.c"):
+        (source / name).write_text("")
+    built = tmp_path / "build" / "netagent"
+    built.parent.mkdir()
+    built.write_bytes(b"\x7fELF")
+    built.chmod(0o755)
+    for path in [*source.rglob("*"), built]:
+        os.utime(path, (1000, 1000))
+    os.utime(source / touched, (2000, 2000))
+    builds = []
+    monkeypatch.setattr(cni_install, "shim_source_dir", lambda: str(source))
+    monkeypatch.setattr(cni_install, "default_shim_path", lambda: str(built))
+    monkeypatch.setattr(cni_install, "build_shim", lambda output: builds.append(output) or output)
+    assert cni_install.shim_binary() == str(built)
+    assert builds == ([] if touched.startswith("fuzz/") else [str(built)])
+
+
 def test_the_python_client_is_installed_only_when_asked_for(tmp_path):
     paths = cni_install.install(bin_dir=str(tmp_path), conf_dir=None, name="n", subnets=[], mode="bridge",
                                 bridge="na0", mtu=1500, socket_path="/run/x.sock", data_dir="/tmp",

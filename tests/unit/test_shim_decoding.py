@@ -138,7 +138,7 @@ UNDECODABLE = {
 }
 
 
-# Rules the shim states on top of the agent's decoder (cni/shim/netagent-shim.c's header): stdin is
+# Rules the shim states on top of the agent's decoder (cni/shim/json.c's header): stdin is
 # UTF-8 without a byte-order mark (json.loads would guess other encodings and pass surrogates),
 # and a lone surrogate escape is malformed. Everything else here the agent refuses with 6 too.
 SHIM_ONLY_RULES = {"an encoded surrogate", "a byte-order mark", "a lone surrogate escape"}

@@ -1,4 +1,4 @@
-"""The CNI shim (cni/shim/netagent-shim.c) fuzzed, against a fake agent that answers or misbehaves.
+"""The CNI shim (cni/shim/) fuzzed, against a fake agent that answers or misbehaves.
 
 The shim is built into a temporary directory with its own build script. Whatever it is
 given (random, oversized, truncated or binary stdin; random, binary or missing variables)

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Build the shim's libFuzzer harness (fuzz_shim.c beside this script) into OUTPUT with clang,
+# Build the shim's libFuzzer harness (fuzz_shim.c beside this script, linked with every .c file of
+# the shim, cni/shim/*.c, with the shim's main renamed) into OUTPUT with clang,
 # AddressSanitizer and UndefinedBehaviorSanitizer (any UB report aborts, so the fuzzer counts it
 # as a crash). Needs clang and its compiler-rt (Debian: apt-get install clang libclang-rt-dev;
 # scripts/setup.sh does). FUZZ_CC=... picks another clang.
@@ -12,7 +13,7 @@ if [ $# -ne 1 ]; then
   exit 2
 fi
 output=$1
-source="$(cd "$(dirname "$0")" && pwd)/fuzz_shim.c"
+here="$(cd "$(dirname "$0")" && pwd)"
 cc=${FUZZ_CC:-clang}
 if ! command -v "$cc" >/dev/null 2>&1; then
   echo "fuzz/build.sh: no $cc: apt-get install clang libclang-rt-dev" >&2
@@ -24,5 +25,5 @@ tmp="$output.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 "$cc" -std=c11 -g -O1 -Wall -Wextra -Werror -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -o "$tmp" "$source"
+  -Dmain=netagent_shim_main -o "$tmp" "$here/fuzz_shim.c" "$here"/../*.c
 mv -f "$tmp" "$output"

@@ -1,10 +1,11 @@
 /*
- * The libFuzzer harness of the CNI shim (cni/shim/netagent-shim.c): its request parsing and its
+ * The libFuzzer harness of the CNI shim (the .c files of cni/shim/): its request parsing and its
  * framing, in process, built with AddressSanitizer and UndefinedBehaviorSanitizer by build.sh
  * beside this file (run.sh runs it; tests/unit/test_shim_libfuzzer.py runs it in CI).
  *
- * The shim is one C file with a main; it is included here with main renamed, so the harness
- * calls the very functions the shipped binary runs, with no copy to drift. Each input is:
+ * build.sh links this file with every .c file of the shim, compiled with main renamed
+ * (-Dmain=netagent_shim_main), so the harness calls the very functions the shipped binary runs,
+ * with no copy to drift. Each input is:
  *   - stdin: decide() for both plugin names (netagent, netagent-ipam) and every command
  *     (ADD, DEL, CHECK, VERSION, none), which scans the config, picks the socket or renders the
  *     answer (VERSION's, an error object); then frame_request() when it goes to the agent;
@@ -16,9 +17,18 @@
  * its own scanner reads back in a version it speaks, a socket is absolute and fits sun_path,
  * and a request's header announces exactly the lengths that follow. A broken rule aborts.
  */
-#define main netagent_shim_main
-#include "../netagent-shim.c"
-#undef main
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+
+#include "../config.h"
+#include "../io.h"
+#include "../json.h"
+#include "../reply.h"
+#include "../wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
