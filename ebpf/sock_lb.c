@@ -1,6 +1,7 @@
 /* netagent socket-level service load balancing (cgroup v2 CGROUP_SOCK_ADDR programs).
  *
- * Compiled by bcc at agent start (ebpf/loader.py prepends NA_PIN_DIR, NA_HAVE_SET_RETVAL).
+ * Compiled by bcc at agent start (ebpf/loader.py prepends NA_PIN_DIR, NA_HAVE_SET_RETVAL and each
+ * map's capacity, NA_MAX_<MAP>, from --bpf-map-max; the defaults below are ebpf/sizes.py's).
  * A connect() or an unconnected UDP sendmsg() to a service address (cluster IP, NodePort on a
  * node address, external IP, load-balancer IP) is rewritten to one of its backends before the
  * kernel routes it, so east-west traffic needs no per-packet NAT and no conntrack entry.
@@ -88,15 +89,31 @@ struct na_revnat_value {
     __u16 pad;
 };
 
-BPF_TABLE_PINNED7("hash", struct na_svc_key, struct na_svc_value, na_svc, 262144,
+#ifndef NA_MAX_SVC
+#define NA_MAX_SVC 262144
+#endif
+#ifndef NA_MAX_SLOTS
+#define NA_MAX_SLOTS 2097152
+#endif
+#ifndef NA_MAX_SETNAME
+#define NA_MAX_SETNAME 524288
+#endif
+#ifndef NA_MAX_AFFINITY
+#define NA_MAX_AFFINITY 65536
+#endif
+#ifndef NA_MAX_REVNAT
+#define NA_MAX_REVNAT 131072
+#endif
+
+BPF_TABLE_PINNED7("hash", struct na_svc_key, struct na_svc_value, na_svc, NA_MAX_SVC,
                   NA_PIN_DIR "/na_svc", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED7("hash", struct na_slot_key, struct na_backend, na_slots, 2097152,
+BPF_TABLE_PINNED7("hash", struct na_slot_key, struct na_backend, na_slots, NA_MAX_SLOTS,
                   NA_PIN_DIR "/na_slots", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname, 524288,
+BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname, NA_MAX_SETNAME,
                   NA_PIN_DIR "/na_setname", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value, na_affinity, 65536,
+BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value, na_affinity, NA_MAX_AFFINITY,
                  NA_PIN_DIR "/na_affinity");
-BPF_TABLE_PINNED("lru_hash", struct na_revnat_key, struct na_revnat_value, na_revnat, 131072,
+BPF_TABLE_PINNED("lru_hash", struct na_revnat_key, struct na_revnat_value, na_revnat, NA_MAX_REVNAT,
                  NA_PIN_DIR "/na_revnat");
 
 static __u64 (*na_socket_cookie)(void *ctx) = (void *)BPF_FUNC_get_socket_cookie;
