@@ -276,10 +276,14 @@ class CtEntry:
     proto: int
     dir: int
     flags: int
+    nat_daddr: str     # the packet's new destination and port
+    nat_dport: int
 
 
 def parse_ct(key: bytes, value: bytes) -> CtEntry:
     saddr, daddr, sport, dport, proto, direction, _ = CT_KEY.unpack(key)
+    _, nat_daddr, _, nat_dport, created = CT_VALUE.unpack(value)
     flags = CtValue.from_buffer_copy(value).flags
     return CtEntry(socket.inet_ntoa(saddr), int.from_bytes(sport, "big"), socket.inet_ntoa(daddr),
-                   int.from_bytes(dport, "big"), proto, direction, flags)
+                   int.from_bytes(dport, "big"), proto, direction, flags, socket.inet_ntoa(nat_daddr),
+                   int.from_bytes(nat_dport, "big"))
