@@ -102,7 +102,7 @@ class NodePortLab(NamespaceTopology):
 
 
 FLOOD = r"""
-import socket, struct, sys
+import errno, socket, struct, sys, time
 count, dst_mac, node_ip, port = int(sys.argv[1]), bytes.fromhex(sys.argv[2].replace(":", "")), sys.argv[3], int(sys.argv[4])
 def csum(data):
     if len(data) % 2: data += b"\0"
@@ -120,7 +120,14 @@ for i in range(count):
     tcp = tcp[:16] + struct.pack("!H", csum(saddr + daddr + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), i % 65536, 0, 64, 6, 0, saddr, daddr)
     ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
-    s.send(dst_mac + src_mac + b"\x08\x00" + ip + tcp)
+    while True:
+        try:
+            s.send(dst_mac + src_mac + b"\x08\x00" + ip + tcp)
+            break
+        except OSError as error:   # ENOBUFS: the device's queue is full, let it drain
+            if error.errno != errno.ENOBUFS:
+                raise
+            time.sleep(0.001)
     sent += 1
 print(sent)
 """
