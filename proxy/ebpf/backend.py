@@ -167,7 +167,8 @@ class EbpfProxy(ProxyBackend):
         by_service: dict[str, list[str]] = defaultdict(list)
         for name in sorted(rejected):
             by_service[name.service].append(f"port {name.port or '(unnamed)'}: {rejected[name]}")
-        for key in set(self._rejected) - set(by_service):
+        ours = {r.ref.key for r in self.rejections.snapshot() if r.ref.kind == "Service" and r.reason == "map-full"}
+        for key in (ours | set(self._rejected)) - set(by_service):
             self.rejections.accept(kind="Service", key=key)
         for key, reasons in by_service.items():
             namespace, _, service = key.partition("/")
