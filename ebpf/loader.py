@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebpf import syscall
-from ebpf.maps import LRU_MAPS, MAP_NAMES
+from ebpf.maps import LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
 from ebpf.mapset import MapSet
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
 from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
@@ -156,7 +156,7 @@ def remove_pins(bpf_root: str) -> list[str]:
     """Unpin every map of ours under `bpf_root` and the directory; what was removed."""
     directory = pin_dir(bpf_root)
     removed = []
-    for name in MAP_NAMES:
+    for name in (*PINNED_NAMES, *RETIRED_MAPS):
         path = os.path.join(directory, name)
         if os.path.exists(path):
             os.unlink(path)

@@ -20,13 +20,16 @@ SVC_MAP = "na_svc"
 SLOTS_MAP = "na_slots"
 SETNAME_MAP = "na_setname"
 AFFINITY_MAP = "na_affinity"
-REVNAT_MAP = "na_revnat"
+SOCK_REVNAT_MAP = "na_sock_revnat"   # socket storage (per socket, freed with it): not a MapSet member,
+                                     # its entries are reachable only through a socket
+RETIRED_MAPS = ("na_revnat",)        # pinned by earlier versions: removed by cleanup
 CT_MAP = "na_ct"            # ebpf/nodeport.c: the tc path's confirmed connections (LRU)
 CT_NEW_MAP = "na_ct_new"    # ebpf/nodeport.c: new (unconfirmed) and closing connections (a small LRU)
 LBSRC_MAP = "na_lbsrc"      # loadBalancerSourceRanges (LPM trie)
 CONFIG_MAP = "na_config"    # the node address the tc path SNATs to (array of one)
-MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, REVNAT_MAP, CT_MAP, CT_NEW_MAP, LBSRC_MAP, CONFIG_MAP)
-LRU_MAPS = frozenset({AFFINITY_MAP, REVNAT_MAP, CT_MAP, CT_NEW_MAP})   # full: the kernel evicts, never refuses
+MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, CT_MAP, CT_NEW_MAP, LBSRC_MAP, CONFIG_MAP)
+LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP})   # full: the kernel evicts, never refuses
+PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP)   # everything we pin
 
 # ---- flags and kinds (the C #defines) --------------------------------------------------------------
 F_NO_ENDPOINTS = 1
@@ -91,15 +94,6 @@ class AffinityValue(ctypes.Structure):
                 ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("pad2", ctypes.c_uint32)]
 
 
-class RevNatKey(ctypes.Structure):
-    _fields_ = [("socket_cookie", ctypes.c_uint64), ("addr", ctypes.c_uint32), ("port", ctypes.c_uint16),
-                ("pad", ctypes.c_uint16)]
-
-
-class RevNatValue(ctypes.Structure):
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
-
-
 class CtKey(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
                 ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
@@ -145,8 +139,6 @@ SET_ID = struct.Struct("=I")
 SET_NAME = struct.Struct(f"={NAME_BYTES}sI")
 AFFINITY_KEY = struct.Struct("=QII")
 AFFINITY_VALUE = struct.Struct("=QI4s2sHI")
-REVNAT_KEY = struct.Struct("=Q4s2sH")
-REVNAT_VALUE = struct.Struct("=4s2sH")
 CT_KEY = struct.Struct("=4s4s2s2sBBH")
 CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
 LBSRC_KEY = struct.Struct("=II4s")
@@ -158,7 +150,6 @@ LAYOUTS = {
     SLOTS_MAP: MapLayout(SLOTS_MAP, SlotKey, Backend, SLOT_KEY, BACKEND),
     SETNAME_MAP: MapLayout(SETNAME_MAP, ctypes.c_uint32, SetName, SET_ID, SET_NAME),
     AFFINITY_MAP: MapLayout(AFFINITY_MAP, AffinityKey, AffinityValue, AFFINITY_KEY, AFFINITY_VALUE),
-    REVNAT_MAP: MapLayout(REVNAT_MAP, RevNatKey, RevNatValue, REVNAT_KEY, REVNAT_VALUE),
     CT_MAP: MapLayout(CT_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
     CT_NEW_MAP: MapLayout(CT_NEW_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
     LBSRC_MAP: MapLayout(LBSRC_MAP, LbSrcKey, ctypes.c_uint8, LBSRC_KEY, LBSRC_VALUE),

@@ -12,8 +12,9 @@ Defaults (hash maps are BPF_F_NO_PREALLOC: an unused entry costs no memory; LRU 
 preallocated, roughly 100 bytes an entry):
   na_svc 262,144 service addresses (10,000 Services x ~26 addresses), na_slots 2,097,152
   backends over all sets, na_setname 524,288 sets, na_lbsrc 65,536 source ranges,
-  na_affinity 65,536 and na_revnat 131,072 (LRU, socket load balancer), na_ct 262,144
-  confirmed tc-path flow directions (two per flow) and na_ct_new 65,536 new or closing ones.
+  na_affinity 65,536 (LRU), na_ct 262,144 confirmed tc-path flow directions (two per flow)
+  and na_ct_new 65,536 new or closing ones. The socket load balancer's reverse translation
+  is socket storage (`na_sock_revnat`): it grows and shrinks with the sockets, no size.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ebpf import maps as M
 
 DEFAULT_MAX_ENTRIES: Mapping[str, int] = MappingProxyType({
     M.SVC_MAP: 262_144, M.SLOTS_MAP: 2_097_152, M.SETNAME_MAP: 524_288, M.AFFINITY_MAP: 65_536,
-    M.REVNAT_MAP: 131_072, M.CT_MAP: 262_144, M.CT_NEW_MAP: 65_536, M.LBSRC_MAP: 65_536,
+    M.CT_MAP: 262_144, M.CT_NEW_MAP: 65_536, M.LBSRC_MAP: 65_536,
 })
 MIN_ENTRIES = 16            # LRU maps keep per-CPU free lists: fewer entries than this evict at random
 MAX_ENTRIES = 1 << 26       # 67M: beyond any cluster (and an LRU map this large would take gigabytes)

@@ -21,8 +21,9 @@ others with reason `map-full` through `rejections` (a Warning Event, the
 full, so room freed by a deleted Service is used at once. A partial sync whose additions
 would not fit becomes a full one. A map passing 90 % of its capacity is warned about.
 
-The LRU maps (`na_affinity`, `na_revnat`, `na_ct`, `na_ct_new`) are the programs' own: never
-written here; an affinity entry whose slot no longer holds its backend is ignored by the program.
+The LRU maps (`na_affinity`, `na_ct`, `na_ct_new`) and the socket storage `na_sock_revnat` are
+the programs' own: never written here; an affinity entry whose slot no longer holds its backend
+is ignored by the program.
 """
 from __future__ import annotations
 

@@ -103,7 +103,8 @@ class NodePortLab(NamespaceTopology):
 
 FLOOD = r"""
 import errno, socket, struct, sys, time
-count, dst_mac, node_ip, port = int(sys.argv[1]), bytes.fromhex(sys.argv[2].replace(":", "")), sys.argv[3], int(sys.argv[4])
+count, dst_mac = int(sys.argv[1]), bytes.fromhex(sys.argv[2].replace(":", ""))
+node_ip, port = sys.argv[3], int(sys.argv[4])
 def csum(data):
     if len(data) % 2: data += b"\0"
     total = sum(struct.unpack("!%dH" % (len(data) // 2), data))

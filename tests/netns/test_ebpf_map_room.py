@@ -33,7 +33,8 @@ import json, socket
 out = []
 for i in range(%d):
     try:
-        s = socket.create_connection(("10.96.1.%%d" %% (i + 1), 80), timeout=30); out.append(s.recv(64).decode()); s.close()
+        s = socket.create_connection(("10.96.1.%%d" %% (i + 1), 80), timeout=30)
+        out.append(s.recv(64).decode()); s.close()
     except OSError as error:
         out.append(error.errno)
 print(json.dumps(out))
