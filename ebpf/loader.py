@@ -100,7 +100,7 @@ class LoadReport:
     load_seconds: float      # the verifier, and attaching
     attached: tuple[str, ...]   # programs newly attached or replaced
     kept: tuple[str, ...]       # programs found attached with the same code
-    resized: tuple[str, ...] = ()   # pinned maps recreated at another capacity, one line each
+    resized: tuple[str, ...] = ()   # pinned maps recreated at another capacity (or retired), one line each
 
 
 def _cgroup_fd(cgroup: str) -> int:
@@ -226,6 +226,11 @@ class SocketLbLoader:
         finally:
             os.close(cg_fd)
             compiled.cleanup()   # the programs stay alive while attached, the maps while pinned
+        for name in RETIRED_MAPS:   # an earlier version's, unused once its programs are replaced
+            path = os.path.join(self.pin_dir, name)
+            if os.path.exists(path):
+                os.unlink(path)
+                resized.append(f"{name}: retired, unpinned")
         return LoadReport(compile_seconds=compiled_at - started, load_seconds=time.monotonic() - compiled_at,
                           attached=tuple(attached), kept=tuple(kept), resized=tuple(resized))
 

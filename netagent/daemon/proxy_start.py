@@ -129,7 +129,7 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
                  report.compile_seconds, report.load_seconds, ", ".join(report.attached) or "none",
                  ", ".join(report.kept) or "none")
         for line in report.resized:
-            log.warning("ebpf: pinned map recreated at a new size: %s", line)
+            log.warning("ebpf: pinned map changed: %s", line)
     health_checks = HealthCheckPorts()
     proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
                          conntrack=ConntrackCommand(), healthcheck=health_checks,
