@@ -210,3 +210,17 @@ def test_map_sizes_from_the_flag_override_the_defaults_and_reach_the_c_as_define
 def test_bad_map_sizes_are_refused_with_a_clear_error(value, message):
     with pytest.raises(MapSizeError, match=message):
         MapSizes.parse([value])
+
+
+def test_the_agent_flag_reaches_the_backend_paths_and_a_bad_one_is_refused():
+    import argparse
+
+    from netagent.daemon.proxy_start import add_proxy_arguments, ebpf_paths
+    parser = argparse.ArgumentParser()
+    add_proxy_arguments(parser)
+    args = parser.parse_args(["--bpf-root", "/b", "--cgroup-root", "/c", "--bpf-map-max", "na_svc=1024",
+                              "--bpf-map-max", "na_ct=2048,na_ct_new=512"])
+    sizes = ebpf_paths(args).map_sizes
+    assert (sizes[M.SVC_MAP], sizes[M.CT_MAP], sizes[M.CT_NEW_MAP]) == (1024, 2048, 512)
+    with pytest.raises(MapSizeError):
+        ebpf_paths(parser.parse_args(["--bpf-root", "/b", "--cgroup-root", "/c", "--bpf-map-max", "na_svc=1"]))
