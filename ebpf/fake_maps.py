@@ -1,9 +1,10 @@
 """`FakeBpfMap` and `fake_map_set()`: the maps as dicts, for unit tests of the eBPF backend.
 
-Stateful like the kernel's hash maps: fixed key and value sizes (a wrong size is EINVAL), a
-capacity (an update that would exceed it is E2BIG, and nothing of that batch is written, as
-the kernel stops at the first failing element and the backend treats it as a failed sync),
-deleting a missing key succeeds. Every write call is counted, so tests can assert that an
+Stateful like the kernel's maps: fixed key and value sizes (a wrong size is EINVAL, nothing
+written), a capacity: a hash map refuses a new key when full (E2BIG), and a batch stops there,
+its earlier elements written, as the kernel's MAP_UPDATE_BATCH does; an LRU map (ebpf/maps.py's
+LRU_MAPS) never refuses, it evicts its least recently used entry. Deleting a missing key
+succeeds. Every write call is counted, so tests can assert that an
 adopting sync wrote nothing and a one-endpoint change wrote O(1) entries.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import errno
 from collections.abc import Iterable, Mapping
 
 from ebpf.mapset import BpfMap, MapSet
-from ebpf.maps import LAYOUTS, MAP_NAMES
+from ebpf.maps import LAYOUTS, LRU_MAPS, MAP_NAMES
 
 
 class FakeBpfMap(BpfMap):
@@ -21,7 +22,9 @@ class FakeBpfMap(BpfMap):
         self.name = name
         self.key_size, self.value_size = layout.key_size, layout.value_size
         self.max_entries = max_entries
-        self.entries: dict[bytes, bytes] = {}
+        self.lru = name in LRU_MAPS
+        self.entries: dict[bytes, bytes] = {}   # least recently used first (LRU maps)
+        self.evicted = 0
         self.updated = 0      # entries written, over all update calls
         self.deleted = 0      # keys deleted
         self.fail_next_update: OSError | None = None
@@ -39,11 +42,15 @@ class FakeBpfMap(BpfMap):
             raise error
         for key, value in items.items():
             self._check(key, value)
-        new = sum(1 for key in items if key not in self.entries)
-        if len(self.entries) + new > self.max_entries:
-            raise OSError(errno.E2BIG, f"{self.name}: map full ({self.max_entries} entries)")
-        self.entries.update(items)
-        self.updated += len(items)
+        for key, value in items.items():
+            if key not in self.entries and len(self.entries) >= self.max_entries:
+                if not self.lru:
+                    raise OSError(errno.E2BIG, f"{self.name}: map full ({self.max_entries} entries)")
+                del self.entries[next(iter(self.entries))]
+                self.evicted += 1
+            self.entries.pop(key, None)
+            self.entries[key] = value
+            self.updated += 1
 
     def delete(self, keys: Iterable[bytes]) -> None:
         for key in keys:
@@ -53,7 +60,10 @@ class FakeBpfMap(BpfMap):
 
     def lookup(self, key: bytes) -> bytes | None:
         self._check(key)
-        return self.entries.get(key)
+        value = self.entries.get(key)
+        if value is not None and self.lru:   # a lookup is a use
+            self.entries[key] = self.entries.pop(key)
+        return value
 
     def count(self) -> int:
         return len(self.entries)
@@ -63,8 +73,10 @@ class FakeBpfMap(BpfMap):
         return self.updated + self.deleted
 
 
-def fake_map_set(*, max_entries: int = 1 << 20) -> MapSet:
-    return MapSet.from_maps({name: FakeBpfMap(name, max_entries=max_entries) for name in MAP_NAMES})
+def fake_map_set(*, max_entries: int = 1 << 20, sizes: Mapping[str, int] | None = None) -> MapSet:
+    """Every map of ours, each `max_entries` big unless `sizes` names it."""
+    sizes = sizes or {}
+    return MapSet.from_maps({name: FakeBpfMap(name, max_entries=sizes.get(name, max_entries)) for name in MAP_NAMES})
 
 
 def writes(maps: MapSet) -> int:

@@ -9,6 +9,14 @@ its instructions, map references masked) is kept and nothing is attached: an age
 with unchanged code writes nothing. A different one of ours is replaced atomically
 (BPF_F_REPLACE), never detached first, so connections are never left unbalanced.
 
+Map capacities come from `sizes` (ebpf/sizes.py, `--bpf-map-max`), passed to bcc as defines. A
+pinned map whose capacity differs (an earlier run with other sizes) is recreated: its pin is
+removed before compiling (bcc then creates and pins the new one), its entries are copied into
+the new map when they fit (an LRU map takes what it can; a hash map that would overflow is
+left empty for the backend's first full sync, which writes what fits and rejects the rest),
+and the programs are re-attached even when their code is unchanged, since the old ones use
+the old maps. `LoadReport.resized` says what was recreated.
+
 Safety: the bpf root must be a bpffs mount and the cgroup a cgroup v2 directory, both named
 by the caller (`--bpf-root`, `--cgroup-root`); nothing is guessed, and programs are found by
 our name prefix (netagent.kernel.owned.BPF_NAME_PREFIX) on that cgroup only.
@@ -21,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebpf import syscall
-from ebpf.maps import MAP_NAMES
+from ebpf.maps import LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
 from ebpf.mapset import MapSet
+from ebpf.sizes import DEFAULT_SIZES, MapSizes
 from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
 
 SOURCE = Path(__file__).with_name("sock_lb.c")
@@ -91,6 +100,7 @@ class LoadReport:
     load_seconds: float      # the verifier, and attaching
     attached: tuple[str, ...]   # programs newly attached or replaced
     kept: tuple[str, ...]       # programs found attached with the same code
+    resized: tuple[str, ...] = ()   # pinned maps recreated at another capacity (or retired), one line each
 
 
 def _cgroup_fd(cgroup: str) -> int:
@@ -146,7 +156,7 @@ def remove_pins(bpf_root: str) -> list[str]:
     """Unpin every map of ours under `bpf_root` and the directory; what was removed."""
     directory = pin_dir(bpf_root)
     removed = []
-    for name in MAP_NAMES:
+    for name in (*PINNED_NAMES, *RETIRED_MAPS):
         path = os.path.join(directory, name)
         if os.path.exists(path):
             os.unlink(path)
@@ -158,7 +168,8 @@ def remove_pins(bpf_root: str) -> list[str]:
 
 class SocketLbLoader:
     def __init__(self, *, bpf_root: str, cgroup: str, set_retval: bool | None = None,
-                 tc_device: str | None = None, pod_veths: bool = False):
+                 tc_device: str | None = None, pod_veths: bool = False, sizes: MapSizes = DEFAULT_SIZES):
+        self.sizes = sizes
         self.bpf_root = bpf_root
         self.cgroup = cgroup
         self.tc_device = tc_device   # where the tc path is attached (None: not attached)
@@ -176,6 +187,7 @@ class SocketLbLoader:
         defines = [f'#define NA_PIN_DIR "{self.pin_dir}"']
         if self.set_retval:
             defines.append("#define NA_HAVE_SET_RETVAL 1")
+        defines += self.sizes.defines()
         return "\n".join(defines) + "\n" + SOURCE.read_text() + "\n" + TC_SOURCE.read_text()
 
     def ensure_loaded(self) -> LoadReport:
@@ -184,10 +196,7 @@ class SocketLbLoader:
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
         from bcc import BPF   # Debian's python3-bpfcc; imported only here (LLVM is heavy)
         started = time.monotonic()
-        try:
-            compiled = BPF(text=self.source().encode())
-        except Exception as error:   # bcc raises plain Exception
-            raise EbpfError(f"compiling {SOURCE.name}: {error}") from None
+        compiled, resized = self._compile(BPF)
         compiled_at = time.monotonic()
         attached, kept = [], []
         cg_fd = _cgroup_fd(self.cgroup)
@@ -197,7 +206,7 @@ class SocketLbLoader:
                     fn = compiled.load_func(name.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
                 except Exception as error:
                     raise EbpfError(f"loading {name}: {error}") from None
-                if self._attach(cg_fd, fn.fd, name, attach_type):
+                if self._attach(cg_fd, fn.fd, name, attach_type, force=bool(resized)):
                     attached.append(name)
                 else:
                     kept.append(name)
@@ -217,16 +226,69 @@ class SocketLbLoader:
         finally:
             os.close(cg_fd)
             compiled.cleanup()   # the programs stay alive while attached, the maps while pinned
+        for name in RETIRED_MAPS:   # an earlier version's, unused once its programs are replaced
+            path = os.path.join(self.pin_dir, name)
+            if os.path.exists(path):
+                os.unlink(path)
+                resized.append(f"{name}: retired, unpinned")
         return LoadReport(compile_seconds=compiled_at - started, load_seconds=time.monotonic() - compiled_at,
-                          attached=tuple(attached), kept=tuple(kept))
+                          attached=tuple(attached), kept=tuple(kept), resized=tuple(resized))
 
-    def _attach(self, cg_fd: int, prog_fd: int, name: str, attach_type: int) -> bool:
-        """Attach `prog_fd` unless the same code of ours is there; True when something was written."""
+    def _compile(self, bpf_class) -> tuple:
+        """bcc's BPF object over our pinned maps, and what was recreated at another capacity."""
+        old = self._unpin_resized()
+        try:
+            try:
+                compiled = bpf_class(text=self.source().encode())
+            except Exception as error:   # bcc raises plain Exception
+                for name, (fd, _) in old.items():   # the old maps stay (pinned again where bcc left none)
+                    if not os.path.exists(os.path.join(self.pin_dir, name)):
+                        syscall.obj_pin(fd, os.path.join(self.pin_dir, name))
+                raise EbpfError(f"compiling {SOURCE.name}: {error}") from None
+            return compiled, [self._refill(name, fd, before) for name, (fd, before) in old.items()]
+        finally:
+            for fd, _ in old.values():
+                os.close(fd)
+
+    def _unpin_resized(self) -> dict[str, tuple[int, int]]:
+        """Unpin each map of ours whose capacity is not the wanted one; map name -> (an fd that
+        keeps the old map alive for the copy, its capacity)."""
+        old: dict[str, tuple[int, int]] = {}
+        for name, wanted in self.sizes.max_entries.items():
+            path = os.path.join(self.pin_dir, name)
+            if not os.path.exists(path):
+                continue
+            fd = syscall.obj_get(path)
+            before = syscall.map_info(fd).max_entries
+            if before == wanted:
+                os.close(fd)
+                continue
+            os.unlink(path)
+            old[name] = (fd, before)
+        return old
+
+    def _refill(self, name: str, old_fd: int, before: int) -> str:
+        """Copy the old map's entries into the new pinned one, when they fit; one line for the log."""
+        info = syscall.map_info(old_fd)
+        entries = syscall.map_read_all(old_fd, info.key_size, info.value_size)
+        wanted = self.sizes[name]
+        if len(entries) > wanted and name not in LRU_MAPS:
+            return f"{name}: {before} -> {wanted} entries; its {len(entries)} entries do not fit, left to the sync"
+        new_fd = syscall.obj_get(os.path.join(self.pin_dir, name))
+        try:
+            syscall.map_update_batch(new_fd, list(entries.items()))
+        finally:
+            os.close(new_fd)
+        return f"{name}: {before} -> {wanted} entries, {len(entries)} copied"
+
+    def _attach(self, cg_fd: int, prog_fd: int, name: str, attach_type: int, *, force: bool = False) -> bool:
+        """Attach `prog_fd` unless the same code of ours is there (and not `force`d: maps were
+        recreated); True when something was written."""
         tag = syscall.prog_info(prog_fd).tag
         present = _attached(cg_fd, attach_type)
         try:
             ours = [(fd, info) for fd, info in present if info.name == name]
-            if any(info.tag == tag for _, info in ours) and len(ours) == 1:
+            if not force and any(info.tag == tag for _, info in ours) and len(ours) == 1:
                 return False
             try:
                 syscall.prog_attach(cg_fd, prog_fd, attach_type, replace_fd=ours[0][0] if ours else 0)
@@ -248,10 +310,11 @@ class SocketLbLoader:
         check_bpf_root(self.bpf_root)
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
         from bcc import BPF
+        compiled, _ = self._compile(BPF)
         try:
-            compiled = BPF(text=self.source().encode())
             fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
         except Exception as error:   # bcc raises plain Exception
+            compiled.cleanup()
             raise EbpfError(f"loading the tc programs: {error}") from None
         return TcPrograms(compiled, fds)
 

@@ -20,17 +20,26 @@ SVC_MAP = "na_svc"
 SLOTS_MAP = "na_slots"
 SETNAME_MAP = "na_setname"
 AFFINITY_MAP = "na_affinity"
-REVNAT_MAP = "na_revnat"
-CT_MAP = "na_ct"            # ebpf/nodeport.c: the tc path's connections (LRU)
+SOCK_REVNAT_MAP = "na_sock_revnat"   # socket storage (per socket, freed with it): not a MapSet member,
+                                     # its entries are reachable only through a socket
+RETIRED_MAPS = ("na_revnat",)        # pinned by earlier versions: removed by cleanup
+CT_MAP = "na_ct"            # ebpf/nodeport.c: the tc path's confirmed connections (LRU)
+CT_NEW_MAP = "na_ct_new"    # ebpf/nodeport.c: new (unconfirmed) and closing connections (a small LRU)
 LBSRC_MAP = "na_lbsrc"      # loadBalancerSourceRanges (LPM trie)
 CONFIG_MAP = "na_config"    # the node address the tc path SNATs to (array of one)
-MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, REVNAT_MAP, CT_MAP, LBSRC_MAP, CONFIG_MAP)
+MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, CT_MAP, CT_NEW_MAP, LBSRC_MAP, CONFIG_MAP)
+LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP})   # full: the kernel evicts, never refuses
+PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP)   # everything we pin
 
 # ---- flags and kinds (the C #defines) --------------------------------------------------------------
 F_NO_ENDPOINTS = 1
 F_EXTERNAL_LOCAL = 2
 F_SOURCE_RANGES = 4
 BACKEND_LOCAL = 1       # na_backend.flags: the endpoint is on this node
+CT_F_HAIRPIN = 1        # na_ct_value.flags (ebpf/nodeport.c's NA_CT_F_*)
+CT_F_REPLIED = 2
+CT_F_FIN = 4
+CT_F_CLOSED = 8
 
 
 class AddressKind(IntEnum):
@@ -85,15 +94,6 @@ class AffinityValue(ctypes.Structure):
                 ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("pad2", ctypes.c_uint32)]
 
 
-class RevNatKey(ctypes.Structure):
-    _fields_ = [("socket_cookie", ctypes.c_uint64), ("addr", ctypes.c_uint32), ("port", ctypes.c_uint16),
-                ("pad", ctypes.c_uint16)]
-
-
-class RevNatValue(ctypes.Structure):
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
-
-
 class CtKey(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
                 ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
@@ -139,8 +139,6 @@ SET_ID = struct.Struct("=I")
 SET_NAME = struct.Struct(f"={NAME_BYTES}sI")
 AFFINITY_KEY = struct.Struct("=QII")
 AFFINITY_VALUE = struct.Struct("=QI4s2sHI")
-REVNAT_KEY = struct.Struct("=Q4s2sH")
-REVNAT_VALUE = struct.Struct("=4s2sH")
 CT_KEY = struct.Struct("=4s4s2s2sBBH")
 CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
 LBSRC_KEY = struct.Struct("=II4s")
@@ -152,8 +150,8 @@ LAYOUTS = {
     SLOTS_MAP: MapLayout(SLOTS_MAP, SlotKey, Backend, SLOT_KEY, BACKEND),
     SETNAME_MAP: MapLayout(SETNAME_MAP, ctypes.c_uint32, SetName, SET_ID, SET_NAME),
     AFFINITY_MAP: MapLayout(AFFINITY_MAP, AffinityKey, AffinityValue, AFFINITY_KEY, AFFINITY_VALUE),
-    REVNAT_MAP: MapLayout(REVNAT_MAP, RevNatKey, RevNatValue, REVNAT_KEY, REVNAT_VALUE),
     CT_MAP: MapLayout(CT_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
+    CT_NEW_MAP: MapLayout(CT_NEW_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
     LBSRC_MAP: MapLayout(LBSRC_MAP, LbSrcKey, ctypes.c_uint8, LBSRC_KEY, LBSRC_VALUE),
     CONFIG_MAP: MapLayout(CONFIG_MAP, ctypes.c_uint32, Config, SET_ID, CONFIG),
 }
@@ -256,3 +254,27 @@ def parse_set_name(value: bytes) -> tuple[str, SetRole]:
 
 def parse_set_id(key: bytes) -> int:
     return SET_ID.unpack(key)[0]
+
+
+@dataclass(frozen=True)
+class CtEntry:
+    """One direction of a tc-path flow (`na_ct`, `na_ct_new`): the packet's tuple and direction
+    (1 forward, 2 reply, 3 hairpin) and the state flags (CT_F_*)."""
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+    proto: int
+    dir: int
+    flags: int
+    nat_daddr: str     # the packet's new destination and port
+    nat_dport: int
+
+
+def parse_ct(key: bytes, value: bytes) -> CtEntry:
+    saddr, daddr, sport, dport, proto, direction, _ = CT_KEY.unpack(key)
+    _, nat_daddr, _, nat_dport, created = CT_VALUE.unpack(value)
+    flags = CtValue.from_buffer_copy(value).flags
+    return CtEntry(socket.inet_ntoa(saddr), int.from_bytes(sport, "big"), socket.inet_ntoa(daddr),
+                   int.from_bytes(dport, "big"), proto, direction, flags, socket.inet_ntoa(nat_daddr),
+                   int.from_bytes(nat_dport, "big"))

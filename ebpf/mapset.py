@@ -19,10 +19,10 @@ from ebpf.maps import (
     AFFINITY_MAP,
     CONFIG_MAP,
     CT_MAP,
+    CT_NEW_MAP,
     LAYOUTS,
     LBSRC_MAP,
     MAP_NAMES,
-    REVNAT_MAP,
     SETNAME_MAP,
     SLOTS_MAP,
     SVC_MAP,
@@ -102,19 +102,21 @@ class MapSet:
     slots: BpfMap
     setname: BpfMap
     affinity: BpfMap
-    revnat: BpfMap
     ct: BpfMap
+    ct_new: BpfMap
     lbsrc: BpfMap
     config: BpfMap
 
     def by_name(self) -> dict[str, BpfMap]:
         return {SVC_MAP: self.svc, SLOTS_MAP: self.slots, SETNAME_MAP: self.setname, AFFINITY_MAP: self.affinity,
-                REVNAT_MAP: self.revnat, CT_MAP: self.ct, LBSRC_MAP: self.lbsrc, CONFIG_MAP: self.config}
+                CT_MAP: self.ct, CT_NEW_MAP: self.ct_new, LBSRC_MAP: self.lbsrc,
+                CONFIG_MAP: self.config}
 
     @classmethod
     def from_maps(cls, maps: Mapping[str, BpfMap]) -> MapSet:
         return cls(svc=maps[SVC_MAP], slots=maps[SLOTS_MAP], setname=maps[SETNAME_MAP], affinity=maps[AFFINITY_MAP],
-                   revnat=maps[REVNAT_MAP], ct=maps[CT_MAP], lbsrc=maps[LBSRC_MAP], config=maps[CONFIG_MAP])
+                   ct=maps[CT_MAP], ct_new=maps[CT_NEW_MAP], lbsrc=maps[LBSRC_MAP],
+                   config=maps[CONFIG_MAP])
 
     @classmethod
     def open_pinned(cls, pin_dir: str) -> MapSet:

@@ -9,9 +9,16 @@
  *   `na_config` asks for it (else the node's masquerade does it), so its replies come back here; `loadBalancerSourceRanges` are an LPM-trie check (`na_lbsrc`,
  *   keyed by set id and client address); ClientIP affinity uses `na_affinity` keyed by the
  *   client address (top bit set, so it never meets a socket's netns cookie). The flow's two
- *   directions are remembered in `na_ct` (LRU), so every later packet of a connection meets
- *   the same backend and replies are reverse-translated. A reply from a remote backend (to
- *   the SNAT address and port) is translated back here too.
+ *   directions are remembered, so every later packet of a connection meets the same backend
+ *   and replies are reverse-translated. A reply from a remote backend (to the SNAT address
+ *   and port) is translated back here too.
+ * Connection tracking keeps live flows safe from churn (a SYN flood, a pod opening flows
+ * without end): a new flow's two entries go into the small LRU `na_ct_new`, and only a
+ * confirmed flow moves to `na_ct` (TCP: the client's first packet without SYN after a reply
+ * was seen, i.e. the handshake's last ACK; UDP: the first reply), so unconfirmed flows can
+ * only evict each other. A RST (either way) deletes both entries; once a FIN has been seen
+ * both ways the flow moves back to `na_ct_new` and the last ACK deletes it. Every lookup is
+ * of `na_ct` first, then `na_ct_new`: O(1), two lookups at most.
  * na_tc_egress (underlay egress, and pod host veths' egress): a reply from a local backend
  *   leaving the node, or any reply towards a pod served by na_tc_from_pod, gets the service
  *   address back as its source.
@@ -30,6 +37,13 @@
 #define NA_CT_REPLY 2
 #define NA_CT_HAIRPIN 3   /* a reply of a pod to itself through a service (na_tc_from_pod) */
 #define NA_CT_F_HAIRPIN 1 /* na_ct_value.flags: sent back out of the veth it came in by */
+#define NA_CT_F_REPLIED 2 /* (a reply-direction entry) a reply has passed: the flow may be confirmed */
+#define NA_CT_F_FIN 4     /* a FIN has passed in this entry's direction */
+#define NA_CT_F_CLOSED 8  /* FINs both ways: the next ACK ends the flow */
+#define NA_TCP_FIN 0x01
+#define NA_TCP_SYN 0x02
+#define NA_TCP_RST 0x04
+#define NA_TCP_ACK 0x10
 #define NA_AFFINITY_CLIENT (1ULL << 63)
 #define NA_BACKEND_LOCAL 1
 #define NA_SNAT_PORT_MIN 32768
@@ -50,7 +64,7 @@ struct na_ct_value {
     __be32 daddr;   /* the packet's new destination */
     __be16 sport;
     __be16 dport;
-    __u32 flags;    /* NA_CT_F_HAIRPIN */
+    __u32 flags;    /* NA_CT_F_* */
     __u64 created_ns;
 };
 
@@ -69,8 +83,20 @@ struct na_config {
     __u32 flags;
 };
 
-BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct, 262144, NA_PIN_DIR "/na_ct");
-BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key, __u8, na_lbsrc, 65536, NA_PIN_DIR "/na_lbsrc",
+#ifndef NA_MAX_CT
+#define NA_MAX_CT 262144
+#endif
+#ifndef NA_MAX_CT_NEW
+#define NA_MAX_CT_NEW 65536
+#endif
+#ifndef NA_MAX_LBSRC
+#define NA_MAX_LBSRC 65536
+#endif
+
+BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct, NA_MAX_CT, NA_PIN_DIR "/na_ct");
+BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct_new, NA_MAX_CT_NEW,
+                 NA_PIN_DIR "/na_ct_new");
+BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key, __u8, na_lbsrc, NA_MAX_LBSRC, NA_PIN_DIR "/na_lbsrc",
                   BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("array", __u32, struct na_config, na_config, 1, NA_PIN_DIR "/na_config");
 
@@ -83,6 +109,7 @@ struct na_flow {
     __be32 saddr, daddr;
     __be16 sport, dport;
     __u8 proto;
+    __u8 tcp_flags;
     __u32 l4_off;
     __u32 csum_off;
 };
@@ -107,6 +134,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
     flow->csum_off = flow->l4_off + (ip->protocol == IPPROTO_TCP ? 16 : 6);
     if (bpf_skb_load_bytes(skb, flow->l4_off, &flow->sport, 2) < 0
         || bpf_skb_load_bytes(skb, flow->l4_off + 2, &flow->dport, 2) < 0)
+        return 0;
+    if (flow->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, flow->l4_off + 13, &flow->tcp_flags, 1) < 0)
         return 0;
     return 1;
 }
@@ -136,6 +165,113 @@ static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow,
     }
 }
 
+/* The other direction of a flow: its key and its translation follow from this entry's. */
+static __always_inline void ct_peer(struct na_ct_key *key, struct na_ct_value *nat, struct na_ct_key *peer_key,
+                                    struct na_ct_value *peer)
+{
+    peer_key->saddr = nat->daddr;
+    peer_key->daddr = nat->saddr;
+    peer_key->sport = nat->dport;
+    peer_key->dport = nat->sport;
+    peer_key->proto = key->proto;
+    peer_key->dir = key->dir != NA_CT_FORWARD ? NA_CT_FORWARD
+                    : (nat->flags & NA_CT_F_HAIRPIN) ? NA_CT_HAIRPIN : NA_CT_REPLY;
+    peer_key->pad = 0;
+    peer->saddr = key->daddr;
+    peer->daddr = key->saddr;
+    peer->sport = key->dport;
+    peer->dport = key->sport;
+    peer->flags = nat->flags & NA_CT_F_HAIRPIN;
+    peer->created_ns = nat->created_ns;
+}
+
+static __always_inline void ct_forget(struct na_ct_key *key, struct na_ct_key *peer_key)
+{
+    na_ct.delete(key);
+    na_ct.delete(peer_key);
+    na_ct_new.delete(key);
+    na_ct_new.delete(peer_key);
+}
+
+/* Both entries of a flow into `na_ct` (`to_main`) or `na_ct_new`, out of the other map; the
+ * flags each had are kept, `set` added. Written before deleted: a lookup always finds one. */
+static __always_inline void ct_move(struct na_ct_key *key, struct na_ct_value *nat, int to_main, __u32 set)
+{
+    struct na_ct_key peer_key = {};
+    struct na_ct_value peer = {};
+    struct na_ct_value self = *nat;
+    struct na_ct_value *old_peer;
+
+    ct_peer(key, &self, &peer_key, &peer);
+    old_peer = to_main ? na_ct_new.lookup(&peer_key) : na_ct.lookup(&peer_key);
+    if (old_peer)
+        peer.flags = old_peer->flags;
+    self.flags |= set;
+    peer.flags |= set;
+    if (to_main) {
+        na_ct.update(key, &self);
+        na_ct.update(&peer_key, &peer);
+        na_ct_new.delete(key);
+        na_ct_new.delete(&peer_key);
+    } else {
+        na_ct_new.update(key, &self);
+        na_ct_new.update(&peer_key, &peer);
+        na_ct.delete(key);
+        na_ct.delete(&peer_key);
+    }
+}
+
+/* The flow's state after this packet (`nat` is its entry, in na_ct_new when `fresh`):
+ * confirmation, FIN both ways, RST, the last ACK (see the top of this file). */
+static __always_inline void ct_track(struct na_ct_key *key, struct na_ct_value *nat, int fresh, __u8 tcp_flags)
+{
+    struct na_ct_key peer_key = {};
+    struct na_ct_value peer = {};
+    struct na_ct_value *other;
+
+    if (key->proto != IPPROTO_TCP) {   /* UDP: confirmed by its first reply */
+        if (fresh && key->dir != NA_CT_FORWARD)
+            ct_move(key, nat, 1, 0);
+        return;
+    }
+    ct_peer(key, nat, &peer_key, &peer);
+    if (tcp_flags & NA_TCP_RST) {
+        ct_forget(key, &peer_key);
+        return;
+    }
+    if (tcp_flags & NA_TCP_FIN) {
+        if (nat->flags & NA_CT_F_CLOSED)
+            return;
+        nat->flags |= NA_CT_F_FIN;
+        other = fresh ? na_ct_new.lookup(&peer_key) : na_ct.lookup(&peer_key);
+        if (!other || !(other->flags & NA_CT_F_FIN))
+            return;
+        if (fresh) {
+            nat->flags |= NA_CT_F_CLOSED;
+            other->flags |= NA_CT_F_CLOSED;
+        } else {
+            ct_move(key, nat, 0, NA_CT_F_CLOSED);   /* closing: no longer worth a place in na_ct */
+        }
+        return;
+    }
+    if (nat->flags & NA_CT_F_CLOSED) {
+        if (tcp_flags & NA_TCP_ACK)
+            ct_forget(key, &peer_key);   /* the last ACK */
+        return;
+    }
+    if (!fresh)
+        return;
+    if (key->dir != NA_CT_FORWARD) {
+        nat->flags |= NA_CT_F_REPLIED;
+        return;
+    }
+    if (!(tcp_flags & NA_TCP_SYN)) {
+        other = na_ct_new.lookup(&peer_key);
+        if (other && (other->flags & NA_CT_F_REPLIED))
+            ct_move(key, nat, 1, 0);   /* the handshake's last ACK: confirmed */
+    }
+}
+
 /* a known flow (either direction): translate as remembered; 1 when it was one, 2 when it
  * is a hairpin (a pod reaching itself through a service) */
 static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __u8 dir)
@@ -143,11 +279,18 @@ static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __
     struct na_ct_key key = {.saddr = flow->saddr, .daddr = flow->daddr, .sport = flow->sport,
                             .dport = flow->dport, .proto = flow->proto, .dir = dir};
     struct na_ct_value *nat = na_ct.lookup(&key);
+    int fresh = 0;
 
+    if (!nat) {
+        nat = na_ct_new.lookup(&key);
+        fresh = 1;
+    }
     if (!nat)
         return 0;
-    rewrite(skb, flow, nat->saddr, nat->sport, nat->daddr, nat->dport);
-    return (nat->flags & NA_CT_F_HAIRPIN) ? 2 : 1;
+    struct na_ct_value entry = *nat;
+    ct_track(&key, nat, fresh, flow->tcp_flags);   /* may delete or move the entry: `nat` is dead after */
+    rewrite(skb, flow, entry.saddr, entry.sport, entry.daddr, entry.dport);
+    return (entry.flags & NA_CT_F_HAIRPIN) ? 2 : 1;
 }
 
 /* A hairpin packet, translated, goes straight back out of the pod's veth (MACs swapped):
@@ -244,6 +387,8 @@ static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
     svc = na_svc.lookup(&key);
     if (!svc || (!from_pod && svc->kind == 1 /* ClusterIP: served by the socket load balancer */))
         return TC_ACT_OK;
+    if (flow.tcp_flags & NA_TCP_RST)
+        return TC_ACT_OK;   /* a RST of no flow we know starts none (the host drops it) */
     if (svc->flags & NA_F_SOURCE_RANGES) {
         struct na_lbsrc_key src = {.prefixlen = 64, .set_id = svc->ext_set_id, .addr = flow.saddr};
         if (!na_lbsrc.lookup(&src))
@@ -279,9 +424,10 @@ static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
                             .proto = flow.proto, .dir = hairpin ? NA_CT_HAIRPIN : NA_CT_REPLY};
     struct na_ct_value to_client = {.saddr = flow.daddr, .daddr = flow.saddr, .sport = flow.dport,
                                     .dport = flow.sport, .flags = flags, .created_ns = now};
-    if (na_ct.insert(&rev, &to_client) != 0)
+    /* a new flow goes into na_ct_new: until confirmed it can only evict other new flows */
+    if (na_ct.lookup(&rev) || na_ct_new.insert(&rev, &to_client) != 0)
         return TC_ACT_SHOT;   /* that SNAT port is taken: the client's retransmission picks another */
-    na_ct.update(&fwd, &to_backend);
+    na_ct_new.update(&fwd, &to_backend);
     rewrite(skb, &flow, saddr, sport, backend.addr, backend.port);
     return hairpin ? back_to_sender(skb) : TC_ACT_OK;
 }

@@ -1,11 +1,14 @@
 /* netagent socket-level service load balancing (cgroup v2 CGROUP_SOCK_ADDR programs).
  *
- * Compiled by bcc at agent start (ebpf/loader.py prepends NA_PIN_DIR, NA_HAVE_SET_RETVAL).
+ * Compiled by bcc at agent start (ebpf/loader.py prepends NA_PIN_DIR, NA_HAVE_SET_RETVAL and each
+ * map's capacity, NA_MAX_<MAP>, from --bpf-map-max; the defaults below are ebpf/sizes.py's).
  * A connect() or an unconnected UDP sendmsg() to a service address (cluster IP, NodePort on a
  * node address, external IP, load-balancer IP) is rewritten to one of its backends before the
  * kernel routes it, so east-west traffic needs no per-packet NAT and no conntrack entry.
- * The reverse-NAT map remembers, per socket, which service address a backend stands for, so
- * recvmsg() (UDP replies) and getpeername() show the service address the application asked for.
+ * The reverse translation is kept in the socket itself (`na_sock_revnat`, socket-local storage:
+ * created with the socket's first translated connect or sendmsg, freed with the socket), so
+ * recvmsg() (UDP replies) and getpeername() show the service address the application asked
+ * for, and no other socket can evict it: a pod opening sockets without end fills nothing shared.
  *
  * Maps (the Python views in ebpf/maps.py are checked against these structs by a test):
  *   na_svc      service address/port/protocol -> backend set, its slot count, affinity, flags
@@ -13,7 +16,9 @@
  *               change writes O(1) entries
  *   na_setname  set id -> the service port's name (for read-back and adoption; unused here)
  *   na_affinity (netns cookie, set id) -> backend and last use (ClientIP affinity, LRU)
- *   na_revnat   (socket cookie, backend address/port) -> service address/port (LRU)
+ *   na_sock_revnat  per socket (socket storage): up to NA_REVNAT_WAYS backend address/port ->
+ *               service address/port (an unconnected UDP socket may send to several services;
+ *               beyond that many backends at once, the oldest way is reused)
  * Addresses and ports are kept in network byte order, as the socket context holds them.
  */
 #include <uapi/linux/bpf.h>
@@ -75,31 +80,80 @@ struct na_affinity_value {
     __u32 pad2;
 };
 
-struct na_revnat_key {
-    __u64 socket_cookie;
-    __be32 addr;
-    __be16 port;
-    __u16 pad;
+#define NA_REVNAT_WAYS 4   /* a power of two */
+
+struct na_revnat_way {
+    __be32 backend_addr;
+    __be32 service_addr;
+    __be16 backend_port;
+    __be16 service_port;
 };
 
-struct na_revnat_value {
-    __be32 addr;
-    __be16 port;
-    __u16 pad;
+struct na_sock_revnat {
+    struct na_revnat_way way[NA_REVNAT_WAYS];
+    __u32 next;   /* the way to reuse when all are taken by other backends */
+    __u32 pad;
 };
 
-BPF_TABLE_PINNED7("hash", struct na_svc_key, struct na_svc_value, na_svc, 262144,
+#ifndef NA_MAX_SVC
+#define NA_MAX_SVC 262144
+#endif
+#ifndef NA_MAX_SLOTS
+#define NA_MAX_SLOTS 2097152
+#endif
+#ifndef NA_MAX_SETNAME
+#define NA_MAX_SETNAME 524288
+#endif
+#ifndef NA_MAX_AFFINITY
+#define NA_MAX_AFFINITY 65536
+#endif
+
+BPF_TABLE_PINNED7("hash", struct na_svc_key, struct na_svc_value, na_svc, NA_MAX_SVC,
                   NA_PIN_DIR "/na_svc", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED7("hash", struct na_slot_key, struct na_backend, na_slots, 2097152,
+BPF_TABLE_PINNED7("hash", struct na_slot_key, struct na_backend, na_slots, NA_MAX_SLOTS,
                   NA_PIN_DIR "/na_slots", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname, 524288,
+BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname, NA_MAX_SETNAME,
                   NA_PIN_DIR "/na_setname", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value, na_affinity, 65536,
+BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value, na_affinity, NA_MAX_AFFINITY,
                  NA_PIN_DIR "/na_affinity");
-BPF_TABLE_PINNED("lru_hash", struct na_revnat_key, struct na_revnat_value, na_revnat, 131072,
-                 NA_PIN_DIR "/na_revnat");
+/* bcc's BPF_SK_STORAGE, pinned (bcc reads a pin path after the map type in the section name) */
+struct na_sock_revnat_table_t {
+    int key;
+    struct na_sock_revnat leaf;
+    void *(*sk_storage_get)(void *, void *, int);
+    int (*sk_storage_delete)(void *);
+    u32 flags;
+};
+__attribute__((section("maps/sk_storage:" NA_PIN_DIR "/na_sock_revnat")))
+struct na_sock_revnat_table_t na_sock_revnat = {.flags = BPF_F_NO_PREALLOC};
+BPF_ANNOTATE_KV_PAIR(na_sock_revnat, int, struct na_sock_revnat);
 
-static __u64 (*na_socket_cookie)(void *ctx) = (void *)BPF_FUNC_get_socket_cookie;
+/* the way remembering `addr`:`port`, or NULL */
+static __always_inline struct na_revnat_way *revnat_find(struct na_sock_revnat *rev, __be32 addr, __be16 port)
+{
+#pragma unroll
+    for (int i = 0; i < NA_REVNAT_WAYS; i++) {
+        if (rev->way[i].backend_addr == addr && rev->way[i].backend_port == port)
+            return &rev->way[i];
+    }
+    return NULL;
+}
+
+/* where to remember `addr`:`port`: its own way, else an empty one, else the next in turn */
+static __always_inline struct na_revnat_way *revnat_slot(struct na_sock_revnat *rev, __be32 addr, __be16 port)
+{
+    struct na_revnat_way *way = revnat_find(rev, addr, port);
+
+    if (way)
+        return way;
+    way = revnat_find(rev, 0, 0);
+    if (way)
+        return way;
+    way = &rev->way[rev->next & (NA_REVNAT_WAYS - 1)];
+    rev->next++;
+    return way;
+}
+
 static __u64 (*na_netns_cookie)(void *ctx) = (void *)BPF_FUNC_get_netns_cookie;
 
 static __always_inline int refuse(int error)
@@ -162,11 +216,15 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto, int 
     __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
     if (!pick_backend(who, svc->set_id, svc->count, svc->affinity_timeout, &backend))
         return refuse(NA_ECONNREFUSED);
-    if (remember) {
-        struct na_revnat_key rkey = {.socket_cookie = na_socket_cookie(ctx), .addr = backend.addr,
-                                     .port = backend.port};
-        struct na_revnat_value rvalue = {.addr = key.addr, .port = key.port};
-        na_revnat.update(&rkey, &rvalue);
+    if (remember && ctx->sk) {
+        struct na_sock_revnat *rev = na_sock_revnat.sk_storage_get(ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+        if (rev) {
+            struct na_revnat_way *way = revnat_slot(rev, backend.addr, backend.port);
+            way->backend_addr = backend.addr;
+            way->backend_port = backend.port;
+            way->service_addr = key.addr;
+            way->service_port = key.port;
+        }
     }
     ctx->user_ip4 = backend.addr;
     ctx->user_port = backend.port;
@@ -190,13 +248,20 @@ int na_sendmsg4(struct bpf_sock_addr *ctx)   /* unconnected UDP: every datagram 
 
 static __always_inline void untranslate(struct bpf_sock_addr *ctx)
 {
-    struct na_revnat_key rkey = {.socket_cookie = na_socket_cookie(ctx), .addr = ctx->user_ip4,
-                                 .port = (__be16)ctx->user_port};
-    struct na_revnat_value *service = na_revnat.lookup(&rkey);
+    struct na_sock_revnat *rev;
+    struct na_revnat_way *way;
+    __be32 addr = ctx->user_ip4;
+    __be16 port = (__be16)ctx->user_port;
 
-    if (service) {
-        ctx->user_ip4 = service->addr;
-        ctx->user_port = service->port;
+    if (!ctx->sk)
+        return;
+    rev = na_sock_revnat.sk_storage_get(ctx->sk, 0, 0);
+    if (!rev)
+        return;
+    way = revnat_find(rev, addr, port);
+    if (way && addr) {
+        ctx->user_ip4 = way->service_addr;
+        ctx->user_port = way->service_port;
     }
 }
 

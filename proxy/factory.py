@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from netagent.kernel.ipset import IpsetRunner
+from netagent.infra.rejections import RejectionScope
 from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.namespaces import exec_prefix
@@ -24,9 +25,11 @@ class BackendConfigError(Exception):
 
 
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
-                  netns: str | None = None, ebpf: EbpfPaths | None = None) -> ProxyBackend:
+                  netns: str | None = None, ebpf: EbpfPaths | None = None,
+                  rejections: RejectionScope | None = None) -> ProxyBackend:
+    """`rejections`: where the eBPF backend records the Services its maps have no room for."""
     if ProxyMode(mode) is ProxyMode.EBPF:
-        return build_ebpf_backend(ebpf)
+        return build_ebpf_backend(ebpf, rejections=rejections)
     if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
         return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,
@@ -39,7 +42,8 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
                                   settings=IpvsSettings(scheduler=Scheduler(scheduler)))
 
 
-def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: bool = False) -> ProxyBackend:
+def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: bool = False,
+                       rejections: RejectionScope | None = None) -> ProxyBackend:
     """Compile, load and attach the programs (`load`), then open the pinned maps; without
     `load`, only open what an agent pinned (status, cleanup: no compiler needed)."""
     from ebpf.loader import EbpfError, SocketLbLoader, check_bpf_root, pin_dir
@@ -53,7 +57,7 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
     try:
         if load:
             loader = SocketLbLoader(bpf_root=paths.bpf_root, cgroup=paths.cgroup, tc_device=paths.tc_device,
-                                    pod_veths=paths.pod_veths)
+                                    pod_veths=paths.pod_veths, sizes=paths.map_sizes)
             if paths.tc_device:
                 from ebpf.tc import tc_sysctls
                 from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
@@ -77,7 +81,8 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
             pod_veths.stop()
             maps.close()
             raise BackendConfigError(f"watching for pod veths: {error}") from None
-    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat, pod_veths=pod_veths)
+    return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat, pod_veths=pod_veths,
+                     rejections=rejections)
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,

@@ -59,6 +59,9 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--bpf-nodeport-device",
                        help="ebpf mode: the underlay device whose traffic from outside the node is translated "
                             "(NodePorts, external and load-balancer IPs); none: only this node's sockets are served")
+    proxy.add_argument("--bpf-map-max", action="append", default=[], metavar="MAP=N",
+                       help="ebpf mode: a map's capacity (max_entries), e.g. na_svc=524288 (repeatable; "
+                            "defaults and maps in ebpf/sizes.py); a pinned map of another size is recreated")
     proxy.add_argument("--bpf-pod-veths", action="store_true",
                        help="ebpf mode: also translate on pod host veths, for pods whose processes are outside "
                             "--cgroup-root (their connections to any service address)")
@@ -67,11 +70,13 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ebpf_paths(args):
     """The eBPF backend's places from the flags, or None when neither was given."""
+    from ebpf.sizes import MapSizes
     from proxy.ebpf.backend import EbpfPaths
     bpf_root, cgroup = getattr(args, "bpf_root", None), getattr(args, "cgroup_root", None)
     return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup or "",
                      tc_device=getattr(args, "bpf_nodeport_device", None),
-                     pod_veths=bool(getattr(args, "bpf_pod_veths", False))) if bpf_root or cgroup else None
+                     pod_veths=bool(getattr(args, "bpf_pod_veths", False)),
+                     map_sizes=MapSizes.parse(getattr(args, "bpf_map_max", None) or [])) if bpf_root or cgroup else None
 
 
 class ProxyStartError(Exception):
@@ -137,15 +142,19 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
                              min_sync_period=min_sync, sync_period=args.sync_period, limits=limits)
     scope = rejections if rejections is not None else standalone("proxy")
     try:
+        # the eBPF backend's map-full records: a scope of their own, so the catalog accepting a
+        # Service never clears them (and they never overwrite the catalog's)
         backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler,
-                                ebpf=ebpf_paths(args))
-    except BackendConfigError as error:
+                                ebpf=ebpf_paths(args), rejections=scope.rejections.scope("proxy-ebpf"))
+    except (BackendConfigError, ValueError) as error:   # ValueError: a bad --bpf-map-max
         raise ProxyStartError(str(error)) from None
     report = getattr(backend, "load_report", None)
     if report is not None:
         log.info("ebpf: compiled in %.2f s, loaded and attached in %.3f s (attached %s; kept %s)",
                  report.compile_seconds, report.load_seconds, ", ".join(report.attached) or "none",
                  ", ".join(report.kept) or "none")
+        for line in report.resized:
+            log.warning("ebpf: pinned map changed: %s", line)
     health_checks = HealthCheckPorts()
     proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
                          conntrack=ConntrackCommand(), healthcheck=health_checks,

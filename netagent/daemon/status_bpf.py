@@ -3,9 +3,11 @@
 Read from the kernel only: the programs attached to `--cgroup-root` at the four socket hooks
 (every one, ours marked, so a foreign program sharing the cgroup shows too), our tc filters on
 this network namespace's devices, and every map of ours pinned under `--bpf-root` with its
-entries and capacity. Nothing is compiled or written. `--json` prints `{"cgroup", "programs":
-[{"hook", "id", "name", "tag", "ours"}], "tc": [{"device", "name"}], "bpf_root", "maps":
-[{"name", "entries", "max_entries"}]}`.
+entries and capacity (a map 90 % full or more is marked; socket storage, `na_sock_revnat`,
+has neither: its entries live in the sockets). Nothing is compiled or written. `--json` prints
+`{"cgroup", "programs": [{"hook", "id", "name", "tag", "ours"}], "tc": [{"device", "name"}],
+"bpf_root", "maps": [{"name", "entries", "max_entries", "near_full"}]}` (entries and
+max_entries null for socket storage).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import os
 def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
     from ebpf import syscall
     from ebpf.loader import attached_programs, check_bpf_root, check_cgroup, pin_dir
-    from ebpf.maps import MAP_NAMES
+    from ebpf.maps import SOCK_REVNAT_MAP, PINNED_NAMES
+    from ebpf.sizes import NEAR_FULL
     from ebpf.tc import attached_tc
     status: dict = {"cgroup": cgroup, "programs": [], "tc": [{"device": device, "name": name}
                                                            for device, name in attached_tc()],
@@ -27,15 +30,19 @@ def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
                               for p in attached_programs(cgroup)]
     if bpf_root:
         check_bpf_root(bpf_root)
-        for name in MAP_NAMES:
+        for name in PINNED_NAMES:
             path = os.path.join(pin_dir(bpf_root), name)
             if not os.path.exists(path):
+                continue
+            if name == SOCK_REVNAT_MAP:
+                status["maps"].append({"name": name, "entries": None, "max_entries": None, "near_full": False})
                 continue
             fd = syscall.obj_get(path)
             try:
                 info = syscall.map_info(fd)
                 entries = syscall.map_count(fd, info.key_size, info.value_size)
-                status["maps"].append({"name": name, "entries": entries, "max_entries": info.max_entries})
+                status["maps"].append({"name": name, "entries": entries, "max_entries": info.max_entries,
+                                       "near_full": entries >= NEAR_FULL * info.max_entries})
             finally:
                 os.close(fd)
     return status
@@ -49,5 +56,10 @@ def render_bpf_status(status: dict, *, as_json: bool = False) -> str:
               for p in status["programs"]]
     lines += [f"  tc on {t['device']:<10} {t['name']}" for t in status["tc"]]
     lines.append(f"bpf root {status['bpf_root'] or '(not given: --bpf-root)'}: {len(status['maps'])} pinned map(s)")
-    lines += [f"  {m['name']:<12} {m['entries']:>9} / {m['max_entries']:<9} entries" for m in status["maps"]]
+    for m in status["maps"]:
+        if m["entries"] is None:
+            lines.append(f"  {m['name']:<14} (socket storage: entries live in the sockets)")
+        else:
+            near = "  NEAR FULL" if m["near_full"] else ""
+            lines.append(f"  {m['name']:<14} {m['entries']:>9} / {m['max_entries']:<9} entries{near}")
     return "\n".join(lines)

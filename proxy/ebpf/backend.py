@@ -14,15 +14,23 @@ endpoint change writes O(1) entries (a slot and the service entries' counts) and
 work here too (the memory is updated in place). Nothing is read from the kernel. Any failure
 raises and forgets the memory, so the next sync is full (and rebuilds it from the maps).
 
-The LRU maps (`na_affinity`, `na_revnat`) are the programs' own: never written here; an
-affinity entry whose slot no longer holds its backend is ignored by the program.
+Room (proxy/ebpf/capacity.py): the maps have a fixed size (`--bpf-map-max`). A full sync
+writes the service ports that fit, each whole (all its entries or none), and rejects the
+others with reason `map-full` through `rejections` (a Warning Event, the
+`netagent_rejected_objects` gauge, /healthz's details); while any is rejected every sync is
+full, so room freed by a deleted Service is used at once. A partial sync whose additions
+would not fit becomes a full one. A map passing 90 % of its capacity is warned about.
+
+The LRU maps (`na_affinity`, `na_ct`, `na_ct_new`) and the socket storage `na_sock_revnat` are
+the programs' own: never written here; an affinity entry whose slot no longer holds its backend
+is ignored by the program.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
 import ipaddress
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -30,8 +38,11 @@ from ebpf import maps as M
 from ebpf.loader import LoadReport
 from ebpf.mapset import MapSet
 from ebpf.pod_veths import PodVethAttacher
+from ebpf.sizes import DEFAULT_SIZES, MapSizes
+from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
+from proxy.ebpf.capacity import Fill, admit, capacities
 from proxy.ebpf.readback import programmed_services, slot_layouts
 from proxy.ebpf.render import PortEntries, SetIds, flatten, render_service_port
 from proxy.model import NodeContext, ProxyState, ServicePortName
@@ -41,12 +52,14 @@ from proxy.model import NodeContext, ProxyState, ServicePortName
 class EbpfPaths:
     """Where the agent was told its dataplane lives (`--bpf-root`, `--cgroup-root`, and the
     device of the tc path for traffic from outside, `--bpf-nodeport-device`; the tc path on pod
-    host veths for pods outside the cgroup, `--bpf-pod-veths`)."""
+    host veths for pods outside the cgroup, `--bpf-pod-veths`), and the maps' capacities
+    (`--bpf-map-max`)."""
 
     bpf_root: str
     cgroup: str
     tc_device: str | None = None
     pod_veths: bool = False
+    map_sizes: MapSizes = DEFAULT_SIZES
 
 
 @dataclass
@@ -63,6 +76,7 @@ class MapWrites:
     names_gone: set[bytes] = field(default_factory=set)
     lbsrc_gone: set[bytes] = field(default_factory=set)
     config_gone: set[bytes] = field(default_factory=set)   # never filled: an array's entries stay
+    added: Counter[str] = field(default_factory=Counter)   # partial syncs: new keys, by map name
 
     @property
     def entries(self) -> int:
@@ -72,6 +86,11 @@ class MapWrites:
     def diff(self, attr: str, wanted: Mapping[bytes, bytes], present: Mapping[bytes, bytes]) -> None:
         getattr(self, attr).update({k: v for k, v in wanted.items() if present.get(k) != v})
         getattr(self, f"{attr}_gone").update(k for k in present if k not in wanted)
+
+    @property
+    def removed(self) -> Counter[str]:
+        return Counter({M.SVC_MAP: len(self.svc_gone), M.SLOTS_MAP: len(self.slots_gone),
+                        M.SETNAME_MAP: len(self.names_gone), M.LBSRC_MAP: len(self.lbsrc_gone)})
 
     def apply(self, maps: MapSet) -> None:
         maps.config.update(self.config)
@@ -89,8 +108,13 @@ class EbpfProxy(ProxyBackend):
     mode = ProxyMode.EBPF
 
     def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None,
-                 tc_snat: bool = False, pod_veths: PodVethAttacher | None = None):
+                 tc_snat: bool = False, pod_veths: PodVethAttacher | None = None,
+                 rejections: RejectionScope | None = None):
         self.maps = maps
+        self.rejections = rejections if rejections is not None else standalone("proxy")
+        self._capacity = capacities(maps)
+        self._fill = Fill()
+        self._rejected: dict[str, str] = {}   # Service "namespace/name" -> why (ports left out for want of room)
         self.pod_veths = pod_veths   # attaching the tc path to pod veths as they appear (a thread)
         self.tc_snat = tc_snat   # the tc path SNATs to remote backends itself (False: the node's masquerade does)
         self.paths = paths
@@ -109,24 +133,53 @@ class EbpfProxy(ProxyBackend):
 
     def _sync(self, state: ProxyState, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
         previous, self._ports = self._ports, None   # forgotten until this sync succeeds
-        if changed is not None and previous is not None and self._node == state.node:
+        partial = None
+        if changed is not None and previous is not None and self._node == state.node and not self._rejected:
             names = sorted(set(changed))
-            ports, writes = self._partial(state, previous, names)   # updates `previous` in place
+            partial = self._partial(state, previous, names)   # updates `previous` in place
+            if not self._fill.fits(partial[1].added, self._capacity):
+                partial = None   # no room for its additions: a full sync admits what fits
+        if partial is not None:
+            ports, writes = partial
             scope = SyncKind.PARTIAL
+            self._fill.entries = {m: n + partial[1].added[m] - writes.removed[m] for m, n in self._fill.entries.items()}
+            rejected: dict[ServicePortName, str] = {}
         else:
-            ports, writes = self._full(state)
-            names = sorted(set(ports) | {name for name, _ in self._ids.ids})
+            ports, writes, rejected = self._full(state)
+            if rejected and sum(writes.removed.values()):
+                writes.apply(self.maps)   # stale entries took room until now: admit again without them
+                ports, writes, rejected = self._full(state)
+            names = sorted(set(ports) | set(rejected) | {name for name, _ in self._ids.ids})
             scope = SyncKind.FULL
         writes.apply(self.maps)
         self._ids.release(names, lambda name, role: name in ports and self._ids.ids[(name, role)] in ports[name].sets)
         self._ids.reserved.clear()
         self._ports, self._node = ports, state.node
+        self._report_rejections(rejected)
+        self._fill.warn_near_capacity(self._capacity)
         entries = len(self._owners) + self._slots
+        left_out = f", {len(rejected)} left out for want of room" if rejected else ""
         return BackendSyncReport(scope=scope, services_written=len(names), rules=entries,
                                  detail=f"{scope.value} sync: {len(names)} service port(s) rendered, "
-                                        f"{writes.entries} map entries written, {entries} programmed")
+                                        f"{writes.entries} map entries written, {entries} programmed{left_out}")
 
-    def _full(self, state: ProxyState) -> tuple[dict[ServicePortName, PortEntries], MapWrites]:
+    def _report_rejections(self, rejected: Mapping[ServicePortName, str]) -> None:
+        """Reject each Service with a port left out (`map-full`); accept again the ones no longer."""
+        by_service: dict[str, list[str]] = defaultdict(list)
+        for name in sorted(rejected):
+            by_service[name.service].append(f"port {name.port or '(unnamed)'}: {rejected[name]}")
+        ours = {r.ref.key for r in self.rejections.snapshot() if r.ref.kind == "Service" and r.reason == "map-full"}
+        for key in (ours | set(self._rejected)) - set(by_service):
+            self.rejections.accept(kind="Service", key=key)
+        for key, reasons in by_service.items():
+            namespace, _, service = key.partition("/")
+            self.rejections.reject(ObjectRef(kind="Service", namespace=namespace, name=service), reason="map-full",
+                                   detail="not programmed, no room in the eBPF maps (--bpf-map-max): "
+                                          + "; ".join(reasons))
+        self._rejected = {key: "; ".join(reasons) for key, reasons in by_service.items()}
+
+    def _full(self, state: ProxyState) -> tuple[dict[ServicePortName, PortEntries], MapWrites,
+                                                 dict[ServicePortName, str]]:
         present_svc = self.maps.svc.read_all()
         present_slots = self.maps.slots.read_all()
         present_names = self.maps.setname.read_all()
@@ -145,10 +198,16 @@ class EbpfProxy(ProxyBackend):
             ids.reserved.update((entry.set_id, entry.ext_set_id))
         ids.reserved -= set(ids.ids.values())
         self._ids = ids
+        programmed = frozenset(name for name, _ in ids.ids)
         layouts = slot_layouts(present_slots)
-        ports = {name: render_service_port(service, state.endpoints_of(name), state.node, set_id=ids,
-                                           old_sets=layouts)
-                 for name, service in sorted(state.services.items())}
+        rendered = {name: render_service_port(service, state.endpoints_of(name), state.node, set_id=ids,
+                                              old_sets=layouts)
+                    for name, service in sorted(state.services.items())}
+        present_lbsrc = self.maps.lbsrc.read_all()
+        admission = admit(rendered, capacity=self._capacity, first=programmed, present={
+            M.SVC_MAP: present_svc, M.SLOTS_MAP: present_slots, M.SETNAME_MAP: present_names,
+            M.LBSRC_MAP: present_lbsrc})
+        ports = dict(sorted(admission.admitted.items()))
         self._owners = defaultdict(set)
         self._slots = sum(entries.slot_count for entries in ports.values())
         for name, entries in ports.items():
@@ -159,11 +218,13 @@ class EbpfProxy(ProxyBackend):
         writes.diff("svc", svc, present_svc)
         writes.diff("slots", slots, present_slots)
         writes.diff("names", names, present_names)
-        writes.diff("lbsrc", lbsrc, self.maps.lbsrc.read_all())
+        writes.diff("lbsrc", lbsrc, present_lbsrc)
         config_key, config = M.set_id_key(0), M.config_value(snat_address(state.node), snat=self.tc_snat)
         if self.maps.config.lookup(config_key) != config:
             writes.config[config_key] = config
-        return ports, writes
+        self._fill.entries = {M.SVC_MAP: len(svc), M.SLOTS_MAP: len(slots), M.SETNAME_MAP: len(names),
+                              M.LBSRC_MAP: len(lbsrc)}
+        return ports, writes, admission.rejected
 
     def _partial(self, state: ProxyState, ports: dict[ServicePortName, PortEntries],
                  names: list[ServicePortName]) -> tuple[dict[ServicePortName, PortEntries], MapWrites]:
@@ -191,6 +252,7 @@ class EbpfProxy(ProxyBackend):
                 value = ports[min(owners)].svc[key]
                 if before.get(key) != value:
                     writes.svc[key] = value
+                    writes.added[M.SVC_MAP] += key not in before
             else:
                 self._owners.pop(key, None)
                 writes.svc_gone.add(key)
@@ -257,11 +319,14 @@ def _diff_sets(writes: MapWrites, old: PortEntries | None, new: PortEntries | No
         writes.slots.update((M.slot_key(sid, i), b) for i, b in enumerate(after)
                             if i >= len(before) or before[i] != b)
         writes.slots_gone.update(M.slot_key(sid, i) for i in range(len(after), len(before)))
+        writes.added[M.SLOTS_MAP] += max(0, len(after) - len(before))
     old_src = old.lbsrc if old is not None else {}
     new_src = new.lbsrc if new is not None else {}
     writes.lbsrc.update((k, v) for k, v in new_src.items() if old_src.get(k) != v)
+    writes.added[M.LBSRC_MAP] += sum(1 for k in new_src if k not in old_src)
     writes.lbsrc_gone.update(k for k in old_src if k not in new_src)
     old_names = old.set_names if old is not None else {}
     new_names = new.set_names if new is not None else {}
     writes.names.update((M.set_id_key(sid), v) for sid, v in new_names.items() if old_names.get(sid) != v)
+    writes.added[M.SETNAME_MAP] += sum(1 for sid in new_names if sid not in old_names)
     writes.names_gone.update(M.set_id_key(sid) for sid in old_names if sid not in new_names)
