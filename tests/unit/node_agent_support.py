@@ -104,7 +104,7 @@ class AgentHarness:
                 self.agent.tracker.on_add(obj)
             else:
                 self.agent.tracker.on_update(old, obj)
-        except (TypeError, KeyError, AttributeError):
+        except (TypeError, KeyError, AttributeError, ValueError):  # ValueError: kube.resources.object_key
             return False
         return True
 
@@ -112,7 +112,7 @@ class AgentHarness:
         """Remove the Node stored under `name`; False as for `put`."""
         try:
             self.agent.tracker.on_delete(self.reflector.store.objects.pop(name))
-        except (TypeError, KeyError, AttributeError):
+        except (TypeError, KeyError, AttributeError, ValueError):  # ValueError: kube.resources.object_key
             return False
         return True
 
