@@ -202,3 +202,15 @@ def capture_ping(lab: LabCluster, source, target, pcap_path: str, *, size: int =
     done = lab.exec(source.name, argv, timeout=60)
     received = int(m.group(1)) if (m := re.search(r"(\d+) received", done.stdout)) else 0
     return done.returncode == 0, capture.packets(lambda packets: sum(ICMP in p for p in packets) >= 2 * received)
+
+
+def hairpin_entries(lab, node: str) -> int:
+    """Members of every hairpin set of ours on `node` (as the real ipset counts them)."""
+    out = lab.exec(node, ["ipset", "list", "-t"]).stdout
+    total, ours = 0, False
+    for line in out.splitlines():
+        if line.startswith("Name: "):
+            ours = line.split()[1].startswith("NETAGENT-HAIRPIN")
+        elif ours and line.startswith("Number of entries: "):
+            total += int(line.split(": ")[1])
+    return total

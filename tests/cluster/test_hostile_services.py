@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.cluster.lab_tools import lab_cluster, serve, traffic, wait_for
+from tests.cluster.lab_tools import hairpin_entries, lab_cluster, serve, traffic, wait_for
 
 SERVICES, PORTS, ENDPOINTS = 3, 100, 1000      # 300,000 endpoint-ports
 WEB_PORT = 8080
@@ -48,18 +48,6 @@ def null_annotated() -> dict:
                          "annotations": {"service.kubernetes.io/topology-mode": None,
                                          "service.beta.kubernetes.io/load-balancer-source-ranges": None}},
             "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
-
-
-def hairpin_entries(lab, node: str) -> int:
-    """Members of every hairpin set of ours on `node` (as the real ipset counts them)."""
-    out = lab.exec(node, ["ipset", "list", "-t"]).stdout
-    total, ours = 0, False
-    for line in out.splitlines():
-        if line.startswith("Name: "):
-            ours = line.split()[1].startswith("NETAGENT-HAIRPIN")
-        elif ours and line.startswith("Number of entries: "):
-            total += int(line.split(": ")[1])
-    return total
 
 
 def healthz(lab, node: str) -> tuple[int, dict]:

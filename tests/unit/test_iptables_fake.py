@@ -5,7 +5,6 @@ Every rejection here was first observed with the real iptables-restore 1.8.9 (le
 nft) in a test namespace; tests/netns/test_iptables_runner.py replays a sequence of them
 against both real backends and the fake side by side.
 """
-import random
 import subprocess
 import sys
 
@@ -19,19 +18,13 @@ from netagent.kernel.iptables.backend import (
     missing_binaries,
 )
 from netagent.kernel.iptables.fake import FakeIptables
-from netagent.kernel.iptables.tokens import UnsafeText, comment_text, join_tokens
 from netagent.kernel.iptables.restore_format import (
     RestoreBuilder,
     RestoreSyntaxError,
     canonical_spec,
-    is_goto,
-    jump_target,
     parse_restore,
     parse_save,
-    quote_token,
     render_save,
-    split_tokens,
-    stored_spec,
 )
 from netagent.kernel.iptables.runner import (
     FlushMode,

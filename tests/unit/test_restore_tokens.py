@@ -5,40 +5,21 @@ iptables-restore 1.8.9 (legacy and nft) in a namespace; tests/netns/test_restore
 compares the fake and the real tools on the same inputs.
 """
 import random
-import subprocess
-import sys
 
 import pytest
 
-from netagent.kernel.iptables.backend import (
-    IpFamily,
-    IptablesBackend,
-    IptablesNotInstalled,
-    choose_backend,
-    missing_binaries,
-)
 from netagent.kernel.iptables.fake import FakeIptables
-from netagent.kernel.iptables.tokens import UnsafeText, comment_text, join_tokens
 from netagent.kernel.iptables.restore_format import (
-    RestoreBuilder,
-    RestoreSyntaxError,
     canonical_spec,
     is_goto,
     jump_target,
-    parse_restore,
     parse_save,
     quote_token,
-    render_save,
     split_tokens,
     stored_spec,
 )
-from netagent.kernel.iptables.runner import (
-    FlushMode,
-    IptablesError,
-    IptablesRunner,
-    JumpPosition,
-    explain_restore_failure,
-)
+from netagent.kernel.iptables.runner import IptablesError
+from netagent.kernel.iptables.tokens import UnsafeText, comment_text, join_tokens
 
 # ---- the text format ------------------------------------------------------------------------
 

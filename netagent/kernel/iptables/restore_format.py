@@ -43,6 +43,7 @@ from netagent.kernel.iptables.tokens import (
     quote_token,
     save_comment,
     save_token,
+    spec_text,
     split_tokens,
     utf8_length,
 )
@@ -424,12 +425,7 @@ def render_save(tables: Iterable[Table]) -> str:
 
 def _save_spec(spec: Sequence[str]) -> str:
     """A spec as iptables-save prints it: never refused, control characters as they are."""
-    out: list[str] = []
-    comment_next = False
-    for token in spec:
-        out.append(save_comment(token) if comment_next else save_token(token))
-        comment_next = not comment_next and token == "--comment"
-    return " ".join(out)
+    return spec_text(spec, plain=save_token, comment=save_comment)
 
 
 # ---- building restore input ----------------------------------------------------------------

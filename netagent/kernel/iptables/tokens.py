@@ -124,15 +124,21 @@ def quote_comment(text: str) -> str:
     return quote_token(comment_text(text))
 
 
-def join_tokens(tokens: Iterable[str]) -> str:
-    """A rule spec as restore text; the value after each `--comment` goes through
-    `comment_text`, every other token must be safe (UnsafeText otherwise)."""
+def spec_text(tokens: Iterable[str], *, plain: Callable[[str], str], comment: Callable[[str], str]) -> str:
+    """A rule spec as one line: the value after each `--comment` written by `comment`, every
+    other token by `plain`."""
     out: list[str] = []
     comment_next = False
     for token in tokens:
-        out.append(quote_comment(token) if comment_next else quote_token(token))
+        out.append(comment(token) if comment_next else plain(token))
         comment_next = not comment_next and token == "--comment"
     return " ".join(out)
+
+
+def join_tokens(tokens: Iterable[str]) -> str:
+    """A rule spec as restore text; the value after each `--comment` goes through
+    `comment_text`, every other token must be safe (UnsafeText otherwise)."""
+    return spec_text(tokens, plain=quote_token, comment=quote_comment)
 
 
 def save_token(token: str) -> str:
