@@ -32,9 +32,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from netagent.lab.agent_pods import run_podman  # noqa: E402
-from netagent.lab.cluster import LabCluster  # noqa: E402
-from netagent.lab.daemonset import ProbeKind  # noqa: E402
+from lab.agent_pods import run_podman  # noqa: E402
+from lab.cluster import LabCluster  # noqa: E402
+from lab.daemonset import ProbeKind  # noqa: E402
 
 
 def accepts(path: str) -> bool:

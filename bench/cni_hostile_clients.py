@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lab import LabNode  # noqa: E402
 from netagent.cniserver.install import PluginBinary  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
-from netagent.lab import LabNode  # noqa: E402
 
 
 class HostileClients:

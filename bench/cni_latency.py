@@ -27,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cni import invoke, netns  # noqa: E402
+from lab import LabNode  # noqa: E402
 from netagent.cniserver.install import PluginBinary  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
-from netagent.lab import LabNode  # noqa: E402
 
 REFERENCE_DIR = "/usr/lib/cni"
 

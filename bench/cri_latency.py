@@ -134,7 +134,7 @@ def main() -> int:
     args = parser.parse_args()
     missing = missing_prerequisites() + missing_reference_plugins()
     if not NETAGENT.exists():
-        missing.append(f"{NETAGENT} (pip install -e '.[test]')")
+        missing.append(f"{NETAGENT} (pip install -e '.[lab,test]')")
     if missing:
         print("cannot run:", "; ".join(missing), file=sys.stderr)
         return 1

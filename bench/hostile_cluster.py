@@ -28,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lab.cluster import SERVICE_CIDR, LabCluster  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
-from netagent.lab.cluster import SERVICE_CIDR, LabCluster  # noqa: E402
 from netagent.noderoutes import node_objects as nodes  # noqa: E402
 from netagent.noderoutes.routing.vxlan import vtep_mac  # noqa: E402
 from tests.cluster.lab_tools import hairpin_entries  # noqa: E402

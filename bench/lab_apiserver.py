@@ -18,7 +18,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from netagent.lab.apiserver import ApiServer  # noqa: E402
+from lab.apiserver import ApiServer  # noqa: E402
 
 
 def post(url: str, body: dict) -> None:

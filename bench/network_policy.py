@@ -35,12 +35,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lab import LabNode  # noqa: E402
 from netagent.infra.sync_runner import SyncKind  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
 from netagent.kernel.ipset.runner import IpsetRunner  # noqa: E402
 from netagent.kernel.iptables.backend import IptablesBackend  # noqa: E402
 from netagent.kernel.iptables.runner import IptablesRunner  # noqa: E402
-from netagent.lab import LabNode  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
 from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
 from netagent.policy.render import InterfaceMode, RenderSettings  # noqa: E402

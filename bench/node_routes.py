@@ -27,9 +27,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lab import physical  # noqa: E402
+from lab.cluster import LabCluster  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
-from netagent.lab import physical  # noqa: E402
-from netagent.lab.cluster import LabCluster  # noqa: E402
 from netagent.noderoutes import node_objects as nodes  # noqa: E402
 
 

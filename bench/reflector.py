@@ -23,10 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kubernetes import client, watch  # noqa: E402
 
+from lab.apiserver import ApiServer  # noqa: E402
 from netagent.kube.config import request_json  # noqa: E402
 from netagent.kube.reflector import Reflector  # noqa: E402
 from netagent.kube.resources import NODES  # noqa: E402
-from netagent.lab.apiserver import ApiServer  # noqa: E402
 
 PAGE = 500
 

@@ -96,7 +96,7 @@ def ebpf_places():
     import uuid
 
     from ebpf.loader import detach_owned, remove_pins
-    from netagent.lab.bpf_places import cgroup2_mount
+    from lab.bpf_places import cgroup2_mount
     cgroup = os.path.join(cgroup2_mount(), f"netagent-bench-{uuid.uuid4().hex[:8]}")
     with tempfile.TemporaryDirectory(prefix="na-bench-bpffs-") as bpf_root:
         subprocess.run(["mount", "-t", "bpf", "bpf", bpf_root], check=True)
@@ -231,7 +231,7 @@ def bench_agent_path(services: int, samples: int) -> float:
     from kubernetes import client
 
     from netagent.infra.metrics import Registry
-    from netagent.lab.apiserver import ApiServer
+    from lab.apiserver import ApiServer
     from proxy.service_proxy import ProxySettings, ServiceProxy
 
     api = ApiServer()

@@ -16,6 +16,8 @@ from netagent import __version__
 from netagent.cniserver import install as cni_install
 from netagent.kernel import owned
 
+LAB_HELP = "a cluster of nodes and pods in network namespaces (demo and test bed)"
+
 
 def _cmd_run(args) -> int:
     from netagent.daemon.run import run_agent
@@ -92,9 +94,20 @@ def _cmd_status_policy(args) -> int:
                          (IptablesNotInstalled, IpsetError, OSError, ValueError))
 
 
-def _cmd_lab(args) -> int:
-    from netagent.lab.commands import run_lab_command
-    return run_lab_command(args)
+def _cmd_lab(args, lab_argv: list[str]) -> int:
+    """`netagent lab ...`: the lab (`lab/`, beside this package: a client of the product, not
+    part of it, and not in the image) parses its own arguments; imported only here."""
+    try:
+        from lab.commands import add_lab_arguments, run_lab_command
+    except ModuleNotFoundError as exc:
+        if exc.name != "lab":
+            raise
+        print("netagent lab: the lab is not installed here (it is the checkout's lab/ package; "
+              "the image ships the agent only)", file=sys.stderr)
+        return 1
+    lab = argparse.ArgumentParser(prog="netagent lab")
+    add_lab_arguments(lab)
+    return run_lab_command(lab.parse_args(lab_argv, namespace=args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,17 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
     policy.set_defaults(func=_cmd_status_policy)
 
-    lab = sub.add_parser("lab", help="a cluster of nodes and pods in network namespaces (demo and test bed)")
-    from netagent.lab.commands import add_lab_arguments
-    add_lab_arguments(lab)
+    # The lab's own arguments are parsed by _cmd_lab: building this parser never imports it.
+    sub.add_parser("lab", help=LAB_HELP, add_help=False)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "lab":
-        return _cmd_lab(args)
+        return _cmd_lab(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

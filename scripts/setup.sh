@@ -40,6 +40,6 @@ fi
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[lab,test]'
 cni/shim/build.sh build/cni-shim/netagent  # what `netagent cni install` copies to <bin dir>/netagent
 echo "setup.sh: ready: .venv/bin/netagent"

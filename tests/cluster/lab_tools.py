@@ -15,9 +15,9 @@ import subprocess
 import sys
 import time
 
+from lab.bpf_places import in_cgroup_of
+from lab.cluster import LabCluster
 from netagent.kernel import namespaces
-from netagent.lab.bpf_places import in_cgroup_of
-from netagent.lab.cluster import LabCluster
 
 PREFIX = "na-tc"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

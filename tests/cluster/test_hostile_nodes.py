@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from netagent.lab.cluster import SERVICE_CIDR
+from lab.cluster import SERVICE_CIDR
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.routing.vxlan import vtep_mac
 from tests.cluster.lab_tools import lab_cluster, pods_by_node, wait_for

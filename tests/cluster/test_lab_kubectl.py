@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
+from lab.cluster import LabCluster
 from netagent.kernel import namespaces
-from netagent.lab.cluster import LabCluster
 from tests.cluster.lab_tools import ROOT, wait_for
 
 KUBECTL = shutil.which("kubectl", path=os.path.dirname(sys.executable)) or shutil.which("kubectl")

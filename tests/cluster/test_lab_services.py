@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from netagent.lab.cluster import LabCluster
-from netagent.lab.state import LabError
+from lab.cluster import LabCluster
+from lab.state import LabError
 from tests.cluster.lab_tools import PREFIX, ROOT, wait_for
 
 MANIFEST = """\

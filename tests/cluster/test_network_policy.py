@@ -19,9 +19,9 @@ import time
 
 import pytest
 
+from lab.cluster import LabCluster
+from lab.state import LabError
 from netagent.kernel import namespaces
-from netagent.lab.cluster import LabCluster
-from netagent.lab.state import LabError
 from tests.cluster.lab_tools import CONVERGE_SECONDS, PREFIX, ROOT, Background, serve, wait_for
 from tests.conftest import require_root_netns
 from tests.netns.policy_lab import PROBE, SERVER

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from netagent.lab.agent_pods import run_podman
+from lab.agent_pods import run_podman
 from tests.cluster import lab_tools
 from tests.cluster.lab_tools import ROOT
 from tests.conftest import require_root_netns

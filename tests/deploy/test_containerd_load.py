@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from netagent.lab.agent_pods import run_podman
+from lab.agent_pods import run_podman
 from tests.e2e.containerd_harness import ContainerdNode, ImageArchive, missing_prerequisites
 
 pytestmark = pytest.mark.deploy

@@ -21,8 +21,8 @@ import sys
 import pytest
 
 from cni.errors import CniError
-from netagent.lab.agent_pods import AGENT_CONTAINER, run_podman
-from netagent.lab.daemonset import ProbeKind
+from lab.agent_pods import AGENT_CONTAINER, run_podman
+from lab.daemonset import ProbeKind
 from tests.cluster.lab_tools import serve, stop_stream, stream, wait_for
 from tests.cluster.test_services import answered_by, http_port, manifest, poll, programmed
 from tests.deploy.conftest import deploy_lab

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from netagent.lab.agent_pods import LAB_LABEL, run_podman
+from lab.agent_pods import LAB_LABEL, run_podman
 from tests.cluster.lab_tools import ROOT
 
 pytestmark = pytest.mark.deploy

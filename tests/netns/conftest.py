@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
+from lab import LabNode
 from netagent.kernel import namespaces
 from netagent.kernel.iptables.backend import IptablesBackend
-from netagent.lab import LabNode
 from tests.conftest import require_root_netns
 
 PREFIX = "na-t"

@@ -39,7 +39,7 @@ def bpf_root(tmp_path):
 def test_cgroup():
     """A child cgroup made for this test; its processes are killed and it is removed after."""
     from ebpf.loader import detach_owned
-    from netagent.lab.bpf_places import BpfPlacesError, cgroup2_mount
+    from lab.bpf_places import BpfPlacesError, cgroup2_mount
     try:
         mount = cgroup2_mount()
     except BpfPlacesError:

@@ -23,12 +23,12 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from lab import LabNode
 from netagent.infra.sync_runner import SyncKind, SyncResult
 from netagent.kernel import namespaces
 from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
-from netagent.lab import LabNode
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.render import InterfaceMode, RenderSettings

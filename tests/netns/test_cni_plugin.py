@@ -236,7 +236,7 @@ def test_status(make_node, where):
 
 
 def test_version_command():
-    from netagent.lab import LabNode
+    from lab import LabNode
     with LabNode(prefix="na-t", with_agent=False) as node:
         code, out = node.cni("VERSION", config=b'{"cniVersion": "0.4.0"}')
         assert code == 0 and out["cniVersion"] == "0.4.0"

@@ -26,7 +26,7 @@ from netagent.kube.resources import Resource
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("netagent", "proxy", "cni")
-NOT_SHIPPED = ("netagent/lab",)
+NOT_SHIPPED = ("lab",)
 # the request functions themselves, and the requests made on behalf of each Reflector(...)
 MECHANISM = ("netagent/kube/config.py", "netagent/kube/reflector.py")
 REQUEST_FUNCTIONS = {"request_json", "open_request"}

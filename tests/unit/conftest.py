@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from netagent.lab.apiserver import ApiServer
+from lab.apiserver import ApiServer
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import sys
 import pytest
 from kubernetes import client, watch
 
+from lab.apiclient import LabApiClient, LabApiError
+from lab.apiserver import ApiError, ApiServer, LabelSelector, json_patch, merge_patch
 from netagent.kube import config as kube_config
 from netagent.kube.config import KubeConfigError, PatchType, load_api_client
 from netagent.kube.resources import ENDPOINT_SLICES, NODES
-from netagent.lab.apiclient import LabApiClient, LabApiError
-from netagent.lab.apiserver import ApiError, ApiServer, LabelSelector, json_patch, merge_patch
 from tests.unit.kube_apiserver_support import api_client, core, server  # noqa: F401 (fixtures)
 from tests.unit.kube_apiserver_support import node, write_kubeconfig
 
@@ -297,7 +297,7 @@ def test_state_file_survives_a_restart_and_the_resource_version_continues(tmp_pa
 
 def run_cli(*args: str) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "netagent.lab.apiserver", *args],
+        [sys.executable, "-m", "lab.apiserver", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

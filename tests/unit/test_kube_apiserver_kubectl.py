@@ -16,10 +16,10 @@ import time
 
 import pytest
 
+from lab.apiserver import ApiServer
+from lab.apiserver.kinds import EVENTS
+from lab.kubeconfig import render_kubeconfig
 from netagent.kube.resources import NAMESPACES, PODS, SERVICES
-from netagent.lab.apiserver import ApiServer
-from netagent.lab.apiserver.kinds import EVENTS
-from netagent.lab.kubeconfig import render_kubeconfig
 
 KUBECTL = shutil.which("kubectl", path=os.path.dirname(sys.executable)) or shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(

@@ -12,11 +12,11 @@ import urllib.request
 
 import pytest
 
+from lab.apiserver import ApiError, ApiServer
+from lab.apiserver.protobuf import decode_object
+from lab.apiserver.strategic import strategic_merge_patch
 from netagent.kube.config import PatchType
 from netagent.kube.resources import ENDPOINT_SLICES, ENDPOINTS, NAMESPACES, SERVICES
-from netagent.lab.apiserver import ApiError, ApiServer
-from netagent.lab.apiserver.protobuf import decode_object
-from netagent.lab.apiserver.strategic import strategic_merge_patch
 
 # `kubectl create namespace foo` (v1.37) as it went over the wire (-v=8)
 NAMESPACE_FOO_PROTOBUF = bytes.fromhex(
@@ -235,7 +235,7 @@ def test_the_kubernetes_service_points_at_the_advertised_address():
 
 
 def test_endpoints_mirror_restates_a_selector_services_slices(server):
-    from netagent.lab.apiserver.endpoints_mirror import EndpointsMirror
+    from lab.apiserver.endpoints_mirror import EndpointsMirror
 
     server.create(service("web", 80))
     server.create({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "manual", "namespace": "default"},

@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 from kubernetes import client, watch
 
-from netagent.lab.apiclient import LabApiClient
-from netagent.lab.apiserver import ApiServer
+from lab.apiclient import LabApiClient
+from lab.apiserver import ApiServer
 from tests.unit.kube_apiserver_support import api_client, core, server  # noqa: F401 (fixtures)
 from tests.unit.kube_apiserver_support import SETTLE, collect_watch, node, raw_watch_lines
 

@@ -1,4 +1,4 @@
-"""netagent/lab/daemonset.py: deploy/netagent.yaml's pod rendered for a lab node, as a kubelet would.
+"""lab/daemonset.py: deploy/netagent.yaml's pod rendered for a lab node, as a kubelet would.
 
 Pure: the real manifest in, the containers' args, env, mounts and probes out, and the
 `podman run` argv each becomes; plus agent_pods' hostPath checks, in a temporary directory.
@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from netagent.lab import daemonset
-from netagent.lab.agent_pods import ensure_host_path
-from netagent.lab.daemonset import NodeHost, ProbeKind, Propagation
-from netagent.lab.state import LabError
+from lab import daemonset
+from lab.agent_pods import ensure_host_path
+from lab.daemonset import NodeHost, ProbeKind, Propagation
+from lab.state import LabError
 
 MANIFEST = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "netagent.yaml")
 NODE = NodeHost(name="node-7", netns="lab-n7", address="198.18.16.7", root="/lab/nodes/node-7/root")

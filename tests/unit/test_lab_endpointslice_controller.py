@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from lab import endpointslices, pod_objects
+from lab.apiclient import LabApiClient
+from lab.apiserver import ApiServer, Subresource
+from lab.endpointslice_controller import EndpointSliceController, format_trigger_time
 from netagent.infra.fake_clock import FakeClock
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, PODS, SERVICES
-from netagent.lab import endpointslices, pod_objects
-from netagent.lab.apiclient import LabApiClient
-from netagent.lab.apiserver import ApiServer, Subresource
-from netagent.lab.endpointslice_controller import EndpointSliceController, format_trigger_time
 
 SERVICE_LABEL = endpointslices.SERVICE_NAME_LABEL
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from lab.apiclient import LabApiClient
+from lab.apiserver import ApiServer
+from lab.manifests import Action, ManifestError, apply_manifests, delete_manifests, load_manifests
 from netagent.kube.resources import ENDPOINT_SLICES, SERVICES
-from netagent.lab.apiclient import LabApiClient
-from netagent.lab.apiserver import ApiServer
-from netagent.lab.manifests import Action, ManifestError, apply_manifests, delete_manifests, load_manifests
 
 WEB = """\
 apiVersion: v1

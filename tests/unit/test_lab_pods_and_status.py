@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from lab import node_objects, pod_objects
+from lab.apiserver import ApiServer, Subresource
+from lab.apiserver.tables import render_table
+from lab.cluster import LabCluster
+from lab.service_status import describe_service, summarize_services
+from lab.state import LabError, LabState, NodeState
 from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.kube.resources import NODES, PODS
-from netagent.lab import node_objects, pod_objects
-from netagent.lab.apiserver import ApiServer, Subresource
-from netagent.lab.apiserver.tables import render_table
-from netagent.lab.cluster import LabCluster
-from netagent.lab.service_status import describe_service, summarize_services
-from netagent.lab.state import LabError, LabState, NodeState
 
 
 def test_ports_from_the_command_line():

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from lab.apiclient import LabApiClient, LabApiError
+from lab.apiserver import ApiError, ApiServer
+from lab.service_spec import NODE_PORT_RANGE
 from netagent.kube.resources import SERVICES
-from netagent.lab.apiclient import LabApiClient, LabApiError
-from netagent.lab.apiserver import ApiError, ApiServer
-from netagent.lab.service_spec import NODE_PORT_RANGE
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import time
 import pytest
 from kubernetes import client
 
+from lab.apiserver import ApiServer
 from netagent.kube.config import KubeApiError, request_json
 from netagent.kube.nodes import get_node, patch_node_annotations
 from netagent.kube.reflector import Backoff, Reflector
 from netagent.kube.resources import NODES, SERVICES, object_key
-from netagent.lab.apiserver import ApiServer
 from tests.unit.free_ports import ports_below_the_ephemeral_range
 
 FAST_BACKOFF = Backoff(initial=0.05, maximum=0.2, factor=2, jitter=0.2)

@@ -1,0 +1,402 @@
+"""A multi-node cluster in network namespaces: API server, nodes with agents, pods.
+
+`LabCluster` plays every part a real cluster has around our agent, and nothing more:
+- the control plane: the in-repo Kubernetes API test server (`apiserver/`), run in the
+  router namespace, reachable from every node at 198.18.16.1:6443, with the lab's
+  EndpointSlice controller inside it (slices for Services with selectors, from the pods);
+- the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
+  as kube-controller-manager's node IPAM would, Ready as its kubelet reports (`node_objects.py`);
+- the kubelet and container runtime: pods are network namespaces wired by executing our
+  CNI plugin from the node's namespace with the config the agent published, exactly as
+  containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
+  the Ready condition, termination with a grace period): `lab_pods.py` (the `LabPods` mixin)
+  and `pod_objects.py`;
+- the machines and wires: `physical.py`; the processes (API server, agents): `processes.py`.
+
+Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
+lab's `--proxy-mode` (iptables, ipvs, ebpf or none: always said, as the agent's default is iptables).
+In ebpf mode each node has its own cgroup and bpffs (`bpf_places.py`) and its processes, pods'
+included, run inside that cgroup (`exec_prefix`). With `agent_image`, the agents are instead
+deploy/netagent.yaml's DaemonSet run by podman as the kubelet would (`agent_pods.py`).
+The state (namespaces, pids, pods: `state.py`) lives in `<workdir>/state.json`, so the CLI can build
+a lab with `lab up` and drive or remove it from later commands; tests use the same class
+in-process as a context manager.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from lab import bpf_places, node_objects, physical
+from lab.agent_pods import AgentPods, require_image
+from lab.apiclient import LabApiClient, LabApiError
+from lab.daemonset import NodeHost
+from lab.endpointslices import pod_is_ready
+from lab.kubeconfig import host_listener, render_kubeconfig
+from lab.lab_pods import LabPods
+from lab.processes import Processes, process_alive, tail
+from lab.service_status import summarize_services
+from lab.state import LabError, LabState, NodeState
+from netagent.cniserver import install as cni_install
+from netagent.kernel import namespaces, owned
+from netagent.noderoutes.routing.model import Mode
+from proxy.backend import PROXY_MODE_CHOICES
+
+CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
+SERVICE_CIDR = ipaddress.ip_network("10.96.0.0/16")  # the lab API server's Service range (its default)
+API_PORT = 6443
+MODES = tuple(mode.value for mode in Mode)  # the backends --backend accepts
+
+
+class LabCluster(LabPods):
+    """Build, drive and remove a lab cluster. Use `create()` or `load()`, then `close()`/`down()`."""
+
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        self.processes = Processes(cwd=cni_install.code_root())
+        self.agent_pods = AgentPods.for_lab(state, api=self.api) if state.agent_image else None
+
+    # ------------------------------------------------------------ paths
+    @property
+    def workdir(self) -> str:
+        return self.state.workdir
+
+    @property
+    def bin_dir(self) -> str:
+        return os.path.join(self.workdir, "bin")
+
+    @property
+    def api_socket(self) -> str:
+        return os.path.join(self.workdir, "api.sock")
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{physical.router_address(1)}:{API_PORT}"
+
+    def node_dir(self, name: str) -> str:
+        return os.path.join(self.workdir, "nodes", name)
+
+    def agent_log(self, name: str) -> str:
+        return os.path.join(self.node_dir(name), "agent.log")
+
+    def cni_socket(self, name: str) -> str:
+        if self.agent_pods:
+            return self.agent_pods.cni_socket(self.node_host(name))
+        return os.path.join(self.node_dir(name), "run", "cni.sock")
+
+    def conflist_path(self, name: str) -> str:
+        if self.agent_pods:
+            return os.path.join(self.agent_pods.conf_dir(self.node_host(name)), cni_install.CONFLIST_NAME)
+        return os.path.join(self.node_dir(name), "net.d", cni_install.CONFLIST_NAME)
+
+    def node_host(self, name: str) -> NodeHost:
+        node = self._node(name)
+        root = self.agent_pods.node_root(name) if self.agent_pods else os.path.join(self.node_dir(name), "root")
+        return NodeHost(name=name, netns=node.netns, address=node.address, root=root)
+
+    # ------------------------------------------------------------ life cycle
+    @classmethod
+    def create(cls, *, nodes: int = 3, mode: str = "vxlan", segments: int = 1, pods_per_node: int = 0,
+               auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
+               resync_period: float = 30.0, proxy_mode: str = "iptables",
+               network_policy: bool = False, agent_image: str | None = None,
+               manifest: str | None = None) -> "LabCluster":
+        if mode not in MODES:
+            raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+        if proxy_mode not in PROXY_MODE_CHOICES:
+            raise LabError(f"proxy mode {proxy_mode!r}: choose one of {', '.join(PROXY_MODE_CHOICES)}")
+        if segments not in (1, 2):
+            raise LabError("segments must be 1 or 2")
+        if not 1 <= nodes <= 200:
+            raise LabError("nodes must be between 1 and 200")
+        if agent_image:
+            require_image(agent_image)
+        prefix = namespaces.unique_name(prefix)
+        if workdir is None:
+            workdir = tempfile.mkdtemp(prefix=f"{prefix}-")
+        os.makedirs(workdir, exist_ok=True)
+        state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
+                         resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
+                         internet=f"{prefix}-inet", proxy_mode=proxy_mode, network_policy=network_policy,
+                         agent_image=agent_image, manifest=manifest)
+        lab = cls(state)
+        try:
+            lab.save()
+            physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
+                                    segments=segments)
+            cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
+                                bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="", data_dir="",
+                                plugin=cni_install.PluginBinary.PYTHON)
+            lab._write_kubeconfig()
+            lab.start_apiserver()
+            for i in range(nodes):
+                lab.add_node(segment=(i % segments) + 1, wait=False)
+            for name in state.nodes:
+                lab.wait_for_agent(name)
+            for name in list(state.nodes):
+                for k in range(pods_per_node):
+                    lab.add_pod(f"{name}-pod{k + 1}", node=name)
+        except BaseException:
+            lab.down()
+            raise
+        return lab
+
+    @classmethod
+    def load(cls, workdir: str) -> "LabCluster":
+        path = os.path.join(workdir, "state.json")
+        try:
+            with open(path) as f:
+                return cls(LabState.from_json(json.load(f)))
+        except FileNotFoundError:
+            raise LabError(f"no lab is up (no {path}); start one with `netagent lab up`") from None
+
+    def save(self) -> None:
+        path = os.path.join(self.workdir, "state.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.state.to_json(), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def __enter__(self) -> "LabCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def down(self) -> None:
+        """Stop every process and remove every namespace and file of the lab; safe to repeat."""
+        if self.agent_pods:
+            self.agent_pods.remove_all()
+        for node in self.state.nodes.values():
+            self.processes.kill(None if self.agent_pods else node.agent_pid)
+        self.processes.kill(self.state.api_pid)
+        if self.ebpf:
+            for name in self.state.nodes:
+                self._remove_bpf_places(name)
+            bpf_places.remove_lab(workdir=self.workdir, prefix=self.state.prefix)
+        for pod in self.state.pods.values():
+            namespaces.remove(pod.netns)
+        for node in self.state.nodes.values():
+            namespaces.remove(node.netns)
+        for ns in (self.state.switch, self.state.router, self.state.internet):
+            namespaces.remove(ns)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _write_kubeconfig(self) -> None:
+        config = render_kubeconfig({"lab": self.api_url})
+        with open(os.path.join(self.workdir, "kubeconfig"), "w") as f:
+            json.dump(config, f, indent=1)  # JSON is YAML
+
+    def api(self) -> LabApiClient:
+        return LabApiClient(unix_path=self.api_socket)
+
+    def start_apiserver(self, *, timeout: float = 60.0) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.api_socket)
+        with host_listener(self.state.host_api_port) as host_socket:  # served from the router namespace
+            self.state.host_api_port = host_socket.getsockname()[1]
+            pid = self.processes.spawn(self.state.router, [
+                sys.executable, "-m", "lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
+                "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
+                "--endpointslice-controller", "--endpoints-controller", "--listen-fd", str(host_socket.fileno()),
+                "--advertise", f"{physical.router_address(1)}:{API_PORT}"],
+                os.path.join(self.workdir, "apiserver.log"), pass_fds=(host_socket.fileno(),))
+        self.state.api_pid = pid
+        self.save()
+        deadline = time.monotonic() + timeout
+        while True:
+            if os.path.exists(self.api_socket):
+                with contextlib.suppress(Exception):
+                    self.api().list("v1", "Node")
+                    return
+            if not process_alive(pid) or time.monotonic() > deadline:
+                raise LabError("the API server did not start:\n" + tail(os.path.join(self.workdir, "apiserver.log")))
+            time.sleep(0.05)
+
+    @property
+    def host_api_url(self) -> str | None:
+        """The API server from the namespace that ran `lab up` (loopback), once started."""
+        return f"http://127.0.0.1:{self.state.host_api_port}" if self.state.host_api_port else None
+
+    def stop_apiserver(self, *, sig: int = signal.SIGTERM) -> None:
+        self.processes.kill(self.state.api_pid, sig=sig)
+        self.state.api_pid = None
+        self.save()
+
+    # ------------------------------------------------------------ nodes
+    def add_node(self, *, name: str | None = None, segment: int = 1, wait: bool = True) -> NodeState:
+        if not 1 <= segment <= self.state.segments:
+            raise LabError(f"segment {segment}: this lab has {self.state.segments} segment(s)")
+        used = {n.index for n in self.state.nodes.values()}
+        index = next(i for i in range(1, 250) if i not in used)
+        name = name or f"node-{index}"
+        if name in self.state.nodes:
+            raise LabError(f"node {name} already exists")
+        node = NodeState(name=name, index=index, segment=segment, netns=f"{self.state.prefix}-n{index}",
+                         address="", pod_cidr=str(ipaddress.ip_network(f"10.244.{index}.0/24")), port=f"n{index}")
+        self.state.nodes[name] = node
+        self.save()
+        node.address = str(physical.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
+                                              index=index, port=node.port))
+        self.api().create(node_objects.render_node(name, segment=segment, pod_cidr=node.pod_cidr,
+                                                   address=node.address))
+        self.start_agent(name, wait=wait)
+        return node
+
+    def remove_node(self, name: str) -> None:
+        node = self._node(name)
+        for pod in [p for p in self.state.pods.values() if p.node == name]:
+            self.remove_pod(pod.name)
+        self.stop_agent(name)
+        if self.ebpf:
+            self._remove_bpf_places(name)
+        with contextlib.suppress(Exception):
+            self.api().delete("v1", "Node", name)
+        namespaces.remove(node.netns)
+        del self.state.nodes[name]
+        self.save()
+
+    def _node(self, name: str) -> NodeState:
+        try:
+            return self.state.nodes[name]
+        except KeyError:
+            raise LabError(f"no node {name} (have: {', '.join(self.state.nodes) or 'none'})") from None
+
+    def agent_argv(self, name: str) -> list:
+        directory = self.node_dir(name)
+        argv = [sys.executable, "-m", "netagent.cli", "--log-level", "INFO", "run",
+                "--kubeconfig", os.path.join(self.workdir, "kubeconfig"), "--node-name", name,
+                "--cluster-cidr", str(CLUSTER_CIDR), "--service-cidr", str(SERVICE_CIDR),
+                "--backend", self.state.mode,
+                "--auto-encap", self.state.auto_encap, "--iface", "eth0",
+                "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
+                "--cni-data-dir", os.path.join(directory, "ipam"),
+                # as the DaemonSet: health on every address (the kubelet probes the node's), metrics
+                # on loopback only
+                "--status-bind", "0.0.0.0:10258", "--metrics-bind-address", "127.0.0.1:10249",
+                "--resync-period", str(self.state.resync_period), "--proxy-mode", self.state.proxy_mode]
+        if self.ebpf:
+            argv += ["--bpf-root", self.bpf_root(name), "--bpf-nodeport-device", "eth0", "--bpf-pod-veths",
+                     "--cgroup-root", bpf_places.node_cgroup(self.workdir, self.state.prefix, name)]
+        if self.state.network_policy:
+            argv.append("--network-policy")
+        return argv
+
+    @property
+    def ebpf(self) -> bool:
+        return self.state.proxy_mode == "ebpf"
+
+    def bpf_root(self, name: str) -> str:
+        return os.path.join(self.node_dir(name), "bpffs")
+
+    def _remove_bpf_places(self, name: str) -> None:
+        bpf_places.remove_node(workdir=self.workdir, prefix=self.state.prefix, node=name, bpf_root=self.bpf_root(name))
+
+    def exec_prefix(self, target: str) -> list:
+        """What runs a command as a process of a pod or node (its namespace; in ebpf mode, its cgroup)."""
+        return bpf_places.in_cgroup_of(self.state, target, [*namespaces.exec_prefix(self.netns_of(target))])
+
+    def start_agent(self, name: str, *, wait: bool = True) -> None:
+        node = self._node(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.cni_socket(name))
+        if self.agent_pods:
+            node.agent_pid = self.agent_pods.start(self.node_host(name))
+        else:
+            argv = self.agent_argv(name)
+            if self.ebpf:
+                _, cgroup = bpf_places.ensure_node(workdir=self.workdir, prefix=self.state.prefix, node=name,
+                                                   bpf_root=self.bpf_root(name))
+                argv = bpf_places.in_cgroup(cgroup, argv)
+            node.agent_pid = self.processes.spawn(node.netns, argv, self.agent_log(name))
+        self.save()
+        if wait:
+            self.wait_for_agent(name)
+
+    def wait_for_agent(self, name: str, *, timeout: float = 180.0) -> None:
+        """Until the agent serves CNI (it does so only after its first route sync)."""
+        node = self._node(name)
+        if self.agent_pods:  # and its probes pass
+            socket = self.cni_socket(name)
+            return self.agent_pods.wait_ready(self.node_host(name), serving=lambda: os.path.exists(socket),
+                                              timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.cni_socket(name)):
+            if not process_alive(node.agent_pid) or time.monotonic() > deadline:
+                raise LabError(f"the agent on {name} did not become ready:\n{tail(self.agent_log(name))}")
+            time.sleep(0.05)
+
+    def stop_agent(self, name: str, *, sig: int = signal.SIGTERM) -> None:
+        node = self._node(name)
+        if self.agent_pods:
+            self.agent_pods.stop(name, sig=sig)
+        else:
+            self.processes.kill(node.agent_pid, sig=sig)
+        node.agent_pid = None
+        self.save()
+
+    def netns_of(self, target: str) -> str:
+        """A pod's or node's namespace by name ("internet" and "router" too)."""
+        if target in self.state.pods:
+            return self.state.pods[target].netns
+        if target in self.state.nodes:
+            return self.state.nodes[target].netns
+        extra = {"internet": self.state.internet, "router": self.state.router, "switch": self.state.switch}
+        if target in extra:
+            return extra[target]
+        raise LabError(f"no pod or node named {target}")
+
+    def exec(self, target: str, argv: list, **kwargs) -> subprocess.CompletedProcess:
+        return namespaces.run_in(self.netns_of(target), bpf_places.in_cgroup_of(self.state, target, [], argv),
+                                 **kwargs)
+
+    def ping(self, source: str, address: str, *, count: int = 1) -> bool:
+        return self.exec(source, ["ping", "-c", str(count), "-W", "2", "-i", "0.2", address]).returncode == 0
+
+    # ------------------------------------------------------------ status
+    def status(self) -> dict:
+        """Nodes, pods and (from the API server, when it answers) Services with their endpoints."""
+        nodes = []
+        for node in self.state.nodes.values():
+            nodes.append({"name": node.name, "address": node.address, "podCIDR": node.pod_cidr,
+                          "segment": node.segment, "netns": node.netns, "mode": self.state.mode,
+                          "agent": {"pid": node.agent_pid, "image": self.state.agent_image,
+                                    "running": (self.agent_pods.running(node.name) if self.agent_pods
+                                                else process_alive(node.agent_pid)),
+                                    "log": self.agent_log(node.name)}})
+        api_running = process_alive(self.state.api_pid)
+        api_error = None
+        pod_objects_by_name: dict = {}
+        services: list = []
+        if api_running:
+            try:
+                client = self.api()
+                for obj in client.list("v1", "Pod"):
+                    pod_objects_by_name[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+                services = summarize_services(client.list("v1", "Service"),
+                                              client.list("discovery.k8s.io/v1", "EndpointSlice"))
+            except (OSError, LabApiError) as error:
+                api_error = str(error)
+        pods = []
+        for p in self.state.pods.values():
+            found = pod_objects_by_name.get((p.namespace, p.name))
+            pods.append({"name": p.name, "namespace": p.namespace, "node": p.node, "ip": p.ip, "netns": p.netns,
+                         "labels": p.labels, "ports": p.ports,
+                         "ready": None if found is None else pod_is_ready(found),
+                         "terminating": None if found is None else bool(found["metadata"].get("deletionTimestamp"))})
+        api_server = {"url": self.api_url, "hostUrl": self.host_api_url, "unixSocket": self.api_socket,
+                      "running": api_running}
+        if api_error:
+            api_server["error"] = api_error
+        return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
+                "workdir": self.workdir, "apiServer": api_server,
+                "internet": {"netns": self.state.internet, "address": str(physical.INTERNET_HOST)},
+                "nodes": nodes, "pods": pods, "services": services}
+

@@ -1,0 +1,182 @@
+"""The lab's pods: what the kubelet and the container runtime do for `LabCluster`.
+
+A pod is a network namespace wired by executing the node's CNI plugin as containerd would,
+plus its v1 Pod object (`pod_objects.py` renders it), kept Ready or not as a readiness probe
+would, terminated with a grace period, and torn down (plugin DEL, then the object). It is a
+mixin of `LabCluster` (which owns the state, the nodes and the API client) so that the
+cluster keeps one public API (`lab.add_pod`, `lab.remove_pod`, ...) while this module keeps
+the pods' life cycle apart from the nodes' and the control plane's.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from typing import TYPE_CHECKING
+
+from lab import pod_objects
+from lab.apiclient import LabApiClient, LabApiError
+from lab.node import exec_plugin, raise_for_failure
+from lab.state import LabError, LabState, NodeState, PodState
+from netagent.kernel import namespaces
+
+if TYPE_CHECKING:
+    from lab.agent_pods import AgentPods
+
+
+class LabPods:
+    """The pod verbs of `LabCluster`; what they need of it is declared below."""
+
+    if TYPE_CHECKING:
+        state: LabState
+        agent_pods: AgentPods | None
+
+        @property
+        def bin_dir(self) -> str: ...
+
+        def api(self) -> LabApiClient: ...
+
+        def save(self) -> None: ...
+
+        def conflist_path(self, name: str) -> str: ...
+
+        def _node(self, name: str) -> NodeState: ...
+
+    def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None,
+                ports: dict | None = None, namespace: str = "default", ready: bool = True) -> PodState:
+        """A pod: its network namespace wired by the CNI plugin, then its v1 Pod object (Running, Ready).
+
+        `ports` names container ports for named targetPorts: {"http": 8080, "dns": (53, "UDP")}.
+        `ready=False` starts it not Ready, as a pod whose readiness probe has not passed yet
+        (`set_pod_ready` flips it once its server listens).
+        """
+        if name in self.state.pods:
+            raise LabError(f"pod {name} already exists")
+        try:
+            pod_objects.check_pod_name(name)
+            container_ports = pod_objects.normalize_ports(ports)
+        except pod_objects.PodSpecError as error:
+            raise LabError(str(error)) from None
+        self._require_namespace(namespace)
+        if node is None:  # the emptiest node, as a scheduler spreading pods would
+            counts = {n: 0 for n in self.state.nodes}
+            for pod in self.state.pods.values():
+                counts[pod.node] += 1
+            if not counts:
+                raise LabError("the lab has no nodes")
+            node = min(counts, key=lambda n: (counts[n], self.state.nodes[n].index))
+        node_state = self._node(node)
+        netns = f"{self.state.prefix}-p-{name}"[:60]
+        container_id = f"{self.state.prefix}-{name}"
+        pod = PodState(name=name, node=node, netns=netns, container_id=container_id, ip="",
+                       labels=dict(labels or {}), namespace=namespace, ports=container_ports)
+        self.state.pods[name] = pod
+        self.save()
+        wired = False
+        try:
+            namespaces.create(netns)
+            code, out = self._exec_plugin(pod, "ADD")
+            raise_for_failure(code, out, "ADD")
+            wired = True
+            pod.ip = out["ips"][0]["address"].split("/")[0]
+            self.api().create(pod_objects.render_pod(name, namespace=namespace, node=node,
+                                                     host_ip=node_state.address, pod_ip=pod.ip,
+                                                     labels=pod.labels, ports=container_ports, ready=ready,
+                                                     container_id=container_id))
+        except BaseException:
+            if wired:
+                with contextlib.suppress(Exception):
+                    self._exec_plugin(pod, "DEL")
+            namespaces.remove(netns)
+            del self.state.pods[name]
+            self.save()
+            raise
+        self.save()
+        return pod
+
+    def _require_namespace(self, namespace: str) -> None:
+        try:
+            self.api().get("v1", "Namespace", namespace)
+        except LabApiError as error:
+            if error.code == 404:
+                raise LabError(f"namespace {namespace} does not exist: apply a Namespace manifest first") from None
+            raise LabError(f"the API server refused to show namespace {namespace}: {error}") from None
+        except OSError as error:
+            raise LabError(f"the API server is not reachable ({error}); pods need it") from None
+
+    def _exec_plugin(self, pod: PodState, command: str) -> tuple:
+        """Run the node's plugin for `pod` as the runtime does: the lab's install, or (agents from
+        an image) the shim the init container put in the node's /opt/cni/bin, seen from the node."""
+        host_view = self.agent_pods.host_view(pod.node) if self.agent_pods else []
+        return exec_plugin(node_netns=self._node(pod.node).netns, bin_dir="/opt/cni/bin" if host_view else self.bin_dir,
+                           command=command, config=self._plugin_config(pod.node), container_id=pod.container_id,
+                           netns=namespaces.netns_path(pod.netns), host_view=host_view)
+
+    def _plugin_config(self, node: str) -> bytes:
+        from cni import invoke
+        try:
+            with open(self.conflist_path(node)) as f:
+                conflist = json.load(f)
+        except FileNotFoundError:
+            raise LabError(f"node {node} has no network config yet (its agent publishes it once it has "
+                           f"its pod CIDR)") from None
+        return invoke.plugin_config(conflist, 0, prev_result=None)
+
+    def _pod(self, name: str) -> PodState:
+        try:
+            return self.state.pods[name]
+        except KeyError:
+            raise LabError(f"no pod {name} (have: {', '.join(self.state.pods) or 'none'})") from None
+
+    def pod_object(self, name: str) -> dict:
+        pod = self._pod(name)
+        return self.api().get("v1", "Pod", name, namespace=pod.namespace)
+
+    def set_pod_ready(self, name: str, *, ready: bool) -> None:
+        """Flip the pod's Ready condition, as its readiness probe would."""
+        pod = self._pod(name)
+        try:
+            patch = pod_objects.with_readiness(self.pod_object(name), ready=ready)
+            if patch is not None:
+                self.api().patch("v1", "Pod", name, patch, namespace=pod.namespace, subresource="status")
+        except LabApiError as error:
+            raise LabError(f"pod {name}: {error}") from None
+
+    def terminate_pod(self, name: str, *, grace_period: int = 30) -> None:
+        """Start a graceful deletion: the Pod gets its deletionTimestamp; its network stays up."""
+        if grace_period < 1:
+            raise LabError("a graceful termination needs a grace period of at least 1 s")
+        pod = self._pod(name)
+        try:
+            self.api().delete("v1", "Pod", name, namespace=pod.namespace, grace_period_seconds=grace_period)
+        except LabApiError as error:
+            raise LabError(f"pod {name}: {error}") from None
+
+    def remove_pod(self, name: str, *, grace_period: float = 0) -> None:
+        """Remove the pod; with a grace period, it terminates (still serving) that long first."""
+        self._pod(name)
+        if grace_period > 0:
+            self.terminate_pod(name, grace_period=max(1, math.ceil(grace_period)))
+            time.sleep(grace_period)
+        self.finish_pod_removal(name)
+
+    def finish_pod_removal(self, name: str) -> None:
+        """What the kubelet does at the end: tear the network down, then delete the Pod for good."""
+        pod = self._pod(name)
+        code, out = self._exec_plugin(pod, "DEL")
+        namespaces.remove(pod.netns)
+        del self.state.pods[name]
+        self.save()
+        api_error = None
+        try:
+            self.api().delete("v1", "Pod", name, namespace=pod.namespace, grace_period_seconds=0)
+        except LabApiError as error:
+            if error.code != 404:
+                api_error = str(error)
+        except OSError as error:
+            api_error = f"the API server is not reachable ({error})"
+        raise_for_failure(code, out, "DEL")
+        if api_error:
+            raise LabError(f"pod {name}: its network is gone but its Pod object is not: {api_error}; "
+                           f"delete it with the API (namespace {pod.namespace}) once the server is back")
