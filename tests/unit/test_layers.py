@@ -3,6 +3,10 @@
 Each package may import only the layers below it; an import that breaks this, or a new
 package that has no place in the table, fails here with the file and the import named.
 Imports inside functions count too: a lazy import is still a dependency.
+
+The lab (`lab/`) is a client of the product, not a layer of it: it may import the product,
+and no product module imports it but one, `netagent/cli.py`, lazily inside the `lab`
+command's handler (the image ships the product without the lab).
 """
 from __future__ import annotations
 
@@ -10,7 +14,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_PACKAGES = ("netagent", "cni", "proxy", "ebpf")
+PRODUCT_PACKAGES = ("netagent", "cni", "proxy", "ebpf")
+SOURCE_PACKAGES = PRODUCT_PACKAGES + ("lab",)
+# the one import of the lab from the product: (file, the function it sits in)
+LAZY_LAB_IMPORT = ("netagent/cli.py", "_cmd_lab")
 
 BOTTOM = {"netagent.kernel", "netagent.infra", "netagent.kube"}
 # layer -> the layers it may import (its own modules always)
@@ -26,9 +33,11 @@ ALLOWED: dict[str, set[str]] = {
     "netagent.policy": BOTTOM,
     "netagent.daemon": BOTTOM | {"netagent", "cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes",
                                  "netagent.policy"},
-    "netagent.lab": BOTTOM | {"cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes", "netagent.policy"},
+    # the CLI's import of the lab: only LAZY_LAB_IMPORT (test_no_product_module_imports_the_lab)
     "netagent.cli": BOTTOM | {"netagent", "cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes",
-                              "netagent.policy", "netagent.daemon", "netagent.lab"},
+                              "netagent.policy", "netagent.daemon", "lab"},
+    # the lab: a client of the product (what it builds clusters from), never imported by it
+    "lab": BOTTOM | {"cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes", "netagent.policy"},
     "netagent": set(),  # netagent/__init__.py: the version
 }
 
@@ -53,16 +62,24 @@ def source_modules() -> list[tuple[str, Path]]:
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every absolute import of our packages in the file."""
+    return [(line, name) for line, name, _ in imports_with_function(path)]
+
+
+def imports_with_function(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, the top-level function it is in or None) of every absolute import of
+    our packages in the file."""
     imports = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            imports += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            imports.append((node.lineno, node.module))
-            if node.module == "netagent":  # `from netagent import kernel` names a layer
-                imports += [(node.lineno, f"netagent.{alias.name}") for alias in node.names
-                            if (ROOT / "netagent" / alias.name).exists()]
-    return [(line, name) for line, name in imports if name.split(".")[0] in SOURCE_PACKAGES]
+    for top in ast.parse(path.read_text(), filename=str(path)).body:
+        function = top.name if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+        for node in ast.walk(top):
+            if isinstance(node, ast.Import):
+                imports += [(node.lineno, alias.name, function) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imports.append((node.lineno, node.module, function))
+                if node.module == "netagent":  # `from netagent import kernel` names a layer
+                    imports += [(node.lineno, f"netagent.{alias.name}", function) for alias in node.names
+                                if (ROOT / "netagent" / alias.name).exists()]
+    return [(line, name, function) for line, name, function in imports if name.split(".")[0] in SOURCE_PACKAGES]
 
 
 def test_every_module_has_a_layer():
@@ -86,3 +103,25 @@ def test_the_checker_sees_a_violation(tmp_path):
     bad.write_text("def lazy():\n    from netagent.daemon.run import main\n")
     assert imported_modules(bad) == [(2, "netagent.daemon.run")]
     assert "netagent.daemon" not in ALLOWED[layer_of("proxy.service_proxy")]
+
+
+def test_no_product_module_imports_the_lab():
+    """`grep -rE '^(from|import) (netagent\\.)?lab' netagent cni proxy ebpf` finds nothing, and
+    nothing deeper either: the CLI's lazy import in its `lab` handler is the only one."""
+    found = []
+    for module, path in source_modules():
+        if layer_of(module) == "lab":
+            continue
+        for line, imported, function in imports_with_function(path):
+            if layer_of(imported) == "lab" and (path.relative_to(ROOT).as_posix(), function) != LAZY_LAB_IMPORT:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {imported}")
+    assert found == [], "the product imports the lab (only netagent/cli.py's _cmd_lab may):\n" + "\n".join(found)
+    path, function = LAZY_LAB_IMPORT
+    assert {f for _, imported, f in imports_with_function(ROOT / path) if layer_of(imported) == "lab"} == {function}
+
+
+def test_the_checker_sees_a_lab_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import lab.cluster\n\ndef handler():\n    from lab.commands import run_lab_command\n")
+    assert imports_with_function(bad) == [(1, "lab.cluster", None), (4, "lab.commands", "handler")]
+    assert layer_of("lab.apiserver.store") == "lab"
