@@ -10,6 +10,9 @@ entries, and refuses what the kernel refuses, with the kernel's errno:
   VXLAN devices (EOPNOTSUPP);
 * a VXLAN device needs its underlay device (ENODEV) and an MTU that fits in it (EINVAL).
 
+`underlay_snapshot` reports the links in the order they were added (indexes from 1; a link's
+lowest address is its primary) and the interfaces of foreign default routes (`add_foreign_route`
+with dst 0.0.0.0/0), as the agent's underlay choice reads them.
 Deleting a link takes its routes, neighbours and FDB entries with it, and changing a
 link's MAC flushes its neighbours (permanent ones too), as in the kernel.
 Every mutating call is appended to `writes` (in `describe` words), so tests can assert
@@ -35,6 +38,7 @@ from netagent.noderoutes.routing.model import (
     VxlanDevice,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
+from netagent.noderoutes.underlay import InterfaceInfo, UnderlaySnapshot
 
 VXLAN_HEADROOM = 50
 
@@ -62,6 +66,15 @@ class FakeKernel(RoutingKernel):
         return {route for route, protocol in self.routes.values() if protocol == self.protocol}
 
     # ------------------------------------------------------------ links
+    def underlay_snapshot(self) -> UnderlaySnapshot:
+        indexes = {name: index for index, name in enumerate(self.links, start=1)}
+        interfaces = tuple(InterfaceInfo(name=name, index=indexes[name], mtu=link.mtu,
+                                         addresses=tuple(sorted(link.addresses)))
+                           for name, link in self.links.items())
+        defaults = tuple(indexes[route.ifname] for route, _ in self.routes.values()
+                         if route.dst.prefixlen == 0 and route.ifname in indexes)
+        return UnderlaySnapshot(interfaces=interfaces, default_route_ifindexes=defaults)
+
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         return {name: link.kind for name, link in self.links.items() if name.startswith(prefix)}
 

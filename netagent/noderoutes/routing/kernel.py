@@ -46,6 +46,7 @@ from netagent.noderoutes.routing.model import (
     VxlanDevice,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
+from netagent.noderoutes.underlay import UnderlaySnapshot, read_underlay_snapshot
 
 log = logging.getLogger("netagent.noderoutes.routing")
 
@@ -125,6 +126,10 @@ class NetlinkKernel(RoutingKernel):
         return names
 
     # ------------------------------------------------------------ links
+    @_in_own_netns
+    def underlay_snapshot(self) -> UnderlaySnapshot:
+        return read_underlay_snapshot(self._ipr)
+
     @_in_own_netns
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         found = {}

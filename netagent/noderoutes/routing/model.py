@@ -16,9 +16,12 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from netagent.kernel import owned
+
+if TYPE_CHECKING:
+    from netagent.noderoutes.underlay import UnderlaySnapshot
 
 ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL
 DEVICE_PREFIX = owned.DEVICE_PREFIX
@@ -290,9 +293,14 @@ class RoutingApplyError(Exception):
 
 
 class RoutingKernel(abc.ABC):
-    """The operations the reconciler needs; deletes of something already gone succeed."""
+    """The operations the reconciler needs, and the one read the agent chooses its underlay
+    from; deletes of something already gone succeed."""
 
     protocol: int  # the route protocol number that marks routes as ours
+
+    @abc.abstractmethod
+    def underlay_snapshot(self) -> UnderlaySnapshot:
+        """The namespace's links, their IPv4 addresses and its IPv4 default routes."""
 
     @abc.abstractmethod
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
