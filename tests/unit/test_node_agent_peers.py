@@ -112,13 +112,13 @@ def test_a_thief_copying_node_2s_vtep_mac_is_refused_until_node_2_is_gone():
     thief = node("a-thief", 66, created="2026-06-01T00:00:00Z", mac=vtep_mac("node-2"))
     harness.put(thief)
     harness.sync()
-    fdb = {entry.lladdr: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
+    fdb = {entry.mac: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
     assert str(fdb[vtep_mac("node-2")]) == "198.18.16.12"  # node-2's pods stay reachable
     assert IPv4Network("10.244.66.0/24") not in harness.overlay_routes()
     assert harness.rejected() == {"a-thief": "conflict"}
     harness.delete("node-2")
     harness.sync()
-    fdb = {entry.lladdr: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
+    fdb = {entry.mac: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
     assert str(fdb[vtep_mac("node-2")]) == "198.18.16.76"
     assert IPv4Network("10.244.66.0/24") in harness.overlay_routes() and harness.rejected() == {}
 

@@ -66,7 +66,7 @@ def test_start_takes_the_lease_announces_and_programs_everything_before_returnin
     assert vtep_mac(LOCAL_NAME) in patch[1][nodes.BACKEND_DATA]
     assert nodes.node_annotations(world.api.store.get(LOCAL_NAME)) == patch[1]  # our write came back
     assert set(world.overlay_routes()) == {NET_2, NET_3}
-    assert {entry.lladdr for entry in world.kernel.dump_fdb("na-vxlan")} == {vtep_mac("node-2"), vtep_mac("node-3")}
+    assert {entry.mac for entry in world.kernel.dump_fdb("na-vxlan")} == {vtep_mac("node-2"), vtep_mac("node-3")}
     assert "NETAGENT-POSTRTG" in world.iptables.state()["nat"].chains
     assert world.agent.health().healthy
 
@@ -107,7 +107,7 @@ def test_peer_churn_becomes_routes(started, mode):
     if mode is Mode.HOST_GW:
         assert world.overlay_routes()[NET_2].gateway == IPv4Address("198.18.16.42")
     else:
-        fdb = {entry.lladdr: entry.dst for entry in world.kernel.dump_fdb("na-vxlan")}
+        fdb = {entry.mac: entry.dst for entry in world.kernel.dump_fdb("na-vxlan")}
         assert fdb[vtep_mac("node-2")] == IPv4Address("198.18.16.42")
     world.delete("node-3")
     settle(world)

@@ -49,7 +49,7 @@ class FakeKernel(RoutingKernel):
         self.links: dict[str, ObservedDevice] = {}
         self.routes: dict = {}  # dst -> (Route, protocol)
         self.neighbours: dict = {}  # (ifname, ip) -> Neighbour
-        self.fdb: dict = {}  # (ifname, lladdr) -> FdbEntry
+        self.fdb: dict = {}  # (ifname, mac) -> FdbEntry
         self.writes: list[str] = []
 
     # ------------------------------------------------------------ test set-up helpers
@@ -156,11 +156,11 @@ class FakeKernel(RoutingKernel):
 
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         self._require_link(neighbour.ifname, describe(neighbour))
-        self.neighbours[(neighbour.ifname, neighbour.ip)] = neighbour
+        self.neighbours[(neighbour.ifname, neighbour.address)] = neighbour
         self.writes.append(f"replace {describe(neighbour)}")
 
     def delete_neighbour(self, neighbour: Neighbour) -> None:
-        if self.neighbours.pop((neighbour.ifname, neighbour.ip), None) is not None:
+        if self.neighbours.pop((neighbour.ifname, neighbour.address), None) is not None:
             self.writes.append(f"delete {describe(neighbour)}")
 
     # ------------------------------------------------------------ FDB
@@ -171,9 +171,9 @@ class FakeKernel(RoutingKernel):
         link = self._require_link(entry.ifname, describe(entry))
         if link.kind != "vxlan":
             raise KernelError(errno.EOPNOTSUPP, f"{describe(entry)}: {entry.ifname} is not a VXLAN device")
-        self.fdb[(entry.ifname, entry.lladdr)] = entry
+        self.fdb[(entry.ifname, entry.mac)] = entry
         self.writes.append(f"replace {describe(entry)}")
 
     def delete_fdb(self, entry: FdbEntry) -> None:
-        if self.fdb.pop((entry.ifname, entry.lladdr), None) is not None:
+        if self.fdb.pop((entry.ifname, entry.mac), None) is not None:
             self.writes.append(f"delete {describe(entry)}")

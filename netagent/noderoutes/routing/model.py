@@ -2,8 +2,8 @@
 
 Inputs (`LocalNode`, `Peer`, `RoutingSettings`, `PeerBounds`) are built by the agent from
 Node objects and its flags; `PeerBounds` says where a peer's pod CIDRs may lie at all.
-Desired kernel objects (`VxlanDevice`, `IpipDevice`, `Route`, `Neighbour`, `FdbEntry`) are
-plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
+Desired kernel objects (`VxlanDevice`, `IpipDevice`, `FdbEntry`, and `Route` and `Neighbour`
+from `netagent/kernel/routes.py`, the CNI plugin's vocabulary too) are plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
 and both kernels (real and fake) speak exactly these types. `RoutingKernel` is the seam:
 the handful of operations the reconciler needs, nothing else.
 
@@ -19,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import TYPE_CHECKING, Mapping
 
 from netagent.kernel import owned
+from netagent.kernel.routes import Neighbour, Route  # ours name their device; routes carry our protocol
 
 if TYPE_CHECKING:
     from netagent.noderoutes.underlay import UnderlaySnapshot
@@ -163,26 +164,9 @@ class IpipDevice:
 
 
 @dataclass(frozen=True)
-class Route:
-    """`dst via gateway dev ifname [onlink]` in the main table, with our protocol."""
-    dst: IPv4Network
-    gateway: IPv4Address | None
-    ifname: str
-    onlink: bool
-
-
-@dataclass(frozen=True)
-class Neighbour:
-    """A permanent neighbour entry `ip lladdr lladdr dev ifname`."""
-    ip: IPv4Address
-    lladdr: str
-    ifname: str
-
-
-@dataclass(frozen=True)
 class FdbEntry:
-    """A VXLAN forwarding entry `lladdr dst dst dev ifname self permanent`."""
-    lladdr: str
+    """A VXLAN forwarding entry `mac dst dst dev ifname self permanent`."""
+    mac: str
     dst: IPv4Address
     ifname: str
 
