@@ -75,6 +75,7 @@ class AgentStartError(Exception):
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """`netagent run`'s node-routing flags; `routing.vxlan_checksum_offload` is set from `checksum_offload`."""
     node_name: str
     cluster_cidrs: tuple
     routing: RoutingSettings

@@ -103,7 +103,7 @@ class ChecksumOffload(enum.Enum):
     """`tx-checksum-ip-generic` on the VXLAN device. Off is the old workaround (flannel, Calico
     before 5.7) for a netfilter bug that corrupted encapsulated UDP checksums; it also turns off
     segmentation offload and costs about 5x in throughput here, so the agent chooses ON on
-    kernels >= 5.7 unless the node is behind NAT (see `agent_main`)."""
+    kernels >= 5.7 unless the node is behind NAT (`ChecksumOffloadPolicy.AUTO`, the default)."""
     ON = "on"
     OFF = "off"
 
