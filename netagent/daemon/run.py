@@ -17,10 +17,15 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from netagent import __version__
 from netagent.cniserver import install as cni_install
 from netagent.noderoutes.routing.model import Mode
+
+if TYPE_CHECKING:
+    from netagent.noderoutes.host import Lease
 
 log = logging.getLogger("netagent")
 
@@ -135,10 +140,10 @@ def _settings_from(args):
                          min_sync_interval=args.min_sync_period, resync_interval=args.resync_period)
 
 
-def _cni_config_writer(args):
+def _cni_config_writer(args) -> Callable[[Lease], None]:
     """The node agent's `on_lease`: publish the network config with this node's pod CIDRs and
     MTU (`--cni-conf-dir`; '' skips it)."""
-    def write(lease) -> None:
+    def write(lease: Lease) -> None:
         if not args.cni_conf_dir:
             return
         from netagent.kernel import owned
@@ -156,8 +161,8 @@ def _run_cluster_mode(args) -> int:
     from netagent.infra.status_server import StatusServer
     from netagent.kernel.iptables.backend import IpFamily, IptablesNotInstalled, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
-    from netagent.kube.config import KubeConfigError, load_api_client
     from netagent.kernel.sysctl import ProcSysctls
+    from netagent.kube.config import KubeConfigError, load_api_client
     from netagent.noderoutes.agent import AgentStartError, NodeAgent
     from netagent.noderoutes.host import HostAccess, KubeNodeApi
     from netagent.noderoutes.routing.kernel import NetlinkKernel
@@ -180,7 +185,7 @@ def _run_cluster_mode(args) -> int:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     # one Node reflector per process: the proxy hears about its own Node through the agent's
-    host = HostAccess(routes=NetlinkKernel(), sysctls=ProcSysctls(),
+    host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
                       iptables=IptablesRunner(backend=backend, family=IpFamily.V4), kernel_release=os.uname().release)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [],

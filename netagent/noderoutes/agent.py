@@ -262,7 +262,7 @@ class NodeAgent:
 
     def _choose_underlay(self, own: dict) -> Underlay:
         from netagent.noderoutes.underlay import UnderlayError
-        snapshot = self.host.routes.underlay_snapshot()
+        snapshot = self.host.kernel.underlay_snapshot()
         self.host_networks = own_networks(snapshot)
         try:
             return choose_underlay(snapshot, iface=self.settings.iface, iface_regex=self.settings.iface_regex,
@@ -284,7 +284,7 @@ class NodeAgent:
                           pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
         routing = dataclasses.replace(self.settings.routing,
                                       vxlan_checksum_offload=self._checksum_offload(underlay))
-        route_manager = RouteManager(kernel=self.host.routes, settings=routing, local=local, bounds=self.bounds())
+        route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local, bounds=self.bounds())
         masquerade = None
         if self.settings.masquerade is Masquerade.ON:
             if self.host.iptables is None:

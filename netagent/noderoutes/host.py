@@ -52,7 +52,7 @@ class Lease:
 
 @dataclass(frozen=True)
 class HostAccess:
-    routes: RoutingKernel
+    kernel: RoutingKernel  # netlink: devices, routes, neighbours, FDB, and the underlay snapshot
     sysctls: Sysctls
     iptables: Iptables | None = None  # masquerade's runner; only None with Masquerade.OFF
     kernel_release: str = ""          # `os.uname().release`; read by ChecksumOffloadPolicy.AUTO only

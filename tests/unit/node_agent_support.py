@@ -71,7 +71,7 @@ class AgentWorld:
         for obj in (node(LOCAL_NAME, 1),) if nodes is None else nodes:
             self.api.put(obj)
         self.leases: list[Lease] = []
-        host = HostAccess(routes=self.kernel, sysctls=self.sysctls, iptables=self.iptables,
+        host = HostAccess(kernel=self.kernel, sysctls=self.sysctls, iptables=self.iptables,
                           kernel_release="6.12.0-1-amd64")
         self.agent = NodeAgent(settings, api=self.api, host=host, registry=Registry(), rejections=self.rejections,
                                on_lease=self.leases.append)
