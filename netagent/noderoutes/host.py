@@ -11,6 +11,8 @@
   passed to the agent's `on_lease` once it is known. Node routing does not know what the
   lease is for; the daemon wires it to the CNI config (`cniserver/install.py`).
 
+`Masquerade` and `ChecksumOffloadPolicy` are the two flags that decide how the host is used.
+
 The daemon passes the real ones (`NetlinkKernel`, `ProcSysctls`, `IptablesRunner`,
 `KubeNodeApi`); unit tests the fakes, so `NodeAgent.start()` runs without root or a cluster.
 """
