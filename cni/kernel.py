@@ -11,7 +11,7 @@ Why the operations are this coarse: the pod side of an ADD is one batched netlin
 (`route_to_pod`). Splitting them into per-address and per-route calls would cost one
 system call each on the hot path. Everything that is policy (names, MACs, which routes, the
 CNI result, CHECK's verdict) is computed outside, as plain values (`cni.wiring`,
-`cni.check`).
+`cni.check`); routes and neighbours are `netagent/kernel/routes.py`'s, node routing's too.
 
 Errors: a kernel refusal is a `KernelError` carrying the errno (`LinkExists` when a name is
 taken at creation). Conditions the CNI spec gives a code of their own come out as
@@ -23,20 +23,12 @@ from __future__ import annotations
 import abc
 import errno
 from dataclasses import dataclass
-from ipaddress import (
-    IPv4Address,
-    IPv4Interface,
-    IPv4Network,
-    IPv6Address,
-    IPv6Interface,
-    IPv6Network,
-)
+from ipaddress import IPv4Interface, IPv6Interface
 
 from cni.errors import CniError, ErrorCode
+from netagent.kernel.routes import Address, Neighbour, Network, Route  # a request's routes: ifname left empty
 
-Address = IPv4Address | IPv6Address
 Interface = IPv4Interface | IPv6Interface
-Network = IPv4Network | IPv6Network
 
 
 class KernelError(Exception):
@@ -94,20 +86,6 @@ class BridgeSpec:
 class Bridge:
     name: str
     index: int
-    mac: str
-
-
-@dataclass(frozen=True)
-class Route:
-    """A main-table route out of one device; link scope when it has no gateway."""
-    dst: Network
-    gateway: Address | None = None
-
-
-@dataclass(frozen=True)
-class Neighbour:
-    """A permanent neighbour entry: `address` is at `mac`."""
-    address: Address
     mac: str
 
 

@@ -17,10 +17,15 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from netagent import __version__
 from netagent.cniserver import install as cni_install
 from netagent.noderoutes.routing.model import Mode
+
+if TYPE_CHECKING:
+    from netagent.noderoutes.host import Lease
 
 log = logging.getLogger("netagent")
 
@@ -118,23 +123,36 @@ def run_agent(args) -> int:
 
 def _settings_from(args):
     from netagent.noderoutes.agent import AgentSettings, AgentStartError, parse_cluster_cidrs, parse_service_cidrs
-    from netagent.noderoutes.routing.model import ChecksumOffload, Mode, RoutingSettings
+    from netagent.noderoutes.host import ChecksumOffloadPolicy, Masquerade
+    from netagent.noderoutes.routing.model import Mode, RoutingSettings
     if not args.node_name:
         raise AgentStartError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it "
                               "from spec.nodeName)")
     if not args.cluster_cidr:
         raise AgentStartError("--cluster-cidr is required in cluster mode (the cluster's pod network)")
     routing = RoutingSettings(mode=Mode(args.backend), auto_encap=Mode(args.auto_encap),
-                              vxlan_vni=args.vxlan_vni, vxlan_port=args.vxlan_port,
-                              vxlan_checksum_offload=ChecksumOffload.OFF if args.vxlan_checksum_offload == "off"
-                              else ChecksumOffload.ON)
-    return AgentSettings(node_name=args.node_name, checksum_offload_auto=args.vxlan_checksum_offload == "auto", cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
+                              vxlan_vni=args.vxlan_vni, vxlan_port=args.vxlan_port)
+    return AgentSettings(node_name=args.node_name, cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
                          service_cidrs=parse_service_cidrs(args.service_cidr),
                          routing=routing, iface=args.iface, iface_regex=args.iface_regex,
-                         lease_timeout=args.lease_timeout, masquerade=args.masquerade == "on",
-                         cni_conf_dir=args.cni_conf_dir or None, cni_mode=args.cni_mode,
-                         cni_socket=args.cni_socket, cni_data_dir=args.cni_data_dir,
+                         lease_timeout=args.lease_timeout, masquerade=Masquerade(args.masquerade),
+                         checksum_offload=ChecksumOffloadPolicy(args.vxlan_checksum_offload),
                          min_sync_interval=args.min_sync_period, resync_interval=args.resync_period)
+
+
+def _cni_config_writer(args) -> Callable[[Lease], None]:
+    """The node agent's `on_lease`: publish the network config with this node's pod CIDRs and
+    MTU (`--cni-conf-dir`; '' skips it)."""
+    def write(lease: Lease) -> None:
+        if not args.cni_conf_dir:
+            return
+        from netagent.kernel import owned
+        path = cni_install.write_conflist(
+            conf_dir=args.cni_conf_dir, name="netagent", subnets=[str(c) for c in lease.pod_cidrs],
+            mode=args.cni_mode, bridge=owned.DEFAULT_BRIDGE, mtu=lease.mtu, socket_path=args.cni_socket,
+            data_dir=args.cni_data_dir)
+        log.info("CNI config %s: pod CIDR(s) %s, MTU %d", path, ", ".join(map(str, lease.pod_cidrs)), lease.mtu)
+    return write
 
 
 def _run_cluster_mode(args) -> int:
@@ -143,8 +161,10 @@ def _run_cluster_mode(args) -> int:
     from netagent.infra.status_server import StatusServer
     from netagent.kernel.iptables.backend import IpFamily, IptablesNotInstalled, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
+    from netagent.kernel.sysctl import ProcSysctls
     from netagent.kube.config import KubeConfigError, load_api_client
     from netagent.noderoutes.agent import AgentStartError, NodeAgent
+    from netagent.noderoutes.host import HostAccess, KubeNodeApi
     from netagent.noderoutes.routing.kernel import NetlinkKernel
 
     try:
@@ -165,10 +185,11 @@ def _run_cluster_mode(args) -> int:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     # one Node reflector per process: the proxy hears about its own Node through the agent's
-    agent = NodeAgent(settings, api_client=api_client, kernel=NetlinkKernel(),
-                      iptables_runner=IptablesRunner(backend=backend, family=IpFamily.V4), registry=registry,
+    host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
+                      iptables=IptablesRunner(backend=backend, family=IpFamily.V4), kernel_release=os.uname().release)
+    agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [],
-                      rejections=rejections.scope("noderoutes"))
+                      rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(args))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
     health = with_rejections(

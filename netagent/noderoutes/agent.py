@@ -7,9 +7,13 @@ Start-up, in order, each step failing loudly rather than guessing:
 3. choose the underlay interface and address (`node_address`);
 4. create or adopt the backend's device, then announce this node (annotations) - only
    when they differ, so a restart writes nothing;
-5. publish the pod CIDR and MTU to the CNI plugin (the network config file), so pods get
-   addresses from the lease with no per-node configuration;
+5. report the lease (pod CIDRs and the pods' MTU) to `on_lease` (the daemon writes the CNI
+   network config from it, so pods get addresses from the lease with no per-node configuration);
 6. program masquerade and every peer's routes, then serve.
+
+Everything outside the process is handed in (`host.py`): the kernel (`HostAccess`: netlink,
+sysctls, iptables, the kernel release) and the API (`NodeApi`), so unit tests run `start()`
+on the fakes.
 
 After that the seams of ARCHITECTURE.md hold: watch handlers only record which Nodes
 changed (a `ChangeRecorder`, `node_changes`) and poke the runner; the runner's one thread applies the
@@ -29,21 +33,21 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from netagent.cniserver import install as cni_install
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import owned
-from netagent.kernel.sysctl import IP_FORWARD, ProcSysctls, ensure_sysctls
+from netagent.kernel.sysctl import IP_FORWARD, ensure_sysctls
 from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes import node_objects as nodes
+from netagent.noderoutes.host import ChecksumOffloadPolicy, HostAccess, Lease, Masquerade, NodeApi, NodeWatch
 from netagent.noderoutes.routing.model import (
+    ChecksumOffload,
     LocalNode,
     PeerBounds,
     RefusalReason,
@@ -51,12 +55,11 @@ from netagent.noderoutes.routing.model import (
     RoutingSettings,
     pod_mtu,
 )
-from netagent.noderoutes.underlay import Underlay, UnderlaySnapshot, choose_underlay, read_underlay_snapshot
+from netagent.noderoutes.underlay import Underlay, UnderlaySnapshot, choose_underlay
 
 if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.infra.status_server import HealthFunction, HealthReport
     from netagent.infra.sync_runner import SyncRunner
-    from netagent.kube.reflector import Reflector
     from netagent.noderoutes.masquerade import MasqueradeManager
     from netagent.noderoutes.routing.model import SyncReport
     from netagent.noderoutes.routing.routes import RouteManager
@@ -72,6 +75,7 @@ class AgentStartError(Exception):
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """`netagent run`'s node-routing flags; `routing.vxlan_checksum_offload` is set from `checksum_offload`."""
     node_name: str
     cluster_cidrs: tuple
     routing: RoutingSettings
@@ -79,16 +83,10 @@ class AgentSettings:
     iface: str | None = None
     iface_regex: str | None = None
     lease_timeout: float = 60.0
-    masquerade: bool = True
-    cni_conf_dir: str | None = None
-    cni_network_name: str = "netagent"
-    cni_mode: str = "bridge"
-    cni_bridge: str = owned.DEFAULT_BRIDGE
-    cni_socket: str = cni_install.DEFAULT_SOCKET
-    cni_data_dir: str = cni_install.DEFAULT_DATA_DIR
+    masquerade: Masquerade = Masquerade.ON
     min_sync_interval: float = 0.0
     resync_interval: float = 30.0
-    checksum_offload_auto: bool = False  # decide routing.vxlan_checksum_offload from kernel and NAT
+    checksum_offload: ChecksumOffloadPolicy = ChecksumOffloadPolicy.AUTO  # sets routing.vxlan_checksum_offload
 
 
 def kernel_release_at_least(release: str, wanted: tuple) -> bool:
@@ -99,35 +97,37 @@ def kernel_release_at_least(release: str, wanted: tuple) -> bool:
     return tuple(parts) >= wanted
 
 
-def auto_checksum_offload(*, kernel_release: str, behind_nat: bool):
+def auto_checksum_offload(*, kernel_release: str, behind_nat: bool) -> ChecksumOffload:
     """On unless the kernel predates the 5.7 netfilter fix or the node is behind NAT (where
     rewritten outer headers still break offloaded checksums)."""
-    from netagent.noderoutes.routing.model import ChecksumOffload
     if behind_nat or not kernel_release_at_least(kernel_release, (5, 7)):
         return ChecksumOffload.OFF
     return ChecksumOffload.ON
 
 
 def node_changes(*, on_change: Callable[[], None] = lambda: None) -> ChangeRecorder:
-    """The Nodes whose routing view changed since the last sync (status heartbeats are not changes)."""
-    return ChangeRecorder("nodes", on_change=on_change,
-                          relevant=lambda old, new: _routing_view(old) != _routing_view(new))
+    """The Nodes whose routing inputs changed since the last sync (status heartbeats are not changes)."""
+    return ChangeRecorder("nodes", on_change=on_change, relevant=routing_inputs_differ)
 
 
-def _routing_view(node: object) -> tuple:
-    """The parts of a Node that routing depends on (status heartbeats change nothing); on the
-    watch thread, so it must not raise on a malformed Node (it then counts as changed)."""
+ROUTING_METADATA = ("annotations", "uid", "creationTimestamp")  # what read_peer reads of metadata
+
+
+def routing_inputs_differ(old: object, new: object) -> bool:
+    """Whether an update may change what `read_peer` makes of a Node: its raw `spec` or the raw
+    metadata fields it reads differ (a heartbeat changes only `status` and the resourceVersion).
+    On the watch thread, so nothing is parsed or looked into: raw values compared for equality,
+    and anything not shaped like a Node counts as changed (`read_peer` judges it on the sync thread)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return True
+    old_meta, new_meta = old.get("metadata"), new.get("metadata")
+    if not isinstance(old_meta, dict) or not isinstance(new_meta, dict):
+        return True
     try:
-        if not isinstance(node, dict):
-            return (node,)
-        metadata, spec = node.get("metadata"), node.get("spec")
-        notes = metadata.get("annotations") if isinstance(metadata, dict) else metadata
-        raw_cidrs = (spec.get("podCIDR"), spec.get("podCIDRs")) if isinstance(spec, dict) else spec
-        fields = (metadata.get("creationTimestamp"), metadata.get("uid")) if isinstance(metadata, dict) else ()
-        announced = tuple(notes.get(key) for key in nodes.ANNOUNCED) if isinstance(notes, dict) else notes
-        return (raw_cidrs, fields, announced)  # raw values: read_peer judges them, not this
-    except Exception:
-        return (object(),)  # equal to nothing: record the change, read_peer judges it
+        return old.get("spec") != new.get("spec") or \
+            any(old_meta.get(key) != new_meta.get(key) for key in ROUTING_METADATA)
+    except RecursionError:  # nested deeper than equality goes: changed, read_peer refuses it
+        return True
 
 
 def own_networks(snapshot: UnderlaySnapshot) -> tuple:
@@ -148,20 +148,22 @@ def own_networks(snapshot: UnderlaySnapshot) -> tuple:
 class NodeAgent:
     """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
 
-    def __init__(self, settings: AgentSettings, *, api_client, kernel, iptables_runner, registry,
-                 node_listeners: Sequence[EventHandler] = (), rejections: RejectionScope | None = None) -> None:
+    def __init__(self, settings: AgentSettings, *, api: NodeApi, host: HostAccess, registry,
+                 node_listeners: Sequence[EventHandler] = (), rejections: RejectionScope | None = None,
+                 on_lease: Callable[[Lease], None] = lambda lease: None) -> None:
         """`node_listeners` share this agent's Node watch (the service proxy's own-Node recorder):
         one process, one Node reflector. `rejections` records the Nodes refused as peers (the
-        process's scope in the daemon; a private one otherwise)."""
+        process's scope in the daemon; a private one otherwise). `on_lease` hears the lease once,
+        during `start()`, before the first route sync; what it raises fails the start."""
         from netagent.noderoutes.metrics import NodeAgentMetrics
         self.settings = settings
-        self.api_client = api_client
-        self.kernel = kernel
-        self.iptables_runner = iptables_runner
+        self.api = api
+        self.host = host
+        self.on_lease = on_lease
         self.metrics = NodeAgentMetrics(registry)
         self.tracker = node_changes(on_change=self._request_partial)
         self.node_listeners = tuple(node_listeners)
-        self.reflector: Reflector | None = None
+        self.reflector: NodeWatch | None = None
         self.route_manager: RouteManager | None = None
         self.masquerade: MasqueradeManager | None = None
         self.runner: SyncRunner | None = None
@@ -180,23 +182,8 @@ class NodeAgent:
     # ------------------------------------------------------------ start-up
     def start(self) -> None:
         from netagent.infra.sync_runner import SyncResult, SyncRunner
-        from netagent.kube.reflector import Reflector
-        from netagent.kube.resources import NODES
 
-        reflector = self.reflector = Reflector(api_client=self.api_client, resource=NODES,
-                                               handler=FanOut(self.tracker, *self.node_listeners))
-        self.metrics.watch_reflector(reflector)
-        reflector.start()
-        own = self._wait_for_lease(reflector)
-        underlay = self.underlay = self._choose_underlay(own)
-        log.info("underlay: %s %s (%s), MTU %d", underlay.ifname, underlay.public_ip,
-                 underlay.reason, underlay.mtu)
-        self._enable_forwarding()
-        route_manager, self.masquerade = self._build_managers(underlay)
-        self.route_manager = route_manager
-        backend_data = route_manager.ensure_local()
-        self._announce(own, backend_data, underlay)
-        self._publish_to_cni(underlay)
+        self.prepare()
         runner = self.runner = SyncRunner(name="node-routes", sync=self._sync,
                                           min_interval=self.settings.min_sync_interval,
                                           max_interval=self.settings.resync_interval, retry_interval=1.0)
@@ -208,6 +195,23 @@ class NodeAgent:
         log.info("first sync: %d peer(s) %s (added %d, removed %d, unchanged %d); refused %s; pending %s",
                  sum(report.peers_by_mode.values()), report.peers_by_mode, report.added, report.removed,
                  report.unchanged, report.refused or "none", report.pending or "none")
+
+    def prepare(self) -> None:
+        """Steps 1 to 5 of the module docstring: everything `start()` does before its runner's
+        first sync (unit tests stop here and run `_sync` themselves)."""
+        reflector = self.reflector = self.api.watch(FanOut(self.tracker, *self.node_listeners))
+        self.metrics.watch_reflector(reflector)
+        reflector.start()
+        own = self._wait_for_lease(reflector)
+        underlay = self.underlay = self._choose_underlay(own)
+        log.info("underlay: %s %s (%s), MTU %d", underlay.ifname, underlay.public_ip,
+                 underlay.reason, underlay.mtu)
+        self._enable_forwarding()
+        route_manager, self.masquerade = self._build_managers(underlay)
+        self.route_manager = route_manager
+        backend_data = route_manager.ensure_local()
+        self._announce(own, backend_data, underlay)
+        self._report_lease(underlay)
 
     def _request_partial(self) -> None:
         if self.runner is not None:
@@ -229,12 +233,12 @@ class NodeAgent:
         if self.reflector is not None:
             self.reflector.stop()
 
-    def _wait_for_lease(self, reflector: Reflector) -> dict:
+    def _wait_for_lease(self, reflector: NodeWatch) -> dict:
         name = self.settings.node_name
         if not reflector.synced.wait(timeout=self.settings.lease_timeout):
             raise AgentStartError(f"could not list Nodes from the API server within "
                                   f"{self.settings.lease_timeout:.0f} s")
-        deadline = time.monotonic() + self.settings.lease_timeout
+        deadline = self.monotonic() + self.settings.lease_timeout
         said = None
         while True:
             own = reflector.store.get(name)
@@ -249,7 +253,7 @@ class NodeAgent:
                     if nodes.pod_cidr_strings(own):  # set but wrong: waiting will not fix it
                         raise AgentStartError(str(exc)) from None
                     problem = str(exc)
-            if time.monotonic() > deadline:
+            if self.monotonic() >= deadline:
                 raise AgentStartError(problem)
             if problem != said:
                 log.warning("waiting: %s", problem)
@@ -257,11 +261,8 @@ class NodeAgent:
             time.sleep(0.2)
 
     def _choose_underlay(self, own: dict) -> Underlay:
-        from pyroute2 import IPRoute
-
         from netagent.noderoutes.underlay import UnderlayError
-        with IPRoute() as ipr:
-            snapshot = read_underlay_snapshot(ipr)
+        snapshot = self.host.kernel.underlay_snapshot()
         self.host_networks = own_networks(snapshot)
         try:
             return choose_underlay(snapshot, iface=self.settings.iface, iface_regex=self.settings.iface_regex,
@@ -269,10 +270,9 @@ class NodeAgent:
         except UnderlayError as exc:
             raise AgentStartError(str(exc)) from None
 
-    @staticmethod
-    def _enable_forwarding() -> None:
+    def _enable_forwarding(self) -> None:
         """Pods' traffic is routed through this node: forwarding must be on in its namespace."""
-        ensure_sysctls(ProcSysctls(), [IP_FORWARD])
+        ensure_sysctls(self.host.sysctls, [IP_FORWARD])
 
     def _build_managers(self, underlay: Underlay) -> tuple[RouteManager, MasqueradeManager | None]:
         """The route manager and, when masquerading is on, the masquerade manager."""
@@ -282,18 +282,24 @@ class NodeAgent:
                           underlay_ifname=underlay.ifname, underlay_network=underlay.network,
                           underlay_mtu=underlay.mtu,
                           pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
-        routing = self.settings.routing
-        if self.settings.checksum_offload_auto:
-            routing = dataclasses.replace(routing, vxlan_checksum_offload=auto_checksum_offload(
-                kernel_release=os.uname().release, behind_nat=underlay.behind_nat))
-        route_manager = RouteManager(kernel=self.kernel, settings=routing, local=local, bounds=self.bounds())
+        routing = dataclasses.replace(self.settings.routing,
+                                      vxlan_checksum_offload=self._checksum_offload(underlay))
+        route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local, bounds=self.bounds())
         masquerade = None
-        if self.settings.masquerade:
+        if self.settings.masquerade is Masquerade.ON:
+            if self.host.iptables is None:
+                raise AgentStartError("masquerade is on but no iptables runner was given")
             masquerade = MasqueradeManager(
-                runner=self.iptables_runner,
+                runner=self.host.iptables,
                 cluster_cidrs=[c for c in self.settings.cluster_cidrs if c.version == 4],
                 pod_cidrs=[c for c in self.pod_cidrs if c.version == 4])
         return route_manager, masquerade
+
+    def _checksum_offload(self, underlay: Underlay) -> ChecksumOffload:
+        policy = self.settings.checksum_offload
+        if policy is ChecksumOffloadPolicy.AUTO:
+            return auto_checksum_offload(kernel_release=self.host.kernel_release, behind_nat=underlay.behind_nat)
+        return ChecksumOffload.ON if policy is ChecksumOffloadPolicy.ON else ChecksumOffload.OFF
 
     def bounds(self) -> PeerBounds:
         """Where peers' pod CIDRs may lie: the cluster CIDR, clear of the service range and of this
@@ -313,14 +319,13 @@ class NodeAgent:
         changed = self._announcement_drift(own)
         if not changed:
             return
-        from netagent.kube.nodes import patch_node_annotations
-        deadline = time.monotonic() + self.settings.lease_timeout
+        deadline = self.monotonic() + self.settings.lease_timeout
         while True:
             try:
-                patch_node_annotations(self.api_client, self.settings.node_name, changed)
+                self.api.annotate(self.settings.node_name, changed)
                 break
             except Exception as exc:  # the API server may be restarting: retry, then give up loudly
-                if time.monotonic() > deadline:
+                if self.monotonic() >= deadline:
                     raise AgentStartError(f"could not annotate node {self.settings.node_name}: {exc}") from None
                 log.warning("annotating node %s failed (%s); retrying", self.settings.node_name, exc)
                 time.sleep(1.0)
@@ -350,25 +355,17 @@ class NodeAgent:
                       now - self._reasserted_at)
             return
         self._reasserted_at = now
-        from netagent.kube.nodes import patch_node_annotations
         log.warning("node %s: our announcement was changed by another writer (%s); restoring it",
                     self.settings.node_name, ", ".join(sorted(changed)))
         try:
-            patch_node_annotations(self.api_client, self.settings.node_name, changed)
+            self.api.annotate(self.settings.node_name, changed)
         except Exception as exc:  # the API may be down: the next sync retries, routing goes on
             log.warning("restoring the announcement on node %s failed: %s", self.settings.node_name, exc)
 
-    def _publish_to_cni(self, underlay: Underlay) -> None:
-        if not self.settings.cni_conf_dir:
-            return
+    def _report_lease(self, underlay: Underlay) -> None:
         routing = self.settings.routing
-        mtu = pod_mtu(routing.mode, routing.auto_encap, underlay.mtu)
-        path = cni_install.write_conflist(
-            conf_dir=self.settings.cni_conf_dir, name=self.settings.cni_network_name,
-            subnets=[str(c) for c in self.pod_cidrs], mode=self.settings.cni_mode,
-            bridge=self.settings.cni_bridge, mtu=mtu, socket_path=self.settings.cni_socket,
-            data_dir=self.settings.cni_data_dir)
-        log.info("CNI config %s: pod CIDR(s) %s, MTU %d", path, ", ".join(map(str, self.pod_cidrs)), mtu)
+        self.on_lease(Lease(node_name=self.settings.node_name, pod_cidrs=tuple(self.pod_cidrs),
+                            mtu=pod_mtu(routing.mode, routing.auto_encap, underlay.mtu)))
 
     # ------------------------------------------------------------ sync
     def peers(self, names: Iterable[str] | None = None) -> tuple[list, list]:

@@ -13,8 +13,9 @@ a message that lists what it saw and how to choose:
   (for nodes behind NAT or with several addresses); the interface is then the one that
   holds that address, or the one chosen above when none does.
 
-The netlink reading is done by the caller-supplied `links`/`addresses`/`routes` snapshot
-(`read_underlay_snapshot`), so the selection itself is pure and unit-tested.
+The netlink reading is done once into an `UnderlaySnapshot` (`read_underlay_snapshot`, which
+`RoutingKernel.underlay_snapshot` runs over `NetlinkKernel`'s socket; `FakeKernel` builds one
+from its links), so the selection itself is pure and unit-tested.
 """
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from netagent.noderoutes.routing.kernel import NetlinkKernel
 from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, LocalNode, Mode, Peer, PeerBounds, RoutingSettings
 from netagent.noderoutes.routing.routes import RouteManager
 from netagent.noderoutes.routing.vxlan import vtep_mac
+from netagent.noderoutes.underlay import choose_underlay
 
 SEGMENTS = {"a": IPv4Network("192.0.2.0/24"), "b": IPv4Network("198.51.100.0/24")}
 ROUTER_HOST = 254
@@ -481,3 +482,15 @@ def test_thousand_peers_timings(lab, mode, capsys):
     with capsys.disabled():
         print(f"\n[{mode.value}] 1,000 peers: sync_all fresh {fresh_s:.2f} s, no-op {noop_s:.2f} s; "
               f"apply_changes one peer {one_s * 1000:.1f} ms")
+
+
+def test_the_underlay_is_read_in_the_kernels_own_namespace(lab):
+    """The agent chooses its underlay from `NetlinkKernel.underlay_snapshot()`: the node's links,
+    addresses and default route, read in the namespace the kernel object was built in (this
+    thread is in another)."""
+    node = lab.add_node()
+    ip_batch(node.netns, [f"route add default via {SEGMENTS['a'].network_address + ROUTER_HOST}"])
+    snapshot = lab.kernel_in(node.netns).underlay_snapshot()
+    assert {info.name for info in snapshot.interfaces} == {"lo", "eth0", "pod0"}
+    chosen = choose_underlay(snapshot)
+    assert (chosen.ifname, chosen.public_ip, chosen.network) == ("eth0", node.public_ip, SEGMENTS["a"])

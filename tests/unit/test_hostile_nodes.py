@@ -127,9 +127,9 @@ def hostile_nodes(draw) -> list:
 def good_objects(harness: AgentHarness) -> tuple[set, set, set]:
     """(routes, neighbours, FDB entries) of the good peers, as the fake kernel holds them."""
     routes = {r for r in harness.kernel.dump_routes() if r.dst in GOOD_CIDRS}
-    neighbours = {n for n in harness.kernel.dump_neighbours("na-vxlan") if any(n.ip in c for c in GOOD_CIDRS)} \
+    neighbours = {n for n in harness.kernel.dump_neighbours("na-vxlan") if any(n.address in c for c in GOOD_CIDRS)} \
         if harness.kernel.links_with_prefix("na-vxlan") else set()
-    fdb = {f for f in harness.kernel.dump_fdb("na-vxlan") if f.lladdr in {vtep_mac(n) for n in GOOD_NAMES}} \
+    fdb = {f for f in harness.kernel.dump_fdb("na-vxlan") if f.mac in {vtep_mac(n) for n in GOOD_NAMES}} \
         if harness.kernel.links_with_prefix("na-vxlan") else set()
     return routes, neighbours, fdb
 
@@ -156,7 +156,7 @@ def check(harness: AgentHarness, mode: Mode) -> None:
     if harness.kernel.links_with_prefix("na-vxlan"):
         good_macs = {vtep_mac(n) for n in GOOD_NAMES}
         for entry in harness.kernel.dump_fdb("na-vxlan"):
-            assert entry.lladdr in good_macs or entry.dst not in GOOD_IPS | {LOCAL_IP}, entry
+            assert entry.mac in good_macs or entry.dst not in GOOD_IPS | {LOCAL_IP}, entry
 
 
 @pytest.mark.parametrize("mode", [Mode.VXLAN, Mode.HOST_GW], ids=lambda m: m.value)

@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "ebpf": {"netagent.kernel"},
     "proxy": BOTTOM | {"ebpf"},
     "netagent.cniserver": {"cni", "netagent.kernel", "netagent.infra"},
-    "netagent.noderoutes": BOTTOM | {"netagent.cniserver"},
+    "netagent.noderoutes": BOTTOM,
     "netagent.policy": BOTTOM,
     "netagent.daemon": BOTTOM | {"netagent", "cni", "proxy", "ebpf", "netagent.cniserver", "netagent.noderoutes",
                                  "netagent.policy"},

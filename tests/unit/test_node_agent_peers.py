@@ -112,13 +112,13 @@ def test_a_thief_copying_node_2s_vtep_mac_is_refused_until_node_2_is_gone():
     thief = node("a-thief", 66, created="2026-06-01T00:00:00Z", mac=vtep_mac("node-2"))
     harness.put(thief)
     harness.sync()
-    fdb = {entry.lladdr: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
+    fdb = {entry.mac: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
     assert str(fdb[vtep_mac("node-2")]) == "198.18.16.12"  # node-2's pods stay reachable
     assert IPv4Network("10.244.66.0/24") not in harness.overlay_routes()
     assert harness.rejected() == {"a-thief": "conflict"}
     harness.delete("node-2")
     harness.sync()
-    fdb = {entry.lladdr: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
+    fdb = {entry.mac: entry.dst for entry in harness.kernel.dump_fdb("na-vxlan")}
     assert str(fdb[vtep_mac("node-2")]) == "198.18.16.76"
     assert IPv4Network("10.244.66.0/24") in harness.overlay_routes() and harness.rejected() == {}
 
@@ -150,33 +150,22 @@ def test_a_rejected_node_is_listed_and_the_node_stays_healthy():
     assert "Node evil rejected (outside-cluster-cidr)" in line and "169.254.169.254/32" in line
 
 
-def test_the_agent_restores_its_announcement_without_a_patch_loop(monkeypatch):
+def test_the_agent_restores_its_announcement_without_a_patch_loop():
     harness = AgentHarness()
-    patches = []
-
-    def patch(api_client, name, annotations):
-        patches.append((name, dict(annotations)))
-        own = harness.reflector.store.get(name)
-        updated = json.loads(json.dumps(own))
-        updated["metadata"]["annotations"].update(annotations)
-        harness.put(updated)  # the watch brings our own write back
-        return updated
-
-    monkeypatch.setattr("netagent.kube.nodes.patch_node_annotations", patch)
     good_cluster(harness)
     harness.sync(SyncKind.FULL)
-    assert patches == []  # our Node already says what we announced
+    assert harness.api.patches == []  # our Node already says what we announced
     wanted = dict(harness.agent._announcement)
-    tampered = json.loads(json.dumps(harness.reflector.store.get("node-1")))
+    tampered = json.loads(json.dumps(harness.api.store.get("node-1")))
     tampered["metadata"]["annotations"][nodes.PUBLIC_IP] = "198.18.16.12"  # node-2's address
     tampered["metadata"]["annotations"]["unrelated.io/x"] = "kept"
     harness.put(tampered)
     harness.sync()
-    assert patches == [("node-1", {nodes.PUBLIC_IP: wanted[nodes.PUBLIC_IP]})]
-    harness.sync()  # our own write came back: nothing more to do
+    assert harness.api.patches == [("node-1", {nodes.PUBLIC_IP: wanted[nodes.PUBLIC_IP]})]
+    harness.sync()  # our own write came back through the watch: nothing more to do
     harness.sync(SyncKind.FULL)
-    assert len(patches) == 1
-    assert nodes.node_annotations(harness.reflector.store.get("node-1"))["unrelated.io/x"] == "kept"
+    assert len(harness.api.patches) == 1
+    assert nodes.node_annotations(harness.api.store.get("node-1"))["unrelated.io/x"] == "kept"
 
 
 def test_own_networks_are_reserved_unless_they_hold_the_whole_cluster():
@@ -194,26 +183,24 @@ def test_own_networks_are_reserved_unless_they_hold_the_whole_cluster():
     assert reserved == {"10.96.0.0/16", "10.3.0.5/32", "10.244.250.1/32", "10.244.250.0/24"}
 
 
-def test_a_writer_that_keeps_fighting_is_answered_at_most_every_few_seconds(monkeypatch):
+def test_a_writer_that_keeps_fighting_is_answered_at_most_every_few_seconds():
     """A second agent with our node name would rewrite the announcement after each of our patches:
     restorations are at least REASSERT_MIN_INTERVAL apart; a full sync after that restores it."""
     harness = AgentHarness()
     clock = [1000.0]
     harness.agent.monotonic = lambda: clock[0]
-    patches = []
-    monkeypatch.setattr("netagent.kube.nodes.patch_node_annotations",
-                        lambda api_client, name, annotations: patches.append(dict(annotations)))
 
     def tamper(address: str) -> None:
-        tampered = json.loads(json.dumps(harness.reflector.store.get("node-1")))
+        tampered = json.loads(json.dumps(harness.api.store.get("node-1")))
         tampered["metadata"]["annotations"][nodes.PUBLIC_IP] = address
         harness.put(tampered)
 
     tamper("198.18.16.200")
     harness.sync()
-    tamper("198.18.16.201")  # the other writer again, before our write came back
+    tamper("198.18.16.201")  # the other writer again, after our write came back
     harness.sync()
-    assert len(patches) == 1
+    assert len(harness.api.patches) == 1
     clock[0] += REASSERT_MIN_INTERVAL
     harness.sync(SyncKind.FULL)
-    assert len(patches) == 2 and patches[1] == {nodes.PUBLIC_IP: str(LOCAL_IP)}
+    assert len(harness.api.patches) == 2 and harness.api.patches[1] == ("node-1", {nodes.PUBLIC_IP: str(LOCAL_IP)})
+    assert nodes.node_annotations(harness.api.store.get("node-1"))[nodes.PUBLIC_IP] == str(LOCAL_IP)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from netagent.noderoutes import node_objects as nodes
-from netagent.noderoutes.agent import auto_checksum_offload, node_changes
+from netagent.noderoutes.agent import auto_checksum_offload, node_changes, routing_inputs_differ
 from netagent.noderoutes.routing.model import ChecksumOffload, Mode, Peer, pod_mtu
 from netagent.noderoutes.underlay import InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay
 
@@ -119,6 +119,43 @@ def test_tracker_ignores_heartbeats_but_records_routing_changes():
     tracker.on_delete(node("node-3"))
     assert tracker.drain().keys() == {"node-2", "node-3"} and len(pokes) == 2
     assert tracker.drain().keys() == set()
+
+
+@pytest.mark.parametrize("change, differs", [
+    (lambda n: n.update(status={"conditions": [{"type": "Ready"}]}), False),        # a heartbeat
+    (lambda n: n["metadata"].update(resourceVersion="99", managedFields=[{}]), False),
+    (lambda n: n["metadata"].update(labels={"zone": "b"}), False),
+    (lambda n: n["spec"].update(podCIDR="10.244.9.0/24"), True),
+    (lambda n: n["spec"].update(unschedulable=True), True),                          # raw spec: any change
+    (lambda n: n["metadata"]["annotations"].update({nodes.PUBLIC_IP: "192.0.2.99"}), True),
+    (lambda n: n["metadata"].update(uid="another"), True),
+    (lambda n: n["metadata"].update(creationTimestamp="2027-01-01T00:00:00Z"), True),
+    (lambda n: n.update(metadata=["not", "a", "map"]), True),
+    (lambda n: n.update(spec="podCIDR=10.244.9.0/24"), True),
+])
+def test_the_watch_filter_compares_raw_fields_only(change, differs):
+    old = node("node-2", annotations={nodes.PUBLIC_IP: "192.0.2.11"})
+    new = json.loads(json.dumps(old))
+    change(new)
+    assert routing_inputs_differ(old, new) is differs
+    assert routing_inputs_differ("junk", new) and routing_inputs_differ(old, None)
+
+
+def test_the_watch_filter_does_not_parse_what_it_compares():
+    """Garbage that read_peer would refuse is compared as it is, without raising on the watch thread;
+    values nested deeper than equality can go count as changed."""
+    garbage = node("node-2", cidrs=("not a CIDR",), annotations={nodes.BACKEND_DATA: "{" * 50})
+    assert routing_inputs_differ(garbage, json.loads(json.dumps(garbage))) is False
+    deep_old, deep_new = node("node-2"), node("node-2")
+    deep_old["metadata"]["annotations"]["x"], deep_new["metadata"]["annotations"]["x"] = deep_list(), deep_list()
+    assert routing_inputs_differ(deep_old, deep_new) is True
+
+
+def deep_list(depth: int = 100_000) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def test_pod_mtu_leaves_room_for_the_worst_encapsulation():

@@ -106,7 +106,7 @@ def test_sync_all_repairs_drift_and_only_the_drift():
     del kernel.routes[IPv4Network("10.244.2.0/24")]
     del kernel.fdb[("na-vxlan", MAC_C)]
     kernel.neighbours[("na-vxlan", IPv4Address("10.244.3.0"))] = Neighbour(
-        ip=IPv4Address("10.244.3.0"), lladdr="02:00:00:00:00:99", ifname="na-vxlan")
+        address=IPv4Address("10.244.3.0"), mac="02:00:00:00:00:99", ifname="na-vxlan")
     stale = Route(dst=IPv4Network("10.99.0.0/24"), gateway=IPv4Address("192.0.2.99"), ifname="eth0", onlink=False)
     kernel.routes[stale.dst] = (stale, ROUTE_PROTOCOL)  # ours, for a node that no longer exists
     report = routes.sync_all([B, C])
@@ -273,12 +273,12 @@ def test_the_fake_refuses_what_the_kernel_refuses():
         kernel.replace_route(Route(dst=IPv4Network("10.244.3.0/24"), gateway=IPv4Address("10.244.3.0"),
                                    ifname="na-vxlan", onlink=True))
     assert raised.value.code == errno.ENODEV
-    neighbour = Neighbour(ip=IPv4Address("10.244.3.0"), lladdr=MAC_C, ifname="na-vxlan")
+    neighbour = Neighbour(address=IPv4Address("10.244.3.0"), mac=MAC_C, ifname="na-vxlan")
     with pytest.raises(KernelError) as raised:
         kernel.replace_neighbour(neighbour)
     assert raised.value.code == errno.ENODEV
     with pytest.raises(KernelError) as raised:
-        kernel.replace_fdb(FdbEntry(lladdr=MAC_C, dst=IPv4Address("198.51.100.3"), ifname="eth0"))
+        kernel.replace_fdb(FdbEntry(mac=MAC_C, dst=IPv4Address("198.51.100.3"), ifname="eth0"))
     assert raised.value.code == errno.EOPNOTSUPP
     kernel.delete_neighbour(neighbour)  # deleting what is not there succeeds
     assert kernel.writes == ["replace route 10.244.2.0/24 via 198.51.100.2 dev eth0 onlink"]
@@ -292,8 +292,8 @@ class FaultyKernel(FakeKernel):
         self.failing_mac = failing_mac
 
     def replace_fdb(self, entry):
-        if entry.lladdr == self.failing_mac:
-            raise KernelError(errno.ENOBUFS, f"replace fdb {entry.lladdr}")
+        if entry.mac == self.failing_mac:
+            raise KernelError(errno.ENOBUFS, f"replace fdb {entry.mac}")
         super().replace_fdb(entry)
 
 

@@ -182,7 +182,7 @@ def test_announced_macs_are_normalised_or_refused():
     broken = Peer(name="node-c", public_ip=IPv4Address("192.0.2.3"), pod_cidrs=(IPv4Network("10.244.3.0/24"),),
                   vtep_mac="not-a-mac")
     plan = render_plan(LOCAL, [upper, broken], RoutingSettings(mode=Mode.VXLAN), bounds=BOUNDS)
-    assert plan.peers["node-b"].fdb == (FdbEntry(lladdr="a2:26:7e:92:d0:c1", dst=IPv4Address("192.0.2.2"),
+    assert plan.peers["node-b"].fdb == (FdbEntry(mac="a2:26:7e:92:d0:c1", dst=IPv4Address("192.0.2.2"),
                                                  ifname="na-vxlan"),)
     assert plan.refused == {"node-c": Refused("announced VTEP MAC 'not-a-mac' is not a unicast MAC address",
                                               RefusalReason.MALFORMED)}
@@ -247,14 +247,14 @@ def _route(dst, gw, dev="na-vxlan"):
 
 def test_diff_orders_writes_per_peer_and_deletes_by_dependency():
     mac = "a2:26:7e:92:d0:c1"
-    neigh = Neighbour(ip=IPv4Address("10.244.2.0"), lladdr=mac, ifname="na-vxlan")
-    fdb = FdbEntry(lladdr=mac, dst=IPv4Address("192.0.2.2"), ifname="na-vxlan")
+    neigh = Neighbour(address=IPv4Address("10.244.2.0"), mac=mac, ifname="na-vxlan")
+    fdb = FdbEntry(mac=mac, dst=IPv4Address("192.0.2.2"), ifname="na-vxlan")
     route = _route("10.244.2.0/24", "10.244.2.0")
     kept = _route("10.244.3.0/24", "192.0.2.3", "eth0")
     desired = [PeerPlan(name="node-b", mode=Mode.VXLAN, neighbours=(neigh,), fdb=(fdb,), routes=(route,)),
                PeerPlan(name="node-c", mode=Mode.HOST_GW, routes=(kept,))]
-    stale_neigh = Neighbour(ip=IPv4Address("10.244.9.0"), lladdr="aa:bb:cc:00:00:09", ifname="na-vxlan")
-    stale_fdb = FdbEntry(lladdr="aa:bb:cc:00:00:09", dst=IPv4Address("192.0.2.9"), ifname="na-vxlan")
+    stale_neigh = Neighbour(address=IPv4Address("10.244.9.0"), mac="aa:bb:cc:00:00:09", ifname="na-vxlan")
+    stale_fdb = FdbEntry(mac="aa:bb:cc:00:00:09", dst=IPv4Address("192.0.2.9"), ifname="na-vxlan")
     stale_route = _route("10.244.9.0/24", "10.244.9.0")
     wrong_route = _route("10.244.2.0/24", "192.0.2.2", "eth0")  # same destination, other mode
     changes = diff_objects(desired, [stale_neigh, kept, stale_fdb, wrong_route, stale_route])

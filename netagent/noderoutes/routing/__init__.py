@@ -3,8 +3,9 @@
 The package is shaped like flannel's backends (one small module per mode) around the
 seams of ARCHITECTURE.md:
 
-    model.py        the vocabulary: settings, local node, peers, desired kernel objects,
-                    the report, and the kernel seam (`RoutingKernel`)
+    model.py        the vocabulary: settings, local node, peers, desired kernel objects
+                    (routes and neighbours in `netagent/kernel/routes.py`'s words), the
+                    report, and the kernel seam (`RoutingKernel`)
     vxlan.py        VXLAN: one device, per peer a permanent neighbour, an FDB entry, a route
     hostgw.py       host-gw: per peer a route via the peer's underlay address
     ipip.py         IPIP: one NBMA tunnel device, per peer an onlink route via the peer
@@ -13,7 +14,8 @@ seams of ARCHITECTURE.md:
                     reserved ranges, claims (CIDR, public IP, VTEP MAC) kept by the older Node
     plan.py         `render_plan` (pure: local node + peers + settings + bounds -> Plan), the
                     object diff and the device drift check shared by both kernels
-    kernel.py       `NetlinkKernel`: the real kernel over one pyroute2 IPRoute socket
+    kernel.py       `NetlinkKernel`: the real kernel over one pyroute2 IPRoute socket (the
+                    agent's underlay snapshot is read through it too)
     fake_kernel.py  `FakeKernel`: keeps state and validates like the kernel, for unit tests
     routes.py       `RouteManager`: ensure the devices, then diff the plan against what is
                     programmed (a kernel dump for `sync_all`, memory for `apply_changes`)

@@ -142,8 +142,8 @@ class Admission:
 
     def check_macs(self, plan: PeerPlan) -> Refused | None:
         for entry in plan.fdb:
-            if entry.lladdr in self.macs:
-                return Refused(f"VTEP MAC {entry.lladdr} is already used by {self.macs[entry.lladdr]}",
+            if entry.mac in self.macs:
+                return Refused(f"VTEP MAC {entry.mac} is already used by {self.macs[entry.mac]}",
                                RefusalReason.CONFLICT)
         return None
 
@@ -154,4 +154,4 @@ class Admission:
         self.public_ips[peer.public_ip] = peer.name
         if isinstance(result, PeerPlan):
             for entry in result.fdb:
-                self.macs[entry.lladdr] = peer.name
+                self.macs[entry.mac] = peer.name

@@ -10,6 +10,9 @@ entries, and refuses what the kernel refuses, with the kernel's errno:
   VXLAN devices (EOPNOTSUPP);
 * a VXLAN device needs its underlay device (ENODEV) and an MTU that fits in it (EINVAL).
 
+`underlay_snapshot` reports the links in the order they were added (indexes from 1; a link's
+lowest address is its primary) and the interfaces of foreign default routes (`add_foreign_route`
+with dst 0.0.0.0/0), as the agent's underlay choice reads them.
 Deleting a link takes its routes, neighbours and FDB entries with it, and changing a
 link's MAC flushes its neighbours (permanent ones too), as in the kernel.
 Every mutating call is appended to `writes` (in `describe` words), so tests can assert
@@ -35,6 +38,7 @@ from netagent.noderoutes.routing.model import (
     VxlanDevice,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
+from netagent.noderoutes.underlay import InterfaceInfo, UnderlaySnapshot
 
 VXLAN_HEADROOM = 50
 
@@ -45,7 +49,7 @@ class FakeKernel(RoutingKernel):
         self.links: dict[str, ObservedDevice] = {}
         self.routes: dict = {}  # dst -> (Route, protocol)
         self.neighbours: dict = {}  # (ifname, ip) -> Neighbour
-        self.fdb: dict = {}  # (ifname, lladdr) -> FdbEntry
+        self.fdb: dict = {}  # (ifname, mac) -> FdbEntry
         self.writes: list[str] = []
 
     # ------------------------------------------------------------ test set-up helpers
@@ -62,6 +66,15 @@ class FakeKernel(RoutingKernel):
         return {route for route, protocol in self.routes.values() if protocol == self.protocol}
 
     # ------------------------------------------------------------ links
+    def underlay_snapshot(self) -> UnderlaySnapshot:
+        indexes = {name: index for index, name in enumerate(self.links, start=1)}
+        interfaces = tuple(InterfaceInfo(name=name, index=indexes[name], mtu=link.mtu,
+                                         addresses=tuple(sorted(link.addresses)))
+                           for name, link in self.links.items())
+        defaults = tuple(indexes[route.ifname] for route, _ in self.routes.values()
+                         if route.dst.prefixlen == 0 and route.ifname in indexes)
+        return UnderlaySnapshot(interfaces=interfaces, default_route_ifindexes=defaults)
+
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         return {name: link.kind for name, link in self.links.items() if name.startswith(prefix)}
 
@@ -143,11 +156,11 @@ class FakeKernel(RoutingKernel):
 
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         self._require_link(neighbour.ifname, describe(neighbour))
-        self.neighbours[(neighbour.ifname, neighbour.ip)] = neighbour
+        self.neighbours[(neighbour.ifname, neighbour.address)] = neighbour
         self.writes.append(f"replace {describe(neighbour)}")
 
     def delete_neighbour(self, neighbour: Neighbour) -> None:
-        if self.neighbours.pop((neighbour.ifname, neighbour.ip), None) is not None:
+        if self.neighbours.pop((neighbour.ifname, neighbour.address), None) is not None:
             self.writes.append(f"delete {describe(neighbour)}")
 
     # ------------------------------------------------------------ FDB
@@ -158,9 +171,9 @@ class FakeKernel(RoutingKernel):
         link = self._require_link(entry.ifname, describe(entry))
         if link.kind != "vxlan":
             raise KernelError(errno.EOPNOTSUPP, f"{describe(entry)}: {entry.ifname} is not a VXLAN device")
-        self.fdb[(entry.ifname, entry.lladdr)] = entry
+        self.fdb[(entry.ifname, entry.mac)] = entry
         self.writes.append(f"replace {describe(entry)}")
 
     def delete_fdb(self, entry: FdbEntry) -> None:
-        if self.fdb.pop((entry.ifname, entry.lladdr), None) is not None:
+        if self.fdb.pop((entry.ifname, entry.mac), None) is not None:
             self.writes.append(f"delete {describe(entry)}")

@@ -46,6 +46,7 @@ from netagent.noderoutes.routing.model import (
     VxlanDevice,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
+from netagent.noderoutes.underlay import UnderlaySnapshot, read_underlay_snapshot
 
 log = logging.getLogger("netagent.noderoutes.routing")
 
@@ -125,6 +126,10 @@ class NetlinkKernel(RoutingKernel):
         return names
 
     # ------------------------------------------------------------ links
+    @_in_own_netns
+    def underlay_snapshot(self) -> UnderlaySnapshot:
+        return read_underlay_snapshot(self._ipr)
+
     @_in_own_netns
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         found = {}
@@ -281,7 +286,7 @@ class NetlinkKernel(RoutingKernel):
         except KernelError:
             return []
         with self._call(f"dump neighbours on {ifname}", ifname=ifname):
-            return [Neighbour(ip=IPv4Address(msg.get_attr("NDA_DST")), lladdr=msg.get_attr("NDA_LLADDR"),
+            return [Neighbour(address=IPv4Address(msg.get_attr("NDA_DST")), mac=msg.get_attr("NDA_LLADDR"),
                               ifname=ifname)
                     for msg in self._ipr.neigh("dump", ifindex=index, family=socket.AF_INET)
                     if msg["ifindex"] == index and msg["state"] & NUD_PERMANENT
@@ -290,13 +295,13 @@ class NetlinkKernel(RoutingKernel):
     @_in_own_netns
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"replace {describe(neighbour)}", ifname=neighbour.ifname):
-            self._ipr.neigh("replace", ifindex=self._index(neighbour.ifname), dst=str(neighbour.ip),
-                            lladdr=neighbour.lladdr, state=NUD_PERMANENT)
+            self._ipr.neigh("replace", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address),
+                            lladdr=neighbour.mac, state=NUD_PERMANENT)
 
     @_in_own_netns
     def delete_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"delete {describe(neighbour)}", ifname=neighbour.ifname, if_gone=IfGone.SUCCEED):
-            self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.ip))
+            self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address))
 
     # ------------------------------------------------------------ FDB
     @_in_own_netns
@@ -306,7 +311,7 @@ class NetlinkKernel(RoutingKernel):
         except KernelError:
             return []
         with self._call(f"dump FDB on {ifname}", ifname=ifname):
-            return [FdbEntry(lladdr=msg.get_attr("NDA_LLADDR"), dst=IPv4Address(msg.get_attr("NDA_DST")),
+            return [FdbEntry(mac=msg.get_attr("NDA_LLADDR"), dst=IPv4Address(msg.get_attr("NDA_DST")),
                              ifname=ifname)
                     for msg in self._ipr.fdb("dump", ifindex=index)
                     if msg["ifindex"] == index and msg["flags"] & NTF_SELF and msg.get_attr("NDA_DST")]
@@ -314,11 +319,11 @@ class NetlinkKernel(RoutingKernel):
     @_in_own_netns
     def replace_fdb(self, entry: FdbEntry) -> None:
         with self._call(f"replace {describe(entry)}", ifname=entry.ifname):
-            self._ipr.fdb("replace", ifindex=self._index(entry.ifname), lladdr=entry.lladdr, dst=str(entry.dst),
+            self._ipr.fdb("replace", ifindex=self._index(entry.ifname), lladdr=entry.mac, dst=str(entry.dst),
                           state=NUD_PERMANENT, flags=NTF_SELF)
 
     @_in_own_netns
     def delete_fdb(self, entry: FdbEntry) -> None:
         """Delete the MAC's whole entry on the device (every destination it has)."""
         with self._call(f"delete {describe(entry)}", ifname=entry.ifname, if_gone=IfGone.SUCCEED):
-            self._ipr.fdb("del", ifindex=self._index(entry.ifname), lladdr=entry.lladdr)
+            self._ipr.fdb("del", ifindex=self._index(entry.ifname), lladdr=entry.mac)

@@ -2,8 +2,8 @@
 
 Inputs (`LocalNode`, `Peer`, `RoutingSettings`, `PeerBounds`) are built by the agent from
 Node objects and its flags; `PeerBounds` says where a peer's pod CIDRs may lie at all.
-Desired kernel objects (`VxlanDevice`, `IpipDevice`, `Route`, `Neighbour`, `FdbEntry`) are
-plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
+Desired kernel objects (`VxlanDevice`, `IpipDevice`, `FdbEntry`, and `Route` and `Neighbour`
+from `netagent/kernel/routes.py`, the CNI plugin's vocabulary too) are plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
 and both kernels (real and fake) speak exactly these types. `RoutingKernel` is the seam:
 the handful of operations the reconciler needs, nothing else.
 
@@ -16,9 +16,13 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from netagent.kernel import owned
+from netagent.kernel.routes import Neighbour, Route  # ours name their device; routes carry our protocol
+
+if TYPE_CHECKING:
+    from netagent.noderoutes.underlay import UnderlaySnapshot
 
 ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL
 DEVICE_PREFIX = owned.DEVICE_PREFIX
@@ -99,7 +103,7 @@ class ChecksumOffload(enum.Enum):
     """`tx-checksum-ip-generic` on the VXLAN device. Off is the old workaround (flannel, Calico
     before 5.7) for a netfilter bug that corrupted encapsulated UDP checksums; it also turns off
     segmentation offload and costs about 5x in throughput here, so the agent chooses ON on
-    kernels >= 5.7 unless the node is behind NAT (see `agent_main`)."""
+    kernels >= 5.7 unless the node is behind NAT (`ChecksumOffloadPolicy.AUTO`, the default)."""
     ON = "on"
     OFF = "off"
 
@@ -160,26 +164,9 @@ class IpipDevice:
 
 
 @dataclass(frozen=True)
-class Route:
-    """`dst via gateway dev ifname [onlink]` in the main table, with our protocol."""
-    dst: IPv4Network
-    gateway: IPv4Address | None
-    ifname: str
-    onlink: bool
-
-
-@dataclass(frozen=True)
-class Neighbour:
-    """A permanent neighbour entry `ip lladdr lladdr dev ifname`."""
-    ip: IPv4Address
-    lladdr: str
-    ifname: str
-
-
-@dataclass(frozen=True)
 class FdbEntry:
-    """A VXLAN forwarding entry `lladdr dst dst dev ifname self permanent`."""
-    lladdr: str
+    """A VXLAN forwarding entry `mac dst dst dev ifname self permanent`."""
+    mac: str
     dst: IPv4Address
     ifname: str
 
@@ -290,9 +277,14 @@ class RoutingApplyError(Exception):
 
 
 class RoutingKernel(abc.ABC):
-    """The operations the reconciler needs; deletes of something already gone succeed."""
+    """The operations the reconciler needs, and the one read the agent chooses its underlay
+    from; deletes of something already gone succeed."""
 
     protocol: int  # the route protocol number that marks routes as ours
+
+    @abc.abstractmethod
+    def underlay_snapshot(self) -> UnderlaySnapshot:
+        """The namespace's links, their IPv4 addresses and its IPv4 default routes."""
 
     @abc.abstractmethod
     def links_with_prefix(self, prefix: str) -> dict[str, str]:

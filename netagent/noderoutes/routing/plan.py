@@ -120,9 +120,9 @@ def describe(thing) -> str:
         via = f" via {thing.gateway}" if thing.gateway is not None else ""
         return f"route {thing.dst}{via} dev {thing.ifname}{' onlink' if thing.onlink else ''}"
     if isinstance(thing, Neighbour):
-        return f"neigh {thing.ip} lladdr {thing.lladdr} dev {thing.ifname} permanent"
+        return f"neigh {thing.address} lladdr {thing.mac} dev {thing.ifname} permanent"
     if isinstance(thing, FdbEntry):
-        return f"fdb {thing.lladdr} dst {thing.dst} dev {thing.ifname} self permanent"
+        return f"fdb {thing.mac} dst {thing.dst} dev {thing.ifname} self permanent"
     if isinstance(thing, VxlanDevice):
         return (f"link {thing.ifname} type vxlan id {thing.vni} dstport {thing.port} local {thing.local} "
                 f"dev {thing.underlay_ifname} nolearning address {thing.mac} mtu {thing.mtu} up, "
@@ -150,8 +150,8 @@ def object_key(obj) -> tuple:
     if isinstance(obj, Route):
         return ("route", obj.dst)
     if isinstance(obj, Neighbour):
-        return ("neigh", obj.ifname, obj.ip)
-    return ("fdb", obj.ifname, obj.lladdr)
+        return ("neigh", obj.ifname, obj.address)
+    return ("fdb", obj.ifname, obj.mac)
 
 
 _DELETE_ORDER = {Route: 0, FdbEntry: 1, Neighbour: 2}  # a route before the next hop it resolves through

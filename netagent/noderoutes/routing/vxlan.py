@@ -82,7 +82,7 @@ def render_vxlan_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> Pe
     ifname = settings.vxlan_ifname
     return PeerPlan(
         name=peer.name, mode=Mode.VXLAN,
-        neighbours=tuple(Neighbour(ip=cidr.network_address, lladdr=mac, ifname=ifname) for cidr in cidrs),
-        fdb=(FdbEntry(lladdr=mac, dst=peer.public_ip, ifname=ifname),),
+        neighbours=tuple(Neighbour(address=cidr.network_address, mac=mac, ifname=ifname) for cidr in cidrs),
+        fdb=(FdbEntry(mac=mac, dst=peer.public_ip, ifname=ifname),),
         routes=tuple(Route(dst=cidr, gateway=cidr.network_address, ifname=ifname, onlink=True)
                      for cidr in cidrs))
