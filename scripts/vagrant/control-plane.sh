@@ -16,14 +16,9 @@ fi
 control_plane_ip=$1
 token=$2
 src=${NETAGENT_SRC:-/vagrant}
-manifest=$src/deploy/netagent.yaml
 export KUBECONFIG=/etc/kubernetes/admin.conf
 
-cluster_cidr=$(sed -n 's/^ *- --cluster-cidr=//p' "$manifest")
-if [ -z "$cluster_cidr" ] || [ "$(printf '%s\n' "$cluster_cidr" | wc -l)" -ne 1 ]; then
-  echo "control-plane.sh: expected one --cluster-cidr in $manifest, found: ${cluster_cidr:-none}" >&2
-  exit 1
-fi
+cluster_cidr=$("$src/scripts/vagrant/manifest.sh" cluster-cidr)
 
 if [ ! -f /etc/kubernetes/admin.conf ]; then
   kubeadm init --apiserver-advertise-address="$control_plane_ip" \
@@ -42,5 +37,5 @@ if [ -z "$iface" ]; then
   echo "control-plane.sh: no interface holds an address in $control_plane_ip/24" >&2
   exit 1
 fi
-"$src/scripts/vagrant/manifest.sh" "$iface" | kubectl apply -f -
+"$src/scripts/vagrant/manifest.sh" with-iface "$iface" | kubectl apply -f -
 kubectl -n kube-system rollout status ds/netagent --timeout=300s

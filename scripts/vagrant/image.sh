@@ -12,14 +12,9 @@
 #     image.sh                 # NETAGENT_SRC=DIR: the checkout (default /vagrant)
 set -euo pipefail
 src=${NETAGENT_SRC:-/vagrant}
-manifest=$src/deploy/netagent.yaml
 export DEBIAN_FRONTEND=noninteractive
 
-image=$(sed -n 's/^ *image: *//p' "$manifest" | sort -u)
-if [ -z "$image" ] || [ "$(printf '%s\n' "$image" | wc -l)" -ne 1 ]; then
-  echo "image.sh: expected one image in $manifest, found: ${image:-none}" >&2
-  exit 1
-fi
+image=$("$src/scripts/vagrant/manifest.sh" image)
 
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends podman mmdebstrap

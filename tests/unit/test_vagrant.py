@@ -10,7 +10,9 @@
   neither VirtualBox nor vagrant-libvirt). It checks every provisioner's `path:` exists.
 - The Vagrantfile's provisioning is the scripts', each with a header and `set -euo pipefail`;
   no host venv, no raw `podman build`; the deploy/README.md sections it names exist;
-  `manifest.sh` adds `--iface` after `--backend` in the real manifest.
+  `manifest.sh` reads the image and pod network from the real manifest and adds `--iface`
+  right after `--backend` (what tests/unit/test_deploy_manifests.py checked of the inline
+  shell before).
 
 Each tool's test skips, saying why, when the tool is not installed (`scripts/setup.sh`
 installs both).
@@ -54,7 +56,8 @@ def other_shell_scripts() -> list[Path]:
 def need(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        pytest.skip(f"{tool} is not installed (apt-get install --no-install-recommends {tool}; scripts/setup.sh installs it)")
+        pytest.skip(f"{tool} is not installed (apt-get install --no-install-recommends {tool}; "
+                    "scripts/setup.sh installs it)")
     return path
 
 
@@ -140,31 +143,55 @@ def test_named_readme_sections_exist():
     assert not missing, missing
 
 
-def test_manifest_sh_adds_iface_after_backend(tmp_path):
-    need("bash")
-    result = subprocess.run(["bash", str(VAGRANT_SCRIPTS / "manifest.sh"), "enp0s8"],
-                            env={**os.environ, "NETAGENT_SRC": str(REPO)},
-                            capture_output=True, text=True, timeout=30, check=True)
-    original = list(yaml.safe_load_all(MANIFEST.read_text()))
-    changed = list(yaml.safe_load_all(result.stdout))
-    assert len(changed) == len(original)
+def manifest_sh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(VAGRANT_SCRIPTS / "manifest.sh"), *args],
+                          env={**os.environ, "NETAGENT_SRC": str(REPO)},
+                          capture_output=True, text=True, timeout=30)
 
-    def agent_args(documents):
-        daemonset = next(doc for doc in documents if doc and doc["kind"] == "DaemonSet")
-        container = next(c for c in daemonset["spec"]["template"]["spec"]["containers"]
-                         if c["name"] == "netagent")
-        return container["args"]
 
+def manifest_documents(text: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def pod_spec(documents: list[dict]) -> dict:
+    daemonset = next(doc for doc in documents if doc["kind"] == "DaemonSet")
+    return daemonset["spec"]["template"]["spec"]
+
+
+def agent_args(documents: list[dict]) -> list[str]:
+    return next(c for c in pod_spec(documents)["containers"] if c["name"] == "netagent")["args"]
+
+
+def test_the_lab_takes_image_and_pod_network_from_the_manifest():
+    documents = manifest_documents(MANIFEST.read_text())
+    spec = pod_spec(documents)
+    images = {c["image"] for c in spec["containers"] + spec["initContainers"]}
+    assert manifest_sh("image").stdout.splitlines() == sorted(images)    # one image
+    (cidr,) = [arg.split("=", 1)[1] for arg in agent_args(documents)
+               if arg.startswith("--cluster-cidr=")]
+    assert manifest_sh("cluster-cidr").stdout == f"{cidr}\n"
+    control_plane = (VAGRANT_SCRIPTS / "control-plane.sh").read_text()
+    assert 'cluster_cidr=$("$src/scripts/vagrant/manifest.sh" cluster-cidr)' in control_plane
+    assert '--pod-network-cidr="$cluster_cidr" --skip-phases=addon/kube-proxy' in control_plane
+    image = (VAGRANT_SCRIPTS / "image.sh").read_text()
+    assert 'image=$("$src/scripts/vagrant/manifest.sh" image)' in image
+    assert '--tag "$image"' in image
+
+
+def test_manifest_sh_adds_iface_right_after_backend():
+    result = manifest_sh("with-iface", "enp0s8")
+    assert result.returncode == 0, result.stderr
+    original = manifest_documents(MANIFEST.read_text())
+    changed = manifest_documents(result.stdout)
     before, after = agent_args(original), agent_args(changed)
     backend = next(i for i, arg in enumerate(before) if arg.startswith("--backend="))
     assert after == before[:backend + 1] + ["--iface=enp0s8"] + before[backend + 1:]
-    for old, new in zip(original, changed):
-        if old and old["kind"] != "DaemonSet":
-            assert new == old
+    agent_args(changed).remove("--iface=enp0s8")
+    assert changed == original, "nothing else changes"
 
 
-def test_manifest_sh_refuses_a_bad_interface_name():
-    result = subprocess.run(["bash", str(VAGRANT_SCRIPTS / "manifest.sh"), "eth1|x"],
-                            capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("args", [("with-iface", "eth1|x"), ("with-iface",), ("bogus",), ()])
+def test_manifest_sh_refuses_bad_arguments(args):
+    result = manifest_sh(*args)
     assert result.returncode == 2
     assert result.stdout == ""
