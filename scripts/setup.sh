@@ -21,7 +21,7 @@ apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
   qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 clang libclang-rt-dev \
-  podman buildah mmdebstrap >/dev/null
+  podman buildah mmdebstrap shellcheck vagrant >/dev/null
 
 # bcc compiles the eBPF programs at agent start and wants this kernel's headers in
 # /lib/modules/$(uname -r)/{build,source}. When the running kernel has no Debian headers

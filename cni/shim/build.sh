@@ -31,7 +31,9 @@ else
   exit 1
 fi
 
-defines=
+# The optional -D flag goes in the positional parameters (OUTPUT is already in $output), so
+# it stays one argument with its quotes: a C string literal.
+set --
 if [ -n "${NETAGENT_DEFAULT_SOCKET:-}" ]; then
   case $NETAGENT_DEFAULT_SOCKET in
     /*) ;;
@@ -42,14 +44,12 @@ if [ -n "${NETAGENT_DEFAULT_SOCKET:-}" ]; then
     echo "build.sh: NETAGENT_DEFAULT_SOCKET must be at most 107 bytes of [A-Za-z0-9/._+-]" >&2
     exit 2
   fi
-  defines="-DDEFAULT_SOCKET=\"$NETAGENT_DEFAULT_SOCKET\""
+  set -- "-DDEFAULT_SOCKET=\"$NETAGENT_DEFAULT_SOCKET\""
 fi
 
 mkdir -p "$(dirname "$output")"
 tmp="$output.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
-# $defines is empty or one word without blanks: unquoted on purpose
-# shellcheck disable=SC2086
-"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s $defines -o "$tmp" "$here"/*.c
+"$cc" -std=c11 -Wall -Wextra -Werror -static -Os -s "$@" -o "$tmp" "$here"/*.c
 chmod 0755 "$tmp"
 mv -f "$tmp" "$output"

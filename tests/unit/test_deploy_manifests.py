@@ -1,4 +1,4 @@
-"""deploy/ and the Vagrantfile must agree with the code they ship.
+"""deploy/ must agree with the code it ships.
 
 Nothing here can run a cluster or build an image, so these tests check what can be checked
 offline, against the real code rather than against copies of it:
@@ -10,8 +10,8 @@ offline, against the real code rather than against copies of it:
   mounted at the same path on the host, where the runtime's plugin reads them;
 - RBAC grants exactly what the agent's API calls need, read from the code (`api_calls.py`);
 - the Containerfile copies every package folder pyproject.toml declares but the lab, installs
-  them into a venv and ends in the `netagent` console script;
-- the lab's Vagrantfile uses the manifest's cluster CIDR, image and argument layout.
+  them into a venv and ends in the `netagent` console script.
+The Vagrant lab's agreement with the manifest: tests/unit/test_vagrant.py.
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from tests.unit.api_calls import UnclassifiedCall, permissions_in, permissions_u
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "netagent.yaml"
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
-VAGRANTFILE = REPO / "Vagrantfile"
 SAMPLE_NODE_NAME = "node-a"
 
 
@@ -434,27 +433,3 @@ def test_image_tag_is_the_project_version():
     images = {c["image"] for c in pod_spec()["containers"] + pod_spec()["initContainers"]}
     (image,) = images
     assert image.rsplit(":", 1)[1] == pyproject()["project"]["version"]
-
-
-# ------------------------------------------------------------------ Vagrantfile
-def vagrant_constant(name: str) -> str:
-    match = re.search(rf'^{name} = "([^"]+)"', VAGRANTFILE.read_text(), re.MULTILINE)
-    assert match, f"{name} is not defined in the Vagrantfile"
-    return match.group(1)
-
-
-def test_vagrant_lab_matches_the_manifest():
-    text = VAGRANTFILE.read_text()
-    assert [vagrant_constant("POD_NETWORK_CIDR")] == parsed_agent_args().cluster_cidr
-    assert vagrant_constant("NETAGENT_IMAGE") == agent_container()["image"]
-    assert "--pod-network-cidr=#{POD_NETWORK_CIDR}" in text
-    assert "--skip-phases=addon/kube-proxy" in text
-    assert "kubectl apply -f -" in text and "/vagrant/deploy/netagent.yaml" in text
-    # The lab adds --iface after this line of the manifest (sed anchor).
-    anchor = re.search(r"\^\\\\\( \*\\\\\)(- [^$]+)\$", text).group(1)
-    assert re.search(rf"^ *{re.escape(anchor)}$", MANIFEST.read_text(), re.MULTILINE), anchor
-
-
-def test_vagrant_lab_workaround_installs_at_the_images_venv_path():
-    text = VAGRANTFILE.read_text()
-    assert f"python3 -m venv --system-site-packages {containerfile_venv()}\n" in text
