@@ -184,8 +184,8 @@ class IpvsProxy(ProxyBackend):
             if cached is not None and cached[0] == service and cached[1] == endpoints:
                 rendered[name] = cached
             else:
-                rendered[name] = (service, endpoints,
-                                  render_service_port(service, endpoints, state.node, self.settings))
+                rendered[name] = (service, endpoints, render_service_port(
+                    service, state.selection(name), node=state.node, settings=self.settings))
         self._rendered = rendered
         return IpvsPlan({name: plan for name, (_, _, plan) in rendered.items()})
 
@@ -245,7 +245,7 @@ class IpvsProxy(ProxyBackend):
         for name in sorted(changed):
             old = services.get(name)
             service = state.services.get(name)
-            new = (render_service_port(service, state.endpoints_of(name), state.node, self.settings)
+            new = (render_service_port(service, state.selection(name), node=state.node, settings=self.settings)
                    if service is not None else None)
             if old == new:
                 continue
