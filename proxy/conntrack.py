@@ -15,8 +15,9 @@ entry points are `ServicePort.entry_points()` (a NodePort is any local address),
 endpoints the states' own selections (`ProxyState.selection`, computed once per sync).
 The deleting is a kernel touchpoint, the `Conntrack` interface: `ConntrackCommand` runs the
 `conntrack` tool (one `-D` per filter, inside the agent's network namespace through
-`exec_prefix`); `FakeConntrack` (fake_conntrack.py) keeps entries in memory. TCP and SCTP are left alone: their endpoints end
-connections themselves, and deleting live entries would break graceful termination.
+`exec_prefix`); `FakeConntrack` (fake_conntrack.py) keeps entries in memory. TCP and SCTP
+are left alone: their endpoints end connections themselves, and deleting live entries would
+break graceful termination.
 
 Bounded: each filter is one exec, and a hostile (or just large) change multiplies entry
 points by gone endpoints. Past `MAX_FLOW_FILTERS` per sync the filters of one entry point

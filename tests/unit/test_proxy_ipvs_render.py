@@ -5,7 +5,16 @@ from proxy.ipvs.render import IpvsSettings, render_ipvs
 from proxy.ipvs.render import render_service_port as render_planned
 from proxy.ipvs.rules import render_ipvs_chains
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
-from proxy.model import Endpoint, EntryKind, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
+from proxy.model import (
+    Endpoint,
+    EntryKind,
+    NodeContext,
+    Protocol,
+    ProxyState,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
 from proxy.selection import select_endpoints
 
 NODE = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10", "172.16.0.10"))
