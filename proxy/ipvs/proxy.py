@@ -82,7 +82,7 @@ from proxy.ipvs.rules import (
 )
 from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.ipvs.table import IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer, VirtualServerKey
-from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName
+from proxy.model import Endpoint, EntryKind, NodeContext, ProxyState, ServicePort, ServicePortName
 
 log = logging.getLogger("netagent.proxy.ipvs")
 
@@ -379,7 +379,7 @@ class IpvsProxy(ProxyBackend):
                     name=str(planned.service) if planned else "(not in the current plan)",
                     address=str(server.key),
                     kind=planned.kind.value if planned else ("ServiceAddress" if server.key.address in addresses
-                                                             else "NodePort"),
+                                                             else EntryKind.NODE_PORT.value),
                     backends=tuple(_describe_real(real) for real in reals)))
             return found
 
