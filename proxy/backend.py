@@ -50,7 +50,7 @@ class ProgrammedService:
 
     name: str                  # "namespace/name:port", as the backend labelled it
     address: str               # "10.96.0.10:53/UDP"
-    kind: str                  # "ClusterIP", "NodePort", "ExternalIP", "LoadBalancer"
+    kind: str                  # an EntryKind's word; IPVS: "ServiceAddress" for a server no plan names
     backends: tuple[str, ...]  # "10.244.1.5:53" each; weight or condition in parentheses if not plain
 
 

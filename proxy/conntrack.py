@@ -10,10 +10,14 @@ entries after the rules changed, as kube-proxy does:
 - a service that had no endpoints got one: entries created while the service was
   rejecting (no DNAT in them) would keep the client away from the new endpoint.
 
-`stale_flows(previous, current, changed)` is the pure half (unit-tested);
-`ConntrackCommand` runs the `conntrack` tool (one `-D` per filter, inside the agent's
-network namespace through `exec_prefix`). TCP and SCTP are left alone: their endpoints end
-connections themselves, and deleting live entries would break graceful termination.
+`stale_flows(previous, current, changed)` is the pure half (unit-tested): the service's
+entry points are `ServicePort.entry_points()` (a NodePort is any local address), its
+endpoints the states' own selections (`ProxyState.selection`, computed once per sync).
+The deleting is a kernel touchpoint, the `Conntrack` interface: `ConntrackCommand` runs the
+`conntrack` tool (one `-D` per filter, inside the agent's network namespace through
+`exec_prefix`); `FakeConntrack` (fake_conntrack.py) keeps entries in memory. TCP and SCTP
+are left alone: their endpoints end connections themselves, and deleting live entries would
+break graceful termination.
 
 Bounded: each filter is one exec, and a hostile (or just large) change multiplies entry
 points by gone endpoints. Past `MAX_FLOW_FILTERS` per sync the filters of one entry point
@@ -23,14 +27,14 @@ out, with a warning.
 """
 from __future__ import annotations
 
+import abc
 import logging
 import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.model import Protocol, ProxyState, ServicePort, ServicePortName
-from proxy.selection import select_endpoints
+from proxy.model import Protocol, ProxyState, ServicePortName
 
 log = logging.getLogger("netagent.proxy.conntrack")
 
@@ -57,20 +61,10 @@ class FlowFilter:
         return argv
 
 
-def _entry_points(service: ServicePort) -> list[tuple[str | None, int]]:
-    points: list[tuple[str | None, int]] = [(service.cluster_ip, service.port)]
-    points += [(address, service.port) for address in (*service.external_ips, *service.load_balancer_ips)]
-    if service.node_port:
-        points.append((None, service.node_port))
-    return points
-
-
 def _endpoint_ips(state: ProxyState, name: ServicePortName) -> set[str]:
-    service = state.services.get(name)
-    if service is None:
+    if name not in state.services:
         return set()
-    selection = select_endpoints(service, state.endpoints_of(name), state.node)
-    return {endpoint.ip for endpoint in selection.all_selected}
+    return {endpoint.ip for endpoint in state.selection(name).all_selected}
 
 
 def stale_flows(previous: ProxyState, current: ProxyState, changed: frozenset[ServicePortName]) -> list[FlowFilter]:
@@ -80,11 +74,12 @@ def stale_flows(previous: ProxyState, current: ProxyState, changed: frozenset[Se
         old, new = previous.services.get(name), current.services.get(name)
         if old is not None and old.protocol is Protocol.UDP:
             gone = _endpoint_ips(previous, name) - _endpoint_ips(current, name)
-            for address, port in _entry_points(old):
-                filters.update(FlowFilter(port=port, address=address, reply_source=ip) for ip in sorted(gone))
+            for point in old.entry_points():
+                filters.update(FlowFilter(port=point.port, address=point.address, reply_source=ip)
+                               for ip in sorted(gone))
         if new is not None and new.protocol is Protocol.UDP and _endpoint_ips(current, name):
             if old is None or old.protocol is not Protocol.UDP or not _endpoint_ips(previous, name):
-                filters.update(FlowFilter(port=port, address=address) for address, port in _entry_points(new))
+                filters.update(FlowFilter(port=point.port, address=point.address) for point in new.entry_points())
     return bounded(sorted(filters, key=_order))
 
 
@@ -104,7 +99,30 @@ def bounded(filters: list[FlowFilter], *, limit: int = MAX_FLOW_FILTERS) -> list
     return merged
 
 
-class ConntrackCommand:
+class ConntrackError(RuntimeError):
+    """The conntrack tool (or its fake) could not delete a filter's entries."""
+
+
+class Conntrack(abc.ABC):
+    """The kernel's connection-tracking table, as far as the proxy touches it: deleting."""
+
+    @abc.abstractmethod
+    def delete(self, flow: FlowFilter) -> int:
+        """Delete the entries `flow` selects; answer how many went (0 is fine); raise
+        ConntrackError (or OSError, SubprocessError) when the deleting failed."""
+
+    def delete_all(self, flows: Sequence[FlowFilter]) -> int:
+        """Delete each filter's entries; a failing one is logged and the rest still run."""
+        deleted = 0
+        for flow in flows:
+            try:
+                deleted += self.delete(flow)
+            except (OSError, subprocess.SubprocessError, ConntrackError) as error:
+                log.warning("stale UDP flows not deleted: %s", error)
+        return deleted
+
+
+class ConntrackCommand(Conntrack):
     """Deletes entries with the `conntrack` tool; answers how many went."""
 
     def __init__(self, *, exec_prefix: Sequence[str] = (), binary: str = "conntrack") -> None:
@@ -116,15 +134,6 @@ class ConntrackCommand:
                                    timeout=30)
         found = _DELETED.search(completed.stderr + completed.stdout)
         if found is None:  # the tool failed before counting: no table, bad argument, ...
-            raise RuntimeError(f"conntrack {' '.join(flow.argv())}: {completed.stderr.strip() or completed.returncode}")
+            raise ConntrackError(f"conntrack {' '.join(flow.argv())}: "
+                                 f"{completed.stderr.strip() or completed.returncode}")
         return int(found.group(1))
-
-    def delete_all(self, flows: Sequence[FlowFilter]) -> int:
-        """Delete each filter's entries; a failing one is logged and the rest still run."""
-        deleted = 0
-        for flow in flows:
-            try:
-                deleted += self.delete(flow)
-            except (OSError, subprocess.SubprocessError, RuntimeError) as error:
-                log.warning("stale UDP flows not deleted: %s", error)
-        return deleted

@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.selection import EndpointSelection
 
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, the Kubernetes default for ClientIP affinity
 
@@ -34,6 +38,30 @@ class Protocol(str, Enum):
 class TrafficPolicy(str, Enum):
     CLUSTER = "Cluster"
     LOCAL = "Local"
+
+
+class EntryKind(str, Enum):
+    """How traffic enters a service port; the word is the one `netagent status` shows and the
+    iptables backend writes in its entry rules' comments."""
+    CLUSTER_IP = "ClusterIP"
+    EXTERNAL_IP = "ExternalIP"
+    LOAD_BALANCER = "LoadBalancer"
+    NODE_PORT = "NodePort"
+
+    @property
+    def external(self) -> bool:
+        """NodePort, external and load-balancer traffic: `external_policy` applies."""
+        return self is not EntryKind.CLUSTER_IP
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One address and port a service port is reachable at. `address` None: a NodePort on
+    every local address (the backend spells out where: iptables matches LOCAL, conntrack
+    matches any destination)."""
+    kind: EntryKind
+    address: str | None
+    port: int
 
 
 @dataclass(frozen=True, order=True)
@@ -82,6 +110,19 @@ class ServicePort:
     @property
     def external_local(self) -> bool:
         return self.has_external_addresses and self.external_policy is TrafficPolicy.LOCAL
+
+    def entry_points(self, node: NodeContext | None = None) -> tuple[EntryPoint, ...]:
+        """Every way in, in the one order every backend writes them: the cluster IP, each
+        external IP, each load-balancer IP (all at `port`), then the NodePort: one entry per
+        `node.nodeport_targets` address, or one with no address when `node` is None. Not
+        deduplicated: a backend that keys entries by address decides who wins a clash."""
+        points = [EntryPoint(EntryKind.CLUSTER_IP, self.cluster_ip, self.port)]
+        points += [EntryPoint(EntryKind.EXTERNAL_IP, address, self.port) for address in self.external_ips]
+        points += [EntryPoint(EntryKind.LOAD_BALANCER, address, self.port) for address in self.load_balancer_ips]
+        if self.node_port:
+            addresses: tuple[str | None, ...] = (None,) if node is None else node.nodeport_targets
+            points += [EntryPoint(EntryKind.NODE_PORT, address, self.node_port) for address in addresses]
+        return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -142,12 +183,26 @@ class ProxyState:
     services: Mapping[ServicePortName, ServicePort] = field(default_factory=dict)
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]] = field(default_factory=dict)
 
+    _selections: dict[ServicePortName, EndpointSelection] = field(default_factory=dict, init=False, repr=False,
+                                                                   compare=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "services", _frozen(self.services))
         object.__setattr__(self, "endpoints", _frozen(self.endpoints))
 
     def endpoints_of(self, name: ServicePortName) -> tuple[Endpoint, ...]:
         return self.endpoints.get(name, ())
+
+    def selection(self, name: ServicePortName) -> EndpointSelection:
+        """`select_endpoints` for one service port of this state, computed once: every renderer,
+        conntrack cleanup and the metrics of a sync ask the same snapshot, so a changed port is
+        selected once per sync (the state is frozen, so the answer cannot go stale)."""
+        found = self._selections.get(name)
+        if found is None:
+            from proxy.selection import select_endpoints   # selection.py imports this module
+            found = select_endpoints(self.services[name], self.endpoints_of(name), self.node)
+            self._selections[name] = found
+        return found
 
     def changed_since(self, previous: "ProxyState") -> frozenset[ServicePortName]:
         """Service ports added, removed, or whose definition or endpoints differ from `previous`."""

@@ -1,19 +1,14 @@
-"""The node's own IPv4 addresses, and which of them NodePorts answer on (`--nodeport-addresses`).
+"""Which of the node's own IPv4 addresses NodePorts answer on (`--nodeport-addresses`): pure.
 
 kube-proxy's flag takes CIDRs: a NodePort answers on every local address inside one of
-them (empty: on every local address). The addresses are read from the kernel of the
-namespace the agent runs in, at every full sync, so an address added later is picked up
-within one sync period. Loopback and the IPVS backend's own service-address device are not
-node addresses.
+them (empty: on every local address). The addresses come from the `LocalAddresses` seam
+(local_addresses.py) at every full sync, so an address added later is picked up within
+one sync period.
 """
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
-
-from netagent.kernel import owned
-
-NOT_NODE_ADDRESS_LINKS = frozenset({"lo", owned.IPVS_DEVICE})
 
 
 class NodePortAddressError(ValueError):
@@ -33,16 +28,6 @@ def parse_nodeport_cidrs(values: Iterable[str]) -> tuple[str, ...]:
                 raise NodePortAddressError(f"--nodeport-addresses: {part!r} is IPv6; only IPv4 is proxied")
             cidrs.append(str(network))
     return tuple(dict.fromkeys(cidrs))
-
-
-def local_ipv4_addresses() -> tuple[str, ...]:
-    """Every IPv4 address on this namespace's links except loopback and the proxy's own device."""
-    from pyroute2 import IPRoute
-    with IPRoute() as ipr:
-        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-        found = [address.get_attr("IFA_ADDRESS") for address in ipr.get_addr(family=2)
-                 if names.get(address["index"]) not in NOT_NODE_ADDRESS_LINKS]
-    return tuple(sorted(set(found), key=lambda a: int(ipaddress.IPv4Address(a))))
 
 
 def nodeport_addresses(local: Sequence[str], cidrs: Sequence[str]) -> tuple[str, ...]:

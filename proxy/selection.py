@@ -1,7 +1,9 @@
 """Which endpoints receive a service port's traffic on this node: one pure function.
 
-Every backend asks `select_endpoints` and programs what it answers, so traffic policies,
-the terminating fallback and topology behave the same in iptables, IPVS and eBPF.
+Every backend programs what `select_endpoints` answers, so traffic policies, the terminating
+fallback and topology behave the same in iptables, IPVS and eBPF. It is asked through
+`ProxyState.selection`, once per service port per state: the renderers, conntrack cleanup
+and the Local-policy metrics of one sync share that answer.
 The rules are Kubernetes' (see ../shared/REFERENCE.md):
 
 - Traffic goes to *ready* endpoints. When a set has none ready, its *serving and

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -45,14 +44,14 @@ from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from proxy.backend import BackendSyncReport, ProxyBackend
 from proxy.catalog import ServiceCatalog
-from proxy.conntrack import ConntrackCommand, stale_flows
+from proxy.conntrack import Conntrack, stale_flows
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
 from proxy.limits import DEFAULT_LIMITS, ProxyLimits
+from proxy.local_addresses import LocalAddresses
 from proxy.metrics import ProxyMetrics
 from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
 from proxy.nodeport_addresses import nodeport_addresses
-from proxy.selection import select_endpoints
 
 log = logging.getLogger("netagent.proxy")
 
@@ -102,9 +101,9 @@ class ServiceProxy:
         settings: ProxySettings,
         backend: ProxyBackend,
         registry: Registry,
-        conntrack: ConntrackCommand | None = None,
+        conntrack: Conntrack | None = None,
         healthcheck: HealthCheckPorts | None = None,
-        local_addresses: Callable[[], tuple[str, ...]] = tuple,
+        local_addresses: LocalAddresses | None = None,   # None: the node's addresses are not read
         node_source: NodeSource = NodeSource.OWN_WATCH,
         rejections: RejectionScope | None = None,
     ) -> None:
@@ -178,7 +177,7 @@ class ServiceProxy:
         if node_object is not None:
             node = replace(node, zone=node_zone(node_object))
         if kind is SyncKind.FULL:
-            local = tuple(self._local_addresses())
+            local = self._local_addresses.ipv4() if self._local_addresses is not None else ()
             node = replace(node, local_addresses=local)
             if self.settings.nodeport_cidrs:
                 chosen = nodeport_addresses(local, self.settings.nodeport_cidrs)
@@ -270,7 +269,7 @@ class ServiceProxy:
             self._missing_local.pop(name, None)
             if service is None:
                 continue
-            selection = select_endpoints(service, state.endpoints_of(name), state.node)
+            selection = state.selection(name)
             missing = set()
             if service.internal_policy is TrafficPolicy.LOCAL and not selection.cluster:
                 missing.add("internal")

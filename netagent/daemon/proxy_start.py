@@ -118,21 +118,19 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import BackendConfigError, build_backend
     from proxy.healthcheck import HealthCheckPorts
-    from proxy.nodeport_addresses import (
-        NodePortAddressError,
-        local_ipv4_addresses,
-        nodeport_addresses,
-        parse_nodeport_cidrs,
-    )
+    from proxy.local_addresses import NetlinkLocalAddresses
+    from proxy.nodeport_addresses import NodePortAddressError, nodeport_addresses, parse_nodeport_cidrs
     from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy
 
     try:
         cidrs = parse_nodeport_cidrs(args.nodeport_addresses)
     except NodePortAddressError as error:
         raise ProxyStartError(str(error)) from None
-    if cidrs and not nodeport_addresses(local_ipv4_addresses(), cidrs):
+    local_addresses = NetlinkLocalAddresses()
+    local = local_addresses.ipv4() if cidrs else ()
+    if cidrs and not nodeport_addresses(local, cidrs):
         raise ProxyStartError(f"--nodeport-addresses {','.join(cidrs)}: no local address is inside them "
-                              f"(local: {', '.join(local_ipv4_addresses()) or 'none'})")
+                              f"(local: {', '.join(local) or 'none'})")
     min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
     try:
         limits = limits_from_args(args)
@@ -158,7 +156,7 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
     health_checks = HealthCheckPorts()
     proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
                          conntrack=ConntrackCommand(), healthcheck=health_checks,
-                         local_addresses=local_ipv4_addresses, node_source=NodeSource.SHARED, rejections=scope)
+                         local_addresses=local_addresses, node_source=NodeSource.SHARED, rejections=scope)
     # a change left unprogrammed for longer than this makes the proxy unhealthy
     from netagent.daemon.rejection_reports import with_rejections
     health = with_rejections(health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0)),

@@ -63,7 +63,8 @@ def status_policy(*, pod: str | None, trace_args: list[str] | None, iptables_bac
         packet = Packet(_address(kernel, source), _address(kernel, destination), protocol, port)
         allowed, steps = trace(kernel, sets, packet)
         if as_json:
-            return json.dumps({"allowed": allowed, "packet": packet.__dict__, "steps": steps}, indent=2)
+            asked = {"source": packet.source, "destination": packet.destination, "protocol": protocol, "port": port}
+            return json.dumps({"allowed": allowed, "packet": asked, "steps": steps}, indent=2)
         verdict = "ALLOWED" if allowed else "DENIED"
         return "\n".join([f"{packet.source} -> {packet.destination} {protocol}/{port}: {verdict}",
                           *(f"  {step}" for step in steps)])

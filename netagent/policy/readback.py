@@ -9,19 +9,23 @@ isolate it (render.py), each allow rule's comment names its policy rule, and the
 carries the denied packet count; the pod directory chains (never jumped to) name every
 programmed local pod, open ones included, with its address. The tracer walks the same chains a new connection walks:
 the KNOWN guard of the hook chain, the source pod's egress chain, the destination pod's
-ingress chain; it understands exactly the matches the renderer writes and says so when it
-meets anything else.
+ingress chain; whether a rule matches is the kernel iptables library's tracer's answer
+(`PacketTracer.matches`, one matcher for the proxy and the policy), which says so when it
+meets a match it does not read. A set the rules name that `ipset save` did not list is
+empty.
 """
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from netagent.kernel import owned
 from netagent.kernel.iptables.restore_format import split_tokens
+from netagent.kernel.iptables.tracer import Packet, PacketTracer, TraceError
 from netagent.policy.render import DIRECTORY_PREFIX, HEADER, POD_ENTRY
+
+__all__ = ["KernelPolicy", "Packet", "PodDirection", "ReadRule", "describe_match", "parse_kernel_policy", "trace"]
 
 _HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
 ALLOW_PREFIX = HEADER + "allow "
@@ -148,63 +152,20 @@ def describe_match(spec: Sequence[str]) -> str:
     return " ".join([protocol, *words])
 
 
-@dataclass(frozen=True)
-class Packet:
-    source: str
-    destination: str
-    protocol: str            # tcp | udp | sctp
-    port: int
-
-
-class _Unknown(Exception):
-    pass
-
-
-def _matches(spec: Sequence[str], packet: Packet, sets: Mapping[str, frozenset[str]]) -> bool:
-    index = 0
-    while index < len(spec):
-        negated = spec[index] == "!"
-        if negated:
-            index += 1
-        token = spec[index]
-        if token in ("-s", "-d"):
-            address = packet.source if token == "-s" else packet.destination
-            hit = ipaddress.ip_address(address) in ipaddress.ip_network(spec[index + 1], strict=False)
-            index += 2
-        elif token == "-p":
-            hit = packet.protocol == spec[index + 1]
-            index += 2
-        elif token == "-m":
-            index += 2
-            continue
-        elif token == "--dport":
-            first, _, last = spec[index + 1].partition(":")
-            hit = int(first) <= packet.port <= int(last or first)
-            index += 2
-        elif token == "--match-set":
-            name, sides = spec[index + 1], spec[index + 2].split(",")
-            members = sets.get(name, frozenset())
-            address = packet.source if sides[0] == "src" else packet.destination
-            if len(sides) == 2:
-                hit = f"{address},{packet.protocol}:{packet.port}" in members
-            else:
-                hit = address in members or any(
-                    "/" in member and ipaddress.ip_address(address) in ipaddress.ip_network(member)
-                    for member in members)
-            index += 3
-        else:
-            raise _Unknown(token)
-        if hit == negated:
-            return False
-    return True
+def _matcher(kernel: KernelPolicy, sets: Mapping[str, frozenset[str]]) -> PacketTracer:
+    """The tracer over `sets`, every other set our rules name empty (not listed by ipset save)."""
+    named = {rule.spec[index + 1] for rules in (kernel.guard, *(pod.allows for pod in kernel.pods))
+             for rule in rules for index, token in enumerate(rule.spec[:-1]) if token == "--match-set"}
+    return PacketTracer({}, local_addresses=(), ipsets={**dict.fromkeys(named, frozenset()), **sets})
 
 
 def trace(kernel: KernelPolicy, sets: Mapping[str, frozenset[str]], packet: Packet) -> tuple[bool, list[str]]:
     """(allowed, the steps that decided it) for the first packet of a new connection."""
-    steps = []
+    steps: list[str] = []
+    matcher = _matcher(kernel, sets)
     try:
         for rule in kernel.guard:
-            if _matches(rule.spec, packet, sets):
+            if matcher.matches(rule.spec, packet):
                 return False, [f"dropped: {rule.comment.removeprefix(HEADER)} ({describe_match(rule.spec)})"]
         for direction, address in (("egress", packet.source), ("ingress", packet.destination)):
             chain = next((p for p in kernel.pods if p.direction == direction and p.ip == address), None)
@@ -212,12 +173,12 @@ def trace(kernel: KernelPolicy, sets: Mapping[str, frozenset[str]], packet: Pack
                 named = next((f"{pod} ({ip})" for pod, ip in kernel.local.items() if ip == address), address)
                 steps.append(f"{direction}: {named} is not isolated for {direction} on this node")
                 continue
-            allowed_by = next((rule for rule in chain.allows if _matches(rule.spec, packet, sets)), None)
+            allowed_by = next((rule for rule in chain.allows if matcher.matches(rule.spec, packet)), None)
             if allowed_by is None:
                 steps.append(f"{direction}: {chain.pod} is isolated by {', '.join(chain.policies) or '?'} "
                              f"and no rule allows it: dropped")
                 return False, steps
             steps.append(f"{direction}: {chain.pod} allows it by {allowed_by.comment.removeprefix(ALLOW_PREFIX)}")
-    except _Unknown as error:
-        return False, [*steps, f"cannot judge: a rule uses {error}, which the tracer does not read"]
+    except TraceError as error:
+        return False, [*steps, f"cannot judge: {error}"]
     return True, steps

@@ -200,7 +200,7 @@ class EbpfProxy(ProxyBackend):
         self._ids = ids
         programmed = frozenset(name for name, _ in ids.ids)
         layouts = slot_layouts(present_slots)
-        rendered = {name: render_service_port(service, state.endpoints_of(name), state.node, set_id=ids,
+        rendered = {name: render_service_port(service, state.selection(name), node=state.node, set_id=ids,
                                               old_sets=layouts)
                     for name, service in sorted(state.services.items())}
         present_lbsrc = self.maps.lbsrc.read_all()
@@ -235,7 +235,7 @@ class EbpfProxy(ProxyBackend):
             old = ports.pop(name, None)
             service = state.services.get(name)
             new = None if service is None else render_service_port(
-                service, state.endpoints_of(name), state.node, set_id=self._ids,
+                service, state.selection(name), node=state.node, set_id=self._ids,
                 old_sets=old.sets if old is not None else None)
             if new is not None:
                 ports[name] = new

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from ebpf import maps as M
 from ebpf.mapset import MapSet
 from proxy.backend import ProgrammedService
+from proxy.ebpf.render import MAP_KIND
+
+ENTRY_KIND = {code: kind for kind, code in MAP_KIND.items()}   # the map's code -> the one EntryKind
 
 
 def slot_layouts(slots: Mapping[bytes, bytes]) -> dict[int, tuple[bytes, ...]]:
@@ -44,5 +47,5 @@ def programmed_services(maps: MapSet) -> list[ProgrammedService]:
             backends = [f"{b} (affinity {entry.affinity_timeout}s)" for b in backends]
         out.append(ProgrammedService(name=names.get(entry.set_id, f"set {entry.set_id}"),
                                      address=f"{entry.address}:{entry.port}/{entry.protocol}",
-                                     kind=entry.kind.label, backends=tuple(backends)))
+                                     kind=ENTRY_KIND[entry.kind].value, backends=tuple(backends)))
     return sorted(out, key=lambda s: (s.name, s.kind, s.address))

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ebpf import maps as M
-from proxy.model import Endpoint, NodeContext, ServicePort, ServicePortName
-from proxy.selection import select_endpoints
+from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName
+from proxy.selection import EndpointSelection
 from proxy.source_ranges import ipv4_source_ranges
 
 SetIdFor = Callable[[ServicePortName, M.SetRole], int]
@@ -89,10 +89,15 @@ def _backends(endpoints: Iterable[Endpoint], node: NodeContext) -> list[bytes]:
     return [M.backend(ip, port, local=local) for ip, port, local in distinct]
 
 
-def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], node: NodeContext, *,
+# the map's code for each way in (ebpf/maps.py keeps the numbers the C programs read)
+MAP_KIND = {EntryKind.CLUSTER_IP: M.AddressKind.CLUSTER_IP, EntryKind.EXTERNAL_IP: M.AddressKind.EXTERNAL_IP,
+            EntryKind.LOAD_BALANCER: M.AddressKind.LOAD_BALANCER, EntryKind.NODE_PORT: M.AddressKind.NODE_PORT}
+
+
+def render_service_port(service: ServicePort, selection: EndpointSelection, *, node: NodeContext,
                         set_id: SetIdFor, old_sets: Mapping[int, Sequence[bytes]] | None = None) -> PortEntries:
-    """`old_sets`: the slot layouts the maps hold now, by set id (empty on a first sync)."""
-    selection = select_endpoints(service, endpoints, node)
+    """`selection`: the service port's endpoints as `ProxyState.selection` chose them;
+    `old_sets`: the slot layouts the maps hold now, by set id (empty on a first sync)."""
     old_sets = old_sets or {}
     name = service.name
     cluster_id = set_id(name, M.SetRole.CLUSTER)
@@ -116,16 +121,14 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], nod
         return M.svc_value(set_id=cluster_id, count=len(sets[cluster_id]), ext_set_id=ext_id,
                            ext_count=len(sets[ext_id]), affinity_timeout=affinity, flags=flags | extra, kind=kind)
 
-    svc = {M.svc_key(service.cluster_ip, service.port, protocol): value(M.AddressKind.CLUSTER_IP)}
-    for address in service.external_ips:
-        svc.setdefault(M.svc_key(address, service.port, protocol), value(M.AddressKind.EXTERNAL_IP))
     allowed = ipv4_source_ranges(service.load_balancer_source_ranges) if service.load_balancer_ips else None
     ranges = M.F_SOURCE_RANGES if allowed is not None else 0
-    for address in service.load_balancer_ips:
-        svc.setdefault(M.svc_key(address, service.port, protocol), value(M.AddressKind.LOAD_BALANCER, ranges))
-    if service.node_port:
-        for address in node.nodeport_targets:
-            svc.setdefault(M.svc_key(address, service.node_port, protocol), value(M.AddressKind.NODE_PORT))
+
+    svc: dict[bytes, bytes] = {}
+    for point in service.entry_points(node):   # spelled out: every entry has an address
+        if point.address is not None:
+            extra = ranges if point.kind is EntryKind.LOAD_BALANCER else 0
+            svc.setdefault(M.svc_key(point.address, point.port, protocol), value(MAP_KIND[point.kind], extra))
     lbsrc = {M.lbsrc_key(ext_id, network): M.ALLOWED for network in allowed or ()}
     return PortEntries(name, svc, sets, set_names, lbsrc)
 

@@ -23,7 +23,7 @@ from netagent.kernel.iptables.restore_format import Chain, Table, jump_target, p
 from netagent.kernel.iptables.runner import OWNED_PREFIX
 from proxy.backend import ProgrammedService
 from proxy.iptables.names import FILTER_CHAIN, NODEPORTS_CHAIN, SERVICES_CHAIN, ChainKind, chain_kind
-from proxy.iptables.render import EntryKind
+from proxy.model import EntryKind
 
 ANY_LOCAL_ADDRESS = "*"
 

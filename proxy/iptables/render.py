@@ -78,8 +78,17 @@ from proxy.iptables.names import (
     endpoint_chain,
     service_hash,
 )
-from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
-from proxy.selection import select_endpoints
+from proxy.model import (
+    Endpoint,
+    EntryKind,
+    EntryPoint,
+    NodeContext,
+    ProxyState,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
+from proxy.selection import EndpointSelection
 
 TABLE_ORDER = ("filter", "nat")
 LOOPBACK = "127.0.0.0/8"
@@ -106,14 +115,6 @@ class JumpLines(enum.Enum):
     """Whether restore text carries the built-in chains and the jumps into ours."""
     OMIT = "omit"       # the agent's --noflush input: the backend places the jumps itself
     APPEND = "append"   # a self-contained ruleset (goldens, the tracer, a fresh namespace)
-
-
-class EntryKind(str, enum.Enum):
-    """How traffic enters a service port; the word is the one `netagent status` shows."""
-    CLUSTER_IP = "ClusterIP"
-    EXTERNAL_IP = "ExternalIP"
-    LOAD_BALANCER = "LoadBalancer"
-    NODE_PORT = "NodePort"
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,7 @@ def render_ruleset(state: ProxyState, *, settings: IptablesProxySettings, reuse:
         rules = reusable.get(name)
         if rules is None:
             try:
-                rules = render_service_port(state.services[name], state.endpoints_of(name),
+                rules = render_service_port(state.services[name], state.selection(name),
                                             node=state.node, settings=settings)
             except (ValueError, IpsetError) as error:  # tokens.UnsafeText, a set member it cannot be
                 raise UnrenderablePort(name, str(error)) from error
@@ -314,9 +315,9 @@ def _address_match(address: str) -> str:
 
 # ---- one service port -------------------------------------------------------------------------
 
-def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], *, node: NodeContext,
+def render_service_port(service: ServicePort, selection: EndpointSelection, *, node: NodeContext,
                         settings: IptablesProxySettings) -> ServicePortRules:
-    selection = select_endpoints(service, endpoints, node)
+    """`selection`: the service port's endpoints as `ProxyState.selection` chose them."""
     proto = service.protocol.lowercase
     port_match = f"-p {proto}"
     mark = f"-j MARK --set-xmark {settings.mark}/{settings.mark}"
@@ -325,13 +326,20 @@ def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], *, 
         comment = quote_comment(f"{service.name} {kind.value}")
         return f"{destination}{port_match} -m comment --comment {comment}{extra} -m {proto} --dport {port}"
 
-    cluster_entry = entry(EntryKind.CLUSTER_IP, f"-d {service.cluster_ip}/32 ", service.port)
-    external_entries = [entry(EntryKind.EXTERNAL_IP, f"-d {ip}/32 ", service.port) for ip in service.external_ips]
+    def entries(point: EntryPoint) -> list[str]:
+        """The entry's match lines; a NodePort (no address: every local one) at each nodeport match."""
+        if point.address is None:
+            return [_nodeport_filter_entry(entry, match, point.port) for match in _nodeport_matches(node)]
+        return [entry(point.kind, f"-d {point.address}/32 ", point.port)]
+
+    by_kind: dict[EntryKind, list[str]] = {kind: [] for kind in EntryKind}
+    for point in service.entry_points():
+        by_kind[point.kind].extend(entries(point))
+    (cluster_entry,) = by_kind[EntryKind.CLUSTER_IP]
+    external_entries = by_kind[EntryKind.EXTERNAL_IP]
     fenced = bool(service.load_balancer_source_ranges)
-    balancer_entries = [entry(EntryKind.LOAD_BALANCER, f"-d {ip}/32 ", service.port)
-                        for ip in service.load_balancer_ips]
-    nodeport_entries = ([_nodeport_filter_entry(entry, match, service.node_port) for match in _nodeport_matches(node)]
-                        if service.node_port else [])
+    balancer_entries = by_kind[EntryKind.LOAD_BALANCER]
+    nodeport_entries = by_kind[EntryKind.NODE_PORT]
 
     if not selection.has_endpoints:
         rejected = [cluster_entry, *external_entries, *balancer_entries, *nodeport_entries]

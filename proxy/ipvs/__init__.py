@@ -12,7 +12,7 @@ Modules, each with one job:
   proxy.py    `IpvsProxy(ProxyBackend)`: full and partial sync, read-back, cleanup
 """
 from proxy.ipvs.proxy import IpvsProxy
-from proxy.ipvs.render import AddressKind, IpvsPlan, IpvsSettings, render_ipvs
+from proxy.ipvs.render import IpvsPlan, IpvsSettings, render_ipvs
 from proxy.ipvs.table import Scheduler
 
-__all__ = ["AddressKind", "IpvsPlan", "IpvsProxy", "IpvsSettings", "Scheduler", "render_ipvs"]
+__all__ = ["IpvsPlan", "IpvsProxy", "IpvsSettings", "Scheduler", "render_ipvs"]

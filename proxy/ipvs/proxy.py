@@ -82,7 +82,7 @@ from proxy.ipvs.rules import (
 )
 from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.ipvs.table import IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer, VirtualServerKey
-from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName
+from proxy.model import Endpoint, EntryKind, NodeContext, ProxyState, ServicePort, ServicePortName
 
 log = logging.getLogger("netagent.proxy.ipvs")
 
@@ -184,8 +184,8 @@ class IpvsProxy(ProxyBackend):
             if cached is not None and cached[0] == service and cached[1] == endpoints:
                 rendered[name] = cached
             else:
-                rendered[name] = (service, endpoints,
-                                  render_service_port(service, endpoints, state.node, self.settings))
+                rendered[name] = (service, endpoints, render_service_port(
+                    service, state.selection(name), node=state.node, settings=self.settings))
         self._rendered = rendered
         return IpvsPlan({name: plan for name, (_, _, plan) in rendered.items()})
 
@@ -245,7 +245,7 @@ class IpvsProxy(ProxyBackend):
         for name in sorted(changed):
             old = services.get(name)
             service = state.services.get(name)
-            new = (render_service_port(service, state.endpoints_of(name), state.node, self.settings)
+            new = (render_service_port(service, state.selection(name), node=state.node, settings=self.settings)
                    if service is not None else None)
             if old == new:
                 continue
@@ -379,7 +379,7 @@ class IpvsProxy(ProxyBackend):
                     name=str(planned.service) if planned else "(not in the current plan)",
                     address=str(server.key),
                     kind=planned.kind.value if planned else ("ServiceAddress" if server.key.address in addresses
-                                                             else "NodePort"),
+                                                             else EntryKind.NODE_PORT.value),
                     backends=tuple(_describe_real(real) for real in reals)))
             return found
 

@@ -9,7 +9,8 @@ the previous plan; `PlanIndex` then says whether an address, member or virtual s
 changed port no longer wants is still wanted by another port (two ports of one Service share
 their cluster IP; two Services selecting one pod share its hairpin member).
 
-Virtual servers, per service port (endpoints chosen by proxy.selection.select_endpoints):
+Virtual servers, per service port (its entry points, `ServicePort.entry_points`; endpoints chosen
+once per sync by `ProxyState.selection`):
   cluster IP:port                                  -> the cluster set of endpoints
   each external IP, each load-balancer IP :port    -> the external set
   each NodePort address (NodeContext.nodeport_targets) :nodePort -> the external set
@@ -25,7 +26,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from types import MappingProxyType
 
 from netagent.kernel.ipset import entry
@@ -43,18 +43,11 @@ from proxy.ipvs.rules import (
     NODEPORT_SET,
 )
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
-from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
-from proxy.selection import select_endpoints
+from proxy.model import Endpoint, EntryKind, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
+from proxy.selection import EndpointSelection
 from proxy.source_ranges import ipv4_source_ranges
 
 DEFAULT_GRACEFUL_TIMEOUT = 15.0
-
-
-class AddressKind(str, Enum):
-    CLUSTER_IP = "ClusterIP"
-    NODE_PORT = "NodePort"
-    EXTERNAL_IP = "ExternalIP"
-    LOAD_BALANCER = "LoadBalancer"
 
 
 @dataclass(frozen=True)
@@ -69,7 +62,7 @@ class IpvsSettings:
 class PlannedVirtualServer:
     server: VirtualServer
     service: ServicePortName
-    kind: AddressKind
+    kind: EntryKind
     destinations: tuple[Destination, ...]
 
     @property
@@ -107,54 +100,54 @@ def _destinations(endpoints: Iterable[Endpoint]) -> tuple[Destination, ...]:
     return tuple(Destination(ip, port) for ip, port in sorted(unique))
 
 
-def render_service_port(service: ServicePort, endpoints: Iterable[Endpoint], node: NodeContext,
+def render_service_port(service: ServicePort, selection: EndpointSelection, *, node: NodeContext,
                         settings: IpvsSettings) -> ServicePortPlan:
-    selection = select_endpoints(service, endpoints, node)
+    """`selection`: the service port's endpoints as `ProxyState.selection` chose them."""
     cluster = _destinations(selection.cluster)
     external = cluster if selection.external == selection.cluster else _destinations(selection.external)
     protocol = service.protocol
     persistence = service.affinity_timeout or 0
     external_local = service.external_policy is TrafficPolicy.LOCAL
-
-    def server(address: str, port: int, kind: AddressKind, destinations) -> PlannedVirtualServer:
-        return PlannedVirtualServer(VirtualServer(VirtualServerKey(address, protocol, port),
-                                                  scheduler=settings.scheduler.value,
-                                                  persistence_timeout=persistence),
-                                    service.name, kind, destinations)
-
-    servers = [server(service.cluster_ip, service.port, AddressKind.CLUSTER_IP, cluster)]
-    members: dict[str, set[str]] = defaultdict(set)
-    members[CLUSTER_IP_SET.name].add(entry(service.cluster_ip, protocol, service.port))
-    for address in dict.fromkeys(service.external_ips):
-        servers.append(server(address, service.port, AddressKind.EXTERNAL_IP, external))
     sources = ipv4_source_ranges(service.load_balancer_source_ranges)
-    for address in dict.fromkeys(service.load_balancer_ips):
-        servers.append(server(address, service.port, AddressKind.LOAD_BALANCER, external))
-        if sources is not None:
-            members[LB_FIREWALL_SET.name].add(entry(address, protocol, service.port))
-            members[LB_SOURCES_SET.name].update(entry(address, protocol, service.port, extra_ip=source)
+    servers: list[PlannedVirtualServer] = []
+    members: dict[str, set[str]] = defaultdict(set)
+    seen: set[tuple[EntryKind, str | None]] = set()
+    addresses: set[str] = set()   # the service addresses (not the NodePort ones)
+    for point in service.entry_points(node):
+        address = point.address
+        if address is None or (point.kind, address) in seen:
+            continue
+        seen.add((point.kind, address))
+        if point.kind is EntryKind.NODE_PORT and address in addresses:
+            continue
+        servers.append(PlannedVirtualServer(VirtualServer(VirtualServerKey(address, protocol, point.port),
+                                                          scheduler=settings.scheduler.value,
+                                                          persistence_timeout=persistence),
+                                            service.name, point.kind,
+                                            external if point.kind.external else cluster))
+        entry_member = entry(address, protocol, point.port)
+        if point.kind is EntryKind.CLUSTER_IP:
+            members[CLUSTER_IP_SET.name].add(entry_member)
+        elif point.kind is EntryKind.NODE_PORT:
+            members[(NODEPORT_LOCAL_SET if external_local else NODEPORT_SET).name].add(entry_member)
+        elif not external_local:
+            members[EXTERNAL_SET.name].add(entry_member)
+        if point.kind is EntryKind.LOAD_BALANCER and sources is not None:
+            members[LB_FIREWALL_SET.name].add(entry_member)
+            members[LB_SOURCES_SET.name].update(entry(address, protocol, point.port, extra_ip=source)
                                                 for source in sources)
-    if not external_local:
-        members[EXTERNAL_SET.name].update(entry(s.key.address, protocol, service.port) for s in servers
-                                          if s.kind in (AddressKind.EXTERNAL_IP, AddressKind.LOAD_BALANCER))
-    addresses = frozenset(s.key.address for s in servers)
-    if service.node_port:
-        nodeport_set = NODEPORT_LOCAL_SET if external_local else NODEPORT_SET
-        for address in dict.fromkeys(node.nodeport_targets):
-            if address in addresses:
-                continue
-            servers.append(server(address, service.node_port, AddressKind.NODE_PORT, external))
-            members[nodeport_set.name].add(entry(address, protocol, service.node_port))
+        if point.kind is not EntryKind.NODE_PORT:
+            addresses.add(address)
     hairpin = cluster if not external or external is cluster else _destinations(selection.all_selected)
     members[HAIRPIN_SET.name].update(entry(d.address, protocol, d.port, extra_ip=d.address) for d in hairpin)
     if not selection.has_endpoints:
         members[NO_ENDPOINTS_SET.name].update(entry(s.key.address, protocol, s.key.port) for s in servers)
-    return ServicePortPlan(service.name, tuple(servers), addresses,
+    return ServicePortPlan(service.name, tuple(servers), frozenset(addresses),
                            {name: frozenset(values) for name, values in members.items()})
 
 
 def render_ipvs(state: ProxyState, settings: IpvsSettings) -> IpvsPlan:
-    return IpvsPlan({name: render_service_port(service, state.endpoints_of(name), state.node, settings)
+    return IpvsPlan({name: render_service_port(service, state.selection(name), node=state.node, settings=settings)
                      for name, service in sorted(state.services.items())})
 
 

@@ -2,11 +2,13 @@
 renderer's own output (so readback and renderer cannot drift apart) with counters added."""
 from __future__ import annotations
 
+import dataclasses
+
 from netagent.kernel.ipset import FakeIpset, iptables_references
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.readback import Packet, parse_kernel_policy, trace
-from netagent.policy.render import InterfaceMode
+from netagent.policy.readback import Packet, ReadRule, parse_kernel_policy, trace
+from netagent.policy.render import HEADER, InterfaceMode
 from tests.unit.test_policy_render import WEB, wanted
 
 
@@ -50,3 +52,17 @@ def test_open_pods_are_named_from_the_pod_directory():
     assert kernel.find("10.0.0.2") == ("x/a", "10.0.0.2") and kernel.find("y/a") is None   # y/a: another node
     allowed, steps = trace(kernel, sets, Packet("10.0.0.2", "10.0.0.3", "udp", 53))
     assert allowed and steps[-1] == "ingress: x/b (10.0.0.3) is not isolated for ingress on this node"
+
+
+def test_a_rule_the_tracer_cannot_read_is_said_so_and_an_unlisted_set_is_empty():
+    kernel, sets = programmed()
+    (ingress,) = [p for p in kernel.of("x/a") if p.direction == "ingress"]
+    odd = ReadRule(("-m", "physdev", "--physdev-in", "na1234"), HEADER + "allow x/odd ingress[0]", "RETURN")
+    unlisted = ReadRule(("-m", "set", "--match-set", "NETAGENT-NPS-GONE", "src"), HEADER + "allow x/gone", "RETURN")
+    kernel.pods[kernel.pods.index(ingress)] = dataclasses.replace(ingress, allows=(unlisted, odd))
+    allowed, steps = trace(kernel, sets, Packet("10.0.0.3", "10.0.0.2", "tcp", 80))
+    assert not allowed and steps[-1].startswith("cannot judge: unsupported match -m physdev")
+    kernel.pods[kernel.pods.index(dataclasses.replace(ingress, allows=(unlisted, odd)))] = dataclasses.replace(
+        ingress, allows=(unlisted,))
+    allowed, steps = trace(kernel, sets, Packet("10.0.0.3", "10.0.0.2", "tcp", 80))
+    assert not allowed and "no rule allows it" in steps[-1]

@@ -1,6 +1,6 @@
 """Packets traced through rendered service rulesets: which endpoint, with what chance,
-masqueraded or not, refused or dropped. One test per behaviour of the service proxy, plus
-the tracer's own rules (it refuses what it does not understand)."""
+masqueraded or not, refused or dropped. One test per behaviour of the service proxy (the
+tracer's own rules are in test_iptables_tracer.py)."""
 import dataclasses
 
 import pytest
@@ -10,17 +10,9 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.noderoutes.masquerade import MasqueradeManager
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, endpoint_chain
-from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
-from proxy.iptables.tracer import (
-    Hook,
-    Outcome,
-    Packet,
-    TraceError,
-    Verdict,
-    destinations,
-    tables_from_text,
-    trace_packet,
-)
+from netagent.kernel.iptables.tracer import Hook, Outcome, Packet, Verdict, destinations, tables_from_text, trace_packet
+from proxy.iptables.render import IptablesProxySettings, render_ruleset
+from proxy.iptables.tracer import ruleset_tables, trace_service_packet
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 
 NODE_IP = "192.168.0.5"
@@ -46,14 +38,13 @@ class Node:
                  settings: IptablesProxySettings = IptablesProxySettings(), forward_policy: str = "ACCEPT"):
         state = ProxyState(node, {s.name: s for s, _ in services}, {s.name: e for s, e in services})
         self.ruleset = render_ruleset(state, settings=settings)
-        self.tables = tables_from_text(self.ruleset.restore_text(jumps=JumpLines.APPEND))
+        self.tables = ruleset_tables(self.ruleset)
         self.tables["filter"].chains["FORWARD"].policy = forward_policy
 
     def trace(self, source: str, destination: str, port: int = 80, *, hook: Hook = Hook.PREROUTING,
               protocol: Protocol = Protocol.TCP, recent=None) -> list[Outcome]:
-        return trace_packet(self.tables, Packet(source, destination, protocol, port, hook=hook),
-                            local_addresses=LOCAL_ADDRESSES, ipsets={HAIRPIN_SET: self.ruleset.hairpin_members},
-                            recent=recent)
+        return trace_service_packet(self.ruleset, Packet(source, destination, protocol, port, hook=hook),
+                                    local_addresses=LOCAL_ADDRESSES, tables=self.tables, recent=recent)
 
 
 def spread(outcomes) -> dict[str, float]:
@@ -210,17 +201,3 @@ def test_tracing_the_fake_kernel_after_a_sync_gives_what_tracing_the_render_give
         assert trace_packet(kernel_tables, packet, local_addresses=LOCAL_ADDRESSES,
                             ipsets={HAIRPIN_SET: ipset.members(HAIRPIN_SET)}) == \
             rendered.trace(source, destination, port)
-
-
-def test_the_tracer_refuses_what_it_does_not_understand():
-    tables = tables_from_text("*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -m physdev --physdev-is-in -j ACCEPT\n"
-                              "COMMIT\n")
-    with pytest.raises(TraceError):
-        trace_packet(tables, Packet(POD, VIP, Protocol.TCP, 80), local_addresses=[])
-    tables = tables_from_text("*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j CLASSIFY --set-class 1:1\nCOMMIT\n")
-    with pytest.raises(TraceError):
-        trace_packet(tables, Packet(POD, VIP, Protocol.TCP, 80), local_addresses=[])
-    tables = tables_from_text("*nat\n:POSTROUTING ACCEPT [0:0]\n"
-                              "-A POSTROUTING -m set --match-set UNKNOWN dst,dst,src -j MASQUERADE\nCOMMIT\n")
-    with pytest.raises(TraceError):
-        trace_packet(tables, Packet(POD, VIP, Protocol.TCP, 80), local_addresses=[])

@@ -1,14 +1,30 @@
 """The IPVS backend's pure parts: the plan rendered per service port, its reverse index, and the
 constant iptables chains (golden)."""
 from netagent.kernel.iptables.runner import PortRandomization
-from proxy.ipvs.render import AddressKind, IpvsSettings, render_ipvs, render_service_port
+from proxy.ipvs.render import IpvsSettings, render_ipvs
+from proxy.ipvs.render import render_service_port as render_planned
 from proxy.ipvs.rules import render_ipvs_chains
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
-from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
+from proxy.model import (
+    Endpoint,
+    EntryKind,
+    NodeContext,
+    Protocol,
+    ProxyState,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
+from proxy.selection import select_endpoints
 
 NODE = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10", "172.16.0.10"))
 SETTINGS = IpvsSettings()
 WEB = ServicePortName("default", "web", "http")
+
+
+def render_service_port(service, endpoints, node, settings):
+    """One service port's plan, its endpoints selected as a sync selects them."""
+    return render_planned(service, select_endpoints(service, endpoints, node), node=node, settings=settings)
 
 
 def sets_of(plan):
@@ -21,7 +37,7 @@ def test_cluster_ip_service():
     plan = render_service_port(service, endpoints, NODE, SETTINGS)
     (server,) = plan.virtual_servers
     assert server.server == VirtualServer(VirtualServerKey("10.96.0.10", Protocol.TCP, 80), scheduler="rr")
-    assert server.kind is AddressKind.CLUSTER_IP and server.service == WEB
+    assert server.kind is EntryKind.CLUSTER_IP and server.service == WEB
     assert server.destinations == (Destination("10.244.0.7", 8080), Destination("10.244.1.5", 8080))
     assert plan.addresses == {"10.96.0.10"}
     assert sets_of(plan) == {
@@ -34,7 +50,7 @@ def test_nodeport_on_every_node_address_and_policy_local():
     service = ServicePort(WEB, Protocol.UDP, 53, "10.96.0.10", node_port=30053)
     endpoints = (Endpoint("10.244.1.5", 5353, node_name="node-2"), Endpoint("10.244.0.7", 5353, node_name="node-1"))
     plan = render_service_port(service, endpoints, NODE, SETTINGS)
-    nodeports = [s for s in plan.virtual_servers if s.kind is AddressKind.NODE_PORT]
+    nodeports = [s for s in plan.virtual_servers if s.kind is EntryKind.NODE_PORT]
     assert [str(s.key) for s in nodeports] == ["192.168.1.10:30053/UDP", "172.16.0.10:30053/UDP"]
     assert all(len(s.destinations) == 2 for s in nodeports)
     assert sets_of(plan)["NETAGENT-IPVS-NODEPORT"] == {"192.168.1.10,udp:30053", "172.16.0.10,udp:30053"}
@@ -42,9 +58,9 @@ def test_nodeport_on_every_node_address_and_policy_local():
 
     local = ServicePort(WEB, Protocol.UDP, 53, "10.96.0.10", node_port=30053, external_policy=TrafficPolicy.LOCAL)
     plan = render_service_port(local, endpoints, NODE, SETTINGS)
-    nodeports = [s for s in plan.virtual_servers if s.kind is AddressKind.NODE_PORT]
+    nodeports = [s for s in plan.virtual_servers if s.kind is EntryKind.NODE_PORT]
     assert all(s.destinations == (Destination("10.244.0.7", 5353),) for s in nodeports)
-    cluster = next(s for s in plan.virtual_servers if s.kind is AddressKind.CLUSTER_IP)
+    cluster = next(s for s in plan.virtual_servers if s.kind is EntryKind.CLUSTER_IP)
     assert len(cluster.destinations) == 2
     assert "NETAGENT-IPVS-NODEPORT" not in plan.members
     assert sets_of(plan)["NETAGENT-IPVS-NODEPORT-LOCAL"] == {"192.168.1.10,udp:30053", "172.16.0.10,udp:30053"}
@@ -62,8 +78,8 @@ def test_external_and_load_balancer_ips_with_source_ranges():
                           load_balancer_ips=("198.51.100.1",), load_balancer_source_ranges=("192.0.2.0/24", "10.0.0.1/32"))
     plan = render_service_port(service, (Endpoint("10.244.1.5", 8443),), NODE, SETTINGS)
     kinds = {str(s.key): s.kind for s in plan.virtual_servers}
-    assert kinds == {"10.96.0.10:443/TCP": AddressKind.CLUSTER_IP, "203.0.113.7:443/TCP": AddressKind.EXTERNAL_IP,
-                     "198.51.100.1:443/TCP": AddressKind.LOAD_BALANCER}
+    assert kinds == {"10.96.0.10:443/TCP": EntryKind.CLUSTER_IP, "203.0.113.7:443/TCP": EntryKind.EXTERNAL_IP,
+                     "198.51.100.1:443/TCP": EntryKind.LOAD_BALANCER}
     assert plan.addresses == {"10.96.0.10", "203.0.113.7", "198.51.100.1"}
     members = sets_of(plan)
     assert members["NETAGENT-IPVS-EXTERNAL"] == {"203.0.113.7,tcp:443", "198.51.100.1,tcp:443"}

@@ -25,8 +25,8 @@ from netagent.kernel.iptables.runner import FlushMode
 from netagent.kernel.iptables.tokens import COMMENT_MAX_BYTES, comment_text, split_ipset_line
 from netagent.policy.render import InterfaceMode, RenderSettings, render_chains, render_wanted
 from netagent.policy.semantics import plan_node
-from proxy.iptables.render import EntryKind, IptablesProxySettings, JumpLines, render_ruleset
-from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
+from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
+from proxy.model import Endpoint, EntryKind, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_semantics import view_of
 
