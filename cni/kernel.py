@@ -33,13 +33,14 @@ from ipaddress import (
 )
 
 from cni.errors import CniError, ErrorCode
+from netagent.errors import NetagentError
 
 Address = IPv4Address | IPv6Address
 Interface = IPv4Interface | IPv6Interface
 Network = IPv4Network | IPv6Network
 
 
-class KernelError(Exception):
+class KernelError(NetagentError):
     """A kernel request failed; `code` is the errno, `str()` the kernel's own words."""
 
     def __init__(self, code: int, message: str) -> None:

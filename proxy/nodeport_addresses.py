@@ -12,11 +12,12 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 
 from netagent.kernel import owned
+from netagent.errors import NetagentError
 
 NOT_NODE_ADDRESS_LINKS = frozenset({"lo", owned.IPVS_DEVICE})
 
 
-class NodePortAddressError(ValueError):
+class NodePortAddressError(NetagentError, ValueError):
     pass
 
 

@@ -19,7 +19,7 @@ import sys
 import threading
 
 from netagent import __version__
-from netagent.cniserver import install as cni_install
+from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
 from netagent.noderoutes.routing.model import Mode
 
 log = logging.getLogger("netagent")
@@ -28,7 +28,7 @@ log = logging.getLogger("netagent")
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cni-only", action="store_true",
                      help="serve the CNI plugin only, with no cluster (plain containerd/podman hosts)")
-    run.add_argument("--cni-socket", default=cni_install.DEFAULT_SOCKET)
+    run.add_argument("--cni-socket", default=DEFAULT_SOCKET)
     run.add_argument("--workers", type=int, default=8, help="CNI worker threads")
     cluster = run.add_argument_group("cluster mode")
     cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
@@ -58,7 +58,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--cni-conf-dir", default="/etc/cni/net.d",
                          help="where to publish the network config with this node's pod CIDR ('' to skip)")
     cluster.add_argument("--cni-mode", choices=["bridge", "routed"], default="bridge")
-    cluster.add_argument("--cni-data-dir", default=cni_install.DEFAULT_DATA_DIR)
+    cluster.add_argument("--cni-data-dir", default=DEFAULT_DATA_DIR)
     cluster.add_argument("--status-bind", default="0.0.0.0:10258",
                          help="/healthz, /livez and /readyz (the kubelet's probes; /metrics: --metrics-bind-address)")
     cluster.add_argument("--resync-period", type=float, default=30.0,

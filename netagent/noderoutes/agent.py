@@ -52,6 +52,7 @@ from netagent.noderoutes.routing.model import (
     pod_mtu,
 )
 from netagent.noderoutes.underlay import Underlay, UnderlaySnapshot, choose_underlay, read_underlay_snapshot
+from netagent.errors import NetagentError
 
 if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.infra.status_server import HealthFunction, HealthReport
@@ -66,7 +67,7 @@ NODE = "Node"  # the rejected objects' kind
 DEFAULT_SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"),)  # kubeadm's --service-cidr default
 REASSERT_MIN_INTERVAL = 5.0  # seconds between two restorations of our announcement (see _reassert_announcement)
 
-class AgentStartError(Exception):
+class AgentStartError(NetagentError):
     """The agent cannot start without guessing; the message says what to fix."""
 
 

@@ -80,13 +80,14 @@ from proxy.iptables.names import (
 )
 from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.selection import select_endpoints
+from netagent.errors import NetagentError
 
 TABLE_ORDER = ("filter", "nat")
 LOOPBACK = "127.0.0.0/8"
 REJECT = "REJECT --reject-with icmp-port-unreachable"
 
 
-class UnrenderablePort(ValueError):
+class UnrenderablePort(NetagentError, ValueError):
     """One service port's rules cannot be written (a value the token rules refuse); the
     backend leaves that port out as it does one the tool refuses."""
 

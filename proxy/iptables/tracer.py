@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from netagent.kernel.iptables.restore_format import Table, parse_save
 from proxy.model import Protocol
+from netagent.errors import NetagentError
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -48,7 +49,7 @@ class Verdict(str, enum.Enum):
     REJECT = "REJECT"
 
 
-class TraceError(ValueError):
+class TraceError(NetagentError, ValueError):
     """A rule the tracer does not understand, or a question it cannot answer."""
 
 

@@ -19,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Mapping
 
 from netagent.kernel import owned
+from netagent.errors import NetagentError
 
 ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL
 DEVICE_PREFIX = owned.DEVICE_PREFIX
@@ -270,7 +271,7 @@ class ObservedDevice:
     tx_checksum: bool | None = None  # tx-checksum-ip-generic; None when not changeable
 
 
-class KernelError(Exception):
+class KernelError(NetagentError):
     """A kernel operation failed; `code` is the errno."""
 
     def __init__(self, code: int, message: str) -> None:
@@ -278,7 +279,7 @@ class KernelError(Exception):
         self.code = code
 
 
-class RoutingApplyError(Exception):
+class RoutingApplyError(NetagentError):
     """Some kernel writes failed; everything else was applied. A full sync retries them."""
 
     def __init__(self, failures: Mapping[str, str], report: SyncReport) -> None:
