@@ -8,4 +8,3 @@ from __future__ import annotations
 
 DEFAULT_SOCKET = "/run/netagent/cni.sock"
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
-JOURNAL_DIR_NAME = "pending-del"   # the deferred-DEL journal, next to the socket (cni/shim/journal.c's too)

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from netagent import __version__
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
@@ -79,14 +80,14 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
-def _start_cni_server(args, *, not_ready=lambda: None):
+def _start_cni_server(args, *, not_ready=lambda: None, runners: list | None = None):
+    """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz)."""
     from cni.handlers import PluginHandlers
-    from netagent.cniserver.deferred_delete import DeferredDeleter
+    from netagent.cniserver.deferred_delete import DeferredDeleter, journal_dir_for
     from netagent.cniserver.server import CniServer
 
     handlers = PluginHandlers()
-    deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
-                               delete_now=handlers.delete_now)
+    deferred = DeferredDeleter(journal_dir_for(args.cni_socket), delete_now=handlers.delete_now)
     handlers.deferred = deferred
     deferred.start()
     server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers, not_ready=not_ready)
@@ -95,11 +96,62 @@ def _start_cni_server(args, *, not_ready=lambda: None):
     except BaseException:
         deferred.stop()
         raise
+    if runners is not None:
+        runners.append(deferred.runner)
 
     def stop() -> None:
         server.stop()
         deferred.stop()
     return stop
+
+
+class _Started:
+    """What `netagent run` has started, stopped in reverse order: one shutdown for the error
+    path and the normal one. A stop that raises is logged and the others still run."""
+
+    def __init__(self) -> None:
+        self._stops: list[Callable[[], object]] = []
+
+    def add(self, stop: Callable[[], object]) -> None:
+        self._stops.append(stop)
+
+    def stop_all(self) -> None:
+        while self._stops:
+            stop = self._stops.pop()
+            try:
+                stop()
+            except Exception:
+                log.exception("stopping %s", getattr(stop, "__qualname__", stop))
+
+
+def _with_runner_health(base, runners: Callable[[], list], *, stale_after: float):
+    """`base` (the agent's /healthz), also unhealthy while a background runner is: the DEL
+    journal's, the eBPF proxy's pod veth attacher. Each is listed in the details by name."""
+    from netagent.infra.status_server import HealthReport, health_from_sync_runner
+
+    def health() -> HealthReport:
+        report = base()
+        details, failing = dict(report.details), []
+        for runner in runners():
+            checked = health_from_sync_runner(runner, stale_after=stale_after)()
+            details[runner.name] = {"healthy": checked.healthy, "reason": checked.reason, **checked.details}
+            if not checked.healthy:
+                failing.append(checked.reason)
+        if not failing:
+            return HealthReport(report.healthy, report.reason, details)
+        reason = "; ".join(failing)
+        return HealthReport(False, reason if report.healthy else f"{report.reason}; {reason}", details)
+    return health
+
+
+def _background_runners(proxy, cni_runners: list) -> Callable[[], list]:
+    """The runners /healthz adds to the agent's: the CNI server's (once it serves) and the pod
+    veth attacher of an eBPF proxy started with `--bpf-pod-veths`."""
+    def runners() -> list:
+        backend = getattr(proxy.proxy, "backend", None) if proxy is not None else None
+        pod_veths = getattr(backend, "pod_veths", None)
+        return [*cni_runners, *([pod_veths.runner] if pod_veths is not None else [])]
+    return runners
 
 
 def run_agent(args) -> int:
@@ -171,18 +223,26 @@ def _run_cluster_mode(args) -> int:
                       rejections=rejections.scope("noderoutes"))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
+    cni_runners: list = []
+    agent_health = _with_runner_health(agent.health, _background_runners(proxy, cni_runners), stale_after=60.0)
     health = with_rejections(
-        with_policy_health(agent.health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
+        with_policy_health(agent_health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
         rejections)
     status = StatusServer(bind=args.status_bind, registry=None, health=health)
+    started = _Started()
+    started.add(event_poster.stop)
     status.start()
+    started.add(status.stop)
     policy = None
     metrics = _metrics_server(args, registry=registry, health=health) if proxy is None else None
     try:
+        started.add(agent.stop)   # before start: a start that fails half-way is stopped too
         agent.start()
         if proxy is not None:
+            started.add(proxy.stop)
             proxy.start()
         if metrics is not None:
+            started.add(metrics.stop)
             metrics.start()
         policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
                                rejections=rejections.scope("policy"),
@@ -190,35 +250,19 @@ def _run_cluster_mode(args) -> int:
                                timeout=settings.lease_timeout)
         if policy is not None:
             started_policy.append(policy)
-        stop_cni = _start_cni_server(args)
+            started.add(policy.stop)
+        started.add(_start_cni_server(args, runners=cni_runners))
     except (AgentStartError, OSError, RuntimeError) as exc:
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
-        if policy is not None:
-            policy.stop()
-        if proxy is not None:
-            proxy.stop()
-        if metrics is not None:
-            metrics.stop()
-        agent.stop()
-        status.stop()
-        event_poster.stop()
+        started.stop_all()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
           f"iptables {backend.value}, proxy {args.proxy_mode}, network policy "
           f"{'on' if policy is not None else 'off'}); serving CNI on {args.cni_socket}, "
           f"status on {args.status_bind}", flush=True)
     _wait_for_signal()
-    stop_cni()
-    if policy is not None:
-        policy.stop()
-    if proxy is not None:
-        proxy.stop()
-    if metrics is not None:
-        metrics.stop()
-    agent.stop()
-    status.stop()
-    event_poster.stop()
+    started.stop_all()
     return 0
 
 
