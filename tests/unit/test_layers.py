@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "netagent.infra": set(),
     "netagent.kube": set(),
     "cni": {"netagent.kernel"},
-    "ebpf": {"netagent.kernel"},
+    "ebpf": {"netagent.kernel", "netagent.infra"},  # infra: pod_veths.py's SyncRunner
     "proxy": BOTTOM | {"ebpf"},
     "netagent.cniserver": {"cni", "netagent.kernel", "netagent.infra"},
     "netagent.noderoutes": BOTTOM | {"netagent.cniserver"},
