@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 
 from netagent import __version__
+from netagent.errors import NetagentError
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
 from netagent.noderoutes.routing.model import Mode
 
@@ -252,7 +253,7 @@ def _run_cluster_mode(args) -> int:
             started_policy.append(policy)
             started.add(policy.stop)
         started.add(_start_cni_server(args, runners=cni_runners))
-    except (AgentStartError, OSError, RuntimeError) as exc:
+    except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
         started.stop_all()
