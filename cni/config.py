@@ -10,6 +10,7 @@ import enum
 import json
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cni import version as cni_version
 from cni import wire
@@ -17,6 +18,9 @@ from cni.errors import CniError, ErrorCode
 from cni.request import interface_name_problem, valid_identifier
 from cni.result_schema import validate_dns, validate_prev_result
 from netagent.kernel import owned
+
+if TYPE_CHECKING:
+    from cni.ipam.config import IpamConf
 
 DEFAULT_BRIDGE = owned.DEFAULT_BRIDGE
 DEFAULT_MTU = 1500
@@ -72,6 +76,17 @@ class NetConf:
     @property
     def ipam_is_builtin(self) -> bool:
         return self.ipam_type in BUILTIN_IPAM_TYPES
+
+    def builtin_ipam(self) -> IpamConf:
+        """The `ipam` section parsed for our IPAM (cni/ipam/config.py), once per config: an ADD
+        validates it before any lock and allocates with the same value. CniError (code 7) when
+        it is unusable; a failed parse is not kept."""
+        parsed = self.__dict__.get("_builtin_ipam")
+        if parsed is None:
+            from cni.ipam.config import parse_ipam_config
+            parsed = parse_ipam_config(self.ipam, network_name=self.name, runtime_config=self.runtime_config)
+            object.__setattr__(self, "_builtin_ipam", parsed)   # a cache, not a field: frozen stays true
+        return parsed
 
 
 def json_depth(data: bytes) -> int:

@@ -7,6 +7,7 @@ JSON error object.
 from __future__ import annotations
 
 import enum
+from netagent.errors import NetagentError
 
 
 class ErrorCode(enum.IntEnum):
@@ -29,7 +30,7 @@ class ErrorCode(enum.IntEnum):
     DELEGATE_FAILED = 105
 
 
-class CniError(Exception):
+class CniError(NetagentError):
     """A failure reported to the runtime as `{"code", "msg", "details"}`."""
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:

@@ -17,7 +17,6 @@ an ADD of the same container waits for it instead of tearing it down half-way.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from cni.request import CniRequest
 
 if TYPE_CHECKING:
     from cni.ipam import Ipam
+    from cni.ipam.allocation import Allocation
 
 log = logging.getLogger("netagent.cni")
 _ipam_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ipam")
@@ -131,7 +131,7 @@ class PluginHandlers:
         pod_netns = kernel.open_netns(req.netns)
         undo.append(lambda: kernel.close_netns(pod_netns))
         ipam = self.ipam_for(conf)
-        allocation = _ipam_pool.submit(ipam.add, conf, req)
+        allocation = _ipam_pool.submit(ipam.allocate, conf, req)
         undo.append(lambda: _release_if_reserved(allocation, ipam, conf, req))
 
         pair = VethPair(host_name=host_name, pod_ifname=req.ifname, mtu=conf.mtu,
@@ -146,15 +146,11 @@ class PluginHandlers:
             undo.pop()
             raise _interface_exists(exc, host_name=host_name, pod_ifname=req.ifname) from None
 
-        allocated = allocation.result()
-        addresses = [ipaddress.ip_interface(ip["address"]) for ip in allocated.get("ips", [])]
+        allocated: Allocation = allocation.result()
+        addresses = [ip.address for ip in allocated.ips]
         if not addresses:
             raise CniError(ErrorCode.INVALID_CONFIG, "IPAM returned no addresses")
-        gateways: dict[int, Address] = {}
-        for ip in allocated["ips"]:
-            if ip.get("gateway"):
-                gateways.setdefault(ipaddress.ip_interface(ip["address"]).version,
-                                    ipaddress.ip_address(ip["gateway"]))
+        gateways: dict[int, Address] = allocated.gateways()
 
         interfaces: list[dict[str, object]] = []
         bridge = None
@@ -165,7 +161,7 @@ class PluginHandlers:
                 kernel.enable_forwarding(family)
             interfaces.append({"name": conf.bridge, "mac": bridge.mac})
         setup, routes = wiring.plan_pod(ifname=req.ifname, mode=conf.mode, addresses=addresses,
-                                        gateways=gateways, routes=allocated.get("routes", []),
+                                        gateways=gateways, routes=list(allocated.routes),
                                         host_mac=pair.host_mac)
         try:
             kernel.configure_pod(pod_netns, setup)
@@ -196,17 +192,16 @@ class PluginHandlers:
         interfaces.append({"name": host_name, "mac": pair.host_mac})
         interfaces.append({"name": req.ifname, "mac": pair.pod_mac, "sandbox": req.netns, "mtu": conf.mtu})
         ips = []
-        for ip in allocated["ips"]:
-            entry = {"address": ip["address"], "interface": pod_index}
-            addr = ipaddress.ip_interface(ip["address"])
+        for ip in allocated.ips:
+            addr = ip.address
+            entry: dict[str, object] = {"address": f"{addr.ip}/{addr.max_prefixlen}" if conf.mode is Mode.ROUTED
+                                        else str(addr), "interface": pod_index}
             gateway = wiring.pod_gateway(conf.mode, addr.version, gateways.get(addr.version))
-            if conf.mode is Mode.ROUTED:
-                entry["address"] = f"{addr.ip}/{addr.max_prefixlen}"
             if gateway is not None:
                 entry["gateway"] = str(gateway)
             ips.append(entry)
         return {"interfaces": interfaces, "ips": ips, "routes": routes,
-                "dns": conf.dns or allocated.get("dns") or {}}
+                "dns": conf.dns or allocated.dns or {}}
 
     def delete(self, conf: NetConf, req: CniRequest) -> None:
         if self.deferred is None:

@@ -27,11 +27,12 @@ from ipaddress import IPv4Interface, IPv6Interface
 
 from cni.errors import CniError, ErrorCode
 from netagent.kernel.routes import Address, Neighbour, Network, Route  # a request's routes: ifname left empty
+from netagent.errors import NetagentError
 
 Interface = IPv4Interface | IPv6Interface
 
 
-class KernelError(Exception):
+class KernelError(NetagentError):
     """A kernel request failed; `code` is the errno, `str()` the kernel's own words."""
 
     def __init__(self, code: int, message: str) -> None:

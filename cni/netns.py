@@ -26,7 +26,6 @@ _local = threading.local()
 
 
 NS_GET_NSTYPE = 0xB703  # ioctl(2) on a namespace file: its CLONE_NEW* type (Linux 4.11)
-CLONE_NEWNET = 0x40000000
 _NAMESPACE_KINDS = {0x00020000: "mount", 0x04000000: "UTS", 0x08000000: "IPC", 0x10000000: "user",
                     0x20000000: "PID", 0x02000000: "cgroup", 0x00000080: "time"}
 
@@ -56,7 +55,7 @@ def open_netns(path: str) -> int:
                 else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
                 else "a file that is no namespace" if exc.errno == errno.ENOTTY else exc.strerror)
         raise _not_a_netns(path, f"it is {what}") from None
-    if kind != CLONE_NEWNET:
+    if kind != namespaces.CLONE_NEWNET:
         os.close(fd)
         raise _not_a_netns(path, f"it is a {_NAMESPACE_KINDS.get(kind, hex(kind))} namespace")
     return fd

@@ -10,6 +10,8 @@ plugin `netagent` (what every client before it sent, and the shim's DEL journal 
 `netagent-ipam` for an IPAM-only request a reference main plugin (bridge, ptp, ...) made.
 Any other word is a malformed request: the agent refuses it, never guesses.
 """
+from netagent.errors import NetagentError  # imports nothing: costs the client nothing
+
 MAGIC = b"NACNI1"
 PLUGIN_MAIN = "netagent"
 PLUGIN_IPAM = "netagent-ipam"
@@ -20,7 +22,7 @@ MAX_STDIN = 16 * 1024 * 1024
 MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1, as the shim checks it
 
 
-class WireError(Exception):
+class WireError(NetagentError):
     pass
 
 

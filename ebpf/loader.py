@@ -33,6 +33,7 @@ from ebpf.maps import LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
 from ebpf.mapset import MapSet
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
 from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
+from netagent.errors import NetagentError
 
 SOURCE = Path(__file__).with_name("sock_lb.c")
 TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
@@ -50,7 +51,7 @@ PROGRAMS = {
 ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4"}
 
 
-class EbpfError(Exception):
+class EbpfError(NetagentError):
     pass
 
 

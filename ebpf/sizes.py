@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ebpf import maps as M
+from netagent.errors import NetagentError
 
 DEFAULT_MAX_ENTRIES: Mapping[str, int] = MappingProxyType({
     M.SVC_MAP: 262_144, M.SLOTS_MAP: 2_097_152, M.SETNAME_MAP: 524_288, M.AFFINITY_MAP: 65_536,
@@ -33,7 +34,7 @@ MAX_ENTRIES = 1 << 26       # 67M: beyond any cluster (and an LRU map this large
 NEAR_FULL = 0.9             # a map this full is warned about (log) before it refuses
 
 
-class MapSizeError(ValueError):
+class MapSizeError(NetagentError, ValueError):
     pass
 
 

@@ -15,6 +15,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from netagent.errors import NetagentError
 
 _SYS_BPF = 321   # x86_64
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -34,7 +35,7 @@ BPF_FS_MAGIC = 0xCAFE4A11
 CGROUP2_SUPER_MAGIC = 0x63677270
 
 
-class BpfError(OSError):
+class BpfError(NetagentError, OSError):
     pass
 
 

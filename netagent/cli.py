@@ -1,8 +1,10 @@
 """The `netagent` command line: run, cni install, cleanup, lab.
 
-Each subcommand is a thin layer over a module that owns the work; this file only parses
-arguments and reports errors in one consistent way (a message on stderr, exit code 2 for
-usage, 1 for failure).
+Each subcommand is a thin layer over a module that owns the work, imported only when the
+command runs (`--help` and argument parsing import no such module); this file only parses
+arguments and reports errors in one consistent way: a `NetagentError` (the root of every
+exception of ours, netagent/errors.py) or an `OSError` from any command is caught once, in
+`main`, as a message on stderr and exit code 1; usage errors are argparse's, exit code 2.
 """
 from __future__ import annotations
 
@@ -10,13 +12,22 @@ import argparse
 import ipaddress
 import logging
 import sys
-from collections.abc import Callable
 
 from netagent import __version__
-from netagent.cniserver import install as cni_install
+from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
+from netagent.errors import NetagentError
 from netagent.kernel import owned
 
 LAB_HELP = "a cluster of nodes and pods in network namespaces (demo and test bed)"
+
+
+class CommandError(NetagentError):
+    """A command's argument the command itself found unusable (not argparse)."""
+
+
+# what `main` turns into a message and exit code 1: ours, and the system's (a missing file, a
+# refused permission), whichever command meets them
+COMMAND_ERRORS = (NetagentError, OSError)
 
 
 def _cmd_run(args) -> int:
@@ -24,17 +35,21 @@ def _cmd_run(args) -> int:
     return run_agent(args)
 
 
-def _cmd_cni_install(args) -> int:
+def _subnet(text: str) -> str:
+    """`--subnet`: a network, checked while parsing (a usage error otherwise)."""
     try:
-        for subnet in args.subnet:
-            ipaddress.ip_network(subnet, strict=False)
-        paths = cni_install.install(bin_dir=args.bin_dir, conf_dir=args.conf_dir, name=args.name,
-                                    subnets=args.subnet, mode=args.mode, bridge=args.bridge,
-                                    mtu=args.mtu, socket_path=args.socket, data_dir=args.data_dir,
-                                    shim=args.shim)
-    except (OSError, ValueError, cni_install.ShimUnavailable) as exc:
-        print(f"netagent cni install: {exc}", file=sys.stderr)
-        return 1
+        ipaddress.ip_network(text, strict=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _cmd_cni_install(args) -> int:
+    from netagent.cniserver import install as cni_install
+    paths = cni_install.install(bin_dir=args.bin_dir, conf_dir=args.conf_dir, name=args.name,
+                                subnets=args.subnet, mode=args.mode, bridge=args.bridge,
+                                mtu=args.mtu, socket_path=args.socket, data_dir=args.data_dir,
+                                shim=args.shim)
     for path in paths:
         print(path)
     return 0
@@ -59,39 +74,27 @@ def _cmd_cleanup(args) -> int:
     return 0
 
 
-def _print_status(what: str, report: Callable[[], str], errors: tuple[type[Exception], ...]) -> int:
-    """Print a `netagent status` report; one of `errors` is a message on stderr and exit 1."""
-    try:
-        print(report())
-    except errors as exc:
-        print(f"netagent status {what}: {exc}", file=sys.stderr)
-        return 1
+def _cmd_status_services(args) -> int:
+    from netagent.daemon.status_services import status_services
+    print(status_services(iptables_backend=args.iptables_backend, as_json=args.json, bpf_root=args.bpf_root))
     return 0
 
 
-def _cmd_status_services(args) -> int:
-    from netagent.daemon.status_services import status_services
-    from netagent.kernel.iptables.backend import IptablesNotInstalled
-    return _print_status("services", lambda: status_services(iptables_backend=args.iptables_backend,
-                                                             as_json=args.json, bpf_root=args.bpf_root),
-                         (IptablesNotInstalled, OSError))
-
-
 def _cmd_status_bpf(args) -> int:
-    from ebpf.loader import EbpfError
     from netagent.daemon.status_bpf import bpf_status, render_bpf_status
-    return _print_status("bpf", lambda: render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root),
-                                                          as_json=args.json),
-                         (EbpfError, OSError))
+    print(render_bpf_status(bpf_status(bpf_root=args.bpf_root, cgroup=args.cgroup_root), as_json=args.json))
+    return 0
 
 
 def _cmd_status_policy(args) -> int:
     from netagent.daemon.status_policy import status_policy
-    from netagent.kernel.ipset.model import IpsetError
-    from netagent.kernel.iptables.backend import IptablesNotInstalled
-    return _print_status("policy", lambda: status_policy(pod=args.pod, trace_args=args.trace,
-                                                         iptables_backend=args.iptables_backend, as_json=args.json),
-                         (IptablesNotInstalled, IpsetError, OSError, ValueError))
+    try:
+        report = status_policy(pod=args.pod, trace_args=args.trace, iptables_backend=args.iptables_backend,
+                               as_json=args.json)
+    except ValueError as exc:   # an unknown pod or a bad PORT/PROTO (status_policy.py's plain ValueErrors)
+        raise CommandError(str(exc)) from None
+    print(report)
+    return 0
 
 
 def _cmd_lab(args, lab_argv: list[str]) -> int:
@@ -126,13 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--bin-dir", required=True)
     install.add_argument("--conf-dir")
     install.add_argument("--name", default="netagent")
-    install.add_argument("--subnet", action="append", default=[],
+    install.add_argument("--subnet", action="append", default=[], type=_subnet,
                          help="pod subnet (repeat for dual stack)")
     install.add_argument("--mode", choices=["bridge", "routed"], default="bridge")
     install.add_argument("--bridge", default=owned.DEFAULT_BRIDGE)
     install.add_argument("--mtu", type=int, default=1500)
-    install.add_argument("--socket", default=cni_install.DEFAULT_SOCKET)
-    install.add_argument("--data-dir", default=cni_install.DEFAULT_DATA_DIR)
+    install.add_argument("--socket", default=DEFAULT_SOCKET)
+    install.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     install.add_argument("--shim", help="a prebuilt CNI shim to install as `netagent` (default: the "
                                         "project's build/cni-shim/netagent, built when missing or stale)")
     install.set_defaults(func=_cmd_cni_install)
@@ -176,7 +179,17 @@ def main(argv=None) -> int:
         return _cmd_lab(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except COMMAND_ERRORS as exc:
+        print(f"{_command_name(args)}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _command_name(args) -> str:
+    """`netagent status policy`, `netagent cni install`, ...: the words the user typed."""
+    words = [args.command, getattr(args, "cni_command", None), getattr(args, "status_command", None)]
+    return " ".join(["netagent", *(word for word in words if word)])
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.namespaces import exec_prefix
 from proxy.backend import ProxyBackend, ProxyMode
 from proxy.ebpf.backend import EbpfPaths
+from netagent.errors import NetagentError
 
 
-class BackendConfigError(Exception):
+class BackendConfigError(NetagentError):
     pass
 
 

@@ -24,6 +24,7 @@ from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_condition
 from netagent.infra.rejections import printable
 from proxy.limits import DEFAULT_LIMITS
 from proxy.model import DEFAULT_AFFINITY_TIMEOUT, Endpoint, Protocol, ServicePort, ServicePortName, TrafficPolicy
+from netagent.errors import NetagentError
 
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 TOPOLOGY_MODE_ANNOTATIONS = ("service.kubernetes.io/topology-mode", "service.kubernetes.io/topology-aware-hints")
@@ -34,11 +35,11 @@ EXTERNAL_TYPES = frozenset({"NodePort", "LoadBalancer"})
 MAX_AFFINITY_TIMEOUT = 86400  # seconds, the API's upper bound
 
 
-class MalformedObject(ValueError):
+class MalformedObject(NetagentError, ValueError):
     """A Service or EndpointSlice whose shape cannot be read (a field of the wrong type)."""
 
 
-class TooLarge(ValueError):
+class TooLarge(NetagentError, ValueError):
     """A Service or EndpointSlice above one of the per-object limits (`proxy/limits.py`)."""
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
+from netagent.errors import NetagentError
 
-class NodePortAddressError(ValueError):
+
+class NodePortAddressError(NetagentError, ValueError):
     pass
 
 

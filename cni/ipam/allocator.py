@@ -44,6 +44,10 @@ class Lease:
     def name(self) -> str:
         return str(self.address)
 
+    @property
+    def interface(self) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
+        return ipaddress.ip_interface((self.address, self.prefixlen))
+
     def to_result_ip(self) -> dict:
         return {"address": f"{self.address}/{self.prefixlen}", "gateway": str(self.gateway)}
 

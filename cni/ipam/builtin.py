@@ -20,14 +20,15 @@ from collections.abc import Callable
 from cni.config import NetConf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import allocator
-from cni.ipam.config import IpamConf, assign_requested, parse_ipam_config, parse_requested_ips, read_resolv_conf
+from cni.ipam.allocation import AllocatedIp, Allocation
+from cni.ipam.config import IpamConf, assign_requested, parse_requested_ips, read_resolv_conf
 from cni.ipam.store import DiskStore, ReservationStore
 from cni.request import CniRequest
 
 
 def parse_for(conf: NetConf) -> IpamConf:
-    return parse_ipam_config(conf.ipam, network_name=conf.name,
-                             runtime_config=conf.runtime_config)
+    """`conf.ipam` parsed: once per config (`NetConf.builtin_ipam`), however many steps ask."""
+    return conf.builtin_ipam()
 
 
 def disk_store_for(ipam: IpamConf) -> DiskStore:
@@ -62,14 +63,17 @@ class BuiltinIpam:
         self._store_for = store_for or disk_store_for
 
     def add(self, conf: NetConf, req: CniRequest) -> dict:
+        return self.allocate(conf, req).to_result()
+
+    def allocate(self, conf: NetConf, req: CniRequest) -> Allocation:
+        """ADD with typed values: the main plugin's handlers use these, never the strings."""
         ipam = parse_for(conf)
         requested = assign_requested(ipam, requested_addresses(conf, req, ipam))
         dns = dns_for(ipam)
         leases = allocator.allocate(self._store_for(ipam), ipam, container_id=req.container_id,
                                     ifname=req.ifname, requested=requested)
-        return {"ips": [lease.to_result_ip() for lease in leases],
-                "routes": [dict(route) for route in ipam.routes],
-                "dns": dns}
+        return Allocation(ips=tuple(AllocatedIp(address=lease.interface, gateway=lease.gateway) for lease in leases),
+                          routes=tuple(dict(route) for route in ipam.routes), dns=dns)
 
     def delete(self, conf: NetConf, req: CniRequest) -> None:
         ipam = parse_for(conf)

@@ -17,6 +17,7 @@ from cni import result as cni_result
 from cni import version as cni_version
 from cni.config import NetConf
 from cni.errors import CniError, ErrorCode
+from cni.ipam.allocation import Allocation
 from cni.request import CniRequest
 
 
@@ -50,6 +51,10 @@ class DelegatedIpam:
 
     def add(self, conf: NetConf, req: CniRequest) -> dict:
         return ipam_result(_run(conf, req, command="ADD"), plugin=conf.ipam_type)
+
+    def allocate(self, conf: NetConf, req: CniRequest) -> Allocation:
+        """ADD, its result's strings parsed once for the main plugin's handlers."""
+        return Allocation.from_result(self.add(conf, req))
 
     def delete(self, conf: NetConf, req: CniRequest) -> None:
         _run(conf, req, command="DEL")

@@ -18,6 +18,11 @@ framing) and acknowledged. `adopt_shim_records` runs those through the dispatche
 exactly as if they had arrived on the socket, which turns each into a journal entry above.
 A record keeps the wire's plugin selector: a DEL the shim journaled as `netagent-ipam` runs
 the IPAM-only handlers (`plugins.py`) and releases its reservation then and there.
+
+The worker is a `SyncRunner` (`cni-deferred-delete`): each submitted DEL requests a run, a run
+completes every queued DEL in arrival order, and a DEL that fails all its attempts fails the
+run, so /healthz shows it (the record stays in the journal for the next start; it is not
+retried meanwhile, since an ADD of the same attachment may follow it).
 """
 from __future__ import annotations
 
@@ -36,26 +41,43 @@ from cni.dispatch import Handlers
 from cni.ipam.plugin import LockedIpam
 from cni.request import CniRequest
 from netagent.cniserver.plugins import execute_for
+from netagent.errors import NetagentError
+from netagent.infra.clock import Clock
+from netagent.infra.sync_runner import SyncKind, SyncRunner
 
 log = logging.getLogger("netagent.cniserver.deferred_delete")
 
 RETRY_DELAYS = (0.1, 0.5, 2.0)
+JOURNAL_DIR = "pending-del"   # next to the agent's socket; cni/shim/journal.c derives the same
+RESYNC_INTERVAL = 60.0   # an idle runner's empty run: how /healthz sees that its thread is alive
 SHIM_RECORD_SUFFIX = ".wire"  # a DEL the shim journaled while no agent listened
 SHIM_TMP_PREFIX = ".shim-"  # ... while the shim writes it; renamed when complete
 STALE_SHIM_TMP = 60.0  # seconds after which a temporary file's shim is surely gone
 _MAX_SHIM_RECORD = wire.MAX_HEADER + 1 + wire.MAX_ENV + wire.MAX_STDIN
 
 
-class DeferredDeleter:
-    """A journal plus one worker thread that completes DELs in arrival order."""
+def journal_dir_for(socket_path: str) -> str:
+    """The journal of the agent serving `socket_path`: `pending-del/` beside the socket (the
+    shim normalises no `..`, so the agent's socket path is given absolute, as the agent does)."""
+    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), JOURNAL_DIR)
 
-    def __init__(self, journal_dir: str, *, delete_now: Callable[[NetConf, CniRequest], None]) -> None:
+
+class DeferredDeleteFailed(NetagentError):
+    """A run left DELs unfinished (their records stay in the journal for the next start)."""
+
+
+class DeferredDeleter:
+    """A journal plus one `SyncRunner` that completes DELs in arrival order."""
+
+    def __init__(self, journal_dir: str, *, delete_now: Callable[[NetConf, CniRequest], None],
+                 clock: Clock | None = None) -> None:
         self.journal_dir = journal_dir
         self.delete_now = delete_now
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[str] = queue.Queue()
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.runner = SyncRunner(name="cni-deferred-delete", sync=self._sync, min_interval=0.0,
+                                 max_interval=RESYNC_INTERVAL, retry_interval=1.0, clock=clock)
         os.makedirs(journal_dir, mode=0o700, exist_ok=True)
 
     def start(self) -> int:
@@ -67,15 +89,19 @@ class DeferredDeleter:
                 replayed += 1
         if replayed:
             log.info("replaying %d DEL(s) left pending by a previous agent", replayed)
-        self._thread = threading.Thread(target=self._work, name="deferred-del", daemon=True)
-        self._thread.start()
+        self.runner.start()
+        self.runner.request(SyncKind.FULL)   # the first run, even with nothing queued: /healthz
         return replayed
 
     def stop(self, *, timeout: float = 30.0) -> None:
-        """Finish the queue (DELs already acknowledged) and stop the worker."""
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Finish the queue (DELs already acknowledged) and stop the runner.
+
+        The run in progress finishes first; what is still queued then is finished here, unless
+        that run is still going after `timeout` (then it keeps the rest, and this returns)."""
+        if self.runner.stop(timeout):
+            self._drain()
+        else:
+            log.error("deferred DELs still running after %.0f s; the journal keeps the rest", timeout)
 
     def adopt_shim_records(self, handlers: Handlers, *, ipam_handlers: LockedIpam | None = None) -> int:
         """Carry out the DELs the shim journaled while no agent listened; return how many.
@@ -152,23 +178,41 @@ class DeferredDeleter:
                 return
             self._pending[key] = threading.Event()
         self._queue.put(key)
+        self.runner.request()
 
-    def _work(self) -> None:
+    def _sync(self, kind: SyncKind) -> None:
+        """One run: every DEL queued (FULL and PARTIAL alike: the journal is replayed only at start)."""
+        failed = self._drain()
+        if failed:
+            raise DeferredDeleteFailed(f"{len(failed)} DEL(s) failed; kept in the journal for the next "
+                                       f"start: {', '.join(failed[:5])}")
+
+    def _drain(self) -> list[str]:
+        """Complete what is queued, in order; the keys that failed."""
+        failed: list[str] = []
         while True:
-            key = self._queue.get()
-            if key is None:
-                return
-            path = os.path.join(self.journal_dir, key + ".json")
             try:
-                if self._complete(path):
-                    os.unlink(path)
-            except Exception:
-                log.exception("deferred DEL %s failed; it stays in the journal for the next start", key)
-            finally:
-                with self._lock:
-                    event = self._pending.pop(key, None)
-                if event is not None:
-                    event.set()
+                key = self._queue.get_nowait()
+            except queue.Empty:
+                return failed
+            if not self._finish(key):
+                failed.append(key)
+
+    def _finish(self, key: str) -> bool:
+        path = os.path.join(self.journal_dir, key + ".json")
+        try:
+            if self._complete(path):
+                os.unlink(path)
+                return True
+            return False
+        except Exception:
+            log.exception("deferred DEL %s failed; it stays in the journal for the next start", key)
+            return False
+        finally:
+            with self._lock:
+                event = self._pending.pop(key, None)
+            if event is not None:
+                event.set()
 
     def _complete(self, path: str) -> bool:
         with open(path) as f:

@@ -26,10 +26,10 @@ import sys
 import tempfile
 
 import cni
+from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
+from netagent.errors import NetagentError
 
 CONFLIST_NAME = "10-netagent.conflist"
-DEFAULT_SOCKET = "/run/netagent/cni.sock"
-DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 
 log = logging.getLogger("netagent.cniserver.install")
 
@@ -39,7 +39,11 @@ class PluginBinary(enum.Enum):
     PYTHON = "python"  # cni/client.py for this interpreter: the lab and tests only
 
 
-class ShimUnavailable(RuntimeError):
+class InstallError(NetagentError, ValueError):
+    """What was asked cannot be installed as asked (e.g. a network config without a subnet)."""
+
+
+class ShimUnavailable(NetagentError, RuntimeError):
     """The shim is neither built nor buildable here (no compiler, no source, build failed)."""
 
 
@@ -173,7 +177,7 @@ def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: str, bridge
                    socket_path: str, data_dir: str) -> str:
     """Write (atomically) the network config runtimes read; the agent calls this with its lease."""
     if not subnets:
-        raise ValueError("a network config needs at least one --subnet")
+        raise InstallError("a network config needs at least one --subnet")
     os.makedirs(conf_dir, exist_ok=True)
     path = os.path.join(conf_dir, CONFLIST_NAME)
     conflist = render_conflist(name=name, subnets=subnets, mode=mode, bridge=bridge, mtu=mtu,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
 from proxy.limits import add_limit_arguments, limits_from_args
+from netagent.errors import NetagentError
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.infra.rejections import RejectionScope
@@ -79,7 +80,7 @@ def ebpf_paths(args):
                      map_sizes=MapSizes.parse(getattr(args, "bpf_map_max", None) or [])) if bpf_root or cgroup else None
 
 
-class ProxyStartError(Exception):
+class ProxyStartError(NetagentError):
     pass
 
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from netagent import __version__
-from netagent.cniserver import install as cni_install
+from netagent.errors import NetagentError
+from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
 from netagent.noderoutes.routing.model import Mode
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ log = logging.getLogger("netagent")
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cni-only", action="store_true",
                      help="serve the CNI plugin only, with no cluster (plain containerd/podman hosts)")
-    run.add_argument("--cni-socket", default=cni_install.DEFAULT_SOCKET)
+    run.add_argument("--cni-socket", default=DEFAULT_SOCKET)
     run.add_argument("--workers", type=int, default=8, help="CNI worker threads")
     cluster = run.add_argument_group("cluster mode")
     cluster.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
@@ -63,7 +64,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--cni-conf-dir", default="/etc/cni/net.d",
                          help="where to publish the network config with this node's pod CIDR ('' to skip)")
     cluster.add_argument("--cni-mode", choices=["bridge", "routed"], default="bridge")
-    cluster.add_argument("--cni-data-dir", default=cni_install.DEFAULT_DATA_DIR)
+    cluster.add_argument("--cni-data-dir", default=DEFAULT_DATA_DIR)
     cluster.add_argument("--status-bind", default="0.0.0.0:10258",
                          help="/healthz, /livez and /readyz (the kubelet's probes; /metrics: --metrics-bind-address)")
     cluster.add_argument("--resync-period", type=float, default=30.0,
@@ -84,14 +85,14 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
-def _start_cni_server(args, *, not_ready=lambda: None):
+def _start_cni_server(args, *, not_ready=lambda: None, runners: list | None = None):
+    """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz)."""
     from cni.handlers import PluginHandlers
-    from netagent.cniserver.deferred_delete import DeferredDeleter
+    from netagent.cniserver.deferred_delete import DeferredDeleter, journal_dir_for
     from netagent.cniserver.server import CniServer
 
     handlers = PluginHandlers()
-    deferred = DeferredDeleter(os.path.join(os.path.dirname(os.path.abspath(args.cni_socket)), "pending-del"),
-                               delete_now=handlers.delete_now)
+    deferred = DeferredDeleter(journal_dir_for(args.cni_socket), delete_now=handlers.delete_now)
     handlers.deferred = deferred
     deferred.start()
     server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers, not_ready=not_ready)
@@ -100,11 +101,62 @@ def _start_cni_server(args, *, not_ready=lambda: None):
     except BaseException:
         deferred.stop()
         raise
+    if runners is not None:
+        runners.append(deferred.runner)
 
     def stop() -> None:
         server.stop()
         deferred.stop()
     return stop
+
+
+class _Started:
+    """What `netagent run` has started, stopped in reverse order: one shutdown for the error
+    path and the normal one. A stop that raises is logged and the others still run."""
+
+    def __init__(self) -> None:
+        self._stops: list[Callable[[], object]] = []
+
+    def add(self, stop: Callable[[], object]) -> None:
+        self._stops.append(stop)
+
+    def stop_all(self) -> None:
+        while self._stops:
+            stop = self._stops.pop()
+            try:
+                stop()
+            except Exception:
+                log.exception("stopping %s", getattr(stop, "__qualname__", stop))
+
+
+def _with_runner_health(base, runners: Callable[[], list], *, stale_after: float):
+    """`base` (the agent's /healthz), also unhealthy while a background runner is: the DEL
+    journal's, the eBPF proxy's pod veth attacher. Each is listed in the details by name."""
+    from netagent.infra.status_server import HealthReport, health_from_sync_runner
+
+    def health() -> HealthReport:
+        report = base()
+        details, failing = dict(report.details), []
+        for runner in runners():
+            checked = health_from_sync_runner(runner, stale_after=stale_after)()
+            details[runner.name] = {"healthy": checked.healthy, "reason": checked.reason, **checked.details}
+            if not checked.healthy:
+                failing.append(checked.reason)
+        if not failing:
+            return HealthReport(report.healthy, report.reason, details)
+        reason = "; ".join(failing)
+        return HealthReport(False, reason if report.healthy else f"{report.reason}; {reason}", details)
+    return health
+
+
+def _background_runners(proxy, cni_runners: list) -> Callable[[], list]:
+    """The runners /healthz adds to the agent's: the CNI server's (once it serves) and the pod
+    veth attacher of an eBPF proxy started with `--bpf-pod-veths`."""
+    def runners() -> list:
+        backend = getattr(proxy.proxy, "backend", None) if proxy is not None else None
+        pod_veths = getattr(backend, "pod_veths", None)
+        return [*cni_runners, *([pod_veths.runner] if pod_veths is not None else [])]
+    return runners
 
 
 def run_agent(args) -> int:
@@ -146,6 +198,7 @@ def _cni_config_writer(args) -> Callable[[Lease], None]:
     def write(lease: Lease) -> None:
         if not args.cni_conf_dir:
             return
+        from netagent.cniserver import install as cni_install
         from netagent.kernel import owned
         path = cni_install.write_conflist(
             conf_dir=args.cni_conf_dir, name="netagent", subnets=[str(c) for c in lease.pod_cidrs],
@@ -192,18 +245,26 @@ def _run_cluster_mode(args) -> int:
                       rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(args))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
+    cni_runners: list = []
+    agent_health = _with_runner_health(agent.health, _background_runners(proxy, cni_runners), stale_after=60.0)
     health = with_rejections(
-        with_policy_health(agent.health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
+        with_policy_health(agent_health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
         rejections)
     status = StatusServer(bind=args.status_bind, registry=None, health=health)
+    started = _Started()
+    started.add(event_poster.stop)
     status.start()
+    started.add(status.stop)
     policy = None
     metrics = _metrics_server(args, registry=registry, health=health) if proxy is None else None
     try:
+        started.add(agent.stop)   # before start: a start that fails half-way is stopped too
         agent.start()
         if proxy is not None:
+            started.add(proxy.stop)
             proxy.start()
         if metrics is not None:
+            started.add(metrics.stop)
             metrics.start()
         policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
                                rejections=rejections.scope("policy"),
@@ -211,35 +272,19 @@ def _run_cluster_mode(args) -> int:
                                timeout=settings.lease_timeout)
         if policy is not None:
             started_policy.append(policy)
-        stop_cni = _start_cni_server(args)
-    except (AgentStartError, OSError, RuntimeError) as exc:
+            started.add(policy.stop)
+        started.add(_start_cni_server(args, runners=cni_runners))
+    except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
-        if policy is not None:
-            policy.stop()
-        if proxy is not None:
-            proxy.stop()
-        if metrics is not None:
-            metrics.stop()
-        agent.stop()
-        status.stop()
-        event_poster.stop()
+        started.stop_all()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
           f"iptables {backend.value}, proxy {args.proxy_mode}, network policy "
           f"{'on' if policy is not None else 'off'}); serving CNI on {args.cni_socket}, "
           f"status on {args.status_bind}", flush=True)
     _wait_for_signal()
-    stop_cni()
-    if policy is not None:
-        policy.stop()
-    if proxy is not None:
-        proxy.stop()
-    if metrics is not None:
-        metrics.stop()
-    agent.stop()
-    status.stop()
-    event_poster.stop()
+    started.stop_all()
     return 0
 
 

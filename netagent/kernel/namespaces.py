@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 NETNS_DIR = "/var/run/netns"
 THREAD_NETNS = "/proc/thread-self/ns/net"
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNET = 0x40000000   # setns(2)'s nstype and NS_GET_NSTYPE's answer (cni/netns.py) for a netns
 _libc = ctypes.CDLL(None, use_errno=True)
 
 

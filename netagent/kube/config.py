@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+from netagent.errors import NetagentError
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 JSON = "application/json"
@@ -32,11 +33,11 @@ class PatchType(enum.Enum):
     JSON = "application/json-patch+json"
 
 
-class KubeConfigError(Exception):
+class KubeConfigError(NetagentError):
     """No usable way to reach the API server (the message says what is missing)."""
 
 
-class KubeApiError(Exception):
+class KubeApiError(NetagentError):
     """A non-2xx answer from the API server, with the fields of its Status object."""
 
     def __init__(self, status: int, *, reason: str = "", message: str = "") -> None:

@@ -1,7 +1,9 @@
-"""The Node reads and writes the agent makes itself (outside the Node reflector).
+"""The Node request the agent makes itself, outside the Node reflector: its annotations.
 
-At start the agent reads its own Node (podCIDR, addresses) before the reflector has synced,
-and it publishes its backend data (VTEP MAC, public IP) as annotations with one merge patch:
+The agent reads its own Node (podCIDR, addresses) from the one Node reflector's cache once it
+has synced (noderoutes/agent.py waits there for its lease); nothing GETs it. `get_node` is a
+plain read for tools and tests. The agent publishes its backend data (VTEP MAC, public IP) as
+annotations with one merge patch:
 a merge patch touches only the keys it names, so two writers of different annotations never
 conflict, and a None value removes a key. Plain dicts, like everything in `netagent.kube`.
 

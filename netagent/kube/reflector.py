@@ -28,11 +28,13 @@ them as read-only.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -284,17 +286,8 @@ class Reflector:
                 query.append(("continue", token))
             self.stats.list_requests += 1
             response = self._open(query, timeout=self._request_timeout)
-            try:
+            with self._reading(response):
                 data = response.data
-            except Exception:
-                if self._stopping.is_set():
-                    raise _Stopped() from None
-                raise
-            finally:
-                self._forget(response)
-                if self._stopping.is_set():
-                    response.close()
-                response.release_conn()
             page = json.loads(data)
             kind = page.get("kind", "")
             kind = kind[:-4] if kind.endswith("List") else self.resource.kind
@@ -354,8 +347,7 @@ class Reflector:
         response = self._open(query, timeout=(min(10.0, self._request_timeout), timeout_seconds + 30))
         self._note_success()
         self.stats.watches += 1
-        finished = False
-        try:
+        with self._reading(response):
             partial = b""
             for chunk in response.stream(amt=None, decode_content=False):
                 lines = (partial + chunk).split(b"\n")
@@ -365,6 +357,18 @@ class Reflector:
                         self._deliver_event(json.loads(line))
                 if self._stopping.is_set():
                     raise _Stopped()
+
+    @contextlib.contextmanager
+    def _reading(self, response) -> Iterator[None]:
+        """Read `response` (a list page, a watch stream) in the block, then let it go: the one
+        teardown of both. A read that fails once stop() has begun is `_Stopped`. The connection
+        goes back to the pool only when the block read to the end with no stop(): after stop()
+        shut the socket's read side, a stream ends as if complete, and a connection handed
+        back then would stay open with the server keeping its watch; a failed read leaves it
+        mid-response. Either is closed."""
+        finished = False
+        try:
+            yield
             finished = True
         except Exception:
             if self._stopping.is_set():
@@ -372,13 +376,9 @@ class Reflector:
             raise
         finally:
             self._forget(response)
-            # After stop() shut the socket's read side, the stream ends as if complete: a
-            # connection handed back to the pool then stays open and the server keeps its watch.
-            if finished and not self._stopping.is_set():
-                response.release_conn()
-            else:
+            if not finished or self._stopping.is_set():
                 response.close()
-                response.release_conn()
+            response.release_conn()
 
     def _deliver_event(self, event: dict) -> None:
         event_type = event.get("type")

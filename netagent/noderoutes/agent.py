@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from netagent.errors import NetagentError
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import owned
@@ -69,7 +70,7 @@ NODE = "Node"  # the rejected objects' kind
 DEFAULT_SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"),)  # kubeadm's --service-cidr default
 REASSERT_MIN_INTERVAL = 5.0  # seconds between two restorations of our announcement (see _reassert_announcement)
 
-class AgentStartError(Exception):
+class AgentStartError(NetagentError):
     """The agent cannot start without guessing; the message says what to fix."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from netagent.noderoutes.routing.model import Peer, RefusalReason
+from netagent.errors import NetagentError
 
 PREFIX = "netagent.io/"
 BACKEND_TYPE = PREFIX + "backend-type"
@@ -40,7 +41,7 @@ MAX_BACKEND_DATA_DEPTH = 4
 MAX_POD_CIDRS = 2  # the API allows one per IP family
 
 
-class LeaseError(Exception):
+class LeaseError(NetagentError):
     """The node's pod CIDR is unusable (unset, malformed, or outside the cluster CIDR)."""
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from netagent.errors import NetagentError
 
 
-class UnderlayError(Exception):
+class UnderlayError(NetagentError):
     """No interface or address can be chosen without guessing."""
 
 

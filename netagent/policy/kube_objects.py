@@ -56,6 +56,7 @@ from netagent.policy.model import (
     Rule,
     labels_of,
 )
+from netagent.errors import NetagentError
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 BOTH = frozenset({PolicyType.INGRESS, PolicyType.EGRESS})
@@ -81,7 +82,7 @@ class Reading(Generic[T]):
     reason: str = ""
 
 
-class ObjectError(ValueError):
+class ObjectError(NetagentError, ValueError):
     """A field that cannot be read; the message names the field."""
 
 

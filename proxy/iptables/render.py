@@ -61,6 +61,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from netagent.errors import NetagentError
 from netagent.kernel import owned
 from netagent.kernel.ipset import entry as ipset_entry
 from netagent.kernel.ipset.model import IpsetError
@@ -95,7 +96,7 @@ LOOPBACK = "127.0.0.0/8"
 REJECT = "REJECT --reject-with icmp-port-unreachable"
 
 
-class UnrenderablePort(ValueError):
+class UnrenderablePort(NetagentError, ValueError):
     """One service port's rules cannot be written (a value the token rules refuse); the
     backend leaves that port out as it does one the tool refuses."""
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from proxy.model import Protocol
+from netagent.errors import NetagentError
 
 IP_PROTOCOL_NUMBERS = {Protocol.TCP: 6, Protocol.UDP: 17, Protocol.SCTP: 132}
 PROTOCOL_BY_NUMBER = {number: protocol for protocol, number in IP_PROTOCOL_NUMBERS.items()}
@@ -46,7 +47,7 @@ class Scheduler(str, Enum):
     MAGLEV = "mh"
 
 
-class IpvsError(RuntimeError):
+class IpvsError(NetagentError, RuntimeError):
     """An IPVS operation the kernel (or the fake) refused; `code` is the errno."""
 
     def __init__(self, message: str, *, code: int | None = None):

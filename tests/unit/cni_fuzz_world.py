@@ -29,7 +29,7 @@ from cni.fake_kernel import FakeCniKernel
 from cni.handlers import PluginHandlers
 from cni.ipam.store import is_bookkeeping
 from cni.wiring import ALIAS_PREFIX, host_veth_name
-from netagent.cniserver.deferred_delete import DeferredDeleter
+from netagent.cniserver.deferred_delete import DeferredDeleter, journal_dir_for
 from netagent.cniserver.server import CniServer
 
 PODS = tuple(f"/var/run/netns/p{i}" for i in range(4))
@@ -92,8 +92,7 @@ class World:
         self.deferred: DeferredDeleter | None = None
         self.server: CniServer | None = None
         if path is not Path.IN_PROCESS:
-            self.deferred = DeferredDeleter(os.path.join(self.dir, "run", "pending-del"),
-                                            delete_now=self.handlers.delete_now)
+            self.deferred = DeferredDeleter(journal_dir_for(self.socket_path), delete_now=self.handlers.delete_now)
             self.handlers.deferred = self.deferred
             self.deferred.start()
             self.server = CniServer(self.socket_path, handlers=self.handlers, workers=2)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from netagent.kernel import owned
+from netagent.errors import NetagentError
 
 OWNED_PREFIX = owned.CHAIN_PREFIX
 MAX_NAME_LENGTH = 31
@@ -51,7 +52,7 @@ class IpsetType(str, Enum):
         return self.value.startswith("hash:")
 
 
-class IpsetError(Exception):
+class IpsetError(NetagentError):
     """A set operation that failed: bad member, wrong or busy set, or the tool's complaint."""
 
 

@@ -28,6 +28,7 @@ import subprocess
 from collections.abc import Sequence
 
 from netagent.kernel.iptables.tokens import run_tool
+from netagent.errors import NetagentError
 
 log = logging.getLogger("netagent.kernel.iptables")
 
@@ -62,7 +63,7 @@ class IptablesTool(enum.Enum):
     SAVE = "-save"
 
 
-class IptablesNotInstalled(RuntimeError):
+class IptablesNotInstalled(NetagentError, RuntimeError):
     """A binary the chosen backend needs is missing from PATH."""
 
 

@@ -47,6 +47,7 @@ from netagent.kernel.iptables.tokens import (
     split_tokens,
     utf8_length,
 )
+from netagent.errors import NetagentError
 
 __all__ = ["join_tokens", "quote_comment", "quote_token", "split_tokens"]  # re-exported
 
@@ -72,7 +73,7 @@ _HEADER_ORDER = ("-s", "-d", "-i", "-o", "-p", "-f")
 _TARGET_OPTIONS = TARGET_OPTIONS
 
 
-class RestoreSyntaxError(ValueError):
+class RestoreSyntaxError(NetagentError, ValueError):
     """Text the restore tools would reject before touching any table."""
 
     def __init__(self, message: str, *, line_number: int, line: str):

@@ -54,6 +54,7 @@ from netagent.kernel.iptables.restore_format import (
     split_tokens,
 )
 from netagent.kernel.iptables.tokens import run_tool
+from netagent.errors import NetagentError
 
 OWNED_PREFIX = owned.CHAIN_PREFIX
 RANDOM_FULLY_SINCE = (1, 6, 2)
@@ -87,7 +88,7 @@ class PortRandomization(enum.Enum):
         return ("MASQUERADE", "--random-fully") if self is PortRandomization.FULLY else ("MASQUERADE",)
 
 
-class IptablesError(RuntimeError):
+class IptablesError(NetagentError, RuntimeError):
     """A restore or save that failed; names the input line when the tool said which."""
 
     def __init__(self, message: str, *, line_number: int | None = None, line: str | None = None,

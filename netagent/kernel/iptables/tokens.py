@@ -45,6 +45,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
+from netagent.errors import NetagentError
 
 COMMENT_MAX_BYTES = 255          # xt_comment: XT_MAX_COMMENT_LEN (256) including the NUL
 TOKEN_MAX_BYTES = 1023           # add_param_to_argv's buffer is 1024 bytes with its NUL
@@ -79,7 +80,7 @@ def run_tool(command: Sequence[str], *, stdin: str | None = None,
                                        done.stderr.decode("utf-8", "surrogateescape"))
 
 
-class UnsafeText(ValueError):
+class UnsafeText(NetagentError, ValueError):
     """A token that cannot be written into restore input as it is."""
 
 

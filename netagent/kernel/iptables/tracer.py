@@ -36,6 +36,7 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from netagent.errors import NetagentError
 from netagent.kernel.iptables.restore_format import Table, parse_save
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -52,7 +53,7 @@ class Verdict(str, enum.Enum):
     REJECT = "REJECT"
 
 
-class TraceError(ValueError):
+class TraceError(NetagentError, ValueError):
     """A rule the tracer does not understand, or a question it cannot answer."""
 
 

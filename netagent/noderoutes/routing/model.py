@@ -19,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import TYPE_CHECKING, Mapping
 
 from netagent.kernel import owned
+from netagent.errors import NetagentError
 from netagent.kernel.routes import Neighbour, Route  # ours name their device; routes carry our protocol
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class ObservedDevice:
     tx_checksum: bool | None = None  # tx-checksum-ip-generic; None when not changeable
 
 
-class KernelError(Exception):
+class KernelError(NetagentError):
     """A kernel operation failed; `code` is the errno."""
 
     def __init__(self, code: int, message: str) -> None:
@@ -265,7 +266,7 @@ class KernelError(Exception):
         self.code = code
 
 
-class RoutingApplyError(Exception):
+class RoutingApplyError(NetagentError):
     """Some kernel writes failed; everything else was applied. A full sync retries them."""
 
     def __init__(self, failures: Mapping[str, str], report: SyncReport) -> None:
