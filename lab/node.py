@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from cni import invoke
 from cni.errors import CniError
 from netagent.cniserver import install as cni_install
+from netagent.cniserver.deferred_delete import journal_dir_for
 from netagent.kernel import namespaces, owned
 
 
@@ -81,7 +82,7 @@ class LabNode:
         self.bin_dir = os.path.join(self.workdir, "bin")
         self.data_dir = os.path.join(self.workdir, "ipam")
         self.socket_path = os.path.join(self.workdir, "run", "cni.sock")
-        self.journal_dir = os.path.join(self.workdir, "run", "pending-del")  # next to the socket
+        self.journal_dir = journal_dir_for(self.socket_path)
         self.agent_log = os.path.join(self.workdir, "agent.log")
         self.conflist = cni_install.render_conflist(
             name="netagent", subnets=list(subnets), mode=mode, bridge=owned.DEFAULT_BRIDGE, mtu=mtu,

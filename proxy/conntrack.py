@@ -34,6 +34,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from netagent.errors import NetagentError
 from proxy.model import Protocol, ProxyState, ServicePortName
 
 log = logging.getLogger("netagent.proxy.conntrack")
@@ -99,7 +100,7 @@ def bounded(filters: list[FlowFilter], *, limit: int = MAX_FLOW_FILTERS) -> list
     return merged
 
 
-class ConntrackError(RuntimeError):
+class ConntrackError(NetagentError, RuntimeError):
     """The conntrack tool (or its fake) could not delete a filter's entries."""
 
 

@@ -160,8 +160,8 @@ def remove_policy_state(iptables_backend) -> list[str]:
     from netagent.kernel.iptables.runner import IptablesError, IptablesRunner
     from netagent.policy.programmer import PolicyProgrammer
 
-    programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
-                                  ipset=IpsetRunner())
+    iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4)
+    programmer = PolicyProgrammer(iptables=iptables, ipset=IpsetRunner())
     try:
         return programmer.cleanup()
     except (IptablesError, IpsetError, OSError) as error:
@@ -194,8 +194,8 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from netagent.policy.render import InterfaceMode, RenderSettings
     from proxy.backend import ProxyMode
 
-    programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
-                                  ipset=IpsetRunner())
+    iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4)
+    programmer = PolicyProgrammer(iptables=iptables, ipset=IpsetRunner())
     ipvs = getattr(args, "proxy_mode", None) == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
     settings = PolicySettings(args.node_name, RenderSettings(InterfaceMode(args.cni_mode),
                                                             local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
@@ -209,7 +209,7 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     registry.register(CallbackGauge(
         "netagent_policy_denied_packets", "packets dropped by network policy, per pod and direction "
         "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
-        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in read_policy_rules(iptables_backend).pods},
+        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in read_policy_rules(iptables).pods},
         labels=("pod", "direction")))
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),

@@ -10,26 +10,31 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import subprocess
+from typing import TYPE_CHECKING
 
+from netagent.errors import NetagentError
 from netagent.policy.readback import KernelPolicy, Packet, parse_kernel_policy, trace
 
+if TYPE_CHECKING:
+    from netagent.kernel.iptables.runner import Iptables
 
-def read_policy_rules(backend) -> KernelPolicy:
-    """The policy chains with their counters (`iptables-save -c -t filter`), for an IptablesBackend."""
-    from netagent.kernel.iptables.backend import IpFamily, IptablesTool, binary_name
-    done = subprocess.run([binary_name(IpFamily.V4, backend, IptablesTool.SAVE), "-c", "-t", "filter"],
-                          capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise OSError(f"iptables-save: {done.stderr.strip()}")
-    return parse_kernel_policy(done.stdout)
+
+class StatusPolicyError(NetagentError, ValueError):
+    """An unknown pod, or a trace's PORT/PROTO that does not parse."""
+
+
+def read_policy_rules(iptables: Iptables) -> KernelPolicy:
+    """The policy chains with their counters (`iptables-save -c -t filter`, through the runner)."""
+    return parse_kernel_policy(iptables.save("filter", counters=True))
 
 
 def read_kernel(iptables_backend: str) -> tuple[KernelPolicy, dict[str, frozenset[str]]]:
     from netagent.kernel import owned
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.iptables.backend import IpFamily, resolve_backend
-    kernel = read_policy_rules(resolve_backend(iptables_backend, family=IpFamily.V4))
+    from netagent.kernel.iptables.runner import IptablesRunner
+    kernel = read_policy_rules(IptablesRunner(backend=resolve_backend(iptables_backend, family=IpFamily.V4),
+                                              family=IpFamily.V4))
     sets = {name: contents.members for name, contents in IpsetRunner().snapshot().items()
             if name.startswith(owned.POLICY_PREFIX)}
     return kernel, sets
@@ -41,7 +46,7 @@ def _address(kernel: KernelPolicy, name: str) -> str:
     except ValueError:
         found = kernel.find(name)
         if found is None:
-            raise ValueError(f"{name}: not an address, and no pod of this node has that name "
+            raise StatusPolicyError(f"{name}: not an address, and no pod of this node has that name "
                              f"(a pod of another node: give its address)") from None
         return found[1]
 
@@ -50,7 +55,7 @@ def _parse_port(text: str) -> tuple[str, int]:
     port, _, protocol = text.partition("/")
     protocol = (protocol or "tcp").lower()
     if not port.isdigit() or not 1 <= int(port) <= 65535 or protocol not in ("tcp", "udp", "sctp"):
-        raise ValueError(f"{text}: expected PORT or PORT/tcp|udp|sctp")
+        raise StatusPolicyError(f"{text}: expected PORT or PORT/tcp|udp|sctp")
     return protocol, int(port)
 
 

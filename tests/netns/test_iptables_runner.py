@@ -1,6 +1,8 @@
 """IptablesRunner on the real kernel, both backends, inside throwaway namespaces: errors name the
 failing line, owned-rule operations leave foreign rules alone, backend detection reads the
 namespace it is pointed at, and FakeIptables agrees with the real tools step by step."""
+import subprocess
+
 import pytest
 
 from netagent.kernel import namespaces
@@ -132,3 +134,17 @@ def test_fake_agrees_with_the_real_tools(runner):
         assert real_result[0] == fake_result[0], f"step {number}: real {real_result}, fake {fake_result}\n{text}"
         for table in ("filter", "nat"):
             assert comparable(runner, table) == comparable(fake, table), f"step {number}, table {table}\n{text}"
+
+
+def test_save_with_counters_reads_the_kernels_counters(runner, netns):
+    """`save(counters=True)` is `iptables-save -c`: each rule led by the packets and bytes it
+    matched (what `netagent status policy` and the denied-packets gauge read)."""
+    runner.restore("*filter\n:NETAGENT-C - [0:0]\n-A OUTPUT -o lo -j NETAGENT-C\n-A NETAGENT-C -j ACCEPT\nCOMMIT\n")
+    subprocess.run([*namespaces.exec_prefix(netns), "ping", "-c", "2", "-i", "0.2", "-W", "5", "127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    counted = [line for line in runner.save("filter", counters=True).splitlines() if "-A NETAGENT-C" in line]
+    assert len(counted) == 1 and counted[0].startswith("[")
+    packets = int(counted[0][1:].split(":")[0])
+    assert packets >= 2
+    assert not any(line.startswith("[") for line in runner.save("filter").splitlines())
+    runner.delete_owned()

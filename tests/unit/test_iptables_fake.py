@@ -430,3 +430,13 @@ def test_fake_runs_no_programs(monkeypatch):
     fake.restore(GOOD)
     fake.ensure_jump("nat", "OUTPUT", "NETAGENT-SVC", comment="netagent: services")
     fake.delete_owned()
+
+
+def test_save_with_counters_leads_each_rule_with_them_as_iptables_save_c_does():
+    fake = FakeIptables()
+    fake.restore("*filter\n:NETAGENT-X - [0:0]\n-A NETAGENT-X -j ACCEPT\n-A FORWARD -j NETAGENT-X\nCOMMIT\n")
+    text = fake.save("filter", counters=True)
+    rules = [line for line in text.splitlines() if "-A " in line]
+    assert rules == ["[0:0] -A FORWARD -j NETAGENT-X", "[0:0] -A NETAGENT-X -j ACCEPT"]
+    assert parse_save(text)["filter"].chains["NETAGENT-X"].rules == parse_save(fake.save("filter"))[
+        "filter"].chains["NETAGENT-X"].rules

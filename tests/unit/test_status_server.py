@@ -342,23 +342,22 @@ def policy_save_text(denied: int) -> str:
 def test_concurrent_scrapes_share_one_iptables_save_a_second_and_values_still_update(monkeypatch, tmp_path):
     """The policy engine's DROP-counter gauge (registered by the real build_policy) reads
     `iptables-save -c` at scrape time: 16 concurrent scrapes run it once, the next second's
-    scrape runs it again and shows the new counter. The fork is counted at the subprocess seam
-    and held until every other scrape waits on it; time is a FakeClock."""
+    scrape runs it again and shows the new counter. The save is counted at the runner seam
+    (`IptablesRunner.save`) and held until every other scrape waits on it; time is a FakeClock."""
     import argparse
-    import subprocess
-    import types
 
-    from netagent.daemon import policy_start, status_policy
+    from netagent.daemon import policy_start
     from netagent.kernel.iptables.backend import IptablesBackend
-    saves: list[list[str]] = []
+    from netagent.kernel.iptables.runner import IptablesRunner
+    saves: list[tuple[str | None, bool]] = []
     denied = {"packets": 7}
     release = threading.Event()
 
-    def run(argv, **_kwargs):
-        saves.append(list(argv))
+    def save(self, table=None, *, counters=False):
+        saves.append((table, counters))
         assert release.wait(SETTLE)
-        return subprocess.CompletedProcess(argv, 0, stdout=policy_save_text(denied["packets"]), stderr="")
-    monkeypatch.setattr(status_policy, "subprocess", types.SimpleNamespace(run=run))
+        return policy_save_text(denied["packets"])
+    monkeypatch.setattr(IptablesRunner, "save", save)
     registry = Registry()
     args = argparse.Namespace(node_name="node-a", cni_mode="bridge", cni_data_dir=str(tmp_path), proxy_mode="none",
                               min_sync_period=0.0, policy_sync_period=30.0)
@@ -378,7 +377,7 @@ def test_concurrent_scrapes_share_one_iptables_save_a_second_and_values_still_up
         for scrape in scrapes:
             scrape.join(SETTLE)
         assert len(bodies) == 16 and len(set(bodies)) == 1
-        assert len(saves) == 1 and saves[0][0].endswith("-save") and "-c" in saves[0]
+        assert saves == [("filter", True)]
         family = parse_exposition(bodies[0])["netagent_policy_denied_packets"]
         assert family.value("netagent_policy_denied_packets", pod="x/a", direction="ingress") == 7
 

@@ -122,12 +122,14 @@ class FakeIptables(Iptables):
     def version(self) -> tuple[int, ...]:
         return self._version
 
-    def save(self, table: str | None = None) -> str:
-        if table is None:
-            return render_save(self._tables.values())
-        if table not in self._tables:
+    def save(self, table: str | None = None, *, counters: bool = False) -> str:
+        """The fake counts nothing: with `counters`, every rule is led by `[0:0]`, as an idle kernel's."""
+        if table is not None and table not in self._tables:
             raise IptablesError(f"table '{table}' does not exist")
-        return render_save([self._tables[table]])
+        text = render_save(self._tables.values() if table is None else [self._tables[table]])
+        if not counters:
+            return text
+        return "".join(f"[0:0] {line}" if line.startswith("-A ") else line for line in text.splitlines(True))
 
     def state(self) -> dict[str, Table]:
         """A copy of every table as held (not through save text, which a comment holding a

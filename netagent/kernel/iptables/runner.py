@@ -121,8 +121,9 @@ class Iptables(abc.ABC):
         """Apply restore input; raise IptablesError. Each table block is atomic."""
 
     @abc.abstractmethod
-    def save(self, table: str | None = None) -> str:
-        """Save text of one table, or of every table present."""
+    def save(self, table: str | None = None, *, counters: bool = False) -> str:
+        """Save text of one table, or of every table present; with `counters`, each rule
+        led by its `[packets:bytes]` (`iptables-save -c`)."""
 
     @property
     @abc.abstractmethod
@@ -309,8 +310,8 @@ class IptablesRunner(Iptables):
             raise IptablesError(message, line_number=line_number, line=line,
                                 command=[*self.exec_prefix, *argv], returncode=done.returncode)
 
-    def save(self, table: str | None = None) -> str:
-        argv = [self._binary(IptablesTool.SAVE)] + (["-t", table] if table else [])
+    def save(self, table: str | None = None, *, counters: bool = False) -> str:
+        argv = [self._binary(IptablesTool.SAVE)] + (["-c"] if counters else []) + (["-t", table] if table else [])
         done = self._run(argv)
         if done.returncode != 0:
             raise IptablesError(_first_message(done.stderr) or f"exit status {done.returncode}",
