@@ -35,7 +35,7 @@ def _string(number: int, text: str) -> bytes:
     return _bytes(number, text.encode()) if text else b""
 
 
-def _bool(number: int, value: bool) -> bytes:
+def _bool(number: int, *, value: bool) -> bytes:
     return _varint(number << 3) + b"\x01" if value else b""
 
 
@@ -68,9 +68,9 @@ def _schema(schema: dict) -> bytes:
 def _operation(operation: dict) -> bytes:
     out = _string(5, operation.get("operationId", ""))
     for parameter in operation.get("parameters", []):
-        query = (_bool(1, bool(parameter.get("required"))) + _string(2, parameter.get("in", "query"))
+        query = (_bool(1, value=bool(parameter.get("required"))) + _string(2, parameter.get("in", "query"))
                  + _string(4, parameter["name"]) + _string(6, parameter.get("type", "string"))
-                 + _bool(20, bool(parameter.get("uniqueItems"))))
+                 + _bool(20, value=bool(parameter.get("uniqueItems"))))
         out += _bytes(8, _bytes(1, _bytes(2, _bytes(3, query))))  # ParametersItem.parameter.non_body.query
     codes = b""
     for code, response in operation.get("responses", {}).items():

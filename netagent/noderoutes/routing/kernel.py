@@ -227,7 +227,7 @@ class NetlinkKernel(RoutingKernel):
             for address in drift.add_addresses:
                 self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
         if drift.tx_checksum is not None:
-            self._set_tx_checksum(ifname, drift.tx_checksum)
+            self._set_tx_checksum(ifname, on=drift.tx_checksum)
 
     def _tx_checksum(self, ifname: str) -> bool | None:
         """Whether tx-checksum-ip-generic is on; None when the device cannot change it."""
@@ -240,7 +240,7 @@ class NetlinkKernel(RoutingKernel):
             return None
         return features[TX_CHECKSUM_FEATURE]
 
-    def _set_tx_checksum(self, ifname: str, on: bool) -> None:
+    def _set_tx_checksum(self, ifname: str, *, on: bool) -> None:
         try:
             self._ethtool.change_ifname(ifname)
             features = self._ethtool.get_features()
