@@ -5,9 +5,10 @@ import pytest
 
 from cni import result as cni_result
 from cni import version as cni_version
-from cni.config import Mode, parse_netconf
+from cni.config import parse_netconf
 from cni.errors import CniError, ErrorCode
 from cni.request import parse_cni_args, request_from_environment
+from netagent.kernel.pod_attachment import PodAttachment
 
 BASE = {"cniVersion": "1.0.0", "name": "net1", "type": "netagent",
         "ipam": {"type": "netagent", "ranges": [[{"subnet": "10.244.1.0/24"}]]}}
@@ -33,9 +34,9 @@ def test_defaults_and_contract_keys():
     conf = parse_netconf(conf_bytes(mode="routed", mtu=1450, hairpinMode=True,
                                     agentSocket="/run/x.sock", bridge="br9"))
     assert (conf.mode, conf.mtu, conf.hairpin_mode, conf.agent_socket, conf.bridge) == \
-        (Mode.ROUTED, 1450, True, "/run/x.sock", "br9")
+        (PodAttachment.ROUTED, 1450, True, "/run/x.sock", "br9")
     plain = parse_netconf(conf_bytes())
-    assert (plain.mode, plain.bridge, plain.mtu, plain.hairpin_mode) == (Mode.BRIDGE, "na0", 1500, False)
+    assert (plain.mode, plain.bridge, plain.mtu, plain.hairpin_mode) == (PodAttachment.BRIDGE, "na0", 1500, False)
 
 
 @pytest.mark.parametrize("data, code", [
