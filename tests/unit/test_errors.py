@@ -62,8 +62,10 @@ def test_the_cli_reports_a_system_error_the_same_way(tmp_path, capsys):
 
 
 def test_the_cli_imports_command_modules_only_when_they_run():
-    """At module level cli.py imports only the version, the defaults, the error root and owned
-    names: each command's module is imported inside the function that runs it."""
+    """At module level cli.py imports only the version, the defaults, the error root, owned
+    names and the pod attachment enum (flag choices): each command's module is imported inside
+    the function that runs it."""
     tree = ast.parse((ROOT / "netagent" / "cli.py").read_text())
     top = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert top <= {"__future__", "netagent", "netagent.cniserver.defaults", "netagent.errors", "netagent.kernel"}
+    assert top <= {"__future__", "netagent", "netagent.cniserver.defaults", "netagent.errors", "netagent.kernel",
+                   "netagent.kernel.pod_attachment"}
