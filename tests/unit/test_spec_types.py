@@ -39,6 +39,16 @@ def test_defaults_and_contract_keys():
     assert (plain.mode, plain.bridge, plain.mtu, plain.hairpin_mode) == (PodAttachment.BRIDGE, "na0", 1500, False)
 
 
+def test_the_mode_is_the_one_pod_attachment_enum_and_its_text():
+    """`mode` parses to `PodAttachment` (the policy engine's and the daemon's too), a str enum
+    whose JSON is the conflist's text; anything else is code 7, in the same words."""
+    assert [a.value for a in PodAttachment] == ["bridge", "routed"]
+    assert json.dumps({"mode": PodAttachment.ROUTED}) == '{"mode": "routed"}'
+    with pytest.raises(CniError, match="'mode' must be 'bridge' or 'routed', not 'l3'") as refused:
+        parse_netconf(conf_bytes(mode="l3"))
+    assert refused.value.code == ErrorCode.INVALID_CONFIG
+
+
 @pytest.mark.parametrize("data, code", [
     (b"{not json", ErrorCode.DECODE_FAILURE),
     (b"[1, 2]", ErrorCode.DECODE_FAILURE),
