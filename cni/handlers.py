@@ -31,8 +31,9 @@ from cni.attachment_lock import AttachmentLock
 from cni.config import NetConf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import ipam_for
-from cni.kernel import Address, BridgeSpec, CniKernel, KernelError, LinkExists, VethPair
+from cni.kernel import Address, BridgeSpec, CniKernel, LinkExists, VethPair
 from cni.request import CniRequest
+from netagent.kernel.errors import KernelError
 from netagent.kernel.pod_attachment import PodAttachment
 
 if TYPE_CHECKING:

@@ -10,9 +10,10 @@ import pytest
 
 from cni.errors import CniError, ErrorCode
 from cni.fake_kernel import FakeCniKernel, Timing
-from cni.kernel import BridgeSpec, KernelError, LinkExists, PodSetup, Route, VethPair
+from cni.kernel import BridgeSpec, LinkExists, PodSetup, Route, VethPair
 from cni.wiring import network_veths, plan_node_routes, plan_pod
 from netagent.daemon.cleanup import remove_owned_links
+from netagent.kernel.errors import KernelError
 from netagent.kernel.pod_attachment import PodAttachment
 
 NETNS = "/var/run/netns/p"

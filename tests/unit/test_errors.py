@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import errno
 from pathlib import Path
 
 from netagent.cli import main as cli_main
@@ -44,6 +45,20 @@ def test_the_old_bases_stay_for_their_callers():
     assert issubclass(MalformedObject, ValueError) and issubclass(IptablesError, RuntimeError)
     assert issubclass(WireError, NetagentError)
     assert BpfError(2, "gone").errno == 2
+
+
+def test_one_kernel_error_for_both_netlink_seams():
+    """The CNI plugin's kernel and node routing's raise the same class; each keeps its words."""
+    from cni.kernel import LinkExists
+    from netagent.kernel.errors import KernelError
+    from netagent.noderoutes.routing.model import kernel_error
+    assert issubclass(KernelError, NetagentError) and issubclass(LinkExists, KernelError)
+    routing = kernel_error(errno.ENODEV, "no device na-vxlan")
+    assert type(routing) is KernelError and routing.code == errno.ENODEV
+    assert str(routing) == f"no device na-vxlan (errno {errno.ENODEV})"
+    plugin = KernelError(errno.EEXIST, "File exists: route 10.244.1.0/24")
+    assert (plugin.code, str(plugin)) == (errno.EEXIST, "File exists: route 10.244.1.0/24")
+    assert (LinkExists("na0123456789ab").code, str(LinkExists("na0123456789ab"))) == (errno.EEXIST, "File exists")
 
 
 def test_the_cli_reports_an_error_of_ours_once(tmp_path, capsys):
