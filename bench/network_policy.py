@@ -41,9 +41,10 @@ from netagent.kernel import namespaces  # noqa: E402
 from netagent.kernel.ipset.runner import IpsetRunner  # noqa: E402
 from netagent.kernel.iptables.backend import IptablesBackend  # noqa: E402
 from netagent.kernel.iptables.runner import IptablesRunner  # noqa: E402
+from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
 from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
-from netagent.policy.render import InterfaceMode, RenderSettings  # noqa: E402
+from netagent.policy.render import RenderSettings  # noqa: E402
 
 NODE = "node-1"
 SUBNET = "10.244.0.0/20"
@@ -109,7 +110,7 @@ def main() -> int:
     parser.add_argument("--connects", type=int, default=2000)
     args = parser.parse_args()
     results: dict = {"pods": args.pods, "policies": args.policies}
-    with LabNode(prefix="na-bench-np", mode="routed", subnets=(SUBNET,), with_agent=False) as node:
+    with LabNode(prefix="na-bench-np", mode=PodAttachment.ROUTED, subnets=(SUBNET,), with_agent=False) as node:
         server, client = node.add_pod("server"), node.add_pod("client")
         veths = {p.ip: next(i["name"] for i in p.result["interfaces"] if "sandbox" not in i) for p in (server, client)}
         node.exec_in("node", ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
@@ -133,7 +134,7 @@ def main() -> int:
 
             def engine_with(policies: int) -> PolicyEngine:
                 """A fresh engine (as after a start) that has seen every object and `policies` policies."""
-                engine = PolicyEngine(PolicySettings(NODE, RenderSettings(InterfaceMode.ROUTED, local_cidrs=(SUBNET,))),
+                engine = PolicyEngine(PolicySettings(NODE, RenderSettings(PodAttachment.ROUTED, local_cidrs=(SUBNET,))),
                                       programmer=programmer,
                                       interface_of=lambda plan: veths.get(plan.ip, synthetic_veth(plan.ip)))
                 for recorder in (engine.policies, engine.pods, engine.namespaces):

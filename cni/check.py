@@ -13,9 +13,9 @@ import enum
 import ipaddress
 from dataclasses import dataclass
 
-from cni.config import Mode
 from cni.errors import CniError, ErrorCode
 from cni.kernel import Address, HostVeth, Interface, Network, PodInterface
+from netagent.kernel.pod_attachment import PodAttachment
 
 
 class Problem(enum.Enum):
@@ -68,7 +68,7 @@ def pod_interface_index(prev: dict, ifname: str) -> int | None:
                  if itf.get("name") == ifname and itf.get("sandbox")), None)
 
 
-def expected_from(prev: dict, *, ifname: str, host_name: str, mode: Mode, bridge: str) -> Expected:
+def expected_from(prev: dict, *, ifname: str, host_name: str, mode: PodAttachment, bridge: str) -> Expected:
     """What prevResult promises for this attachment; CniError 101 when it names no pod
     interface, 7 when an address or route in it does not parse."""
     index = pod_interface_index(prev, ifname)
@@ -96,8 +96,8 @@ def expected_from(prev: dict, *, ifname: str, host_name: str, mode: Mode, bridge
                                     text=f"{dst}" + (f" via {route['gw']}" if gateway else "")))
     return Expected(ifname=ifname, mac=(prev["interfaces"][index].get("mac") or "").lower(),
                     addresses=tuple(addresses), routes=tuple(routes), host_name=host_name,
-                    bridge=bridge if mode is Mode.BRIDGE else None,
-                    node_routes=tuple(node_routes) if mode is Mode.ROUTED else ())
+                    bridge=bridge if mode is PodAttachment.BRIDGE else None,
+                    node_routes=tuple(node_routes) if mode is PodAttachment.ROUTED else ())
 
 
 def find_problems(expected: Expected, pod: PodInterface | None, host: HostVeth | None) -> list[Finding]:

@@ -18,6 +18,7 @@ from cni.errors import CniError, ErrorCode
 from cni.request import interface_name_problem, valid_identifier
 from cni.result_schema import validate_dns, validate_prev_result
 from netagent.kernel import owned
+from netagent.kernel.pod_attachment import PodAttachment
 
 if TYPE_CHECKING:
     from cni.ipam.config import IpamConf
@@ -48,17 +49,12 @@ class ConfigScope(str, enum.Enum):
     IPAM = "ipam"
 
 
-class Mode(str, enum.Enum):
-    BRIDGE = "bridge"
-    ROUTED = "routed"
-
-
 @dataclass(frozen=True)
 class NetConf:
     cni_version: str
     name: str
     type: str
-    mode: Mode = Mode.BRIDGE
+    mode: PodAttachment = PodAttachment.BRIDGE  # the conflist's "mode"
     bridge: str = DEFAULT_BRIDGE
     mtu: int = DEFAULT_MTU
     hairpin_mode: bool = False
@@ -158,9 +154,9 @@ def parse_netconf(data: bytes, *, require_ipam: bool = True, scope: ConfigScope 
     if scope is ConfigScope.IPAM:
         return NetConf(**common)
 
-    mode_text = _typed(raw, "mode", str, Mode.BRIDGE.value)
+    mode_text = _typed(raw, "mode", str, PodAttachment.BRIDGE.value)
     try:
-        mode = Mode(mode_text)
+        mode = PodAttachment(mode_text)
     except ValueError:
         raise CniError(ErrorCode.INVALID_CONFIG, f"'mode' must be 'bridge' or 'routed', not {mode_text!r}") from None
     bridge = _typed(raw, "bridge", str, DEFAULT_BRIDGE)

@@ -34,7 +34,6 @@ from cni.kernel import (
     CniKernel,
     HostVeth,
     Interface,
-    KernelError,
     LinkExists,
     Neighbour,
     NodeRoutes,
@@ -48,6 +47,7 @@ from cni.kernel import (
     not_a_bridge,
 )
 from netagent.kernel import owned
+from netagent.kernel.errors import KernelError
 from netagent.kernel.fake_sysctl import FakeSysctls
 from netagent.kernel.sysctl import ensure_sysctls, forwarding
 

@@ -28,11 +28,13 @@ from cni import attachment_lock
 from cni import check as cni_check
 from cni import wiring
 from cni.attachment_lock import AttachmentLock
-from cni.config import Mode, NetConf
+from cni.config import NetConf
 from cni.errors import CniError, ErrorCode
 from cni.ipam import ipam_for
-from cni.kernel import Address, BridgeSpec, CniKernel, KernelError, LinkExists, VethPair
+from cni.kernel import Address, BridgeSpec, CniKernel, LinkExists, VethPair
 from cni.request import CniRequest
+from netagent.kernel.errors import KernelError
+from netagent.kernel.pod_attachment import PodAttachment
 
 if TYPE_CHECKING:
     from cni.ipam import Ipam
@@ -137,7 +139,7 @@ class PluginHandlers:
         pair = VethPair(host_name=host_name, pod_ifname=req.ifname, mtu=conf.mtu,
                         host_mac=wiring.host_mac_for(conf.mode), pod_mac=wiring.random_mac(),
                         alias=wiring.network_alias(conf.name))
-        known_bridge = kernel.known_bridge(conf.bridge) if conf.mode is Mode.BRIDGE else None
+        known_bridge = kernel.known_bridge(conf.bridge) if conf.mode is PodAttachment.BRIDGE else None
         # pushed first: whatever the creation left under host_name is ours, unless the name was taken
         undo.append(lambda: kernel.delete_link(host_name))
         try:
@@ -154,7 +156,7 @@ class PluginHandlers:
 
         interfaces: list[dict[str, object]] = []
         bridge = None
-        if conf.mode is Mode.BRIDGE:
+        if conf.mode is PodAttachment.BRIDGE:
             bridge_gateways = wiring.bridge_gateways(addresses, gateways)
             bridge = kernel.ensure_bridge(BridgeSpec(name=conf.bridge, mtu=conf.mtu, gateways=bridge_gateways))
             for family in sorted({g.version for g in bridge_gateways}):
@@ -194,8 +196,9 @@ class PluginHandlers:
         ips = []
         for ip in allocated.ips:
             addr = ip.address
-            entry: dict[str, object] = {"address": f"{addr.ip}/{addr.max_prefixlen}" if conf.mode is Mode.ROUTED
-                                        else str(addr), "interface": pod_index}
+            routed = conf.mode is PodAttachment.ROUTED
+            entry: dict[str, object] = {"address": f"{addr.ip}/{addr.max_prefixlen}" if routed else str(addr),
+                                        "interface": pod_index}
             gateway = wiring.pod_gateway(conf.mode, addr.version, gateways.get(addr.version))
             if gateway is not None:
                 entry["gateway"] = str(gateway)

@@ -13,10 +13,11 @@ system call each on the hot path. Everything that is policy (names, MACs, which 
 CNI result, CHECK's verdict) is computed outside, as plain values (`cni.wiring`,
 `cni.check`); routes and neighbours are `netagent/kernel/routes.py`'s, node routing's too.
 
-Errors: a kernel refusal is a `KernelError` carrying the errno (`LinkExists` when a name is
-taken at creation). Conditions the CNI spec gives a code of their own come out as
-`CniError` already: a missing pod namespace (3), a path that is not a namespace (4), a
-non-bridge under the bridge's name (7). Deleting what is already gone succeeds.
+Errors: a kernel refusal is a `KernelError` (`netagent/kernel/errors.py`, node routing's too)
+carrying the errno (`LinkExists` when a name is taken at creation). Conditions the CNI spec
+gives a code of their own come out as `CniError` already: a missing pod namespace (3), a
+path that is not a namespace (4), a non-bridge under the bridge's name (7). Deleting what is
+already gone succeeds.
 """
 from __future__ import annotations
 
@@ -26,18 +27,10 @@ from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv6Interface
 
 from cni.errors import CniError, ErrorCode
+from netagent.kernel.errors import KernelError  # the kernel's refusal: `code` the errno, `str()` its own words
 from netagent.kernel.routes import Address, Neighbour, Network, Route  # a request's routes: ifname left empty
-from netagent.errors import NetagentError
 
 Interface = IPv4Interface | IPv6Interface
-
-
-class KernelError(NetagentError):
-    """A kernel request failed; `code` is the errno, `str()` the kernel's own words."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class LinkExists(KernelError):

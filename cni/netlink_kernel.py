@@ -32,7 +32,6 @@ from cni.kernel import (
     BridgeSpec,
     CniKernel,
     HostVeth,
-    KernelError,
     LinkExists,
     NodeRoutes,
     OwnedLink,
@@ -45,6 +44,7 @@ from cni.kernel import (
 )
 from cni.wiring import DEFAULT_DST, random_mac
 from netagent.kernel import owned, sysctl
+from netagent.kernel.errors import KernelError
 from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
 
 LOOPBACK_INDEX = 1  # the kernel registers lo first in every namespace

@@ -26,7 +26,6 @@ import ipaddress
 import os
 from collections.abc import Iterable, Mapping
 
-from cni.config import Mode
 from cni.kernel import (
     Address,
     Interface,
@@ -37,6 +36,7 @@ from cni.kernel import (
     Route,
 )
 from netagent.kernel import owned
+from netagent.kernel.pod_attachment import PodAttachment
 
 HOST_VETH_PREFIX = owned.HOST_VETH_PREFIX
 ALIAS_PREFIX = owned.VETH_ALIAS_PREFIX
@@ -62,8 +62,8 @@ def random_mac() -> str:
     return ":".join(f"{b:02x}" for b in raw)
 
 
-def host_mac_for(mode: Mode) -> str:
-    return ROUTED_HOST_MAC if mode is Mode.ROUTED else random_mac()
+def host_mac_for(mode: PodAttachment) -> str:
+    return ROUTED_HOST_MAC if mode is PodAttachment.ROUTED else random_mac()
 
 
 def network_veths(links: Iterable[OwnedLink], network: str) -> list[str]:
@@ -75,15 +75,15 @@ def network_veths(links: Iterable[OwnedLink], network: str) -> list[str]:
 
 # ---------------------------------------------------------------- the pod side
 
-def pod_gateway(mode: Mode, family: int, ipam_gateway: Address | None) -> Address | None:
-    if mode is Mode.ROUTED:
+def pod_gateway(mode: PodAttachment, family: int, ipam_gateway: Address | None) -> Address | None:
+    if mode is PodAttachment.ROUTED:
         return ROUTED_GATEWAY_V4 if family == 4 else ROUTED_GATEWAY_V6
     return ipam_gateway
 
 
-def pod_address(mode: Mode, interface: Interface) -> Interface:
+def pod_address(mode: PodAttachment, interface: Interface) -> Interface:
     """The address as the pod gets it: IPAM's prefix in bridge mode, a host prefix when routed."""
-    if mode is Mode.ROUTED:
+    if mode is PodAttachment.ROUTED:
         return ipaddress.ip_interface((interface.ip, interface.max_prefixlen))
     return interface
 
@@ -94,7 +94,7 @@ def bridge_gateways(addresses: Iterable[Interface], gateways: Mapping[int, Addre
                  for a in addresses if a.version in gateways)
 
 
-def plan_pod(*, ifname: str, mode: Mode, addresses: list[Interface], gateways: Mapping[int, Address],
+def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], gateways: Mapping[int, Address],
              routes: list[dict], host_mac: str) -> tuple[PodSetup, list[dict]]:
     """The pod side of an ADD, and the routes it reports in the CNI result.
 
@@ -110,7 +110,7 @@ def plan_pod(*, ifname: str, mode: Mode, addresses: list[Interface], gateways: M
         gateway = pod_gateway(mode, family, gateways.get(family))
         if gateway is None:
             continue
-        if mode is Mode.ROUTED:
+        if mode is PodAttachment.ROUTED:
             kernel_routes.append(Route(dst=ipaddress.ip_network((gateway, gateway.max_prefixlen))))
             neighbours.append(Neighbour(address=gateway, mac=host_mac))
         kernel_routes.append(Route(dst=DEFAULT_DST[family], gateway=gateway))

@@ -47,6 +47,7 @@ from lab.service_status import summarize_services
 from lab.state import LabError, LabState, NodeState
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces, owned
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.noderoutes.routing.model import Mode
 from proxy.backend import PROXY_MODE_CHOICES
 
@@ -132,9 +133,9 @@ class LabCluster(LabPods):
             lab.save()
             physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
                                     segments=segments)
-            cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[], mode="bridge",
-                                bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="", data_dir="",
-                                plugin=cni_install.PluginBinary.PYTHON)
+            cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[],
+                                mode=PodAttachment.BRIDGE, bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="",
+                                data_dir="", plugin=cni_install.PluginBinary.PYTHON)
             lab._write_kubeconfig()
             lab.start_apiserver()
             for i in range(nodes):

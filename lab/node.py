@@ -25,6 +25,7 @@ from cni.errors import CniError
 from netagent.cniserver import install as cni_install
 from netagent.cniserver.deferred_delete import journal_dir_for
 from netagent.kernel import namespaces, owned
+from netagent.kernel.pod_attachment import PodAttachment
 
 
 @dataclass
@@ -69,7 +70,7 @@ def raise_for_failure(code: int, out: dict | None, command: str) -> None:
 class LabNode:
     """One node: its namespace, its plugin install, optionally its agent, and its pods."""
 
-    def __init__(self, *, prefix: str = "na-lab", mode: str = "bridge",
+    def __init__(self, *, prefix: str = "na-lab", mode: PodAttachment = PodAttachment.BRIDGE,
                  subnets: tuple = ("10.244.1.0/24",), with_agent: bool = True,
                  cni_version: str = "1.0.0", mtu: int = 1500, ipam: dict | None = None,
                  plugin: cni_install.PluginBinary = cni_install.PluginBinary.PYTHON) -> None:

@@ -17,6 +17,7 @@ from netagent import __version__
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
 from netagent.errors import NetagentError
 from netagent.kernel import owned
+from netagent.kernel.pod_attachment import POD_ATTACHMENT_CHOICES, PodAttachment
 
 LAB_HELP = "a cluster of nodes and pods in network namespaces (demo and test bed)"
 
@@ -43,7 +44,7 @@ def _subnet(text: str) -> str:
 def _cmd_cni_install(args) -> int:
     from netagent.cniserver import install as cni_install
     paths = cni_install.install(bin_dir=args.bin_dir, conf_dir=args.conf_dir, name=args.name,
-                                subnets=args.subnet, mode=args.mode, bridge=args.bridge,
+                                subnets=args.subnet, mode=PodAttachment(args.mode), bridge=args.bridge,
                                 mtu=args.mtu, socket_path=args.socket, data_dir=args.data_dir,
                                 shim=args.shim)
     for path in paths:
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--name", default="netagent")
     install.add_argument("--subnet", action="append", default=[], type=_subnet,
                          help="pod subnet (repeat for dual stack)")
-    install.add_argument("--mode", choices=["bridge", "routed"], default="bridge")
+    install.add_argument("--mode", choices=POD_ATTACHMENT_CHOICES, default=PodAttachment.BRIDGE.value)
     install.add_argument("--bridge", default=owned.DEFAULT_BRIDGE)
     install.add_argument("--mtu", type=int, default=1500)
     install.add_argument("--socket", default=DEFAULT_SOCKET)

@@ -28,6 +28,7 @@ import tempfile
 import cni
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
 from netagent.errors import NetagentError
+from netagent.kernel.pod_attachment import PodAttachment
 
 CONFLIST_NAME = "10-netagent.conflist"
 
@@ -132,13 +133,13 @@ def _write_atomically(path: str, content: str | bytes, mode: int) -> None:
         raise
 
 
-def render_conflist(*, name: str, subnets: list, mode: str, bridge: str, mtu: int,
+def render_conflist(*, name: str, subnets: list, mode: PodAttachment, bridge: str, mtu: int,
                     socket_path: str, data_dir: str, cni_version: str = "1.0.0") -> dict:
-    plugin = {"type": "netagent", "mode": mode, "bridge": bridge, "mtu": mtu,
+    plugin = {"type": "netagent", "mode": mode.value, "bridge": bridge, "mtu": mtu,
               "agentSocket": socket_path,
               "ipam": {"type": "netagent", "ranges": [[{"subnet": s}] for s in subnets],
                        "dataDir": data_dir}}
-    if mode == "routed":
+    if mode is PodAttachment.ROUTED:
         del plugin["bridge"]
     else:  # a pod reaching itself through a Service is DNATed back out of its own bridge port
         plugin["hairpinMode"] = True
@@ -149,7 +150,7 @@ def _python_script(binary: str, module: str) -> str:
     return _SCRIPT.format(python=sys.executable, root=code_root(), module=module, what=binary)
 
 
-def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mode: str,
+def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mode: PodAttachment,
             bridge: str, mtu: int, socket_path: str, data_dir: str,
             plugin: PluginBinary = PluginBinary.SHIM, shim: str | None = None) -> list[str]:
     """Write the binaries (and the conflist when conf_dir is given); return the paths.
@@ -173,7 +174,7 @@ def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mod
     return written
 
 
-def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: str, bridge: str, mtu: int,
+def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: PodAttachment, bridge: str, mtu: int,
                    socket_path: str, data_dir: str) -> str:
     """Write (atomically) the network config runtimes read; the agent calls this with its lease."""
     if not subnets:

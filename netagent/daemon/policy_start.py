@@ -187,17 +187,18 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.iptables.backend import IpFamily
     from netagent.kernel.iptables.runner import IptablesRunner
+    from netagent.kernel.pod_attachment import PodAttachment
     from netagent.kube.reflector import Reflector
     from netagent.kube.resources import NAMESPACES, NETWORK_POLICIES, PODS
     from netagent.policy.engine import PolicyEngine, PolicySettings
     from netagent.policy.programmer import PolicyProgrammer
-    from netagent.policy.render import InterfaceMode, RenderSettings
+    from netagent.policy.render import RenderSettings
     from proxy.backend import ProxyMode
 
     iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4)
     programmer = PolicyProgrammer(iptables=iptables, ipset=IpsetRunner())
     ipvs = getattr(args, "proxy_mode", None) == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
-    settings = PolicySettings(args.node_name, RenderSettings(InterfaceMode(args.cni_mode),
+    settings = PolicySettings(args.node_name, RenderSettings(PodAttachment(args.cni_mode),
                                                             local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
                               limits=policy_limits(args))
     network = getattr(args, "cni_network_name", "netagent")

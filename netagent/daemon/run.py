@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from netagent import __version__
 from netagent.errors import NetagentError
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
+from netagent.kernel.pod_attachment import POD_ATTACHMENT_CHOICES, PodAttachment
 from netagent.noderoutes.routing.model import Mode
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
     cluster.add_argument("--cni-conf-dir", default="/etc/cni/net.d",
                          help="where to publish the network config with this node's pod CIDR ('' to skip)")
-    cluster.add_argument("--cni-mode", choices=["bridge", "routed"], default="bridge")
+    cluster.add_argument("--cni-mode", choices=POD_ATTACHMENT_CHOICES, default=PodAttachment.BRIDGE.value)
     cluster.add_argument("--cni-data-dir", default=DEFAULT_DATA_DIR)
     cluster.add_argument("--status-bind", default="0.0.0.0:10258",
                          help="/healthz, /livez and /readyz (the kubelet's probes; /metrics: --metrics-bind-address)")
@@ -202,7 +203,7 @@ def _cni_config_writer(args) -> Callable[[Lease], None]:
         from netagent.kernel import owned
         path = cni_install.write_conflist(
             conf_dir=args.cni_conf_dir, name="netagent", subnets=[str(c) for c in lease.pod_cidrs],
-            mode=args.cni_mode, bridge=owned.DEFAULT_BRIDGE, mtu=lease.mtu, socket_path=args.cni_socket,
+            mode=PodAttachment(args.cni_mode), bridge=owned.DEFAULT_BRIDGE, mtu=lease.mtu, socket_path=args.cni_socket,
             data_dir=args.cni_data_dir)
         log.info("CNI config %s: pod CIDR(s) %s, MTU %d", path, ", ".join(map(str, lease.pod_cidrs)), lease.mtu)
     return write

@@ -1,2 +1,4 @@
-"""Shared kernel libraries: iptables, ipset, network namespaces, sysctls and the names netagent
-owns in the kernel. Each kernel seam is an interface with a real runner and a stateful fake."""
+"""Shared kernel libraries: iptables, ipset, network namespaces, sysctls, the names netagent
+owns in the kernel, the routes' vocabulary, the kernel's refusal (`errors.KernelError`) and how
+pods attach to the node (`pod_attachment.PodAttachment`). Each kernel seam is an interface with
+a real runner and a stateful fake."""

@@ -51,7 +51,6 @@ inside a guard. A pod left out is `refused`: not in KNOWN, so it stays closed.
 """
 from __future__ import annotations
 
-import enum
 import re
 import functools
 import hashlib
@@ -62,6 +61,7 @@ from dataclasses import dataclass
 from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef, set_refs
 
 Rules = tuple[tuple[str, ...], ...]
@@ -76,15 +76,9 @@ SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET
              SetKind.NAMED: IpsetType.HASH_IP_PORT, SetKind.NETS: IpsetType.HASH_NET}
 
 
-class InterfaceMode(enum.Enum):
-    """How pods attach to the node (the CNI plugin's `mode`)."""
-    BRIDGE = "bridge"
-    ROUTED = "routed"
-
-
 @dataclass(frozen=True)
 class RenderSettings:
-    mode: InterfaceMode
+    mode: PodAttachment                        # how pods attach: the hooks match the bridge or the veth
     bridge: str = owned.DEFAULT_BRIDGE
     local_cidrs: tuple[str, ...] = ()          # this node's pod CIDRs: closed until programmed
     ipvs: bool = False                         # the IPVS proxy forwards Services: hook OUTPUT too
@@ -183,7 +177,7 @@ def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: st
     comment = f"netagent policy: {'ingress to' if ingress else 'egress from'} {plan.key}"
     digit = _interface_bucket(interface)
     bucket = None if digit is None else f"{BUCKET_PREFIX}{'I' if ingress else 'E'}{digit}"
-    if settings.mode is InterfaceMode.ROUTED:
+    if settings.mode is PodAttachment.ROUTED:
         return [(bucket, _rule("-o" if ingress else "-i", interface, comment=comment, target=chain))]
     if not ingress:
         return [(bucket, _rule("-m", "physdev", "--physdev-in", interface, comment=comment, target=chain))]
@@ -200,7 +194,7 @@ def _output_hook(plan: PodPlan, interface: str, settings: RenderSettings, *, cha
     comment = f"netagent policy: {'ingress to' if ingress else 'egress from'} {plan.key} (IPVS)"
     if not ingress:
         return _block_bucket("S", plan.ip), _rule("-s", plan.ip, comment=comment, target=chain)
-    device = interface if settings.mode is InterfaceMode.ROUTED else settings.bridge
+    device = interface if settings.mode is PodAttachment.ROUTED else settings.bridge
     return _block_bucket("D", plan.ip), _rule("-d", plan.ip, "-o", device, comment=comment, target=chain)
 
 
@@ -217,7 +211,7 @@ def _bucket_entry(bucket: str, settings: RenderSettings) -> tuple[str, ...]:
                      comment=f"netagent policy: pods in {block} (routed)", target=bucket)
     wildcard = owned.HOST_VETH_PREFIX + key + "+"
     comment = f"netagent policy: pods on {wildcard}"
-    if settings.mode is InterfaceMode.ROUTED:
+    if settings.mode is PodAttachment.ROUTED:
         return _rule("-o" if kind == "I" else "-i", wildcard, comment=comment, target=bucket)
     if kind == "E":
         return _rule("-m", "physdev", "--physdev-in", wildcard, comment=comment, target=bucket)

@@ -29,9 +29,10 @@ from netagent.kernel import namespaces
 from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import InterfaceMode, RenderSettings
+from netagent.policy.render import RenderSettings
 from tests.unit.policy_objects import namespace as namespace_object
 from tests.unit.policy_objects import pod as pod_object
 
@@ -200,10 +201,10 @@ def compare(matrix: Matrix, expect: Expect) -> str:
 class PolicyLab:
     """The node, its nine pods, `ext`, and a policy engine programming the node's kernel."""
 
-    def __init__(self, *, mode: InterfaceMode, backend: IptablesBackend = IptablesBackend.LEGACY) -> None:
+    def __init__(self, *, mode: PodAttachment, backend: IptablesBackend = IptablesBackend.LEGACY) -> None:
         self.mode = mode
         self.backend = backend
-        self.node = LabNode(prefix=LAB_PREFIX, mode=mode.value, subnets=(SUBNET,), with_agent=False)
+        self.node = LabNode(prefix=LAB_PREFIX, mode=mode, subnets=(SUBNET,), with_agent=False)
         self.ext_netns = ""
         self.addresses: dict[str, str] = {}       # "x/a" -> 10.244.1.x
         self.veths: dict[str, str] = {}           # pod address -> host interface

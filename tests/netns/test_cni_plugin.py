@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from netagent.kernel import namespaces
+from netagent.kernel.pod_attachment import PodAttachment
 
 
 def node_links(node) -> dict:
@@ -44,17 +45,17 @@ def assert_clean(node):
     assert reservations(node) == []
 
 
-@pytest.mark.parametrize("mode", ["bridge", "routed"])
+@pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
 def test_pods_get_addresses_and_reach_each_other(make_node, where, mode):
     node = make_node(mode=mode, with_agent=(where == "agent"), subnets=("10.244.1.0/24",))
     a, b = node.add_pod("a"), node.add_pod("b")
     assert a.ip != b.ip
-    prefix = "24" if mode == "bridge" else "32"
+    prefix = "24" if mode is PodAttachment.BRIDGE else "32"
     assert pod_addresses(node, "a") == {f"{a.ip}/{prefix}"}
     assert a.result["cniVersion"] == "1.0.0"
     assert a.result["interfaces"][-1]["sandbox"] == a.netns
     assert node.ping("a", b.ip) and node.ping("b", a.ip)
-    if mode == "bridge":
+    if mode is PodAttachment.BRIDGE:
         assert a.result["ips"][0]["gateway"] == "10.244.1.1"
         assert node.ping("a", "10.244.1.1")
         assert node_links(node)[a.result["interfaces"][1]["name"]]["master"] == "na0"
@@ -93,7 +94,7 @@ def test_dual_stack(make_node, where):
 
 
 def test_dual_stack_routed(make_node):
-    node = make_node(mode="routed", subnets=("10.244.4.0/24", "fd00:244:4::/64"))
+    node = make_node(mode=PodAttachment.ROUTED, subnets=("10.244.4.0/24", "fd00:244:4::/64"))
     a, b = node.add_pod("a"), node.add_pod("b")
     assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["32", "128"]
     v6 = b.result["ips"][1]["address"].split("/")[0]
@@ -181,7 +182,7 @@ def test_check_detects_missing_route_and_address(make_node, where):
 
 
 def test_check_detects_missing_host_veth_and_needs_prev_result(make_node):
-    node = make_node(mode="routed")
+    node = make_node(mode=PodAttachment.ROUTED)
     pod = node.add_pod("a")
     code, out = node.cni("CHECK", container_id=pod.container_id, netns=pod.netns)
     assert out["code"] == 7 and "prevResult" in out["msg"]

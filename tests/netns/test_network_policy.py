@@ -16,7 +16,7 @@ import pytest
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import namespaces
 from netagent.kernel.iptables.backend import IptablesBackend
-from netagent.policy.render import InterfaceMode
+from netagent.kernel.pod_attachment import PodAttachment
 from tests.conftest import require_root_netns
 from tests.netns.policy_lab import Expect, PolicyLab
 
@@ -44,7 +44,7 @@ def _root_and_no_leaks():
     yield
 
 
-def _built_lab(mode: InterfaceMode):
+def _built_lab(mode: PodAttachment):
     require_root_netns()
     with PolicyLab(mode=mode) as built:
         yield built
@@ -55,12 +55,12 @@ def _built_lab(mode: InterfaceMode):
 
 @pytest.fixture(scope="module")
 def bridge_lab():
-    yield from _built_lab(InterfaceMode.BRIDGE)
+    yield from _built_lab(PodAttachment.BRIDGE)
 
 
 @pytest.fixture(scope="module")
 def routed_lab():
-    yield from _built_lab(InterfaceMode.ROUTED)
+    yield from _built_lab(PodAttachment.ROUTED)
 
 
 def _clean(lab):
@@ -69,7 +69,7 @@ def _clean(lab):
     lab.apply()
 
 
-@pytest.fixture(params=[InterfaceMode.BRIDGE, InterfaceMode.ROUTED], ids=lambda m: m.value)
+@pytest.fixture(params=[PodAttachment.BRIDGE, PodAttachment.ROUTED], ids=lambda m: m.value)
 def np(request):
     """Either lab (the cases where the hooks differ by mode), with no policy before and after."""
     yield from _clean(request.getfixturevalue(f"{request.param.value}_lab"))

@@ -20,9 +20,10 @@ from netagent.kernel import namespaces, owned
 from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import InterfaceMode, RenderSettings
+from netagent.policy.render import RenderSettings
 from tests.unit.hostile_policy_objects import GOOD_PODS, LOCAL_CIDR, NODE, good_objects
 from tests.unit.test_hostile_policy import hostile_objects
 
@@ -49,7 +50,7 @@ def test_hostile_samples_are_accepted_by_the_real_tools(node):
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck),
               print_blob=True)
-    @given(objects=hostile_objects, mode=st.sampled_from(list(InterfaceMode)))
+    @given(objects=hostile_objects, mode=st.sampled_from(list(PodAttachment)))
     def sample(objects, mode):
         programmer = PolicyProgrammer(iptables=iptables, ipset=ipset)
         engine = PolicyEngine(PolicySettings(NODE, RenderSettings(mode, local_cidrs=(LOCAL_CIDR,))),

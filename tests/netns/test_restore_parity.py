@@ -19,9 +19,10 @@ from netagent.kernel.ipset import IpsetRunner, IpsetSpec, IpsetType, sync_sets
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS
 from netagent.kernel.iptables.runner import FlushMode, IptablesError, IptablesRunner
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.noderoutes.masquerade import render_masquerade_rules
 from netagent.policy.programmer import KNOWN_SPEC
-from netagent.policy.render import InterfaceMode, RenderSettings, render_chains, render_wanted
+from netagent.policy.render import RenderSettings, render_chains, render_wanted
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
@@ -119,7 +120,7 @@ def test_every_renderer_reads_alike_for_adversarial_names(netns, real, backend):
                     policy(text, text, {"podSelector": {}, "ingress": [
                         {"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": text}]}]})]
     wanted = render_wanted(plan_node(view_of(*objects), node_name="node-1"),
-                           settings=RenderSettings(InterfaceMode.BRIDGE, local_cidrs=("10.0.0.0/24",)),
+                           settings=RenderSettings(PodAttachment.BRIDGE, local_cidrs=("10.0.0.0/24",)),
                            interface_of=lambda _: "na0123456789ab")
     hairpin = IpsetSpec(IptablesProxySettings().hairpin_set, IpsetType.HASH_IP_PORT_IP)
     sync_sets(IpsetRunner(exec_prefix=namespaces.exec_prefix(netns), timeout=30),

@@ -8,12 +8,12 @@ import pytest
 
 from cni import result as cni_result
 from cni.check import Problem, expected_from, find_problems
-from cni.config import Mode
 from cni.errors import CniError, ErrorCode
 from cni.fake_kernel import FakeCniKernel
 from cni.handlers import PluginHandlers
 from cni.kernel import HostVeth, PodInterface, Route
 from cni.wiring import host_veth_name
+from netagent.kernel.pod_attachment import PodAttachment
 from tests.unit.test_cni_handlers import NETNS, NETWORK, make_conf, make_req
 
 HOST = host_veth_name(NETWORK, "c1", "eth0")
@@ -143,7 +143,7 @@ def observed_host(**changes) -> HostVeth:
 
 
 def test_expected_reads_only_the_pod_interfaces_addresses():
-    expected = expected_from(PREV, ifname="eth0", host_name=HOST, mode=Mode.BRIDGE, bridge="na0")
+    expected = expected_from(PREV, ifname="eth0", host_name=HOST, mode=PodAttachment.BRIDGE, bridge="na0")
     assert [text for text, _ in expected.addresses] == ["10.244.1.2/24"]
     assert expected.mac == "02:aa:00:00:00:01" and expected.bridge == "na0" and expected.node_routes == ()
     assert [r.text for r in expected.routes] == ["0.0.0.0/0 via 10.244.1.1", "10.96.0.0/12"]
@@ -151,7 +151,7 @@ def test_expected_reads_only_the_pod_interfaces_addresses():
 
 
 def test_a_route_without_gw_matches_any_gateway_and_none_is_missing():
-    expected = expected_from(PREV, ifname="eth0", host_name=HOST, mode=Mode.BRIDGE, bridge="na0")
+    expected = expected_from(PREV, ifname="eth0", host_name=HOST, mode=PodAttachment.BRIDGE, bridge="na0")
     pod = observed_pod(routes=frozenset({Route(ipaddress.ip_network("0.0.0.0/0"),
                                                ipaddress.ip_address("10.244.1.1"))}))
     findings = find_problems(expected, pod, observed_host())
@@ -159,7 +159,7 @@ def test_a_route_without_gw_matches_any_gateway_and_none_is_missing():
 
 
 def test_every_finding_in_order():
-    expected = expected_from(PREV, ifname="eth0", host_name=HOST, mode=Mode.BRIDGE, bridge="na0")
+    expected = expected_from(PREV, ifname="eth0", host_name=HOST, mode=PodAttachment.BRIDGE, bridge="na0")
     pod = observed_pod(mac="02:bb:00:00:00:01", up=False, addresses=frozenset(), routes=frozenset())
     findings = find_problems(expected, pod, observed_host(up=False, master="cni0"))
     assert [f.problem for f in findings] == [Problem.MAC_DIFFERS, Problem.POD_INTERFACE_DOWN, Problem.ADDRESS_MISSING,
@@ -172,7 +172,7 @@ def test_every_finding_in_order():
 def test_routed_mode_wants_a_node_route_per_address_not_a_bridge():
     prev = {"interfaces": [{"name": HOST}, {"name": "eth0", "sandbox": "/x"}],
             "ips": [{"address": "10.244.1.2/32", "interface": 1}, {"address": "fd00::2/128", "interface": 1}]}
-    expected = expected_from(prev, ifname="eth0", host_name=HOST, mode=Mode.ROUTED, bridge="na0")
+    expected = expected_from(prev, ifname="eth0", host_name=HOST, mode=PodAttachment.ROUTED, bridge="na0")
     pod = observed_pod(addresses=frozenset({ipaddress.ip_interface("10.244.1.2/32"),
                                             ipaddress.ip_interface("fd00::2/128")}))
     host = observed_host(master=None, routes=frozenset({ipaddress.ip_network("10.244.1.2/32")}))
@@ -182,5 +182,5 @@ def test_routed_mode_wants_a_node_route_per_address_not_a_bridge():
 def test_an_unreadable_prev_result_is_a_config_error():
     broken = dict(PREV, routes=[{"dst": "not-a-network"}])
     with pytest.raises(CniError) as failed:
-        expected_from(broken, ifname="eth0", host_name=HOST, mode=Mode.BRIDGE, bridge="na0")
+        expected_from(broken, ifname="eth0", host_name=HOST, mode=PodAttachment.BRIDGE, bridge="na0")
     assert failed.value.code == ErrorCode.INVALID_CONFIG

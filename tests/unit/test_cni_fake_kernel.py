@@ -8,12 +8,13 @@ import ipaddress
 
 import pytest
 
-from cni.config import Mode
 from cni.errors import CniError, ErrorCode
 from cni.fake_kernel import FakeCniKernel, Timing
-from cni.kernel import BridgeSpec, KernelError, LinkExists, PodSetup, Route, VethPair
+from cni.kernel import BridgeSpec, LinkExists, PodSetup, Route, VethPair
 from cni.wiring import network_veths, plan_node_routes, plan_pod
 from netagent.daemon.cleanup import remove_owned_links
+from netagent.kernel.errors import KernelError
+from netagent.kernel.pod_attachment import PodAttachment
 
 NETNS = "/var/run/netns/p"
 
@@ -32,7 +33,7 @@ def fake() -> FakeCniKernel:
 
 def test_routed_plan_applies_in_its_order_and_not_in_another(fake):
     address = ipaddress.ip_interface("10.244.1.2/24")
-    setup, result_routes = plan_pod(ifname="eth0", mode=Mode.ROUTED, addresses=[address], gateways={},
+    setup, result_routes = plan_pod(ifname="eth0", mode=PodAttachment.ROUTED, addresses=[address], gateways={},
                                     routes=[{"dst": "10.96.0.0/12"}], host_mac="ee:ee:ee:ee:ee:ee")
     assert [str(a) for a in setup.addresses] == ["10.244.1.2/32"]
     assert [(str(r.dst), r.gateway and str(r.gateway)) for r in setup.routes] == [
@@ -59,7 +60,7 @@ def test_routed_plan_applies_in_its_order_and_not_in_another(fake):
 def test_bridge_plan_reaches_its_gateway_through_the_connected_prefix(fake):
     addresses = [ipaddress.ip_interface("10.244.1.2/24"), ipaddress.ip_interface("fd00::2/64")]
     gateways = {4: ipaddress.ip_address("10.244.1.1"), 6: ipaddress.ip_address("fd00::1")}
-    setup, _ = plan_pod(ifname="eth0", mode=Mode.BRIDGE, addresses=addresses, gateways=gateways,
+    setup, _ = plan_pod(ifname="eth0", mode=PodAttachment.BRIDGE, addresses=addresses, gateways=gateways,
                         routes=[{"dst": "0.0.0.0/0"}, {"dst": "192.0.2.0/24", "gw": "10.244.1.254"}],
                         host_mac="02:00:00:00:00:01")
     assert setup.neighbours == ()

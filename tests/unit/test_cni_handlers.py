@@ -21,9 +21,10 @@ from cni.errors import CniError, ErrorCode
 from cni.fake_kernel import NODE, FakeCniKernel, Timing
 from cni.handlers import PluginHandlers
 from cni.ipam.builtin import BuiltinIpam
-from cni.kernel import KernelError, Route, VethPair
+from cni.kernel import Route, VethPair
 from cni.request import CniRequest
 from cni.wiring import host_veth_name
+from netagent.kernel.errors import KernelError
 
 NETNS = "/var/run/netns/pod-a"
 NETWORK = "podnet"

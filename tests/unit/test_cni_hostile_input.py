@@ -126,7 +126,8 @@ def test_network_names_are_bounded_by_the_alias_the_kernel_keeps(fake, tmp_path)
 
 
 def test_the_fake_kernel_refuses_an_alias_the_kernel_refuses_and_leaves_nothing(fake, tmp_path):
-    from cni.kernel import KernelError, VethPair
+    from cni.kernel import VethPair
+    from netagent.kernel.errors import KernelError
     netns = fake.open_netns(NETNS)
     with pytest.raises(KernelError):
         fake.create_veth(VethPair(host_name="na000000000001", pod_ifname="eth0", mtu=1500, host_mac="02:00:00:00:00:01",

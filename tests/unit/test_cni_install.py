@@ -13,6 +13,7 @@ import pytest
 
 from netagent.cli import main as cli_main
 from netagent.cniserver import install as cni_install
+from netagent.kernel.pod_attachment import PodAttachment
 from tests.shim_support import build_shim_or_skip
 
 
@@ -75,7 +76,7 @@ def test_a_touched_source_rebuilds_the_shim_and_only_a_source_does(tmp_path, mon
 
 
 def test_the_python_client_is_installed_only_when_asked_for(tmp_path):
-    paths = cni_install.install(bin_dir=str(tmp_path), conf_dir=None, name="n", subnets=[], mode="bridge",
+    paths = cni_install.install(bin_dir=str(tmp_path), conf_dir=None, name="n", subnets=[], mode=PodAttachment.BRIDGE,
                                 bridge="na0", mtu=1500, socket_path="/run/x.sock", data_dir="/tmp",
                                 plugin=cni_install.PluginBinary.PYTHON)
     assert [os.path.basename(p) for p in paths] == ["netagent", "netagent-ipam"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import errno
 from pathlib import Path
 
 from netagent.cli import main as cli_main
@@ -46,6 +47,20 @@ def test_the_old_bases_stay_for_their_callers():
     assert BpfError(2, "gone").errno == 2
 
 
+def test_one_kernel_error_for_both_netlink_seams():
+    """The CNI plugin's kernel and node routing's raise the same class; each keeps its words."""
+    from cni.kernel import LinkExists
+    from netagent.kernel.errors import KernelError
+    from netagent.noderoutes.routing.model import kernel_error
+    assert issubclass(KernelError, NetagentError) and issubclass(LinkExists, KernelError)
+    routing = kernel_error(errno.ENODEV, "no device na-vxlan")
+    assert type(routing) is KernelError and routing.code == errno.ENODEV
+    assert str(routing) == f"no device na-vxlan (errno {errno.ENODEV})"
+    plugin = KernelError(errno.EEXIST, "File exists: route 10.244.1.0/24")
+    assert (plugin.code, str(plugin)) == (errno.EEXIST, "File exists: route 10.244.1.0/24")
+    assert (LinkExists("na0123456789ab").code, str(LinkExists("na0123456789ab"))) == (errno.EEXIST, "File exists")
+
+
 def test_the_cli_reports_an_error_of_ours_once(tmp_path, capsys):
     code = cli_main(["cni", "install", "--bin-dir", str(tmp_path / "bin"), "--conf-dir", str(tmp_path / "conf"),
                      "--shim", "/bin/true"])
@@ -62,8 +77,10 @@ def test_the_cli_reports_a_system_error_the_same_way(tmp_path, capsys):
 
 
 def test_the_cli_imports_command_modules_only_when_they_run():
-    """At module level cli.py imports only the version, the defaults, the error root and owned
-    names: each command's module is imported inside the function that runs it."""
+    """At module level cli.py imports only the version, the defaults, the error root, owned
+    names and the pod attachment enum (flag choices): each command's module is imported inside
+    the function that runs it."""
     tree = ast.parse((ROOT / "netagent" / "cli.py").read_text())
     top = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert top <= {"__future__", "netagent", "netagent.cniserver.defaults", "netagent.errors", "netagent.kernel"}
+    assert top <= {"__future__", "netagent", "netagent.cniserver.defaults", "netagent.errors", "netagent.kernel",
+                   "netagent.kernel.pod_attachment"}

@@ -27,10 +27,11 @@ from netagent.kernel import owned
 from netagent.kernel.ipset import FakeIpset, iptables_references
 from netagent.kernel.ipset.model import canonical_member
 from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.model import PolicyType
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import InterfaceMode, RenderSettings, pod_chain
+from netagent.policy.render import RenderSettings, pod_chain
 from netagent.policy.semantics import set_refs
 from tests.unit.hostile_policy_objects import (
     GOOD_PODS,
@@ -46,7 +47,7 @@ from tests.unit.hostile_policy_objects import (
 EXAMPLES = int(os.environ.get("NETAGENT_FUZZ_EXAMPLES") or 150)
 
 
-def new_engine(mode: InterfaceMode) -> tuple[PolicyEngine, FakeIptables, FakeIpset]:
+def new_engine(mode: PodAttachment) -> tuple[PolicyEngine, FakeIptables, FakeIpset]:
     iptables = FakeIptables()
     ipset = FakeIpset(in_use=iptables_references(iptables))
     engine = PolicyEngine(PolicySettings(NODE, RenderSettings(mode, local_cidrs=(LOCAL_CIDR,))),
@@ -83,7 +84,7 @@ def good_programming(engine: PolicyEngine) -> dict:
     return found
 
 
-def baseline(mode: InterfaceMode) -> dict:
+def baseline(mode: PodAttachment) -> dict:
     engine, _, _ = new_engine(mode)
     feed_good(engine)
     assert engine.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
@@ -92,7 +93,7 @@ def baseline(mode: InterfaceMode) -> dict:
     return programming
 
 
-BASELINE = {mode: baseline(mode) for mode in InterfaceMode}
+BASELINE = {mode: baseline(mode) for mode in PodAttachment}
 
 
 def check_written(engine: PolicyEngine, iptables: FakeIptables, ipset: FakeIpset) -> None:
@@ -130,7 +131,7 @@ hostile_objects = st.lists(st.one_of(hostile_policy().map(lambda o: ("policy", o
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck),
           print_blob=True)
-@given(objects=hostile_objects, mode=st.sampled_from(list(InterfaceMode)), hostile_first=st.booleans())
+@given(objects=hostile_objects, mode=st.sampled_from(list(PodAttachment)), hostile_first=st.booleans())
 def test_hostile_objects_cost_good_objects_nothing_and_fail_closed(objects, mode, hostile_first):
     engine, iptables, ipset = new_engine(mode)
     recorders = {"policy": engine.policies, "pod": engine.pods, "namespace": engine.namespaces}

@@ -15,7 +15,8 @@ import pytest
 
 from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetType
-from netagent.policy.render import InterfaceMode, RenderSettings, render_chains, render_wanted
+from netagent.kernel.pod_attachment import PodAttachment
+from netagent.policy.render import RenderSettings, render_chains, render_wanted
 from netagent.policy.semantics import plan_node
 from tests.unit.policy_objects import policy
 from tests.unit.test_policy_semantics import PODS, view_of
@@ -31,14 +32,14 @@ WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress
                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "UDP", "port": 53}]}]})
 
 
-def wanted(mode: InterfaceMode, *policies: dict, interface=lambda plan: VETH, ipvs: bool = False):
+def wanted(mode: PodAttachment, *policies: dict, interface=lambda plan: VETH, ipvs: bool = False):
     plan = plan_node(view_of(*PODS, *policies), node_name="node-1")
     return render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",), ipvs=ipvs),
                          interface_of=interface)
 
 
 @pytest.mark.parametrize("ipvs", [False, True], ids=["", "ipvs"])
-@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
 def test_golden(mode, ipvs):
     text = render_chains(wanted(mode, WEB, ipvs=ipvs).chains).text()
     path = GOLDEN_DIR / f"{mode.value}{'-ipvs' if ipvs else ''}.rules"
@@ -48,7 +49,7 @@ def test_golden(mode, ipvs):
 
 
 def test_sets_members_and_types():
-    state = wanted(InterfaceMode.BRIDGE, WEB)
+    state = wanted(PodAttachment.BRIDGE, WEB)
     by_type = {spec.type: members for spec, members in state.sets.items()}
     assert by_type == {IpsetType.HASH_IP: {"10.0.0.3"}, IpsetType.HASH_NET: {"10.0.1.0/24"},
                        IpsetType.HASH_IP_PORT: {"10.0.1.2,tcp:8080"}}
@@ -57,7 +58,7 @@ def test_sets_members_and_types():
 
 
 def test_open_pods_need_no_interface_and_unknown_interfaces_stay_closed():
-    state = wanted(InterfaceMode.ROUTED, WEB, interface=lambda plan: None)
+    state = wanted(PodAttachment.ROUTED, WEB, interface=lambda plan: None)
     assert state.pending == ("x/a",)
     assert state.known == {"10.0.0.3"}          # x/b is open: known without an interface
     assert list(state.chains) == [owned.POLICY_CHAIN, DIRECTORY]
@@ -65,7 +66,7 @@ def test_open_pods_need_no_interface_and_unknown_interfaces_stay_closed():
 
 
 def test_no_policy_leaves_only_the_hook_chain_and_the_pod_directory():
-    state = wanted(InterfaceMode.BRIDGE)
+    state = wanted(PodAttachment.BRIDGE)
     assert list(state.chains) == [owned.POLICY_CHAIN, DIRECTORY] and not state.sets
     assert [rule[:2] for rule in state.chains[DIRECTORY]] == [("-d", "10.0.0.2/32"), ("-d", "10.0.0.3/32")]
     assert all("-j" not in rule for rule in state.chains[DIRECTORY])     # it only names pods: no target
@@ -73,11 +74,11 @@ def test_no_policy_leaves_only_the_hook_chain_and_the_pod_directory():
 
 
 def test_names_fit_the_kernel_limits():
-    state = wanted(InterfaceMode.BRIDGE, WEB)
+    state = wanted(PodAttachment.BRIDGE, WEB)
     assert all(len(name) <= 28 for name in state.chains)
 
 
-@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
 def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
     import hashlib
 
@@ -90,7 +91,7 @@ def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
     top = [jump_target(rule) for rule in state.chains[owned.POLICY_CHAIN]]
     buckets = [name for name in state.chains if name in top and name != owned.POLICY_CHAIN]
     # egress and ingress spread over the 16 digits each (and, in bridge mode, the 5 /28s of 10.0.0.2-69)
-    assert len(buckets) == (32 + 5 if mode is InterfaceMode.BRIDGE else 32)
+    assert len(buckets) == (32 + 5 if mode is PodAttachment.BRIDGE else 32)
     reached: dict[str, int] = {}
     for bucket in buckets:
         for rule in state.chains[bucket]:
@@ -98,11 +99,11 @@ def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
     pod_chains = [name for name in state.chains if name.startswith((owned.POLICY_INGRESS_PREFIX,
                                                                    owned.POLICY_EGRESS_PREFIX))]
     hooks_per_chain = {owned.POLICY_EGRESS_PREFIX: 1,
-                       owned.POLICY_INGRESS_PREFIX: 2 if mode is InterfaceMode.BRIDGE else 1}
+                       owned.POLICY_INGRESS_PREFIX: 2 if mode is PodAttachment.BRIDGE else 1}
     assert len(pod_chains) == 2 * 61 and all(reached[name] == hooks_per_chain[name[:13]] for name in pod_chains)
 
 
-@pytest.mark.parametrize("mode", list(InterfaceMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
 def test_ipvs_output_chain_reaches_every_pod_chain_once_by_address(mode):
     """With IPVS, NETAGENT-NP-OUTPUT lets replies and the node's own connections pass, keeps
     the KNOWN guard, and reaches each pod chain once: egress by source, ingress by destination
@@ -117,7 +118,7 @@ def test_ipvs_output_chain_reaches_every_pod_chain_once_by_address(mode):
     pod_chains = [name for name in state.chains if name.startswith((owned.POLICY_INGRESS_PREFIX,
                                                                    owned.POLICY_EGRESS_PREFIX))]
     assert sorted(reached) == sorted(pod_chains) and len(pod_chains) == 2
-    device = VETH if mode is InterfaceMode.ROUTED else owned.DEFAULT_BRIDGE
+    device = VETH if mode is PodAttachment.ROUTED else owned.DEFAULT_BRIDGE
     for name, rule in reached.items():
         if name.startswith(owned.POLICY_INGRESS_PREFIX):
             assert ("-d", "10.0.0.2/32", "-o", device) == rule[:4]

@@ -15,9 +15,10 @@ from netagent.kernel import owned
 from netagent.kernel.ipset import FakeIpset, iptables_references
 from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS
 from netagent.kernel.iptables.fake import FakeIptables
+from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import InterfaceMode, RenderSettings, pod_chain, render_wanted
+from netagent.policy.render import RenderSettings, pod_chain, render_wanted
 from netagent.policy.semantics import (
     Allow,
     CidrMatch,
@@ -38,7 +39,7 @@ class Node:
     def __init__(self) -> None:
         self.iptables = FakeIptables()
         self.ipset = FakeIpset(in_use=iptables_references(self.iptables))
-        settings = RenderSettings(InterfaceMode.ROUTED, local_cidrs=("10.0.0.0/24",))
+        settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("10.0.0.0/24",))
         self.engine = PolicyEngine(PolicySettings("node-1", settings),
                                    programmer=PolicyProgrammer(iptables=self.iptables, ipset=self.ipset),
                                    interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"),
@@ -274,7 +275,7 @@ def test_an_except_set_the_kernel_cannot_hold_leaves_its_pods_closed_and_the_oth
     plan = NodePlan((PodPlan("x/a", "10.0.0.2", (Allow("x/p", CidrMatch("10.0.0.0/8", bad)),), None),
                      PodPlan("x/b", "10.0.0.3", (Allow("x/p", good),), None)),
                     {bad: frozenset({"10.1.0.0/16", "0.0.0.0/0"}), good: frozenset({"10.0.0.9", "300.0.0.1"})})
-    wanted = render_wanted(plan, settings=RenderSettings(InterfaceMode.ROUTED), interface_of=lambda p: "na0a")
+    wanted = render_wanted(plan, settings=RenderSettings(PodAttachment.ROUTED), interface_of=lambda p: "na0a")
     assert wanted.known == {"10.0.0.3"}                                # x/a refused: closed
     assert [s.name for s in wanted.sets] == [good.name] and list(wanted.sets.values()) == [{"10.0.0.9"}]
     assert len(wanted.refused) == 3 and any("x/a" in line for line in wanted.refused)
@@ -283,7 +284,7 @@ def test_an_except_set_the_kernel_cannot_hold_leaves_its_pods_closed_and_the_oth
 def test_a_bad_host_interface_name_leaves_only_that_pod_closed():
     plan = NodePlan((PodPlan("x/a", "10.0.0.2", (), None), PodPlan("x/b", "10.0.0.3", (), None)))
     names = {"10.0.0.2": "na0a\n-A INPUT", "10.0.0.3": "na0b"}
-    wanted = render_wanted(plan, settings=RenderSettings(InterfaceMode.ROUTED),
+    wanted = render_wanted(plan, settings=RenderSettings(PodAttachment.ROUTED),
                            interface_of=lambda p: names[p.ip])
     assert wanted.known == {"10.0.0.3"} and "x/a" in wanted.refused[0]
 

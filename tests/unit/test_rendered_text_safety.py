@@ -23,7 +23,8 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, Table, parse_restore, stored_spec
 from netagent.kernel.iptables.runner import FlushMode
 from netagent.kernel.iptables.tokens import COMMENT_MAX_BYTES, comment_text, split_ipset_line
-from netagent.policy.render import InterfaceMode, RenderSettings, render_chains, render_wanted
+from netagent.kernel.pod_attachment import PodAttachment
+from netagent.policy.render import RenderSettings, render_chains, render_wanted
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
 from proxy.model import Endpoint, EntryKind, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
@@ -102,7 +103,7 @@ def test_policy_rules_and_sets_hold_exactly_the_intended_ones(namespace_name, po
                    {"from": [{"podSelector": {"matchLabels": {"app": "b"}}}], "ports": [{"port": port_name or "p"}]},
                    {"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.0.1.0/24"]}}]}]}))
     plan = plan_node(view_of(*objects), node_name="node-1")
-    wanted = render_wanted(plan, settings=RenderSettings(InterfaceMode.BRIDGE, local_cidrs=("10.0.0.0/24",)),
+    wanted = render_wanted(plan, settings=RenderSettings(PodAttachment.BRIDGE, local_cidrs=("10.0.0.0/24",)),
                            interface_of=lambda _: "na0123456789ab")
     text = render_chains(wanted.chains).text()
 

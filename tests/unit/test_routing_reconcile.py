@@ -10,11 +10,11 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, ip_network
 
 import pytest
 
+from netagent.kernel.errors import KernelError
 from netagent.noderoutes.routing.fake_kernel import FakeKernel
 from netagent.noderoutes.routing.model import (
     ROUTE_PROTOCOL,
     FdbEntry,
-    KernelError,
     LocalNode,
     Mode,
     Neighbour,
@@ -23,6 +23,7 @@ from netagent.noderoutes.routing.model import (
     Route,
     RoutingApplyError,
     RoutingSettings,
+    kernel_error,
 )
 from netagent.noderoutes.routing.routes import RouteManager
 from netagent.noderoutes.routing.vxlan import vtep_mac
@@ -293,7 +294,7 @@ class FaultyKernel(FakeKernel):
 
     def replace_fdb(self, entry):
         if entry.mac == self.failing_mac:
-            raise KernelError(errno.ENOBUFS, f"replace fdb {entry.mac}")
+            raise kernel_error(errno.ENOBUFS, f"replace fdb {entry.mac}")
         super().replace_fdb(entry)
 
 

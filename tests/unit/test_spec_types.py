@@ -5,9 +5,10 @@ import pytest
 
 from cni import result as cni_result
 from cni import version as cni_version
-from cni.config import Mode, parse_netconf
+from cni.config import parse_netconf
 from cni.errors import CniError, ErrorCode
 from cni.request import parse_cni_args, request_from_environment
+from netagent.kernel.pod_attachment import PodAttachment
 
 BASE = {"cniVersion": "1.0.0", "name": "net1", "type": "netagent",
         "ipam": {"type": "netagent", "ranges": [[{"subnet": "10.244.1.0/24"}]]}}
@@ -33,9 +34,19 @@ def test_defaults_and_contract_keys():
     conf = parse_netconf(conf_bytes(mode="routed", mtu=1450, hairpinMode=True,
                                     agentSocket="/run/x.sock", bridge="br9"))
     assert (conf.mode, conf.mtu, conf.hairpin_mode, conf.agent_socket, conf.bridge) == \
-        (Mode.ROUTED, 1450, True, "/run/x.sock", "br9")
+        (PodAttachment.ROUTED, 1450, True, "/run/x.sock", "br9")
     plain = parse_netconf(conf_bytes())
-    assert (plain.mode, plain.bridge, plain.mtu, plain.hairpin_mode) == (Mode.BRIDGE, "na0", 1500, False)
+    assert (plain.mode, plain.bridge, plain.mtu, plain.hairpin_mode) == (PodAttachment.BRIDGE, "na0", 1500, False)
+
+
+def test_the_mode_is_the_one_pod_attachment_enum_and_its_text():
+    """`mode` parses to `PodAttachment` (the policy engine's and the daemon's too), a str enum
+    whose JSON is the conflist's text; anything else is code 7, in the same words."""
+    assert [a.value for a in PodAttachment] == ["bridge", "routed"]
+    assert json.dumps({"mode": PodAttachment.ROUTED}) == '{"mode": "routed"}'
+    with pytest.raises(CniError, match="'mode' must be 'bridge' or 'routed', not 'l3'") as refused:
+        parse_netconf(conf_bytes(mode="l3"))
+    assert refused.value.code == ErrorCode.INVALID_CONFIG
 
 
 @pytest.mark.parametrize("data, code", [

@@ -30,12 +30,12 @@ from netagent.noderoutes.routing.model import (
     DeviceChange,
     FdbEntry,
     IpipDevice,
-    KernelError,
     Neighbour,
     ObservedDevice,
     Route,
     RoutingKernel,
     VxlanDevice,
+    kernel_error,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
 from netagent.noderoutes.underlay import InterfaceInfo, UnderlaySnapshot
@@ -89,10 +89,10 @@ class FakeKernel(RoutingKernel):
     def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange:
         underlay = self.links.get(device.underlay_ifname)
         if underlay is None:
-            raise KernelError(errno.ENODEV, f"vxlan {device.ifname}: no underlay device {device.underlay_ifname}")
+            raise kernel_error(errno.ENODEV, f"vxlan {device.ifname}: no underlay device {device.underlay_ifname}")
         if device.mtu > underlay.mtu - VXLAN_HEADROOM:
-            raise KernelError(errno.EINVAL, f"vxlan {device.ifname}: MTU {device.mtu} exceeds "
-                                            f"{underlay.ifname}'s {underlay.mtu} less headroom")
+            raise kernel_error(errno.EINVAL, f"vxlan {device.ifname}: MTU {device.mtu} exceeds "
+                                             f"{underlay.ifname}'s {underlay.mtu} less headroom")
         created = ObservedDevice(ifname=device.ifname, kind="vxlan", mtu=device.mtu, up=False, mac=device.mac,
                                  vni=device.vni, port=device.port, local=device.local,
                                  underlay_ifname=device.underlay_ifname, learning=False, tx_checksum=True)
@@ -126,7 +126,7 @@ class FakeKernel(RoutingKernel):
     def _require_link(self, ifname: str, what: str) -> ObservedDevice:
         link = self.links.get(ifname)
         if link is None:
-            raise KernelError(errno.ENODEV, f"{what}: no device {ifname}")
+            raise kernel_error(errno.ENODEV, f"{what}: no device {ifname}")
         return link
 
     # ------------------------------------------------------------ routes
@@ -137,10 +137,10 @@ class FakeKernel(RoutingKernel):
         what = describe(route)
         link = self._require_link(route.ifname, what)
         if not link.up:
-            raise KernelError(errno.ENETDOWN, f"{what}: device is down")
+            raise kernel_error(errno.ENETDOWN, f"{what}: device is down")
         if not route.onlink and route.gateway is not None and \
                 not any(route.gateway in address.network for address in link.addresses):
-            raise KernelError(errno.ENETUNREACH, f"{what}: gateway is not in a connected prefix of {route.ifname}")
+            raise kernel_error(errno.ENETUNREACH, f"{what}: gateway is not in a connected prefix of {route.ifname}")
         self.routes[route.dst] = (route, self.protocol)
         self.writes.append(f"replace {what}")
 
@@ -170,7 +170,7 @@ class FakeKernel(RoutingKernel):
     def replace_fdb(self, entry: FdbEntry) -> None:
         link = self._require_link(entry.ifname, describe(entry))
         if link.kind != "vxlan":
-            raise KernelError(errno.EOPNOTSUPP, f"{describe(entry)}: {entry.ifname} is not a VXLAN device")
+            raise kernel_error(errno.EOPNOTSUPP, f"{describe(entry)}: {entry.ifname} is not a VXLAN device")
         self.fdb[(entry.ifname, entry.mac)] = entry
         self.writes.append(f"replace {describe(entry)}")
 

@@ -10,9 +10,9 @@ constructor and is bound to the namespace from then on.
 
 Interface indexes are cached by name and the cache is dropped whenever this class creates
 or deletes a link, or a call reports the device gone (the reconciler then re-runs a full
-sync, which re-ensures devices). pyroute2's `NetlinkError` is translated to the seam's
-`KernelError` so the reconciler never depends on pyroute2. Deletes of objects already
-gone succeed.
+sync, which re-ensures devices). pyroute2's `NetlinkError` is translated to `KernelError`
+(`netagent/kernel/errors.py`, worded by `model.kernel_error`) so the reconciler never depends
+on pyroute2. Deletes of objects already gone succeed.
 
 The VXLAN checksum workaround uses pyroute2's ethtool ioctl support (`IoctlEthtool`,
 `ETHTOOL_SFEATURES`) to set `tx-checksum-ip-generic` (off or on, `ChecksumOffload`): no `ethtool` binary is needed
@@ -33,17 +33,18 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
 from netagent.kernel import namespaces
+from netagent.kernel.errors import KernelError
 from netagent.noderoutes.routing.model import (
     ROUTE_PROTOCOL,
     DeviceChange,
     FdbEntry,
     IpipDevice,
-    KernelError,
     Neighbour,
     ObservedDevice,
     Route,
     RoutingKernel,
     VxlanDevice,
+    kernel_error,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
 from netagent.noderoutes.underlay import UnderlaySnapshot, read_underlay_snapshot
@@ -109,14 +110,14 @@ class NetlinkKernel(RoutingKernel):
                 return
             if isinstance(exc, KernelError):
                 raise
-            raise KernelError(exc.code, f"{what}: {exc.args[1] if len(exc.args) > 1 else exc}") from None
+            raise kernel_error(exc.code, f"{what}: {exc.args[1] if len(exc.args) > 1 else exc}") from None
 
     def _index(self, ifname: str) -> int:
         index = self._indexes.get(ifname)
         if index is None:
             found = self._ipr.link_lookup(ifname=ifname)
             if not found:
-                raise KernelError(errno.ENODEV, f"no device {ifname}")
+                raise kernel_error(errno.ENODEV, f"no device {ifname}")
             index = self._indexes[ifname] = found[0]
         return index
 
@@ -153,7 +154,7 @@ class NetlinkKernel(RoutingKernel):
         except NetlinkError as exc:
             if exc.code == errno.ENODEV:
                 return None
-            raise KernelError(exc.code, f"get link {ifname}") from None
+            raise kernel_error(exc.code, f"get link {ifname}") from None
         index = link["index"]
         self._indexes[ifname] = index
         kind = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
@@ -235,7 +236,7 @@ class NetlinkKernel(RoutingKernel):
             self._ethtool.change_ifname(ifname)
             features = self._ethtool.get_features()
         except OSError as exc:
-            raise KernelError(exc.errno or errno.EIO, f"ethtool features of {ifname}") from None
+            raise kernel_error(exc.errno or errno.EIO, f"ethtool features of {ifname}") from None
         if TX_CHECKSUM_FEATURE not in features or not features.is_available(TX_CHECKSUM_FEATURE):
             return None
         return features[TX_CHECKSUM_FEATURE]
@@ -247,8 +248,8 @@ class NetlinkKernel(RoutingKernel):
             features[TX_CHECKSUM_FEATURE] = on
             self._ethtool.set_features(features)
         except Exception as exc:  # pyroute2 raises its own NotSupportedError besides OSError
-            raise KernelError(getattr(exc, "errno", None) or errno.EOPNOTSUPP,
-                              f"ethtool -K {ifname} {TX_CHECKSUM_FEATURE} {'on' if on else 'off'}: {exc!r}") from None
+            raise kernel_error(getattr(exc, "errno", None) or errno.EOPNOTSUPP,
+                               f"ethtool -K {ifname} {TX_CHECKSUM_FEATURE} {'on' if on else 'off'}: {exc!r}") from None
 
     # ------------------------------------------------------------ routes
     @_in_own_netns

@@ -5,7 +5,8 @@ Node objects and its flags; `PeerBounds` says where a peer's pod CIDRs may lie a
 Desired kernel objects (`VxlanDevice`, `IpipDevice`, `FdbEntry`, and `Route` and `Neighbour`
 from `netagent/kernel/routes.py`, the CNI plugin's vocabulary too) are plain frozen values, so a plan can be compared with what a kernel dump returns using `==`,
 and both kernels (real and fake) speak exactly these types. `RoutingKernel` is the seam:
-the handful of operations the reconciler needs, nothing else.
+the handful of operations the reconciler needs, nothing else; a refusal is
+`netagent/kernel/errors.py`'s `KernelError` (the CNI plugin's too), worded by `kernel_error`.
 
 Nothing here imports pyroute2: unit tests and the renderer stay light.
 """
@@ -18,8 +19,9 @@ from datetime import datetime
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import TYPE_CHECKING, Mapping
 
-from netagent.kernel import owned
 from netagent.errors import NetagentError
+from netagent.kernel import owned
+from netagent.kernel.errors import KernelError  # the seam's refusal (the CNI plugin's too)
 from netagent.kernel.routes import Neighbour, Route  # ours name their device; routes carry our protocol
 
 if TYPE_CHECKING:
@@ -258,12 +260,10 @@ class ObservedDevice:
     tx_checksum: bool | None = None  # tx-checksum-ip-generic; None when not changeable
 
 
-class KernelError(NetagentError):
-    """A kernel operation failed; `code` is the errno."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{message} (errno {code})")
-        self.code = code
+def kernel_error(code: int, message: str) -> KernelError:
+    """A kernel operation failed, in node routing's words: `message` then the errno, which
+    `code` carries too (`netagent/kernel/errors.py`'s one `KernelError`, the CNI plugin's too)."""
+    return KernelError(code, f"{message} (errno {code})")
 
 
 class RoutingApplyError(NetagentError):

@@ -24,12 +24,12 @@ import dataclasses
 import logging
 from typing import Iterable
 
+from netagent.kernel.errors import KernelError
 from netagent.noderoutes.routing.model import (
     DEVICE_PREFIX,
     ENCAP_KINDS,
     DeviceChange,
     FdbEntry,
-    KernelError,
     LocalNode,
     Mode,
     Neighbour,
