@@ -61,6 +61,15 @@ def _release_if_reserved(allocation: Future, ipam: Ipam, conf: NetConf, req: Cni
     ipam.delete(conf, req)
 
 
+def _node_route_refused(exc: KernelError) -> Exception:
+    """The node's route to a routed pod is already there: another attachment (of another
+    network sharing this subnet on this node) routes the address."""
+    if exc.code == errno.EEXIST:
+        return CniError(ErrorCode.ADDRESS_CONFLICT, "the node already routes this pod address to another "
+                        "attachment (another network with an overlapping subnet?)", str(exc))
+    return exc
+
+
 def _interface_exists(exc: LinkExists, *, host_name: str, pod_ifname: str) -> CniError:
     if exc.name == host_name:
         return CniError(ErrorCode.INTERFACE_EXISTS, f"host interface {host_name} already exists",
@@ -185,8 +194,11 @@ class PluginHandlers:
                 kernel.enable_forwarding(family)
             if 4 in families:
                 kernel.enable_proxy_arp(host_name)
-            kernel.route_to_pod(wiring.plan_node_routes(host_name=host_name, addresses=addresses,
-                                                        pod_mac=pair.pod_mac))
+            try:
+                kernel.route_to_pod(wiring.plan_node_routes(host_name=host_name, addresses=addresses,
+                                                            pod_mac=pair.pod_mac))
+            except KernelError as exc:
+                raise _node_route_refused(exc) from None
 
         kernel.close_netns(pod_netns)
         undo.clear()

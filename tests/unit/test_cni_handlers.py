@@ -273,6 +273,21 @@ def test_add_over_an_attachment_never_deleted_leaves_the_old_one_alone(handlers,
     assert list(fake.namespaces["/var/run/netns/pod-b"].links) == ["lo"]
 
 
+def test_a_second_routed_network_sharing_the_subnet_is_an_address_conflict_and_leaves_nothing(
+        handlers, fake, tmp_path):
+    """Two networks with one subnet on one node, routed: each IPAM gives the same first address,
+    and the node already routes it to the first pod. The second ADD is code 103 (it was 100, an
+    internal error, found by test_cni_fuzz.py), and everything it built is undone."""
+    first, second = make_conf(tmp_path, mode="routed"), make_conf(tmp_path, mode="routed", name="other")
+    add_pod(handlers, fake, first, "c1")
+    before = leftovers(fake)
+    with pytest.raises(CniError) as failed:
+        add_pod(handlers, fake, second, "c2")
+    assert failed.value.code == ErrorCode.ADDRESS_CONFLICT and "already routes" in failed.value.msg
+    assert leftovers(fake) == before
+    assert reservations(tmp_path, "other") == []
+
+
 def test_a_failed_rollback_step_does_not_stop_the_others(handlers, fake, tmp_path):
     conf = make_conf(tmp_path)
     fake.fail_on("configure_pod")
