@@ -22,7 +22,7 @@ proxy and are not watched, as with kube-proxy; nor are headless services' slices
 
 Nothing is lost on the way: the catalog parses each object alone and rejects a bad one
 (`rejections`, the proxy's `RejectionScope`) without costing any other its change; drained
-changes are handed back to the next sync should `apply` ever raise; a failed backend sync
+changes go back to their recorders (`requeue`) should `apply` ever raise; a failed backend sync
 keeps the catalog's state, and the next (full) sync programs it. A service port the backend
 could not program (`BackendSyncReport.unprogrammed`: iptables-restore refused its lines
 while the rest went in) is rejected as `unprogrammable` until it is programmed; the sync
@@ -39,7 +39,7 @@ from enum import Enum
 from netagent.infra.metrics import Registry
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncRunner
-from netagent.kube.changes import Change, ChangeRecorder
+from netagent.kube.changes import ChangeRecorder
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from proxy.backend import BackendSyncReport, ProxyBackend
@@ -85,14 +85,6 @@ def _is_node(name: str):
     return accept
 
 
-def _merge(held: dict[str, Change], drained: dict[str, Change]) -> dict[str, Change]:
-    """Changes held back from a failed apply, then newer ones: the first previous, the last current."""
-    merged = dict(held)
-    for key, (previous, current) in drained.items():
-        merged[key] = (merged[key][0] if key in merged else previous, current)
-    return merged
-
-
 class ServiceProxy:
     def __init__(
         self,
@@ -128,7 +120,6 @@ class ServiceProxy:
         self.rejections = rejections if rejections is not None else standalone("proxy")
         self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr),
                                       limits=settings.limits, rejections=self.rejections)
-        self._held: tuple[dict[str, Change], dict[str, Change]] = ({}, {})   # drained, not yet applied
         self._unprogrammable: dict[str, str] = {}   # service key -> why the backend could not program it
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed
@@ -192,14 +183,15 @@ class ServiceProxy:
     def _sync(self, kind: SyncKind) -> None:
         started = time.monotonic()
         node_changed = self.catalog.set_node(self._node_context(kind))
-        drained = self.services.drain(), self.slices.drain()
-        self.metrics.service_changes.inc(len(drained[0]))
-        self.metrics.endpoint_changes.inc(len(drained[1]))
-        service_changes = _merge(self._held[0], drained[0])
-        slice_changes = _merge(self._held[1], drained[1])
-        self._held = (service_changes, slice_changes)   # until applied: a raise keeps them for the next sync
-        update = self.catalog.apply(service_changes, slice_changes)
-        self._held = ({}, {})
+        service_changes, slice_changes = self.services.drain(), self.slices.drain()
+        self.metrics.service_changes.inc(len(service_changes))
+        self.metrics.endpoint_changes.inc(len(slice_changes))
+        try:
+            update = self.catalog.apply(service_changes, slice_changes)
+        except BaseException:   # none lost: the next sync applies them
+            self.services.requeue(service_changes)
+            self.slices.requeue(slice_changes)
+            raise
         self._trigger_times.extend(update.trigger_times)
         full = kind is SyncKind.FULL or node_changed
         try:

@@ -4,7 +4,8 @@ A `ChangeRecorder` is a reflector event handler that only records `(previous, cu
 object key under a lock and pokes its consumer (a sync runner's request); several events for
 one object between two syncs collapse into one pair (the first previous, the last current),
 and an add followed by a delete vanishes. Nothing is parsed on the watch thread, so no
-amount of work can stall the watch. The consumer drains the recorder on its sync thread.
+amount of work can stall the watch. The consumer drains the recorder on its sync thread and
+`requeue`s what it could not apply, so a failed sync loses no change.
 The node agent (Nodes), the service proxy (Services, EndpointSlices, its own Node) and the
 policy engine all record this way.
 
@@ -77,6 +78,20 @@ class ChangeRecorder:
         with self._lock:
             pending, self._pending = self._pending, {}
         return pending
+
+    def requeue(self, changes: dict[str, Change]) -> None:
+        """Put back drained changes a consumer could not apply (its sync failed), so none is
+        lost: each is older than anything recorded since, so it keeps its previous and takes
+        the newer current, as events collapse in `_record`."""
+        with self._lock:
+            for key, (previous, current) in changes.items():
+                newer = self._pending.get(key)
+                if newer is not None:
+                    current = newer[1]
+                if previous is None and current is None:
+                    self._pending.pop(key, None)
+                else:
+                    self._pending[key] = (previous, current)
 
 
 class FanOut:

@@ -8,8 +8,8 @@ only what changed), plans (semantics.py), renders (render.py) and applies (progr
 which writes only the difference: a PARTIAL sync against what it last wrote, a FULL one
 against the kernel (adoption, drift repair).
 
-Every object is untrusted. Drained changes wait in a backlog and leave it only once folded
-into the view; each object is parsed alone (kube_objects.py never raises, and a guard here
+Every object is untrusted. A drained change not yet folded into the view goes back to its
+recorder (`requeue`); each object is parsed alone (kube_objects.py never raises, and a guard here
 reads anything unexpected closed), so one bad object costs no other its change. The view is
 what the kernel must hold: a sync that fails after draining leaves its changes in the view,
 and the next sync (FULL, the runner's rule) programs them. An object that could not be read
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from netagent.infra.metrics import Gauge, Histogram, Registry, exponential_buckets
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncResult
-from netagent.kube.changes import Change, ChangeRecorder
+from netagent.kube.changes import ChangeRecorder
 from netagent.policy.kube_objects import (
     DEFAULT_LIMITS,
     MALFORMED,
@@ -108,7 +108,6 @@ class PolicyEngine:
         self.namespaces = ChangeRecorder("namespaces", on_change=poke, relevant=_guarded(_namespace_relevant))
         self.rejections = rejections if rejections is not None else standalone("policy")
         self.view = ClusterView()
-        self._backlog: dict[str, dict[str, Change]] = {POLICY: {}, POD: {}, NAMESPACE: {}}
         self.unprogrammed: tuple[str, ...] = ()     # what the last sync could not plan or render
         self.plan: NodePlan | None = None
         self.wanted: WantedState | None = None
@@ -128,22 +127,22 @@ class PolicyEngine:
 
     def drain(self) -> int:
         """Fold recorded changes into the view, each object alone; returns how many changed.
-        A change leaves the backlog only once it is in the view (read closed if need be)."""
+        A change not folded (the fold raised past its guard) is requeued for the next sync."""
         changed = 0
         for kind, recorder, fold in ((POLICY, self.policies, self._fold_policy), (POD, self.pods, self._fold_pod),
                                      (NAMESPACE, self.namespaces, self._fold_namespace)):
-            backlog = self._backlog[kind]
-            for key, (previous, current) in recorder.drain().items():
-                held = backlog.get(key)
-                backlog[key] = (held[0] if held is not None else previous, current)
-            while backlog:
-                key, (previous, current) = next(iter(backlog.items()))
-                try:
-                    fold(key, current)
-                except Exception as error:   # the guard behind the parsers' own: read it closed
-                    self._fold_unreadable(kind, key, current, error)
-                del backlog[key]
-                changed += 1
+            pending = recorder.drain()
+            try:
+                while pending:
+                    key, (_, current) = next(iter(pending.items()))
+                    try:
+                        fold(key, current)
+                    except Exception as error:   # the guard behind the parsers' own: read it closed
+                        self._fold_unreadable(kind, key, current, error)
+                    del pending[key]
+                    changed += 1
+            finally:
+                recorder.requeue(pending)   # what was not folded waits for the next sync
         return changed
 
     def _record(self, kind: str, key: str, obj: object, reading: Reading) -> None:

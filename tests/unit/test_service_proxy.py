@@ -271,3 +271,18 @@ def test_status_services_asks_the_running_agent_first():
                                                 "10.244.1.5:8080"]
     finally:
         server.stop()
+
+
+def test_requeued_changes_keep_their_previous_and_take_a_newer_current():
+    from netagent.kube.changes import ChangeRecorder
+    recorder = ChangeRecorder("t")
+    a1 = {"metadata": {"name": "a", "resourceVersion": "1"}}
+    a2 = {"metadata": {"name": "a", "resourceVersion": "2"}}
+    b = {"metadata": {"name": "b"}}
+    recorder.on_add(a1)
+    recorder.on_add(b)
+    unapplied = recorder.drain()
+    recorder.on_update(a1, a2)   # recorded while the failed sync ran
+    recorder.on_delete(b)
+    recorder.requeue(unapplied)
+    assert recorder.drain() == {"a": (None, a2)}   # b: added then deleted, nothing to apply
