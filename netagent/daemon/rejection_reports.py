@@ -17,7 +17,7 @@ from __future__ import annotations
 from netagent.infra.metrics import Registry
 from netagent.infra.rejections import Rejection, Rejections, RejectionScope
 from netagent.infra.status_server import HealthFunction, HealthReport
-from netagent.kube.events import EventPoster, EventTarget
+from netagent.kube.events import EventPoster
 
 EVENT_REASON = "NetagentRejected"
 MAX_LISTED = 50
@@ -27,9 +27,8 @@ def build_rejections(registry: Registry, *, api_client, node_name: str) -> tuple
     poster = EventPoster(api_client, component="netagent", host=node_name)
 
     def notify(rejection: Rejection) -> None:
-        ref = rejection.ref
-        poster.post(EventTarget(kind=ref.kind, namespace=ref.namespace, name=ref.name, uid=ref.uid),
-                    reason=EVENT_REASON, message=f"{rejection.component}: {rejection.reason}: {rejection.detail}")
+        poster.post(rejection.ref, reason=EVENT_REASON,
+                    message=f"{rejection.component}: {rejection.reason}: {rejection.detail}")
     return Rejections(registry, notify=notify), poster
 
 

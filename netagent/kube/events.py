@@ -17,9 +17,8 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Protocol
 
 from netagent.kube.config import request_json
 
@@ -30,12 +29,16 @@ API_VERSIONS = {"Node": "v1", "Pod": "v1", "Namespace": "v1", "Service": "v1",
 MAX_MESSAGE = 1024
 
 
-@dataclass(frozen=True)
-class EventTarget:
-    kind: str
-    namespace: str
-    name: str
-    uid: str = ""
+class EventTarget(Protocol):
+    """The object an Event is about (e.g. `infra/rejections.ObjectRef`); hashable."""
+    @property
+    def kind(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
 
 
 def render_event(target: EventTarget, *, reason: str, message: str, component: str, host: str,

@@ -11,7 +11,7 @@ from netagent.infra.metrics import Registry
 from netagent.infra.rejections import ObjectRef
 from netagent.infra.status_server import HealthReport
 from netagent.daemon.rejection_reports import EVENT_REASON, build_rejections, with_rejections
-from netagent.kube.events import EventPoster, EventTarget
+from netagent.kube.events import EventPoster
 from tests.unit.kube_apiserver_support import SETTLE, api_client, core, server  # noqa: F401 (fixtures)
 
 
@@ -59,7 +59,7 @@ def test_the_poster_never_blocks_and_drops_past_its_capacity() -> None:
         sent.append(body["involvedObject"]["name"])
     poster = EventPoster(None, component="netagent", host="n", capacity=2, send=stuck_send)
     for index in range(6):
-        poster.post(EventTarget("Node", "", f"n{index}"), reason="R", message="m")  # returns at once
+        poster.post(ObjectRef("Node", "", f"n{index}"), reason="R", message="m")  # returns at once
     release.set()
     poster.stop()
     assert poster.dropped >= 3 and len(sent) == 6 - poster.dropped and sent[0] == "n0"
