@@ -48,7 +48,8 @@ class ProxyLimits:
 DEFAULT_LIMITS = ProxyLimits()
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """The argparse type of every limit flag (the proxy's and the policy engine's)."""
     try:
         value = int(text)
     except ValueError:
@@ -60,16 +61,16 @@ def _positive(text: str) -> int:
 
 def add_limit_arguments(group) -> None:
     """The limits' flags, in the proxy's argument group."""
-    group.add_argument("--proxy-max-ports-per-service", type=_positive, default=DEFAULT_LIMITS.ports_per_service,
+    group.add_argument("--proxy-max-ports-per-service", type=positive_int, default=DEFAULT_LIMITS.ports_per_service,
                        help="a Service with more ports is rejected (too-large) and not programmed")
-    group.add_argument("--proxy-max-addresses-per-service", type=_positive,
+    group.add_argument("--proxy-max-addresses-per-service", type=positive_int,
                        default=DEFAULT_LIMITS.addresses_per_service,
                        help="a Service with more external IPs, load-balancer IPs and source ranges (together) is "
                             "rejected")
-    group.add_argument("--proxy-max-endpoints-per-port", type=_positive,
+    group.add_argument("--proxy-max-endpoints-per-port", type=positive_int,
                        default=DEFAULT_LIMITS.endpoints_per_service_port,
                        help="a Service one of whose ports has more endpoints (all slices together) is rejected")
-    group.add_argument("--proxy-max-endpoint-ports", type=_positive, default=DEFAULT_LIMITS.endpoint_ports,
+    group.add_argument("--proxy-max-endpoint-ports", type=positive_int, default=DEFAULT_LIMITS.endpoint_ports,
                        help="the node's budget of (service port, endpoint) pairs; Services beyond it, newest "
                             "first, are rejected until it has room")
 

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from proxy.limits import positive_int
+
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import HealthFunction
@@ -56,7 +58,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds between full policy syncs (drift repair)")
     from netagent.policy.kube_objects import DEFAULT_LIMITS
     for field, what in LIMIT_FLAGS:
-        group.add_argument(f"--policy-max-{field.replace('_', '-')}", type=_positive, metavar="N",
+        group.add_argument(f"--policy-max-{field.replace('_', '-')}", type=positive_int, metavar="N",
                            default=getattr(DEFAULT_LIMITS, field),
                            help=f"at most N {what} in one NetworkPolicy (default %(default)s); a policy above "
                                 f"it is rejected as too large and isolates the pods it selects")
@@ -66,13 +68,6 @@ LIMIT_FLAGS = (("rules", "ingress + egress rules"), ("peers", "from/to peers, ov
                ("ip_blocks", "ipBlock peers"), ("excepts", "ipBlock except entries"),
                ("ports", "ports items, over all rules"),
                ("pairs", "(peer x port) pairs, summed over its rules"))
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
-    return value
 
 
 def policy_limits(args):
