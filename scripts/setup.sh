@@ -21,7 +21,12 @@ apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
   qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 clang libclang-rt-dev \
-  podman buildah mmdebstrap shellcheck vagrant >/dev/null
+  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 >/dev/null
+# bird2's package enables a host-wide BIRD where systemd runs; netagent runs its own per node
+# (--backend bgp) and the tests run theirs in namespaces, so the host's is stopped.
+if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+  systemctl disable --now bird.service >/dev/null 2>&1 || true
+fi
 
 # bcc compiles the eBPF programs at agent start and wants this kernel's headers in
 # /lib/modules/$(uname -r)/{build,source}. When the running kernel has no Debian headers
