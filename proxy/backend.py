@@ -27,6 +27,7 @@ class ProxyMode(str, Enum):
     IPTABLES = "iptables"
     IPVS = "ipvs"
     EBPF = "ebpf"
+    NFTABLES = "nftables"
 
 
 NO_PROXY = "none"  # --proxy-mode none: Services are left to another proxy

@@ -31,6 +31,8 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
     """`rejections`: where the eBPF backend records the Services its maps have no room for."""
     if ProxyMode(mode) is ProxyMode.EBPF:
         return build_ebpf_backend(ebpf, rejections=rejections)
+    if ProxyMode(mode) is ProxyMode.NFTABLES:
+        raise BackendConfigError("--proxy-mode nftables: the nftables backend is being built (issue 20)")
     if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
         return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,

@@ -12,6 +12,12 @@ CHAIN_PREFIX = "NETAGENT-"      # every chain and every ipset of ours starts wit
 IPVS_SET_PREFIX = CHAIN_PREFIX + "IPVS-"  # the IPVS backend's sets and chains
 MASQUERADE_MARK = 0x4000        # one bit marks packets to masquerade (kube-proxy's bit 14)
 
+# ---- nftables (--proxy-mode nftables): one table per component and family, never another's
+NFT_TABLE_PREFIX = "netagent"       # every nft table of ours starts with it
+NFT_PROXY_TABLE = "netagent"        # Services: `ip netagent` (and `ip6 netagent`), as kube-proxy's `kube-proxy`
+NFT_MASQUERADE_TABLE = "netagent-masq"    # the node's pod egress masquerade and forward accept
+NFT_POLICY_TABLE = "netagent-policy"      # NetworkPolicy
+
 # ---- pod interfaces (the CNI plugin)
 DEFAULT_BRIDGE = "na0"          # the pods' bridge in bridge mode
 HOST_VETH_PREFIX = "na"         # host ends of pod veths: "na" + 12 hex digits
