@@ -93,27 +93,30 @@ class NftablesProxy(ProxyBackend):
                  changed: frozenset[ServicePortName]) -> tuple[Assembly, Changes, int]:
         changes = Changes(family=self.family)
         chains_before = assembly.count_chains()
-        written = 0
+        renders: dict[ServicePortName, tuple[PortObjects | None, PortObjects | None]] = {}
+        keys: set[ElementKey] = set()
         for name in sorted(changed):
             old = assembly.ports.get(name)
             new = self._render(state, name)
             if old is None and new is None:
                 continue
-            written += 1
-            keys: set[ElementKey] = {key for key, _ in (old.elements if old else ())}
+            renders[name] = (old, new)
+            keys |= {key for key, _ in (old.elements if old else ())}
             keys |= {key for key, _ in (new.elements if new else ())}
-            before = {key: assembly.value(key) for key in keys}
+        before = {key: assembly.value(key) for key in keys}   # every key, before any port changes
+        for name, (old, new) in renders.items():
             assembly.put(new, name)
-            for key in keys:
-                after = assembly.value(key)
-                if after == before[key]:
-                    continue
-                holder, element = key
-                if before[key] is not None:
-                    changes.delete_element(holder, element)
-                if after is not None:
-                    changes.add_element(holder, element, after)
             _own_objects(changes, old, new)
+        for key in keys:
+            after = assembly.value(key)
+            if after == before[key]:
+                continue
+            holder, element = key
+            if before[key] is not None:
+                changes.delete_element(holder, element)
+            if after is not None:
+                changes.add_element(holder, element, after)
+        written = len(renders)
         chains_after = assembly.count_chains()
         for chain in chains_after - chains_before:
             changes.add_chains.add(chain)

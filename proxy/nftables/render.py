@@ -197,7 +197,7 @@ def fixed_chains(node: NodeContext, settings: NftProxySettings) -> dict[str, tup
                      rule(f"{ADDRESS_KEY} vmap @{N.LOCAL_IPS_OUTSIDE}")),
         N.LOCAL_NODEPORT: (*(rule(f"{match} {PORT_KEY} vmap @{N.LOCAL_NODEPORTS_INSIDE}") for match in inside),
                            rule(f"{PORT_KEY} vmap @{N.LOCAL_NODEPORTS_OUTSIDE}")),
-        N.REJECT: (rule("meta l4proto tcp reject with tcp reset"), rule("reject")),
+        N.REJECT: (rule("meta l4proto tcp counter reject with tcp reset"), rule("counter reject")),
     }
 
 
