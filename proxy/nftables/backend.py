@@ -25,6 +25,7 @@ from types import MappingProxyType
 
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel.nftables.runner import Nft
+from proxy.ebpf.backend import _collector_paused
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.model import ProxyState, ServicePortName
 from proxy.nftables import names as N
@@ -55,7 +56,8 @@ class NftablesProxy(ProxyBackend):
             assembly, changes, written = self._partial(previous, state, changed)
             scope = SyncKind.PARTIAL
         else:
-            assembly, changes, written = self._full(state)
+            with _collector_paused():   # hundreds of thousands of short-lived objects (ebpf/backend.py)
+                assembly, changes, written = self._full(state)
             scope = SyncKind.FULL
         batch = changes.text()
         if batch:

@@ -61,6 +61,13 @@ def test_a_service_port_is_one_dispatch_element_and_one_slot_per_endpoint():
     assert (N.HAIRPIN, "10.244.1.2 . 10.244.1.2") in rendered
 
 
+def test_only_endpoints_on_this_node_get_a_hairpin_element():
+    s = state((WEB, eps("10.244.1.2") + eps("10.244.3.2", node="other") + (Endpoint("10.244.4.2", 8080),)))
+    rendered = dict(render_port(WEB, s.selection(WEB.name), node=NODE, settings=NftProxySettings()).elements)
+    assert {key for holder, key in rendered if holder == N.HAIRPIN} == {"10.244.1.2 . 10.244.1.2",
+                                                                       "10.244.4.2 . 10.244.4.2"}
+
+
 def test_no_endpoints_rejects_and_no_local_endpoint_drops():
     empty = port("empty", "10.96.0.11", protocol=Protocol.SCTP)
     local = port("local", "10.96.0.12", node_port=30081, external_policy=TrafficPolicy.LOCAL)
