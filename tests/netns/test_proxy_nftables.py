@@ -138,3 +138,32 @@ def test_hairpin_is_masqueraded_and_cleanup_leaves_others_alone(lab, nft, proxy)
 def _without_counters(ruleset: str) -> str:
     import re
     return re.sub(r"counter packets \d+ bytes \d+", "counter", ruleset)
+
+
+UDP_FROM_ONE_PORT = r"""
+import socket, sys
+client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+client.bind(("0.0.0.0", 40053)); client.settimeout(15)
+client.sendto(b"hello", (sys.argv[1], int(sys.argv[2])))
+print(client.recv(64).decode().split()[0])
+"""
+
+
+def test_udp_flows_to_a_gone_endpoint_are_deleted_by_the_conntrack_cleanup(lab, proxy):  # noqa: F811
+    import sys
+    from netagent.kernel import namespaces
+    from proxy.conntrack import ConntrackCommand, stale_flows
+    before = state((DNS, endpoints("ep1")))
+    proxy.sync(before, changed=None)
+
+    def ask() -> str:
+        return lab.run("pod", sys.executable, "-c", UDP_FROM_ONE_PORT, "10.96.0.53", "53").stdout.strip()
+    assert ask() == "ep1"
+    after = state((DNS, endpoints("ep2")))
+    proxy.sync(after, changed=frozenset({DNS.name}))
+    assert ask() == "ep1"   # the flow's conntrack entry still says ep1 (it still serves, in this lab)
+    deleted = ConntrackCommand(exec_prefix=namespaces.exec_prefix(lab.names["node"])).delete_all(
+        stale_flows(before, after, frozenset({DNS.name})))
+    assert deleted >= 1
+    assert ask() == "ep2"
