@@ -7,7 +7,10 @@ import json
 
 import pytest
 
+from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.nftables.runner import NftRunner
+from proxy.backend import ProxyMode
+from proxy.factory import programmed_mode
 from proxy.model import Protocol, ServicePort, TrafficPolicy
 from proxy.nftables import NftablesProxy
 from proxy.nftables import names as N
@@ -127,9 +130,11 @@ def test_hairpin_is_masqueraded_and_cleanup_leaves_others_alone(lab, nft, proxy)
     proxy.sync(state((lonely, endpoints("ep1"))), changed=None)
     assert lab.answers("ep1", "10.96.0.12", 80) == ["ep1 10.244.1.1"]   # itself, via the node's address
 
+    assert programmed_mode(iptables_backend=IptablesBackend.NFT, netns=lab.names["node"]) is ProxyMode.NFTABLES
     proxy.cleanup()
     proxy.cleanup()
     assert (("ip", N.TABLE) not in nft.tables()) and ("ip", "other") in nft.tables()
+    assert programmed_mode(iptables_backend=IptablesBackend.NFT, netns=lab.names["node"]) is None
     after = lab.run("node", "nft", "list", "ruleset").stdout
     assert _without_counters(after) == _without_counters(before)
     assert lab.answers("pod", "10.96.0.12", 80, timeout=0.5) == ["timeout"]

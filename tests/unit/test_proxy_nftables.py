@@ -80,6 +80,20 @@ def test_no_endpoints_rejects_and_no_local_endpoint_drops():
     assert rendered[(N.LOCAL_NODEPORTS_INSIDE, "tcp . 30081")] == ("goto NP-C-1", None)   # pods: cluster-wide
 
 
+def test_terminating_endpoints_serve_when_none_is_ready_and_hints_keep_traffic_close():
+    close = port("close", "10.96.0.16", prefer_close=True)
+    terminating = (Endpoint("10.244.1.2", 8080, ready=False, serving=True, terminating=True),
+                   Endpoint("10.244.2.2", 8080, ready=False, serving=False, terminating=True))
+    hinted = (Endpoint("10.244.1.2", 8080, node_hints=frozenset({"node"})),
+              Endpoint("10.244.2.2", 8080, node_hints=frozenset({"other"})))
+    s = state((WEB, terminating), (close, hinted))
+    for service in (WEB, close):
+        rendered = dict(render_port(service, s.selection(service.name), node=NODE,
+                                    settings=NftProxySettings()).elements)
+        assert rendered[(N.SERVICE_IPS, f"{service.cluster_ip} . tcp . 80")] == ("goto IP-C-1", None)
+        assert rendered[("ENDPOINTS-TCP", f"{service.cluster_ip} . 80 . 0")] == ("10.244.1.2 . 8080", None)
+
+
 def test_source_ranges_are_collapsed_into_one_interval_element_each():
     lb = port("lb", "10.96.0.13", load_balancer_ips=("203.0.113.7",),
               load_balancer_source_ranges=("10.0.0.0/8", "10.1.0.0/16", "192.168.1.9/32", "2001:db8::/32"))
