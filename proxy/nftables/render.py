@@ -267,7 +267,8 @@ class _PortBuilder:
         holder = N.endpoint_map(space, role, self.proto)
         slot_key = key.replace(f" . {self.proto} . ", " . ") if space is KeySpace.ADDRESS else key.split(" . ")[1]
         for slot, endpoint in enumerate(endpoints):
-            self.element(holder, f"{slot_key} . {slot}", f"{_ipv4(endpoint.ip)} . {text.port(endpoint.port)}")
+            self.elements.setdefault((holder, f"{slot_key} . {slot}"),
+                                     (f"{_ipv4(endpoint.ip)} . {text.port(endpoint.port)}", None))
         chain = N.count_chain(space, role, len(endpoints))
         self.count_chains.add(chain)
         return "goto " + chain
@@ -336,7 +337,7 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
         if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
             ip = _ipv4(endpoint.ip)
             b.element(N.HAIRPIN, f"{ip} . {ip}")
-    return PortObjects(service.name, tuple(sorted(b.elements.items())), frozenset(b.count_chains),
+    return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
                        tuple(sorted(b.chains.items())), tuple(sorted(b.sets.items())))
 
 
