@@ -312,9 +312,7 @@ def _start_policy(args, *, api_client, backend, registry, rejections, pod_cidrs,
     serves (policy_start.py says why); with the flag off, remove what a previous run left."""
     from netagent.daemon.policy_start import build_policy, remove_policy_state
     if not args.network_policy:
-        if backend is None:     # no iptables here: no iptables policy state can exist
-            return None
-        for removed in remove_policy_state(backend):
+        for removed in remove_policy_state(backend):   # backend None: iptables cannot work here
             log.info("network policy off: removed %s", removed)
         return None
     policy = build_policy(args, api_client=api_client, iptables_backend=backend, registry=registry,
