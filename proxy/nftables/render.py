@@ -31,6 +31,12 @@ Hairpin: `ip saddr . ip daddr @HAIRPIN masquerade` in POSTROUTING, the set holdi
 reach itself through the node it lives on, so remote endpoints cost no element. Off-cluster clients: the mark bit, cleared and
 masqueraded in POSTROUTING, as the iptables backend does.
 
+Sizes: the static maps and sets are hash sets without `size`, which nf_tables grows with their
+elements (no "set is full" at any number of Services); only the affinity sets, filled by the
+packet path, are dynamic and take `size` (`NftProxySettings.affinity_set_size` clients per
+endpoint; past it a new client is still balanced, without affinity, until entries time out:
+the `update` is a rule of its own, before the DNAT).
+
 Every rule carries a comment with a digest of its text, so a full sync compares a chain read
 back as JSON with the rendered one without parsing rule expressions. Element comments name
 the service port and entry kind (readability and `netagent status services`; in the sets

@@ -37,19 +37,21 @@ def rejected(lab) -> int:
                for expr in entry["rule"]["expr"] if "counter" in expr)
 
 
-def test_cluster_ip_node_port_and_udp_reach_every_endpoint(lab, proxy):  # noqa: F811
-    desired = state((WEB, endpoints("ep1", "ep2", "ep3")), (DNS, endpoints("ep1", "ep2", "ep3")))
-    proxy.sync(desired, changed=None)
+ALL = {"ep1", "ep2", "ep3"}
+MASQUERADED = {"10.244.1.1", "10.244.2.1", "10.244.3.1"}   # the node's address on each endpoint's link
 
-    from_pod = lab.answers("pod", "10.96.0.10", 80, count=SPREAD)
-    assert who(from_pod) == {"ep1", "ep2", "ep3"} and seen_sources(from_pod) == {POD}
-    from_outside = lab.answers("out", NODE_OUTSIDE, 30080, count=SPREAD)
-    assert who(from_outside) == {"ep1", "ep2", "ep3"}
-    assert seen_sources(from_outside) == {"10.244.1.1", "10.244.2.1", "10.244.3.1"}   # masqueraded
-    over_udp = lab.answers("pod", "10.96.0.53", 53, count=SPREAD, protocol="udp")
-    assert who(over_udp) == {"ep1", "ep2", "ep3"}
-    assert {(entry.kind, entry.address) for entry in proxy.programmed()} == {
-        ("ClusterIP", "10.96.0.10:80/TCP"), ("NodePort", "*:30080/TCP"), ("ClusterIP", "10.96.0.53:53/UDP")}
+
+@pytest.mark.parametrize("client, address, port, protocol, sources", [
+    ("pod", "10.96.0.10", 80, "tcp", {POD}),               # a pod to a cluster IP keeps its address
+    ("out", NODE_OUTSIDE, 30080, "tcp", MASQUERADED),      # off-cluster to a node port: masqueraded
+    ("pod", "10.96.0.53", 53, "udp", {POD}),
+])
+def test_every_endpoint_answers_each_way_in(lab, proxy, client, address, port, protocol, sources):  # noqa: F811
+    proxy.sync(state((WEB, endpoints("ep1", "ep2", "ep3")), (DNS, endpoints("ep1", "ep2", "ep3"))), changed=None)
+    answers = lab.answers(client, address, port, count=SPREAD, protocol=protocol)
+    assert who(answers) == ALL and seen_sources(answers) == sources
+    assert {(entry.kind, entry.address, len(entry.backends)) for entry in proxy.programmed()} == {
+        ("ClusterIP", "10.96.0.10:80/TCP", 3), ("NodePort", "*:30080/TCP", 3), ("ClusterIP", "10.96.0.53:53/UDP", 3)}
 
 
 def test_external_local_keeps_the_client_address_and_affinity_pins(lab, proxy):  # noqa: F811
