@@ -234,3 +234,23 @@ def test_the_listing_is_json_the_readback_understands():
     nft = FakeNft()
     NftablesProxy(nft=nft).sync(state((WEB, eps("10.244.1.2"))), changed=None)
     assert json.dumps(nft.list_table("ip", N.TABLE))   # plain JSON, as libnftables gives
+
+
+def test_node_ports_answer_on_every_local_address_or_only_the_configured_ones():
+    from proxy.nftables.render import fixed_chains
+    everywhere = fixed_chains(NODE, NftProxySettings())[N.SERVICES][-1]
+    assert everywhere.startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap ")
+    chosen = NodeContext(name="node", cluster_cidr="10.244.0.0/16", nodeport_addresses=("192.168.1.7", "10.0.0.1"))
+    only = fixed_chains(chosen, NftProxySettings())[N.SERVICES][-1]
+    assert only.startswith("ip daddr { 10.0.0.1, 192.168.1.7 } meta l4proto . th dport vmap ")
+    nft = FakeNft()
+    NftablesProxy(nft=nft).sync(ProxyState(chosen, {WEB.name: WEB}, {WEB.name: eps("10.244.1.2")}), changed=None)
+    moved = NftablesProxy(nft=nft)   # the node's addresses changed: the chain is rewritten, nothing else
+    moved.sync(state((WEB, eps("10.244.1.2"))), changed=None)
+    assert moved.applies == 1 and table(nft) == table(_fresh(state((WEB, eps("10.244.1.2")))))
+
+
+def _fresh(desired: ProxyState) -> FakeNft:
+    nft = FakeNft()
+    NftablesProxy(nft=nft).sync(desired, changed=None)
+    return nft
