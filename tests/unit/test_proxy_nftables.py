@@ -152,6 +152,16 @@ def test_a_foreign_layout_is_replaced_in_one_transaction():
     assert "OLD-CHAIN" not in chains and elements(proxy, N.HAIRPIN)
 
 
+def test_an_object_added_by_hand_under_a_name_we_would_not_write_is_removed_with_the_table():
+    nft = FakeNft()
+    proxy = NftablesProxy(nft=nft)
+    desired = state((WEB, eps("10.244.1.2")))
+    proxy.sync(desired, changed=None)
+    nft.apply(f"add chain ip {N.TABLE} foo\n")
+    NftablesProxy(nft=nft).sync(desired, changed=None)
+    assert table(nft) == table(_fresh(desired))
+
+
 def test_a_failed_sync_raises_and_the_next_one_is_full():
     nft = FakeNft()
     proxy = NftablesProxy(nft=nft)
