@@ -213,6 +213,7 @@ class NodeAgent:
         self.route_manager = route_manager
         if self.host.bgp is not None:  # BIRD's writes to our table poke the runner (event-driven)
             self.host.bgp.watch_learnt(self._request_partial)
+            self.host.bgp.register_metrics(self.metrics.registry)
         backend_data = route_manager.ensure_local()
         self._announce(own, backend_data, underlay)
         self._report_lease(underlay)

@@ -107,6 +107,24 @@ class BgpSpeaker:
     def sessions(self) -> list[SessionStatus]:
         return parse_protocols(self.bird.show_protocols())
 
+    def register_metrics(self, registry) -> None:
+        """`netagent_bgp_session_up{peer}` and `netagent_bgp_routes{peer,direction}`, read from
+        BIRD when scraped (at most once a second: the status server's snapshots)."""
+        def sessions() -> list[SessionStatus]:
+            try:
+                return self.sessions()
+            except BirdError:
+                return []
+        registry.callback_gauge("netagent_bgp_session_up", "1 when the BGP session with the peer is established.",
+                                lambda: {(s.neighbor or s.name,): 1.0 if s.up else 0.0 for s in sessions()},
+                                labels=("peer",))
+        registry.callback_gauge(
+            "netagent_bgp_routes", "Routes imported from and exported to the peer.",
+            lambda: {key: float(value) for s in sessions()
+                     for key, value in (((s.neighbor or s.name, "imported"), s.imported),
+                                        ((s.neighbor or s.name, "exported"), s.exported))},
+            labels=("peer", "direction"))
+
     def health(self) -> BirdHealth:
         return self.bird.health()
 
