@@ -75,6 +75,10 @@ def test_full_mesh_of_four_nodes_routes_pods_without_a_tunnel():
                 if src != dst:
                     assert wait_for(lambda: world.ping(src, dst), what=f"pod {src} -> pod {dst}")
         no_tunnel_devices(world)
+        for i in range(4):  # each node's own CIDR: a blackhole of ours behind the connected route
+            holes = namespaces.run_in(world.names[f"n{i}"], ["ip", "route", "show", "type", "blackhole"],
+                                      check=True).stdout
+            assert holes.split() == ["blackhole", str(pod_cidr(i)), "proto", "78", "metric", str(0xFF000000)], holes
 
 
 def test_route_reflectors_two_reflectors_four_clients():
@@ -210,8 +214,9 @@ def test_status_bgp_and_cleanup_from_the_cli_in_a_node_namespace():
         node.bird._stopping.set()     # and its supervisor no longer restarts BIRD
         out = namespaces.run_in(world.names["n0"], [sys.executable, "-m", "netagent.cli", "cleanup",
                                                     "--bgp-state-dir", state_dir], check=True).stdout
-        assert "removed BIRD" in out and f"route {pod_cidr(1)} table 7878" in out
+        assert "removed BIRD" in out and f"route {pod_cidr(1)} table 7878" in out and f"blackhole {pod_cidr(0)}" in out
         wait_for(lambda: not __import__("os").path.exists(f"/proc/{pid}"), what="our BIRD to exit")
         assert node.table_routes() == {} and node.main_routes() == {}
+        assert namespaces.run_in(world.names["n0"], ["ip", "route", "show", "type", "blackhole"]).stdout == ""
         # SIGTERM: BIRD told its peer, which withdrew our CIDR at once (no graceful restart hold)
         wait_for(lambda: str(pod_cidr(0)) not in world.nodes[1].main_routes(), what="peer withdrew node 0's CIDR")

@@ -9,7 +9,8 @@ No cluster string is ever pasted.
 What the text says, per address family that has prefixes (IPv4 always):
 
 - `static<4|6>`: a blackhole route for each of the node's own pod CIDRs, the origin of the
-  announcement (an address of ours that no pod holds is dropped, not sent to a default route);
+  announcement (the kernel's blackhole, which drops an address of ours no pod holds instead of
+  sending it to a default route, is the agent's: `learnt.py`'s `ensure_blackholes`);
 - `kernel<4|6>`: BGP-learnt routes only (`source = RTS_BGP`) exported to the kernel routing
   table `kernel_table` (never main: the agent admits them from there into main with route
   protocol 78, `noderoutes/bgp/kernel_routes.py`); `persist` and `graceful restart` so a BIRD
