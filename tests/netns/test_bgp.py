@@ -11,7 +11,6 @@ import dataclasses
 import shutil
 import signal
 import subprocess
-import time
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
@@ -20,6 +19,7 @@ from netagent.kernel import namespaces
 from netagent.noderoutes.bgp.bird_config import render_bird_config
 from netagent.noderoutes.bgp.model import GracefulRestart, Timers
 from netagent.noderoutes.bgp.topology import ExternalPeer, TopologySettings, compose_node_config
+from tests.cluster.lab_tools import wait_for as lab_wait_for
 from tests.netns.bgp_world import UNDERLAY, BgpWorld, pod_address, pod_cidr
 
 pytestmark = pytest.mark.skipif(shutil.which("bird") is None, reason="bird2 is not installed")
@@ -30,14 +30,7 @@ DEADLINE = 90.0
 
 
 def wait_for(predicate, *, what: str, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+    return lab_wait_for(predicate, what=what, timeout=timeout, interval=0.1)
 
 
 def all_routed(world: BgpWorld, nodes=None) -> bool:
