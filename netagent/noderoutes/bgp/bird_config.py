@@ -110,6 +110,8 @@ def _peer(config: BgpNodeConfig, peer: BgpPeer, families: tuple) -> list:
         lines.append(f"  rr cluster id {_addr(config.rr_cluster_id)};")  # type: ignore[arg-type]
     if peer.role is PeerRole.REFLECTOR_CLIENT:
         lines.append("  rr client;")
+    if peer.role is PeerRole.EXTERNAL:  # every node shares the AS: routes of other nodes come back
+        lines.append("  allow local as;")  # through the ToR with it in their path (filters still apply)
     reflecting = _reflects_to(config, peer)
     for version in families:
         lines.append(f"  ipv{version} {{")
