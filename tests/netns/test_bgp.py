@@ -50,6 +50,11 @@ def sessions_up(world: BgpWorld, i: int, count: int) -> bool:
     return len(sessions) == count and all(s.up for s in sessions)
 
 
+def bird_argv(node) -> list:
+    with open(f"/proc/{node.bird.pid}/cmdline") as cmdline:
+        return cmdline.read().split("\0")
+
+
 def no_tunnel_devices(world: BgpWorld) -> None:
     for i in range(world.count):
         links = namespaces.run_in(world.names[f"n{i}"], ["ip", "-d", "-o", "link"], check=True).stdout
@@ -71,6 +76,7 @@ def test_full_mesh_of_four_nodes_routes_pods_without_a_tunnel():
                 if src != dst:
                     assert wait_for(lambda: world.ping(src, dst), what=f"pod {src} -> pod {dst}")
         no_tunnel_devices(world)
+        assert "-R" not in bird_argv(world.nodes[0])  # a first start recovers nothing
         for i in range(4):  # each node's own CIDR: a blackhole of ours behind the connected route
             holes = namespaces.run_in(world.names[f"n{i}"], ["ip", "route", "show", "type", "blackhole"],
                                       check=True).stdout
@@ -128,6 +134,29 @@ def test_bird_killed_and_restarted_by_the_supervisor_keeps_forwarding():
         sent, received = finish_stream(stream)
         assert sent == STREAM_PACKETS and received == sent, f"{sent - received} of {sent} packets lost across the restart"
         assert all_routed(world)
+
+
+def test_agent_restart_keeps_forwarding_and_bird_recovers_gracefully():
+    from tests.netns.bgp_world import BgpNodeRunner
+    with BgpWorld(2, topology=FAST) as world:
+        world.start()
+        wait_for(lambda: all_routed(world), what="both pod CIDRs routed")
+        wait_for(lambda: world.ping(0, 1), what="pod 0 -> pod 1")
+        old = world.nodes[0]
+        stream = ping_stream(world, 0, 1)
+        wait_for(lambda: world.ping(1, 0), what="stream running")
+        old.runner.stop(timeout=10)
+        old.speaker.stop(withdraw=False)  # the agent exits: SIGKILL, peers hold our routes
+        old.kernel.close()
+        new = world.nodes[0] = BgpNodeRunner(world, 0, str(old.bird.state_dir))
+        new.start(world.view())           # a pid file was left: BIRD starts with -R
+        wait_for(lambda: sessions_up(world, 0, 1) and new.speaker.sessions()[0].imported == 1,
+                 what="the new agent's BIRD back in session")
+        assert str(pod_cidr(1)) in new.main_routes()
+        assert "-R" in bird_argv(new)
+        assert stream.poll() is None, "the stream ended before the restart was over: nothing was tested"
+        sent, received = finish_stream(stream)
+        assert received == sent == STREAM_PACKETS, f"{sent - received} of {sent} packets lost across the restart"
 
 
 def test_node_removed_is_withdrawn_everywhere():
