@@ -69,8 +69,11 @@ class BirdSupervisor(BirdControl):
     # ------------------------------------------------------------ process
 
     def ensure_running(self) -> None:
+        """Start BIRD unless it runs or the monitor is bringing it back (its backoff holds)."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
+                return
+            if self._monitor is not None and self._monitor.is_alive() and not self._stopping.is_set():
                 return
             if not self.config_path.exists():
                 raise BirdError(f"no BIRD configuration at {self.config_path}: apply one first")
@@ -150,6 +153,8 @@ class BirdSupervisor(BirdControl):
             if self._stopping.wait(delay):
                 return
             with self._lock:
+                if self._proc is not None and self._proc.poll() is None:
+                    continue  # started meanwhile
                 try:
                     self._spawn()
                 except (BirdError, OSError) as err:
