@@ -171,6 +171,18 @@ def test_node_removed_is_withdrawn_everywhere():
         assert all_routed(world, range(3))
 
 
+def test_node_lost_without_bfd_is_withdrawn_when_its_hold_time_runs_out():
+    with BgpWorld(3, topology=FAST) as world:  # hold 3 s; graceful restart would hold routes 120 s
+        world.start()
+        wait_for(lambda: all_routed(world), what="every pod CIDR routed on every node")
+        world.run("n2", "ip", "link", "set", "u0", "down")  # node 2 vanishes: no TCP close, no notification
+        gone = str(pod_cidr(2))
+        # an expired hold timer is a failure, not a restart: withdrawn, not kept as stale for 120 s
+        wait_for(lambda: all(gone not in world.nodes[i].main_routes() and gone not in world.nodes[i].table_routes()
+                             for i in range(2)), what="node 2's CIDR withdrawn on hold timer expiry", timeout=60)
+        assert all_routed(world, range(2))
+
+
 def test_node_lost_with_bfd_is_withdrawn_everywhere():
     topology = TopologySettings(timers=Timers(hold=30, keepalive=10, connect_retry=1), bfd=True,
                                 graceful_restart=GracefulRestart(restart_time=120, wait=30))
