@@ -21,6 +21,7 @@ exist), then chains and sets nothing refers to any more deleted.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -67,7 +68,8 @@ class _Held:
     foreign: list[str] = field(default_factory=list)            # objects the renderer never names
 
 
-def _rules(rules: Iterable[NftRule]) -> Rules:
+@functools.lru_cache(maxsize=16384)
+def _rules(rules: tuple[NftRule, ...]) -> Rules:
     return tuple((rule.comment, rule.verdict) for rule in rules)
 
 
