@@ -263,17 +263,18 @@ def render_nft(plan: NodePlan, *, settings: RenderSettings, interface_of: Callab
             chains[chain] = rules
             (ingress if is_ingress else egress)[interface or pod.ip] = chain
         used.update(refs)
-    sets = {}
-    for ref, held in members.items():
-        if ref not in used:
-            continue
-        type_text, interval = set_type(ref.kind, family)
-        elements = frozenset(canonical_element(ref.kind, member) for member in held)
-        sets[ref.name] = NftSet(ref.name, type_text, interval, collapsed(elements) if interval else elements,
-                                comment=ref.key)
+    sets = {ref.name: _nft_set(ref, held, family) for ref, held in members.items() if ref in used}
     return NftWanted(family, _base_rules(settings, family), chains, sets, egress, ingress, known,
                      key_type="ifname" if routed else family.address_type,
                      pending=tuple(pending), refused=tuple(refused))
+
+
+@functools.lru_cache(maxsize=16384)
+def _nft_set(ref: SetRef, members: frozenset[str], family: Family) -> NftSet:
+    """A selector set in nft spelling; cached, since most sets keep their members from sync to sync."""
+    type_text, interval = set_type(ref.kind, family)
+    elements = frozenset(canonical_element(ref.kind, member) for member in members)
+    return NftSet(ref.name, type_text, interval, collapsed(elements) if interval else elements, comment=ref.key)
 
 
 _NOTHING: frozenset[SetRef] = frozenset()
