@@ -64,7 +64,7 @@ class Node:
         return self.engine.bind_pod(ns, name, (f"{ip}/24",), veth(container), container_id=container,
                                     deadline=time.monotonic() + deadline)
 
-    def known(self) -> set[str]:
+    def known(self) -> frozenset[str]:
         return self.ipset.members(owned.POLICY_KNOWN_SET)
 
     def writes(self) -> tuple[int, int]:
