@@ -175,26 +175,31 @@ def test_a_new_add_owns_an_address_a_stale_status_still_names(node):
     assert [p.key for p in node.engine.plan.pods if p.ip == "10.0.0.7"] == ["x/new"]
 
 
+def burst_while_a_sync_runs(engine: PolicyEngine, add, count: int) -> list:
+    """`count` ADDs at once (`add(i)` binds the i-th) while a sync holds the engine, so that every
+    binding is recorded before any ADD can write: what a burst meets on a busy node."""
+    outcomes: list = []
+    version = engine.bindings.version
+    engine._sync_lock.acquire()
+    threads = [threading.Thread(target=lambda i=index: outcomes.append(add(i))) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + LONG
+    while engine.bindings.version < version + count:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    engine._sync_lock.release()
+    for thread in threads:
+        thread.join(LONG)
+    return outcomes
+
+
 def test_fifty_concurrent_adds_coalesce_into_one_write(node):
     for index in range(50):
         node.engine.pods.on_add(scheduled(f"p{index}", {"app": "b"}))
     node.engine.sync(SyncKind.PARTIAL)
     before = node.writes()
-    outcomes: list = []
-    lock = node.engine._sync_lock
-    lock.acquire()            # a sync in progress: every ADD records its binding meanwhile
-    version = node.engine.bindings.version
-    threads = [threading.Thread(target=lambda i=index: outcomes.append(node.add(f"p{i}", f"10.0.0.{100 + i}", f"c{i}")))
-               for index in range(50)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + LONG
-    while node.engine.bindings.version < version + 50:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    lock.release()
-    for thread in threads:
-        thread.join(LONG)
+    outcomes = burst_while_a_sync_runs(node.engine, lambda i: node.add(f"p{i}", f"10.0.0.{100 + i}", f"c{i}"), 50)
     assert len(outcomes) == 50 and all(o.programmed for o in outcomes)
     assert sum(o.syncs_run for o in outcomes) == 1
     restores, ipset_writes = node.writes()

@@ -3,7 +3,6 @@ the ADD's pod programmed in one transaction, the kubelet's report writing none, 
 in one transaction, DEL removing it (test_policy_on_add.py has the rest, on iptables)."""
 from __future__ import annotations
 
-import threading
 import time
 
 from netagent.infra.metrics import Registry
@@ -16,6 +15,7 @@ from netagent.policy.programmer_nft import NftPolicyProgrammer
 from netagent.policy.render import RenderSettings
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_nft import TABLE
+from tests.unit.test_policy_on_add import burst_while_a_sync_runs
 
 LONG = 30.0
 
@@ -72,20 +72,8 @@ def test_fifty_concurrent_binds_are_one_transaction():
     for index in range(50):
         node.engine.pods.on_add(scheduled(f"p{index}", {"app": "a"}))
     node.engine.sync(SyncKind.PARTIAL)
-    before, version = len(node.nft.batches), node.engine.bindings.version
-    outcomes: list = []
-    node.engine._sync_lock.acquire()         # a sync in progress while the burst arrives
-    threads = [threading.Thread(target=lambda i=i: outcomes.append(node.add(f"p{i}", f"10.0.0.{100 + i}")))
-               for i in range(50)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + LONG
-    while node.engine.bindings.version < version + 50:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    node.engine._sync_lock.release()
-    for thread in threads:
-        thread.join(LONG)
+    before = len(node.nft.batches)
+    outcomes = burst_while_a_sync_runs(node.engine, lambda i: node.add(f"p{i}", f"10.0.0.{100 + i}"), 50)
     assert len(outcomes) == 50 and all(o.programmed for o in outcomes)
     assert len(node.nft.batches) == before + 1
     known = node.known()
