@@ -62,7 +62,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--network-policy", action="store_true",
                        help="enforce networking.k8s.io/v1 NetworkPolicies on this node's pods "
                             "(without it, any policy rules a previous run left are removed)")
-    group.add_argument("--policy-add-wait", type=float, default=2.0, metavar="SECONDS",
+    group.add_argument("--policy-add-wait", type=_add_wait, default=2.0, metavar="SECONDS",
                        help="how long a CNI ADD waits for its Pod in the cache to program its policy "
                             "before returning with the pod closed (programmed when the Pod arrives)")
     group.add_argument("--policy-sync-period", type=float, default=30.0,
@@ -73,6 +73,17 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                            default=getattr(DEFAULT_LIMITS, field),
                            help=f"at most N {what} in one NetworkPolicy (default %(default)s); a policy above "
                                 f"it is rejected as too large and isolates the pods it selects")
+
+
+def _add_wait(text: str) -> float:
+    """0 to 60 seconds: an ADD must not hold the runtime (its own CNI timeout) for long."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 60 seconds")
+    return value
 
 
 LIMIT_FLAGS = (("rules", "ingress + egress rules"), ("peers", "from/to peers, over all rules"),

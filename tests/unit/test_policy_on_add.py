@@ -303,3 +303,16 @@ def test_a_binder_that_raises_never_fails_the_add():
     assert handlers.add(conf, req)["ips"]
     handlers.delete(conf, req)
     assert inner.deleted == ["ca"]
+
+
+@pytest.mark.parametrize("value", ["-1", "61", "nan", "soon"])
+def test_the_add_wait_flag_refuses_what_would_hold_the_runtime(value):
+    import argparse
+
+    from netagent.daemon.policy_start import add_policy_arguments
+    parser = argparse.ArgumentParser()
+    add_policy_arguments(parser)
+    assert parser.parse_args([]).policy_add_wait == 2.0
+    assert parser.parse_args(["--policy-add-wait", "0.5"]).policy_add_wait == 0.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--policy-add-wait", value])
