@@ -116,7 +116,7 @@ class PolicyEngine:
         self._request: Callable[[], None] = lambda: None
         poke = self._poke
         self.policies = ChangeRecorder("networkpolicies", on_change=poke, relevant=_guarded(_policy_relevant))
-        self.pods = ChangeRecorder("pods", on_change=poke, relevant=_guarded(_pod_relevant))
+        self.pods = ChangeRecorder("pods", on_change=self._pod_changed, relevant=_guarded(_pod_relevant))
         self.namespaces = ChangeRecorder("namespaces", on_change=poke, relevant=_guarded(_namespace_relevant))
         self.rejections = rejections if rejections is not None else standalone("policy")
         self.view = ClusterView()
@@ -134,8 +134,11 @@ class PolicyEngine:
     def set_requester(self, request: Callable[[], None]) -> None:
         self._request = request
 
+    def _pod_changed(self) -> None:
+        self.bindings.changed()          # an ADD waiting for its Pod looks again
+        self._poke()
+
     def _poke(self) -> None:
-        self.bindings.changed()
         if self.caches_synced():
             self._request()
 
