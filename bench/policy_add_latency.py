@@ -4,7 +4,8 @@
 A node namespace (a `LabNode`, routed mode, no agent) holds real pods wired by our CNI plugin
 and, for scale, `--pods` synthetic local pods in `--namespaces` namespaces and `--policies`
 policies (bench/network_policy.py's objects), programmed on the real iptables (legacy) and
-ipset tools of the node namespace by a policy engine in this process, as the agent's.
+ipset tools of the node namespace (`--dataplane nft`: the `ip netagent-policy` table through
+libnftables) by a policy engine in this process, as the agent's.
 
 Figures printed (JSON at the end):
 - `add_off_ms`: a CNI ADD through the plugin with policy off (exec of the plugin, median);
@@ -18,7 +19,7 @@ Figures printed (JSON at the end):
   first SYN was answered (no SYN retransmitted, so the time from ADD return to the first allowed
   packet is 0) and that connect's latency.
 
-    sudo .venv/bin/python bench/policy_add_latency.py [--pods 1000] [--policies 200] [--adds 20]
+    sudo .venv/bin/python bench/policy_add_latency.py [--pods 1000] [--policies 200] [--adds 20] [--dataplane nft]
 """
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ from netagent.kernel.ipset.runner import IpsetRunner  # noqa: E402
 from netagent.kernel.iptables.backend import IptablesBackend  # noqa: E402
 from netagent.kernel.iptables.runner import IptablesRunner  # noqa: E402
 from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
+from netagent.kernel.nftables.runner import NftRunner  # noqa: E402
+from netagent.policy.dataplane import PolicyDataplane  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
+from netagent.policy.programmer_nft import NftPolicyProgrammer  # noqa: E402
 from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
 from netagent.policy.render import RenderSettings  # noqa: E402
 
@@ -73,8 +77,9 @@ def main() -> int:
     parser.add_argument("--namespaces", type=int, default=20)
     parser.add_argument("--adds", type=int, default=20)
     parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--dataplane", choices=["iptables", "nft"], default="iptables")
     args = parser.parse_args()
-    results: dict = {"pods": args.pods, "policies": args.policies}
+    results: dict = {"pods": args.pods, "policies": args.policies, "dataplane": args.dataplane}
     with LabNode(prefix="na-bench-pa", mode=PodAttachment.ROUTED, subnets=(SUBNET,), with_agent=False) as node:
         node.exec_in("node", ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
         adds = []
@@ -91,8 +96,13 @@ def main() -> int:
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
             prefix = namespaces.exec_prefix(node.node)
-            programmer = PolicyProgrammer(iptables=IptablesRunner(backend=IptablesBackend.LEGACY, exec_prefix=prefix),
-                                          ipset=IpsetRunner(exec_prefix=prefix))
+            programmer: PolicyDataplane
+            if args.dataplane == "nft":
+                programmer = NftPolicyProgrammer(NftRunner(node.node))
+            else:
+                programmer = PolicyProgrammer(iptables=IptablesRunner(backend=IptablesBackend.LEGACY,
+                                                                      exec_prefix=prefix),
+                                              ipset=IpsetRunner(exec_prefix=prefix))
             spaces = [f"ns-{n}" for n in range(args.namespaces)]
             hosts = [str(address) for address in ipaddress.ip_network(SUBNET).hosts()]
             free = iter(hosts[16 + args.pods:])
