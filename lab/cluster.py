@@ -110,7 +110,7 @@ class LabCluster(LabPods):
                auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
                resync_period: float = 30.0, proxy_mode: str = "iptables",
                network_policy: bool = False, agent_image: str | None = None,
-               manifest: str | None = None) -> "LabCluster":
+               manifest: str | None = None, pod_status_delay: float = 0.0) -> "LabCluster":
         if mode not in MODES:
             raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
         if proxy_mode not in PROXY_MODE_CHOICES:
@@ -119,6 +119,8 @@ class LabCluster(LabPods):
             raise LabError("segments must be 1 or 2")
         if not 1 <= nodes <= 200:
             raise LabError("nodes must be between 1 and 200")
+        if not 0 <= pod_status_delay <= 600:
+            raise LabError("the pod status delay must be between 0 and 600 seconds")
         if agent_image:
             require_image(agent_image)
         prefix = namespaces.unique_name(prefix)
@@ -128,7 +130,7 @@ class LabCluster(LabPods):
         state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
                          resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
                          internet=f"{prefix}-inet", proxy_mode=proxy_mode, network_policy=network_policy,
-                         agent_image=agent_image, manifest=manifest)
+                         agent_image=agent_image, manifest=manifest, pod_status_delay=pod_status_delay)
         lab = cls(state)
         try:
             lab.save()

@@ -43,7 +43,8 @@ DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
     lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan",
-                     proxy_mode="iptables", network_policy=False, agent_image=None, manifest=None)
+                     proxy_mode="iptables", network_policy=False, agent_image=None, manifest=None,
+                     pod_status_delay=0.0)
     sub = lab.add_subparsers(dest="lab_command")
 
     def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
@@ -56,6 +57,9 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
                        help="the agents' service proxy (none: the agents run without one)")
         p.add_argument("--network-policy", action="store_true",
                        help="the agents enforce NetworkPolicies (apply them with `lab apply -f`)")
+        p.add_argument("--pod-status-delay", type=float, default=0.0, metavar="SECONDS",
+                       help="the lab's kubelet reports a new pod's address in its status this long after "
+                            "the CNI ADD, as a loaded kubelet would (default 0: at once)")
         p.add_argument("--agent-image", metavar="IMAGE",
                        help="run each node's agent from this local image (scripts/build-image) as the "
                             "DaemonSet in --manifest says, with podman, as the kubelet would")
@@ -147,7 +151,8 @@ def _create(args, *, workdir: str | None) -> LabCluster:
     return LabCluster.create(nodes=args.nodes, mode=args.mode, segments=args.segments,
                              pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir,
                              proxy_mode=args.proxy_mode, network_policy=args.network_policy,
-                             agent_image=args.agent_image, manifest=args.manifest)
+                             agent_image=args.agent_image, manifest=args.manifest,
+                             pod_status_delay=args.pod_status_delay)
 
 
 def _cmd_up(args) -> int:

@@ -6,12 +6,18 @@ would, terminated with a grace period, and torn down (plugin DEL, then the objec
 mixin of `LabCluster` (which owns the state, the nodes and the API client) so that the
 cluster keeps one public API (`lab.add_pod`, `lab.remove_pod`, ...) while this module keeps
 the pods' life cycle apart from the nodes' and the control plane's.
+
+In the kubelet's order: the Pod object exists (scheduled, no address) before the runtime's ADD,
+which names it in `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`); the address reaches the
+Pod's status `pod_status_delay` seconds after the ADD (`lab up --pod-status-delay`: a loaded
+kubelet; 0: at once), reported from a timer so `add_pod` returns as the ADD does.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -44,12 +50,15 @@ class LabPods:
         def _node(self, name: str) -> NodeState: ...
 
     def add_pod(self, name: str, *, node: str | None = None, labels: dict | None = None,
-                ports: dict | None = None, namespace: str = "default", ready: bool = True) -> PodState:
-        """A pod: its network namespace wired by the CNI plugin, then its v1 Pod object (Running, Ready).
+                ports: dict | None = None, namespace: str = "default", ready: bool = True,
+                scheduled: bool = True) -> PodState:
+        """A pod: its v1 Pod object (scheduled), its network namespace wired by the CNI plugin,
+        then its status (Running, Ready, its address) `state.pod_status_delay` seconds later.
 
         `ports` names container ports for named targetPorts: {"http": 8080, "dns": (53, "UDP")}.
         `ready=False` starts it not Ready, as a pod whose readiness probe has not passed yet
-        (`set_pod_ready` flips it once its server listens).
+        (`set_pod_ready` flips it once its server listens). `scheduled=False`: no Pod object at
+        all (the caller creates it, e.g. with `create_pod_object`, to test an ADD that comes first).
         """
         if name in self.state.pods:
             raise LabError(f"pod {name} already exists")
@@ -73,27 +82,55 @@ class LabPods:
                        labels=dict(labels or {}), namespace=namespace, ports=container_ports)
         self.state.pods[name] = pod
         self.save()
-        wired = False
+        wired = created = False
         try:
+            if scheduled:
+                self.create_pod_object(name)
+                created = True
             namespaces.create(netns)
             code, out = self._exec_plugin(pod, "ADD")
             raise_for_failure(code, out, "ADD")
             wired = True
             pod.ip = out["ips"][0]["address"].split("/")[0]
-            self.api().create(pod_objects.render_pod(name, namespace=namespace, node=node,
-                                                     host_ip=node_state.address, pod_ip=pod.ip,
-                                                     labels=pod.labels, ports=container_ports, ready=ready,
-                                                     container_id=container_id))
+            if scheduled:
+                status = {"status": self._rendered(pod, ready=ready)["status"]}
+                self._report_status(pod, status, delay=self.state.pod_status_delay)
         except BaseException:
             if wired:
                 with contextlib.suppress(Exception):
                     self._exec_plugin(pod, "DEL")
+            if created:
+                with contextlib.suppress(Exception):
+                    self.api().delete("v1", "Pod", name, namespace=namespace, grace_period_seconds=0)
             namespaces.remove(netns)
             del self.state.pods[name]
             self.save()
             raise
         self.save()
         return pod
+
+    def _rendered(self, pod: PodState, *, ready: bool = True) -> dict:
+        return pod_objects.render_pod(pod.name, namespace=pod.namespace, node=pod.node,
+                                      host_ip=self._node(pod.node).address, pod_ip=pod.ip, labels=pod.labels,
+                                      ports=pod.ports, ready=ready, container_id=pod.container_id)
+
+    def create_pod_object(self, name: str) -> None:
+        """The Pod as the scheduler leaves it: bound to its node, Pending, no address yet."""
+        obj = self._rendered(self._pod(name))
+        obj["status"] = {"phase": "Pending", "conditions": obj["status"]["conditions"][:1]}
+        self.api().create(obj)
+
+    def _report_status(self, pod: PodState, patch: dict, *, delay: float) -> None:
+        """The kubelet's status report (the address, Running, Ready), `delay` seconds from now."""
+        def report() -> None:
+            with contextlib.suppress(LabApiError, OSError):     # the pod may be gone by then
+                self.api().patch("v1", "Pod", pod.name, patch, namespace=pod.namespace, subresource="status")
+        if delay <= 0:
+            self.api().patch("v1", "Pod", pod.name, patch, namespace=pod.namespace, subresource="status")
+            return
+        timer = threading.Timer(delay, report)
+        timer.name = f"lab-kubelet-{pod.name}"
+        timer.start()
 
     def _require_namespace(self, namespace: str) -> None:
         try:
@@ -111,7 +148,8 @@ class LabPods:
         host_view = self.agent_pods.host_view(pod.node) if self.agent_pods else []
         return exec_plugin(node_netns=self._node(pod.node).netns, bin_dir="/opt/cni/bin" if host_view else self.bin_dir,
                            command=command, config=self._plugin_config(pod.node), container_id=pod.container_id,
-                           netns=namespaces.netns_path(pod.netns), host_view=host_view)
+                           netns=namespaces.netns_path(pod.netns), host_view=host_view,
+                           args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}")
 
     def _plugin_config(self, node: str) -> bytes:
         from cni import invoke

@@ -55,6 +55,7 @@ class LabState:
     network_policy: bool = False   # the agents run with --network-policy
     agent_image: str | None = None  # agents run from this image as deploy/netagent.yaml says
     manifest: str | None = None     # the DaemonSet manifest they run from
+    pod_status_delay: float = 0.0   # the lab's kubelet reports a pod's address this long after its ADD
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
 

@@ -5,17 +5,20 @@ Pods and Namespaces (one reflector each, into the engine's recorders) and runs t
 sync on its own `SyncRunner`. Off means no policy rules at all: an agent started without the
 flag removes whatever policy chains and sets a previous run left.
 
-New pods are never open while their policy is being programmed. The choice: the policy
-engine's first sync completes before the CNI server starts serving (run.py waits for it),
-and that sync installs, for this node's pod CIDRs, a DROP for every address that is not in
-the KNOWN set of programmed pods. A pod the CNI plugin has just wired is therefore closed
-from its first packet, whether or not a policy selects it, until the sync that sees its Pod
-(with its address) has written its chains; only then does it join KNOWN. Calico instead
-programs before the CNI ADD returns; that needs the Pod's labels inside the ADD and couples
-the CNI path to the API, while this keeps the plugin unchanged and fails closed when the
-agent or the API is slow. The cost: a new pod waits for the kubelet to report its address
-and one sync (tens of milliseconds) before it can talk, which the pod's containers, started
-after the sandbox, rarely notice.
+New pods are never open while their policy is being programmed, and have it when their CNI
+ADD returns. The engine's first sync completes before the CNI server starts serving (run.py
+waits for it), and that sync installs, for this node's pod CIDRs, a DROP for every address
+that is not in the KNOWN set of programmed pods. Then the CNI server, after a successful ADD
+and before replying (cniserver/policy_binding.py), binds the address the ADD chose to the pod
+`CNI_ARGS` names and has the engine write that pod's policy (its chains, its membership in
+every selector set, its place in KNOWN) from the reflectors' caches (policy/pod_binding.py):
+no API call on the CNI path, and no wait for the kubelet to report the address, whose later
+report changes nothing the plan reads (that sync writes nothing). A Pod the cache does not
+hold yet is waited for at most `--policy-add-wait` seconds; the ADD then returns with the pod
+closed and the engine's runner programs it as soon as the Pod arrives. A failure to program
+never fails the ADD: the pod stays closed (fail-closed) and the runner retries. A DEL unbinds
+the same way. `netagent_policy_pod_programming_seconds` measures ADD to programmed, and
+`netagent_policy_pods_closed_after_add_total{reason}` counts ADDs that returned closed.
 
 Every watched object is untrusted (policy/kube_objects.py): one the engine cannot read fully
 is rejected in the `RejectionScope` given to `build_policy` (the daemon's, so the metric,
@@ -59,6 +62,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--network-policy", action="store_true",
                        help="enforce networking.k8s.io/v1 NetworkPolicies on this node's pods "
                             "(without it, any policy rules a previous run left are removed)")
+    group.add_argument("--policy-add-wait", type=_add_wait, default=2.0, metavar="SECONDS",
+                       help="how long a CNI ADD waits for its Pod in the cache to program its policy "
+                            "before returning with the pod closed (programmed when the Pod arrives)")
     group.add_argument("--policy-sync-period", type=float, default=30.0,
                        help="seconds between full policy syncs (drift repair)")
     from netagent.policy.kube_objects import DEFAULT_LIMITS
@@ -67,6 +73,17 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                            default=getattr(DEFAULT_LIMITS, field),
                            help=f"at most N {what} in one NetworkPolicy (default %(default)s); a policy above "
                                 f"it is rejected as too large and isolates the pods it selects")
+
+
+def _add_wait(text: str) -> float:
+    """0 to 60 seconds: an ADD must not hold the runtime (its own CNI timeout) for long."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 60 seconds")
+    return value
 
 
 LIMIT_FLAGS = (("rules", "ingress + egress rules"), ("peers", "from/to peers, over all rules"),

@@ -90,8 +90,10 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
-def _start_cni_server(args, *, not_ready=lambda: None, runners: list | None = None):
-    """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz)."""
+def _start_cni_server(args, *, not_ready=lambda: None, runners: list | None = None, policy=None):
+    """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz).
+    With `policy` (the started engine) an ADD programs its pod before replying (policy_start.py)."""
+    from cni.dispatch import Handlers
     from cni.handlers import PluginHandlers
     from netagent.cniserver.deferred_delete import DeferredDeleter, journal_dir_for
     from netagent.cniserver.server import CniServer
@@ -100,7 +102,11 @@ def _start_cni_server(args, *, not_ready=lambda: None, runners: list | None = No
     deferred = DeferredDeleter(journal_dir_for(args.cni_socket), delete_now=handlers.delete_now)
     handlers.deferred = deferred
     deferred.start()
-    server = CniServer(args.cni_socket, handlers=handlers, workers=args.workers, not_ready=not_ready)
+    served: Handlers = handlers
+    if policy is not None:
+        from netagent.cniserver.policy_binding import PolicyBoundHandlers
+        served = PolicyBoundHandlers(handlers, policy.engine, wait=args.policy_add_wait)
+    server = CniServer(args.cni_socket, handlers=served, workers=args.workers, not_ready=not_ready)
     try:
         server.start(before_serving=lambda: deferred.adopt_shim_records(handlers))
     except BaseException:
@@ -290,7 +296,7 @@ def _run_cluster_mode(args) -> int:
         if policy is not None:
             started_policy.append(policy)
             started.add(policy.stop)
-        started.add(_start_cni_server(args, runners=cni_runners))
+        started.add(_start_cni_server(args, runners=cni_runners, policy=policy))
     except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)

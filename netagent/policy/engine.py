@@ -19,15 +19,20 @@ it is fixed or deleted.
 
 A local pod whose host interface cannot be found stays closed (not in KNOWN); the sync says
 which pods wait (log, `netagent_policy_pods{state="pending"}`) and every later sync looks again.
+
+`bind_pod`/`unbind_pod` are the CNI server's entry (pod_binding.py): the address an ADD chose,
+planned before the ADD replies. One lock (`_sync_lock`) serializes every sync, the runner's and
+a CNI worker's alike, so there is one writer; the dataplane is not told who called.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from netagent.infra.metrics import Gauge, Histogram, Registry, exponential_buckets
+from netagent.infra.metrics import Counter, Gauge, Histogram, Registry, exponential_buckets
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncResult
 from netagent.kube.changes import ChangeRecorder
@@ -42,6 +47,7 @@ from netagent.policy.kube_objects import (
 )
 from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, PolicyType
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
+from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, first_ipv4, pod_key
 from netagent.policy.render import RenderSettings
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
 
@@ -91,6 +97,12 @@ class PolicyMetrics:
             buckets=exponential_buckets(0.001, 2, 15), labels=("kind",)))
         self.pods = registry.register(Gauge(
             "netagent_policy_pods", "local pods by policy state", labels=("state",)))
+        self.programming_seconds = registry.register(Histogram(
+            "netagent_policy_pod_programming_seconds", "from a pod's CNI ADD to its policy programmed",
+            buckets=exponential_buckets(0.0005, 2, 16)))
+        self.closed_after_add = registry.register(Counter(
+            "netagent_policy_pods_closed_after_add_total", "CNI ADDs that returned with the pod still closed "
+            "(programmed later, when the reason clears)", labels=("reason",)))
 
 
 class PolicyEngine:
@@ -104,7 +116,7 @@ class PolicyEngine:
         self._request: Callable[[], None] = lambda: None
         poke = self._poke
         self.policies = ChangeRecorder("networkpolicies", on_change=poke, relevant=_guarded(_policy_relevant))
-        self.pods = ChangeRecorder("pods", on_change=poke, relevant=_guarded(_pod_relevant))
+        self.pods = ChangeRecorder("pods", on_change=self._pod_changed, relevant=_guarded(_pod_relevant))
         self.namespaces = ChangeRecorder("namespaces", on_change=poke, relevant=_guarded(_namespace_relevant))
         self.rejections = rejections if rejections is not None else standalone("policy")
         self.view = ClusterView()
@@ -114,9 +126,17 @@ class PolicyEngine:
         self.last_report: ApplyReport | None = None
         self._in_sync = False            # the last sync applied everything the view asks for
         self.metrics = PolicyMetrics(registry) if registry is not None else None
+        metrics = self.metrics
+        self.bindings = PodBindings(observe=metrics.programming_seconds.observe if metrics else lambda s: None)
+        self._sync_lock = threading.Lock()
+        self._planned_bindings = -1          # bindings.version the last plan was made with
 
     def set_requester(self, request: Callable[[], None]) -> None:
         self._request = request
+
+    def _pod_changed(self) -> None:
+        self.bindings.changed()          # an ADD waiting for its Pod looks again
+        self._poke()
 
     def _poke(self) -> None:
         if self.caches_synced():
@@ -194,14 +214,22 @@ class PolicyEngine:
         self.rejections.reject(_ref(kind, key, current), reason=MALFORMED, detail=detail)
 
     def sync(self, kind: SyncKind) -> SyncResult:
+        with self._sync_lock:
+            return self._sync(kind)
+
+    def _sync(self, kind: SyncKind) -> SyncResult:
         started = time.monotonic()
+        epoch, version = self.bindings.epoch, self.bindings.version
         changed = self.drain()
-        if kind is SyncKind.PARTIAL and not changed and self._in_sync:
+        if kind is SyncKind.PARTIAL and not changed and self._in_sync and version == self._planned_bindings:
+            self.bindings.synced(epoch, None)
             return SyncResult.SUCCEEDED
         self._in_sync = False
-        self.plan = plan_node(self.view, node_name=self.settings.node_name)
+        self._planned_bindings = version
+        view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
+        self.plan = plan_node(view, node_name=self.settings.node_name)
         self.wanted = wanted = self.programmer.render(self.plan, settings=self.settings.render,
-                                                      interface_of=self.interface_of)
+                                                      interface_of=self._interface)
         unprogrammed = self.plan.problems + self.wanted.refused
         if unprogrammed != self.unprogrammed:        # said once, not every sync
             for problem in unprogrammed:
@@ -209,6 +237,7 @@ class PolicyEngine:
         self.unprogrammed = unprogrammed
         self.last_report = self.programmer.apply(wanted, full=kind is SyncKind.FULL)
         self._in_sync = not self.wanted.pending
+        self.bindings.synced(epoch, self.plan.pods, self.wanted.pending)
         if self.metrics is not None:
             self.metrics.sync_seconds.labels(kind=kind.value).observe(time.monotonic() - started)
             isolated = sum(1 for pod in self.plan.pods if pod.isolated)
@@ -222,6 +251,69 @@ class PolicyEngine:
             log.warning("network policy: no host interface for %s; they stay closed until found",
                         ", ".join(self.wanted.pending))
         return SyncResult.SUCCEEDED
+
+
+    def _interface(self, plan: PodPlan) -> str | None:
+        return self.bindings.interface(plan) or self.interface_of(plan)
+
+    # ------------------------------------------------------------ the CNI server's entry
+    def bind_pod(self, namespace: object, name: object, addresses: tuple[str, ...], interface: str, *,
+                 container_id: str, deadline: float) -> BindOutcome:
+        """Bind the address an ADD chose to the pod CNI_ARGS name, and return once the pod's policy
+        is written, or at `deadline` (monotonic) with the pod closed and the reason. Never raises:
+        a failure leaves the pod closed (fail-closed) and the runner programs it later."""
+        key, ip = pod_key(namespace, name), first_ipv4(addresses)
+        if key is None or ip is None:
+            return self._closed(BindOutcome(False, ClosedReason.UNKNOWN_POD))
+        target = self.bindings.bind(key, Binding(container_id, ip, interface, time.monotonic()))
+        if not self.caches_synced() or self.last_report is None:
+            self._request()            # programmed by the runner once the caches list
+            return self._closed(BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED))
+        outcome = self.bindings.wait(key, ip, target, deadline=deadline, sync_to=self._sync_to,
+                                     cached=lambda k: k in self.view.pods)
+        return self._closed(outcome) if not outcome.programmed else outcome
+
+    def unbind_pod(self, namespace: object, name: object, *, container_id: str, deadline: float) -> BindOutcome:
+        """A DEL: the pod's bound address is its no more (closed, out of every set) once this returns."""
+        key = pod_key(namespace, name)
+        target = self.bindings.unbind(key, container_id) if key is not None else None
+        if target is None:
+            return BindOutcome(False, ClosedReason.UNKNOWN_POD)
+        if not self.caches_synced() or self.last_report is None:
+            self._request()
+            return BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED)
+        try:
+            return BindOutcome(True, None, self._sync_to(target, deadline))
+        except TimeoutError:
+            self._request()
+            return BindOutcome(False, ClosedReason.ENGINE_BUSY)
+        except Exception:
+            return BindOutcome(False, ClosedReason.PROGRAMMING_FAILED)
+
+    def _sync_to(self, epoch: int, deadline: float) -> int:
+        """Make sure a sync that started at `epoch` or later has succeeded: the group commit.
+        Returns 1 when this caller ran it, 0 when another had; raises what the sync raised."""
+        if self.bindings.synced_epoch >= epoch:
+            return 0
+        if not self._sync_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("a policy sync held the engine past the deadline")
+        try:
+            if self.bindings.synced_epoch >= epoch:
+                return 0                  # a sync that started after ours was recorded covered it
+            try:
+                self._sync(SyncKind.PARTIAL)
+            except Exception:
+                log.exception("network policy: programming a new pod failed; it stays closed, retried")
+                self._request()           # the dataplane reads the kernel again after a failure
+                raise
+            return 1
+        finally:
+            self._sync_lock.release()
+
+    def _closed(self, outcome: BindOutcome) -> BindOutcome:
+        if self.metrics is not None and outcome.reason is not None:
+            self.metrics.closed_after_add.labels(reason=outcome.reason.value).inc()
+        return outcome
 
 
 POLICY, POD, NAMESPACE = "NetworkPolicy", "Pod", "Namespace"
