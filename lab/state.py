@@ -57,6 +57,7 @@ class LabState:
     manifest: str | None = None     # the DaemonSet manifest they run from
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
+    tors: dict = field(default_factory=dict)    # bgp mode: segment -> its ToR (bgp_fabric.TorState's fields)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
