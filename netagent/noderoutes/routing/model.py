@@ -38,9 +38,10 @@ class Mode(enum.Enum):
     HOST_GW = "host-gw"
     IPIP = "ipip"
     AUTO = "auto"
+    BGP = "bgp"  # routes learnt by BIRD (noderoutes/bgp/), admitted into main; no encapsulation
 
 
-ENCAP_OVERHEAD = {Mode.VXLAN: 50, Mode.IPIP: 20, Mode.HOST_GW: 0}  # outer headers per packet
+ENCAP_OVERHEAD = {Mode.VXLAN: 50, Mode.IPIP: 20, Mode.HOST_GW: 0, Mode.BGP: 0}  # outer headers per packet
 
 
 def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int) -> int:
@@ -140,7 +141,7 @@ class RoutingSettings:
         """The encapsulation whose device this mode needs (None for host-gw)."""
         if self.mode is Mode.AUTO:
             return self.auto_encap
-        return None if self.mode is Mode.HOST_GW else self.mode
+        return None if self.mode in (Mode.HOST_GW, Mode.BGP) else self.mode
 
 
 # ---------------------------------------------------------------- desired kernel objects

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import Iterable
+from typing import Iterable, Mapping
+
+from netagent.noderoutes.bgp.mirror import render_bgp_peer
 
 from netagent.noderoutes.routing.admission import Admission
 from netagent.noderoutes.routing.auto import render_auto_peer
@@ -56,24 +58,26 @@ def render_devices(local: LocalNode, settings: RoutingSettings) -> tuple:
     return ()
 
 
-def _render_backend(local: LocalNode, peer: Peer, cidrs: tuple,
-                    settings: RoutingSettings) -> PeerPlan | Pending | Refused:
+def _render_backend(local: LocalNode, peer: Peer, cidrs: tuple, settings: RoutingSettings,
+                    learnt: Mapping) -> PeerPlan | Pending | Refused:
+    if settings.mode is Mode.BGP:
+        return render_bgp_peer(peer, cidrs, learnt)
     if settings.mode is Mode.VXLAN:
         return render_vxlan_peer(peer, cidrs, settings)
     if settings.mode is Mode.HOST_GW:
         return render_host_gw_peer(local, peer, cidrs)
     if settings.mode is Mode.IPIP:
         return render_ipip_peer(peer, cidrs, settings)
-    return render_auto_peer(local, peer, cidrs, settings)
+    return render_auto_peer(local, peer, cidrs, settings, learnt=learnt)
 
 
 def _render_peer(local: LocalNode, peer: Peer, cidrs: tuple, settings: RoutingSettings, *,
-                 admission: Admission) -> PeerPlan | Pending | Refused:
+                 admission: Admission, learnt: Mapping) -> PeerPlan | Pending | Refused:
     """One peer's outcome; an accepted peer's claims are recorded so younger peers see them."""
     refused = admission.check(peer, cidrs)
     if refused is not None:
         return refused
-    result = _render_backend(local, peer, cidrs, settings)
+    result = _render_backend(local, peer, cidrs, settings, learnt)
     if isinstance(result, PeerPlan):
         refused = admission.check_macs(result)
         if refused is not None:
@@ -84,9 +88,11 @@ def _render_peer(local: LocalNode, peer: Peer, cidrs: tuple, settings: RoutingSe
 
 
 def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettings, *,
-                bounds: PeerBounds) -> Plan:
+                bounds: PeerBounds, learnt: Mapping | None = None) -> Plan:
     """Everything the kernel should hold for `peers` (a peer named like the local node is skipped);
-    only peers inside `bounds` and holding their claims (`admission.py`) get objects."""
+    only peers inside `bounds` and holding their claims (`admission.py`) get objects. `learnt`:
+    the routes BIRD learnt over BGP (destination -> Route, `noderoutes/bgp/learnt.py`), which
+    `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only."""
     devices = render_devices(local, settings)
     by_name = {peer.name: peer for peer in peers if peer.name != local.name}
     admission = Admission(local, by_name.values(), bounds=bounds, devices=devices)
@@ -101,7 +107,7 @@ def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettin
         if not peer.pod_cidrs:
             pending[name] = "no pod CIDR yet"
         elif cidrs:  # an IPv6-only peer has nothing to route in this release
-            result = _render_peer(local, peer, cidrs, settings, admission=admission)
+            result = _render_peer(local, peer, cidrs, settings, admission=admission, learnt=learnt or {})
             if isinstance(result, PeerPlan):
                 planned[name] = result
             elif isinstance(result, Pending):

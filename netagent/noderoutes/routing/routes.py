@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterable
+from typing import Callable, Iterable, Mapping
 
 from netagent.kernel.errors import KernelError
 from netagent.noderoutes.routing.model import (
@@ -47,13 +47,16 @@ from netagent.noderoutes.routing.model import (
 from netagent.noderoutes.routing.plan import ObjectChanges, describe, diff_objects, render_devices, render_plan
 
 _log = logging.getLogger("netagent.noderoutes.routing")
-_CONCRETE_MODES = (Mode.HOST_GW, Mode.VXLAN, Mode.IPIP)
+_CONCRETE_MODES = (Mode.HOST_GW, Mode.VXLAN, Mode.IPIP)  # always reported; bgp where it may occur
 
 
 class RouteManager:
     def __init__(self, *, kernel: RoutingKernel, settings: RoutingSettings, local: LocalNode,
-                 bounds: PeerBounds, log: logging.Logger = _log) -> None:
+                 bounds: PeerBounds, log: logging.Logger = _log,
+                 learnt: Callable[[], Mapping] | None = None) -> None:
+        """`learnt` reads the routes BIRD learnt (`noderoutes/bgp/learnt.py`) for bgp and auto modes."""
         self.kernel = kernel
+        self.learnt = learnt
         self.settings = settings
         self.local = local
         self.bounds = bounds
@@ -145,7 +148,8 @@ class RouteManager:
 
     # ------------------------------------------------------------ objects
     def _render(self) -> Plan:
-        plan = render_plan(self.local, self._peers.values(), self.settings, bounds=self.bounds)
+        plan = render_plan(self.local, self._peers.values(), self.settings, bounds=self.bounds,
+                           learnt=self.learnt() if self.learnt is not None else None)
         self._log_status(plan)
         return plan
 
@@ -197,8 +201,10 @@ class RouteManager:
         report.refused = dict(plan.refused)
         report.pending = sorted(plan.pending)
         report.peers_by_mode = {mode.value: 0 for mode in _CONCRETE_MODES}
+        if self.settings.mode is Mode.BGP or self.learnt is not None:
+            report.peers_by_mode[Mode.BGP.value] = 0
         for peer in self._programmed.values():
-            report.peers_by_mode[peer.mode.value] += 1
+            report.peers_by_mode[peer.mode.value] = report.peers_by_mode.get(peer.mode.value, 0) + 1
         if report.added or report.removed:
             self.log.info("routing: %d written, %d removed, %d unchanged", report.added, report.removed,
                           report.unchanged)

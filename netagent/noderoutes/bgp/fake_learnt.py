@@ -1,0 +1,34 @@
+"""`FakeLearntRoutes`: our BGP table in memory; `learn`/`forget` play BIRD writing it."""
+from __future__ import annotations
+
+from typing import Callable
+
+from netagent.noderoutes.bgp.learnt import LearntRoutes
+from netagent.noderoutes.routing.model import Route
+
+
+class FakeLearntRoutes(LearntRoutes):
+    def __init__(self) -> None:
+        self.routes: dict = {}
+        self._callbacks: list[Callable[[], None]] = []
+
+    def dump(self) -> dict:
+        return dict(self.routes)
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def flush(self) -> list[str]:
+        removed = [f"route {dst} table fake" for dst in self.routes]
+        self.routes.clear()
+        return removed
+
+    def learn(self, route: Route) -> None:
+        self.routes[route.dst] = route
+        for callback in self._callbacks:
+            callback()
+
+    def forget(self, dst) -> None:
+        self.routes.pop(dst, None)
+        for callback in self._callbacks:
+            callback()
