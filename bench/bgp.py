@@ -108,6 +108,22 @@ class Fleet:
             with open(self._path(index, "conf"), "w") as f:
                 f.write(self.render(index))
             self.monitors[index] = RouteMonitor(self.netns(index))
+        self._pin_neighbours()
+
+    def _pin_neighbours(self) -> None:
+        """Every node's neighbours as permanent entries. The kernel's ARP table is one for all
+        namespaces, capped (gc_thresh3, 1024 by default, a root-namespace sysctl we leave alone):
+        a 100-node mesh needs 10,000 entries, and resolving them dynamically overflows the table
+        (sessions stuck, other users of the machine starved). Permanent entries are exempt."""
+        macs = {}
+        for index in self.indexes:
+            link = json.loads(namespaces.run_in(self.netns(index), ["ip", "-j", "link", "show", "eth0"],
+                                                check=True).stdout)[0]
+            macs[index] = link["address"]
+        for index in self.indexes:
+            batch = "".join(f"neigh replace {self.address(other)} lladdr {macs[other]} dev eth0 nud permanent\n"
+                            for other in self.indexes if other != index)
+            namespaces.run_in(self.netns(index), ["ip", "-batch", "-"], input=batch, check=True)
 
     def _path(self, index: int, kind: str) -> str:
         return os.path.join(self.workdir, f"n{index}.{kind}")
@@ -156,7 +172,7 @@ def measure(topology: str, members: int, samples: int, *, bfd: bool) -> dict:
             fleet.start(index)
         settled = fleet.wait_routes("added", range(1, members + 1), [pod_cidr(i) for i in range(1, members + 1)]
                                     ) if members > 1 else started
-        row = {"topology": topology, "nodes": members, "bfd": bfd, "initial_s": max(0.0, settled - started),
+        row: dict = {"topology": topology, "nodes": members, "bfd": bfd, "initial_s": max(0.0, settled - started),
                "join_ms": [], "leave_ms": [], "failure_ms": []}
         for index in range(members + 1, members + samples + 1):
             others = range(1, members + 1)

@@ -3,25 +3,33 @@
 `physical.build_tors` wires the ToR namespaces; this module gives each its BIRD (configuration
 from `tor_bird.py`'s typed values, its own control socket, config and log under
 `<workdir>/bgp/tor<k>/`, started with `-f` as a lab process so `lab down` stops it by pid),
-reloads it (`birdc configure`), and reads its sessions back (`birdc show protocols`). The nodes'
+reloads it (`birdc configure`), and reads its sessions back (`birdc show protocols all`, parsed by the product's `bgp/status.py`). The nodes'
 side is the agent's (`--backend bgp`): every node peers with its segment's ToR, which
 `topology_configmap` tells the agents (the topology ConfigMap, peers per underlay subnet).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network
 
 from lab import physical
 from lab.processes import Processes, process_alive, tail
 from lab.state import LabError, LabState
 from lab.tor_bird import FabricPeer, TorConfig, render_tor_config, tor_asn
 from netagent.kernel import namespaces
+from netagent.noderoutes.bgp.status import parse_protocols
+from netagent.noderoutes.bgp.topology import DEFAULT_AS
+from netagent.noderoutes.routing.model import Mode
 
-CLUSTER_ASN = 64512          # the nodes' AS (the agents' topology ConfigMap says so)
+MODE = Mode.BGP.value        # the lab's --mode (the agents' --backend) that builds a fabric
+CLUSTER_ASN = DEFAULT_AS     # the nodes' AS (the agents' topology ConfigMap says so)
+TOPOLOGY_CONFIGMAP = ("kube-system", "netagent-bgp")   # the agents' --bgp-config
 BIRDC_TIMEOUT = 30.0
 
 
@@ -65,17 +73,6 @@ def birdc(netns: str, socket: str, *argv: str) -> str:
     return done.stdout
 
 
-def parse_protocols(text: str) -> list:
-    """`birdc show protocols` -> the BGP ones: name, state, since, info (Established, Active, ...)."""
-    sessions = []
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) >= 5 and words[1] == "BGP":
-            sessions.append({"name": words[0], "state": words[3], "since": words[4],
-                             "info": " ".join(words[5:])})
-    return sessions
-
-
 class BgpFabric:
     """The ToRs of one lab: build, start, reload, read, remove."""
 
@@ -87,8 +84,10 @@ class BgpFabric:
     def tors(self) -> list:
         return [TorState(**tor) for _, tor in sorted(self.state.tors.items())]
 
-    def build(self, *, cluster_cidr: IPv4Network) -> None:
+    def build(self, *, cluster_cidr: IPv4Network | IPv6Network) -> None:
         """The ToR namespaces, their links and their BIRDs (running, not yet peered)."""
+        if not isinstance(cluster_cidr, IPv4Network):
+            raise LabError(f"bgp mode: the lab's fabric is IPv4; cluster CIDR {cluster_cidr}")
         names = {segment: f"{self.state.prefix}-tor{segment}" for segment in range(1, self.state.segments + 1)}
         for segment, netns in names.items():
             self.state.tors[str(segment)] = vars(TorState(
@@ -98,6 +97,20 @@ class BgpFabric:
         for tor in self.tors:
             self._write_config(tor, cluster_cidr=cluster_cidr)
             self._start(tor)
+
+    def topology_configmap(self) -> dict:
+        """The agents' topology: the cluster's AS, no node-to-node mesh, and per underlay subnet
+        its ToR as the external peer (so a node learns its peer from where it is plugged)."""
+        peers = [{"address": tor.address, "as": tor.asn, "subnet": str(physical.segment_network(tor.segment))}
+                 for tor in self.tors]
+        namespace, name = TOPOLOGY_CONFIGMAP
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": namespace, "name": name},
+                "data": {"asNumber": str(CLUSTER_ASN), "nodeToNodeMesh": "false",
+                         "externalPeers": json.dumps(peers)}}
+
+    def agent_arguments(self, node_dir: str) -> list:
+        """What an agent on a node of this lab runs with, besides `--backend bgp`."""
+        return ["--bgp-state-dir", node_bird_dir(node_dir), "--bgp-config", "/".join(TOPOLOGY_CONFIGMAP)]
 
     def _write_config(self, tor: TorState, *, cluster_cidr: IPv4Network) -> None:
         os.makedirs(tor.directory, exist_ok=True)
@@ -122,14 +135,67 @@ class BgpFabric:
             entry = {"segment": tor.segment, "netns": tor.netns, "address": tor.address, "asn": tor.asn,
                      "socket": tor.socket, "running": process_alive(tor.bird_pid)}
             try:
-                entry["sessions"] = parse_protocols(birdc(tor.netns, tor.socket, "show", "protocols"))
+                entry["sessions"] = [session.as_dict() for session in
+                                     parse_protocols(birdc(tor.netns, tor.socket, "show", "protocols", "all"))]
             except (LabError, OSError, subprocess.SubprocessError) as error:
                 entry["error"] = str(error)
             found.append(entry)
         return found
 
-    def down(self) -> None:
-        """Stop every ToR's BIRD and remove its namespace; safe to repeat."""
+    def down(self, node_dirs: list) -> None:
+        """Stop every ToR's BIRD and remove its namespace, and any BIRD an agent left on a node
+        (`node_dirs`); safe to repeat."""
+        for node_dir in node_dirs:
+            kill_node_bird(node_dir)
         for tor in self.tors:
             self.processes.kill(tor.bird_pid)
             namespaces.remove(tor.netns)
+
+
+# ---------------------------------------------------------------- the nodes' BIRDs (the agents')
+def node_bird_dir(node_dir: str) -> str:
+    """The agent's `--bgp-state-dir` on a lab node: its BIRD's config, socket, pid file, log."""
+    return os.path.join(node_dir, "bird")
+
+
+def node_sessions(netns: str, node_dir: str) -> list:
+    """The node's BGP sessions, read from its BIRD's control socket (as `netagent status bgp`)."""
+    text = birdc(netns, os.path.join(node_bird_dir(node_dir), "bird.ctl"), "show", "protocols", "all")
+    return [session.as_dict() for session in parse_protocols(text)]
+
+
+def node_status(netns: str, node_dir: str) -> dict:
+    """`lab status`'s view of a node's BGP: its sessions, or why they could not be read."""
+    try:
+        return {"sessions": node_sessions(netns, node_dir)}
+    except (LabError, OSError, subprocess.SubprocessError) as error:
+        return {"error": str(error)}
+
+
+def describe(entry: dict) -> str:
+    """One line of `lab status` for a node's or ToR's BGP: each session's neighbour and state."""
+    if "error" in entry:
+        return f"sessions unknown ({entry['error'].strip().splitlines()[-1] if entry['error'].strip() else 'error'})"
+    sessions = entry.get("sessions") or []
+    return ", ".join(f"{s['name']} {s['neighbor'] or '(range)'} {s['bgpState'] or s['state']}" for s in sessions) \
+        or "no sessions"
+
+
+def withdraw_node(netns: str, node_dir: str) -> None:
+    """Before a node leaves: its BIRD says goodbye (`birdc down`: a Cease to every peer), so its
+    ToR and peers withdraw its routes now rather than after the graceful-restart time. Quiet
+    when no BIRD answers (the agent already stopped)."""
+    socket = os.path.join(node_bird_dir(node_dir), "bird.ctl")
+    if os.path.exists(socket):
+        namespaces.run_in(netns, ["birdc", "-s", socket, "down"], timeout=BIRDC_TIMEOUT)
+
+
+def kill_node_bird(node_dir: str) -> None:
+    """A BIRD an agent left (an agent killed with -9 leaves its child running): killed by its pid file."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(node_bird_dir(node_dir), "bird.pid")) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "bird":
+                return
+        os.kill(pid, signal.SIGKILL)

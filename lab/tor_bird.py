@@ -95,7 +95,8 @@ def render_tor_config(config: TorConfig) -> str:
     cluster = IPv4Network(config.cluster_cidr)
     accept = f"[ {cluster}{{{cluster.prefixlen},32}} ]"
     lines = [HEADER.rstrip("\n"), f"router id {config.router_id};",
-             "log stderr { info, remote, warning, error, auth, fatal, bug };", "",
+             "log stderr { info, remote, warning, error, auth, fatal, bug };",
+             "timeformat protocol iso long;", "",
              "protocol device device1 {", "  scan time 10;", "}", "",
              "protocol kernel kernel4 {", "  ipv4 { import none; export where source = RTS_BGP; };", "  learn off;",
              "}", "",
