@@ -64,7 +64,8 @@ def _cmd_cleanup(args) -> int:
     removed = (remove_ebpf_state(bpf_root=args.bpf_root, cgroup=args.cgroup_root) + remove_proxy_state()
                + remove_policy_state_everywhere())
     removed += [f"interface {name}" for name in remove_owned_links()]
-    removed += remove_owned_routing() + remove_owned_chains()
+    from netagent.daemon.cleanup import remove_bgp_state
+    removed += remove_bgp_state(args.bgp_state_dir) + remove_owned_routing() + remove_owned_chains()
     for line in removed:
         print(f"removed {line}")
     print(f"{len(removed)} item(s) removed")
@@ -74,6 +75,12 @@ def _cmd_cleanup(args) -> int:
 def _cmd_status_services(args) -> int:
     from netagent.daemon.status_services import status_services
     print(status_services(iptables_backend=args.iptables_backend, as_json=args.json, bpf_root=args.bpf_root))
+    return 0
+
+
+def _cmd_status_bgp(args) -> int:
+    from netagent.daemon.status_bgp import bgp_status, render_bgp_status
+    print(render_bgp_status(bgp_status(state_dir=args.bgp_state_dir), as_json=args.json))
     return 0
 
 
@@ -136,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove every interface, route, device and iptables chain netagent created on this node")
     cleanup.add_argument("--bpf-root", help="also unpin the eBPF proxy's maps under this bpffs directory")
     cleanup.add_argument("--cgroup-root", help="also detach the eBPF proxy's programs from this cgroup")
+    cleanup.add_argument("--bgp-state-dir", default=owned.BIRD_STATE_DIR, help="where our BIRD keeps its pid file")
     cleanup.set_defaults(func=_cmd_cleanup)
 
     status = sub.add_parser("status", help="what netagent has programmed on this node").add_subparsers(
@@ -150,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     bpf.add_argument("--bpf-root", help="the bpffs directory the agent pins its maps in")
     bpf.add_argument("--cgroup-root", help="the cgroup the agent attaches its programs to")
     bpf.set_defaults(func=_cmd_status_bpf)
+    bgp = status.add_parser("bgp", help="BGP sessions of our BIRD (--backend bgp): peer, AS, state, routes")
+    bgp.add_argument("--json", action="store_true")
+    bgp.add_argument("--bgp-state-dir", default=owned.BIRD_STATE_DIR, help="where our BIRD's control socket is")
+    bgp.set_defaults(func=_cmd_status_bgp)
     policy = status.add_parser("policy", help="which policies isolate this node's pods, what they allow, what "
                                               "they denied; --trace: would FROM reach TO? (read from the kernel)")
     policy.add_argument("pod", nargs="?", help="ns/name, name or address (default: every isolated pod)")

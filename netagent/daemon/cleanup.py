@@ -5,7 +5,8 @@
   name alone, so an administrator's own `na...` interface survives. Deleting a host veth
   removes its pod end and the node routes through it;
 - node routing: routes carrying our route protocol number and our `na-` VXLAN/IPIP devices
-  (their neighbour and FDB entries go with them);
+  (their neighbour and FDB entries go with them); `--backend bgp`: our BIRD (by the pid file
+  in its state directory; SIGTERM, so peers withdraw our routes) and our BGP table's routes;
 - iptables: every `NETAGENT-` chain and every jump to one, on both backends (legacy and
   nft), since a previous run may have used either;
 - the service proxy: first its own cleanup (rules, then the ipsets they used, IPVS virtual
@@ -25,6 +26,19 @@ def remove_owned_links(kernel: CniKernel | None = None) -> list[str]:
         from cni.netlink_kernel import NetlinkCniKernel
         kernel = NetlinkCniKernel()
     return [link.name for link in kernel.owned_links() if kernel.delete_link(link.name)]
+
+
+def remove_bgp_state(state_dir: str) -> list[str]:
+    from netagent.noderoutes.bgp.learnt import NetlinkLearntRoutes
+    from netagent.noderoutes.bgp.supervisor import BirdSupervisor
+    bird = BirdSupervisor(state_dir)
+    removed = [f"BIRD (pid file {bird.pid_path})"] if bird.pid_path.exists() else []
+    bird.stop(withdraw=True)
+    table = NetlinkLearntRoutes()
+    try:
+        return removed + table.flush()
+    finally:
+        table.close()
 
 
 def remove_owned_routing() -> list[str]:

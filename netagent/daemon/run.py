@@ -55,6 +55,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--vxlan-checksum-offload", choices=["auto", "on", "off"], default="auto",
                          help="tx checksum offload on the VXLAN device; auto: off on kernels before 5.7 "
                               "(their NAT checksum bug) and behind NAT, on otherwise")
+    from netagent.daemon.bgp_start import add_bgp_flags
+    add_bgp_flags(cluster)
     cluster.add_argument("--iface", help="the underlay interface, by name")
     cluster.add_argument("--iface-regex", help="the underlay interface, by a regex that must match one")
     cluster.add_argument("--lease-timeout", type=float, default=60.0,
@@ -239,8 +241,11 @@ def _run_cluster_mode(args) -> int:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     # one Node reflector per process: the proxy hears about its own Node through the agent's
+    from netagent.daemon.bgp_start import build_bgp
+    bgp, bgp_config = build_bgp(args, api_client=api_client, rejections=rejections.scope("bgp"))
     host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
-                      iptables=IptablesRunner(backend=backend, family=IpFamily.V4), kernel_release=os.uname().release)
+                      iptables=IptablesRunner(backend=backend, family=IpFamily.V4), kernel_release=os.uname().release,
+                      bgp=bgp)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [],
                       rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(args))
@@ -254,6 +259,8 @@ def _run_cluster_mode(args) -> int:
     status = StatusServer(bind=args.status_bind, registry=None, health=health)
     started = _Started()
     started.add(event_poster.stop)
+    if bgp_config is not None:
+        started.add(bgp_config.stop)
     status.start()
     started.add(status.stop)
     policy = None

@@ -49,6 +49,7 @@ SERVICES = Resource("", "v1", "services", namespaced=True, kind="Service")
 PODS = Resource("", "v1", "pods", namespaced=True, kind="Pod")
 ENDPOINTS = Resource("", "v1", "endpoints", namespaced=True, kind="Endpoints")
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", namespaced=True, kind="EndpointSlice")
+CONFIG_MAPS = Resource("", "v1", "configmaps", namespaced=True, kind="ConfigMap")  # --backend bgp
 NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", namespaced=True, kind="NetworkPolicy")
 
 ALL_RESOURCES: tuple[Resource, ...] = (NODES, NAMESPACES, SERVICES, PODS, ENDPOINTS, ENDPOINT_SLICES,

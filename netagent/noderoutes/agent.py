@@ -50,6 +50,7 @@ from netagent.noderoutes.host import ChecksumOffloadPolicy, HostAccess, Lease, M
 from netagent.noderoutes.routing.model import (
     ChecksumOffload,
     LocalNode,
+    Mode,
     PeerBounds,
     RefusalReason,
     Refused,
@@ -210,6 +211,9 @@ class NodeAgent:
         self._enable_forwarding()
         route_manager, self.masquerade = self._build_managers(underlay)
         self.route_manager = route_manager
+        if self.host.bgp is not None:  # BIRD's writes to our table poke the runner (event-driven)
+            self.host.bgp.watch_learnt(self._request_partial)
+            self.host.bgp.register_metrics(self.metrics.registry)
         backend_data = route_manager.ensure_local()
         self._announce(own, backend_data, underlay)
         self._report_lease(underlay)
@@ -226,6 +230,9 @@ class NodeAgent:
         if self._runner_health is None:
             self._runner_health = health_from_sync_runner(
                 self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))
+        bird_down = self.host.bgp.health_error() if self.host.bgp is not None else ""
+        if bird_down:
+            return HealthReport(healthy=False, reason=bird_down, details={})
         return self._runner_health()  # refused Nodes: the daemon lists every rejection (rejection_reports.py)
 
     def stop(self) -> None:
@@ -233,6 +240,8 @@ class NodeAgent:
             self.runner.stop(timeout=5)
         if self.reflector is not None:
             self.reflector.stop()
+        if self.host.bgp is not None:  # peers hold our routes while the next agent starts BIRD again
+            self.host.bgp.stop(withdraw=False)
 
     def _wait_for_lease(self, reflector: NodeWatch) -> dict:
         name = self.settings.node_name
@@ -285,7 +294,11 @@ class NodeAgent:
                           pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
         routing = dataclasses.replace(self.settings.routing,
                                       vxlan_checksum_offload=self._checksum_offload(underlay))
-        route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local, bounds=self.bounds())
+        bgp = self.host.bgp
+        if routing.mode is Mode.BGP and bgp is None:
+            raise AgentStartError("--backend bgp needs BIRD (the daemon hands the agent a BgpSpeaker)")
+        route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local, bounds=self.bounds(),
+                                     learnt=bgp.learnt if bgp is not None else None)
         masquerade = None
         if self.settings.masquerade is Masquerade.ON:
             if self.host.iptables is None:
@@ -430,8 +443,19 @@ class NodeAgent:
                 self._record_rejections(partial)
             raise
         self._record_rejections(report)
+        self._configure_bgp(route_manager, report)
         self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
+
+    def _configure_bgp(self, route_manager: RouteManager, report: SyncReport) -> None:
+        """BIRD's configuration from this sync's view: the peers the plan admitted (`noderoutes/bgp/`)."""
+        bgp, underlay, reflector = self.host.bgp, self.underlay, self.reflector
+        if bgp is None or underlay is None or reflector is None:
+            return
+        admitted = [p for p in route_manager.known_peers() if p.name not in report.refused and p.pod_cidrs]
+        bgp.configure_from_cluster(node_name=self.settings.node_name, address=underlay.public_ip,
+                                   pod_cidrs=self.pod_cidrs, admitted=admitted, nodes=reflector.store.get,
+                                   local_network=underlay.network)
 
     def _record_rejections(self, report: SyncReport) -> None:
         """Every Node refused now (unreadable, added to `report.refused` here, or refused by the

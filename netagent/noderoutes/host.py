@@ -23,12 +23,15 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from netagent.kernel.iptables.runner import Iptables
 from netagent.kernel.sysctl import Sysctls
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes.routing.model import RoutingKernel
+
+if TYPE_CHECKING:
+    from netagent.noderoutes.bgp.speaker import BgpSpeaker
 
 
 class Masquerade(enum.Enum):
@@ -58,6 +61,7 @@ class HostAccess:
     sysctls: Sysctls
     iptables: Iptables | None = None  # masquerade's runner; only None with Masquerade.OFF
     kernel_release: str = ""          # `os.uname().release`; read by ChecksumOffloadPolicy.AUTO only
+    bgp: BgpSpeaker | None = None     # --backend bgp: BIRD and the routes it learnt (noderoutes/bgp/)
 
 
 class NodeStore(Protocol):

@@ -190,3 +190,28 @@ def test_rogue_announcements_outside_the_cluster_or_of_another_node_are_filtered
         assert table[str(pod_cidr(1))] == "192.168.60.11"   # node 1's CIDR still from node 1
         assert str(pod_cidr(0)) not in table                  # our own never learnt
         assert main[str(pod_cidr(2))] == "192.168.60.12"
+
+
+def test_status_bgp_and_cleanup_from_the_cli_in_a_node_namespace():
+    import json
+    import sys
+    with BgpWorld(2, topology=FAST) as world:
+        world.start()
+        wait_for(lambda: all_routed(world), what="both pod CIDRs routed")
+        node = world.nodes[0]
+        state_dir = str(node.bird.state_dir)
+        status = namespaces.run_in(world.names["n0"], [sys.executable, "-m", "netagent.cli", "status", "bgp",
+                                                       "--json", "--bgp-state-dir", state_dir], check=True)
+        [peer] = json.loads(status.stdout)["peers"]
+        assert (peer["neighbor"], peer["as"], peer["bgpState"], peer["routesImported"]) == \
+            ("192.168.60.11", 64512, "Established", 1)
+        node.runner.stop(timeout=10)  # the agent is gone; what it left is cleaned up
+        pid = node.bird.pid
+        node.bird._stopping.set()     # and its supervisor no longer restarts BIRD
+        out = namespaces.run_in(world.names["n0"], [sys.executable, "-m", "netagent.cli", "cleanup",
+                                                    "--bgp-state-dir", state_dir], check=True).stdout
+        assert "removed BIRD" in out and f"route {pod_cidr(1)} table 7878" in out
+        wait_for(lambda: not __import__("os").path.exists(f"/proc/{pid}"), what="our BIRD to exit")
+        assert node.table_routes() == {} and node.main_routes() == {}
+        # SIGTERM: BIRD told its peer, which withdrew our CIDR at once (no graceful restart hold)
+        wait_for(lambda: str(pod_cidr(0)) not in world.nodes[1].main_routes(), what="peer withdrew node 0's CIDR")

@@ -199,3 +199,31 @@ def test_parse_a_session_that_went_down_from_real_output():
 def test_parser_tolerates_unexpected_text(text):
     for session in parse_protocols(text):
         assert session.neighbor_as is None
+
+
+# ---------------------------------------------------------------- status and metrics
+
+def test_status_renders_sessions_as_text_and_json():
+    import json
+
+    from netagent.daemon.status_bgp import render_bgp_status
+    sessions = parse_protocols((GOLDEN / "show_protocols_down.txt").read_text())
+    text = render_bgp_status(sessions, as_json=False)
+    assert text.splitlines()[1].split()[:3] == ["192.168.7.2", "64512", "Active"]
+    assert text.endswith("Received: Administrative shutdown")
+    [peer_json] = json.loads(render_bgp_status(sessions, as_json=True))["peers"]
+    assert peer_json["neighbor"] == "192.168.7.2" and peer_json["lastError"] == "Received: Administrative shutdown"
+
+
+def test_metrics_read_the_sessions_and_survive_a_bird_that_is_down():
+    from netagent.infra.metrics import Registry
+    bgp, bird = speaker()
+    registry = Registry()
+    bgp.register_metrics(registry)
+    bgp.configure(node(1), [node(2)], local_network=UNDERLAY)
+    bird.protocols_output = (GOLDEN / "show_protocols_up.txt").read_text()
+    text = registry.render()
+    assert 'netagent_bgp_session_up{peer="192.168.7.2"} 1' in text
+    assert 'netagent_bgp_routes{peer="192.168.7.2",direction="imported"} 1' in text
+    bird.crash()
+    assert "netagent_bgp_session_up{" not in registry.render()

@@ -11,10 +11,18 @@ one sync, and its announced CIDR a route in main in the sync its arrival in our 
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Iterable
 
+from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.noderoutes.bgp.bird_config import render_bird_config
+from netagent.noderoutes.bgp.cluster_config import (
+    PEERS_ANNOTATION,
+    is_reflector,
+    node_annotation,
+    parse_node_peers,
+    parse_topology,
+)
 from netagent.noderoutes.bgp.control import BirdControl, BirdError, BirdHealth
 from netagent.noderoutes.bgp.learnt import LearntRoutes
 from netagent.noderoutes.bgp.status import SessionStatus, parse_protocols
@@ -24,7 +32,15 @@ log = logging.getLogger("netagent.bgp")
 
 
 class BgpSpeaker:
-    def __init__(self, *, bird: BirdControl, learnt: LearntRoutes, topology: TopologySettings) -> None:
+    def __init__(self, *, bird: BirdControl, learnt: LearntRoutes, topology: TopologySettings,
+                 rejections: RejectionScope | None = None,
+                 topology_source: Callable[[], object] = lambda: None) -> None:
+        """`topology` holds the defaults (flags); `topology_source()` returns the topology ConfigMap
+        (a raw object from its watch, or None), whose values override them one by one."""
+        self.rejections = rejections if rejections is not None else standalone("bgp")
+        self.defaults = topology
+        self.topology_source = topology_source
+        self._poke: Callable[[], None] = lambda: None
         self.bird = bird
         self.learnt_routes = learnt
         self.topology = topology
@@ -43,14 +59,71 @@ class BgpSpeaker:
         self.last_text = text
         return changed
 
+    def configure_from_cluster(self, *, node_name: str, address: IPv4Address, pod_cidrs: tuple,
+                               admitted: Iterable, nodes: Callable[[str], object],
+                               local_network: IPv4Network) -> bool:
+        """`configure` from the node agent's view: `admitted` are the peers the plan admitted
+        (`routing/model.Peer`), `nodes(name)` the raw Node objects (labels: reflectors; this Node's
+        annotation: its external peers, each refused entry recorded in scope `bgp`)."""
+        self._read_topology()
+        label = self.topology.reflector_label
+        own = nodes(node_name)
+        peers, refusals = parse_node_peers(node_annotation(own, PEERS_ANNOTATION)) \
+            if node_annotation(own, PEERS_ANNOTATION) is not None else ((), [])
+        self.node_peers = peers
+        if refusals:
+            self.rejections.reject(ObjectRef.of("Node", own, key=node_name), reason="malformed",
+                                   detail=f"{PEERS_ANNOTATION}: " + "; ".join(refusals[:5]))
+        else:
+            self.rejections.accept(kind="Node", key=node_name)
+        local = BgpNode(node_name, address, tuple(c for c in pod_cidrs if c.version == 4),
+                        reflector=is_reflector(own, label))
+        others = [BgpNode(p.name, p.public_ip, tuple(p.pod_cidrs), reflector=is_reflector(nodes(p.name), label))
+                  for p in admitted]
+        return self.configure(local, others, local_network=local_network)
+
+    def _read_topology(self) -> None:
+        source = self.topology_source()
+        data = source.get("data") if isinstance(source, dict) else None
+        self.topology, refusals = parse_topology(data, self.defaults)
+        ref = ObjectRef.of("ConfigMap", source, key="topology")
+        if refusals:
+            self.rejections.reject(ref, reason="malformed", detail="; ".join(refusals[:5]))
+        elif source is not None:
+            self.rejections.accept(kind="ConfigMap", key=ref.key)
+
+    def poke(self) -> None:
+        """Ask the agent for a sync (the topology ConfigMap changed)."""
+        self._poke()
+
     def learnt(self) -> dict:
         return self.learnt_routes.dump()
 
     def watch_learnt(self, callback: Callable[[], None]) -> None:
+        """`callback` (the agent's sync request) on each change of our table or of the topology."""
+        self._poke = callback
         self.learnt_routes.watch(callback)
 
     def sessions(self) -> list[SessionStatus]:
         return parse_protocols(self.bird.show_protocols())
+
+    def register_metrics(self, registry) -> None:
+        """`netagent_bgp_session_up{peer}` and `netagent_bgp_routes{peer,direction}`, read from
+        BIRD when scraped (at most once a second: the status server's snapshots)."""
+        def sessions() -> list[SessionStatus]:
+            try:
+                return self.sessions()
+            except BirdError:
+                return []
+        registry.callback_gauge("netagent_bgp_session_up", "1 when the BGP session with the peer is established.",
+                                lambda: {(s.neighbor or s.name,): 1.0 if s.up else 0.0 for s in sessions()},
+                                labels=("peer",))
+        registry.callback_gauge(
+            "netagent_bgp_routes", "Routes imported from and exported to the peer.",
+            lambda: {key: float(value) for s in sessions()
+                     for key, value in (((s.neighbor or s.name, "imported"), s.imported),
+                                        ((s.neighbor or s.name, "exported"), s.exported))},
+            labels=("peer", "direction"))
 
     def health(self) -> BirdHealth:
         return self.bird.health()

@@ -110,17 +110,18 @@ class BirdSupervisor(BirdControl):
             time.sleep(0.05)
         raise BirdError(f"BIRD's control socket {self.socket_path} did not answer in {START_TIMEOUT:.0f} s")
 
-    def _kill_leftover(self) -> None:
-        """SIGKILL a BIRD a previous agent left running on our pid file (no notification sent)."""
+    def _kill_leftover(self, sig: int = signal.SIGKILL) -> None:
+        """Stop a BIRD a previous agent left running on our pid file: SIGKILL (no notification
+        sent, peers hold our routes) unless told otherwise."""
         try:
             pid = int(self.pid_path.read_text().split()[0])
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except (OSError, ValueError, IndexError):
             return
         if comm == "bird" and (self._proc is None or self._proc.pid != pid):
-            log.warning("killing a leftover BIRD (pid %d) before starting ours", pid)
+            log.warning("stopping a leftover BIRD (pid %d, signal %d)", pid, sig)
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 return
             for _ in range(200):
@@ -164,7 +165,7 @@ class BirdSupervisor(BirdControl):
                 proc.kill()
                 proc.wait()
         elif proc is None:
-            self._kill_leftover()
+            self._kill_leftover(signal.SIGTERM if withdraw else signal.SIGKILL)
         if self._monitor is not None:
             self._monitor.join(timeout=COMMAND_TIMEOUT)
         self._applied = None

@@ -78,6 +78,10 @@ class RouteManager:
             self.apply_changes(upserts=(), removals=())
         return self.backend_data()
 
+    def known_peers(self) -> list[Peer]:
+        """Every peer the last sync was given (admitted or not)."""
+        return list(self._peers.values())
+
     def backend_data(self) -> dict[str, str]:
         return {"vtepMAC": device.mac for device in self.devices if isinstance(device, VxlanDevice)}
 

@@ -1,0 +1,56 @@
+"""`--backend bgp`'s flags and the BGP speaker the daemon hands the node agent.
+
+The flags are the topology's defaults (`TopologySettings`); the ConfigMap `--bgp-config`
+(namespace/name, default kube-system/netagent-bgp) overrides them value by value, through a
+reflector on that one object (a field selector on its name) whose changes ask the agent for a
+sync. BIRD runs as the agent's child with its files under `--bgp-state-dir`.
+"""
+from __future__ import annotations
+
+from netagent.kernel import owned
+
+DEFAULT_CONFIG = "kube-system/netagent-bgp"
+
+
+def add_bgp_flags(group) -> None:
+    group.add_argument("--bgp-state-dir", default=owned.BIRD_STATE_DIR,
+                       help="BIRD's configuration file, control socket and log (--backend bgp)")
+    group.add_argument("--bgp-as", type=int, default=64512, help="the cluster's AS number (default 64512)")
+    group.add_argument("--bgp-mesh", choices=["on", "off"], default="on", help="node-to-node full mesh")
+    group.add_argument("--bgp-bfd", choices=["on", "off"], default="off", help="BFD on every session")
+    group.add_argument("--bgp-reflector-label", default="netagent.io/route-reflector",
+                       help='Nodes with this label set to "true" are route reflectors')
+    group.add_argument("--bgp-config", default=DEFAULT_CONFIG,
+                       help="namespace/name of the topology ConfigMap (overrides the --bgp-* defaults)")
+
+
+def build_bgp(args, *, api_client, rejections):
+    """(speaker, config reflector) for --backend bgp, else (None, None). The reflector is started
+    here; the caller stops it on shutdown."""
+    if args.backend != "bgp":
+        return None, None
+    from netagent.kube.changes import ChangeRecorder
+    from netagent.kube.reflector import Reflector
+    from netagent.kube.resources import CONFIG_MAPS
+    from netagent.noderoutes.bgp.cluster_config import check_label
+    from netagent.noderoutes.bgp.learnt import NetlinkLearntRoutes
+    from netagent.noderoutes.bgp.model import check_as_number
+    from netagent.noderoutes.bgp.speaker import BgpSpeaker
+    from netagent.noderoutes.bgp.supervisor import BirdSupervisor
+    from netagent.noderoutes.bgp.topology import TopologySettings
+    namespace, _, name = args.bgp_config.rpartition("/")
+    defaults = TopologySettings(asn=check_as_number(args.bgp_as, what="--bgp-as"), mesh=args.bgp_mesh == "on",
+                                bfd=args.bgp_bfd == "on", reflector_label=check_label(args.bgp_reflector_label))
+    key = f"{namespace or 'default'}/{name}"
+    speaker: BgpSpeaker
+
+    def changed() -> None:
+        speaker.poke()
+
+    recorder = ChangeRecorder("bgp-config", on_change=changed)
+    reflector = Reflector(api_client=api_client, resource=CONFIG_MAPS, handler=recorder,
+                          namespace=namespace or "default", field_selector=f"metadata.name={name}")
+    speaker = BgpSpeaker(bird=BirdSupervisor(args.bgp_state_dir), learnt=NetlinkLearntRoutes(), topology=defaults,
+                         rejections=rejections, topology_source=lambda: reflector.store.get(key))
+    reflector.start()
+    return speaker, reflector
