@@ -4,9 +4,9 @@ beside the VXLAN backend's, and pod-to-pod throughput over BGP routes across seg
     sudo .venv/bin/python bench/bgp.py [--nodes 10,50,100] [--samples 5] [--bfd-nodes 10] [--iperf-seconds 3]
 
 1. BIRD-only fleets: N node namespaces on one L2 segment, one BIRD 2 each, every configuration
-   rendered by the product (`render_bird_config` of a `BgpNodeConfig`, exactly what the agent
-   renders: its own CIDR announced, per-peer exact import filters, learnt routes into the
-   agent's table), in two topologies: node-to-node full mesh, and two route reflectors with
+   composed and rendered by the product (`compose_node_config`, `render_bird_config`: exactly
+   what the agent runs: its own CIDR announced, per-peer exact import filters, learnt routes
+   into the agent's table), in two topologies: node-to-node full mesh, and two route reflectors with
    every other node their client. Figures per topology and N:
    - initial: from starting every BIRD to every node holding every other node's route;
    - join: from a new node's BIRD starting (its peers already knew it: in the cluster, from its
@@ -43,7 +43,8 @@ from lab import physical  # noqa: E402
 from lab.processes import Processes, process_alive  # noqa: E402
 from netagent.kernel import namespaces, owned  # noqa: E402
 from netagent.noderoutes.bgp.bird_config import render_bird_config  # noqa: E402
-from netagent.noderoutes.bgp.model import Bfd, BgpNodeConfig, BgpPeer, PeerRole, Timers  # noqa: E402
+from netagent.noderoutes.bgp.model import Bfd, BgpNodeConfig, Timers  # noqa: E402
+from netagent.noderoutes.bgp.topology import BgpNode, TopologySettings, compose_node_config  # noqa: E402
 
 ASN = 64512
 REFLECTORS = 2
@@ -77,24 +78,12 @@ class Fleet:
         return self.topology == "reflectors" and index <= REFLECTORS
 
     def config(self, index: int) -> BgpNodeConfig:
-        """What the agent would render for node `index`, knowing every node (samples included)."""
-        def peer(other: int, role: PeerRole, accept) -> BgpPeer:
-            return BgpPeer(address=self.address(other), asn=ASN, role=role, accept=tuple(accept), bfd=self.bfd)
-        others = [i for i in self.indexes if i != index]
-        clients = [i for i in self.indexes if not self.reflector(i)]
-        if self.topology == "mesh":
-            peers = [peer(o, PeerRole.MESH, [pod_cidr(o)]) for o in others]
-        elif self.reflector(index):
-            # a fellow reflector announces its own CIDR only (each reflector has every client)
-            peers = [peer(o, PeerRole.REFLECTOR if self.reflector(o) else PeerRole.REFLECTOR_CLIENT, [pod_cidr(o)])
-                     for o in others]
-        else:
-            peers = [peer(r, PeerRole.REFLECTOR, [pod_cidr(o) for o in others]) for r in range(1, REFLECTORS + 1)]
-        return BgpNodeConfig(router_id=self.address(index), local_address=self.address(index), asn=ASN,
-                             own_cidrs=(pod_cidr(index),), peers=tuple(peers),
-                             reflected=tuple(pod_cidr(c) for c in clients) if self.reflector(index) else (),
-                             rr_cluster_id=IPv4Address("1.0.0.1") if self.reflector(index) else None,
-                             bfd=Bfd())
+        """What the agent composes for node `index` (`topology.compose_node_config`), every node
+        (samples included) admitted: its Node object exists before its BIRD starts."""
+        nodes = [BgpNode(name=f"n{i}", address=self.address(i), cidrs=(pod_cidr(i),), reflector=self.reflector(i))
+                 for i in self.indexes]
+        topology = TopologySettings(asn=ASN, mesh=self.topology == "mesh", bfd=self.bfd)
+        return compose_node_config(nodes[index - 1], nodes, topology, local_network=physical.segment_network(1))
 
     def render(self, index: int) -> str:
         return render_bird_config(self.config(index))

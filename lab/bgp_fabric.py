@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 
 from lab import physical
+from lab.apiclient import LabApiClient
 from lab.processes import Processes, process_alive, tail
 from lab.state import LabError, LabState
 from lab.tor_bird import FabricPeer, TorConfig, render_tor_config, tor_asn
 from netagent.kernel import namespaces
+from netagent.kube.resources import CONFIG_MAPS
 from netagent.noderoutes.bgp.status import parse_protocols
 from netagent.noderoutes.bgp.topology import DEFAULT_AS
 from netagent.noderoutes.routing.model import Mode
@@ -31,6 +33,7 @@ MODE = Mode.BGP.value        # the lab's --mode (the agents' --backend) that bui
 CLUSTER_ASN = DEFAULT_AS     # the nodes' AS (the agents' topology ConfigMap says so)
 TOPOLOGY_CONFIGMAP = ("kube-system", "netagent-bgp")   # the agents' --bgp-config
 BIRDC_TIMEOUT = 30.0
+ROUTED_TIMEOUT = 180.0       # sessions start within seconds; generous for a loaded machine
 
 
 @dataclass
@@ -98,6 +101,11 @@ class BgpFabric:
             self._write_config(tor, cluster_cidr=cluster_cidr)
             self._start(tor)
 
+    def publish_topology(self, api: LabApiClient) -> None:
+        """The topology ConfigMap into the lab's API server, before any agent starts."""
+        config = self.topology_configmap()
+        api.request("POST", CONFIG_MAPS.list_path(config["metadata"]["namespace"]), body=config)
+
     def topology_configmap(self) -> dict:
         """The agents' topology: the cluster's AS, no node-to-node mesh, and per underlay subnet
         its ToR as the external peer (so a node learns its peer from where it is plugged)."""
@@ -162,6 +170,24 @@ def node_sessions(netns: str, node_dir: str) -> list:
     """The node's BGP sessions, read from its BIRD's control socket (as `netagent status bgp`)."""
     text = birdc(netns, os.path.join(node_bird_dir(node_dir), "bird.ctl"), "show", "protocols", "all")
     return [session.as_dict() for session in parse_protocols(text)]
+
+
+def wait_routed(nodes: list, *, timeout: float = ROUTED_TIMEOUT) -> None:
+    """Until every node of `nodes` ((netns, pod CIDR), ...) routes to every other one's pod CIDR:
+    a bgp lab is up when its routes are, which takes the sessions' start (seconds), not only the
+    agents' first sync (what `wait_for_agent` waits for)."""
+    pending = {(netns, cidr) for netns, _ in nodes for other, cidr in nodes if other != netns}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for netns in {netns for netns, _ in pending}:
+            done = namespaces.run_in(netns, ["ip", "-j", "route", "show"], timeout=BIRDC_TIMEOUT)
+            routed = {route.get("dst") for route in json.loads(done.stdout or "[]")}
+            pending = {(n, cidr) for n, cidr in pending if n != netns or cidr not in routed}
+        if pending and time.monotonic() > deadline:
+            raise LabError(f"BGP routes still missing after {timeout:.0f} s: "
+                           + ", ".join(f"{cidr} on {netns}" for netns, cidr in sorted(pending)[:8]))
+        if pending:
+            time.sleep(0.1)
 
 
 def node_status(netns: str, node_dir: str) -> dict:

@@ -142,11 +142,12 @@ class LabCluster(LabPods):
             lab._write_kubeconfig()
             lab.start_apiserver()
             if lab.fabric:
-                lab.api().create(lab.fabric.topology_configmap())
+                lab.fabric.publish_topology(lab.api())
             for i in range(nodes):
                 lab.add_node(segment=(i % segments) + 1, wait=False)
             for name in state.nodes:
                 lab.wait_for_agent(name)
+            lab.wait_routed()
             for name in list(state.nodes):
                 for k in range(pods_per_node):
                     lab.add_pod(f"{name}-pod{k + 1}", node=name)
@@ -256,7 +257,14 @@ class LabCluster(LabPods):
         self.api().create(node_objects.render_node(name, segment=segment, pod_cidr=node.pod_cidr,
                                                    address=node.address))
         self.start_agent(name, wait=wait)
+        if wait:
+            self.wait_routed()
         return node
+
+    def wait_routed(self) -> None:
+        """bgp mode: until every node routes to every other's pod CIDR (other modes: at once)."""
+        if self.fabric:
+            bgp_fabric.wait_routed([(node.netns, node.pod_cidr) for node in self.state.nodes.values()])
 
     def remove_node(self, name: str) -> None:
         node = self._node(name)
