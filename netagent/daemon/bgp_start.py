@@ -1,4 +1,4 @@
-"""`--backend bgp`'s flags and the BGP speaker the daemon hands the node agent.
+"""`--backend bgp`'s flags (and `--auto-bgp`) and the BGP speaker the daemon hands the node agent.
 
 The flags are the topology's defaults (`TopologySettings`); the ConfigMap `--bgp-config`
 (namespace/name, default kube-system/netagent-bgp) overrides them value by value, through a
@@ -13,6 +13,9 @@ DEFAULT_CONFIG = "kube-system/netagent-bgp"
 
 
 def add_bgp_flags(group) -> None:
+    group.add_argument("--auto-bgp", choices=["on", "off"], default="off",
+                       help="--backend auto: also run BIRD, and route a peer on another subnet over its "
+                            "BGP-learnt route when there is one (encapsulation otherwise)")
     group.add_argument("--bgp-state-dir", default=owned.BIRD_STATE_DIR,
                        help="BIRD's configuration file, control socket and log (--backend bgp)")
     group.add_argument("--bgp-as", type=int, default=64512, help="the cluster's AS number (default 64512)")
@@ -24,10 +27,15 @@ def add_bgp_flags(group) -> None:
                        help="namespace/name of the topology ConfigMap (overrides the --bgp-* defaults)")
 
 
+def bgp_wanted(args) -> bool:
+    """BIRD runs with --backend bgp, and with --backend auto --auto-bgp on."""
+    return args.backend == "bgp" or (args.backend == "auto" and args.auto_bgp == "on")
+
+
 def build_bgp(args, *, api_client, rejections):
-    """(speaker, config reflector) for --backend bgp, else (None, None). The reflector is started
+    """(speaker, config reflector) when `bgp_wanted`, else (None, None). The reflector is started
     here; the caller stops it on shutdown."""
-    if args.backend != "bgp":
+    if not bgp_wanted(args):
         return None, None
     from netagent.kube.changes import ChangeRecorder
     from netagent.kube.reflector import Reflector

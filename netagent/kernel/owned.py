@@ -30,6 +30,7 @@ VXLAN_DEVICE = "na-vxlan"
 IPIP_DEVICE = "na-ipip"
 ROUTE_PROTOCOL = 78             # 'N': unused by iproute2's rt_protos and linux/rtnetlink.h
 BGP_ROUTE_TABLE = 7878          # --backend bgp: BIRD exports learnt routes here; the agent admits them into main
+BGP_BLACKHOLE_METRIC = 0xFF000000  # --backend bgp: our pod CIDRs' blackholes in main, behind any other route to them
 BIRD_STATE_DIR = "/run/netagent/bird"  # --backend bgp: our BIRD's config file and control socket
 
 # ---- service proxy

@@ -24,6 +24,7 @@ from netagent.noderoutes.bgp.topology import BgpNode, TopologySettings
 from netagent.noderoutes.routing.kernel import NetlinkKernel
 from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerBounds, RoutingSettings
 from netagent.noderoutes.routing.routes import RouteManager
+from netagent.noderoutes.routing.vxlan import vtep_mac
 from tests.netns.topology import NamespaceTopology
 
 CLUSTER = IPv4Network("10.244.0.0/16")
@@ -58,20 +59,24 @@ class BgpNodeRunner:
         finally:
             os.close(fd)
         self.speaker = BgpSpeaker(bird=self.bird, learnt=learnt, topology=world.topology)
-        self.me = BgpNode(f"node{i}", node_address(i), (pod_cidr(i),), reflector=i in world.reflectors)
+        self.me = BgpNode(f"node{i}", world.node_address(i), (pod_cidr(i),), reflector=i in world.reflectors)
+        self.network = world.underlay(i)
         local = LocalNode(name=self.me.name, public_ip=self.me.address, underlay_ifname="u0",
-                          underlay_network=UNDERLAY, underlay_mtu=1500, pod_cidrs=self.me.cidrs)
-        self.routes = RouteManager(kernel=self.kernel, settings=RoutingSettings(mode=Mode.BGP), local=local,
+                          underlay_network=self.network, underlay_mtu=1500, pod_cidrs=self.me.cidrs)
+        self.routes = RouteManager(kernel=self.kernel, settings=RoutingSettings(mode=world.mode), local=local,
                                    bounds=BOUNDS, learnt=self.speaker.learnt)
+        self.routes.ensure_local()
         self.admitted: list = []
         self.runner = SyncRunner(name=f"bgp-{i}", sync=self._sync, min_interval=0.0, max_interval=30.0,
                                  retry_interval=0.5)
 
     def _sync(self, kind: SyncKind) -> None:
-        peers = [Peer(name=n.name, public_ip=n.address, pod_cidrs=n.cidrs) for n in self.admitted]
+        peers = [Peer(name=n.name, public_ip=n.address, pod_cidrs=n.cidrs, vtep_mac=vtep_mac(n.name))
+                 for n in self.admitted]
         report = self.routes.sync_all(peers)
+        self.report = report
         admitted = [n for n in self.admitted if n.name not in report.refused]  # as the plan admitted them
-        self.speaker.configure(self.me, admitted, local_network=UNDERLAY)
+        self.speaker.configure(self.me, admitted, local_network=self.network)
 
     def start(self, admitted) -> None:
         self.admitted = list(admitted)
@@ -101,15 +106,31 @@ class BgpNodeRunner:
 
 
 class BgpWorld(NamespaceTopology):
-    def __init__(self, count: int, *, reflectors=(), topology: TopologySettings | None = None) -> None:
+    def __init__(self, count: int, *, reflectors=(), topology: TopologySettings | None = None,
+                 mode: Mode = Mode.BGP, extra_roles=()) -> None:
         self.count = count
+        self.mode = mode
         self.reflectors = set(reflectors)
         self.topology = topology or TopologySettings()
         self.nodes: list[BgpNodeRunner] = []
         self._state = tempfile.TemporaryDirectory(prefix="na-bgp-")
-        super().__init__(["sw"] + [f"n{i}" for i in range(count)] + [f"p{i}" for i in range(count)])
+        super().__init__(["sw"] + [f"n{i}" for i in range(count)] + [f"p{i}" for i in range(count)]
+                         + list(extra_roles))
+
+    def node_address(self, i: int) -> IPv4Address:
+        return node_address(i)
+
+    def underlay(self, i: int) -> IPv4Network:
+        return UNDERLAY
 
     def _build(self) -> None:
+        self._wire_underlay()
+        self._wire_pods()
+        for i in range(self.count):
+            self.nodes.append(BgpNodeRunner(self, i, f"{self._state.name}/n{i}"))
+
+    def _wire_underlay(self) -> None:
+        """Every node's `u0` on one bridge in `sw`."""
         sw = self.names["sw"]
         self.run("sw", "ip", "link", "add", "br0", "type", "bridge")
         self.run("sw", "ip", "link", "set", "br0", "up")
@@ -119,6 +140,10 @@ class BgpWorld(NamespaceTopology):
                            check=True)
             self.run("sw", "ip", "link", "set", f"s{i}", "master", "br0", "up")
             self.run(f"n{i}", "ip", "addr", "add", f"{node_address(i)}/24", "dev", "u0")
+
+    def _wire_pods(self) -> None:
+        for i in range(self.count):
+            node, pod = self.names[f"n{i}"], self.names[f"p{i}"]
             self.run(f"n{i}", "ip", "link", "set", "u0", "up")
             self.run(f"n{i}", "ip", "link", "set", "lo", "up")
             self.run(f"n{i}", "sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -130,8 +155,6 @@ class BgpWorld(NamespaceTopology):
             self.run(f"p{i}", "ip", "link", "set", "eth0", "up")
             self.run(f"p{i}", "ip", "link", "set", "lo", "up")
             self.run(f"p{i}", "ip", "route", "add", "default", "via", f"10.244.{i + 1}.1")
-        for i in range(self.count):
-            self.nodes.append(BgpNodeRunner(self, i, f"{self._state.name}/n{i}"))
 
     def view(self, *, without=()) -> list:
         return [n.me for n in self.nodes if n.i not in without]

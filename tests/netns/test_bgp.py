@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import signal
 import subprocess
-import time
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from netagent.kernel import namespaces
 from netagent.noderoutes.bgp.bird_config import render_bird_config
+from netagent.noderoutes.bgp.control import BirdError
 from netagent.noderoutes.bgp.model import GracefulRestart, Timers
 from netagent.noderoutes.bgp.topology import ExternalPeer, TopologySettings, compose_node_config
+from tests.cluster.lab_tools import wait_for as lab_wait_for
 from tests.netns.bgp_world import UNDERLAY, BgpWorld, pod_address, pod_cidr
 
 pytestmark = pytest.mark.skipif(shutil.which("bird") is None, reason="bird2 is not installed")
@@ -30,14 +30,7 @@ DEADLINE = 90.0
 
 
 def wait_for(predicate, *, what: str, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+    return lab_wait_for(predicate, what=what, timeout=timeout, interval=0.1)
 
 
 def all_routed(world: BgpWorld, nodes=None) -> bool:
@@ -50,8 +43,16 @@ def all_routed(world: BgpWorld, nodes=None) -> bool:
 
 
 def sessions_up(world: BgpWorld, i: int, count: int) -> bool:
-    sessions = world.nodes[i].speaker.sessions()
+    try:
+        sessions = world.nodes[i].speaker.sessions()
+    except BirdError:  # BIRD is (re)starting: its socket is not there yet
+        return False
     return len(sessions) == count and all(s.up for s in sessions)
+
+
+def bird_argv(node) -> list:
+    with open(f"/proc/{node.bird.pid}/cmdline") as cmdline:
+        return cmdline.read().split("\0")
 
 
 def no_tunnel_devices(world: BgpWorld) -> None:
@@ -75,6 +76,11 @@ def test_full_mesh_of_four_nodes_routes_pods_without_a_tunnel():
                 if src != dst:
                     assert wait_for(lambda: world.ping(src, dst), what=f"pod {src} -> pod {dst}")
         no_tunnel_devices(world)
+        assert "-R" not in bird_argv(world.nodes[0])  # a first start recovers nothing
+        for i in range(4):  # each node's own CIDR: a blackhole of ours behind the connected route
+            holes = namespaces.run_in(world.names[f"n{i}"], ["ip", "route", "show", "type", "blackhole"],
+                                      check=True).stdout
+            assert holes.split() == ["blackhole", str(pod_cidr(i)), "proto", "78", "metric", str(0xFF000000)], holes
 
 
 def test_route_reflectors_two_reflectors_four_clients():
@@ -92,14 +98,18 @@ def test_route_reflectors_two_reflectors_four_clients():
         no_tunnel_devices(world)
 
 
+STREAM_PACKETS = 600
+
+
 def ping_stream(world: BgpWorld, src: int, dst: int) -> subprocess.Popen:
-    return subprocess.Popen([*namespaces.exec_prefix(world.names[f"p{src}"]), "ping", "-n", "-i", "0.05",
-                             pod_address(dst)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """`STREAM_PACKETS` pings, one every 50 ms, each answered within 2 s or lost."""
+    return subprocess.Popen([*namespaces.exec_prefix(world.names[f"p{src}"]), "ping", "-n", "-i", "0.05", "-W", "2",
+                             "-c", str(STREAM_PACKETS), pod_address(dst)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def stop_stream(stream: subprocess.Popen) -> tuple:
-    stream.send_signal(signal.SIGINT)
-    output, _ = stream.communicate(timeout=30)
+def finish_stream(stream: subprocess.Popen) -> tuple:
+    output, _ = stream.communicate(timeout=300)
     summary = next(line for line in output.splitlines() if "packets transmitted" in line)
     sent, received = int(summary.split()[0]), int(summary.split(", ")[1].split()[0])
     return sent, received
@@ -118,10 +128,35 @@ def test_bird_killed_and_restarted_by_the_supervisor_keeps_forwarding():
         wait_for(lambda: supervisor.health().restarts == 1 and supervisor.pid not in (None, old_pid),
                  what="the supervisor to start BIRD again")
         wait_for(lambda: sessions_up(world, 0, 1) and sessions_up(world, 1, 1), what="the session back up")
-        wait_for(lambda: world.nodes[0].speaker.sessions()[0].imported == 1, what="routes re-learnt")
-        sent, received = stop_stream(stream)
-        assert sent > 20 and received == sent, f"{sent - received} of {sent} packets lost across the restart"
+        wait_for(lambda: sessions_up(world, 0, 1) and world.nodes[0].speaker.sessions()[0].imported == 1,
+                 what="routes re-learnt")
+        assert stream.poll() is None, "the stream ended before BIRD was back: nothing was tested"
+        sent, received = finish_stream(stream)
+        assert sent == STREAM_PACKETS and received == sent, f"{sent - received} of {sent} packets lost across the restart"
         assert all_routed(world)
+
+
+def test_agent_restart_keeps_forwarding_and_bird_recovers_gracefully():
+    from tests.netns.bgp_world import BgpNodeRunner
+    with BgpWorld(2, topology=FAST) as world:
+        world.start()
+        wait_for(lambda: all_routed(world), what="both pod CIDRs routed")
+        wait_for(lambda: world.ping(0, 1), what="pod 0 -> pod 1")
+        old = world.nodes[0]
+        stream = ping_stream(world, 0, 1)
+        wait_for(lambda: world.ping(1, 0), what="stream running")
+        old.runner.stop(timeout=10)
+        old.speaker.stop(withdraw=False)  # the agent exits: SIGKILL, peers hold our routes
+        old.kernel.close()
+        new = world.nodes[0] = BgpNodeRunner(world, 0, str(old.bird.state_dir))
+        new.start(world.view())           # a pid file was left: BIRD starts with -R
+        wait_for(lambda: sessions_up(world, 0, 1) and new.speaker.sessions()[0].imported == 1,
+                 what="the new agent's BIRD back in session")
+        assert str(pod_cidr(1)) in new.main_routes()
+        assert "-R" in bird_argv(new)
+        assert stream.poll() is None, "the stream ended before the restart was over: nothing was tested"
+        sent, received = finish_stream(stream)
+        assert received == sent == STREAM_PACKETS, f"{sent - received} of {sent} packets lost across the restart"
 
 
 def test_node_removed_is_withdrawn_everywhere():
@@ -134,6 +169,18 @@ def test_node_removed_is_withdrawn_everywhere():
         wait_for(lambda: all(gone not in world.nodes[i].main_routes() and gone not in world.nodes[i].table_routes()
                              for i in range(3)), what="node 3's CIDR withdrawn from every peer")
         assert all_routed(world, range(3))
+
+
+def test_node_lost_without_bfd_is_withdrawn_when_its_hold_time_runs_out():
+    with BgpWorld(3, topology=FAST) as world:  # hold 3 s; graceful restart would hold routes 120 s
+        world.start()
+        wait_for(lambda: all_routed(world), what="every pod CIDR routed on every node")
+        world.run("n2", "ip", "link", "set", "u0", "down")  # node 2 vanishes: no TCP close, no notification
+        gone = str(pod_cidr(2))
+        # an expired hold timer is a failure, not a restart: withdrawn, not kept as stale for 120 s
+        wait_for(lambda: all(gone not in world.nodes[i].main_routes() and gone not in world.nodes[i].table_routes()
+                             for i in range(2)), what="node 2's CIDR withdrawn on hold timer expiry", timeout=60)
+        assert all_routed(world, range(2))
 
 
 def test_node_lost_with_bfd_is_withdrawn_everywhere():
@@ -210,8 +257,9 @@ def test_status_bgp_and_cleanup_from_the_cli_in_a_node_namespace():
         node.bird._stopping.set()     # and its supervisor no longer restarts BIRD
         out = namespaces.run_in(world.names["n0"], [sys.executable, "-m", "netagent.cli", "cleanup",
                                                     "--bgp-state-dir", state_dir], check=True).stdout
-        assert "removed BIRD" in out and f"route {pod_cidr(1)} table 7878" in out
+        assert "removed BIRD" in out and f"route {pod_cidr(1)} table 7878" in out and f"blackhole {pod_cidr(0)}" in out
         wait_for(lambda: not __import__("os").path.exists(f"/proc/{pid}"), what="our BIRD to exit")
         assert node.table_routes() == {} and node.main_routes() == {}
+        assert namespaces.run_in(world.names["n0"], ["ip", "route", "show", "type", "blackhole"]).stdout == ""
         # SIGTERM: BIRD told its peer, which withdrew our CIDR at once (no graceful restart hold)
         wait_for(lambda: str(pod_cidr(0)) not in world.nodes[1].main_routes(), what="peer withdrew node 0's CIDR")

@@ -152,6 +152,7 @@ def test_speaker_reloads_only_on_change_and_never_restarts_for_it():
     assert bgp.configure(node(1), [node(2), node(3)], local_network=UNDERLAY)
     assert (bird.starts, bird.configures, bird.restarts) == (1, 1, 0)
     assert "neighbor 192.0.2.3 as 64512;" in bird.text
+    assert bgp.learnt_routes.blackholes == {N("10.244.1.0/24")}  # ours, dropped in the kernel when unknown
 
 
 def test_a_refused_text_keeps_the_previous_configuration():

@@ -129,3 +129,21 @@ def test_topology_parser_keeps_defaults_for_refused_values():
                                         TopologySettings())
     assert settings.asn == 64512 and settings.bfd is True and settings.reflector_label == "netagent.io/route-reflector"
     assert len(refusals) == 2
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["run", "--backend", "bgp"], True), (["run", "--backend", "auto"], False),
+    (["run", "--backend", "auto", "--auto-bgp", "on"], True), (["run", "--backend", "vxlan", "--auto-bgp", "on"], False)])
+def test_bird_runs_with_bgp_and_with_auto_when_asked(argv, wanted):
+    from netagent.cli import build_parser
+    from netagent.daemon.bgp_start import bgp_wanted
+    args = build_parser().parse_args(argv)
+    assert bgp_wanted(args) is wanted
+    assert args.bgp_as == 64512 and args.bgp_config == "kube-system/netagent-bgp"
+
+
+def test_status_bgp_and_cleanup_take_the_state_dir():
+    from netagent.cli import build_parser
+    from netagent.kernel import owned
+    assert build_parser().parse_args(["status", "bgp", "--json"]).bgp_state_dir == owned.BIRD_STATE_DIR
+    assert build_parser().parse_args(["cleanup", "--bgp-state-dir", "/x"]).bgp_state_dir == "/x"

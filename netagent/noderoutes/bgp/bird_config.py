@@ -9,7 +9,8 @@ No cluster string is ever pasted.
 What the text says, per address family that has prefixes (IPv4 always):
 
 - `static<4|6>`: a blackhole route for each of the node's own pod CIDRs, the origin of the
-  announcement (an address of ours that no pod holds is dropped, not sent to a default route);
+  announcement (the kernel's blackhole, which drops an address of ours no pod holds instead of
+  sending it to a default route, is the agent's: `learnt.py`'s `ensure_blackholes`);
 - `kernel<4|6>`: BGP-learnt routes only (`source = RTS_BGP`) exported to the kernel routing
   table `kernel_table` (never main: the agent admits them from there into main with route
   protocol 78, `noderoutes/bgp/kernel_routes.py`); `persist` and `graceful restart` so a BIRD
@@ -93,6 +94,7 @@ def _peer(config: BgpNodeConfig, peer: BgpPeer, families: tuple) -> list:
     lines += [f"  hold time {int(timers.hold)};",
               f"  startup hold time {int(timers.hold)};",
               f"  keepalive time {int(timers.keepalive)};",
+              f"  connect delay time {int(timers.connect_retry)};",
               f"  connect retry time {int(timers.connect_retry)};",
               f"  error wait time {int(timers.connect_retry)}, {int(max(timers.connect_retry, 60))};"]
     restart = config.graceful_restart
@@ -108,6 +110,8 @@ def _peer(config: BgpNodeConfig, peer: BgpPeer, families: tuple) -> list:
         lines.append(f"  rr cluster id {_addr(config.rr_cluster_id)};")  # type: ignore[arg-type]
     if peer.role is PeerRole.REFLECTOR_CLIENT:
         lines.append("  rr client;")
+    if peer.role is PeerRole.EXTERNAL:  # every node shares the AS: routes of other nodes come back
+        lines.append("  allow local as;")  # through the ToR with it in their path (filters still apply)
     reflecting = _reflects_to(config, peer)
     for version in families:
         lines.append(f"  ipv{version} {{")

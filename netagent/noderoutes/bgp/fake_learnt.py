@@ -10,6 +10,7 @@ from netagent.noderoutes.routing.model import Route
 class FakeLearntRoutes(LearntRoutes):
     def __init__(self) -> None:
         self.routes: dict = {}
+        self.blackholes: set = set()
         self._callbacks: list[Callable[[], None]] = []
 
     def dump(self) -> dict:
@@ -18,9 +19,13 @@ class FakeLearntRoutes(LearntRoutes):
     def watch(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
 
+    def ensure_blackholes(self, cidrs: tuple) -> None:
+        self.blackholes = {c for c in cidrs if c.version == 4}
+
     def flush(self) -> list[str]:
-        removed = [f"route {dst} table fake" for dst in self.routes]
+        removed = [f"route {dst} table fake" for dst in self.routes] + [f"blackhole {c}" for c in self.blackholes]
         self.routes.clear()
+        self.blackholes.clear()
         return removed
 
     def learn(self, route: Route) -> None:

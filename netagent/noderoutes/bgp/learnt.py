@@ -1,7 +1,10 @@
 """The routes BIRD learnt, read from our kernel table (`owned.BGP_ROUTE_TABLE`), and their changes.
 
 `LearntRoutes` is the seam: `dump()` (destination -> `Route`, unicast routes with one next hop;
-multipath and unreachable entries are skipped) and `watch(callback)`, which calls `callback` from
+multipath and unreachable entries are skipped), `ensure_blackholes(cidrs)` (this node's pod CIDRs
+as blackhole routes in main, protocol 78, at `owned.BGP_BLACKHOLE_METRIC`, so an address of ours
+no pod holds is dropped instead of following the default route, while the bridge's connected
+route and routed pods' /32s still win) and `watch(callback)`, which calls `callback` from
 a thread of its own each time the kernel reports a route change in that table, so the agent's
 runner copies routes as BIRD writes them (event-driven, not polled). `NetlinkLearntRoutes` is the
 real one (pyroute2, in the network namespace of the thread that made it: pyroute2 0.9 opens
@@ -22,6 +25,8 @@ from netagent.noderoutes.routing.kernel import _in_own_netns  # the one "enter o
 from netagent.noderoutes.routing.model import Route
 
 RTN_UNICAST = 1
+RTN_BLACKHOLE = 6
+MAIN_TABLE = 254
 RTMGRP_IPV4_ROUTE = 0x40
 
 
@@ -35,8 +40,12 @@ class LearntRoutes(abc.ABC):
         """Call `callback` after each change to our table, until `close()`."""
 
     @abc.abstractmethod
+    def ensure_blackholes(self, cidrs: tuple) -> None:
+        """Exactly these IPv4 networks as our blackholes in main (idempotent; others of ours removed)."""
+
+    @abc.abstractmethod
     def flush(self) -> list[str]:
-        """Delete every route in our table (`netagent cleanup`); a line per route removed."""
+        """Delete every route in our table and our blackholes (`netagent cleanup`); a line per route."""
 
     def close(self) -> None:
         """Stop watching."""
@@ -76,9 +85,34 @@ class NetlinkLearntRoutes(LearntRoutes):
             found[dst] = Route(dst=dst, gateway=IPv4Address(gateway), ifname=names[oif])
         return found
 
+    def _blackholes(self) -> dict:
+        found = {}
+        for msg in self._ipr.route("dump", family=socket.AF_INET, table=MAIN_TABLE, proto=owned.ROUTE_PROTOCOL):
+            if self._table_of(msg) == MAIN_TABLE and msg["type"] == RTN_BLACKHOLE and \
+                    msg["proto"] == owned.ROUTE_PROTOCOL:
+                found[IPv4Network(f"{msg.get_attr('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}")] = \
+                    msg.get_attr("RTA_PRIORITY") or 0
+        return found
+
+    @_in_own_netns
+    def ensure_blackholes(self, cidrs: tuple) -> None:
+        wanted = {c for c in cidrs if c.version == 4}
+        have = self._blackholes()
+        for cidr, metric in have.items():
+            if cidr not in wanted or metric != owned.BGP_BLACKHOLE_METRIC:
+                self._ipr.route("del", dst=str(cidr), table=MAIN_TABLE, type=RTN_BLACKHOLE,
+                                proto=owned.ROUTE_PROTOCOL, priority=metric)
+        for cidr in sorted(wanted - {c for c, m in have.items() if m == owned.BGP_BLACKHOLE_METRIC}, key=str):
+            self._ipr.route("replace", dst=str(cidr), table=MAIN_TABLE, type=RTN_BLACKHOLE,
+                            proto=owned.ROUTE_PROTOCOL, priority=owned.BGP_BLACKHOLE_METRIC)
+
     @_in_own_netns
     def flush(self) -> list[str]:
         removed = []
+        for cidr, metric in self._blackholes().items():
+            self._ipr.route("del", dst=str(cidr), table=MAIN_TABLE, type=RTN_BLACKHOLE,
+                            proto=owned.ROUTE_PROTOCOL, priority=metric)
+            removed.append(f"blackhole {cidr}")
         for msg in self._ipr.route("dump", family=socket.AF_INET, table=self.table):
             if self._table_of(msg) != self.table:
                 continue

@@ -52,6 +52,7 @@ class BgpSpeaker:
         config = compose_node_config(local, admitted, self.topology, local_network=local_network,
                                      node_peers=self.node_peers)
         text = render_bird_config(config)
+        self.learnt_routes.ensure_blackholes(config.own_cidrs)
         changed = self.bird.apply_config(text)
         self.bird.ensure_running()
         if changed:

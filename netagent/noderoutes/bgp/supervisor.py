@@ -9,8 +9,10 @@ Configuration changes never restart BIRD: the text is checked by `bird -p` first
 refuses never replaces a good file), written atomically (temp file, fsync, rename) and loaded
 with `birdc configure`, and only when it differs from what BIRD runs, so sessions stay up.
 
-Graceful restart: BIRD is always started with `-R` (graceful restart recovery), so the kernel
-protocol keeps the routes it finds in our table until the sessions have re-converged; the
+Graceful restart: BIRD is started again with `-R` (graceful restart recovery) after it died or
+when a previous one left its pid file (an agent restart), so the kernel protocol keeps the
+routes it finds in our table until the sessions have re-converged (a first start does without:
+recovery would hold every route back until all peers answered or the wait expired); the
 kernel protocol's `persist` leaves them in place whenever BIRD stops. `stop(withdraw=False)`
 (the agent exiting or restarting) kills BIRD with SIGKILL, which sends no BGP notification, so
 peers hold our routes for the restart time; `stop(withdraw=True)` (`netagent cleanup`) ends it
@@ -67,8 +69,11 @@ class BirdSupervisor(BirdControl):
     # ------------------------------------------------------------ process
 
     def ensure_running(self) -> None:
+        """Start BIRD unless it runs or the monitor is bringing it back (its backoff holds)."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
+                return
+            if self._monitor is not None and self._monitor.is_alive() and not self._stopping.is_set():
                 return
             if not self.config_path.exists():
                 raise BirdError(f"no BIRD configuration at {self.config_path}: apply one first")
@@ -80,10 +85,11 @@ class BirdSupervisor(BirdControl):
 
     def _spawn(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        recovering = self._restarts > 0 or self.pid_path.exists()  # a BIRD of ours ran here before
         self._kill_leftover()
         if self.socket_path.exists():
             self.socket_path.unlink()
-        command = [*self._launcher, self._bird, "-f", "-R", "-c", str(self.config_path),
+        command = [*self._launcher, self._bird, "-f", *(["-R"] if recovering else []), "-c", str(self.config_path),
                    "-s", str(self.socket_path), "-P", str(self.pid_path)]
         with open(self.state_dir / LOG_NAME, "ab") as output:
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
@@ -147,6 +153,8 @@ class BirdSupervisor(BirdControl):
             if self._stopping.wait(delay):
                 return
             with self._lock:
+                if self._proc is not None and self._proc.poll() is None:
+                    continue  # started meanwhile
                 try:
                     self._spawn()
                 except (BirdError, OSError) as err:
