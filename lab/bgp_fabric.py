@@ -119,8 +119,8 @@ class BgpFabric:
     def agent_arguments(self, node_dir: str) -> list:
         """What an agent on a node of this lab runs with, besides `--backend bgp`."""
         # the flags say what the ConfigMap says: an agent may configure BIRD before it has read the
-        # ConfigMap, and a peer it then drops (a mesh peer of the flags' default) would hold BIRD's
-        # graceful-restart recovery, and so every learnt route, for the recovery's whole wait
+        # ConfigMap, and should not start with mesh peers it drops a moment later (a peer dropped
+        # while a restarted BIRD recovers (-R) holds every learnt route for the recovery's wait)
         return ["--bgp-state-dir", node_bird_dir(node_dir), "--bgp-config", "/".join(TOPOLOGY_CONFIGMAP),
                 "--bgp-as", str(CLUSTER_ASN), "--bgp-mesh", "off"]
 

@@ -12,9 +12,10 @@ design, chosen so that the nodes' side stays exactly what the product renders fo
 - the ToR accepts any node of its segment with no reconfiguration: one `neighbor range` (BIRD's
   dynamic BGP) over the segment's subnet; the node connects (the ToR is passive to them), so a
   node added to the lab needs nothing on the ToR, and a removed one's session and routes go.
-- the nodes share one AS, so a route from another node would carry that AS in its path and a
-  node's BIRD would drop it as a loop: the ToR removes the cluster's AS from the paths it sends
-  to nodes (`bgp_path.delete`), what a data-centre ToR does with "as-override".
+- the nodes share one AS, so a route from another node carries that AS in its path and a node's
+  BIRD would drop it as a loop: the product's external sessions say `allow local as`, and the
+  ToR also removes the cluster's AS from the paths it sends to nodes (`bgp_path.delete`, what a
+  data-centre ToR does with "as-override"), so either side alone suffices.
 - import filters are exact, never accept-all: from nodes only prefixes inside the cluster CIDR
   (a /16../32 of it), from the other ToR the same.
 
