@@ -19,7 +19,8 @@ depends on the host).
 In ebpf mode each node has its own cgroup and bpffs (`bpf_places.py`) and its processes, pods'
 included, run inside that cgroup (`exec_prefix`). With `agent_image`, the agents are instead
 deploy/netagent.yaml's DaemonSet run by podman as the kubelet would (`agent_pods.py`).
-The state (namespaces, pids, pods: `state.py`) lives in `<workdir>/state.json`, so the CLI can build
+In bgp mode each segment has a top-of-rack router running BIRD and every agent runs `--backend bgp`
+peering with its segment's ToR (`bgp_fabric.py`). The state (namespaces, pids, pods: `state.py`) lives in `<workdir>/state.json`, so the CLI can build
 a lab with `lab up` and drive or remove it from later commands; tests use the same class
 in-process as a context manager.
 """
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from lab import bpf_places, node_objects, physical
+from lab import bgp_fabric, bpf_places, node_objects, physical
 from lab.agent_pods import AgentPods, require_image
 from lab.apiclient import LabApiClient, LabApiError
 from lab.daemonset import NodeHost
@@ -136,15 +137,20 @@ class LabCluster(LabPods):
             lab.save()
             physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
                                     segments=segments)
+            if lab.fabric:
+                lab.fabric.build(cluster_cidr=CLUSTER_CIDR)
             cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[],
                                 mode=PodAttachment.BRIDGE, bridge=owned.DEFAULT_BRIDGE, mtu=1500, socket_path="",
                                 data_dir="", plugin=cni_install.PluginBinary.PYTHON)
             lab._write_kubeconfig()
             lab.start_apiserver()
+            if lab.fabric:
+                lab.fabric.publish_topology(lab.api())
             for i in range(nodes):
                 lab.add_node(segment=(i % segments) + 1, wait=False)
             for name in state.nodes:
                 lab.wait_for_agent(name)
+            lab.wait_routed()
             for name in list(state.nodes):
                 for k in range(pods_per_node):
                     lab.add_pod(f"{name}-pod{k + 1}", node=name)
@@ -181,6 +187,8 @@ class LabCluster(LabPods):
         for node in self.state.nodes.values():
             self.processes.kill(None if self.agent_pods else node.agent_pid)
         self.processes.kill(self.state.api_pid)
+        if self.fabric:
+            self.fabric.down([self.node_dir(name) for name in self.state.nodes])
         if self.ebpf:
             for name in self.state.nodes:
                 self._remove_bpf_places(name)
@@ -252,13 +260,24 @@ class LabCluster(LabPods):
         self.api().create(node_objects.render_node(name, segment=segment, pod_cidr=node.pod_cidr,
                                                    address=node.address))
         self.start_agent(name, wait=wait)
+        if wait:
+            self.wait_routed()
         return node
+
+    def wait_routed(self) -> None:
+        """bgp mode: until every node routes to every other's pod CIDR (other modes: at once)."""
+        if self.fabric:
+            bgp_fabric.wait_routed([(node.netns, node.pod_cidr) for node in self.state.nodes.values()])
 
     def remove_node(self, name: str) -> None:
         node = self._node(name)
         for pod in [p for p in self.state.pods.values() if p.node == name]:
             self.remove_pod(pod.name)
+        if self.fabric:   # its BIRD says goodbye first: peers withdraw its routes at once
+            bgp_fabric.withdraw_node(node.netns, self.node_dir(name))
         self.stop_agent(name)
+        if self.fabric:
+            bgp_fabric.kill_node_bird(self.node_dir(name))
         if self.ebpf:
             self._remove_bpf_places(name)
         with contextlib.suppress(Exception):
@@ -291,7 +310,14 @@ class LabCluster(LabPods):
                      "--cgroup-root", bpf_places.node_cgroup(self.workdir, self.state.prefix, name)]
         if self.state.network_policy:
             argv.append("--network-policy")
+        if self.fabric:
+            argv += self.fabric.agent_arguments(directory)
         return argv
+
+    @property
+    def fabric(self) -> bgp_fabric.BgpFabric | None:
+        """bgp mode: the ToRs (and the agents' BIRDs, which the lab reads and stops)."""
+        return bgp_fabric.BgpFabric(self.state, self.processes) if self.state.mode == bgp_fabric.MODE else None
 
     @property
     def ebpf(self) -> bool:
@@ -375,6 +401,8 @@ class LabCluster(LabPods):
                                     "running": (self.agent_pods.running(node.name) if self.agent_pods
                                                 else process_alive(node.agent_pid)),
                                     "log": self.agent_log(node.name)}})
+            if self.fabric:
+                nodes[-1]["bgp"] = bgp_fabric.node_status(node.netns, self.node_dir(node.name))
         api_running = process_alive(self.state.api_pid)
         api_error = None
         pod_objects_by_name: dict = {}
@@ -402,5 +430,6 @@ class LabCluster(LabPods):
         return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
                 "workdir": self.workdir, "apiServer": api_server,
                 "internet": {"netns": self.state.internet, "address": str(physical.INTERNET_HOST)},
-                "nodes": nodes, "pods": pods, "services": services}
+                "nodes": nodes, "pods": pods, "services": services,
+                **({"tors": self.fabric.sessions()} if self.fabric else {})}
 

@@ -2,7 +2,8 @@
 
     netagent lab                      the demo: a 3-node cluster, pods on each, cross-node pings, removed
     netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K] [--proxy-mode iptables|ipvs|ebpf|nftables|none]
-                                      build it and leave it running
+                                      build it and leave it running (--mode bgp: a BIRD top-of-rack
+                                      router per segment, every agent peering with its own)
     netagent lab status [--json]      nodes, pods, agents, services and their endpoints
     netagent lab exec POD -- CMD...   run a command in a pod (or node, "internet", "router")
     netagent lab node add [--name N] [--segment S] | node remove NAME
@@ -28,7 +29,7 @@ import time
 
 import yaml
 
-from lab import manifests
+from lab import bgp_fabric, manifests
 from lab.cluster import MODES, LabCluster
 from lab.demo_service import demo_service
 from lab.kubeconfig import render_kubeconfig
@@ -173,6 +174,10 @@ def _print_status(status: dict) -> None:
     for node in status["nodes"]:
         print(f"  node {node['name']:<10} {node['address']:<14} segment {node['segment']}  podCIDR "
               f"{node['podCIDR']:<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
+        if "bgp" in node:
+            print(f"       bgp: {bgp_fabric.describe(node['bgp'])}")
+    for tor in status.get("tors") or []:
+        print(f"  tor  segment {tor['segment']} {tor['address']:<14} AS {tor['asn']}  bgp: {bgp_fabric.describe(tor)}")
     for pod in status["pods"]:
         labels = ",".join(f"{k}={v}" for k, v in pod["labels"].items())
         state = {True: "", False: " NOT-READY", None: ""}[pod.get("ready")]

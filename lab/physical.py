@@ -11,6 +11,12 @@ through the router (host-gw cannot, encapsulation must). The router knows no pod
 does no NAT, so a pod packet reaches the internet only if its node masquerades it. The
 addresses come from the benchmarking (198.18/15) and documentation (203.0.113/24) ranges and
 exist only inside these namespaces; the root namespace is never touched.
+
+In bgp mode (`build_tors`) each segment also has a top-of-rack router (`<prefix>-tor<k>`, the
+segment's .2) and the ToRs are joined by a point-to-point fabric link (198.18.0.0/30): the nodes
+peer with their ToR, which carries pod routes between segments (`bgp_fabric.py`). The router
+above stays what it is in every mode (default route, API server, internet), so the other modes
+are unchanged and a pod packet between segments takes the ToRs, never the router.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ INTERNET_NETWORK = ipaddress.ip_network("203.0.113.0/24")
 INTERNET_HOST = ipaddress.ip_address("203.0.113.2")
 ROUTER_INTERNET_ADDRESS = ipaddress.ip_address("203.0.113.1")
 UNDERLAY_SUPERNET = ipaddress.ip_network("198.18.0.0/15")
+FABRIC_NETWORK = ipaddress.IPv4Network("198.18.0.0/30")  # bgp mode: the ToRs' link (segment k: .k)
 
 
 def segment_network(segment: int) -> ipaddress.IPv4Network:
@@ -34,6 +41,14 @@ def router_address(segment: int) -> ipaddress.IPv4Address:
 
 def node_address(segment: int, index: int) -> ipaddress.IPv4Address:
     return segment_network(segment)[10 + index]
+
+
+def tor_address(segment: int) -> ipaddress.IPv4Address:
+    return segment_network(segment)[2]
+
+
+def fabric_address(segment: int) -> ipaddress.IPv4Address:
+    return FABRIC_NETWORK[segment]
 
 
 def _ip(ns: str, *args: str) -> None:
@@ -79,3 +94,19 @@ def plug_node(*, switch: str, node: str, segment: int, index: int, port: str) ->
     _ip(node, "addr", "add", f"{address}/{segment_network(segment).prefixlen}", "dev", "eth0")
     _ip(node, "route", "add", "default", "via", str(router_address(segment)))
     return address
+
+
+def build_tors(*, switch: str, tors: dict[int, str]) -> None:
+    """bgp mode: a ToR router namespace per segment (`tors`: segment -> namespace) on its segment's
+    bridge, forwarding, and (two segments) the fabric link between them."""
+    for segment, ns in tors.items():
+        namespaces.create(ns)
+        _sysctl(ns, "net.ipv4.ip_forward", "1")
+        _cable(switch, f"t{segment}", ns, "eth0")
+        _ip(switch, "link", "set", f"t{segment}", "master", f"seg{segment}")
+        _ip(ns, "addr", "add", f"{tor_address(segment)}/{segment_network(segment).prefixlen}", "dev", "eth0")
+    if len(tors) == 2:
+        (one, ns_one), (two, ns_two) = sorted(tors.items())
+        _cable(ns_one, "fabric", ns_two, "fabric")
+        for segment, ns in ((one, ns_one), (two, ns_two)):
+            _ip(ns, "addr", "add", f"{fabric_address(segment)}/{FABRIC_NETWORK.prefixlen}", "dev", "fabric")

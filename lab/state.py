@@ -58,6 +58,7 @@ class LabState:
     pod_status_delay: float = 0.0   # the lab's kubelet reports a pod's address this long after its ADD
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
+    tors: dict = field(default_factory=dict)    # bgp mode: segment -> its ToR (bgp_fabric.TorState's fields)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

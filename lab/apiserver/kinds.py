@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from netagent.kube.resources import (
     ALL_RESOURCES,
+    CONFIG_MAPS,
     ENDPOINT_SLICES,
     ENDPOINTS,
     NAMESPACES,
@@ -59,6 +60,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(ENDPOINT_SLICES, generation=True),
     Kind(EVENTS, ("ev",), field_labels=_EVENT_FIELDS, model="CoreV1Event"),
     Kind(NETWORK_POLICIES, ("netpol",), generation=True),
+    Kind(CONFIG_MAPS, ("cm",)),   # the BGP backend's topology (`lab --mode bgp` publishes it)
 )
 
 _LISTED = {kind.resource for kind in KINDS}

@@ -40,7 +40,8 @@ _META_TYPES = {"ObjectMeta", "ListMeta", "OwnerReference", "ManagedFieldsEntry",
                "Preconditions"}
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 _SCALARS = {"str": {"type": "string"}, "int": {"type": "integer", "format": "int32"}, "bool": {"type": "boolean"},
-            "float": {"type": "number", "format": "double"}, "datetime": {"type": "string", "format": "date-time"}}
+            "float": {"type": "number", "format": "double"}, "datetime": {"type": "string", "format": "date-time"},
+            "bytes": {"type": "string", "format": "byte"}}   # base64 in JSON (a ConfigMap's binaryData)
 _QUERY = ("dryRun", "fieldManager", "fieldValidation", "pretty")
 
 

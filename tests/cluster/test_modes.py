@@ -1,6 +1,7 @@
 """Pod-to-pod traffic across nodes in each mode, checked on the wire.
 
-For vxlan and host-gw on one segment, and auto across two segments: TCP and UDP between
+For vxlan and host-gw on one segment, bgp across two (through both segments' top-of-rack
+routers, over BGP-learnt routes), and auto across two segments: TCP and UDP between
 pods on different nodes (the server sees the client pod's own address: no NAT between
 pods), the underlay capture shows the encapsulation each mode promises, and packets of the
 full pod MTU pass with the don't-fragment bit set. IPIP runs the same checks in the VM tier.
@@ -17,9 +18,10 @@ from tests.cluster.lab_tools import capture_ping, lab_cluster, pods_by_node, ser
 VXLAN_PORT = 4789
 
 
-@pytest.fixture(scope="module", params=["vxlan", "host-gw"])
+@pytest.fixture(scope="module", params=["vxlan", "host-gw", "bgp"])
 def two_nodes(request):
-    with lab_cluster(nodes=2, mode=request.param, pods_per_node=1) as lab:
+    segments = 2 if request.param == "bgp" else 1   # bgp: the nodes on different segments
+    with lab_cluster(nodes=2, mode=request.param, pods_per_node=1, segments=segments) as lab:
         yield lab
 
 

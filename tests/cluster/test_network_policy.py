@@ -92,10 +92,11 @@ def _no_leaks_per_module():
 
 
 @contextlib.contextmanager
-def policy_lab(proxy_mode: str, pods: dict):
-    """A 2-node lab enforcing policies with `proxy_mode`: the namespaces and the Service `web`
-    applied, `pods` added through the CLI, each serving TCP 80 (x pods also 8080, named)."""
-    lab = LabCluster.create(prefix=PREFIX, nodes=2, network_policy=True, proxy_mode=proxy_mode)
+def policy_lab(proxy_mode: str, pods: dict, **shape):
+    """A 2-node lab (or `shape`: nodes, mode, segments) enforcing policies with `proxy_mode`: the
+    namespaces and the Service `web` applied, `pods` added through the CLI, each serving TCP 80
+    (x pods also 8080, named)."""
+    lab = LabCluster.create(prefix=PREFIX, network_policy=True, proxy_mode=proxy_mode, **{"nodes": 2, **shape})
     prefix = lab.state.prefix
     servers: list[Background] = []
     try:

@@ -20,3 +20,15 @@ def test_bench_script_starts(script):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+@pytest.mark.parametrize("topology", ["mesh", "reflectors"])
+def test_bgp_bench_fleet_configs_parse_in_bird(topology, tmp_path):
+    """bench/bgp.py's BIRD-only fleets run the product's rendered configs: every node's parses."""
+    from bench.bgp import Fleet
+    fleet = Fleet(members=4, samples=1, topology=topology, bfd=True)
+    for index in fleet.indexes:
+        path = tmp_path / f"n{index}.conf"
+        path.write_text(fleet.render(index))
+        done = subprocess.run(["bird", "-p", "-c", str(path)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
