@@ -94,7 +94,7 @@ def _peer(config: BgpNodeConfig, peer: BgpPeer, families: tuple) -> list:
     lines += [f"  hold time {int(timers.hold)};",
               f"  startup hold time {int(timers.hold)};",
               f"  keepalive time {int(timers.keepalive)};",
-              f"  connect delay time {int(timers.connect_retry)};",
+              f"  connect delay time {int(timers.connect_delay)};",
               f"  connect retry time {int(timers.connect_retry)};",
               f"  error wait time {int(timers.connect_retry)}, {int(max(timers.connect_retry, 60))};"]
     restart = config.graceful_restart

@@ -103,11 +103,16 @@ class Timers:
     hold: int = 90
     keepalive: int = 30
     connect_retry: int = 5
+    # from a session's start (a new peer, a BIRD start) to its first connect attempt; BIRD's
+    # default is 5 s, which alone made a new Node take 3-5 s to be routed (bench/bgp.py). BIRD
+    # randomises it to 0.75-1x; 0 would mean never connecting actively, so 1 is the floor.
+    connect_delay: int = 1
 
     def __post_init__(self) -> None:
         _check_int(self.hold, 3, 65535, "hold time")
         _check_int(self.keepalive, 1, 65535, "keepalive time")
         _check_int(self.connect_retry, 1, 65535, "connect retry time")
+        _check_int(self.connect_delay, 1, 65535, "connect delay time")
         if self.keepalive >= self.hold:
             raise BgpConfigError(f"keepalive time {self.keepalive} must be below hold time {self.hold}")
 
