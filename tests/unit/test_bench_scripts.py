@@ -125,3 +125,12 @@ def test_the_kube_proxy_nftables_floor_has_its_structure(bench_path) -> None:
     assert f"flush chain ip kube-proxy {service_chain(name)}" in change
     assert change[-1] == f"flush chain ip kube-proxy {endpoint_chain(name, gone.ip, 8080)}"
     assert sum(line.startswith("add rule") for line in change) == 4   # 2 for the new endpoint, 2 for the service
+
+
+def test_network_policy_bench_offers_both_dataplanes() -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "network_policy.py"), "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert "--backend {iptables,nftables}" in done.stdout
+    refused = subprocess.run([sys.executable, str(BENCH / "network_policy.py"), "--backend", "ipvs"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "invalid choice: 'ipvs'" in refused.stderr
