@@ -47,8 +47,8 @@ sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_records import floor_mode, print_goals, print_table, record, write_json  # noqa: E402
 from kube_proxy_floor import bench_iptables_floor, bench_nftables_floor  # noqa: E402
-from service_proxy_kit import (ENDPOINTS, NETAGENT_MODES, bench_agent_path, bench_backend,  # noqa: E402
-                               isolated)
+from service_proxy_kit import (ENDPOINTS, NETAGENT_MODES, IsolatedError, bench_agent_path,  # noqa: E402
+                               bench_backend, isolated)
 
 LARGE = 10_000      # above this a run takes hours (floors: minutes per 10,000 chains)
 
@@ -147,6 +147,20 @@ def run_agent_path(mode: str, size: int, args, records: list) -> None:
     print(f"  {mode + ' through the API':<34} change {shown} (EndpointSlice update -> programmed)", flush=True)
 
 
+def guarded(step, name: str, size: int, records: list, notes: list, *args) -> bool:
+    """Run one measurement; a failure is a null record and a note, and the run goes on."""
+    try:
+        step(*args)
+        return True
+    except IsolatedError as error:
+        reason = str(error).strip().splitlines()[-1]
+        print(f"  {name:<34} FAILED: {reason}", flush=True)
+        notes.append(f"{name}: FAILED: {reason}")
+        if not any(rec["mode"] == name and rec["services"] == size for rec in records):
+            records.append(record(name, size))
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the clean-ups (namespace, cgroup, bpffs)
@@ -163,13 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.services:
         print(f"# {size} services", flush=True)
         size_notes = notes.setdefault(size, [])
+        ran = []
         for mode in args.modes:
-            run_mode(mode, size, args, records, size_notes, restarts)
+            if guarded(run_mode, mode, size, records, size_notes, mode, size, args, records, size_notes, restarts):
+                ran.append(mode)
             if not args.no_floors and mode != "ebpf" and mode != "ipvs":
-                run_floor(mode, size, args, records, size_notes)
+                guarded(run_floor, floor_mode(mode), size, records, size_notes, mode, size, args, records, size_notes)
         for mode in agent_modes:
-            if mode in args.modes:
-                run_agent_path(mode, size, args, records)
+            if mode in ran:
+                guarded(run_agent_path, mode, size, records, size_notes, mode, size, args, records)
         if args.json:
             write_json(args.json, records)   # after every size: a cut run keeps what it measured
     for size in args.services:
