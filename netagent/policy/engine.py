@@ -4,8 +4,8 @@ Seam 1 of ARCHITECTURE.md: the NetworkPolicy, Pod and Namespace reflectors deliv
 `ChangeRecorder`s that only keep (previous, current) and ask for a sync; updates that change
 nothing the policies read (a pod's status conditions, a namespace's annotations) are not
 even recorded. On the sync thread, `sync(kind)` drains them into a `ClusterView` (parsing
-only what changed), plans (semantics.py), renders (render.py) and applies (programmer.py),
-which writes only the difference: a PARTIAL sync against what it last wrote, a FULL one
+only what changed), plans (semantics.py), and hands the plan to its `PolicyDataplane` (dataplane.py: iptables
+or nftables, the engine does not know which) to render and apply, which writes only the difference: a PARTIAL sync against what it last wrote, a FULL one
 against the kernel (adoption, drift repair).
 
 Every object is untrusted. A drained change not yet folded into the view goes back to its
@@ -41,8 +41,8 @@ from netagent.policy.kube_objects import (
     parse_policy,
 )
 from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, PolicyType
-from netagent.policy.programmer import ApplyReport, PolicyProgrammer
-from netagent.policy.render import RenderSettings, WantedState, render_wanted
+from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
+from netagent.policy.render import RenderSettings
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
 
 log = logging.getLogger("netagent.policy")
@@ -96,7 +96,7 @@ class PolicyMetrics:
 class PolicyEngine:
     """Owns the recorders and the view; `sync` is the SyncRunner's function."""
 
-    def __init__(self, settings: PolicySettings, *, programmer: PolicyProgrammer, interface_of: InterfaceLookup,
+    def __init__(self, settings: PolicySettings, *, programmer: PolicyDataplane, interface_of: InterfaceLookup,
                  registry: Registry | None = None, rejections: RejectionScope | None = None) -> None:
         self.settings = settings
         self.programmer = programmer
@@ -110,7 +110,7 @@ class PolicyEngine:
         self.view = ClusterView()
         self.unprogrammed: tuple[str, ...] = ()     # what the last sync could not plan or render
         self.plan: NodePlan | None = None
-        self.wanted: WantedState | None = None
+        self.wanted: Rendered | None = None
         self.last_report: ApplyReport | None = None
         self._in_sync = False            # the last sync applied everything the view asks for
         self.metrics = PolicyMetrics(registry) if registry is not None else None
@@ -200,13 +200,14 @@ class PolicyEngine:
             return SyncResult.SUCCEEDED
         self._in_sync = False
         self.plan = plan_node(self.view, node_name=self.settings.node_name)
-        self.wanted = render_wanted(self.plan, settings=self.settings.render, interface_of=self.interface_of)
+        self.wanted = wanted = self.programmer.render(self.plan, settings=self.settings.render,
+                                                      interface_of=self.interface_of)
         unprogrammed = self.plan.problems + self.wanted.refused
         if unprogrammed != self.unprogrammed:        # said once, not every sync
             for problem in unprogrammed:
                 log.warning("network policy: %s", problem)
         self.unprogrammed = unprogrammed
-        self.last_report = self.programmer.apply(self.wanted, full=kind is SyncKind.FULL)
+        self.last_report = self.programmer.apply(wanted, full=kind is SyncKind.FULL)
         self._in_sync = not self.wanted.pending
         if self.metrics is not None:
             self.metrics.sync_seconds.labels(kind=kind.value).observe(time.monotonic() - started)

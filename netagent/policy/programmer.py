@@ -19,6 +19,7 @@ reads the kernel again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from netagent.kernel import owned
@@ -26,6 +27,8 @@ from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents, canon
 from netagent.kernel.ipset.runner import Ipset, delete_owned_sets, sync_sets
 from netagent.kernel.iptables.restore_format import Table, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
+from netagent.policy.dataplane import ApplyReport, PolicyDataplane
+from netagent.policy.readback import KernelPolicy, parse_kernel_policy
 from netagent.policy.render import (
     JUMP_COMMENT,
     OUTPUT_CHAIN,
@@ -35,9 +38,12 @@ from netagent.policy.render import (
     PARENT_CHAIN,
     TABLE,
     Rules,
+    RenderSettings,
     WantedState,
     render_chains,
+    render_wanted,
 )
+from netagent.policy.semantics import NodePlan, PodPlan
 
 log = logging.getLogger("netagent.policy")
 KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local pods already programmed")
@@ -47,20 +53,6 @@ KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local
 class _Applied:
     chains: dict[str, Rules]
     sets: dict[str, SetContents]
-
-
-@dataclass(frozen=True)
-class ApplyReport:
-    chains_written: int = 0
-    chains_removed: int = 0
-    sets_changed: int = 0
-    sets_destroyed: int = 0
-    jump_repaired: bool = False
-
-    @property
-    def wrote(self) -> bool:
-        return bool(self.chains_written or self.chains_removed or self.sets_changed or self.sets_destroyed
-                    or self.jump_repaired)
 
 
 HOOKS = {owned.POLICY_CHAIN: (PARENT_CHAIN, jump_spec(owned.POLICY_CHAIN, comment=JUMP_COMMENT)),
@@ -83,7 +75,7 @@ def _jumps_into(table: Table, chains: list[str]) -> list[tuple[str, tuple[str, .
     return found
 
 
-class PolicyProgrammer:
+class PolicyProgrammer(PolicyDataplane[WantedState]):
     """Applies wanted states through an `Iptables` and an `Ipset` (real or fake)."""
 
     def __init__(self, *, iptables: Iptables, ipset: Ipset) -> None:
@@ -98,6 +90,17 @@ class PolicyProgrammer:
         sets = {name: contents for name, contents in self.ipset.snapshot().items()
                 if name.startswith(owned.POLICY_PREFIX)}
         return _Applied(chains, sets), table
+
+    def render(self, plan: NodePlan, *, settings: RenderSettings,
+               interface_of: Callable[[PodPlan], str | None]) -> WantedState:
+        return render_wanted(plan, settings=settings, interface_of=interface_of)
+
+    def read_policy(self) -> KernelPolicy:
+        return parse_kernel_policy(self.iptables.save(TABLE, counters=True))
+
+    def read_sets(self) -> dict[str, frozenset[str]]:
+        return {name: contents.members for name, contents in self.ipset.snapshot().items()
+                if name.startswith(owned.POLICY_PREFIX)}
 
     def apply(self, wanted: WantedState, *, full: bool) -> ApplyReport:
         try:

@@ -241,7 +241,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     refused: list[str] = []
     directory: dict[str, list[tuple[str, ...]]] = {}
     used: set[SetRef] = set()
-    members, broken = _checked_sets(plan, refused)
+    members, broken = checked_sets(plan, refused)
     for pod in plan.pods:
         try:
             interface = interface_of(pod) if pod.isolated else ""
@@ -277,7 +277,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
                        sets, frozenset(known), tuple(pending), tuple(refused))
 
 
-def _checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[str]], set[SetRef]]:
+def checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[str]], set[SetRef]]:
     """Every set's members in the spelling ipset takes, checked as the ipset model checks them.
     A member no set can hold is left out of an allow set (it allows less); an except set with
     one is `broken` (leaving it out would allow more): the pods using it are refused."""

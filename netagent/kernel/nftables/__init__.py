@@ -1,0 +1,12 @@
+"""nf_tables: the one way netagent talks to the kernel's nftables (`--proxy-mode nftables`).
+
+- `runner.py`: `Nft`, the seam (apply one text batch as one transaction, list a table as
+  libnftables JSON, list tables), `NftRunner` (libnftables in-process, in a namespace of the
+  caller's choosing, never another), `NftError`, `nftables_usable()`.
+- `text.py`: the one place a string becomes nft text (names, interface names, comments,
+  addresses, ports, element lists).
+- `fake.py`: `FakeNft`, the stateful fake of the seam for the subset of nft text netagent
+  writes (the parsing of that subset in `fake_parse.py`).
+
+Each component owns one table per family (kernel/owned.py's `NFT_*_TABLE`) and writes only it.
+"""

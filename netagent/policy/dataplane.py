@@ -1,0 +1,75 @@
+"""The one interface the policy engine programs the kernel through, whichever dataplane holds
+the rules: `PolicyDataplane`. The engine plans (semantics.py) and hands the plan to
+`render`, then the result to `apply`; it never learns which tables or tools are behind them.
+
+Two implementations: `programmer.PolicyProgrammer` (iptables chains and ipsets, render.py) and
+`programmer_nft.NftPolicyProgrammer` (the `ip netagent-policy` nft table, render_nft.py);
+`daemon/policy_start.py` chooses by the proxy mode. Both keep the same contract: a PARTIAL
+apply writes only what changed since the last one, a FULL one compares with the kernel (a
+restarted agent adopts with zero writes, drift is repaired), the writes never open a pod, and
+after any failure the next apply reads the kernel again. Both read back into readback.py's
+`KernelPolicy` (and the selector sets' members in ipset spelling), so `netagent status policy`,
+its tracer and the denied-packets metric are the same code for either.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from netagent.policy.readback import KernelPolicy
+    from netagent.policy.render import RenderSettings
+    from netagent.policy.semantics import NodePlan, PodPlan
+
+
+class Rendered(Protocol):
+    """What the engine reads of a rendered state: the pods it had to leave closed."""
+    @property
+    def pending(self) -> tuple[str, ...]: ...      # no host interface found yet
+
+    @property
+    def refused(self) -> tuple[str, ...]: ...      # could not be rendered (why, in words)
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    chains_written: int = 0
+    chains_removed: int = 0
+    sets_changed: int = 0          # sets (and, nft, verdict maps) whose members changed, or created
+    sets_destroyed: int = 0
+    jump_repaired: bool = False    # the hook (iptables: our jump; nft: the base chain) was repaired
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.chains_written or self.chains_removed or self.sets_changed or self.sets_destroyed
+                    or self.jump_repaired)
+
+
+W = TypeVar("W", bound=Rendered)
+
+
+class PolicyDataplane(abc.ABC, Generic[W]):
+    """`W`: the dataplane's rendered state (render.py's `WantedState`, render_nft.py's `NftWanted`)."""
+
+    @abc.abstractmethod
+    def render(self, plan: NodePlan, *, settings: RenderSettings,
+               interface_of: Callable[[PodPlan], str | None]) -> W:
+        """What the plan asks of this dataplane (pure)."""
+
+    @abc.abstractmethod
+    def apply(self, wanted: W, *, full: bool) -> ApplyReport:
+        """Make the kernel hold `wanted` (a `render` result of this dataplane)."""
+
+    @abc.abstractmethod
+    def cleanup(self) -> list[str]:
+        """Remove every rule, chain and set of the policy engine; what was removed."""
+
+    @abc.abstractmethod
+    def read_policy(self) -> KernelPolicy:
+        """The pod chains as the kernel holds them, with their denied-packet counters."""
+
+    @abc.abstractmethod
+    def read_sets(self) -> Mapping[str, frozenset[str]]:
+        """The policy sets' members, in ipset spelling (what the tracer matches)."""

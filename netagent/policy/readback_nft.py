@@ -1,0 +1,159 @@
+"""The `ip netagent-policy` table read back (libnftables JSON, `Nft.list_table`) into
+readback.py's `KernelPolicy` and the sets' members, so `netagent status policy`, its tracer
+and the denied-packets metric are the same code in nftables mode as in iptables mode. Pure.
+
+Why translate rather than match nft expressions on their own: there is one rule matcher
+(`kernel/iptables/tracer.py`), which the trace of either dataplane should share. Each of our
+rules' expressions has an iptables equivalent (an address or prefix, a set lookup, its
+negation, a protocol and destination port or range, the named-port concatenation as a
+`dst,dst` ip,port set, conntrack state), so a rule becomes the spec iptables-save would print
+for it, and the sets' elements become ipset spellings. An expression outside that vocabulary
+becomes `-m nft-<name>`, which the tracer refuses to judge (it says so), never a guess.
+
+Pods come from the table alone: each pod chain's header (render_nft.py) names the direction,
+address, pod and policies; the KNOWN set's elements, with their comments, name every
+programmed local pod, open ones included (the pod directory); a chain's `counter drop` holds
+the packets denied.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from netagent.policy.readback import KernelPolicy, PodDirection, ReadRule
+from netagent.policy.render_nft import BASE_CHAIN, HEADER, KNOWN_SET, plain_comment
+
+_HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
+_VERDICTS = {"return": "RETURN", "drop": "DROP", "accept": "ACCEPT", "jump": "jump", "goto": "goto", "vmap": "vmap"}
+
+
+def element_text(element: Any) -> str:
+    """One set or map element (or key) as text: an address, `a/len`, `a-b`, `a . tcp . 80`."""
+    if isinstance(element, dict):
+        if "elem" in element:
+            return element_text(element["elem"].get("val"))
+        if "prefix" in element:
+            return f"{element['prefix']['addr']}/{element['prefix']['len']}"
+        if "range" in element:
+            low, high = element["range"]
+            return f"{element_text(low)}-{element_text(high)}"
+        if "concat" in element:
+            return " . ".join(element_text(part) for part in element["concat"])
+    return str(element)
+
+
+def verdict_of(rule: dict[str, Any]) -> str:
+    """The rule's verdict as render_nft.py's `NftRule.verdict` spells it ("" for none)."""
+    for expr in reversed(rule.get("expr") or ()):
+        if isinstance(expr, dict):
+            for key in expr:
+                if key in _VERDICTS:
+                    return key
+    words = str(rule.get("text", "")).split()      # FakeNft keeps a rule as its text
+    if "vmap" in words:
+        return "vmap"
+    return words[-1] if words and words[-1] in _VERDICTS else ""
+
+
+def ipset_members(elements: list[Any], *, interval: bool) -> frozenset[str]:
+    """nft elements in the spelling the iptables tracer's ipsets hold."""
+    found = set()
+    for element in elements:
+        text = element_text(element)
+        if " . " in text:
+            address, protocol, port = text.split(" . ")
+            found.add(f"{address},{protocol}:{port}")
+        elif interval and "-" in text:
+            low, high = (ipaddress.ip_address(part) for part in text.split("-"))
+            found.update(str(net) for net in ipaddress.summarize_address_range(low, high))
+        else:
+            found.add(text)
+    return frozenset(found)
+
+
+def _side(left: dict[str, Any]) -> str | None:
+    payload = left.get("payload") if isinstance(left, dict) else None
+    if isinstance(payload, dict) and payload.get("protocol") in ("ip", "ip6"):
+        return {"saddr": "src", "daddr": "dst"}.get(str(payload.get("field")))
+    return None
+
+
+def _match_spec(match: dict[str, Any]) -> list[str]:
+    left, right, negated = match.get("left"), match.get("right"), match.get("op") == "!="
+    bang = ["!"] if negated else []
+    side = _side(left) if isinstance(left, dict) else None
+    if side is not None:
+        if isinstance(right, str) and right.startswith("@"):
+            return ["-m", "set", *bang, "--match-set", right[1:], side]
+        address = element_text(right)
+        return [*bang, "-s" if side == "src" else "-d", address if "/" in address else address + "/32"]
+    if isinstance(left, dict) and "concat" in left and isinstance(right, str) and right.startswith("@"):
+        return ["-m", "set", *bang, "--match-set", right[1:], "dst,dst"]
+    if isinstance(left, dict) and left.get("meta", {}).get("key") == "l4proto" and not negated:
+        return ["-p", str(right)]
+    payload = left.get("payload") if isinstance(left, dict) else None
+    if isinstance(payload, dict) and payload.get("field") == "dport" and not negated:
+        protocol = payload.get("protocol")
+        ports = f"{right['range'][0]}:{right['range'][1]}" if isinstance(right, dict) and "range" in right else str(right)
+        head = ["-p", str(protocol)] if protocol in ("tcp", "udp", "sctp") else []
+        return [*head, "-m", str(protocol), "--dport", ports]
+    if isinstance(left, dict) and left.get("ct", {}).get("key") == "state" and not negated:
+        states = right if isinstance(right, list) else [right]
+        return ["-m", "conntrack", "--ctstate", ",".join(sorted(str(s).upper() for s in states))]
+    return ["-m", "nft-unread"]
+
+
+def rule_spec(rule: dict[str, Any]) -> tuple[tuple[str, ...], str, int]:
+    """(iptables-style match spec, target, counted packets) of one nft rule."""
+    spec: list[str] = []
+    target, packets = "", 0
+    if "expr" not in rule:           # FakeNft keeps a rule as its text: not read, so never judged
+        verdict = verdict_of(rule)
+        return ("-m", "nft-unread"), _VERDICTS.get(verdict, ""), 0
+    for expr in rule.get("expr") or ():
+        if not isinstance(expr, dict) or not expr:
+            continue
+        key = next(iter(expr))
+        if key == "match":
+            spec += _match_spec(expr["match"])
+        elif key == "counter":
+            packets = int((expr["counter"] or {}).get("packets", 0))
+        elif key in _VERDICTS:
+            target = _VERDICTS[key]
+        else:
+            spec += ["-m", f"nft-{key}"]
+    return tuple(spec), target, packets
+
+
+def parse_nft_policy(objects: list[dict[str, Any]]) -> tuple[KernelPolicy, dict[str, frozenset[str]]]:
+    """The policy table's objects -> (its pods and rules, every set's members in ipset spelling)."""
+    chains: dict[str, list[ReadRule]] = {}
+    sets: dict[str, frozenset[str]] = {}
+    local: dict[str, str] = {}
+    for obj in objects:
+        if "rule" in obj:
+            rule = obj["rule"]
+            spec, target, packets = rule_spec(rule)
+            chains.setdefault(rule["chain"], []).append(ReadRule(spec, plain_comment(rule.get("comment", "")),
+                                                                 target, packets))
+        elif "set" in obj:
+            held = obj["set"]
+            elements = held.get("elem") or []
+            sets[held["name"]] = ipset_members(elements, interval="interval" in (held.get("flags") or ()))
+            if held["name"] == KNOWN_SET:
+                for element in elements:
+                    comment = element["elem"].get("comment", "") if isinstance(element, dict) and "elem" in element else ""
+                    local[comment or element_text(element)] = element_text(element)
+    found = KernelPolicy(guard=[rule for rule in chains.get(BASE_CHAIN, []) if rule.target == "DROP"], local=local)
+    by_address = {ip: pod for pod, ip in local.items()}
+    for chain, rules in sorted(chains.items()):
+        head = _HEADER.match(rules[0].comment) if rules else None
+        if head is None:
+            continue
+        direction, ip, pod, policies = head.groups()
+        denied = sum(rule.packets for rule in rules if rule.target == "DROP")
+        found.pods.append(PodDirection(by_address.get(ip, pod), ip, direction, chain,
+                                       tuple(filter(None, policies.split(","))),
+                                       tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
+    return found, sets
