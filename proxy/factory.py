@@ -32,7 +32,7 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
     if ProxyMode(mode) is ProxyMode.EBPF:
         return build_ebpf_backend(ebpf, rejections=rejections)
     if ProxyMode(mode) is ProxyMode.NFTABLES:
-        raise BackendConfigError("--proxy-mode nftables: the nftables backend is being built (issue 20)")
+        return build_nftables_backend(netns=netns)
     if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
         return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,
@@ -43,6 +43,16 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
     from proxy.ipvs.table import Scheduler
     return IpvsProxy.in_namespace(netns=netns, iptables_backend=iptables_backend,
                                   settings=IpvsSettings(scheduler=Scheduler(scheduler)))
+
+
+def build_nftables_backend(*, netns: str | None = None) -> ProxyBackend:
+    """The nftables backend over libnftables, in `netns` (None: this namespace)."""
+    from netagent.kernel.nftables.runner import NftError, NftRunner
+    from proxy.nftables.backend import NftablesProxy
+    try:
+        return NftablesProxy(nft=NftRunner(netns))
+    except NftError as error:
+        raise BackendConfigError(f"--proxy-mode nftables: {error}") from None
 
 
 def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: bool = False,
@@ -91,14 +101,33 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,
                     bpf_root: str | None = None) -> ProxyMode | None:
     """Which backend has programmed this namespace: eBPF when `bpf_root` holds our pinned maps,
-    IPVS when its device exists, iptables when our service chain does, None when none."""
+    nftables when our nft table exists, IPVS when its device exists, iptables when our service
+    chain does, None when none."""
     if bpf_root:
         from ebpf.loader import pin_dir
         if os.path.isdir(pin_dir(bpf_root)):
             return ProxyMode.EBPF
+    if _nft_table_exists(netns):
+        return ProxyMode.NFTABLES
     from proxy.ipvs.netlink import NetlinkAddressDevice
     if NetlinkAddressDevice(netns=netns).exists():
         return ProxyMode.IPVS
     from proxy.iptables.names import FIXED_CHAINS
     runner = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=exec_prefix(netns))
     return ProxyMode.IPTABLES if set(runner.list_chains("nat")) & set(FIXED_CHAINS["nat"]) else None
+
+
+def _nft_table_exists(netns: str | None) -> bool:
+    """Whether the nftables proxy's table is in the namespace (False where nft cannot be used)."""
+    from netagent.kernel import owned
+    from netagent.kernel.nftables.runner import NftError, NftRunner
+    try:
+        runner = NftRunner(netns)
+    except NftError:
+        return False
+    try:
+        return any(name == owned.NFT_PROXY_TABLE and family in ("ip", "ip6") for family, name in runner.tables())
+    except NftError:
+        return False
+    finally:
+        runner.close()

@@ -1,10 +1,11 @@
 """`netagent status services`: what the service proxy has programmed on this node.
 
 The addresses and backends are always read back from the kernel (iptables rules, IPVS
-virtual servers, or the eBPF maps pinned under `--bpf-root`), never taken from what the agent meant to write. The running agent is
+virtual servers, the nftables proxy's `ip netagent` table, or the eBPF maps pinned under
+`--bpf-root`), never taken from what the agent meant to write. The running agent is
 asked first (`/services` on its metrics address, 127.0.0.1:10249), because it reads the
-kernel too and also knows every service's name: IPVS keeps no names, and iptables keeps
-them only as rule comments. When no agent answers, the kernel is read here, so the command
+kernel too and also knows every service's name: IPVS keeps no names, and iptables and
+nftables keep them only as comments. When no agent answers, the kernel is read here, so the command
 still works while the agent is down (IPVS entries are then unnamed). `--json` prints
 `{"mode", "source", "services": [{"name", "address", "kind", "backends"}]}`.
 """

@@ -1,7 +1,7 @@
 """One behaviour suite, the same assertions for every backend: a client in one namespace, two
 backends in another, real sockets. Parity is shown, not claimed: a backend that behaves
 differently fails under its own id. iptables (both of its backends) and eBPF (the socket load
-balancer, and the tc path of pods outside its cgroup) run here; IPVS
+balancer, and the tc path of pods outside its cgroup) and nftables run here; IPVS
 needs a kernel with IPVS, so its leg (tests/vm/guest/test_proxy_parity_ipvs.py) runs in the VM
 tier's guest with this module's scenario: `programmed_by` and `assert_same_behaviour`."""
 import contextlib
@@ -70,7 +70,7 @@ def assert_same_behaviour(result: subprocess.CompletedProcess) -> None:
     assert out["empty"] == errno.ECONNREFUSED
 
 
-@pytest.fixture(params=["iptables-legacy", "iptables-nft", "ebpf", "ebpf-tc"])
+@pytest.fixture(params=["iptables-legacy", "iptables-nft", "nftables", "ebpf", "ebpf-tc"])
 def programmed(request):
     """How to run the client, with the services programmed by one backend. "ebpf" is the socket
     load balancer (the client in its cgroup); "ebpf-tc" the packet path a pod outside the cgroup
@@ -90,11 +90,14 @@ def programmed(request):
                 namespaces.run_in(client_ns, ["ip", "route", "add", "10.96.0.0/16", "via", BACKENDS[0]], check=True)
                 run = client_in(client_ns)
         else:
-            # iptables needs a route to the cluster IPs: DNAT in OUTPUT comes after routing
+            # iptables and nftables need a route to the cluster IPs: DNAT in OUTPUT comes after routing
             namespaces.run_in(client_ns, ["ip", "route", "add", "10.96.0.0/16", "dev",
                                           f"na-e{client_ns[-6:]}"], check=True)
-            backend = build_backend("iptables", iptables_backend=IptablesBackend(request.param.split("-")[1]),
-                                    netns=client_ns)
+            if request.param == "nftables":
+                backend = build_backend("nftables", iptables_backend=IptablesBackend.NFT, netns=client_ns)
+            else:
+                backend = build_backend("iptables", iptables_backend=IptablesBackend(request.param.split("-")[1]),
+                                        netns=client_ns)
             run = client_in(client_ns)
         with programmed_by(backend, run) as programmed_run:
             yield programmed_run

@@ -1,0 +1,160 @@
+"""`NftablesProxy`: the nftables service-proxy backend, one nft transaction per sync.
+
+Full sync (the first, the periodic one, every one after a failure): the table is read back
+(`Nft.list_table`, libnftables JSON: readback.py) and only the difference from the rendered
+contents is written (batch.py), so an agent restarted over its own table writes NOTHING, and
+an element or rule deleted by hand comes back at the next full sync. Partial sync (`changed`
+given, and the backend remembers what it last wrote): only the changed service ports are
+rendered again, and only their elements (and the balancing or affinity chains they start or
+stop needing) are written; nothing is read. Either is ONE `Nft.apply` (one transaction); any
+failure raises and forgets the memory, so the next sync is full even if the core did not ask.
+
+Text, not JSON batches: nft-core's seam takes text (`Nft.apply(batch: str)`), every string in it
+built by `netagent.kernel.nftables.text`; libnftables parses text about as fast as its own JSON
+for element lists (measured: see the report of issue 20 and bench/), and reading back is JSON.
+
+A service port whose values nft text cannot carry (render.UnrenderablePort: an IPv6 address
+in the ip table) is left out and reported in `BackendSyncReport.unprogrammed`, as the iptables
+backend reports the ports its tool refused; the core rejects it through the proxy's
+`RejectionScope` until it changes.
+"""
+from __future__ import annotations
+
+import logging
+from types import MappingProxyType
+
+from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.nftables.runner import Nft
+from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
+from proxy.model import ProxyState, ServicePortName
+from proxy.nftables import names as N
+from proxy.nftables.batch import Changes, full_changes
+from proxy.nftables.readback import programmed_services, read_table
+from proxy.nftables.render import (Assembly, ElementKey, NftProxySettings, PortObjects, UnrenderablePort,
+                                   assemble, count_chain_rules, render_port)
+
+log = logging.getLogger("netagent.proxy.nftables")
+
+
+class NftablesProxy(ProxyBackend):
+    mode = ProxyMode.NFTABLES
+
+    def __init__(self, *, nft: Nft, settings: NftProxySettings | None = None, family: str = "ip") -> None:
+        self.nft = nft
+        self.settings = settings or NftProxySettings()
+        self.family = family
+        self._written: Assembly | None = None      # what the last successful sync left in the kernel
+        self._refused: dict[ServicePortName, str] = {}
+        self.applies = 0                           # transactions written (tests, bench)
+
+    # ---- sync ---------------------------------------------------------------------------------
+
+    def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        previous, self._written = self._written, None    # forgotten until this sync succeeds
+        if changed is not None and previous is not None and previous.node == state.node:
+            assembly, changes, written = self._partial(previous, state, changed)
+            scope = SyncKind.PARTIAL
+        else:
+            assembly, changes, written = self._full(state)
+            scope = SyncKind.FULL
+        batch = changes.text()
+        if batch:
+            self.nft.apply(batch)
+            self.applies += 1
+        self._written = assembly
+        contents_size = assembly.size()
+        unprogrammed = MappingProxyType(dict(self._refused))
+        return BackendSyncReport(scope=scope, services_written=written, rules=contents_size,
+                                 detail=f"{scope.value} sync: {written} service port(s) written, "
+                                        f"{changes.writes} nft writes, {contents_size} elements and rules"
+                                        + (f", {len(unprogrammed)} left out" if unprogrammed else ""),
+                                 unprogrammed=unprogrammed)
+
+    def _render(self, state: ProxyState, name: ServicePortName) -> PortObjects | None:
+        self._refused.pop(name, None)
+        if name not in state.services:
+            return None
+        try:
+            return render_port(state.services[name], state.selection(name), node=state.node, settings=self.settings)
+        except UnrenderablePort as error:
+            log.warning("%s", error)
+            self._refused[name] = f"cannot be written as nft text: {error.reason}"
+            return None
+
+    def _full(self, state: ProxyState) -> tuple[Assembly, Changes, int]:
+        self._refused.clear()
+        ports = [port for port in (self._render(state, name) for name in state.services) if port is not None]
+        assembly = assemble(ports, node=state.node, settings=self.settings)
+        objects = self.nft.list_table(self.family, N.TABLE)
+        view = read_table(objects) if objects is not None else None
+        return assembly, full_changes(view, assembly.contents(), family=self.family), len(ports)
+
+    def _partial(self, assembly: Assembly, state: ProxyState,
+                 changed: frozenset[ServicePortName]) -> tuple[Assembly, Changes, int]:
+        changes = Changes(family=self.family)
+        chains_before = assembly.count_chains()
+        written = 0
+        for name in sorted(changed):
+            old = assembly.ports.get(name)
+            new = self._render(state, name)
+            if old is None and new is None:
+                continue
+            written += 1
+            keys: set[ElementKey] = {key for key, _ in (old.elements if old else ())}
+            keys |= {key for key, _ in (new.elements if new else ())}
+            before = {key: assembly.value(key) for key in keys}
+            assembly.put(new, name)
+            for key in keys:
+                after = assembly.value(key)
+                if after == before[key]:
+                    continue
+                holder, element = key
+                if before[key] is not None:
+                    changes.delete_element(holder, element)
+                if after is not None:
+                    changes.add_element(holder, element, after)
+            _own_objects(changes, old, new)
+        chains_after = assembly.count_chains()
+        for chain in chains_after - chains_before:
+            changes.add_chains.add(chain)
+            changes.rules[chain] = count_chain_rules(chain, assembly.node, self.settings)
+        for chain in chains_before - chains_after:
+            changes.flush.add(chain)
+            changes.delete_chains.add(chain)
+        return assembly, changes, written
+
+    # ---- read back and clean up ----------------------------------------------------------------
+
+    def programmed(self) -> list[ProgrammedService]:
+        objects = self.nft.list_table(self.family, N.TABLE)
+        return [] if objects is None else programmed_services(read_table(objects))
+
+    def cleanup(self) -> None:
+        """Delete our table (every family's); idempotent."""
+        self._written = None
+        ours = [(family, name) for family, name in self.nft.tables() if name == N.TABLE and family in ("ip", "ip6")]
+        if ours:
+            self.nft.apply("".join(f"delete table {family} {name}\n" for family, name in ours))
+
+
+def _own_objects(changes: Changes, old: PortObjects | None, new: PortObjects | None) -> None:
+    """A changed port's own chains and sets (affinity): added, rewritten or deleted."""
+    old_chains = dict(old.chains) if old else {}
+    new_chains = dict(new.chains) if new else {}
+    old_sets = dict(old.sets) if old else {}
+    new_sets = dict(new.sets) if new else {}
+    recreated = {name for name in old_sets.keys() & new_sets.keys() if old_sets[name] != new_sets[name]}
+    for chain, rules in new_chains.items():
+        if chain not in old_chains:
+            changes.add_chains.add(chain)
+            changes.rules[chain] = rules
+        elif old_chains[chain] != rules or any(f"@{name} " in rule for rule in rules for name in recreated):
+            changes.flush.add(chain)
+            changes.rules[chain] = rules
+    for chain in old_chains.keys() - new_chains.keys():
+        changes.flush.add(chain)
+        changes.delete_chains.add(chain)
+    for name in (old_sets.keys() - new_sets.keys()) | recreated:
+        changes.delete_sets.add(name)
+    for name in (new_sets.keys() - old_sets.keys()) | recreated:
+        changes.add_sets[name] = new_sets[name]
