@@ -116,7 +116,7 @@ def goal_lines(records: list[dict], restarts: dict[int, int] | None = None) -> l
                  f"{_cell(top['agent_change_s'], 1e3, 2)} ms")
     if restarts and top["services"] in restarts:
         written = restarts[top["services"]]
-        lines.append(f"restart's first sync with the table in place writes nothing: wrote {written} service ports: "
+        lines.append(f"restart's first sync with the table in place writes nothing: {written} nft transactions: "
                      f"{verdict(written == 0)}")
     with_connect = [rec for rec in nft if rec["connect_median_us"] is not None]
     if len(with_connect) >= 2:

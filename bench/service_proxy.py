@@ -103,11 +103,11 @@ def run_mode(mode: str, size: int, args, records: list, notes: list, restarts: d
     if "elements" in result:
         notes.append(f"{mode}: {result['rules']} rules and {result['elements']} map/set elements in the table")
     if "restart" in result:
-        seconds, written = result["restart"]
+        seconds, written, unit = result["restart"]
         if mode == "nftables":
             restarts[size] = written
         notes.append(f"{mode}: restart (new backend, table in place): first full sync {seconds:.3f} s, "
-                     f"wrote {written} service ports")
+                     f"wrote {written} {unit} ({result['restart_detail']})")
     if "compile" in result:
         notes.append(f"ebpf: bcc compile {result['compile']:.3f} s, load+attach {result['load']:.3f} s, open maps "
                      f"{result['start'] - result['compile'] - result['load']:.3f} s; /metrics map fill "

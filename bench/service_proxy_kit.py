@@ -225,7 +225,12 @@ def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int,
         again = make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup)
         started = time.perf_counter()
         restart = again.sync(state, changed=None)
-        extra["restart"] = (time.perf_counter() - started, restart.services_written)
+        seconds = time.perf_counter() - started
+        # nftables counts the transactions it wrote (none when the table already agrees);
+        # the others say how many service ports their full sync (re)wrote
+        extra["restart"] = ((seconds, again.applies, "nft transactions") if hasattr(again, "applies")
+                            else (seconds, restart.services_written, "service ports"))
+        extra["restart_detail"] = restart.detail
     if mode == "nftables":
         rules, extra["elements"] = count_nft(netns, NFT_PROXY_TABLE)
     elif mode.startswith("iptables-"):
