@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import resource
 import statistics
 import subprocess
 import time
@@ -223,6 +224,7 @@ def bench_nftables_floor(services: int, samples: int, timeout: float, connects: 
         except subprocess.CalledProcessError as error:
             raise RuntimeError(f"nft -f refused the kube-proxy shape: {error.stderr[-2000:]}") from None
         full = time.perf_counter() - started
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024   # nft's, the largest child yet
         changes = []
         for sample in range(samples):
             new, name = with_one_endpoint_changed(state, sample)
@@ -234,7 +236,8 @@ def bench_nftables_floor(services: int, samples: int, timeout: float, connects: 
                 break
             changes.append(time.perf_counter() - started)
             state = new
-        result: dict = {"full": full, "change": statistics.median(changes) if changes else None, "rules": rules}
+        result: dict = {"full": full, "change": statistics.median(changes) if changes else None, "rules": rules,
+                        "nft_rss": peak}
         if connects:
             listened = with_listener(state)
             last = last_service(listened)

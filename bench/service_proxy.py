@@ -135,7 +135,8 @@ def run_floor(mode: str, size: int, args, records: list, notes: list) -> None:
     change = "cut" if result["change"] is None else f"{result['change'] * 1e3:.2f} ms"
     print(f"  {name:<34} full {result['full']:.3f} s, change {change}, rules {result['rules']}", flush=True)
     if "elements" in result:
-        notes.append(f"{name}: {result['rules']} rules and {result['elements']} map/set elements in the table")
+        notes.append(f"{name}: {result['rules']} rules and {result['elements']} map/set elements in the table; "
+                     f"`nft -f` peaked at {result['nft_rss']:.0f} MiB RSS loading it")
 
 
 def run_agent_path(mode: str, size: int, args, records: list) -> None:

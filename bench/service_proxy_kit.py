@@ -40,9 +40,13 @@ def pod_ip(n: int) -> str:
     return f"10.{128 + n // 65536}.{(n // 256) % 256}.{n % 256}"
 
 
+NODE_PORTS = 2768   # 30000-32767, the API server's default range
+
+
 def node_port(i: int) -> int | None:
-    """One service in ten has a NodePort, each its own (30000-32767, as the API server allots)."""
-    return 30000 + (i // 10) % 2768 if i % 10 == 0 else None
+    """One service in ten has a NodePort, each its own as the API server allots them, while the
+    range lasts (the first 27,680 services)."""
+    return 30000 + i // 10 if i % 10 == 0 and i // 10 < NODE_PORTS else None
 
 
 def make_state(services: int) -> ProxyState:
