@@ -14,7 +14,8 @@
 - the machines and wires: `physical.py`; the processes (API server, agents): `processes.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
-lab's `--proxy-mode` (iptables, ipvs, ebpf or none: always said, as the agent's default is iptables).
+lab's `--proxy-mode` (iptables, ipvs, ebpf, nftables or none: always said, as the agent's default
+depends on the host).
 In ebpf mode each node has its own cgroup and bpffs (`bpf_places.py`) and its processes, pods'
 included, run inside that cgroup (`exec_prefix`). With `agent_image`, the agents are instead
 deploy/netagent.yaml's DaemonSet run by podman as the kubelet would (`agent_pods.py`).

@@ -1,7 +1,7 @@
 """`netagent lab ...`: the scriptable front of `LabCluster`.
 
     netagent lab                      the demo: a 3-node cluster, pods on each, cross-node pings, removed
-    netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K] [--proxy-mode iptables|ipvs|none]
+    netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K] [--proxy-mode iptables|ipvs|ebpf|nftables|none]
                                       build it and leave it running
     netagent lab status [--json]      nodes, pods, agents, services and their endpoints
     netagent lab exec POD -- CMD...   run a command in a pod (or node, "internet", "router")

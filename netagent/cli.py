@@ -56,6 +56,7 @@ def _cmd_cleanup(args) -> int:
     from netagent.daemon.cleanup import (
         remove_owned_chains,
         remove_owned_links,
+        remove_owned_nft_tables,
         remove_owned_routing,
         remove_ebpf_state,
         remove_proxy_state,
@@ -64,7 +65,7 @@ def _cmd_cleanup(args) -> int:
     removed = (remove_ebpf_state(bpf_root=args.bpf_root, cgroup=args.cgroup_root) + remove_proxy_state()
                + remove_policy_state_everywhere())
     removed += [f"interface {name}" for name in remove_owned_links()]
-    removed += remove_owned_routing() + remove_owned_chains()
+    removed += remove_owned_routing() + remove_owned_chains() + remove_owned_nft_tables()
     for line in removed:
         print(f"removed {line}")
     print(f"{len(removed)} item(s) removed")

@@ -8,6 +8,10 @@
   (their neighbour and FDB entries go with them);
 - iptables: every `NETAGENT-` chain and every jump to one, on both backends (legacy and
   nft), since a previous run may have used either;
+- nftables: every table whose name starts with `owned.NFT_TABLE_PREFIX`, in every family
+  (the proxy's, the masquerade's and the policy engine's of `--proxy-mode nftables`), in one
+  transaction; nothing when the libnftables bindings are not installed (no run of ours could
+  have made a table then);
 - the service proxy: first its own cleanup (rules, then the ipsets they used, IPVS virtual
   servers on its device and the device), for whichever mode left state behind; eBPF: the
   programs of ours attached to `--cgroup-root` and the maps pinned under `--bpf-root`, when
@@ -16,6 +20,7 @@
 from __future__ import annotations
 
 from cni.kernel import CniKernel
+from netagent.kernel.nftables.runner import Nft
 
 
 def remove_owned_links(kernel: CniKernel | None = None) -> list[str]:
@@ -43,6 +48,34 @@ def remove_owned_chains() -> list[str]:
         removed += [f"iptables ({backend.value}) chain {chain}"
                     for chain in IptablesRunner(backend=backend, family=IpFamily.V4).delete_owned()]
     return removed
+
+
+def remove_owned_nft_tables(nft: Nft | None = None) -> list[str]:
+    """Delete every nft table of ours (`owned.NFT_TABLE_PREFIX`), all families, one transaction."""
+    from netagent.kernel import owned
+    from netagent.kernel.nftables.runner import NftError, NftRunner
+    from netagent.kernel.nftables.text import UnsafeNftText, name_for_listing
+    made = None
+    if nft is None:
+        try:
+            nft = made = NftRunner()
+        except NftError:
+            return []
+    try:
+        ours = []
+        for family, name in nft.tables():
+            if not name.startswith(owned.NFT_TABLE_PREFIX):
+                continue
+            try:
+                ours.append((family, name_for_listing(name)))
+            except UnsafeNftText:    # a name we never write: not made by us
+                continue
+        if ours:
+            nft.apply("".join(f"delete table {family} {name}\n" for family, name in ours))
+        return [f"nft table {family} {name}" for family, name in ours]
+    finally:
+        if made is not None:
+            made.close()
 
 
 def remove_ebpf_state(*, bpf_root: str | None, cgroup: str | None) -> list[str]:

@@ -75,6 +75,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                               "proxy uses at least 1 s, kube-proxy's default)")
     from netagent.daemon.proxy_start import add_proxy_arguments
     add_proxy_arguments(run)
+    # Not given: iptables, or nftables where iptables cannot work (daemon/dataplane.py decides).
+    run.set_defaults(proxy_mode=None)
     from netagent.daemon.policy_start import add_policy_arguments
     add_policy_arguments(run)
 
@@ -221,11 +223,18 @@ def _run_cluster_mode(args) -> int:
     from netagent.noderoutes.host import HostAccess, KubeNodeApi
     from netagent.noderoutes.routing.kernel import NetlinkKernel
 
+    from netagent.daemon.dataplane import DataplaneError, resolve_dataplane
+    from netagent.kernel.nftables.runner import NftError, NftRunner
     try:
         settings = _settings_from(args)
         api_client = load_api_client(kubeconfig=args.kubeconfig)
-        backend = resolve_backend(args.iptables_backend, family=IpFamily.V4)
-    except (AgentStartError, KubeConfigError, IptablesNotInstalled) as exc:
+        dataplane = resolve_dataplane(args.proxy_mode)
+        args.proxy_mode = dataplane.proxy_mode
+        log.info("dataplane: %s", dataplane.reason)
+        # nftables mode needs no iptables; it uses the host's only for the FORWARD-drop case
+        backend = resolve_backend(args.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
+        nft = NftRunner() if dataplane.nftables else None
+    except (AgentStartError, KubeConfigError, IptablesNotInstalled, DataplaneError, NftError) as exc:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     registry = Registry()
@@ -240,7 +249,8 @@ def _run_cluster_mode(args) -> int:
         return 1
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
-                      iptables=IptablesRunner(backend=backend, family=IpFamily.V4), kernel_release=os.uname().release)
+                      iptables=IptablesRunner(backend=backend, family=IpFamily.V4) if backend is not None else None,
+                      nft=nft, kernel_release=os.uname().release)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [],
                       rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(args))
@@ -281,7 +291,7 @@ def _run_cluster_mode(args) -> int:
         started.stop_all()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
-          f"iptables {backend.value}, proxy {args.proxy_mode}, network policy "
+          f"iptables {backend.value if backend is not None else 'unused'}, proxy {args.proxy_mode}, network policy "
           f"{'on' if policy is not None else 'off'}); serving CNI on {args.cni_socket}, "
           f"status on {args.status_bind}", flush=True)
     _wait_for_signal()
@@ -302,7 +312,7 @@ def _start_policy(args, *, api_client, backend, registry, rejections, pod_cidrs,
     serves (policy_start.py says why); with the flag off, remove what a previous run left."""
     from netagent.daemon.policy_start import build_policy, remove_policy_state
     if not args.network_policy:
-        for removed in remove_policy_state(backend):
+        for removed in remove_policy_state(backend):   # backend None: iptables cannot work here
             log.info("network policy off: removed %s", removed)
         return None
     policy = build_policy(args, api_client=api_client, iptables_backend=backend, registry=registry,

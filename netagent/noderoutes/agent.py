@@ -9,7 +9,8 @@ Start-up, in order, each step failing loudly rather than guessing:
    when they differ, so a restart writes nothing;
 5. report the lease (pod CIDRs and the pods' MTU) to `on_lease` (the daemon writes the CNI
    network config from it, so pods get addresses from the lease with no per-node configuration);
-6. program masquerade and every peer's routes, then serve.
+6. program masquerade (iptables, or nftables when `HostAccess.nft` is given) and every peer's
+   routes, then serve.
 
 Everything outside the process is handed in (`host.py`): the kernel (`HostAccess`: netlink,
 sysctls, iptables, the kernel release) and the API (`NodeApi`), so unit tests run `start()`
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.infra.status_server import HealthFunction, HealthReport
     from netagent.infra.sync_runner import SyncRunner
     from netagent.noderoutes.masquerade import MasqueradeManager
+    from netagent.noderoutes.masquerade_nft import NftMasqueradeManager
     from netagent.noderoutes.routing.model import SyncReport
     from netagent.noderoutes.routing.routes import RouteManager
 
@@ -166,7 +168,7 @@ class NodeAgent:
         self.node_listeners = tuple(node_listeners)
         self.reflector: NodeWatch | None = None
         self.route_manager: RouteManager | None = None
-        self.masquerade: MasqueradeManager | None = None
+        self.masquerade: MasqueradeManager | NftMasqueradeManager | None = None
         self.runner: SyncRunner | None = None
         self.underlay: Underlay | None = None
         self.pod_cidrs: tuple = ()
@@ -275,7 +277,7 @@ class NodeAgent:
         """Pods' traffic is routed through this node: forwarding must be on in its namespace."""
         ensure_sysctls(self.host.sysctls, [IP_FORWARD])
 
-    def _build_managers(self, underlay: Underlay) -> tuple[RouteManager, MasqueradeManager | None]:
+    def _build_managers(self, underlay: Underlay) -> tuple[RouteManager, MasqueradeManager | NftMasqueradeManager | None]:
         """The route manager and, when masquerading is on, the masquerade manager."""
         from netagent.noderoutes.masquerade import MasqueradeManager
         from netagent.noderoutes.routing.routes import RouteManager
@@ -286,14 +288,18 @@ class NodeAgent:
         routing = dataclasses.replace(self.settings.routing,
                                       vxlan_checksum_offload=self._checksum_offload(underlay))
         route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local, bounds=self.bounds())
-        masquerade = None
-        if self.settings.masquerade is Masquerade.ON:
+        masquerade: MasqueradeManager | NftMasqueradeManager | None = None
+        cluster_cidrs = [c for c in self.settings.cluster_cidrs if c.version == 4]
+        pod_cidrs = [c for c in self.pod_cidrs if c.version == 4]
+        if self.settings.masquerade is Masquerade.ON and self.host.nft is not None:
+            from netagent.noderoutes.masquerade_nft import NftMasqueradeManager
+            masquerade = NftMasqueradeManager(nft=self.host.nft, forward_iptables=self.host.iptables,
+                                              cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
+        elif self.settings.masquerade is Masquerade.ON:
             if self.host.iptables is None:
                 raise AgentStartError("masquerade is on but no iptables runner was given")
-            masquerade = MasqueradeManager(
-                runner=self.host.iptables,
-                cluster_cidrs=[c for c in self.settings.cluster_cidrs if c.version == 4],
-                pod_cidrs=[c for c in self.pod_cidrs if c.version == 4])
+            masquerade = MasqueradeManager(runner=self.host.iptables, cluster_cidrs=cluster_cidrs,
+                                           pod_cidrs=pod_cidrs)
         return route_manager, masquerade
 
     def _checksum_offload(self, underlay: Underlay) -> ChecksumOffload:

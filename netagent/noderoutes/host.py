@@ -2,7 +2,8 @@
 
 - `HostAccess`: the node's kernel. Netlink through the `RoutingKernel` (devices, routes,
   neighbours, FDB, and the links/addresses/default routes the underlay is chosen from),
-  sysctls, the iptables runner masquerade writes through, and the kernel release that
+  sysctls, the iptables runner masquerade writes through (or, in nftables mode, the `Nft`
+  it writes through instead), and the kernel release that
   `ChecksumOffloadPolicy.AUTO` decides by.
 - `NodeApi`: the API server as the agent uses it: one Node watch, and annotating its own
   Node. `KubeNodeApi` is the real one (a `Reflector` and a merge patch on `nodes/status`);
@@ -26,6 +27,7 @@ from ipaddress import IPv4Network, IPv6Network
 from typing import Protocol
 
 from netagent.kernel.iptables.runner import Iptables
+from netagent.kernel.nftables.runner import Nft
 from netagent.kernel.sysctl import Sysctls
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes.routing.model import RoutingKernel
@@ -56,7 +58,8 @@ class Lease:
 class HostAccess:
     kernel: RoutingKernel  # netlink: devices, routes, neighbours, FDB, and the underlay snapshot
     sysctls: Sysctls
-    iptables: Iptables | None = None  # masquerade's runner; only None with Masquerade.OFF
+    iptables: Iptables | None = None  # masquerade's runner; only None with Masquerade.OFF or with `nft`
+    nft: Nft | None = None            # nftables mode: masquerade in our nft table (masquerade_nft.py)
     kernel_release: str = ""          # `os.uname().release`; read by ChecksumOffloadPolicy.AUTO only
 
 

@@ -79,22 +79,8 @@ def masquerade_chains(*, cluster_cidrs: Iterable[IpNetwork | str], pod_cidrs: It
                       chain_prefix: str = OWNED_PREFIX,
                       ports: PortRandomization = PortRandomization.FULLY) -> tuple[OwnedChain, OwnedChain]:
     """The two chains (nat, filter) with their wanted rules, in canonical save form."""
-    cluster = _networks(cluster_cidrs, what="cluster CIDR")
-    pods = _networks(pod_cidrs, what="pod CIDR")
-    if not cluster:
-        raise ValueError("at least one cluster CIDR is needed")
-    version = cluster[0].version
-    for network in cluster + pods:
-        if network.version != version:
-            raise ValueError(f"{network} is not IPv{version} like {cluster[0]}")
-    multicast = MULTICAST[version]
-    for network in cluster:
-        if network.overlaps(multicast):
-            raise ValueError(f"cluster CIDR {network} overlaps multicast {multicast}")
-    for network in pods:
-        if not any(_subnet_of(network, outer) for outer in cluster):
-            raise ValueError(f"pod CIDR {network} is outside every cluster CIDR {[str(c) for c in cluster]}")
-
+    cluster, pods = validated_networks(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
+    multicast = MULTICAST[cluster[0].version]
     masquerade = ("-j", *ports.target)
     nat: list[tuple[str, ...]] = []
     for source in cluster:
@@ -120,6 +106,29 @@ def masquerade_chains(*, cluster_cidrs: Iterable[IpNetwork | str], pod_cidrs: It
             OwnedChain("filter", f"{chain_prefix}FORWARD", "FORWARD", FORWARD_JUMP_COMMENT, tuple(forward)))
 
 
+def validated_networks(*, cluster_cidrs: Iterable[IpNetwork | str],
+                       pod_cidrs: Iterable[IpNetwork | str]) -> tuple[list[IpNetwork], list[IpNetwork]]:
+    """The cluster and pod CIDRs collapsed and sorted, or ValueError: at least one cluster
+    CIDR, one IP version, no cluster CIDR overlapping multicast, every pod CIDR inside a
+    cluster CIDR. Both renderings (iptables here, nftables in `masquerade_nft.py`) use it."""
+    cluster = _networks(cluster_cidrs, what="cluster CIDR")
+    pods = _networks(pod_cidrs, what="pod CIDR")
+    if not cluster:
+        raise ValueError("at least one cluster CIDR is needed")
+    version = cluster[0].version
+    for network in cluster + pods:
+        if network.version != version:
+            raise ValueError(f"{network} is not IPv{version} like {cluster[0]}")
+    multicast = MULTICAST[version]
+    for network in cluster:
+        if network.overlaps(multicast):
+            raise ValueError(f"cluster CIDR {network} overlaps multicast {multicast}")
+    for network in pods:
+        if not any(_subnet_of(network, outer) for outer in cluster):
+            raise ValueError(f"pod CIDR {network} is outside every cluster CIDR {[str(c) for c in cluster]}")
+    return cluster, pods
+
+
 def render_masquerade_rules(*, cluster_cidrs: Iterable[IpNetwork | str], pod_cidrs: Iterable[IpNetwork | str],
                             chain_prefix: str = OWNED_PREFIX,
                             ports: PortRandomization = PortRandomization.FULLY) -> str:
@@ -136,11 +145,15 @@ class MasqueradeManager:
     """Keeps the masquerade chains and their jumps as rendered, through an `Iptables`."""
 
     def __init__(self, *, runner: Iptables, cluster_cidrs: Sequence[IpNetwork | str],
-                 pod_cidrs: Sequence[IpNetwork | str], chain_prefix: str = OWNED_PREFIX):
+                 pod_cidrs: Sequence[IpNetwork | str], chain_prefix: str = OWNED_PREFIX,
+                 forward_only: bool = False):
+        """`forward_only`: keep only the filter FORWARD accept (the nftables mode's masquerade
+        on a host whose iptables FORWARD policy is DROP, `masquerade_nft.py`)."""
         self.runner = runner
         ports = runner.port_randomization
-        self.chains = masquerade_chains(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs,
-                                        chain_prefix=chain_prefix, ports=ports)
+        chains = masquerade_chains(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs,
+                                   chain_prefix=chain_prefix, ports=ports)
+        self.chains: tuple[OwnedChain, ...] = chains[1:] if forward_only else chains
         version = ipaddress.ip_network(next(iter(cluster_cidrs))).version
         if version != runner.family.value:
             raise ValueError(f"IPv{version} cluster CIDRs need an IPv{version} iptables, "

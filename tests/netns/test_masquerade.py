@@ -1,4 +1,7 @@
-"""Pod egress masquerade on the real kernel, both iptables backends.
+"""Pod egress masquerade on the real kernel: the iptables chains (`masquerade.py`) on both
+iptables backends, and the nftables table (`masquerade_nft.py`, `--proxy-mode nftables`) with
+either backend as the host's iptables (which it touches only while FORWARD drops). The same
+assertions run on every dataplane.
 
 Topology (all namespaces created here and removed afterwards; the root namespace is untouched):
 
@@ -20,7 +23,9 @@ import pytest
 
 from netagent.kernel import namespaces
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.nftables.runner import NftRunner
 from netagent.noderoutes.masquerade import MasqueradeManager
+from netagent.noderoutes.masquerade_nft import FAMILY, TABLE, NftMasqueradeManager
 from tests.netns.topology import NamespaceTopology
 
 PORT = 7777
@@ -99,16 +104,30 @@ def runner(lab, backend):
                           lock_wait_seconds=60)  # the xtables lock is shared with every other namespace
 
 
+@pytest.fixture(params=["iptables", "nftables"])
+def dataplane(request):
+    return request.param
+
+
 @pytest.fixture
-def manager(runner):
-    return MasqueradeManager(runner=runner, cluster_cidrs=["10.244.0.0/16"], pod_cidrs=["10.244.1.0/24"])
+def nft(lab):
+    with NftRunner(lab.names["node"]) as runner:
+        yield runner
+
+
+@pytest.fixture
+def manager(runner, dataplane, nft):
+    cidrs = {"cluster_cidrs": ["10.244.0.0/16"], "pod_cidrs": ["10.244.1.0/24"]}
+    if dataplane == "nftables":
+        return NftMasqueradeManager(nft=nft, forward_iptables=runner, **cidrs)
+    return MasqueradeManager(runner=runner, **cidrs)
 
 
 FOREIGN_RULES = ("*nat\n:OTHER-TOOL - [0:0]\n-A POSTROUTING -o lo -j OTHER-TOOL\nCOMMIT\n"
                  "*filter\n-A FORWARD -p udp --dport 9 -j DROP\nCOMMIT\n")
 
 
-def test_pods_leave_with_the_node_address_and_meet_pods_with_their_own(lab, runner, manager):
+def test_pods_leave_with_the_node_address_and_meet_pods_with_their_own(lab, runner, manager, dataplane, nft):
     runner.restore(FOREIGN_RULES)
     foreign = {table: runner.table(table) for table in ("nat", "filter")}
     assert lab.seen_by("pod", INTERNET) == POD  # control: no masquerade yet
@@ -121,12 +140,18 @@ def test_pods_leave_with_the_node_address_and_meet_pods_with_their_own(lab, runn
     assert lab.seen_by("inet", POD) == INTERNET                 # outside -> local pods: kept
     assert lab.seen_by("inet", REMOTE_POD) == NODE_TOWARDS_REMOTE  # outside -> remote pods: masqueraded
 
+    if dataplane == "nftables":
+        assert "NETAGENT" not in runner.save()    # FORWARD accepts: no iptables rule of ours
+        assert nft.list_table(FAMILY, TABLE) is not None
+
     manager.cleanup()
     assert "NETAGENT" not in runner.save()
+    assert nft.list_table(FAMILY, TABLE) is None
     assert {table: runner.table(table) for table in ("nat", "filter")} == foreign
     assert lab.seen_by("pod", INTERNET) == POD
 
 
+@pytest.mark.parametrize("dataplane", ["iptables"], indirect=True)
 def test_ensure_repairs_a_flushed_chain_and_a_deleted_jump(lab, runner, manager):
     manager.ensure()
     runner.restore("*nat\n-F NETAGENT-POSTRTG\nCOMMIT\n")
@@ -148,7 +173,44 @@ def test_forward_chain_lets_pod_traffic_through_a_drop_policy(lab, runner, manag
     runner.restore("*filter\n:FORWARD DROP [0:0]\nCOMMIT\n")
     assert lab.seen_by("pod", REMOTE_POD, timeout=0.5) == "timeout"
     manager.ensure()
+    assert manager.check() == []
+    assert lab.seen_by("pod", REMOTE_POD) == POD
+    runner.restore("*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n")
+    manager.ensure()           # nftables: FORWARD accepts again, the iptables accept goes
+    assert manager.check() == []
+    assert lab.seen_by("pod", REMOTE_POD) == POD
+    runner.restore("*filter\n:FORWARD DROP [0:0]\nCOMMIT\n")
+    manager.ensure()
     assert lab.seen_by("pod", REMOTE_POD) == POD
     manager.cleanup()
     assert runner.table("filter").chains["FORWARD"].policy == "DROP"
     assert lab.seen_by("pod", REMOTE_POD, timeout=0.5) == "timeout"
+
+
+@pytest.mark.parametrize("dataplane", ["nftables"], indirect=True)
+def test_nft_ensure_repairs_a_flushed_chain_an_emptied_set_and_a_deleted_table(lab, nft, manager):
+    manager.ensure()
+    writes = []
+    for damage in (f"flush chain {FAMILY} {TABLE} POSTROUTING", f"flush set {FAMILY} {TABLE} CLUSTER-CIDRS",
+                   f"delete table {FAMILY} {TABLE}"):
+        nft.apply(damage)
+        assert lab.seen_by("pod", INTERNET) == POD
+        assert manager.check()
+        writes.append(manager.ensure())
+        assert manager.check() == []
+        assert lab.seen_by("pod", INTERNET) == NODE_TOWARDS_INTERNET
+    assert all(writes)
+    manager.cleanup()
+
+
+@pytest.mark.parametrize("dataplane", ["nftables"], indirect=True)
+def test_nft_forward_accept_is_not_final_across_tables(lab, nft, manager, runner):
+    """Another table's forward chain that drops wins over our accept (nf_tables semantics):
+    the reason the manager keeps the iptables accept while iptables' FORWARD drops."""
+    manager.ensure()
+    nft.apply("add table ip other-tool\n"
+              "add chain ip other-tool Forward { type filter hook forward priority 20; policy drop; }\n")
+    assert lab.seen_by("pod", REMOTE_POD, timeout=0.5) == "timeout"
+    nft.apply("delete table ip other-tool\n")
+    assert lab.seen_by("pod", REMOTE_POD) == POD
+    manager.cleanup()

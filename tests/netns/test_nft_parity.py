@@ -135,3 +135,11 @@ def test_a_closed_runner_refuses(netns):
     made.close()
     with pytest.raises(NftError):
         made.tables()
+
+
+def test_cleanup_removes_our_tables_from_the_kernel_in_every_family(runner):
+    from netagent.daemon.cleanup import remove_owned_nft_tables
+    runner.apply(f"add table ip {owned.NFT_PROXY_TABLE}\nadd table ip6 {owned.NFT_PROXY_TABLE}\n"
+                 f"add table inet {owned.NFT_POLICY_TABLE}\nadd table ip other-tool\n")
+    assert len(remove_owned_nft_tables(runner)) == 3
+    assert runner.tables() == [("ip", "other-tool")]

@@ -250,7 +250,8 @@ def test_the_agent_gets_capabilities_not_privileged_and_the_installer_none():
     # without privileged, only HostToContainer propagation is allowed (Bidirectional needs it)
     assert {m.get("mountPropagation", "None") for c in pod_spec()["containers"] + pod_spec()["initContainers"]
             for m in c["volumeMounts"]} <= {"None", "HostToContainer"}
-    assert parsed_agent_args().proxy_mode in ("iptables", "none")   # ipvs and ebpf need privileged
+    # ipvs and ebpf need privileged; not given (None) is iptables or nftables (daemon/dataplane.py)
+    assert parsed_agent_args().proxy_mode in (None, "iptables", "nftables", "none")
 
 
 def test_probes_point_at_the_status_bind_port():
@@ -376,7 +377,8 @@ def test_containerfile_base_is_an_argument_defaulting_to_debian_12_slim():
 def test_containerfile_final_stage_has_the_kernel_tools_and_no_build_tools():
     build, final = containerfile_stages()
     assert {"python3", "python3-venv", "musl-tools"} <= apt_installed(build)
-    assert apt_installed(final) == {"python3", "iproute2", "iptables", "ipset", "conntrack"}
+    assert apt_installed(final) == {"python3", "iproute2", "iptables", "ipset", "conntrack",
+                                    "nftables", "python3-nftables", "bird2"}   # the nftables dataplane, BGP
     assert ("COPY", "--from=build /opt/netagent /opt/netagent") in final
     runs = " ".join(rest for keyword, rest in final if keyword == "RUN")
     assert "rm -rf /var/lib/apt/lists/*" in runs and "apt-get clean" in runs

@@ -23,7 +23,8 @@ a jump or goto (rule or verdict map) to a missing chain or to a base chain; a ru
 missing `@set`; deleting a chain that is the target of a jump/goto (a chain holding rules is deleted with
 them), or a set a rule names. A batch applies to a copy and replaces the state only when all of it succeeded.
 
-What it does not model: rule statements (a rule is kept as its text, comment apart, under
+What it does not model: nft's keywords as names (`add chain ip t fwd` is a syntax error on
+the kernel and accepted here: `text.name` is the guard every renderer goes through), rule statements (a rule is kept as its text, comment apart, under
 the key `text`, where the kernel lists `expr`: consumers recognise rules by `comment`),
 counters, element expiry (`expires`), interval overlap in concatenated keys, `auto-merge`,
 the `inet`/`bridge`/`netdev` specifics, and set/element ORDER (the kernel lists elements in
