@@ -9,9 +9,17 @@ rendered again, and only their elements (and the balancing or affinity chains th
 stop needing) are written; nothing is read. Either is ONE `Nft.apply` (one transaction); any
 failure raises and forgets the memory, so the next sync is full even if the core did not ask.
 
-Text, not JSON batches: nft-core's seam takes text (`Nft.apply(batch: str)`), every string in it
-built by `netagent.kernel.nftables.text`; libnftables parses text about as fast as its own JSON
-for element lists (measured: see the report of issue 20 and bench/), and reading back is JSON.
+Text, not JSON batches. Measured on the same state (10,000 Services x 10 endpoints, 220,000
+elements, into the same empty skeleton, twice each, on a loaded 2-core machine): text 2.7 and
+3.2 s, JSON (`json_cmd`) 3.0 and 2.3 s plus 0.3-0.45 s to serialise the document; a one-element
+change costs a few ms either way. No measurable gain, so text: nft-core's seam takes text
+(`Nft.apply(batch: str)`), `FakeNft` reads it, every string in it is built by
+`netagent.kernel.nftables.text`, and the batch is readable in a log. Reading back is JSON.
+
+Costs that stay (nft 1.0.6): listing the table is about 3 s per 130,000 elements (libnftables'
+own listing, text or JSON), paid by every full sync (the periodic one too); and the first
+command after a listing pays libnftables' release of that cache (0.2-0.5 s at 10,000 Services),
+which a partial sync right after a write-free full sync meets.
 
 A service port whose values nft text cannot carry (render.UnrenderablePort: an IPv6 address
 in the ip table) is left out and reported in `BackendSyncReport.unprogrammed`, as the iptables
@@ -25,6 +33,7 @@ from types import MappingProxyType
 
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel.nftables.runner import Nft
+from proxy.ebpf.backend import _collector_paused
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.model import ProxyState, ServicePortName
 from proxy.nftables import names as N
@@ -55,7 +64,8 @@ class NftablesProxy(ProxyBackend):
             assembly, changes, written = self._partial(previous, state, changed)
             scope = SyncKind.PARTIAL
         else:
-            assembly, changes, written = self._full(state)
+            with _collector_paused():   # hundreds of thousands of short-lived objects (ebpf/backend.py)
+                assembly, changes, written = self._full(state)
             scope = SyncKind.FULL
         batch = changes.text()
         if batch:
@@ -93,27 +103,30 @@ class NftablesProxy(ProxyBackend):
                  changed: frozenset[ServicePortName]) -> tuple[Assembly, Changes, int]:
         changes = Changes(family=self.family)
         chains_before = assembly.count_chains()
-        written = 0
+        renders: dict[ServicePortName, tuple[PortObjects | None, PortObjects | None]] = {}
+        keys: set[ElementKey] = set()
         for name in sorted(changed):
             old = assembly.ports.get(name)
             new = self._render(state, name)
             if old is None and new is None:
                 continue
-            written += 1
-            keys: set[ElementKey] = {key for key, _ in (old.elements if old else ())}
+            renders[name] = (old, new)
+            keys |= {key for key, _ in (old.elements if old else ())}
             keys |= {key for key, _ in (new.elements if new else ())}
-            before = {key: assembly.value(key) for key in keys}
+        before = {key: assembly.value(key) for key in keys}   # every key, before any port changes
+        for name, (old, new) in renders.items():
             assembly.put(new, name)
-            for key in keys:
-                after = assembly.value(key)
-                if after == before[key]:
-                    continue
-                holder, element = key
-                if before[key] is not None:
-                    changes.delete_element(holder, element)
-                if after is not None:
-                    changes.add_element(holder, element, after)
             _own_objects(changes, old, new)
+        for key in keys:
+            after = assembly.value(key)
+            if after == before[key]:
+                continue
+            holder, element = key
+            if before[key] is not None:
+                changes.delete_element(holder, element)
+            if after is not None:
+                changes.add_element(holder, element, after)
+        written = len(renders)
         chains_after = assembly.count_chains()
         for chain in chains_after - chains_before:
             changes.add_chains.add(chain)

@@ -1,0 +1,236 @@
+"""The nftables service proxy against FakeNft: what it renders, and that partial and full syncs,
+adoption, drift repair and failures all reach the same table (the real kernel: tests/netns/
+test_proxy_nftables.py and the parity suite)."""
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from netagent.kernel.nftables.fake import FakeNft
+from netagent.kernel.nftables.runner import NftError
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
+from proxy.nftables import NftablesProxy
+from proxy.nftables import names as N
+from proxy.nftables.readback import read_table
+from proxy.nftables.render import NftProxySettings, render_port
+
+NODE = NodeContext(name="node", cluster_cidr="10.244.0.0/16")
+
+
+def port(name: str, ip: str, **kwargs) -> ServicePort:
+    kwargs.setdefault("protocol", Protocol.TCP)
+    return ServicePort(ServicePortName("default", name, "p"), port=80, cluster_ip=ip, **kwargs)
+
+
+def eps(*ips: str, node: str = "node") -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(ip, 8080, node_name=node) for ip in ips)
+
+
+def state(*entries) -> ProxyState:
+    return ProxyState(NODE, {s.name: s for s, _ in entries}, {s.name: e for s, e in entries})
+
+
+def table(nft: FakeNft):
+    """The table as a comparable value: elements as dicts, chains by their rule digests."""
+    view = read_table(nft.list_table("ip", N.TABLE) or [])
+    return view.elements, view.chains, view.sets
+
+
+def elements(proxy_or_nft, holder: str) -> dict:
+    nft = proxy_or_nft.nft if isinstance(proxy_or_nft, NftablesProxy) else proxy_or_nft
+    return read_table(nft.list_table("ip", N.TABLE)).elements[holder]
+
+
+WEB = port("web", "10.96.0.10", node_port=30080, external_ips=("192.0.2.1",))
+
+
+# ---- render -------------------------------------------------------------------------------------
+
+def test_a_service_port_is_one_dispatch_element_and_one_slot_per_endpoint():
+    s = state((WEB, eps("10.244.2.2", "10.244.1.2", "10.244.3.2")))
+    rendered = dict(render_port(WEB, s.selection(WEB.name), node=NODE, settings=NftProxySettings()).elements)
+    assert rendered[(N.SERVICE_IPS, "10.96.0.10 . tcp . 80")] == ("goto IP-C-3", None)
+    assert rendered[(N.SERVICE_IPS, "192.0.2.1 . tcp . 80")] == ("goto IP-X-3", None)
+    assert rendered[(N.SERVICE_NODEPORTS, "tcp . 30080")] == ("goto NP-X-3", None)
+    assert [rendered[("ENDPOINTS-TCP", f"10.96.0.10 . 80 . {slot}")][0] for slot in range(3)] == [
+        "10.244.1.2 . 8080", "10.244.2.2 . 8080", "10.244.3.2 . 8080"]     # slots in address order
+    assert rendered[("NODEPORT-ENDPOINTS-TCP", "30080 . 2")] == ("10.244.3.2 . 8080", None)
+    assert rendered[(N.IP_NAMES, "10.96.0.10 . tcp . 80")] == (None, "default/web:p ClusterIP")
+    assert (N.HAIRPIN, "10.244.1.2 . 10.244.1.2") in rendered
+
+
+def test_only_endpoints_on_this_node_get_a_hairpin_element():
+    s = state((WEB, eps("10.244.1.2") + eps("10.244.3.2", node="other") + (Endpoint("10.244.4.2", 8080),)))
+    rendered = dict(render_port(WEB, s.selection(WEB.name), node=NODE, settings=NftProxySettings()).elements)
+    assert {key for holder, key in rendered if holder == N.HAIRPIN} == {"10.244.1.2 . 10.244.1.2",
+                                                                       "10.244.4.2 . 10.244.4.2"}
+
+
+def test_no_endpoints_rejects_and_no_local_endpoint_drops():
+    empty = port("empty", "10.96.0.11", protocol=Protocol.SCTP)
+    local = port("local", "10.96.0.12", node_port=30081, external_policy=TrafficPolicy.LOCAL)
+    s = state((empty, ()), (local, eps("10.244.3.2", node="other")))
+    rendered = dict(render_port(empty, s.selection(empty.name), node=NODE, settings=NftProxySettings()).elements)
+    assert rendered[(N.SERVICE_IPS, "10.96.0.11 . sctp . 80")] == ("goto REJECT-NEW", None)
+    rendered = dict(render_port(local, s.selection(local.name), node=NODE, settings=NftProxySettings()).elements)
+    assert rendered[(N.SERVICE_NODEPORTS, "tcp . 30081")] == ("goto LOCAL-NODEPORT", None)
+    assert rendered[(N.LOCAL_NODEPORTS_OUTSIDE, "tcp . 30081")] == ("drop", None)      # no local endpoint
+    assert rendered[(N.LOCAL_NODEPORTS_INSIDE, "tcp . 30081")] == ("goto NP-C-1", None)   # pods: cluster-wide
+
+
+def test_terminating_endpoints_serve_when_none_is_ready_and_hints_keep_traffic_close():
+    close = port("close", "10.96.0.16", prefer_close=True)
+    terminating = (Endpoint("10.244.1.2", 8080, ready=False, serving=True, terminating=True),
+                   Endpoint("10.244.2.2", 8080, ready=False, serving=False, terminating=True))
+    hinted = (Endpoint("10.244.1.2", 8080, node_hints=frozenset({"node"})),
+              Endpoint("10.244.2.2", 8080, node_hints=frozenset({"other"})))
+    s = state((WEB, terminating), (close, hinted))
+    for service in (WEB, close):
+        rendered = dict(render_port(service, s.selection(service.name), node=NODE,
+                                    settings=NftProxySettings()).elements)
+        assert rendered[(N.SERVICE_IPS, f"{service.cluster_ip} . tcp . 80")] == ("goto IP-C-1", None)
+        assert rendered[("ENDPOINTS-TCP", f"{service.cluster_ip} . 80 . 0")] == ("10.244.1.2 . 8080", None)
+
+
+def test_source_ranges_are_collapsed_into_one_interval_element_each():
+    lb = port("lb", "10.96.0.13", load_balancer_ips=("203.0.113.7",),
+              load_balancer_source_ranges=("10.0.0.0/8", "10.1.0.0/16", "192.168.1.9/32", "2001:db8::/32"))
+    s = state((lb, eps("10.244.1.2")))
+    rendered = dict(render_port(lb, s.selection(lb.name), node=NODE, settings=NftProxySettings()).elements)
+    assert {key for holder, key in rendered if holder == N.FIREWALL_ALLOW} == {
+        "203.0.113.7 . tcp . 80 . 10.0.0.0/8", "203.0.113.7 . tcp . 80 . 192.168.1.9"}
+    assert (N.FIREWALL_IPS, "203.0.113.7 . tcp . 80") in rendered
+
+
+def test_chains_do_not_grow_with_services():
+    many = [(port(f"s{i}", f"10.96.{i // 250}.{i % 250 + 1}"), eps("10.244.1.2", "10.244.2.2")) for i in range(500)]
+    proxy = NftablesProxy(nft=FakeNft())
+    proxy.sync(state(*many), changed=None)
+    _, chains, _ = table(proxy.nft)
+    assert {chain for chain in chains if N.COUNT_CHAIN.fullmatch(chain)} == {"IP-C-2"}
+    assert len(elements(proxy, N.SERVICE_IPS)) == 500 and len(elements(proxy, "ENDPOINTS-TCP")) == 1000
+
+
+def test_a_hostile_name_reaches_the_table_only_as_a_bounded_comment():
+    hostile = ServicePort(ServicePortName("default", 'x" ; flush ruleset ; "' + "y" * 300, "p"), Protocol.TCP, 80,
+                          "10.96.0.14")
+    proxy = NftablesProxy(nft=FakeNft())
+    proxy.sync(state((hostile, eps("10.244.1.2"))), changed=None)
+    (comment,) = [c for _, c in elements(proxy, N.IP_NAMES).values()]
+    assert '"' not in comment and len(comment.encode()) <= 128
+    assert [service.address for service in proxy.programmed()] == ["10.96.0.14:80/TCP"]
+
+
+# ---- sync -------------------------------------------------------------------------------------
+
+def test_a_restarted_agent_adopts_the_table_with_no_write_and_drift_is_repaired():
+    nft = FakeNft()
+    desired = state((WEB, eps("10.244.1.2", "10.244.2.2")), (port("aff", "10.96.0.15", affinity_timeout=30),
+                                                             eps("10.244.1.2")))
+    NftablesProxy(nft=nft).sync(desired, changed=None)
+    written = table(nft)
+    restarted = NftablesProxy(nft=nft)
+    report = restarted.sync(desired, changed=None)
+    assert restarted.applies == 0 and report.scope.value == "full" and report.rules > 0
+    nft.apply(f"delete element ip {N.TABLE} {N.SERVICE_IPS} {{ 10.96.0.10 . tcp . 80 }}\n"
+              f"flush chain ip {N.TABLE} {N.POSTROUTING}\n"
+              f"add element ip {N.TABLE} {N.HAIRPIN} {{ 10.9.9.9 . 10.9.9.9 }}\n")
+    restarted.sync(desired, changed=None)
+    assert table(nft) == written and restarted.applies == 1
+
+
+def test_a_foreign_layout_is_replaced_in_one_transaction():
+    nft = FakeNft()
+    nft.apply(f"add table ip {N.TABLE}\nadd set ip {N.TABLE} {N.HAIRPIN} {{ type ipv4_addr; }}\n"
+              f"add chain ip {N.TABLE} OLD-CHAIN\n")
+    proxy = NftablesProxy(nft=nft)
+    proxy.sync(state((WEB, eps("10.244.1.2"))), changed=None)
+    assert proxy.applies == 1
+    _, chains, _ = table(nft)
+    assert "OLD-CHAIN" not in chains and elements(proxy, N.HAIRPIN)
+
+
+def test_a_failed_sync_raises_and_the_next_one_is_full():
+    nft = FakeNft()
+    proxy = NftablesProxy(nft=nft)
+    proxy.sync(state((WEB, eps("10.244.1.2"))), changed=None)
+    nft.fail_next = NftError("injected")
+    moved = state((WEB, eps("10.244.2.2")))
+    with pytest.raises(NftError):
+        proxy.sync(moved, changed=frozenset({WEB.name}))
+    assert proxy.sync(moved, changed=frozenset({WEB.name})).scope.value == "full"
+    assert elements(proxy, "ENDPOINTS-TCP")["10.96.0.10 . 80 . 0"][0] == "10.244.2.2 . 8080"
+
+
+def test_an_ipv6_address_is_left_out_and_reported_and_the_rest_programmed():
+    bad = port("v6", "fd00::10")
+    proxy = NftablesProxy(nft=FakeNft())
+    report = proxy.sync(state((bad, eps("10.244.1.2")), (WEB, eps("10.244.1.2"))), changed=None)
+    assert set(report.unprogrammed) == {bad.name} and "IPv6" in report.unprogrammed[bad.name]
+    assert "10.96.0.10 . tcp . 80" in elements(proxy, N.SERVICE_IPS)
+    report = proxy.sync(state((WEB, eps("10.244.1.2"))), changed=frozenset({bad.name}))
+    assert not report.unprogrammed
+
+
+def test_cleanup_deletes_only_our_table_and_is_idempotent():
+    nft = FakeNft()
+    nft.apply("add table ip other\n")
+    proxy = NftablesProxy(nft=nft)
+    proxy.sync(state((WEB, eps("10.244.1.2"))), changed=None)
+    proxy.cleanup()
+    proxy.cleanup()
+    assert nft.tables() == [("ip", "other")]
+
+
+# ---- partial == full, by property -------------------------------------------------------------
+
+ADDRESSES = [f"10.244.{i}.2" for i in range(1, 7)]
+SHAPES = [
+    dict(),
+    dict(node_port=30090),
+    dict(node_port=30091, external_policy=TrafficPolicy.LOCAL, external_ips=("192.0.2.5",)),
+    dict(internal_policy=TrafficPolicy.LOCAL),
+    dict(affinity_timeout=60),
+    dict(affinity_timeout=90, node_port=30092, external_policy=TrafficPolicy.LOCAL),
+    dict(load_balancer_ips=("203.0.113.5",), load_balancer_source_ranges=("10.0.0.0/8",)),
+    dict(protocol=Protocol.UDP),
+]
+
+
+def random_state(rng: random.Random) -> ProxyState:
+    entries = []
+    for index in range(rng.randint(0, 6)):
+        shape = dict(rng.choice(SHAPES))
+        service = port(f"s{index}", f"10.96.0.{index + 1}", **shape)
+        chosen = rng.sample(ADDRESSES, rng.randint(0, 4))
+        entries.append((service, tuple(Endpoint(ip, 8080, node_name=rng.choice(["node", "other"]),
+                                                ready=rng.random() > 0.2, serving=True, terminating=rng.random() < 0.2)
+                                       for ip in chosen)))
+    return state(*entries)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2 ** 32), min_size=1, max_size=6))
+def test_partial_after_partial_reaches_what_a_full_sync_writes(seeds):
+    nft = FakeNft()
+    proxy = NftablesProxy(nft=nft)
+    previous = state()
+    proxy.sync(previous, changed=None)
+    for seed in seeds:
+        current = random_state(random.Random(seed))
+        proxy.sync(current, changed=current.changed_since(previous))
+        previous = current
+    fresh = FakeNft()
+    NftablesProxy(nft=fresh).sync(previous, changed=None)
+    assert table(nft) == table(fresh)
+    adopter = NftablesProxy(nft=nft)
+    adopter.sync(previous, changed=None)
+    assert adopter.applies == 0
+
+
+def test_the_listing_is_json_the_readback_understands():
+    nft = FakeNft()
+    NftablesProxy(nft=nft).sync(state((WEB, eps("10.244.1.2"))), changed=None)
+    assert json.dumps(nft.list_table("ip", N.TABLE))   # plain JSON, as libnftables gives
