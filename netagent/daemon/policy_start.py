@@ -25,6 +25,11 @@ while it is enforced closed. `--policy-max-*` bound what one NetworkPolicy may h
 
 A pod's host interface comes from the CNI plugin's IPAM store: the reservation file of its
 address names the container and interface, from which the plugin named the host veth.
+
+The dataplane follows the proxy mode: `--proxy-mode nftables` programs the `ip netagent-policy`
+nft table (policy/programmer_nft.py), so no iptables rule of ours exists; every other mode the
+iptables chains and ipsets (policy/programmer.py). The engine sees one `PolicyDataplane`
+either way. What the other dataplane left (a node switched between modes) is removed at start.
 """
 from __future__ import annotations
 
@@ -147,36 +152,57 @@ def with_policy_health(base: HealthFunction, holder: list[PolicyParts], *, stale
     return health
 
 
-def remove_policy_state(iptables_backend) -> list[str]:
-    """What `--network-policy` off does at start: remove every policy chain and set."""
+def remove_policy_state(iptables_backend, *, iptables: bool = True, nft: bool = True) -> list[str]:
+    """What `--network-policy` off does at start: remove every policy chain and set (of the
+    iptables dataplane, the nft table, or both)."""
     from netagent.kernel.ipset.model import IpsetError
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.iptables.backend import IpFamily
     from netagent.kernel.iptables.runner import IptablesError, IptablesRunner
     from netagent.policy.programmer import PolicyProgrammer
 
-    iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4)
-    programmer = PolicyProgrammer(iptables=iptables, ipset=IpsetRunner())
+    removed = remove_nft_policy_state() if nft else []
+    if not iptables or iptables_backend is None:
+        return removed
     try:
-        return programmer.cleanup()
+        programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
+                                      ipset=IpsetRunner())
+        return removed + programmer.cleanup()
     except (IptablesError, IpsetError, OSError) as error:
-        log.warning("network policy off: could not check for leftover policy rules: %s", error)
+        log.warning("network policy: could not check for leftover iptables policy rules: %s", error)
+        return removed
+
+
+def remove_nft_policy_state() -> list[str]:
+    """The policy's nft table, when this host has nftables and the table."""
+    from netagent.kernel.nftables.runner import NftError, NftRunner
+    from netagent.policy.programmer_nft import NftPolicyProgrammer
+    try:
+        nft = NftRunner()
+    except NftError:
+        return []                    # no libnftables here: no table of ours either
+    try:
+        return NftPolicyProgrammer(nft).cleanup()
+    except NftError as error:
+        log.warning("network policy: could not check for a leftover nft policy table: %s", error)
         return []
+    finally:
+        nft.close()
 
 
 def remove_policy_state_everywhere() -> list[str]:
     """`netagent cleanup`: the policy chains on every iptables backend present, and the sets."""
     from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
-    removed = []
+    removed = [f"network policy {item}" for item in remove_nft_policy_state()]
     for backend in IptablesBackend:
         if not missing_binaries(IpFamily.V4, backend):
-            removed += [f"network policy ({backend.value}) {item}" for item in remove_policy_state(backend)]
+            removed += [f"network policy ({backend.value}) {item}"
+                        for item in remove_policy_state(backend, nft=False)]
     return removed
 
 
 def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str],
                  rejections: RejectionScope | None = None) -> PolicyParts:
-    from netagent.daemon.status_policy import read_policy_rules
     from netagent.infra.metrics import CallbackGauge
     from netagent.infra.sync_runner import SyncKind, SyncRunner
     from netagent.kernel.ipset.runner import IpsetRunner
@@ -190,9 +216,22 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from netagent.policy.render import RenderSettings
     from proxy.backend import ProxyMode
 
-    iptables = IptablesRunner(backend=iptables_backend, family=IpFamily.V4)
-    programmer = PolicyProgrammer(iptables=iptables, ipset=IpsetRunner())
-    ipvs = getattr(args, "proxy_mode", None) == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
+    from netagent.policy.dataplane import PolicyDataplane
+
+    programmer: PolicyDataplane
+    mode = getattr(args, "proxy_mode", None)
+    if mode == ProxyMode.NFTABLES.value:
+        from netagent.kernel.nftables.runner import NftRunner
+        from netagent.policy.programmer_nft import NftPolicyProgrammer
+        for removed in remove_policy_state(iptables_backend, nft=False):   # a node switched from iptables
+            log.info("network policy (nftables): removed the iptables dataplane's %s", removed)
+        programmer = NftPolicyProgrammer(NftRunner())
+    else:
+        for removed in remove_nft_policy_state():
+            log.info("network policy (iptables): removed the nftables dataplane's %s", removed)
+        programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
+                                      ipset=IpsetRunner())
+    ipvs = mode == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
     settings = PolicySettings(args.node_name, RenderSettings(PodAttachment(args.cni_mode),
                                                             local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
                               limits=policy_limits(args))
@@ -205,7 +244,7 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     registry.register(CallbackGauge(
         "netagent_policy_denied_packets", "packets dropped by network policy, per pod and direction "
         "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
-        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in read_policy_rules(iptables).pods},
+        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in programmer.read_policy().pods},
         labels=("pod", "direction")))
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),

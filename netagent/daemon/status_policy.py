@@ -2,7 +2,9 @@
 node's pods and the tracer's answer, read from the kernel (policy/readback.py says why).
 
 One `iptables-save -c -t filter` (counters: packets each pod's DROP has denied) and one
-`ipset save`; works while the agent is down. POD is `ns/name`, a bare name or an address
+`ipset save`, or, when the node holds the nft policy table (`--proxy-mode nftables`), one
+listing of that table (policy/readback_nft.py, into the same values); works while the agent
+is down. POD is `ns/name`, a bare name or an address
 of a pod of this node, isolated or open (the policy engine's pod directory names them all);
 the tracer's FROM and TO are the same, or any address (a pod of another node, the outside).
 """
@@ -28,7 +30,26 @@ def read_policy_rules(iptables: Iptables) -> KernelPolicy:
     return parse_kernel_policy(iptables.save("filter", counters=True))
 
 
+def read_nft() -> tuple[KernelPolicy, dict[str, frozenset[str]]] | None:
+    """The nft policy table read back, or None when this node has none (or no libnftables)."""
+    from netagent.kernel.nftables.runner import NftError, NftRunner
+    from netagent.policy.readback_nft import parse_nft_policy
+    from netagent.policy.render_nft import IPV4, TABLE
+    try:
+        nft = NftRunner()
+    except NftError:
+        return None
+    try:
+        objects = nft.list_table(IPV4.name, TABLE)
+    finally:
+        nft.close()
+    return None if objects is None else parse_nft_policy(objects)
+
+
 def read_kernel(iptables_backend: str) -> tuple[KernelPolicy, dict[str, frozenset[str]]]:
+    found = read_nft()
+    if found is not None:
+        return found
     from netagent.kernel import owned
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.iptables.backend import IpFamily, resolve_backend

@@ -21,6 +21,7 @@ exist), then chains and sets nothing refers to any more deleted.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -67,7 +68,8 @@ class _Held:
     foreign: list[str] = field(default_factory=list)            # objects the renderer never names
 
 
-def _rules(rules: Iterable[NftRule]) -> Rules:
+@functools.lru_cache(maxsize=16384)
+def _rules(rules: tuple[NftRule, ...]) -> Rules:
     return tuple((rule.comment, rule.verdict) for rule in rules)
 
 
@@ -89,7 +91,7 @@ def _hook(wanted: NftWanted) -> tuple:
     return ("filter", "forward", wanted.hook_priority, "accept")
 
 
-def _read(objects: list[dict[str, Any]] | None) -> _Held:
+def _read(objects: list[dict[str, Any]] | None, family: Family) -> _Held:
     """The table as the kernel lists it."""
     held = _Held()
     if objects is None:
@@ -110,7 +112,7 @@ def _read(objects: list[dict[str, Any]] | None) -> _Held:
             shape = (_type_text(spec.get("type")), "interval" in (spec.get("flags") or ()))
             if spec["name"] == KNOWN_SET:
                 held.known = {element_text(e): _element_comment(e) for e in spec.get("elem") or ()}
-                if shape != (IPV4.address_type, False):
+                if shape != (family.address_type, False):
                     held.foreign.append(f"set {KNOWN_SET} of another type")
             else:
                 held.sets[spec["name"]] = (shape, _normalised(shape, list(spec.get("elem") or ())))
@@ -171,7 +173,7 @@ class NftPolicyProgrammer(PolicyDataplane[NftWanted]):
             raise
 
     def _apply(self, wanted: NftWanted, *, full: bool) -> ApplyReport:
-        current = _read(self._list()) if full or self._applied is None else self._applied
+        current = _read(self._list(), self.family) if full or self._applied is None else self._applied
         target = _held_from(wanted)
         if _must_rebuild(current, target):
             batch = _Batch(self.family)

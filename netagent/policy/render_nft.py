@@ -40,6 +40,7 @@ except set that cannot be written, is `refused`: not in KNOWN, so it stays close
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import re
@@ -203,8 +204,11 @@ def header_text(pod: PodPlan, *, ingress: bool) -> str:
     return f"{'ingress' if ingress else 'egress'} {pod.ip} {pod.key} selected by {','.join(policies)}"
 
 
+@functools.lru_cache(maxsize=16384)
 def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool,
                      family: Family = IPV4) -> tuple[NftRule, ...]:
+    """A pod chain; cached, since a sync re-renders every pod and most chains do not change
+    (and the programmer then compares the same objects)."""
     rules = [_rule("counter", header_text(pod, ingress=ingress), "")]
     for allow in allows:
         rules.append(_rule(_allow_body(allow, ingress=ingress, family=family), f"allow {allow.origin}", "return"))
@@ -248,35 +252,43 @@ def render_nft(plan: NodePlan, *, settings: RenderSettings, interface_of: Callab
             if interface is None:
                 pending.append(pod.key)
                 continue
-            pod_chains, refs = _render_pod(pod, interface, family, broken=broken)
+            pod_chains, refs, address, comment = _render_pod(pod, interface, family,
+                                                             frozenset(broken) if broken else _NOTHING)
         except Exception as error:     # the guard: this pod stays closed (not in KNOWN), the others go on
             refused.append(f"pod {pod.key}: cannot be rendered ({type(error).__name__}: {str(error)[:160]}); "
                            f"it stays closed")
             continue
-        known[str(ipaddress.ip_address(pod.ip))] = safe_text(pod.key)
+        known[address] = comment
         for chain, (rules, is_ingress) in pod_chains.items():
             chains[chain] = rules
             (ingress if is_ingress else egress)[interface or pod.ip] = chain
         used.update(refs)
-    sets = {}
-    for ref, held in members.items():
-        if ref not in used:
-            continue
-        type_text, interval = set_type(ref.kind, family)
-        elements = frozenset(canonical_element(ref.kind, member) for member in held)
-        sets[ref.name] = NftSet(ref.name, type_text, interval, collapsed(elements) if interval else elements,
-                                comment=ref.key)
+    sets = {ref.name: _nft_set(ref, held, family) for ref, held in members.items() if ref in used}
     return NftWanted(family, _base_rules(settings, family), chains, sets, egress, ingress, known,
                      key_type="ifname" if routed else family.address_type,
                      pending=tuple(pending), refused=tuple(refused))
 
 
-def _render_pod(pod: PodPlan, interface: str, family: Family, *,
-                broken: set[SetRef]) -> tuple[dict[str, tuple[tuple[NftRule, ...], bool]], set[SetRef]]:
-    """(chain -> (rules, ingress?), sets used) of one pod; raises when it cannot be rendered."""
+@functools.lru_cache(maxsize=16384)
+def _nft_set(ref: SetRef, members: frozenset[str], family: Family) -> NftSet:
+    """A selector set in nft spelling; cached, since most sets keep their members from sync to sync."""
+    type_text, interval = set_type(ref.kind, family)
+    elements = frozenset(canonical_element(ref.kind, member) for member in members)
+    return NftSet(ref.name, type_text, interval, collapsed(elements) if interval else elements, comment=ref.key)
+
+
+_NOTHING: frozenset[SetRef] = frozenset()
+
+
+@functools.lru_cache(maxsize=16384)
+def _render_pod(pod: PodPlan, interface: str, family: Family, broken: frozenset[SetRef]
+                ) -> tuple[dict[str, tuple[tuple[NftRule, ...], bool]], frozenset[SetRef], str, str]:
+    """(chain -> (rules, ingress?), sets used, address, KNOWN comment) of one pod; raises when
+    it cannot be rendered. Cached: a sync renders every local pod, and most are as before
+    (the result is shared: read, never changed)."""
     if interface and not INTERFACE_NAME.match(interface):
         raise ValueError(f"host interface {interface[:40]!r} is not an interface name")
-    ipaddress.ip_address(pod.ip)
+    address = str(ipaddress.ip_address(pod.ip))
     chains: dict[str, tuple[tuple[NftRule, ...], bool]] = {}
     refs: set[SetRef] = set()
     for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
@@ -289,4 +301,4 @@ def _render_pod(pod: PodPlan, interface: str, family: Family, *,
                                               ingress)
     if refs & broken:
         raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
-    return chains, refs
+    return chains, frozenset(refs), address, safe_text(pod.key)

@@ -76,7 +76,14 @@ class SetRef:
     key: str                 # what the set means, in words; the name is derived from it
     capacity: int = DEFAULT_MAX_ELEMENTS      # its maxelem (capacity_for its members)
 
-    @property
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.kind.value, self.key, self.capacity))
+
+    def __hash__(self) -> int:       # computed once: a plan hashes each set reference many times
+        return self._hash
+
+    @functools.cached_property
     def name(self) -> str:
         """Derived from what the set means and, above the default, its capacity: a set that
         outgrows its maxelem (which the kernel cannot change in place) becomes a new set, which
@@ -91,6 +98,13 @@ class PortMatch:
     protocol: Protocol
     first: int | None = None  # None: every port of the protocol
     last: int | None = None
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.protocol.value, self.first, self.last))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True)
@@ -329,8 +343,8 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
                              _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
                              tuple(selecting[(pod.key, PolicyType.INGRESS)]),
                              tuple(selecting[(pod.key, PolicyType.EGRESS)])))
-    used = {ref for plan in plans for allows in (plan.ingress or (), plan.egress or ())
-            for allow in allows for ref in set_refs(allow)}
+    distinct = {allow for plan in plans for allows in (plan.ingress or (), plan.egress or ()) for allow in allows}
+    used = {ref for allow in distinct for ref in set_refs(allow)}
     return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used},
                     tuple(problems))
 

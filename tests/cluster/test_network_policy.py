@@ -121,9 +121,11 @@ def policy_lab(proxy_mode: str, pods: dict):
     assert not left, f"namespaces leaked: {left}"
 
 
-@pytest.fixture(scope="module")
-def lab():
-    with policy_lab("iptables", PODS) as lab:
+@pytest.fixture(scope="module", params=["iptables", "nftables"])
+def lab(request):
+    """The policy dataplane follows the proxy mode: iptables chains and ipsets, or (nftables)
+    the nft policy table, where no iptables rule of ours may exist on any node."""
+    with policy_lab(request.param, PODS) as lab:
         yield lab
 
 
@@ -214,6 +216,12 @@ def test_policies_across_nodes_relabelling_services_and_deletion(lab):
     becomes(lab, expect())
     answers = probe(lab, "y-b", [(str(n), cluster_ip, 80) for n in range(8)], timeout=ANSWER_SECONDS)
     assert all(answers.values()), answers
+    if lab.state.proxy_mode == "nftables":      # the policy engine wrote no iptables rule or ipset on any node
+        for node in ("node-1", "node-2"):
+            for argv in (["iptables-legacy-save"], ["iptables-nft-save"], ["ipset", "list", "-n"]):
+                listed = lab.exec(node, argv, timeout=60).stdout
+                assert "NETAGENT-NP" not in listed, (node, argv, listed)
+            assert "table ip netagent-policy" in lab.exec(node, ["nft", "list", "tables"], timeout=60).stdout
 
 
 @pytest.fixture(scope="module")

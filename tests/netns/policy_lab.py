@@ -8,8 +8,10 @@ compared whole with a hand-written `Expect` and printed side by side on failure.
 The node is a real `LabNode` (our CNI plugin wires the pods, bridge or routed mode) plus an
 `ext` namespace routed through the node (192.0.2.2: an address outside the cluster, and
 traffic that reaches the pods routed rather than bridged). The policy engine runs in the test
-process on the node's namespace through the real iptables and ipset tools; the API objects
-are fed to its recorders as the reflectors would. SCTP: this kernel has no SCTP sockets
+process on the node's namespace through the real iptables and ipset tools, or, with
+`dataplane=ProxyMode.NFTABLES` (as `netagent run --proxy-mode nftables` chooses it), through
+libnftables into the node's `ip netagent-policy` table; the API objects are fed to its
+recorders as the reflectors would. SCTP: this kernel has no SCTP sockets
 (CONFIG_IP_SCTP unset), so SCTP probes are INIT chunks sent and received on raw sockets
 (the netfilter SCTP match and conntrack are there); one packet each way, no association.
 """
@@ -29,10 +31,14 @@ from netagent.kernel import namespaces
 from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.nftables.runner import NftRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
+from netagent.policy.dataplane import PolicyDataplane
 from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.programmer_nft import NftPolicyProgrammer
 from netagent.policy.render import RenderSettings
+from proxy.backend import ProxyMode
 from tests.unit.policy_objects import namespace as namespace_object
 from tests.unit.policy_objects import pod as pod_object
 
@@ -201,9 +207,12 @@ def compare(matrix: Matrix, expect: Expect) -> str:
 class PolicyLab:
     """The node, its nine pods, `ext`, and a policy engine programming the node's kernel."""
 
-    def __init__(self, *, mode: PodAttachment, backend: IptablesBackend = IptablesBackend.LEGACY) -> None:
+    def __init__(self, *, mode: PodAttachment, backend: IptablesBackend = IptablesBackend.LEGACY,
+                 dataplane: ProxyMode = ProxyMode.IPTABLES) -> None:
         self.mode = mode
         self.backend = backend
+        self.dataplane = dataplane            # IPTABLES (chains and ipsets) or NFTABLES (the nft table)
+        self.nft: NftRunner | None = None
         self.node = LabNode(prefix=LAB_PREFIX, mode=mode, subnets=(SUBNET,), with_agent=False)
         self.ext_netns = ""
         self.addresses: dict[str, str] = {}       # "x/a" -> 10.244.1.x
@@ -212,13 +221,17 @@ class PolicyLab:
         self.servers: dict[str, subprocess.Popen] = {}
         self.policies: dict[str, dict] = {}
         self.pod_objects: dict[str, dict] = {}
-        self.engine = self._new_engine()
 
     def _new_engine(self) -> PolicyEngine:
         prefix = namespaces.exec_prefix(self.node.node)
         self.iptables = IptablesRunner(backend=self.backend, exec_prefix=prefix, lock_wait_seconds=60)
-        programmer = PolicyProgrammer(iptables=self.iptables,
-                                      ipset=IpsetRunner(exec_prefix=prefix))
+        programmer: PolicyDataplane
+        if self.dataplane is ProxyMode.NFTABLES:
+            if self.nft is None:
+                self.nft = NftRunner(netns=self.node.node)
+            programmer = NftPolicyProgrammer(self.nft)
+        else:
+            programmer = PolicyProgrammer(iptables=self.iptables, ipset=IpsetRunner(exec_prefix=prefix))
         settings = PolicySettings(NODE_NAME, RenderSettings(self.mode, local_cidrs=(SUBNET,)))
         engine = PolicyEngine(settings, programmer=programmer, interface_of=lambda plan: self.veths.get(plan.ip))
         for recorder in (engine.policies, engine.pods, engine.namespaces):
@@ -229,6 +242,7 @@ class PolicyLab:
     def __enter__(self) -> PolicyLab:
         self.node.__enter__()
         try:
+            self.engine = self._new_engine()          # needs the node's namespace (nft enters it)
             self.netns_of["node"] = self.node.node
             namespaces.run_in(self.node.node, ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
             self._add_ext()
@@ -251,6 +265,9 @@ class PolicyLab:
             server.kill()
             server.wait()
         self.servers.clear()
+        if self.nft is not None:
+            self.nft.close()
+            self.nft = None
         self.node.close()
 
     def _add_ext(self) -> None:
@@ -341,6 +358,14 @@ class PolicyLab:
         for policy in self.policies.values():
             self.engine.policies.on_add(policy)
         return self.engine
+
+    def kernel_text(self) -> str:
+        """What the node's dataplane holds, as its tool prints it."""
+        if self.dataplane is ProxyMode.NFTABLES:
+            argv = ["nft", "list", "ruleset"]
+        else:
+            argv = [f"iptables-{self.backend.value}-save", "-t", "filter"]
+        return namespaces.run_in(self.node.node, argv, check=True).stdout
 
     # ------------------------------------------------------------ probing
     def _sctp_log(self, key: str) -> str:
