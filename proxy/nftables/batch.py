@@ -101,6 +101,14 @@ class Changes:
         return "\n".join(out) + "\n" if out else ""
 
 
+def _writable(name: str) -> bool:
+    try:
+        text.name(name)
+    except text.UnsafeNftText:
+        return False
+    return True
+
+
 def _element(key: str, value: ElementValue) -> str:
     data, comment = value
     keyed = f"{key} comment {text.comment(comment)}" if comment else key
@@ -131,7 +139,9 @@ def full_changes(view: TableView | None, desired: Contents, *, family: str = "ip
     if view is None:
         changes.create_table = True
         return everything(desired, changes)
-    if not view.skeleton_ok():
+    if not view.skeleton_ok() or not all(map(_writable, [*view.chains, *view.sets])):
+        # another layout, or an object (added by hand) whose name our text cannot write back to
+        # delete it: the whole table is replaced instead, in the same one transaction
         changes.replace_table = True
         return everything(desired, changes)
     for holder, held in desired.elements.items():

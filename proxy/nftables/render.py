@@ -12,9 +12,9 @@ one more, keyed by the entry point and a random slot:
       ip daddr . meta l4proto . th dport vmap @SERVICE-IPS               (cluster, external, LB IPs)
       <local address> meta l4proto . th dport vmap @SERVICE-NODEPORTS    (node ports)
     SERVICE-IPS[10.96.0.10 . tcp . 80] = goto IP-C-3     (3 endpoints; `reject`/`drop` verdicts too)
-    IP-C-3: mark for masquerade unless the source is a pod; then
-      dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @ENDPOINTS
-    ENDPOINTS[10.96.0.10 . tcp . 80 . 0..2] = 10.244.1.5 . 8080, ...
+    IP-C-3: mark for masquerade unless the source is a pod; then, per protocol,
+      meta l4proto tcp dnat ip to ip daddr . th dport . numgen random mod 3 map @ENDPOINTS-TCP
+    ENDPOINTS-TCP[10.96.0.10 . 80 . 0..2] = 10.244.1.5 . 8080, ...
 
 One balancing chain exists per (key space, role, endpoint count) in use (`names.count_chain`),
 so their number does not grow with Services. externalTrafficPolicy Local sends an entry point
@@ -28,8 +28,8 @@ Refusal: a service port with no endpoints anywhere is `goto REJECT-NEW` (TCP res
 unreachable otherwise); endpoints but none for this traffic (a Local policy) is `drop`.
 Hairpin: `ip saddr . ip daddr @HAIRPIN masquerade` in POSTROUTING, the set holding
 `endpoint . endpoint` per selected endpoint on this node (or of no known node): a pod can only
-reach itself through the node it lives on, so remote endpoints cost no element. Off-cluster clients: the mark bit, cleared and
-masqueraded in POSTROUTING, as the iptables backend does.
+reach itself through the node it lives on, so remote endpoints cost no element. Off-cluster
+clients: the mark bit, cleared and masqueraded in POSTROUTING, as the iptables backend does.
 
 Sizes: the static maps and sets are hash sets without `size`, which nf_tables grows with their
 elements (no "set is full" at any number of Services); only the affinity sets, filled by the
@@ -40,9 +40,10 @@ the `update` is a rule of its own, before the DNAT).
 Every rule carries a comment with a digest of its text, so a full sync compares a chain read
 back as JSON with the rendered one without parsing rule expressions. Element comments name
 the service port and entry kind (readability and `netagent status services`; in the sets
-`SERVICE-*-NAMES`, see names.py), bounded by
-nft-core's `text.comment`. Every string reaching the text goes through `netagent.kernel.
-nftables.text`; a service port whose values it refuses is `UnrenderablePort` (left out).
+`SERVICE-*-NAMES`, see names.py), bounded by nft-core's `text.comment`. Every string reaching
+the text goes through `netagent.kernel.nftables.text` (canonical IPv4 addresses are taken as
+the text it would give, `_ipv4`); a service port whose values it refuses is `UnrenderablePort`
+(left out and reported).
 """
 from __future__ import annotations
 

@@ -152,6 +152,16 @@ def test_a_foreign_layout_is_replaced_in_one_transaction():
     assert "OLD-CHAIN" not in chains and elements(proxy, N.HAIRPIN)
 
 
+def test_an_object_added_by_hand_under_a_name_we_would_not_write_is_removed_with_the_table():
+    nft = FakeNft()
+    proxy = NftablesProxy(nft=nft)
+    desired = state((WEB, eps("10.244.1.2")))
+    proxy.sync(desired, changed=None)
+    nft.apply(f"add chain ip {N.TABLE} foo\n")
+    NftablesProxy(nft=nft).sync(desired, changed=None)
+    assert table(nft) == table(_fresh(desired))
+
+
 def test_a_failed_sync_raises_and_the_next_one_is_full():
     nft = FakeNft()
     proxy = NftablesProxy(nft=nft)
@@ -234,3 +244,23 @@ def test_the_listing_is_json_the_readback_understands():
     nft = FakeNft()
     NftablesProxy(nft=nft).sync(state((WEB, eps("10.244.1.2"))), changed=None)
     assert json.dumps(nft.list_table("ip", N.TABLE))   # plain JSON, as libnftables gives
+
+
+def test_node_ports_answer_on_every_local_address_or_only_the_configured_ones():
+    from proxy.nftables.render import fixed_chains
+    everywhere = fixed_chains(NODE, NftProxySettings())[N.SERVICES][-1]
+    assert everywhere.startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap ")
+    chosen = NodeContext(name="node", cluster_cidr="10.244.0.0/16", nodeport_addresses=("192.168.1.7", "10.0.0.1"))
+    only = fixed_chains(chosen, NftProxySettings())[N.SERVICES][-1]
+    assert only.startswith("ip daddr { 10.0.0.1, 192.168.1.7 } meta l4proto . th dport vmap ")
+    nft = FakeNft()
+    NftablesProxy(nft=nft).sync(ProxyState(chosen, {WEB.name: WEB}, {WEB.name: eps("10.244.1.2")}), changed=None)
+    moved = NftablesProxy(nft=nft)   # the node's addresses changed: the chain is rewritten, nothing else
+    moved.sync(state((WEB, eps("10.244.1.2"))), changed=None)
+    assert moved.applies == 1 and table(nft) == table(_fresh(state((WEB, eps("10.244.1.2")))))
+
+
+def _fresh(desired: ProxyState) -> FakeNft:
+    nft = FakeNft()
+    NftablesProxy(nft=nft).sync(desired, changed=None)
+    return nft
