@@ -311,3 +311,24 @@ def test_the_tracer_judges_the_kernel_rules(source, destination, protocol, port,
     kernel, sets = parse_nft_policy(golden())
     verdict, steps = trace(kernel, sets, Packet(source, destination, protocol, port))
     assert verdict is allowed, steps
+
+
+@pytest.mark.parametrize("hostile", ['a"; flush ruleset', "a\nadd table ip evil", "a } ; delete table ip other #",
+                                     "\u00e9" * 70, "a\u2028b\x00c", "x" * 300])
+def test_hostile_names_reach_the_kernel_as_comment_text_only(hostile):
+    """Pod and policy names from the API end up in comments: the batch FakeNft parses (it
+    refuses anything outside the subset we write) holds them as text, nothing more."""
+    node = Node(mode=PodAttachment.BRIDGE)
+    node.nft.apply("add table ip other\n")
+    node.engine.pods.on_add(pod("x", hostile, "10.0.0.9", {"pod": "a"}))
+    node.engine.policies.on_add(policy("x", hostile, {"podSelector": {"matchLabels": {"pod": "a"}},
+                                                      "ingress": [{"from": [{"podSelector": {}}]}]}))
+    assert node.sync(SyncKind.FULL) is SyncResult.SUCCEEDED
+    assert set(node.nft.tables()) == {("ip", "other"), ("ip", TABLE)}
+    assert any("10.0.0.9" in element for element in node.elements(owned.POLICY_KNOWN_SET))   # programmed
+    assert len(node.engine.wanted.chains) == 2                     # x/a and the hostile pod, isolated
+    for obj in node.table():
+        comment = (obj.get("rule") or {}).get("comment", "")
+        assert len(comment.encode()) <= COMMENT_MAX and '"' not in comment and "\n" not in comment
+    node.sync(SyncKind.FULL)
+    assert not node.engine.last_report.wrote               # what was written reads back equal
