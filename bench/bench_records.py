@@ -54,7 +54,8 @@ def _find(records: list[dict], mode: str, services: int | None = None) -> dict |
 def ratio(numerator: float | None, denominator: float | None) -> str:
     if numerator is None or denominator is None or denominator == 0:
         return "-"
-    return f"{numerator / denominator:.2f}x"
+    value = numerator / denominator
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"   # 0.0025x, not 0.00x
 
 
 def _cell(value, scale: float = 1.0, digits: int = 3) -> str:
