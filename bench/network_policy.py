@@ -135,19 +135,18 @@ class Timed:
         self.dataplane = dataplane
         self.render_s = self.apply_s = 0.0
 
-    def render(self, *args, **kwargs):
+    def _timed(self, method: str, *args, **kwargs):
         started = time.perf_counter()
         try:
-            return self.dataplane.render(*args, **kwargs)
+            return getattr(self.dataplane, method)(*args, **kwargs)
         finally:
-            self.render_s = time.perf_counter() - started
+            setattr(self, f"{method}_s", time.perf_counter() - started)
+
+    def render(self, *args, **kwargs):
+        return self._timed("render", *args, **kwargs)
 
     def apply(self, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return self.dataplane.apply(*args, **kwargs)
-        finally:
-            self.apply_s = time.perf_counter() - started
+        return self._timed("apply", *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.dataplane, name)
@@ -242,8 +241,10 @@ def main() -> int:
             results["label_change_to_enforced_ms"] = {"median": ms(statistics.median(delays)), "max": ms(max(delays))}
             results["label_change_render_apply_ms"] = {"render": ms(statistics.median(renders)),
                                                        "apply": ms(statistics.median(applies))}
-            results["goal_label_change_le_50ms"] = ("met" if statistics.median(delays) * 1000 <= GOAL_LABEL_CHANGE_MS
-                                                    else "MISSED")
+            verdict = "met" if statistics.median(delays) * 1000 <= GOAL_LABEL_CHANGE_MS else "MISSED"
+            if (args.pods, args.policies) != (1000, 200):
+                verdict += " (the goal is set at 1,000 pods / 200 policies)"
+            results["goal_label_change_le_50ms"] = verdict
 
             results["connect_with_policies"] = connect_latency(node, "client", server.ip, args.connects)
             results["rules"] = count_rules(args.backend, node.node)
