@@ -4,8 +4,10 @@ each other, a NetworkPolicy is enforced across nodes, and on no node does any ip
 or ipset of ours exist (`owned.CHAIN_PREFIX`, read with iptables-save of BOTH backends and
 `ipset list -n` inside each node's namespace), while our nft tables do.
 
-Needs the nftables Services backend (nft-proxy) and NetworkPolicy in nft (nft-policy); the
-lab nodes' iptables FORWARD policy is ACCEPT, so not even the forward accept is needed.
+It relies on the nftables Services backend (`--proxy-mode nftables`: Services in `ip netagent`)
+and on NetworkPolicy enforced in nft (`ip netagent-policy`), with the node's masquerade in
+`ip netagent-masq`; the lab nodes' iptables FORWARD policy is ACCEPT, so not even the forward
+accept needs an iptables rule.
 """
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""Services in a lab cluster, iptables mode: real connections from pods and from outside.
+"""Services in a lab cluster, in iptables and in nftables mode: real connections from pods and
+from outside, with the same assertions in both.
 
-One 2-node vxlan lab for the module, with the EndpointSlice controller deriving slices
+One 2-node vxlan lab per proxy mode (the module fixture is parameterised over the modes), with the EndpointSlice controller deriving slices
 from the pods' labels exactly as `kubectl apply` of a plain Service would in a cluster.
 Servers answer with their pod's name and the peer address they saw, so each test can say
 which endpoint answered and whether the proxy masqueraded. `roll_endpoints_under_load`,
-`backends_on` and `settled` work in any proxy mode (the eBPF module uses them too).
+`backends_on` and `settled` work in any proxy mode (the eBPF module uses them too); what a
+test must read of the kernel itself (a restarted agent's rules, what a deleted service leaves)
+it reads through `proxy_ruleset`, the one place that knows each mode's kernel spelling.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import sys
 
 import pytest
 
-from netagent.kernel import namespaces
+from netagent.kernel import namespaces, owned
 from tests.cluster.lab_tools import ROOT, lab_cluster, serve, stop_stream, stream, syn_retransmits, traffic, wait_for
 
 WEB_PORT, UDP_PORT = 8080, 5353
@@ -50,26 +53,65 @@ def answered_by(results: list) -> list[str]:
 
 
 def programmed(lab, node: str, service: str, expected: set[str], port: int = WEB_PORT) -> None:
-    """Wait until the slices list `expected` and the node's rules DNAT to each of them."""
+    """Wait until the slices list `expected` and the node's cluster IP entries of `service` send to
+    exactly those endpoints on `port` (read back by `netagent status services`, any proxy mode)."""
     wait_for(lambda: slice_addresses(lab, service) == expected, what=f"slices of {service}")
+    wanted = {f"{ip}:{port}" for ip in expected}
 
-    def rules_ready() -> bool:
-        saved = lab.exec(node, ["iptables-save", "-t", "nat"]).stdout
-        return all(f"--to-destination {ip}:{port}" in saved for ip in expected)
-    wait_for(rules_ready, what=f"DNAT rules of {service} on {node}")
+    def entries_ready() -> bool:
+        entries = [s for s in listed_on(lab, node) if s["kind"] == "ClusterIP"
+                   and s["name"].startswith(f"default/{service}:")]
+        return bool(entries) and all(set(s["backends"]) == wanted for s in entries)
+    wait_for(entries_ready, what=f"the cluster IP of {service} on {node} to send to {sorted(wanted)}")
+
+
+def listed_on(lab, node: str) -> list[dict]:
+    """`netagent status services --json` on `node`: each entry point it has programmed, as
+    {"name", "address", "kind", "backends"}, read back from the kernel (any proxy mode)."""
+    argv = [sys.executable, "-m", "netagent.cli", "status", "services", "--json"]
+    if lab.state.proxy_mode == "ebpf":
+        argv += ["--bpf-root", lab.bpf_root(node)]
+    out = lab.exec(node, argv).stdout
+    return json.loads(out)["services"] if out else []
 
 
 def backends_on(lab, node: str) -> dict[str, set[str]]:
     """Each service address `node` balances ("10.96.0.10:80/TCP") -> the endpoint addresses it
     sends to, read back from the kernel by `netagent status services` (any proxy mode)."""
-    argv = [sys.executable, "-m", "netagent.cli", "status", "services", "--json"]
-    if lab.state.proxy_mode == "ebpf":
-        argv += ["--bpf-root", lab.bpf_root(node)]
-    out = lab.exec(node, argv).stdout
     found: dict[str, set[str]] = {}
-    for service in json.loads(out)["services"] if out else ():
+    for service in listed_on(lab, node):
         found.setdefault(service["address"], set()).update(b.split(":")[0] for b in service["backends"])
     return found
+
+
+def node_port_on(lab, node: str, node_port: int) -> bool:
+    """Whether `node` has programmed TCP `node_port` with at least one endpoint."""
+    return any(address.endswith(f":{node_port}/TCP") and endpoints
+               for address, endpoints in backends_on(lab, node).items())
+
+
+def proxy_ruleset(lab, node: str) -> list[str]:
+    """The proxy's kernel state on `node` in a form that compares equal when nothing was written:
+    iptables mode, our nat chains and every nat rule (`iptables-save`); nftables mode, every
+    object of `table ip netagent` (`nft -j`) without handles, counter values, or the elements
+    of the sets with timeouts the packet path fills (ClientIP affinity: clients seen)."""
+    if lab.state.proxy_mode == "iptables":
+        saved = lab.exec(node, ["iptables-save", "-t", "nat"], check=True).stdout.splitlines()
+        return sorted([line.split()[0] for line in saved if line.startswith(f":{owned.CHAIN_PREFIX}")]
+                      + [line for line in saved if line.startswith("-A")])
+    assert lab.state.proxy_mode == "nftables", lab.state.proxy_mode
+    listed = lab.exec(node, ["nft", "-j", "list", "table", "ip", owned.NFT_PROXY_TABLE], check=True).stdout
+
+    def steady(value):
+        if isinstance(value, dict):
+            return {key: steady(inner) for key, inner in value.items() if key not in ("handle", "packets", "bytes")}
+        return [steady(inner) for inner in value] if isinstance(value, list) else value
+    objects = []
+    for item in json.loads(listed)["nftables"]:
+        if "set" in item and "timeout" in item["set"].get("flags", ()):   # nft lists "dynamic" as this
+            item["set"].pop("elem", None)
+        objects.append(json.dumps(steady(item), sort_keys=True))
+    return sorted(objects)
 
 
 def settled(lab) -> None:
@@ -102,9 +144,9 @@ def refusals(lab, pod: str, address: str, port: int, count: int, *, in_cgroup: b
     return json.loads(out), syn_retransmits(prefix) - before
 
 
-@pytest.fixture(scope="module")
-def lab():
-    with lab_cluster(nodes=2, mode="vxlan", proxy_mode="iptables") as lab:
+@pytest.fixture(scope="module", params=["iptables", "nftables"])
+def lab(request):
+    with lab_cluster(nodes=2, mode="vxlan", proxy_mode=request.param) as lab:
         node1, node2 = sorted(lab.state.nodes)
         lab.add_pod("web-1", node=node1, labels={"app": "web", "tier": "front"}, ports={"http": WEB_PORT})
         lab.add_pod("web-2", node=node2, labels={"app": "web"}, ports={"http": WEB_PORT})
@@ -125,8 +167,7 @@ def lab():
         for node in (node1, node2):   # every service of the module, before any test relies on one
             programmed(lab, node, "web", web)
             programmed(lab, node, "web-local", {pods["web-1"]})
-            wait_for(lambda: f"--dport {node_port} " in lab.exec(node, ["iptables-save", "-t", "nat"]).stdout,
-                     what=f"the NodePort rule on {node}")
+            wait_for(lambda: node_port_on(lab, node, node_port), what=f"the NodePort {node_port} on {node}")
             serving(lab, node, {f"{service_of(lab, name)['spec']['clusterIP']}:80/TCP": endpoints
                                 for name, endpoints in (("web-sticky", web), ("web-external", web), ("nobody", set()))})
         try:
@@ -276,7 +317,7 @@ def test_agent_restart_keeps_connections_and_traffic_through_services(lab):
     node1 = sorted(lab.state.nodes)[0]
     cluster_ip = service_of(lab, "web")["spec"]["clusterIP"]
     settled(lab)
-    before = lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout
+    before = proxy_ruleset(lab, node1)
     tcp = stream(lab, "client", "tcp", cluster_ip, 80)   # established: it has had an answer
     lab.stop_agent(node1, sig=signal.SIGKILL)
     during = poll(lab, "client", cluster_ip, 80, 10)  # no agent on the node: the kernel keeps serving
@@ -285,9 +326,7 @@ def test_agent_restart_keeps_connections_and_traffic_through_services(lab):
     summary = stop_stream(tcp)   # its last line was answered after the restart
     assert summary["error"] is None and summary["answered"] == summary["sent"] > 1, summary
     assert len(answered_by(during)) == 10 and len(answered_by(after)) == 10, (during, after)
-    rules = lambda text: sorted(line for line in text.splitlines() if line.startswith("-A"))  # noqa: E731
-    wait_for(lambda: rules(lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout) == rules(before),
-             what="the restarted agent's rules equal the ones it adopted")
+    wait_for(lambda: proxy_ruleset(lab, node1) == before, what="the restarted agent's rules equal the ones it adopted")
 
 
 def test_status_services_lists_what_is_programmed(lab):
@@ -297,20 +336,18 @@ def test_status_services_lists_what_is_programmed(lab):
     assert out.returncode == 0, out.stderr
     listed = json.loads(out.stdout)
     web = [s for s in listed["services"] if s["name"] == "default/web:http" and s["kind"] == "ClusterIP"]
-    assert listed["mode"] == "iptables" and len(web) == 1
+    assert listed["mode"] == lab.state.proxy_mode and len(web) == 1
     assert set(web[0]["backends"]) >= {f"{pod_ips(lab)[p]}:{WEB_PORT}" for p in ("web-1", "web-3")}
 
 
 def test_deleted_service_leaves_no_chain(lab):
     node1 = sorted(lab.state.nodes)[0]
+    settled(lab)
+    before = proxy_ruleset(lab, node1)
     lab.api().apply(manifest("short-lived", selector={"app": "web"}, ports=[http_port()]))
-    cluster_ip = service_of(lab, "short-lived")["spec"]["clusterIP"]
-
-    def nat_rules() -> str:
-        return lab.exec(node1, ["iptables-save", "-t", "nat"]).stdout
-    wait_for(lambda: f"-d {cluster_ip}/32" in nat_rules(), what="rules of short-lived")
-    chains_before = {line.split()[0] for line in nat_rules().splitlines() if line.startswith(":NETAGENT-")}
+    address = f"{service_of(lab, 'short-lived')['spec']['clusterIP']}:80/TCP"
+    wait_for(lambda: backends_on(lab, node1).get(address), what=f"short-lived balanced on {node1}")
+    assert proxy_ruleset(lab, node1) != before    # what the service added, the deletion must remove
     lab.api().delete("v1", "Service", "short-lived", namespace="default")
-    wait_for(lambda: f"-d {cluster_ip}/32" not in nat_rules(), what="rules of short-lived gone")
-    chains_after = {line.split()[0] for line in nat_rules().splitlines() if line.startswith(":NETAGENT-")}
-    assert chains_after < chains_before
+    wait_for(lambda: address not in backends_on(lab, node1), what=f"short-lived gone from {node1}")
+    wait_for(lambda: proxy_ruleset(lab, node1) == before, what=f"{node1}'s rules back to before short-lived")
