@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
+from netagent.noderoutes.bgp.bird_config import bfd_timing
 from netagent.noderoutes.bgp.model import Bfd, BgpConfigError, Timers, check_as_number
 
 TOR_AS_BASE = 65000          # ToR of segment k: AS 65000 + k (private range)
@@ -106,10 +107,7 @@ def render_tor_config(config: TorConfig) -> str:
              f"  if source = RTS_BGP && net ~ {accept} then {{ bgp_path.delete({int(config.node_asn)}); accept; }}",
              "  reject;", "}", ""]
     if config.bfd is not None:
-        bfd = config.bfd
-        lines += ["protocol bfd bfd1 {",
-                  f'  interface "*" {{ min rx interval {int(bfd.min_rx_ms)} ms; min tx interval '
-                  f'{int(bfd.min_tx_ms)} ms; multiplier {int(bfd.multiplier)}; }};', "}", ""]
+        lines += ["protocol bfd bfd1 {", f'  interface "*" {{ {bfd_timing(config.bfd)} }};', "}", ""]
     lines += ["protocol bgp nodes {", f"  local {config.router_id} as {int(config.asn)};",
               f"  neighbor range {config.segment} as {int(config.node_asn)};", '  dynamic name "node";',
               *_session_lines(config),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import secrets
 import subprocess
@@ -53,6 +54,21 @@ def entered(netns_fd: int) -> Iterator[None]:
             setns(home)
     finally:
         os.close(home)
+
+
+def in_own_netns(method):
+    """Decorate a method of a kernel object to run with the calling thread inside that object's
+    network namespace (its `_netns_fd`, opened on `THREAD_NETNS` by the thread that made it, and
+    `_netns_identity`, that fd's `identity`): pyroute2 sockets belong to the namespace they
+    were opened in, so every netlink call of such an object enters it first, or runs at once
+    when the thread is already there."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if identity(THREAD_NETNS) == self._netns_identity:
+            return method(self, *args, **kwargs)
+        with entered(self._netns_fd):
+            return method(self, *args, **kwargs)
+    return run
 
 
 def unique_name(prefix: str) -> str:

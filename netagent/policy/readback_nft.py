@@ -21,26 +21,12 @@ import ipaddress
 import re
 from typing import Any
 
+from netagent.kernel.nftables.listing import element_text
 from netagent.policy.readback import KernelPolicy, PodDirection, ReadRule
 from netagent.policy.render_nft import BASE_CHAIN, HEADER, KNOWN_SET, plain_comment
 
 _HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
 _VERDICTS = {"return": "RETURN", "drop": "DROP", "accept": "ACCEPT", "jump": "jump", "goto": "goto", "vmap": "vmap"}
-
-
-def element_text(element: Any) -> str:
-    """One set or map element (or key) as text: an address, `a/len`, `a-b`, `a . tcp . 80`."""
-    if isinstance(element, dict):
-        if "elem" in element:
-            return element_text(element["elem"].get("val"))
-        if "prefix" in element:
-            return f"{element['prefix']['addr']}/{element['prefix']['len']}"
-        if "range" in element:
-            low, high = element["range"]
-            return f"{element_text(low)}-{element_text(high)}"
-        if "concat" in element:
-            return " . ".join(element_text(part) for part in element["concat"])
-    return str(element)
 
 
 def verdict_of(rule: dict[str, Any]) -> str:

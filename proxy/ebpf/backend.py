@@ -27,11 +27,9 @@ is ignored by the program.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import ipaddress
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ebpf import maps as M
@@ -45,6 +43,7 @@ from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, Pr
 from proxy.ebpf.capacity import Fill, admit, capacities
 from proxy.ebpf.readback import programmed_services, slot_layouts
 from proxy.ebpf.render import PortEntries, SetIds, flatten, render_service_port
+from proxy.large_sync import collector_paused
 from proxy.model import NodeContext, ProxyState, ServicePortName
 
 
@@ -128,7 +127,7 @@ class EbpfProxy(ProxyBackend):
     # ---- sync ---------------------------------------------------------------------------------
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
-        with _collector_paused():
+        with collector_paused():
             return self._sync(state, changed)
 
     def _sync(self, state: ProxyState, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
@@ -294,20 +293,6 @@ def snat_address(node: NodeContext) -> str | None:
     outside = sorted((a for a in node.local_addresses if cidr is None or ipaddress.ip_address(a) not in cidr),
                      key=ipaddress.IPv4Address)
     return outside[0] if outside else None
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A full sync allocates a few hundred thousand short-lived, acyclic objects next to the
-    agent's large long-lived state; the cyclic collector would rescan that state many times
-    (measured: half the time of a 10k-service sync). Paused for the sync, collected after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _diff_sets(writes: MapWrites, old: PortEntries | None, new: PortEntries | None) -> None:

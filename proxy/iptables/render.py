@@ -55,7 +55,6 @@ from __future__ import annotations
 import enum
 import functools
 import ipaddress
-import re
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -79,6 +78,7 @@ from proxy.iptables.names import (
     endpoint_chain,
     service_hash,
 )
+from proxy.large_sync import CANONICAL_IPV4
 from proxy.model import (
     Endpoint,
     EntryKind,
@@ -445,15 +445,12 @@ def _endpoint_key(endpoint: Endpoint) -> tuple[bytes, int]:
     return socket.inet_aton(endpoint.ip), endpoint.port
 
 
-_CANONICAL_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)")
-
-
 def _hairpin_member(endpoint: Endpoint, proto: str) -> str:
     """`ip,proto:port,ip` as ipset spells it. An address already in canonical dotted-decimal
     form is spelled directly (ipset.entry validates through ipaddress, which at 100,000
     endpoints costs seconds); anything else goes through entry(), which canonicalises or
     refuses it."""
-    if _CANONICAL_IPV4.fullmatch(endpoint.ip) and 0 <= endpoint.port <= 65535:
+    if CANONICAL_IPV4.fullmatch(endpoint.ip) and 0 <= endpoint.port <= 65535:
         return f"{endpoint.ip},{proto}:{endpoint.port},{endpoint.ip}"
     return ipset_entry(endpoint.ip, proto, endpoint.port, extra_ip=endpoint.ip)
 

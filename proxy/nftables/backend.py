@@ -33,8 +33,8 @@ from types import MappingProxyType
 
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel.nftables.runner import Nft
-from proxy.ebpf.backend import _collector_paused
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
+from proxy.large_sync import collector_paused
 from proxy.model import ProxyState, ServicePortName
 from proxy.nftables import names as N
 from proxy.nftables.batch import Changes, full_changes
@@ -64,7 +64,7 @@ class NftablesProxy(ProxyBackend):
             assembly, changes, written = self._partial(previous, state, changed)
             scope = SyncKind.PARTIAL
         else:
-            with _collector_paused():   # hundreds of thousands of short-lived objects (ebpf/backend.py)
+            with collector_paused():   # hundreds of thousands of short-lived objects (large_sync.py)
                 assembly, changes, written = self._full(state)
             scope = SyncKind.FULL
         batch = changes.text()

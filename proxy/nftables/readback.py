@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from netagent.kernel.nftables.listing import element_text
 from proxy.backend import ProgrammedService
 from proxy.nftables import names as N
 from proxy.nftables.render import BASE_CHAINS, ElementValue
@@ -63,31 +64,12 @@ class TableView:
         return True
 
 
-def part(value: Any) -> str:
-    """One element field as render.py spells it."""
-    if isinstance(value, dict):
-        if "prefix" in value:
-            return f"{value['prefix']['addr']}/{value['prefix']['len']}"
-        if "range" in value:
-            low, high = value["range"]
-            return f"{part(low)}-{part(high)}"
-        if "concat" in value:
-            return " . ".join(part(item) for item in value["concat"])
-        for verdict in ("goto", "jump"):
-            if verdict in value:
-                return f"{verdict} {value[verdict]['target']}"
-        if len(value) == 1:
-            (word,) = value
-            return str(word)   # {"drop": null}, {"accept": null}
-    return str(value)
-
-
 def _element(item: Any) -> tuple[str, str | None]:
     """(key, comment) of one listed element."""
     if isinstance(item, dict) and "elem" in item:
         inner = item["elem"]
-        return part(inner.get("val")), inner.get("comment")
-    return part(item), None
+        return element_text(inner.get("val")), inner.get("comment")
+    return element_text(item), None
 
 
 def read_table(objects: Iterable[dict[str, Any]]) -> TableView:
@@ -102,7 +84,7 @@ def read_table(objects: Iterable[dict[str, Any]]) -> TableView:
                 for item in body.get("elem", ()):
                     if "map" in entry:
                         key, comment = _element(item[0])
-                        held[key] = (part(item[1]), comment)
+                        held[key] = (element_text(item[1]), comment)
                     else:
                         key, comment = _element(item)
                         held[key] = (None, comment)

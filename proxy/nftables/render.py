@@ -57,7 +57,7 @@ from netagent.errors import NetagentError
 from netagent.kernel import owned
 from netagent.kernel.nftables import text
 from proxy.iptables.names import service_hash
-from proxy.iptables.render import _CANONICAL_IPV4
+from proxy.large_sync import CANONICAL_IPV4
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import names as N
 from proxy.nftables.names import KeySpace, Role
@@ -241,7 +241,7 @@ def _ipv4(address: str) -> str:
     """`address` as nft text if it is IPv4. An address already in canonical dotted-decimal form
     is the text `text.address` would give: taken as is (parsing 200,000 addresses through
     `ipaddress` cost 3.6 s of a 10k-service sync); anything else goes through `text.address`."""
-    if _CANONICAL_IPV4.fullmatch(address):
+    if CANONICAL_IPV4.fullmatch(address):
         return address
     canonical = text.address(address)
     if ":" in canonical:

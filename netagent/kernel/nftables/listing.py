@@ -4,7 +4,9 @@ Pure helpers over the libnftables JSON objects (real or `FakeNft`'s), so every c
 them one way: chains by name, rules of a chain in order, sets and maps by name, and a set's
 or map's elements as (key, value) pairs with the `{"elem": {"val": ...}}` wrapper (elements
 with a timeout, an expiry or a comment) taken off. Element order is the kernel's hash order:
-compare elements as sets or dicts, never as lists.
+compare elements as sets or dicts, never as lists. `element_text` spells one element, key
+or map value back as the text nft and our renderers write (the policy's and the proxy's
+readback both compare in that spelling).
 """
 from __future__ import annotations
 
@@ -37,6 +39,28 @@ def unwrap(element: Any) -> Any:
     if isinstance(element, dict) and "elem" in element:
         return element["elem"]["val"]
     return element
+
+
+def element_text(value: Any) -> str:
+    """One element, key, key part or map value as text: an address, `a/len`, `a-b`,
+    `a . tcp . 80`, `goto IP-C-3`, `drop`; a wrapped element (`{"elem": {"val": ...}}`) as its key."""
+    if isinstance(value, dict):
+        if "elem" in value:
+            return element_text(value["elem"].get("val"))
+        if "prefix" in value:
+            return f"{value['prefix']['addr']}/{value['prefix']['len']}"
+        if "range" in value:
+            low, high = value["range"]
+            return f"{element_text(low)}-{element_text(high)}"
+        if "concat" in value:
+            return " . ".join(element_text(item) for item in value["concat"])
+        for verdict in ("goto", "jump"):
+            if verdict in value:
+                return f"{verdict} {value[verdict]['target']}"
+        if len(value) == 1:
+            (word,) = value
+            return str(word)   # {"drop": null}, {"accept": null}
+    return str(value)
 
 
 def elements(body: dict[str, Any]) -> list[tuple[Any, Any]]:

@@ -21,7 +21,6 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Callable
 
 from netagent.kernel import namespaces, owned
-from netagent.noderoutes.routing.kernel import _in_own_netns  # the one "enter our namespace" wrapper
 from netagent.noderoutes.routing.model import Route
 
 RTN_UNICAST = 1
@@ -71,7 +70,7 @@ class NetlinkLearntRoutes(LearntRoutes):
         except (KeyError, TypeError, AttributeError):
             return False
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def dump(self) -> dict:
         names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in self._ipr.get_links()}
         found = {}
@@ -94,7 +93,7 @@ class NetlinkLearntRoutes(LearntRoutes):
                     msg.get_attr("RTA_PRIORITY") or 0
         return found
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def ensure_blackholes(self, cidrs: tuple) -> None:
         wanted = {c for c in cidrs if c.version == 4}
         have = self._blackholes()
@@ -106,7 +105,7 @@ class NetlinkLearntRoutes(LearntRoutes):
             self._ipr.route("replace", dst=str(cidr), table=MAIN_TABLE, type=RTN_BLACKHOLE,
                             proto=owned.ROUTE_PROTOCOL, priority=owned.BGP_BLACKHOLE_METRIC)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def flush(self) -> list[str]:
         removed = []
         for cidr, metric in self._blackholes().items():

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
-import functools
 import logging
 import os
 import socket
@@ -64,17 +63,6 @@ _GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV)
 class IfGone(enum.Enum):
     RAISE = "raise"
     SUCCEED = "succeed"  # deletes: the object being absent already is the goal
-
-
-def _in_own_netns(method):
-    """Run `method` with the calling thread inside the kernel object's network namespace."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        if namespaces.identity(namespaces.THREAD_NETNS) == self._netns_identity:
-            return method(self, *args, **kwargs)
-        with namespaces.entered(self._netns_fd):
-            return method(self, *args, **kwargs)
-    return run
 
 
 class NetlinkKernel(RoutingKernel):
@@ -127,11 +115,11 @@ class NetlinkKernel(RoutingKernel):
         return names
 
     # ------------------------------------------------------------ links
-    @_in_own_netns
+    @namespaces.in_own_netns
     def underlay_snapshot(self) -> UnderlaySnapshot:
         return read_underlay_snapshot(self._ipr)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         found = {}
         for link in self._ipr.get_links():
@@ -140,13 +128,13 @@ class NetlinkKernel(RoutingKernel):
                 found[name] = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
         return found
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def delete_link(self, ifname: str) -> None:
         self._indexes.pop(ifname, None)
         with self._call(f"delete link {ifname}", if_gone=IfGone.SUCCEED):
             self._ipr.link("del", ifname=ifname)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def observe(self, ifname: str) -> ObservedDevice | None:
         """The device as the kernel reports it, or None when there is none."""
         try:
@@ -177,7 +165,7 @@ class NetlinkKernel(RoutingKernel):
                                   remote=IPv4Address(remote) if remote else None)
         return ObservedDevice(**common)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange:
         def create() -> None:
             self._ipr.link("add", ifname=device.ifname, kind="vxlan", vxlan_id=device.vni,
@@ -185,7 +173,7 @@ class NetlinkKernel(RoutingKernel):
                            vxlan_port=device.port, vxlan_learning=0, address=device.mac, mtu=device.mtu)
         return self._ensure(device, create)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def ensure_ipip(self, device: IpipDevice) -> DeviceChange:
         def create() -> None:
             # NBMA: a local address and no remote; each route's gateway is the outer destination
@@ -252,7 +240,7 @@ class NetlinkKernel(RoutingKernel):
                                f"ethtool -K {ifname} {TX_CHECKSUM_FEATURE} {'on' if on else 'off'}: {exc!r}") from None
 
     # ------------------------------------------------------------ routes
-    @_in_own_netns
+    @namespaces.in_own_netns
     def dump_routes(self) -> list[Route]:
         names = self._names_by_index()
         routes = []
@@ -267,20 +255,20 @@ class NetlinkKernel(RoutingKernel):
                                 onlink=bool(msg["flags"] & RTNH_F_ONLINK)))
         return routes
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def replace_route(self, route: Route) -> None:
         with self._call(f"replace {describe(route)}", ifname=route.ifname):
             self._ipr.route("replace", dst=str(route.dst), gateway=str(route.gateway), oif=self._index(route.ifname),
                             flags=RTNH_F_ONLINK if route.onlink else 0, proto=self.protocol, table=MAIN_TABLE)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def delete_route(self, route: Route) -> None:
         """Delete our route to `route.dst` (the kernel matches dst, table and our protocol only)."""
         with self._call(f"delete {describe(route)}", if_gone=IfGone.SUCCEED):
             self._ipr.route("del", dst=str(route.dst), proto=self.protocol, table=MAIN_TABLE)
 
     # ------------------------------------------------------------ neighbours
-    @_in_own_netns
+    @namespaces.in_own_netns
     def dump_neighbours(self, ifname: str) -> list[Neighbour]:
         try:
             index = self._index(ifname)
@@ -293,19 +281,19 @@ class NetlinkKernel(RoutingKernel):
                     if msg["ifindex"] == index and msg["state"] & NUD_PERMANENT
                     and msg.get_attr("NDA_DST") and msg.get_attr("NDA_LLADDR")]
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"replace {describe(neighbour)}", ifname=neighbour.ifname):
             self._ipr.neigh("replace", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address),
                             lladdr=neighbour.mac, state=NUD_PERMANENT)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def delete_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"delete {describe(neighbour)}", ifname=neighbour.ifname, if_gone=IfGone.SUCCEED):
             self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address))
 
     # ------------------------------------------------------------ FDB
-    @_in_own_netns
+    @namespaces.in_own_netns
     def dump_fdb(self, ifname: str) -> list[FdbEntry]:
         try:
             index = self._index(ifname)
@@ -317,13 +305,13 @@ class NetlinkKernel(RoutingKernel):
                     for msg in self._ipr.fdb("dump", ifindex=index)
                     if msg["ifindex"] == index and msg["flags"] & NTF_SELF and msg.get_attr("NDA_DST")]
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def replace_fdb(self, entry: FdbEntry) -> None:
         with self._call(f"replace {describe(entry)}", ifname=entry.ifname):
             self._ipr.fdb("replace", ifindex=self._index(entry.ifname), lladdr=entry.mac, dst=str(entry.dst),
                           state=NUD_PERMANENT, flags=NTF_SELF)
 
-    @_in_own_netns
+    @namespaces.in_own_netns
     def delete_fdb(self, entry: FdbEntry) -> None:
         """Delete the MAC's whole entry on the device (every destination it has)."""
         with self._call(f"delete {describe(entry)}", ifname=entry.ifname, if_gone=IfGone.SUCCEED):
