@@ -84,7 +84,8 @@ class TorConfig:
 def _session_lines(config: TorConfig) -> list:
     timers = config.timers
     lines = [f"  hold time {int(timers.hold)};", f"  keepalive time {int(timers.keepalive)};",
-             f"  connect retry time {int(timers.connect_retry)};", f"  connect delay time {int(timers.connect_delay)};", "  direct;"]
+             f"  connect retry time {int(timers.connect_retry)};",
+             f"  connect delay time {int(timers.connect_delay)};", "  direct;"]
     if config.bfd is not None:
         lines.append("  bfd on;")
     return lines
