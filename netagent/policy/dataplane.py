@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 if TYPE_CHECKING:
     from netagent.policy.readback import KernelPolicy
     from netagent.policy.render import RenderSettings
-    from netagent.policy.semantics import NodePlan, PodPlan
+    from netagent.policy.semantics import NodePlan, PodAdded, PodPlan
 
 
 class Rendered(Protocol):
@@ -61,6 +61,14 @@ class PolicyDataplane(abc.ABC, Generic[W]):
     @abc.abstractmethod
     def apply(self, wanted: W, *, full: bool) -> ApplyReport:
         """Make the kernel hold `wanted` (a `render` result of this dataplane)."""
+
+    def apply_pod(self, wanted: W, added: PodAdded, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> tuple[W, ApplyReport] | None:
+        """The incremental path of one new pod: `wanted` (what the last apply wrote) with
+        `added.pod`, written as exactly that difference, and the new state, equal to what
+        `render(added.plan)` gives, so the next apply writes nothing. None when it does not
+        apply (nothing written: the caller takes the full path); raises as `apply` does."""
+        return None
 
     @abc.abstractmethod
     def cleanup(self) -> list[str]:

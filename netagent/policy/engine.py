@@ -49,7 +49,7 @@ from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, P
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, first_ipv4, pod_key
 from netagent.policy.render import RenderSettings
-from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
+from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node, plan_with_pod
 
 log = logging.getLogger("netagent.policy")
 
@@ -269,9 +269,44 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()            # programmed by the runner once the caches list
             return self._closed(BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED))
+        if self._bind_incrementally(key, deadline):
+            return BindOutcome(True, None, 1)
         outcome = self.bindings.wait(key, ip, target, deadline=deadline, sync_to=self._sync_to,
                                      cached=lambda k: k in self.view.pods)
         return self._closed(outcome) if not outcome.programmed else outcome
+
+    def _bind_incrementally(self, key: str, deadline: float) -> bool:
+        """The pod alone, when the engine holds the plan of everything else and nothing but this
+        binding changed since: its chains, set memberships and KNOWN entry in one small write
+        (`PolicyDataplane.apply_pod`), and the plan, wanted state and applied record as a full
+        sync would leave them. False (nothing written) when that does not apply."""
+        if not self._sync_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        try:
+            epoch, version = self.bindings.epoch, self.bindings.version
+            if (not self._in_sync or self.plan is None or self.wanted is None or version != self._planned_bindings + 1
+                    or any(r.pending() for r in (self.policies, self.pods, self.namespaces))):
+                return False
+            view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
+            added = plan_with_pod(view, self.plan, key, node_name=self.settings.node_name)
+            if added is None:
+                return False
+            try:
+                done = self.programmer.apply_pod(self.wanted, added, settings=self.settings.render,
+                                                 interface_of=self._interface)
+            except Exception:
+                log.exception("network policy: programming a new pod alone failed; a full sync follows")
+                self._in_sync = False
+                self._request()
+                return False
+            if done is None:
+                return False
+            self.plan, self._planned_bindings = added.plan, version
+            self.wanted, self.last_report = done
+            self.bindings.synced(epoch, self.plan.pods, self.wanted.pending)
+            return True
+        finally:
+            self._sync_lock.release()
 
     def unbind_pod(self, namespace: object, name: object, *, container_id: str, deadline: float) -> BindOutcome:
         """A DEL: the pod's bound address is its no more (closed, out of every set) once this returns."""

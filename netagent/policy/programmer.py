@@ -42,8 +42,9 @@ from netagent.policy.render import (
     WantedState,
     render_chains,
     render_wanted,
+    render_wanted_with_pod,
 )
-from netagent.policy.semantics import NodePlan, PodPlan
+from netagent.policy.semantics import NodePlan, PodAdded, PodPlan
 
 log = logging.getLogger("netagent.policy")
 KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local pods already programmed")
@@ -156,6 +157,46 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
                      report.chains_written, report.chains_removed, report.sets_changed, report.sets_destroyed,
                      ", hook jump repaired" if repair else "")
         return report
+
+    def apply_pod(self, wanted: WantedState, added: PodAdded, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> tuple[WantedState, ApplyReport] | None:
+        """One new pod, in the write order of `apply`: its address into the sets it joined and
+        the sets its rules need created (one `ipset restore`), its chains, hooks and directory
+        entry (one `iptables-restore --noflush`), then KNOWN (one `ipset restore`)."""
+        applied = self._applied
+        if applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
+            return None
+        new = render_wanted_with_pod(wanted, added, settings=settings, interface_of=interface_of)
+        if new is None:
+            return None
+        try:
+            return new, self._apply_pod(applied, wanted, new)
+        except BaseException:
+            self._applied = None
+            raise
+
+    def _apply_pod(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
+        grown = {spec: members - wanted.sets[spec] for spec, members in new.sets.items()
+                 if spec in wanted.sets and members is not wanted.sets[spec]}
+        created = {spec: members for spec, members in new.sets.items() if spec not in wanted.sets}
+        # what the kernel holds as far as this write goes: the grown sets exist, their other members aside
+        nothing = {spec.name: SetContents(spec.name, spec.type, "inet", frozenset()) for spec in grown}
+        if grown or created:
+            sync_sets(self.ipset, {**grown, **created}, current=nothing)
+        changed = {name: rules for name, rules in new.chains.items() if wanted.chains.get(name) is not rules}
+        if changed:
+            self.iptables.restore(render_chains(changed).text())
+        joined = new.known - wanted.known
+        if joined:
+            sync_sets(self.ipset, {KNOWN_SPEC: joined},
+                      current={owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP,
+                                                                    "inet", frozenset())})
+        applied.chains.update(changed)
+        for spec in (*grown, *created):
+            applied.sets[spec.name] = SetContents(spec.name, spec.type, "inet", frozenset(new.sets[spec]))
+        applied.sets[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet",
+                                                           new.known)
+        return ApplyReport(len(changed), 0, len(grown) + len(created) + bool(joined), 0, False)
 
     def cleanup(self) -> list[str]:
         """Remove every chain and set of the policy engine (and the FORWARD jump)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from netagent.kernel.nftables.runner import Nft
@@ -46,8 +46,9 @@ from netagent.policy.render_nft import (
     collapsed,
     element_nft,
     render_nft,
+    render_nft_with_pod,
 )
-from netagent.policy.semantics import NodePlan, PodPlan
+from netagent.policy.semantics import NodePlan, PodAdded, PodPlan
 
 log = logging.getLogger("netagent.policy")
 
@@ -191,6 +192,41 @@ class NftPolicyProgrammer(PolicyDataplane[NftWanted]):
                      "%d destroyed%s", report.chains_written, report.chains_removed, report.sets_changed,
                      report.sets_destroyed, ", base chain repaired" if report.jump_repaired else "")
         return report
+
+    def apply_pod(self, wanted: NftWanted, added: PodAdded, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> tuple[NftWanted, ApplyReport] | None:
+        """One new pod in one small transaction: its chains, its address added to the sets it
+        joined, its map entries and its KNOWN entry (one batch: nothing is opened in between)."""
+        held = self._applied
+        if held is None or held.known is None or set(held.maps) != {EGRESS_MAP, INGRESS_MAP}:
+            return None
+        new = render_nft_with_pod(wanted, added, settings=settings, interface_of=interface_of, family=self.family)
+        if new is None:
+            return None
+        touched = [name for name, spec in new.sets.items() if wanted.sets.get(name) is not spec]
+        chains = {name: rules for name, rules in new.chains.items() if name not in wanted.chains}
+        key_type = new.key_type
+        current = _Held(True, held.hook, held.base, {}, {name: held.sets[name] for name in touched if name in held.sets},
+                        {EGRESS_MAP: (key_type, {}), INGRESS_MAP: (key_type, {})}, {})
+        target = _Held(True, held.hook, held.base, {name: _rules(rules) for name, rules in chains.items()},
+                       {name: ((new.sets[name].type, new.sets[name].interval), new.sets[name].elements)
+                        for name in touched},
+                       {EGRESS_MAP: (key_type, {k: v for k, v in new.egress.items() if k not in wanted.egress}),
+                        INGRESS_MAP: (key_type, {k: v for k, v in new.ingress.items() if k not in wanted.ingress})},
+                       {ip: comment for ip, comment in new.known.items() if ip not in wanted.known})
+        batch = _Batch(self.family)
+        report = _write(batch, current, replace(new, chains=chains), target, rebuilt=False)
+        try:
+            self.nft.apply(batch.text())
+        except BaseException:
+            self._applied = None
+            raise
+        held.chains.update(target.chains)
+        held.sets.update(target.sets)
+        for name, (_, entries) in target.maps.items():
+            held.maps[name] = (key_type, {**held.maps[name][1], **entries})
+        held.known = {**held.known, **(target.known or {})}
+        return new, report
 
     def cleanup(self) -> list[str]:
         """Remove the policy table (everything of the policy engine in nft)."""

@@ -196,9 +196,20 @@ class _Planner:
                 namespaces = [name for name, labels in self.namespace_labels.items()
                               if (selector.matches(labels) if labels is not None else selector.is_empty)]
             found = tuple(pod for name in namespaces for pod in self.by_namespace.get(name, ())
-                          if (scope.pods.matches(pod.label_map) if pod.labels_known else scope.pods.is_empty))
+                          if _pod_matches(scope, pod))
             self._scope_pods[scope] = found
         return found
+
+    def in_scope(self, scope: PodScope, pod: PodInfo) -> bool:
+        """Whether `scope` means `pod` (scope_pods' rule, for one pod)."""
+        if scope.namespaces is None:
+            if pod.namespace != scope.own_namespace:
+                return False
+        else:
+            labels = self.namespace_labels.get(pod.namespace)
+            if not (scope.namespaces.matches(labels) if labels is not None else scope.namespaces.is_empty):
+                return False
+        return _pod_matches(scope, pod)
 
     def all_pods(self) -> Iterable[PodInfo]:
         return (pod for pods in self.by_namespace.values() for pod in pods)
@@ -308,6 +319,10 @@ class _Planner:
         return None if peer is None else self.peer_match(peer)
 
 
+def _pod_matches(scope: PodScope, pod: PodInfo) -> bool:
+    return scope.pods.matches(pod.label_map) if pod.labels_known else scope.pods.is_empty
+
+
 def _block_key(block: IpBlock | None) -> str:
     assert block is not None
     return f"ipBlock {block.cidr}" + (f" except {' '.join(block.excepts)}" if block.excepts else "")
@@ -335,18 +350,90 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
         for pod, direction, allows in contribution:
             selecting[(pod.key, direction)].append(policy.key)
             allowed[pod.key].setdefault(direction, []).extend(allows)
-    plans = []
-    for pod in local:
-        directions = allowed[pod.key]
-        assert pod.ip is not None
-        plans.append(PodPlan(pod.key, pod.ip,
-                             _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
-                             tuple(selecting[(pod.key, PolicyType.INGRESS)]),
-                             tuple(selecting[(pod.key, PolicyType.EGRESS)])))
+    plans = [_pod_plan(pod, allowed[pod.key], selecting) for pod in local]
     distinct = {allow for plan in plans for allows in (plan.ingress or (), plan.egress or ()) for allow in allows}
     used = {ref for allow in distinct for ref in set_refs(allow)}
     return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used},
                     tuple(problems))
+
+
+def _pod_plan(pod: PodInfo, directions: Mapping[PolicyType, list[Allow]],
+              selecting: Mapping[tuple[str, PolicyType], list[str]]) -> PodPlan:
+    assert pod.ip is not None
+    return PodPlan(pod.key, pod.ip,
+                   _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
+                   tuple(selecting.get((pod.key, PolicyType.INGRESS), ())),
+                   tuple(selecting.get((pod.key, PolicyType.EGRESS), ())))
+
+
+@dataclass(frozen=True)
+class PodAdded:
+    """`plan_with_pod`'s answer: the node's plan with one more pod, and what that pod changed."""
+    plan: NodePlan
+    pod: PodPlan
+    grown: Mapping[SetRef, frozenset[str]]     # sets that existed and gained the pod's address
+    new: Mapping[SetRef, frozenset[str]]       # sets the pod's own rules name that did not exist
+
+
+def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name: str) -> PodAdded | None:
+    """`previous` (the plan of `view` without pod `key`) with that new local pod added,
+    computing only what the pod changes: its own allows (the policies of its namespace, as
+    `plan_node` plans them) and its address in every pod set whose scope means it. None when
+    that is not the whole change (a problem plan, the address already someone's, a set whose
+    capacity would change, named-port sets the pod could join): the caller plans the node."""
+    pod = view.pods.get(key)
+    if (pod is None or pod.ip is None or pod.host_network or pod.node_name != node_name or previous.problems
+            or not pod.labels_known):
+        return None
+    if any(plan.key == key or plan.ip == pod.ip for plan in previous.pods):
+        return None
+    if any(other.ip == pod.ip and other.key != key and not other.host_network for other in view.pods.values()):
+        return None
+    if pod.ports and any(ref.kind is SetKind.NAMED for ref in previous.sets):
+        return None
+    planner = _Planner(view)
+    allowed: dict[PolicyType, list[Allow]] = {}
+    selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
+    scopes: dict[str, PodScope] = {}
+    for policy in sorted(view.policies.values(), key=lambda p: p.key):
+        for direction in (PolicyType.INGRESS, PolicyType.EGRESS):
+            for rule in policy.rules(direction):
+                for peer in rule.peers or ():
+                    if peer.scope is not None:
+                        scopes[peer.scope.key()] = peer.scope
+        if policy.namespace != pod.namespace:
+            continue
+        try:
+            contribution = _policy_allows(planner, policy, (pod,))
+        except Exception:
+            return None                 # plan_node reports it, isolating the namespace
+        for _, direction, allows in contribution:
+            selecting[(key, direction)].append(policy.key)
+            allowed.setdefault(direction, []).extend(allows)
+    plan = _pod_plan(pod, allowed, selecting)
+    sets = dict(previous.sets)
+    by_meaning = {(ref.kind, ref.key): ref for ref in sets}
+    grown: dict[SetRef, frozenset[str]] = {}
+    for ref, members in previous.sets.items():
+        if ref.kind is not SetKind.PODS:
+            continue
+        scope = scopes.get(ref.key)
+        if scope is None:
+            return None
+        if planner.in_scope(scope, pod):
+            grown[ref] = sets[ref] = members | {pod.ip}
+            if capacity_for(len(grown[ref])) != ref.capacity:
+                return None
+    new: dict[SetRef, frozenset[str]] = {}
+    for allow in (*(plan.ingress or ()), *(plan.egress or ())):
+        for ref in set_refs(allow):
+            held = by_meaning.get((ref.kind, ref.key))
+            if held is None:
+                new[ref] = sets[ref] = planner.sets[ref]
+            elif held != ref or sets[held] != planner.sets[ref]:
+                return None             # the pod sees the set otherwise than the plan does
+    pods = tuple(sorted((*previous.pods, plan), key=lambda p: p.key))
+    return PodAdded(NodePlan(pods, sets, ()), plan, grown, new)
 
 
 def _policy_allows(planner: _Planner, policy: NetworkPolicy,
