@@ -123,6 +123,8 @@ def main() -> int:
             engine.sync(SyncKind.FULL)
             results["full_sync_ms"] = ms(time.perf_counter() - started)
 
+            paths = {"incremental": 0, "full": 0}
+
             def bind(name: str, labels: dict, *, namespace: str = "ns-1") -> tuple[float, str]:
                 engine.pods.on_add(scheduled(namespace, name, labels))
                 engine.sync(SyncKind.PARTIAL)          # the Pod cached before the ADD, as scheduled
@@ -132,12 +134,14 @@ def main() -> int:
                                           container_id=name, deadline=time.monotonic() + 30)
                 took = time.perf_counter() - started
                 assert outcome.programmed, outcome
+                paths["incremental" if outcome.incremental else "full"] += 1
                 return took, address
 
             results["bind_ms"] = {
                 "open": summary([bind(f"new-open-{i}", {"app": "none"})[0] for i in range(args.adds)]),
                 "isolated": summary([bind(f"new-iso-{i}", {"app": "app-1", "role": "role-1"})[0]
                                      for i in range(args.adds)])}
+            results["bind_paths"] = dict(paths)
             _, address = bind("reported", {"app": "app-2"})
             engine.pods.on_update(scheduled("ns-1", "reported", {"app": "app-2"}),
                                   pod("ns-1", "reported", address, {"app": "app-2"}))
@@ -174,7 +178,8 @@ def main() -> int:
             outcome = engine.bind_pod("ns-7", "client", (f"{client.ip}/32",), host, container_id=client.container_id,
                                       deadline=time.monotonic() + 30)
             done = node.exec_in("client", [sys.executable, "-c", FIRST_CONNECT, server.ip], timeout=60)
-            results["first_packet"] = {"programmed_in_add": outcome.programmed, **json.loads(done.stdout)}
+            results["first_packet"] = {"programmed_in_add": outcome.programmed, "incremental": outcome.incremental,
+                                       **json.loads(done.stdout)}
             programmer.cleanup()
         finally:
             proc.kill()

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from netagent.infra.metrics import Counter, Gauge, Histogram, Registry, exponential_buckets
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
@@ -130,6 +130,7 @@ class PolicyEngine:
         self.bindings = PodBindings(observe=metrics.programming_seconds.observe if metrics else lambda s: None)
         self._sync_lock = threading.Lock()
         self._planned_bindings = -1          # bindings.version the last plan was made with
+        self._planned_view = self.view       # what it was made from (bound addresses laid over)
 
     def set_requester(self, request: Callable[[], None]) -> None:
         self._request = request
@@ -226,7 +227,7 @@ class PolicyEngine:
             return SyncResult.SUCCEEDED
         self._in_sync = False
         self._planned_bindings = version
-        view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
+        self._planned_view = view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
         self.plan = plan_node(view, node_name=self.settings.node_name)
         self.wanted = wanted = self.programmer.render(self.plan, settings=self.settings.render,
                                                       interface_of=self._interface)
@@ -269,13 +270,13 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()            # programmed by the runner once the caches list
             return self._closed(BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED))
-        if self._bind_incrementally(key, deadline):
-            return BindOutcome(True, None, 1)
+        if self._bind_incrementally(key, ip, deadline):
+            return BindOutcome(True, None, 1, incremental=True)
         outcome = self.bindings.wait(key, ip, target, deadline=deadline, sync_to=self._sync_to,
                                      cached=lambda k: k in self.view.pods)
         return self._closed(outcome) if not outcome.programmed else outcome
 
-    def _bind_incrementally(self, key: str, deadline: float) -> bool:
+    def _bind_incrementally(self, key: str, ip: str, deadline: float) -> bool:
         """The pod alone, when the engine holds the plan of everything else and nothing but this
         binding changed since: its chains, set memberships and KNOWN entry in one small write
         (`PolicyDataplane.apply_pod`), and the plan, wanted state and applied record as a full
@@ -287,7 +288,11 @@ class PolicyEngine:
             if (not self._in_sync or self.plan is None or self.wanted is None or version != self._planned_bindings + 1
                     or any(r.pending() for r in (self.policies, self.pods, self.namespaces))):
                 return False
-            view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
+            info = self._planned_view.pods.get(key)     # nothing drained since: the view planned, plus this pod
+            if info is None:
+                return False
+            planned = self._planned_view
+            view = ClusterView({**planned.pods, key: replace(info, ip=ip)}, planned.namespaces, planned.policies)
             added = plan_with_pod(view, self.plan, key, node_name=self.settings.node_name)
             if added is None:
                 return False
@@ -301,9 +306,9 @@ class PolicyEngine:
                 return False
             if done is None:
                 return False
-            self.plan, self._planned_bindings = added.plan, version
+            self.plan, self._planned_bindings, self._planned_view = added.plan, version, view
             self.wanted, self.last_report = done
-            self.bindings.synced(epoch, self.plan.pods, self.wanted.pending)
+            self.bindings.synced(epoch, None, added=added.pod)
             return True
         finally:
             self._sync_lock.release()

@@ -31,6 +31,7 @@ pods without an address are never set members and never programmed.
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import hashlib
@@ -171,20 +172,38 @@ class ClusterView:
 
 
 class _Planner:
-    def __init__(self, view: ClusterView) -> None:
+    def __init__(self, view: ClusterView, *, known: Mapping[SetRef, frozenset[str]] | None = None) -> None:
+        """`known`: sets whose members are already known for this view (`plan_with_pod`'s)."""
         self.view = view
-        self.by_namespace: dict[str, list[PodInfo]] = defaultdict(list)
-        for pod in view.pods.values():
-            if pod.ip is not None and not pod.host_network:
-                self.by_namespace[pod.namespace].append(pod)
-        self.namespace_labels: dict[str, dict[str, str] | None] = {
-            name: info.label_map if info.labels_known else None for name, info in view.namespaces.items()}
-        for name in self.by_namespace:
-            self.namespace_labels.setdefault(name, NamespaceInfo(name, ()).label_map)
+        self._known = {(ref.kind, ref.key): (ref, members) for ref, members in (known or {}).items()}
         self.sets: dict[SetRef, frozenset[str]] = {}
         self._refs: dict[tuple[SetKind, str], SetRef] = {}
         self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
         self._rule_allows: dict[tuple[int, PolicyType], list] = {}
+
+    @functools.cached_property
+    def by_namespace(self) -> dict[str, list[PodInfo]]:
+        """Pods with an address, by namespace (built when first needed: one pod's plan may not)."""
+        found: dict[str, list[PodInfo]] = defaultdict(list)
+        for pod in self.view.pods.values():
+            if pod.ip is not None and not pod.host_network:
+                found[pod.namespace].append(pod)
+        return found
+
+    @functools.cached_property
+    def namespace_labels(self) -> dict[str, dict[str, str] | None]:
+        """Each namespace's labels (None: unknown); a namespace not cached has only its name label."""
+        labels: dict[str, dict[str, str] | None] = {
+            name: info.label_map if info.labels_known else None for name, info in self.view.namespaces.items()}
+        for name in self.by_namespace:
+            labels.setdefault(name, NamespaceInfo(name, ()).label_map)
+        return labels
+
+    def labels_of_namespace(self, name: str) -> dict[str, str] | None:
+        info = self.view.namespaces.get(name)
+        if info is None:
+            return NamespaceInfo(name, ()).label_map
+        return info.label_map if info.labels_known else None
 
     def scope_pods(self, scope: PodScope) -> tuple[PodInfo, ...]:
         found = self._scope_pods.get(scope)
@@ -206,7 +225,7 @@ class _Planner:
             if pod.namespace != scope.own_namespace:
                 return False
         else:
-            labels = self.namespace_labels.get(pod.namespace)
+            labels = self.labels_of_namespace(pod.namespace)
             if not (scope.namespaces.matches(labels) if labels is not None else scope.namespaces.is_empty):
                 return False
         return _pod_matches(scope, pod)
@@ -217,7 +236,10 @@ class _Planner:
     def set_ref(self, kind: SetKind, key: str, members: Callable[[], Iterable[str]]) -> SetRef:
         """The set meaning `key`, its members computed once per plan."""
         ref = self._refs.get((kind, key))
-        if ref is None:
+        if ref is None and (kind, key) in self._known:
+            ref, self.sets[ref] = self._known[(kind, key)]
+            self._refs[(kind, key)] = ref
+        elif ref is None:
             found = frozenset(members())
             ref = self._refs[(kind, key)] = SetRef(kind, key, capacity_for(len(found)))
             self.sets[ref] = found
@@ -385,34 +407,17 @@ def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name:
     if (pod is None or pod.ip is None or pod.host_network or pod.node_name != node_name or previous.problems
             or not pod.labels_known):
         return None
-    if any(plan.key == key or plan.ip == pod.ip for plan in previous.pods):
+    at = bisect.bisect_left(previous.pods, key, key=lambda p: p.key)
+    if at < len(previous.pods) and previous.pods[at].key == key:
         return None
-    if any(other.ip == pod.ip and other.key != key and not other.host_network for other in view.pods.values()):
+    ip = pod.ip         # the plan's pods are the view's: an address someone else holds is in the view
+    if any(other.ip == ip and other is not pod and not other.host_network for other in view.pods.values()):
         return None
     if pod.ports and any(ref.kind is SetKind.NAMED for ref in previous.sets):
         return None
+    scopes = {scope.key(): scope for policy in view.policies.values() for scope in policy.scopes}
     planner = _Planner(view)
-    allowed: dict[PolicyType, list[Allow]] = {}
-    selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
-    scopes: dict[str, PodScope] = {}
-    for policy in sorted(view.policies.values(), key=lambda p: p.key):
-        for direction in (PolicyType.INGRESS, PolicyType.EGRESS):
-            for rule in policy.rules(direction):
-                for peer in rule.peers or ():
-                    if peer.scope is not None:
-                        scopes[peer.scope.key()] = peer.scope
-        if policy.namespace != pod.namespace:
-            continue
-        try:
-            contribution = _policy_allows(planner, policy, (pod,))
-        except Exception:
-            return None                 # plan_node reports it, isolating the namespace
-        for _, direction, allows in contribution:
-            selecting[(key, direction)].append(policy.key)
-            allowed.setdefault(direction, []).extend(allows)
-    plan = _pod_plan(pod, allowed, selecting)
     sets = dict(previous.sets)
-    by_meaning = {(ref.kind, ref.key): ref for ref in sets}
     grown: dict[SetRef, frozenset[str]] = {}
     for ref, members in previous.sets.items():
         if ref.kind is not SetKind.PODS:
@@ -424,15 +429,22 @@ def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name:
             grown[ref] = sets[ref] = members | {pod.ip}
             if capacity_for(len(grown[ref])) != ref.capacity:
                 return None
-    new: dict[SetRef, frozenset[str]] = {}
-    for allow in (*(plan.ingress or ()), *(plan.egress or ())):
-        for ref in set_refs(allow):
-            held = by_meaning.get((ref.kind, ref.key))
-            if held is None:
-                new[ref] = sets[ref] = planner.sets[ref]
-            elif held != ref or sets[held] != planner.sets[ref]:
-                return None             # the pod sees the set otherwise than the plan does
-    pods = tuple(sorted((*previous.pods, plan), key=lambda p: p.key))
+    planner = _Planner(view, known=sets)        # the pod's rules name these as they now are
+    allowed: dict[PolicyType, list[Allow]] = {}
+    selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
+    for policy in sorted((p for p in view.policies.values() if p.namespace == pod.namespace), key=lambda p: p.key):
+        try:
+            contribution = _policy_allows(planner, policy, (pod,))
+        except Exception:
+            return None                 # plan_node reports it, isolating the namespace
+        for _, direction, allows in contribution:
+            selecting[(key, direction)].append(policy.key)
+            allowed.setdefault(direction, []).extend(allows)
+    plan = _pod_plan(pod, allowed, selecting)
+    new = {ref: planner.sets[ref] for allow in (*(plan.ingress or ()), *(plan.egress or ()))
+           for ref in set_refs(allow) if ref not in sets}
+    sets.update(new)
+    pods = (*previous.pods[:at], plan, *previous.pods[at:])
     return PodAdded(NodePlan(pods, sets, ()), plan, grown, new)
 
 
