@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 if TYPE_CHECKING:
     from netagent.policy.readback import KernelPolicy
     from netagent.policy.render import RenderSettings
-    from netagent.policy.semantics import NodePlan, PodAdded, PodPlan
+    from netagent.policy.pod_plan import PodAdded, PodRemoved
+from netagent.policy.semantics import NodePlan, PodPlan
 
 
 class Rendered(Protocol):
@@ -68,6 +69,10 @@ class PolicyDataplane(abc.ABC, Generic[W]):
         `added.pod`, written as exactly that difference, and the new state, equal to what
         `render(added.plan)` gives, so the next apply writes nothing. None when it does not
         apply (nothing written: the caller takes the full path); raises as `apply` does."""
+        return None
+
+    def remove_pod(self, wanted: W, removed: PodRemoved, *, settings: RenderSettings) -> tuple[W, ApplyReport] | None:
+        """`apply_pod`'s reverse, for a DEL: `wanted` without `removed.pod`, written as exactly that."""
         return None
 
     @abc.abstractmethod

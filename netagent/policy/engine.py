@@ -49,7 +49,8 @@ from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, P
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, first_ipv4, pod_key
 from netagent.policy.render import RenderSettings
-from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node, plan_with_pod
+from netagent.policy.pod_plan import PodAdded, PodRemoved, plan_with_pod, plan_without_pod
+from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
 
 log = logging.getLogger("netagent.policy")
 
@@ -270,17 +271,18 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()            # programmed by the runner once the caches list
             return self._closed(BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED))
-        if self._bind_incrementally(key, ip, deadline):
+        if self._one_pod(key, ip, deadline):
             return BindOutcome(True, None, 1, incremental=True)
         outcome = self.bindings.wait(key, ip, target, deadline=deadline, sync_to=self._sync_to,
                                      cached=lambda k: k in self.view.pods)
         return self._closed(outcome) if not outcome.programmed else outcome
 
-    def _bind_incrementally(self, key: str, ip: str, deadline: float) -> bool:
-        """The pod alone, when the engine holds the plan of everything else and nothing but this
-        binding changed since: its chains, set memberships and KNOWN entry in one small write
-        (`PolicyDataplane.apply_pod`), and the plan, wanted state and applied record as a full
-        sync would leave them. False (nothing written) when that does not apply."""
+    def _one_pod(self, key: str, ip: str | None, deadline: float) -> bool:
+        """The pod alone (`ip`: bound by an ADD; None: released by a DEL), when the engine holds
+        the plan of everything else and nothing but this binding changed since: its chains, set
+        memberships and KNOWN entry in one small write (`PolicyDataplane.apply_pod` /
+        `remove_pod`), and the plan, wanted state and applied record as a full sync would leave
+        them. False (nothing written) when that does not apply: the caller takes the full path."""
         if not self._sync_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False
         try:
@@ -288,27 +290,35 @@ class PolicyEngine:
             if (not self._in_sync or self.plan is None or self.wanted is None or version != self._planned_bindings + 1
                     or any(r.pending() for r in (self.policies, self.pods, self.namespaces))):
                 return False
-            info = self._planned_view.pods.get(key)     # nothing drained since: the view planned, plus this pod
-            if info is None:
+            planned = self._planned_view          # nothing drained since: the view planned, but this pod
+            info, reported = planned.pods.get(key), self.view.pods.get(key)
+            if info is None or reported is None:
                 return False
-            planned = self._planned_view
             view = ClusterView({**planned.pods, key: replace(info, ip=ip)}, planned.namespaces, planned.policies)
-            added = plan_with_pod(view, self.plan, key, node_name=self.settings.node_name)
-            if added is None:
-                return False
+            node, render = self.settings.node_name, self.settings.render
+            change: PodAdded | PodRemoved | None
+            done: tuple[Rendered, ApplyReport] | None = None
             try:
-                done = self.programmer.apply_pod(self.wanted, added, settings=self.settings.render,
-                                                 interface_of=self._interface)
+                if ip is not None:
+                    change = plan_with_pod(view, self.plan, key, node_name=node)
+                    if change is not None:
+                        done = self.programmer.apply_pod(self.wanted, change, settings=render,
+                                                         interface_of=self._interface)
+                else:
+                    change = plan_without_pod(view, self.plan, key) if reported.ip in (None, info.ip) else None
+                    if change is not None:
+                        done = self.programmer.remove_pod(self.wanted, change, settings=render)
             except Exception:
-                log.exception("network policy: programming a new pod alone failed; a full sync follows")
+                log.exception("network policy: programming one pod alone failed; a full sync follows")
                 self._in_sync = False
                 self._request()
                 return False
-            if done is None:
+            if change is None or done is None:
                 return False
-            self.plan, self._planned_bindings, self._planned_view = added.plan, version, view
+            self.plan, self._planned_bindings, self._planned_view = change.plan, version, view
             self.wanted, self.last_report = done
-            self.bindings.synced(epoch, None, added=added.pod)
+            self.bindings.synced(epoch, None, added=change.pod if ip is not None else None,
+                                 gone=key if ip is None else None)
             return True
         finally:
             self._sync_lock.release()
@@ -322,6 +332,8 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()
             return BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED)
+        if key is not None and self._one_pod(key, None, deadline):
+            return BindOutcome(True, None, 1, incremental=True)
         try:
             return BindOutcome(True, None, self._sync_to(target, deadline))
         except TimeoutError:

@@ -173,11 +173,13 @@ class PodBindings:
         return binding.interface if binding is not None and binding.ip == plan.ip else None
 
     def synced(self, epoch: int, plans: Iterable[PodPlan] | None, pending: Iterable[str] = (), *,
-               added: PodPlan | None = None) -> None:
+               added: PodPlan | None = None, gone: str | None = None) -> None:
         """A sync that started at `epoch` succeeded; `plans` what it programmed (None: unchanged),
-        `added` one pod programmed on top of that (the incremental path)."""
+        `added` one pod programmed on top of that, `gone` one removed (the incremental path)."""
         now = self.clock()
         with self._cond:
+            if gone is not None:
+                self._programmed.pop(gone, None)
             if added is not None:
                 self._programmed[added.key] = added.ip
             if plans is not None:

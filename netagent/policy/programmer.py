@@ -43,8 +43,10 @@ from netagent.policy.render import (
     render_chains,
     render_wanted,
     render_wanted_with_pod,
+    render_wanted_without_pod,
 )
-from netagent.policy.semantics import NodePlan, PodAdded, PodPlan
+from netagent.policy.pod_plan import PodAdded, PodRemoved
+from netagent.policy.semantics import NodePlan, PodPlan
 
 log = logging.getLogger("netagent.policy")
 KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local pods already programmed")
@@ -160,43 +162,63 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
 
     def apply_pod(self, wanted: WantedState, added: PodAdded, *, settings: RenderSettings,
                   interface_of: Callable[[PodPlan], str | None]) -> tuple[WantedState, ApplyReport] | None:
-        """One new pod, in the write order of `apply`: its address into the sets it joined and
-        the sets its rules need created (one `ipset restore`), its chains, hooks and directory
-        entry (one `iptables-restore --noflush`), then KNOWN (one `ipset restore`)."""
-        applied = self._applied
-        if applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
+        if self._applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
             return None
         new = render_wanted_with_pod(wanted, added, settings=settings, interface_of=interface_of)
-        if new is None:
+        return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
+
+    def remove_pod(self, wanted: WantedState, removed: PodRemoved, *,
+                   settings: RenderSettings) -> tuple[WantedState, ApplyReport] | None:
+        if self._applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
             return None
+        new = render_wanted_without_pod(wanted, removed, settings=settings)
+        return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
+
+    def _apply_delta(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
+        """`apply`'s writes, in its order, for what differs between `wanted` (last applied) and
+        `new`, found by identity (the one-pod renders share every unchanged value): sets and
+        KNOWN's departures (one `ipset restore`), changed and removed chains (one
+        `iptables-restore --noflush`), KNOWN's arrivals, then sets no longer named destroyed."""
         try:
-            return new, self._apply_pod(applied, wanted, new)
+            return self._write_delta(applied, wanted, new)
         except BaseException:
             self._applied = None
             raise
 
-    def _apply_pod(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
-        grown = {spec: members - wanted.sets[spec] for spec, members in new.sets.items()
-                 if spec in wanted.sets and members is not wanted.sets[spec]}
-        created = {spec: members for spec, members in new.sets.items() if spec not in wanted.sets}
-        # what the kernel holds as far as this write goes: the grown sets exist, their other members aside
-        nothing = {spec.name: SetContents(spec.name, spec.type, "inet", frozenset()) for spec in grown}
-        if grown or created:
-            sync_sets(self.ipset, {**grown, **created}, current=nothing)
+    def _write_delta(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
+        touched = [spec for spec, members in new.sets.items() if wanted.sets.get(spec) is not members]
+        doomed = [spec for spec in wanted.sets if spec not in new.sets]
+        # the delta as sync_sets sees it: a set holding what leaves, asked to hold what arrives
+        first = {spec: new.sets[spec] - wanted.sets.get(spec, frozenset()) for spec in touched}
+        held = {spec.name: SetContents(spec.name, spec.type, "inet", wanted.sets[spec] - new.sets[spec])
+                for spec in touched if spec in wanted.sets}
+        left = wanted.known - new.known
+        if left:
+            first[KNOWN_SPEC] = frozenset()
+            held[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet", left)
+        if first:
+            sync_sets(self.ipset, first, current=held)
         changed = {name: rules for name, rules in new.chains.items() if wanted.chains.get(name) is not rules}
-        if changed:
-            self.iptables.restore(render_chains(changed).text())
+        stale = [name for name in wanted.chains if name not in new.chains]
+        if changed or stale:
+            self.iptables.restore(render_chains(changed, remove=stale).text())
         joined = new.known - wanted.known
         if joined:
             sync_sets(self.ipset, {KNOWN_SPEC: joined},
                       current={owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP,
                                                                     "inet", frozenset())})
+        for spec in doomed:
+            self.ipset.destroy(spec.name)
         applied.chains.update(changed)
-        for spec in (*grown, *created):
+        for name in stale:
+            del applied.chains[name]
+        for spec in touched:
             applied.sets[spec.name] = SetContents(spec.name, spec.type, "inet", frozenset(new.sets[spec]))
+        for spec in doomed:
+            del applied.sets[spec.name]
         applied.sets[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet",
                                                            new.known)
-        return ApplyReport(len(changed), 0, len(grown) + len(created) + bool(joined), 0, False)
+        return ApplyReport(len(changed), len(stale), len(touched) + bool(left or joined), len(doomed), False)
 
     def cleanup(self) -> list[str]:
         """Remove every chain and set of the policy engine (and the FORWARD jump)."""

@@ -62,11 +62,11 @@ from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
+from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import (
     Allow,
     CidrMatch,
     NodePlan,
-    PodAdded,
     PodPlan,
     PortMatch,
     SetKind,
@@ -338,11 +338,55 @@ def render_wanted_with_pod(previous: WantedState, added: PodAdded, *, settings: 
         assert bucket is not None
         chains[bucket] = tuple(sorted((*chains.get(bucket, ()), rule)))
     if fresh:
-        buckets = [name for name in chains if _is_bucket(name)]
-        head = previous.chains[owned.POLICY_CHAIN]
-        loose = [rule for rule in head[1 + 2 * len(settings.local_cidrs):] if not _is_bucket(jump_target(rule) or "")]
-        chains.update(_heads(settings, loose, buckets))
+        _rehead(chains, previous, settings)
     return WantedState(chains, sets, previous.known | {pod.ip}, previous.pending, previous.refused)
+
+
+def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
+                              settings: RenderSettings) -> WantedState | None:
+    """`previous` without `removed.pod`: what `render_wanted(removed.plan)` gives (its chains,
+    hooks, directory entry, set memberships and KNOWN entry gone; buckets, directory chains and
+    sets left empty gone too). None when the pod is not there as rendered, or pods are pending."""
+    pod = removed.pod
+    if previous.refused or previous.pending or pod.ip not in previous.known:
+        return None
+    own = {pod_chain(prefix, pod.key) for allows, prefix in ((pod.egress, owned.POLICY_EGRESS_PREFIX),
+                                                             (pod.ingress, owned.POLICY_INGRESS_PREFIX))
+           if allows is not None}
+    if any(name not in previous.chains for name in own):
+        return None
+    chains = {name: rules for name, rules in previous.chains.items() if name not in own}
+    emptied = False
+    for name in [name for name in chains if own and _is_bucket(name)]:
+        kept = tuple(rule for rule in chains[name] if jump_target(rule) not in own)
+        if not kept:
+            del chains[name]
+            emptied = True
+        elif len(kept) != len(chains[name]):
+            chains[name] = kept
+    block, entry = _block_bucket("N", pod.ip), _directory_entry(pod)
+    if entry not in chains.get(block, ()):
+        return None
+    chains[block] = tuple(rule for rule in chains[block] if rule != entry)
+    if not chains[block]:
+        del chains[block]
+    if emptied:
+        _rehead(chains, previous, settings)
+    specs = {spec.name: spec for spec in previous.sets}
+    sets = {spec: members for spec, members in previous.sets.items()
+            if spec.name not in {ref.name for ref in removed.dropped}}
+    for ref in removed.shrunk:
+        spec = specs.get(ref.name)
+        if spec is not None and spec in sets:
+            sets[spec] = sets[spec] - {canonical_member(spec.type, pod.ip)}
+    return WantedState(chains, sets, previous.known - {pod.ip}, previous.pending, previous.refused)
+
+
+def _rehead(chains: dict[str, Rules], previous: WantedState, settings: RenderSettings) -> None:
+    """The hook chain(s) again, for the buckets `chains` now has (one came or went)."""
+    head = previous.chains[owned.POLICY_CHAIN]
+    loose = [rule for rule in head[1 + 2 * len(settings.local_cidrs):] if not _is_bucket(jump_target(rule) or "")]
+    chains.update(_heads(settings, loose, [name for name in chains if _is_bucket(name)]))
 
 
 def _is_bucket(name: str) -> bool:
@@ -397,8 +441,11 @@ def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
             hooks.append(_output_hook(pod, interface, settings, chain=chain, ingress=ingress))
     if refs & broken:
         raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
-    entry = canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
-    return chains, hooks, refs, entry
+    return chains, hooks, refs, _directory_entry(pod)
+
+
+def _directory_entry(pod: PodPlan) -> tuple[str, ...]:
+    return canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
 
 
 def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = (),

@@ -51,11 +51,11 @@ from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_chain
+from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import (
     Allow,
     CidrMatch,
     NodePlan,
-    PodAdded,
     PodPlan,
     PortMatch,
     SetKind,
@@ -313,6 +313,30 @@ def render_nft_with_pod(previous: NftWanted, added: PodAdded, *, settings: Rende
         (ingress if is_ingress else egress)[interface or pod.ip] = chain
     return replace(previous, chains={**previous.chains, **{name: rules for name, (rules, _) in pod_chains.items()}},
                    sets=sets, egress=egress, ingress=ingress, known={**previous.known, address: comment})
+
+
+def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWanted | None:
+    """`previous` without `removed.pod`: what `render_nft(removed.plan)` gives. None when the
+    pod is not there as rendered, or pods are pending or refused."""
+    pod = removed.pod
+    if previous.refused or previous.pending or pod.ip not in previous.known:
+        return None
+    own = {pod_chain(prefix, pod.key) for allows, prefix in ((pod.egress, owned.POLICY_EGRESS_PREFIX),
+                                                             (pod.ingress, owned.POLICY_INGRESS_PREFIX))
+           if allows is not None}
+    if any(name not in previous.chains for name in own):
+        return None
+    dropped = {ref.name for ref in removed.dropped}
+    sets = {name: spec for name, spec in previous.sets.items() if name not in dropped}
+    for ref in removed.shrunk:
+        if ref.name in sets:
+            sets[ref.name] = replace(sets[ref.name], elements=sets[ref.name].elements - {canonical_element(ref.kind, pod.ip)})
+    known = dict(previous.known)
+    del known[pod.ip]
+    return replace(previous, chains={name: rules for name, rules in previous.chains.items() if name not in own},
+                   sets=sets, egress={k: v for k, v in previous.egress.items() if v not in own} if own else previous.egress,
+                   ingress={k: v for k, v in previous.ingress.items() if v not in own} if own else previous.ingress,
+                   known=known)
 
 
 @functools.lru_cache(maxsize=16384)

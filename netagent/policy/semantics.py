@@ -31,7 +31,6 @@ pods without an address are never set members and never programmed.
 """
 from __future__ import annotations
 
-import bisect
 import enum
 import functools
 import hashlib
@@ -171,7 +170,7 @@ class ClusterView:
     policies: dict[str, NetworkPolicy] = field(default_factory=dict)
 
 
-class _Planner:
+class Planner:
     def __init__(self, view: ClusterView, *, known: Mapping[SetRef, frozenset[str]] | None = None) -> None:
         """`known`: sets whose members are already known for this view (`plan_with_pod`'s)."""
         self.view = view
@@ -352,7 +351,7 @@ def _block_key(block: IpBlock | None) -> str:
 
 def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
     """The plan for every pod of `node_name` that has an address (isolated or not)."""
-    planner = _Planner(view)
+    planner = Planner(view)
     local = sorted((pod for pod in planner.all_pods() if pod.node_name == node_name), key=lambda p: p.key)
     allowed: dict[str, dict[PolicyType, list[Allow]]] = {pod.key: {} for pod in local}
     selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
@@ -363,7 +362,7 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
     for policy in sorted(view.policies.values(), key=lambda p: p.key):
         candidates = local_by_namespace.get(policy.namespace, ())
         try:
-            contribution = _policy_allows(planner, policy, candidates)
+            contribution = policy_allows(planner, policy, candidates)
         except Exception as error:    # the guard: this policy isolates its namespace, allowing nothing
             problems.append(f"NetworkPolicy {policy.key}: cannot be planned ({type(error).__name__}: "
                             f"{str(error)[:120]}); it isolates every pod of {policy.namespace} both ways")
@@ -372,14 +371,14 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
         for pod, direction, allows in contribution:
             selecting[(pod.key, direction)].append(policy.key)
             allowed[pod.key].setdefault(direction, []).extend(allows)
-    plans = [_pod_plan(pod, allowed[pod.key], selecting) for pod in local]
+    plans = [pod_plan_of(pod, allowed[pod.key], selecting) for pod in local]
     distinct = {allow for plan in plans for allows in (plan.ingress or (), plan.egress or ()) for allow in allows}
     used = {ref for allow in distinct for ref in set_refs(allow)}
     return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used},
                     tuple(problems))
 
 
-def _pod_plan(pod: PodInfo, directions: Mapping[PolicyType, list[Allow]],
+def pod_plan_of(pod: PodInfo, directions: Mapping[PolicyType, list[Allow]],
               selecting: Mapping[tuple[str, PolicyType], list[str]]) -> PodPlan:
     assert pod.ip is not None
     return PodPlan(pod.key, pod.ip,
@@ -388,67 +387,7 @@ def _pod_plan(pod: PodInfo, directions: Mapping[PolicyType, list[Allow]],
                    tuple(selecting.get((pod.key, PolicyType.EGRESS), ())))
 
 
-@dataclass(frozen=True)
-class PodAdded:
-    """`plan_with_pod`'s answer: the node's plan with one more pod, and what that pod changed."""
-    plan: NodePlan
-    pod: PodPlan
-    grown: Mapping[SetRef, frozenset[str]]     # sets that existed and gained the pod's address
-    new: Mapping[SetRef, frozenset[str]]       # sets the pod's own rules name that did not exist
-
-
-def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name: str) -> PodAdded | None:
-    """`previous` (the plan of `view` without pod `key`) with that new local pod added,
-    computing only what the pod changes: its own allows (the policies of its namespace, as
-    `plan_node` plans them) and its address in every pod set whose scope means it. None when
-    that is not the whole change (a problem plan, the address already someone's, a set whose
-    capacity would change, named-port sets the pod could join): the caller plans the node."""
-    pod = view.pods.get(key)
-    if (pod is None or pod.ip is None or pod.host_network or pod.node_name != node_name or previous.problems
-            or not pod.labels_known):
-        return None
-    at = bisect.bisect_left(previous.pods, key, key=lambda p: p.key)
-    if at < len(previous.pods) and previous.pods[at].key == key:
-        return None
-    ip = pod.ip         # the plan's pods are the view's: an address someone else holds is in the view
-    if any(other.ip == ip and other is not pod and not other.host_network for other in view.pods.values()):
-        return None
-    if pod.ports and any(ref.kind is SetKind.NAMED for ref in previous.sets):
-        return None
-    scopes = {scope.key(): scope for policy in view.policies.values() for scope in policy.scopes}
-    planner = _Planner(view)
-    sets = dict(previous.sets)
-    grown: dict[SetRef, frozenset[str]] = {}
-    for ref, members in previous.sets.items():
-        if ref.kind is not SetKind.PODS:
-            continue
-        scope = scopes.get(ref.key)
-        if scope is None:
-            return None
-        if planner.in_scope(scope, pod):
-            grown[ref] = sets[ref] = members | {pod.ip}
-            if capacity_for(len(grown[ref])) != ref.capacity:
-                return None
-    planner = _Planner(view, known=sets)        # the pod's rules name these as they now are
-    allowed: dict[PolicyType, list[Allow]] = {}
-    selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
-    for policy in sorted((p for p in view.policies.values() if p.namespace == pod.namespace), key=lambda p: p.key):
-        try:
-            contribution = _policy_allows(planner, policy, (pod,))
-        except Exception:
-            return None                 # plan_node reports it, isolating the namespace
-        for _, direction, allows in contribution:
-            selecting[(key, direction)].append(policy.key)
-            allowed.setdefault(direction, []).extend(allows)
-    plan = _pod_plan(pod, allowed, selecting)
-    new = {ref: planner.sets[ref] for allow in (*(plan.ingress or ()), *(plan.egress or ()))
-           for ref in set_refs(allow) if ref not in sets}
-    sets.update(new)
-    pods = (*previous.pods[:at], plan, *previous.pods[at:])
-    return PodAdded(NodePlan(pods, sets, ()), plan, grown, new)
-
-
-def _policy_allows(planner: _Planner, policy: NetworkPolicy,
+def policy_allows(planner: Planner, policy: NetworkPolicy,
                    candidates: Iterable[PodInfo]) -> list[tuple[PodInfo, PolicyType, list[Allow]]]:
     """(pod, direction, allows) for each local pod the policy isolates. A pod whose labels are
     unknown is isolated whatever the selector, but allowed only what a policy certain to

@@ -1,7 +1,7 @@
 """The one-pod path on the real kernel (`PolicyEngine.bind_pod` -> `PolicyDataplane.apply_pod`),
 both dataplanes: a node namespace with real pods wired by our CNI plugin (routed mode), the
 policy engine in this process writing the node's iptables/ipset or its `ip netagent-policy`
-table. A pod bound by its ADD is programmed alone, in the writes counted here (nft: one batch;
+table. A pod bound by its ADD (and released by its DEL) is programmed alone, in the writes counted here (nft: one batch;
 iptables: one iptables-restore, its sets, KNOWN), connects to the server that allows it on the
 first SYN (no SYN retransmitted), a pod the policy does not allow is dropped, and then a full
 sync, the kubelet's report and a node programmed from scratch agree: nothing more is written
@@ -162,6 +162,16 @@ def test_a_pod_bound_alone_connects_at_once_and_nothing_more_is_written(make_nod
         engine.sync(SyncKind.FULL)
         assert first.writes() == after_bind and engine.last_report is not None and not engine.last_report.wrote
         incremental = first.state()
+
+        before = first.writes()                           # the DEL: the client alone, out again
+        outcome = engine.unbind_pod("x", "client", container_id=client.container_id, deadline=time.monotonic() + 60)
+        assert outcome.programmed and outcome.incremental
+        written = tuple(after - was for after, was in zip(first.writes(), before))
+        assert written == ((1,) if dataplane == "nft" else (1, 1))     # iptables: KNOWN and the set, then chains
+        after_unbind = first.writes()
+        engine.sync(SyncKind.FULL)
+        assert first.writes() == after_unbind
+        assert connect(node, "client", server.ip, 2)[0] == "failed TimeoutError"    # closed: not in KNOWN
     finally:
         first.close()
         proc.kill()

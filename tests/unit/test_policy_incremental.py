@@ -175,3 +175,27 @@ def test_a_new_pod_takes_the_incremental_path_in_one_write(dataplane, monkeypatc
     after = node.writes()
     node.engine.sync(SyncKind.FULL)
     assert node.writes() == after
+
+
+@pytest.mark.parametrize("dataplane", ["nft", "iptables"])
+@pytest.mark.parametrize("mode", [PodAttachment.BRIDGE, PodAttachment.ROUTED])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=clusters(), reported=st.booleans())
+def test_incremental_unbind_equals_the_pod_never_there(dataplane, mode, cluster, reported):
+    new_ip = "10.0.0.200"
+    ns, labels = cluster["new"]
+    node = Node(dataplane, mode)
+    node.load(_copy(cluster), new_pod_ip=None)
+    assert node.bind(ns, new_ip).incremental
+    if reported:                                    # the kubelet reported the address before the DEL
+        node.engine.pods.on_update(pod(ns, "new", None, labels, phase="Pending"), pod(ns, "new", new_ip, labels))
+        node.engine.sync(SyncKind.PARTIAL)
+    outcome = node.engine.unbind_pod(ns, "new", container_id="c-new", deadline=time.monotonic() + LONG)
+    assert outcome.programmed and outcome.incremental
+    never = Node(dataplane, mode)
+    never.load(_copy(cluster), new_pod_ip=None)
+    assert node.kernel() == never.kernel()
+    writes = node.writes()
+    node.engine.sync(SyncKind.PARTIAL)
+    node.engine.sync(SyncKind.FULL)
+    assert node.writes() == writes
