@@ -109,6 +109,21 @@ def pod_chain(prefix: str, pod_key: str) -> str:
     return prefix + hashlib.sha256(pod_key.encode("utf-8", "surrogatepass")).hexdigest()[:15]
 
 
+def pod_directions(pod: PodPlan) -> tuple[list[tuple[tuple[Allow, ...], str, bool]], set[SetRef]]:
+    """(allows, chain name, ingress?) per direction the pod is isolated in (egress first), and
+    the sets those allows use: what either dataplane's renderer turns into the pod's chains."""
+    directions = []
+    refs: set[SetRef] = set()
+    for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
+                                    (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
+        if allows is None:
+            continue
+        for allow in allows:
+            refs.update(set_refs(allow))
+        directions.append((allows, pod_chain(prefix, pod.key), ingress))
+    return directions, refs
+
+
 def _rule(*match: str, comment: str, target: str) -> tuple[str, ...]:
     return canonical_spec([*match, "-m", "comment", "--comment", comment[:250], "-j", target])
 
@@ -350,9 +365,7 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
     pod = removed.pod
     if previous.refused or previous.pending or pod.ip not in previous.known:
         return None
-    own = {pod_chain(prefix, pod.key) for allows, prefix in ((pod.egress, owned.POLICY_EGRESS_PREFIX),
-                                                             (pod.ingress, owned.POLICY_INGRESS_PREFIX))
-           if allows is not None}
+    own = {chain for _, chain, _ in pod_directions(pod)[0]}
     if any(name not in previous.chains for name in own):
         return None
     chains = {name: rules for name, rules in previous.chains.items() if name not in own}
@@ -427,14 +440,8 @@ def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
     ipaddress.IPv4Address(pod.ip)
     chains: dict[str, Rules] = {}
     hooks: list[tuple[str | None, tuple[str, ...]]] = []
-    refs: set[SetRef] = set()
-    for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
-                                    (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
-        if allows is None:
-            continue
-        for allow in allows:
-            refs.update(set_refs(allow))
-        chain = pod_chain(prefix, pod.key)
+    directions, refs = pod_directions(pod)
+    for allows, chain, ingress in directions:
         chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
         hooks.extend(_hooks(pod, interface, settings, chain=chain, ingress=ingress))
         if settings.ipvs:

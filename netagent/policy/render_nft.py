@@ -50,18 +50,9 @@ from dataclasses import dataclass, field, replace
 from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_chain
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.semantics import (
-    Allow,
-    CidrMatch,
-    NodePlan,
-    PodPlan,
-    PortMatch,
-    SetKind,
-    SetRef,
-    set_refs,
-)
+from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions
+from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
 
 TABLE = owned.NFT_POLICY_TABLE
 BASE_CHAIN = owned.POLICY_CHAIN
@@ -321,9 +312,7 @@ def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWante
     pod = removed.pod
     if previous.refused or previous.pending or pod.ip not in previous.known:
         return None
-    own = {pod_chain(prefix, pod.key) for allows, prefix in ((pod.egress, owned.POLICY_EGRESS_PREFIX),
-                                                             (pod.ingress, owned.POLICY_INGRESS_PREFIX))
-           if allows is not None}
+    own = {chain for _, chain, _ in pod_directions(pod)[0]}
     if any(name not in previous.chains for name in own):
         return None
     dropped = {ref.name for ref in removed.dropped}
@@ -359,16 +348,9 @@ def _render_pod(pod: PodPlan, interface: str, family: Family, broken: frozenset[
     if interface and not INTERFACE_NAME.match(interface):
         raise ValueError(f"host interface {interface[:40]!r} is not an interface name")
     address = str(ipaddress.ip_address(pod.ip))
-    chains: dict[str, tuple[tuple[NftRule, ...], bool]] = {}
-    refs: set[SetRef] = set()
-    for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
-                                    (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
-        if allows is None:
-            continue
-        for allow in allows:
-            refs.update(set_refs(allow))
-        chains[pod_chain(prefix, pod.key)] = (render_pod_chain(allows, pod=pod, ingress=ingress, family=family),
-                                              ingress)
+    directions, refs = pod_directions(pod)
+    chains = {chain: (render_pod_chain(allows, pod=pod, ingress=ingress, family=family), ingress)
+              for allows, chain, ingress in directions}
     if refs & broken:
         raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
     return chains, frozenset(refs), address, safe_text(pod.key)

@@ -179,6 +179,7 @@ class Planner:
         self._refs: dict[tuple[SetKind, str], SetRef] = {}
         self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
         self._rule_allows: dict[tuple[int, PolicyType], list] = {}
+        self._named_allows: dict[tuple[int, int], Allow] = {}
 
     @functools.cached_property
     def by_namespace(self) -> dict[str, list[PodInfo]]:
@@ -293,8 +294,13 @@ class Planner:
             peer_match, spec = item
             assert isinstance(spec.port, str)
             number = pod.named_port(spec.port, spec.protocol)
-            if number is not None:
-                found.append(Allow(origin, peer_match, PortMatch(spec.protocol, number, number)))
+            if number is not None:   # one instance per (item, number) and plan: pods naming the same number share it
+                named_key = (id(item), number)
+                allow = self._named_allows.get(named_key)
+                if allow is None:
+                    allow = self._named_allows[named_key] = Allow(origin, peer_match,
+                                                                  PortMatch(spec.protocol, number, number))
+                found.append(allow)
         return found
 
     def _shared_allows(self, rule: Rule, *, direction: PolicyType,
