@@ -365,8 +365,8 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
     pod = removed.pod
     if previous.refused or previous.pending or pod.ip not in previous.known:
         return None
-    own = {chain for _, chain, _ in pod_directions(pod)[0]}
-    if any(name not in previous.chains for name in own):
+    own = rendered_chains(pod, previous.chains)
+    if own is None:
         return None
     chains = {name: rules for name, rules in previous.chains.items() if name not in own}
     emptied = False
@@ -393,6 +393,12 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
         if spec is not None and spec in sets:
             sets[spec] = sets[spec] - {canonical_member(spec.type, pod.ip)}
     return WantedState(chains, sets, previous.known - {pod.ip}, previous.pending, previous.refused)
+
+
+def rendered_chains(pod: PodPlan, chains: Mapping[str, object]) -> set[str] | None:
+    """The names of `pod`'s chains when `chains` holds all of them (as rendered), else None."""
+    own = {chain for _, chain, _ in pod_directions(pod)[0]}
+    return own if all(name in chains for name in own) else None
 
 
 def _rehead(chains: dict[str, Rules], previous: WantedState, settings: RenderSettings) -> None:

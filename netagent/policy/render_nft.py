@@ -51,7 +51,7 @@ from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions
+from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, rendered_chains
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
 
 TABLE = owned.NFT_POLICY_TABLE
@@ -312,8 +312,8 @@ def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWante
     pod = removed.pod
     if previous.refused or previous.pending or pod.ip not in previous.known:
         return None
-    own = {chain for _, chain, _ in pod_directions(pod)[0]}
-    if any(name not in previous.chains for name in own):
+    own = rendered_chains(pod, previous.chains)
+    if own is None:
         return None
     dropped = {ref.name for ref in removed.dropped}
     sets = {name: spec for name, spec in previous.sets.items() if name not in dropped}

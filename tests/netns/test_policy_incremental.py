@@ -27,16 +27,10 @@ from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.programmer_nft import NftPolicyProgrammer, _read
 from netagent.policy.render import RenderSettings
 from netagent.policy.render_nft import IPV4, TABLE
+from tests.netns.policy_lab import SERVER
 from tests.unit.policy_objects import namespace, pod, policy
 
 SUBNET = "10.244.1.0/24"
-SERVER = r"""
-import socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 80)); s.listen(64); print("ready", flush=True)
-while True:
-    c, _ = s.accept(); c.close()
-"""
 CONNECT = r"""
 import socket, sys
 s = socket.socket(); s.settimeout(float(sys.argv[2]))
@@ -130,7 +124,7 @@ def test_a_pod_bound_alone_connects_at_once_and_nothing_more_is_written(make_nod
     node.exec_in("node", ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
     server, denied = node.add_pod("server"), node.add_pod("denied")
     veths = {server.ip: host_veth(server), denied.ip: host_veth(denied)}
-    proc = subprocess.Popen([*namespaces.exec_prefix(server.netns_name), sys.executable, "-c", SERVER],
+    proc = subprocess.Popen([*namespaces.exec_prefix(server.netns_name), sys.executable, "-c", SERVER, "80"],
                             stdout=subprocess.PIPE, text=True)
     first = Dataplane(dataplane, node.node)
     try:
