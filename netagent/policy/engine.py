@@ -242,10 +242,7 @@ class PolicyEngine:
         self.bindings.synced(epoch, self.plan.pods, self.wanted.pending)
         if self.metrics is not None:
             self.metrics.sync_seconds.labels(kind=kind.value).observe(time.monotonic() - started)
-            isolated = sum(1 for pod in self.plan.pods if pod.isolated)
-            self.metrics.pods.labels(state="isolated").set(isolated)
-            self.metrics.pods.labels(state="open").set(len(self.plan.pods) - isolated)
-            self.metrics.pods.labels(state="pending").set(len(self.wanted.pending))
+        self._count_pods()
         if self.wanted.pending:
             # Not a failure: a failing runner turns /healthz red and the kubelet would restart the
             # agent over a pod it cannot program (one another plugin wired, a stale Pod object).
@@ -254,6 +251,14 @@ class PolicyEngine:
                         ", ".join(self.wanted.pending))
         return SyncResult.SUCCEEDED
 
+
+    def _count_pods(self) -> None:
+        if self.metrics is None or self.plan is None or self.wanted is None:
+            return
+        isolated = sum(1 for pod in self.plan.pods if pod.isolated)
+        self.metrics.pods.labels(state="isolated").set(isolated)
+        self.metrics.pods.labels(state="open").set(len(self.plan.pods) - isolated)
+        self.metrics.pods.labels(state="pending").set(len(self.wanted.pending))
 
     def _interface(self, plan: PodPlan) -> str | None:
         return self.bindings.interface(plan) or self.interface_of(plan)
@@ -317,6 +322,7 @@ class PolicyEngine:
                 return False
             self.plan, self._planned_bindings, self._planned_view = change.plan, version, view
             self.wanted, self.last_report = done
+            self._count_pods()
             self.bindings.synced(epoch, None, added=change.pod if ip is not None else None,
                                  gone=key if ip is None else None)
             return True

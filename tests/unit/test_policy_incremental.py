@@ -3,9 +3,10 @@ against the stateful fakes of both dataplanes.
 
 The property: for a random cluster (namespaces, local and remote pods, labels, policies) and a
 new local pod bound by its ADD, the kernel after the incremental bind equals the kernel of a
-node that had the pod from the start, and a full sync afterwards writes nothing. The examples
-that cannot take the incremental path (a set outgrowing its capacity...) still hold the
-property through the full path; `test_*_takes_the_incremental_path` shows the path is taken.
+node that had the pod from the start, and a full sync afterwards writes nothing; a DEL's
+unbind equals the pod never there. These clusters (no named ports, no shared addresses, sets
+far from their capacity) always take the one-pod path, which the tests assert;
+`test_a_new_pod_takes_the_incremental_path_in_one_write` counts its writes.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def veth(ip: str) -> str:
 class Node:
     """One node's engine over a dataplane's fakes: `writes()` counts every kernel write."""
 
-    def __init__(self, dataplane: str, mode: PodAttachment) -> None:
+    def __init__(self, dataplane: str, mode: PodAttachment, *, ipvs: bool = False) -> None:
         self.dataplane = dataplane
         if dataplane == "nft":
             self.nft = FakeNft()
@@ -49,9 +50,10 @@ class Node:
             self.iptables = FakeIptables()
             self.ipset = FakeIpset(in_use=iptables_references(self.iptables))
             programmer = PolicyProgrammer(iptables=self.iptables, ipset=self.ipset)
-        render = RenderSettings(mode, local_cidrs=("10.0.0.0/24",))
+        render = RenderSettings(mode, local_cidrs=("10.0.0.0/24",), ipvs=ipvs)
+        self.registry = Registry()
         self.engine = PolicyEngine(PolicySettings("node-1", render), programmer=programmer,
-                                   interface_of=lambda plan: veth(plan.ip), registry=Registry())
+                                   interface_of=lambda plan: veth(plan.ip), registry=self.registry)
         for recorder in (self.engine.namespaces, self.engine.pods, self.engine.policies):
             recorder.on_synced()
 
@@ -119,13 +121,14 @@ def _copy(cluster: dict) -> dict:
 @pytest.mark.parametrize("dataplane", ["nft", "iptables"])
 @pytest.mark.parametrize("mode", [PodAttachment.BRIDGE, PodAttachment.ROUTED])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters())
-def test_incremental_bind_equals_the_pod_from_the_start(dataplane, mode, cluster):
+@given(cluster=clusters(), ipvs=st.booleans())
+def test_incremental_bind_equals_the_pod_from_the_start(dataplane, mode, cluster, ipvs):
     new_ip = "10.0.0.200"
-    incremental = Node(dataplane, mode)
+    incremental = Node(dataplane, mode, ipvs=ipvs)
     incremental.load(_copy(cluster), new_pod_ip=None)
-    assert incremental.bind(cluster["new"][0], new_ip).programmed
-    from_start = Node(dataplane, mode)
+    outcome = incremental.bind(cluster["new"][0], new_ip)
+    assert outcome.programmed and outcome.incremental     # these clusters never need the full path
+    from_start = Node(dataplane, mode, ipvs=ipvs)
     from_start.load(_copy(cluster), new_pod_ip=new_ip)
     assert incremental.kernel() == from_start.kernel()
     writes = incremental.writes()
@@ -170,6 +173,7 @@ def test_a_new_pod_takes_the_incremental_path_in_one_write(dataplane, monkeypatc
         updates = [w for w in writes if w.kind == "update" and w.name not in created]
         assert [(w.added, w.removed) for w in updates] == [(("10.0.0.200",), ())] * 2
         assert writes[-1].name == "NETAGENT-NP-KNOWN"    # the pod joins KNOWN last
+    assert 'netagent_policy_pods{state="isolated"} 2' in node.registry.render()    # c (egress), the new pod
     report = node.engine.last_report
     assert report is not None and report.chains_written <= 5 and not report.chains_removed   # its chain, 2 buckets, directory, head
     after = node.writes()
@@ -180,11 +184,11 @@ def test_a_new_pod_takes_the_incremental_path_in_one_write(dataplane, monkeypatc
 @pytest.mark.parametrize("dataplane", ["nft", "iptables"])
 @pytest.mark.parametrize("mode", [PodAttachment.BRIDGE, PodAttachment.ROUTED])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters(), reported=st.booleans())
-def test_incremental_unbind_equals_the_pod_never_there(dataplane, mode, cluster, reported):
+@given(cluster=clusters(), reported=st.booleans(), ipvs=st.booleans())
+def test_incremental_unbind_equals_the_pod_never_there(dataplane, mode, cluster, reported, ipvs):
     new_ip = "10.0.0.200"
     ns, labels = cluster["new"]
-    node = Node(dataplane, mode)
+    node = Node(dataplane, mode, ipvs=ipvs)
     node.load(_copy(cluster), new_pod_ip=None)
     assert node.bind(ns, new_ip).incremental
     if reported:                                    # the kubelet reported the address before the DEL
@@ -192,7 +196,7 @@ def test_incremental_unbind_equals_the_pod_never_there(dataplane, mode, cluster,
         node.engine.sync(SyncKind.PARTIAL)
     outcome = node.engine.unbind_pod(ns, "new", container_id="c-new", deadline=time.monotonic() + LONG)
     assert outcome.programmed and outcome.incremental
-    never = Node(dataplane, mode)
+    never = Node(dataplane, mode, ipvs=ipvs)
     never.load(_copy(cluster), new_pod_ip=None)
     assert node.kernel() == never.kernel()
     writes = node.writes()
