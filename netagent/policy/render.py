@@ -55,7 +55,7 @@ import re
 import functools
 import hashlib
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from netagent.kernel import owned
@@ -363,9 +363,7 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
     hooks, directory entry, set memberships and KNOWN entry gone; buckets, directory chains and
     sets left empty gone too). None when the pod is not there as rendered, or pods are pending."""
     pod = removed.pod
-    if previous.refused or previous.pending or pod.ip not in previous.known:
-        return None
-    own = rendered_chains(pod, previous.chains)
+    own = removable_chains(pod, previous.chains, previous.known, clean=not (previous.refused or previous.pending))
     if own is None:
         return None
     chains = {name: rules for name, rules in previous.chains.items() if name not in own}
@@ -395,10 +393,12 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
     return WantedState(chains, sets, previous.known - {pod.ip}, previous.pending, previous.refused)
 
 
-def rendered_chains(pod: PodPlan, chains: Mapping[str, object]) -> set[str] | None:
-    """The names of `pod`'s chains when `chains` holds all of them (as rendered), else None."""
+def removable_chains(pod: PodPlan, chains: Mapping[str, object], known: Container[str], *,
+                     clean: bool) -> set[str] | None:
+    """The names of `pod`'s chains when a one-pod removal applies: the state was `clean` (no pod
+    pending or refused) and holds the pod as rendered (in KNOWN, every chain there); else None."""
     own = {chain for _, chain, _ in pod_directions(pod)[0]}
-    return own if all(name in chains for name in own) else None
+    return own if clean and pod.ip in known and all(name in chains for name in own) else None
 
 
 def _rehead(chains: dict[str, Rules], previous: WantedState, settings: RenderSettings) -> None:

@@ -51,7 +51,7 @@ from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, rendered_chains
+from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
 
 TABLE = owned.NFT_POLICY_TABLE
@@ -310,9 +310,7 @@ def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWante
     """`previous` without `removed.pod`: what `render_nft(removed.plan)` gives. None when the
     pod is not there as rendered, or pods are pending or refused."""
     pod = removed.pod
-    if previous.refused or previous.pending or pod.ip not in previous.known:
-        return None
-    own = rendered_chains(pod, previous.chains)
+    own = removable_chains(pod, previous.chains, previous.known, clean=not (previous.refused or previous.pending))
     if own is None:
         return None
     dropped = {ref.name for ref in removed.dropped}
