@@ -12,6 +12,10 @@ Figures printed (JSON at the end):
 - `bind_ms`: what policy on adds to that ADD: `PolicyEngine.bind_pod` for a new pod whose Pod
   is cached (what the CNI server runs before replying), median and max of `--adds`, for a pod
   no policy selects and for one a policy isolates; with the engine at `--pods`/`--policies`;
+  `bind_paths`: how many took the one-pod path (`incremental`) or a full sync;
+  `bind_kernel_writes_ms`: the part of each bind spent in the kernel writes (iptables-restore
+  and ipset restore execs, or the libnftables batch), the rest being Python;
+- `unbind_ms`: the DEL's `unbind_pod` of the isolated pods, each alone;
 - `status_report_wrote`: whether the sync that then sees the kubelet's report of the same
   address wrote anything (it must not), and its time;
 - `burst`: `--burst` binds at once: total time and how many syncs they needed (coalescing);
@@ -19,7 +23,8 @@ Figures printed (JSON at the end):
   first SYN was answered (no SYN retransmitted, so the time from ADD return to the first allowed
   packet is 0) and that connect's latency.
 
-    sudo .venv/bin/python bench/policy_add_latency.py [--pods 1000] [--policies 200] [--adds 20] [--dataplane nft]
+    sudo .venv/bin/python bench/policy_add_latency.py [--pods 1000] [--policies 200] [--adds 20]
+        [--dataplane nft] [--iptables-backend nft]
 """
 from __future__ import annotations
 
@@ -70,6 +75,26 @@ def summary(seconds: list[float]) -> dict:
     return {"median": ms(statistics.median(seconds)), "max": ms(max(seconds))}
 
 
+def timed_writes(programmer: PolicyDataplane) -> list[float]:
+    """Wrap the dataplane's kernel writes (iptables-restore, ipset restore, nft batches) to add
+    their wall time into the returned one-element list: where a bind's time goes."""
+    spent = [0.0]
+    writers = [(programmer.nft, "apply")] if isinstance(programmer, NftPolicyProgrammer) else \
+        [(programmer.iptables, "restore"), (programmer.ipset, "_apply"), (programmer.ipset, "destroy")] \
+        if isinstance(programmer, PolicyProgrammer) else []
+    for owner, method in writers:
+        original = getattr(owner, method)
+
+        def timed(*args, _original=original, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+        setattr(owner, method, timed)
+    return spent
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pods", type=int, default=1000)
@@ -78,6 +103,8 @@ def main() -> int:
     parser.add_argument("--adds", type=int, default=20)
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--dataplane", choices=["iptables", "nft"], default="iptables")
+    parser.add_argument("--iptables-backend", choices=["legacy", "nft"], default="legacy",
+                        help="which iptables the iptables dataplane drives (legacy restores the whole table)")
     args = parser.parse_args()
     results: dict = {"pods": args.pods, "policies": args.policies, "dataplane": args.dataplane}
     with LabNode(prefix="na-bench-pa", mode=PodAttachment.ROUTED, subnets=(SUBNET,), with_agent=False) as node:
@@ -100,9 +127,11 @@ def main() -> int:
             if args.dataplane == "nft":
                 programmer = NftPolicyProgrammer(NftRunner(node.node))
             else:
-                programmer = PolicyProgrammer(iptables=IptablesRunner(backend=IptablesBackend.LEGACY,
-                                                                      exec_prefix=prefix),
+                backend = IptablesBackend.LEGACY if args.iptables_backend == "legacy" else IptablesBackend.NFT
+                results["iptables_backend"] = args.iptables_backend
+                programmer = PolicyProgrammer(iptables=IptablesRunner(backend=backend, exec_prefix=prefix),
                                               ipset=IpsetRunner(exec_prefix=prefix))
+            writing = timed_writes(programmer)
             spaces = [f"ns-{n}" for n in range(args.namespaces)]
             hosts = [str(address) for address in ipaddress.ip_network(SUBNET).hosts()]
             free = iter(hosts[16 + args.pods:])
@@ -123,21 +152,37 @@ def main() -> int:
             engine.sync(SyncKind.FULL)
             results["full_sync_ms"] = ms(time.perf_counter() - started)
 
+            paths = {"incremental": 0, "full": 0}
+            write_share: list[float] = []
+
             def bind(name: str, labels: dict, *, namespace: str = "ns-1") -> tuple[float, str]:
                 engine.pods.on_add(scheduled(namespace, name, labels))
                 engine.sync(SyncKind.PARTIAL)          # the Pod cached before the ADD, as scheduled
                 address = next(free)
+                writing[0] = 0.0
                 started = time.perf_counter()
                 outcome = engine.bind_pod(namespace, name, (f"{address}/32",), synthetic_veth(address),
                                           container_id=name, deadline=time.monotonic() + 30)
                 took = time.perf_counter() - started
+                write_share.append(writing[0])
                 assert outcome.programmed, outcome
+                paths["incremental" if outcome.incremental else "full"] += 1
                 return took, address
 
             results["bind_ms"] = {
                 "open": summary([bind(f"new-open-{i}", {"app": "none"})[0] for i in range(args.adds)]),
                 "isolated": summary([bind(f"new-iso-{i}", {"app": "app-1", "role": "role-1"})[0]
                                      for i in range(args.adds)])}
+            results["bind_paths"] = dict(paths)
+            results["bind_kernel_writes_ms"] = summary(write_share)     # of bind_ms: the tools / libnftables
+            unbinds = []
+            for i in range(args.adds):
+                started = time.perf_counter()
+                outcome = engine.unbind_pod("ns-1", f"new-iso-{i}", container_id=f"new-iso-{i}",
+                                            deadline=time.monotonic() + 30)
+                unbinds.append(time.perf_counter() - started)
+                assert outcome.programmed and outcome.incremental, outcome
+            results["unbind_ms"] = summary(unbinds)
             _, address = bind("reported", {"app": "app-2"})
             engine.pods.on_update(scheduled("ns-1", "reported", {"app": "app-2"}),
                                   pod("ns-1", "reported", address, {"app": "app-2"}))
@@ -174,7 +219,8 @@ def main() -> int:
             outcome = engine.bind_pod("ns-7", "client", (f"{client.ip}/32",), host, container_id=client.container_id,
                                       deadline=time.monotonic() + 30)
             done = node.exec_in("client", [sys.executable, "-c", FIRST_CONNECT, server.ip], timeout=60)
-            results["first_packet"] = {"programmed_in_add": outcome.programmed, **json.loads(done.stdout)}
+            results["first_packet"] = {"programmed_in_add": outcome.programmed, "incremental": outcome.incremental,
+                                       **json.loads(done.stdout)}
             programmer.cleanup()
         finally:
             proc.kill()

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 if TYPE_CHECKING:
     from netagent.policy.readback import KernelPolicy
     from netagent.policy.render import RenderSettings
-    from netagent.policy.semantics import NodePlan, PodPlan
+    from netagent.policy.pod_plan import PodAdded, PodRemoved
+from netagent.policy.semantics import NodePlan, PodPlan
 
 
 class Rendered(Protocol):
@@ -61,6 +62,18 @@ class PolicyDataplane(abc.ABC, Generic[W]):
     @abc.abstractmethod
     def apply(self, wanted: W, *, full: bool) -> ApplyReport:
         """Make the kernel hold `wanted` (a `render` result of this dataplane)."""
+
+    def apply_pod(self, wanted: W, added: PodAdded, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> tuple[W, ApplyReport] | None:
+        """The incremental path of one new pod: `wanted` (what the last apply wrote) with
+        `added.pod`, written as exactly that difference, and the new state, equal to what
+        `render(added.plan)` gives, so the next apply writes nothing. None when it does not
+        apply (nothing written: the caller takes the full path); raises as `apply` does."""
+        return None
+
+    def remove_pod(self, wanted: W, removed: PodRemoved, *, settings: RenderSettings) -> tuple[W, ApplyReport] | None:
+        """`apply_pod`'s reverse, for a DEL: `wanted` without `removed.pod`, written as exactly that."""
+        return None
 
     @abc.abstractmethod
     def cleanup(self) -> list[str]:

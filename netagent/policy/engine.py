@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from netagent.infra.metrics import Counter, Gauge, Histogram, Registry, exponential_buckets
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
@@ -49,6 +49,7 @@ from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, P
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, first_ipv4, pod_key
 from netagent.policy.render import RenderSettings
+from netagent.policy.pod_plan import PodAdded, PodRemoved, plan_with_pod, plan_without_pod
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
 
 log = logging.getLogger("netagent.policy")
@@ -130,6 +131,7 @@ class PolicyEngine:
         self.bindings = PodBindings(observe=metrics.programming_seconds.observe if metrics else lambda s: None)
         self._sync_lock = threading.Lock()
         self._planned_bindings = -1          # bindings.version the last plan was made with
+        self._planned_view = self.view       # what it was made from (bound addresses laid over)
 
     def set_requester(self, request: Callable[[], None]) -> None:
         self._request = request
@@ -226,7 +228,7 @@ class PolicyEngine:
             return SyncResult.SUCCEEDED
         self._in_sync = False
         self._planned_bindings = version
-        view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
+        self._planned_view = view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
         self.plan = plan_node(view, node_name=self.settings.node_name)
         self.wanted = wanted = self.programmer.render(self.plan, settings=self.settings.render,
                                                       interface_of=self._interface)
@@ -240,10 +242,7 @@ class PolicyEngine:
         self.bindings.synced(epoch, self.plan.pods, self.wanted.pending)
         if self.metrics is not None:
             self.metrics.sync_seconds.labels(kind=kind.value).observe(time.monotonic() - started)
-            isolated = sum(1 for pod in self.plan.pods if pod.isolated)
-            self.metrics.pods.labels(state="isolated").set(isolated)
-            self.metrics.pods.labels(state="open").set(len(self.plan.pods) - isolated)
-            self.metrics.pods.labels(state="pending").set(len(self.wanted.pending))
+        self._count_pods()
         if self.wanted.pending:
             # Not a failure: a failing runner turns /healthz red and the kubelet would restart the
             # agent over a pod it cannot program (one another plugin wired, a stale Pod object).
@@ -252,6 +251,14 @@ class PolicyEngine:
                         ", ".join(self.wanted.pending))
         return SyncResult.SUCCEEDED
 
+
+    def _count_pods(self) -> None:
+        if self.metrics is None or self.plan is None or self.wanted is None:
+            return
+        isolated = sum(1 for pod in self.plan.pods if pod.isolated)
+        self.metrics.pods.labels(state="isolated").set(isolated)
+        self.metrics.pods.labels(state="open").set(len(self.plan.pods) - isolated)
+        self.metrics.pods.labels(state="pending").set(len(self.wanted.pending))
 
     def _interface(self, plan: PodPlan) -> str | None:
         return self.bindings.interface(plan) or self.interface_of(plan)
@@ -269,9 +276,58 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()            # programmed by the runner once the caches list
             return self._closed(BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED))
+        if self._one_pod(key, ip, deadline):
+            return BindOutcome(True, None, 1, incremental=True)
         outcome = self.bindings.wait(key, ip, target, deadline=deadline, sync_to=self._sync_to,
                                      cached=lambda k: k in self.view.pods)
         return self._closed(outcome) if not outcome.programmed else outcome
+
+    def _one_pod(self, key: str, ip: str | None, deadline: float) -> bool:
+        """The pod alone (`ip`: bound by an ADD; None: released by a DEL), when the engine holds
+        the plan of everything else and nothing but this binding changed since: its chains, set
+        memberships and KNOWN entry in one small write (`PolicyDataplane.apply_pod` /
+        `remove_pod`), and the plan, wanted state and applied record as a full sync would leave
+        them. False (nothing written) when that does not apply: the caller takes the full path."""
+        if not self._sync_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        try:
+            epoch, version = self.bindings.epoch, self.bindings.version
+            if (not self._in_sync or self.plan is None or self.wanted is None or version != self._planned_bindings + 1
+                    or any(r.pending() for r in (self.policies, self.pods, self.namespaces))):
+                return False
+            planned = self._planned_view          # nothing drained since: the view planned, but this pod
+            info, reported = planned.pods.get(key), self.view.pods.get(key)
+            if info is None or reported is None:
+                return False
+            view = ClusterView({**planned.pods, key: replace(info, ip=ip)}, planned.namespaces, planned.policies)
+            node, render = self.settings.node_name, self.settings.render
+            change: PodAdded | PodRemoved | None
+            done: tuple[Rendered, ApplyReport] | None = None
+            try:
+                if ip is not None:
+                    change = plan_with_pod(view, self.plan, key, node_name=node)
+                    if change is not None:
+                        done = self.programmer.apply_pod(self.wanted, change, settings=render,
+                                                         interface_of=self._interface)
+                else:
+                    change = plan_without_pod(view, self.plan, key) if reported.ip in (None, info.ip) else None
+                    if change is not None:
+                        done = self.programmer.remove_pod(self.wanted, change, settings=render)
+            except Exception:
+                log.exception("network policy: programming one pod alone failed; a full sync follows")
+                self._in_sync = False
+                self._request()
+                return False
+            if change is None or done is None:
+                return False
+            self.plan, self._planned_bindings, self._planned_view = change.plan, version, view
+            self.wanted, self.last_report = done
+            self._count_pods()
+            self.bindings.synced(epoch, None, added=change.pod if ip is not None else None,
+                                 gone=key if ip is None else None)
+            return True
+        finally:
+            self._sync_lock.release()
 
     def unbind_pod(self, namespace: object, name: object, *, container_id: str, deadline: float) -> BindOutcome:
         """A DEL: the pod's bound address is its no more (closed, out of every set) once this returns."""
@@ -282,6 +338,8 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()
             return BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED)
+        if key is not None and self._one_pod(key, None, deadline):
+            return BindOutcome(True, None, 1, incremental=True)
         try:
             return BindOutcome(True, None, self._sync_to(target, deadline))
         except TimeoutError:

@@ -100,6 +100,10 @@ class PodScope:
     own_namespace: str
 
     def key(self) -> str:
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> str:
         where = f"ns[{self.namespaces.describe()}]" if self.namespaces is not None else f"ns={self.own_namespace}"
         return f"{where} pods[{self.pods.describe()}]"
 
@@ -144,6 +148,12 @@ class NetworkPolicy:
 
     def rules(self, direction: PolicyType) -> tuple[Rule, ...]:
         return self.ingress if direction is PolicyType.INGRESS else self.egress
+
+    @functools.cached_property
+    def scopes(self) -> tuple[PodScope, ...]:
+        """The pod scopes its rules' peers name (both directions)."""
+        return tuple(peer.scope for rule in (*self.ingress, *self.egress) for peer in rule.peers or ()
+                     if peer.scope is not None)
 
 
 @dataclass(frozen=True)

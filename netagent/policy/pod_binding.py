@@ -87,6 +87,7 @@ class BindOutcome:
     programmed: bool
     reason: ClosedReason | None = None
     syncs_run: int = 0              # syncs this caller ran itself (the rest it found done)
+    incremental: bool = False       # programmed alone (PolicyDataplane.apply_pod), not by a sync
 
 
 class PodBindings:
@@ -171,10 +172,16 @@ class PodBindings:
             binding = self._bindings.get(plan.key)
         return binding.interface if binding is not None and binding.ip == plan.ip else None
 
-    def synced(self, epoch: int, plans: Iterable[PodPlan] | None, pending: Iterable[str] = ()) -> None:
-        """A sync that started at `epoch` succeeded; `plans` what it programmed (None: unchanged)."""
+    def synced(self, epoch: int, plans: Iterable[PodPlan] | None, pending: Iterable[str] = (), *,
+               added: PodPlan | None = None, gone: str | None = None) -> None:
+        """A sync that started at `epoch` succeeded; `plans` what it programmed (None: unchanged),
+        `added` one pod programmed on top of that, `gone` one removed (the incremental path)."""
         now = self.clock()
         with self._cond:
+            if gone is not None:
+                self._programmed.pop(gone, None)
+            if added is not None:
+                self._programmed[added.key] = added.ip
             if plans is not None:
                 closed = set(pending)
                 self._programmed = {plan.key: plan.ip for plan in plans if plan.key not in closed}

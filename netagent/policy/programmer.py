@@ -42,7 +42,10 @@ from netagent.policy.render import (
     WantedState,
     render_chains,
     render_wanted,
+    render_wanted_with_pod,
+    render_wanted_without_pod,
 )
+from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import NodePlan, PodPlan
 
 log = logging.getLogger("netagent.policy")
@@ -156,6 +159,66 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
                      report.chains_written, report.chains_removed, report.sets_changed, report.sets_destroyed,
                      ", hook jump repaired" if repair else "")
         return report
+
+    def apply_pod(self, wanted: WantedState, added: PodAdded, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> tuple[WantedState, ApplyReport] | None:
+        if self._applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
+            return None
+        new = render_wanted_with_pod(wanted, added, settings=settings, interface_of=interface_of)
+        return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
+
+    def remove_pod(self, wanted: WantedState, removed: PodRemoved, *,
+                   settings: RenderSettings) -> tuple[WantedState, ApplyReport] | None:
+        if self._applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
+            return None
+        new = render_wanted_without_pod(wanted, removed, settings=settings)
+        return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
+
+    def _apply_delta(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
+        """`apply`'s writes, in its order, for what differs between `wanted` (last applied) and
+        `new`, found by identity (the one-pod renders share every unchanged value): sets and
+        KNOWN's departures (one `ipset restore`), changed and removed chains (one
+        `iptables-restore --noflush`), KNOWN's arrivals, then sets no longer named destroyed."""
+        try:
+            return self._write_delta(applied, wanted, new)
+        except BaseException:
+            self._applied = None
+            raise
+
+    def _write_delta(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
+        touched = [spec for spec, members in new.sets.items() if wanted.sets.get(spec) is not members]
+        doomed = [spec for spec in wanted.sets if spec not in new.sets]
+        # the delta as sync_sets sees it: a set holding what leaves, asked to hold what arrives
+        first = {spec: new.sets[spec] - wanted.sets.get(spec, frozenset()) for spec in touched}
+        held = {spec.name: SetContents(spec.name, spec.type, "inet", wanted.sets[spec] - new.sets[spec])
+                for spec in touched if spec in wanted.sets}
+        left = wanted.known - new.known
+        if left:
+            first[KNOWN_SPEC] = frozenset()
+            held[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet", left)
+        if first:
+            sync_sets(self.ipset, first, current=held)
+        changed = {name: rules for name, rules in new.chains.items() if wanted.chains.get(name) is not rules}
+        stale = [name for name in wanted.chains if name not in new.chains]
+        if changed or stale:
+            self.iptables.restore(render_chains(changed, remove=stale).text())
+        joined = new.known - wanted.known
+        if joined:
+            sync_sets(self.ipset, {KNOWN_SPEC: joined},
+                      current={owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP,
+                                                                    "inet", frozenset())})
+        for spec in doomed:
+            self.ipset.destroy(spec.name)
+        applied.chains.update(changed)
+        for name in stale:
+            del applied.chains[name]
+        for spec in touched:
+            applied.sets[spec.name] = SetContents(spec.name, spec.type, "inet", frozenset(new.sets[spec]))
+        for spec in doomed:
+            del applied.sets[spec.name]
+        applied.sets[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet",
+                                                           new.known)
+        return ApplyReport(len(changed), len(stale), len(touched) + bool(left or joined), len(doomed), False)
 
     def cleanup(self) -> list[str]:
         """Remove every chain and set of the policy engine (and the FORWARD jump)."""

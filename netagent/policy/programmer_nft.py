@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from netagent.kernel.nftables.runner import Nft
@@ -46,7 +46,10 @@ from netagent.policy.render_nft import (
     collapsed,
     element_nft,
     render_nft,
+    render_nft_with_pod,
+    render_nft_without_pod,
 )
+from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import NodePlan, PodPlan
 
 log = logging.getLogger("netagent.policy")
@@ -192,6 +195,71 @@ class NftPolicyProgrammer(PolicyDataplane[NftWanted]):
                      report.sets_destroyed, ", base chain repaired" if report.jump_repaired else "")
         return report
 
+    def apply_pod(self, wanted: NftWanted, added: PodAdded, *, settings: RenderSettings,
+                  interface_of: Callable[[PodPlan], str | None]) -> tuple[NftWanted, ApplyReport] | None:
+        """One new pod in one transaction: its chains, its address into the sets it joined, its
+        map entries and its KNOWN entry."""
+        if not self._delta_ready():
+            return None
+        new = render_nft_with_pod(wanted, added, settings=settings, interface_of=interface_of, family=self.family)
+        return None if new is None else (new, self._apply_delta(wanted, new))
+
+    def remove_pod(self, wanted: NftWanted, removed: PodRemoved, *,
+                   settings: RenderSettings) -> tuple[NftWanted, ApplyReport] | None:
+        if not self._delta_ready():
+            return None
+        new = render_nft_without_pod(wanted, removed)
+        return None if new is None else (new, self._apply_delta(wanted, new))
+
+    def _delta_ready(self) -> bool:
+        held = self._applied
+        return held is not None and held.known is not None and set(held.maps) == {EGRESS_MAP, INGRESS_MAP}
+
+    def _apply_delta(self, wanted: NftWanted, new: NftWanted) -> ApplyReport:
+        """What differs between `wanted` (last applied) and `new`, found by identity (the one-pod
+        renders share every unchanged value), through `_write` on just those objects: one batch."""
+        held = self._applied
+        assert held is not None and held.known is not None
+        touched = {name for name, spec in new.sets.items() if wanted.sets.get(name) is not spec}
+        touched |= {name for name in wanted.sets if name not in new.sets}
+        chains = {name for name, rules in new.chains.items() if wanted.chains.get(name) is not rules}
+        chains |= {name for name in wanted.chains if name not in new.chains}
+        key_type = new.key_type
+        keys = {key for side in ((wanted.egress, new.egress), (wanted.ingress, new.ingress)) for key in _differing(*side)}
+        addresses = _differing(wanted.known, new.known)
+
+        def part(state: _Held, maps: tuple[dict[str, str], dict[str, str]], known: dict[str, str]) -> _Held:
+            return _Held(True, held.hook, held.base, {n: state.chains[n] for n in chains if n in state.chains},
+                         {n: state.sets[n] for n in touched if n in state.sets},
+                         {EGRESS_MAP: (key_type, {k: v for k, v in maps[0].items() if k in keys}),
+                          INGRESS_MAP: (key_type, {k: v for k, v in maps[1].items() if k in keys})},
+                         {ip: known[ip] for ip in addresses if ip in known})
+        target_all = _Held(True, held.hook, held.base, {n: _rules(new.chains[n]) for n in chains if n in new.chains},
+                           {n: ((new.sets[n].type, new.sets[n].interval), new.sets[n].elements)
+                            for n in touched if n in new.sets})
+        current = part(held, (held.maps[EGRESS_MAP][1], held.maps[INGRESS_MAP][1]), held.known)
+        target = part(target_all, (dict(new.egress), dict(new.ingress)), dict(new.known))
+        batch = _Batch(self.family)
+        report = _write(batch, current, replace(new, chains={n: new.chains[n] for n in chains if n in new.chains}),
+                        target, rebuilt=False)
+        try:
+            if batch.lines:
+                self.nft.apply(batch.text())
+        except BaseException:
+            self._applied = None
+            raise
+        for name in chains:
+            held.chains.pop(name, None)
+        held.chains.update(target.chains)
+        for name in touched:
+            held.sets.pop(name, None)
+        held.sets.update(target.sets)
+        for name, entries in ((EGRESS_MAP, new.egress), (INGRESS_MAP, new.ingress)):
+            if entries is not (wanted.egress if name == EGRESS_MAP else wanted.ingress):
+                held.maps[name] = (key_type, dict(entries))
+        held.known = dict(new.known)
+        return report
+
     def cleanup(self) -> list[str]:
         """Remove the policy table (everything of the policy engine in nft)."""
         self._applied = None
@@ -199,6 +267,13 @@ class NftPolicyProgrammer(PolicyDataplane[NftWanted]):
             return []
         self.nft.apply(f"delete table {_Batch(self.family).prefix}\n")
         return [f"nft table {self.family.name} {TABLE}"]
+
+
+def _differing(old: Mapping[str, str], new: Mapping[str, str]) -> set[str]:
+    """Keys whose value differs (or that one side lacks); identical mappings cost nothing."""
+    if old is new:
+        return set()
+    return {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
 
 
 def _must_rebuild(current: _Held, target: _Held) -> bool:

@@ -55,14 +55,24 @@ import re
 import functools
 import hashlib
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
-from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec
+from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef, set_refs
+from netagent.policy.pod_plan import PodAdded, PodRemoved
+from netagent.policy.semantics import (
+    Allow,
+    CidrMatch,
+    NodePlan,
+    PodPlan,
+    PortMatch,
+    SetKind,
+    SetRef,
+    set_refs,
+)
 
 Rules = tuple[tuple[str, ...], ...]
 TABLE = "filter"
@@ -242,14 +252,6 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
     The per-pod hooks are grouped in bucket chains (by the veth's first hex digit; routed
     ingress in bridge mode by the pod's /28), so a new connection walks about 16 + n/16
     hooks instead of n."""
-    replies = _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
-                    comment="netagent policy: replies of allowed connections", target="RETURN")
-    guard: list[tuple[str, ...]] = []
-    for cidr in settings.local_cidrs:
-        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "src",
-                          comment="netagent policy: pod not programmed yet", target="DROP"))
-        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
-                          comment="netagent policy: pod not programmed yet", target="DROP"))
     chains: dict[str, Rules] = {}
     hooks: dict[str | None, list[tuple[str, ...]]] = {}
     known, pending = set(), []
@@ -275,21 +277,141 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
         for bucket, rule in pod_hooks:
             hooks.setdefault(bucket, []).append(rule)
         used.update(refs)
-    buckets = sorted((b for b in hooks if b is not None),
-                     key=lambda b: (BUCKET_KINDS.index(b[len(BUCKET_PREFIX)]), b))
-    hook = [replies, *guard, *hooks.get(None, ())]
-    hook.extend(_bucket_entry(bucket, settings) for bucket in buckets if bucket[len(BUCKET_PREFIX)] in "EIR")
+    buckets = [b for b in hooks if b is not None]
+    heads = _heads(settings, hooks.get(None, ()), buckets)
+    sets = {set_spec(ref): held for ref, held in members.items() if ref in used}
+    pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
+    return WantedState({**heads, **{b: tuple(sorted(hooks[b])) for b in _ordered(buckets)}, **chains, **pods_by_block},
+                       sets, frozenset(known), tuple(pending), tuple(refused))
+
+
+def set_spec(ref: SetRef) -> IpsetSpec:
+    return IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key[:200], max_elements=ref.capacity)
+
+
+def _heads(settings: RenderSettings, loose: Sequence[tuple[str, ...]], buckets: Sequence[str]) -> dict[str, Rules]:
+    """The hook chain(s): replies, the KNOWN guard, hooks outside any bucket (sorted: each pod's
+    hooks match only its own interface or address, so their order decides nothing), then one
+    entry per bucket."""
+    replies = _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
+                    comment="netagent policy: replies of allowed connections", target="RETURN")
+    guard: list[tuple[str, ...]] = []
+    for cidr in settings.local_cidrs:
+        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "src",
+                          comment="netagent policy: pod not programmed yet", target="DROP"))
+        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
+                          comment="netagent policy: pod not programmed yet", target="DROP"))
+    ordered = _ordered(buckets)
+    hook = [replies, *guard, *sorted(loose)]
+    hook.extend(_bucket_entry(bucket, settings) for bucket in ordered if bucket[len(BUCKET_PREFIX)] in "EIR")
     heads = {owned.POLICY_CHAIN: tuple(hook)}
     if settings.ipvs:
         local = _rule("-m", "addrtype", "--src-type", "LOCAL",
                       comment="netagent policy: connections the node makes (IPVS)", target="RETURN")
-        heads[OUTPUT_CHAIN] = (replies, local, *guard, *(_bucket_entry(bucket, settings) for bucket in buckets
+        heads[OUTPUT_CHAIN] = (replies, local, *guard, *(_bucket_entry(bucket, settings) for bucket in ordered
                                                          if bucket[len(BUCKET_PREFIX)] in "SD"))
-    sets = {IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key[:200], max_elements=ref.capacity): held
-            for ref, held in members.items() if ref in used}
-    pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
-    return WantedState({**heads, **{b: tuple(hooks[b]) for b in buckets}, **chains, **pods_by_block},
-                       sets, frozenset(known), tuple(pending), tuple(refused))
+    return heads
+
+
+def _ordered(buckets: Sequence[str]) -> list[str]:
+    return sorted(buckets, key=lambda b: (BUCKET_KINDS.index(b[len(BUCKET_PREFIX)]), b))
+
+
+def render_wanted_with_pod(previous: WantedState, added: PodAdded, *, settings: RenderSettings,
+                           interface_of: Callable[[PodPlan], str | None]) -> WantedState | None:
+    """`previous` (`render_wanted` of the plan without the pod) with `added.pod`: what
+    `render_wanted(added.plan)` gives, from the pod's own pieces (its chains, its hooks sorted
+    into their buckets, its directory entry, its address in the sets it joined and in KNOWN).
+    None when the pod would be pending or refused, or has a hook outside the buckets."""
+    pod = added.pod
+    if previous.refused or pod.ip in previous.known:
+        return None
+    interface = interface_of(pod) if pod.isolated else ""
+    if interface is None:
+        return None
+    pod_chains, pod_hooks, refs, entry = _render_pod(pod, interface, settings, broken=set())
+    if any(name in previous.chains for name in pod_chains) or any(bucket is None for bucket, _ in pod_hooks):
+        return None
+    specs = {spec.name: spec for spec in previous.sets}
+    grown = {ref: frozenset((pod.ip,)) for ref in added.grown if ref.name in specs}
+    new = {ref: members for ref, members in added.new.items() if ref in refs and ref.name not in specs}
+    refused: list[str] = []
+    members, broken = checked_sets(NodePlan((), {**grown, **new}), refused)
+    if refused or broken or any(ref.name not in specs and ref not in new for ref in refs):
+        return None
+    sets = dict(previous.sets)
+    for ref in grown:
+        sets[specs[ref.name]] = previous.sets[specs[ref.name]] | members[ref]
+    for ref in new:
+        sets[set_spec(ref)] = members[ref]
+    chains = dict(previous.chains)
+    chains.update(pod_chains)
+    block = _block_bucket("N", pod.ip)
+    chains[block] = tuple(sorted((*chains.get(block, ()), entry)))
+    fresh = [bucket for bucket, _ in pod_hooks if bucket is not None and bucket not in chains]
+    for bucket, rule in pod_hooks:
+        assert bucket is not None
+        chains[bucket] = tuple(sorted((*chains.get(bucket, ()), rule)))
+    if fresh:
+        _rehead(chains, previous, settings)
+    return WantedState(chains, sets, previous.known | {pod.ip}, previous.pending, previous.refused)
+
+
+def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
+                              settings: RenderSettings) -> WantedState | None:
+    """`previous` without `removed.pod`: what `render_wanted(removed.plan)` gives (its chains,
+    hooks, directory entry, set memberships and KNOWN entry gone; buckets, directory chains and
+    sets left empty gone too). None when the pod is not there as rendered, or pods are pending."""
+    pod = removed.pod
+    own = removable_chains(pod, previous.chains, previous.known, clean=not (previous.refused or previous.pending))
+    if own is None:
+        return None
+    chains = {name: rules for name, rules in previous.chains.items() if name not in own}
+    emptied = False
+    for name in [name for name in chains if own and _is_bucket(name)]:
+        kept = tuple(rule for rule in chains[name] if jump_target(rule) not in own)
+        if not kept:
+            del chains[name]
+            emptied = True
+        elif len(kept) != len(chains[name]):
+            chains[name] = kept
+    block, entry = _block_bucket("N", pod.ip), _directory_entry(pod)
+    if entry not in chains.get(block, ()):
+        return None
+    chains[block] = tuple(rule for rule in chains[block] if rule != entry)
+    if not chains[block]:
+        del chains[block]
+    if emptied:
+        _rehead(chains, previous, settings)
+    specs = {spec.name: spec for spec in previous.sets}
+    sets = {spec: members for spec, members in previous.sets.items()
+            if spec.name not in {ref.name for ref in removed.dropped}}
+    for ref in removed.shrunk:
+        spec = specs.get(ref.name)
+        if spec is not None and spec in sets:
+            sets[spec] = sets[spec] - {canonical_member(spec.type, pod.ip)}
+    return WantedState(chains, sets, previous.known - {pod.ip}, previous.pending, previous.refused)
+
+
+def removable_chains(pod: PodPlan, chains: Mapping[str, object], known: Container[str], *,
+                     clean: bool) -> set[str] | None:
+    """The names of `pod`'s chains when a one-pod removal applies: the state was `clean` (no pod
+    pending or refused) and holds the pod as rendered (in KNOWN, every chain there); else None."""
+    own = {chain for _, chain, _ in pod_directions(pod)[0]}
+    return own if clean and pod.ip in known and all(name in chains for name in own) else None
+
+
+def _rehead(chains: dict[str, Rules], previous: WantedState, settings: RenderSettings) -> None:
+    """The hook chain(s) again, for the buckets `chains` now has (one came or went)."""
+    head = previous.chains[owned.POLICY_CHAIN]
+    loose = [rule for rule in head[1 + 2 * len(settings.local_cidrs):] if not _is_bucket(jump_target(rule) or "")]
+    chains.update(_heads(settings, loose, [name for name in chains if _is_bucket(name)]))
+
+
+def _is_bucket(name: str) -> bool:
+    kind = name[len(BUCKET_PREFIX):len(BUCKET_PREFIX) + 1]
+    return name.startswith(BUCKET_PREFIX) and kind != "" and kind in BUCKET_KINDS and name not in (
+        owned.POLICY_CHAIN, OUTPUT_CHAIN)
 
 
 def checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[str]], set[SetRef]]:
@@ -332,8 +454,11 @@ def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
             hooks.append(_output_hook(pod, interface, settings, chain=chain, ingress=ingress))
     if refs & broken:
         raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
-    entry = canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
-    return chains, hooks, refs, entry
+    return chains, hooks, refs, _directory_entry(pod)
+
+
+def _directory_entry(pod: PodPlan) -> tuple[str, ...]:
+    return canonical_spec(["-d", pod.ip, "-m", "comment", "--comment", f"{POD_ENTRY}{pod.key} {pod.ip}"[:250]])
 
 
 def render_chains(chains: Mapping[str, Rules], *, remove: Sequence[str] = (),

@@ -45,12 +45,13 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions
+from netagent.policy.pod_plan import PodAdded, PodRemoved
+from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
 
 TABLE = owned.NFT_POLICY_TABLE
@@ -267,6 +268,62 @@ def render_nft(plan: NodePlan, *, settings: RenderSettings, interface_of: Callab
     return NftWanted(family, _base_rules(settings, family), chains, sets, egress, ingress, known,
                      key_type="ifname" if routed else family.address_type,
                      pending=tuple(pending), refused=tuple(refused))
+
+
+def render_nft_with_pod(previous: NftWanted, added: PodAdded, *, settings: RenderSettings,
+                        interface_of: Callable[[PodPlan], str | None], family: Family = IPV4) -> NftWanted | None:
+    """`previous` (`render_nft` of the plan without the pod) with `added.pod`: what `render_nft(added.plan)`
+    gives, computed from the pod's own pieces (its chains, map entries, KNOWN entry, and its
+    address in the sets it joined). None when the pod would be pending or refused, or a set
+    member could not be written: the full render says why."""
+    pod = added.pod
+    if previous.refused or previous.family != family:
+        return None
+    interface = interface_of(pod) if pod.isolated and settings.mode is PodAttachment.ROUTED else ""
+    if interface is None:
+        return None
+    pod_chains, refs, address, comment = _render_pod(pod, interface, family, _NOTHING)
+    keys = [(ingress, interface or pod.ip) for _, ingress in pod_chains.values()]
+    if address in previous.known or any(key in (previous.ingress if ingress else previous.egress)
+                                        for ingress, key in keys):
+        return None
+    grown = {ref: frozenset((pod.ip,)) for ref in added.grown if ref.name in previous.sets}
+    new = {ref: members for ref, members in added.new.items() if ref in refs and ref.name not in previous.sets}
+    refused: list[str] = []
+    members, broken = checked_sets(NodePlan((), {**grown, **new}), refused)
+    if refused or broken or any(ref.name not in previous.sets and ref not in new for ref in refs):
+        return None
+    sets = dict(previous.sets)
+    for ref in grown:
+        held = sets[ref.name]
+        sets[ref.name] = replace(held, elements=held.elements | {canonical_element(ref.kind, m) for m in members[ref]})
+    for ref in new:
+        sets[ref.name] = _nft_set(ref, members[ref], family)
+    egress, ingress = dict(previous.egress), dict(previous.ingress)
+    for chain, (_, is_ingress) in pod_chains.items():
+        (ingress if is_ingress else egress)[interface or pod.ip] = chain
+    return replace(previous, chains={**previous.chains, **{name: rules for name, (rules, _) in pod_chains.items()}},
+                   sets=sets, egress=egress, ingress=ingress, known={**previous.known, address: comment})
+
+
+def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWanted | None:
+    """`previous` without `removed.pod`: what `render_nft(removed.plan)` gives. None when the
+    pod is not there as rendered, or pods are pending or refused."""
+    pod = removed.pod
+    own = removable_chains(pod, previous.chains, previous.known, clean=not (previous.refused or previous.pending))
+    if own is None:
+        return None
+    dropped = {ref.name for ref in removed.dropped}
+    sets = {name: spec for name, spec in previous.sets.items() if name not in dropped}
+    for ref in removed.shrunk:
+        if ref.name in sets:
+            sets[ref.name] = replace(sets[ref.name], elements=sets[ref.name].elements - {canonical_element(ref.kind, pod.ip)})
+    known = dict(previous.known)
+    del known[pod.ip]
+    return replace(previous, chains={name: rules for name, rules in previous.chains.items() if name not in own},
+                   sets=sets, egress={k: v for k, v in previous.egress.items() if v not in own} if own else previous.egress,
+                   ingress={k: v for k, v in previous.ingress.items() if v not in own} if own else previous.ingress,
+                   known=known)
 
 
 @functools.lru_cache(maxsize=16384)

@@ -170,22 +170,40 @@ class ClusterView:
     policies: dict[str, NetworkPolicy] = field(default_factory=dict)
 
 
-class _Planner:
-    def __init__(self, view: ClusterView) -> None:
+class Planner:
+    def __init__(self, view: ClusterView, *, known: Mapping[SetRef, frozenset[str]] | None = None) -> None:
+        """`known`: sets whose members are already known for this view (`plan_with_pod`'s)."""
         self.view = view
-        self.by_namespace: dict[str, list[PodInfo]] = defaultdict(list)
-        for pod in view.pods.values():
-            if pod.ip is not None and not pod.host_network:
-                self.by_namespace[pod.namespace].append(pod)
-        self.namespace_labels: dict[str, dict[str, str] | None] = {
-            name: info.label_map if info.labels_known else None for name, info in view.namespaces.items()}
-        for name in self.by_namespace:
-            self.namespace_labels.setdefault(name, NamespaceInfo(name, ()).label_map)
+        self._known = {(ref.kind, ref.key): (ref, members) for ref, members in (known or {}).items()}
         self.sets: dict[SetRef, frozenset[str]] = {}
         self._refs: dict[tuple[SetKind, str], SetRef] = {}
         self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
         self._rule_allows: dict[tuple[int, PolicyType], list] = {}
         self._named_allows: dict[tuple[int, int], Allow] = {}
+
+    @functools.cached_property
+    def by_namespace(self) -> dict[str, list[PodInfo]]:
+        """Pods with an address, by namespace (built when first needed: one pod's plan may not)."""
+        found: dict[str, list[PodInfo]] = defaultdict(list)
+        for pod in self.view.pods.values():
+            if pod.ip is not None and not pod.host_network:
+                found[pod.namespace].append(pod)
+        return found
+
+    @functools.cached_property
+    def namespace_labels(self) -> dict[str, dict[str, str] | None]:
+        """Each namespace's labels (None: unknown); a namespace not cached has only its name label."""
+        labels: dict[str, dict[str, str] | None] = {
+            name: info.label_map if info.labels_known else None for name, info in self.view.namespaces.items()}
+        for name in self.by_namespace:
+            labels.setdefault(name, NamespaceInfo(name, ()).label_map)
+        return labels
+
+    def labels_of_namespace(self, name: str) -> dict[str, str] | None:
+        info = self.view.namespaces.get(name)
+        if info is None:
+            return NamespaceInfo(name, ()).label_map
+        return info.label_map if info.labels_known else None
 
     def scope_pods(self, scope: PodScope) -> tuple[PodInfo, ...]:
         found = self._scope_pods.get(scope)
@@ -197,9 +215,20 @@ class _Planner:
                 namespaces = [name for name, labels in self.namespace_labels.items()
                               if (selector.matches(labels) if labels is not None else selector.is_empty)]
             found = tuple(pod for name in namespaces for pod in self.by_namespace.get(name, ())
-                          if (scope.pods.matches(pod.label_map) if pod.labels_known else scope.pods.is_empty))
+                          if _pod_matches(scope, pod))
             self._scope_pods[scope] = found
         return found
+
+    def in_scope(self, scope: PodScope, pod: PodInfo) -> bool:
+        """Whether `scope` means `pod` (scope_pods' rule, for one pod)."""
+        if scope.namespaces is None:
+            if pod.namespace != scope.own_namespace:
+                return False
+        else:
+            labels = self.labels_of_namespace(pod.namespace)
+            if not (scope.namespaces.matches(labels) if labels is not None else scope.namespaces.is_empty):
+                return False
+        return _pod_matches(scope, pod)
 
     def all_pods(self) -> Iterable[PodInfo]:
         return (pod for pods in self.by_namespace.values() for pod in pods)
@@ -207,7 +236,10 @@ class _Planner:
     def set_ref(self, kind: SetKind, key: str, members: Callable[[], Iterable[str]]) -> SetRef:
         """The set meaning `key`, its members computed once per plan."""
         ref = self._refs.get((kind, key))
-        if ref is None:
+        if ref is None and (kind, key) in self._known:
+            ref, self.sets[ref] = self._known[(kind, key)]
+            self._refs[(kind, key)] = ref
+        elif ref is None:
             found = frozenset(members())
             ref = self._refs[(kind, key)] = SetRef(kind, key, capacity_for(len(found)))
             self.sets[ref] = found
@@ -314,6 +346,10 @@ class _Planner:
         return None if peer is None else self.peer_match(peer)
 
 
+def _pod_matches(scope: PodScope, pod: PodInfo) -> bool:
+    return scope.pods.matches(pod.label_map) if pod.labels_known else scope.pods.is_empty
+
+
 def _block_key(block: IpBlock | None) -> str:
     assert block is not None
     return f"ipBlock {block.cidr}" + (f" except {' '.join(block.excepts)}" if block.excepts else "")
@@ -321,7 +357,7 @@ def _block_key(block: IpBlock | None) -> str:
 
 def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
     """The plan for every pod of `node_name` that has an address (isolated or not)."""
-    planner = _Planner(view)
+    planner = Planner(view)
     local = sorted((pod for pod in planner.all_pods() if pod.node_name == node_name), key=lambda p: p.key)
     allowed: dict[str, dict[PolicyType, list[Allow]]] = {pod.key: {} for pod in local}
     selecting: dict[tuple[str, PolicyType], list[str]] = defaultdict(list)
@@ -332,7 +368,7 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
     for policy in sorted(view.policies.values(), key=lambda p: p.key):
         candidates = local_by_namespace.get(policy.namespace, ())
         try:
-            contribution = _policy_allows(planner, policy, candidates)
+            contribution = policy_allows(planner, policy, candidates)
         except Exception as error:    # the guard: this policy isolates its namespace, allowing nothing
             problems.append(f"NetworkPolicy {policy.key}: cannot be planned ({type(error).__name__}: "
                             f"{str(error)[:120]}); it isolates every pod of {policy.namespace} both ways")
@@ -341,21 +377,23 @@ def plan_node(view: ClusterView, *, node_name: str) -> NodePlan:
         for pod, direction, allows in contribution:
             selecting[(pod.key, direction)].append(policy.key)
             allowed[pod.key].setdefault(direction, []).extend(allows)
-    plans = []
-    for pod in local:
-        directions = allowed[pod.key]
-        assert pod.ip is not None
-        plans.append(PodPlan(pod.key, pod.ip,
-                             _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
-                             tuple(selecting[(pod.key, PolicyType.INGRESS)]),
-                             tuple(selecting[(pod.key, PolicyType.EGRESS)])))
+    plans = [pod_plan_of(pod, allowed[pod.key], selecting) for pod in local]
     distinct = {allow for plan in plans for allows in (plan.ingress or (), plan.egress or ()) for allow in allows}
     used = {ref for allow in distinct for ref in set_refs(allow)}
     return NodePlan(tuple(plans), {ref: members for ref, members in planner.sets.items() if ref in used},
                     tuple(problems))
 
 
-def _policy_allows(planner: _Planner, policy: NetworkPolicy,
+def pod_plan_of(pod: PodInfo, directions: Mapping[PolicyType, list[Allow]],
+              selecting: Mapping[tuple[str, PolicyType], list[str]]) -> PodPlan:
+    assert pod.ip is not None
+    return PodPlan(pod.key, pod.ip,
+                   _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
+                   tuple(selecting.get((pod.key, PolicyType.INGRESS), ())),
+                   tuple(selecting.get((pod.key, PolicyType.EGRESS), ())))
+
+
+def policy_allows(planner: Planner, policy: NetworkPolicy,
                    candidates: Iterable[PodInfo]) -> list[tuple[PodInfo, PolicyType, list[Allow]]]:
     """(pod, direction, allows) for each local pod the policy isolates. A pod whose labels are
     unknown is isolated whatever the selector, but allowed only what a policy certain to
