@@ -3,7 +3,9 @@
 Shared by `test_containerd.py` (ctr's CNI path) and `test_cri.py` (the kubelet's path through
 containerd's CRI plugin), so that both tiers install and serve the plugin the same way a node
 does: `netagent cni install` writes the static shim and the conflist, and `netagent run
---cni-only` serves the socket named in it from the node's network namespace.
+--cni-only` serves the socket named in it from the node's network namespace. `running` is
+how every node daemon of these tiers is started and stopped (also `test_cri_policy.py`'s API
+server and full agent).
 """
 from __future__ import annotations
 
@@ -87,27 +89,35 @@ def reservations(data_dir: Path, container_ids) -> list[Path]:
 
 
 @contextlib.contextmanager
+def running(argv: list[str], log_path: Path, *, ready, cwd: Path | None = None, env: dict | None = None):
+    """A node daemon started with `argv`, its output appended to `log_path`, yielded once
+    `ready()` holds (it must not exit first); stopped on exit."""
+    with open(log_path, "ab") as log:
+        daemon = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  cwd=cwd, env=env)
+    try:
+        deadline = time.monotonic() + 60   # a Python start-up: seconds on a loaded machine
+        while not ready():
+            assert daemon.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        yield daemon
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+
+
+@contextlib.contextmanager
 def agent_in(node, socket_path: Path, log_path: Path):
     """`netagent run --cni-only` where the node's daemons run (`node.daemon_argv()`: its
     network namespace, and containerd's mount namespace for a CRI node), serving
     `socket_path`; stopped on exit."""
-    with open(log_path, "ab") as log:
-        agent = subprocess.Popen([*node.daemon_argv(), str(NETAGENT), "run", "--cni-only",
-                                  "--cni-socket", str(socket_path)], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60   # a Python start-up: seconds on a loaded machine
-        while not socket_path.exists():
-            assert agent.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
+    with running([*node.daemon_argv(), str(NETAGENT), "run", "--cni-only", "--cni-socket", str(socket_path)],
+                 log_path, ready=socket_path.exists) as agent:
         yield agent
-    finally:
-        agent.terminate()
-        try:
-            agent.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
 
 
 def settle(journal: Path, timeout: float = 30.0) -> None:
