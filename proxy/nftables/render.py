@@ -360,12 +360,14 @@ class Assembly:
         self.ports: dict[ServicePortName, PortObjects] = {}
         self._owners: dict[ElementKey, dict[ServicePortName, ElementValue]] = {}
         self._chain_users: dict[str, set[ServicePortName]] = {}
+        self._port_rules = 0    # rules of the ports' own chains (affinity), kept as ports come and go
 
     def put(self, port: PortObjects | None, name: ServicePortName) -> set[ElementKey]:
         """Replace `name`'s contribution with `port` (None: remove it); the element keys touched."""
         touched: set[ElementKey] = set()
         old = self.ports.pop(name, None)
         if old is not None:
+            self._port_rules -= sum(len(r) for _, r in old.chains)
             for key, _ in old.elements:
                 owners = self._owners[key]
                 del owners[name]
@@ -379,6 +381,7 @@ class Assembly:
                     del self._chain_users[chain]
         if port is not None:
             self.ports[name] = port
+            self._port_rules += sum(len(r) for _, r in port.chains)
             for key, value in port.elements:
                 self._owners.setdefault(key, {})[name] = value
                 touched.add(key)
@@ -396,11 +399,11 @@ class Assembly:
         return set(self._chain_users)
 
     def size(self) -> int:
-        """Elements plus rules, as `Contents.size` counts them, without building the contents."""
+        """Elements plus rules, as `Contents.size` counts them, without building the contents or
+        walking every port (a partial sync asks for it)."""
         rules = sum(len(r) for r in fixed_chains(self.node, self.settings).values())
         rules += sum(len(count_chain_rules(chain, self.node, self.settings)) for chain in self._chain_users)
-        rules += sum(len(r) for port in self.ports.values() for _, r in port.chains)
-        return len(self._owners) + rules
+        return len(self._owners) + rules + self._port_rules
 
     def contents(self) -> Contents:
         out = Contents(elements={holder: {} for holder in N.ELEMENT_HOLDERS})
