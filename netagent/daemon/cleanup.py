@@ -53,7 +53,8 @@ def remove_owned_routing() -> list[str]:
 
 
 def remove_owned_chains() -> list[str]:
-    from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
     from netagent.kernel.iptables.runner import IptablesRunner
     removed = []
     for backend in IptablesBackend:
@@ -105,7 +106,8 @@ def remove_proxy_state() -> list[str]:
     """The service proxy's rules, ipsets, IPVS virtual servers and device, on every iptables
     backend present (each backend's own cleanup knows its objects; run before the generic
     chain sweep, since ipsets can only go once no rule references them)."""
-    from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
     from proxy.factory import build_backend, programmed_mode
     removed = []
     for backend in IptablesBackend:

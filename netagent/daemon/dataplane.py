@@ -57,7 +57,8 @@ def iptables_usable(*, missing: Callable[[], list[list[str]]] | None = None,
     """Can iptables work here: some backend's binaries are installed and the kernel has
     xtables. (True, what was found) or (False, why not). Reads only."""
     if missing is None:
-        from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+        from netagent.kernel.families import IpFamily
+        from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
 
         def missing() -> list[list[str]]:
             return [missing_binaries(IpFamily.V4, backend) for backend in IptablesBackend]

@@ -174,7 +174,7 @@ def remove_policy_state(iptables_backend, *, iptables: bool = True, nft: bool = 
     iptables dataplane, the nft table, or both)."""
     from netagent.kernel.ipset.model import IpsetError
     from netagent.kernel.ipset.runner import IpsetRunner
-    from netagent.kernel.iptables.backend import IpFamily
+    from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.runner import IptablesError, IptablesRunner
     from netagent.policy.programmer import PolicyProgrammer
 
@@ -209,7 +209,8 @@ def remove_nft_policy_state() -> list[str]:
 
 def remove_policy_state_everywhere() -> list[str]:
     """`netagent cleanup`: the policy chains on every iptables backend present, and the sets."""
-    from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+    from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
     removed = [f"network policy {item}" for item in remove_nft_policy_state()]
     for backend in IptablesBackend:
         if not missing_binaries(IpFamily.V4, backend):
@@ -223,7 +224,7 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from netagent.infra.metrics import CallbackGauge
     from netagent.infra.sync_runner import SyncKind, SyncRunner
     from netagent.kernel.ipset.runner import IpsetRunner
-    from netagent.kernel.iptables.backend import IpFamily
+    from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kernel.pod_attachment import PodAttachment
     from netagent.kube.reflector import Reflector

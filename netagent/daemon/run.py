@@ -223,7 +223,8 @@ def _run_cluster_mode(args) -> int:
     from netagent.daemon.proxy_start import ProxyStartError, build_proxy
     from netagent.infra.metrics import Registry
     from netagent.infra.status_server import StatusServer
-    from netagent.kernel.iptables.backend import IpFamily, IptablesNotInstalled, resolve_backend
+    from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import IptablesNotInstalled, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kernel.sysctl import ProcSysctls
     from netagent.kube.config import KubeConfigError, load_api_client

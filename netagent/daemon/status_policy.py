@@ -52,7 +52,8 @@ def read_kernel(iptables_backend: str) -> tuple[KernelPolicy, dict[str, frozense
         return found
     from netagent.kernel import owned
     from netagent.kernel.ipset.runner import IpsetRunner
-    from netagent.kernel.iptables.backend import IpFamily, resolve_backend
+    from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
     kernel = read_policy_rules(IptablesRunner(backend=resolve_backend(iptables_backend, family=IpFamily.V4),
                                               family=IpFamily.V4))

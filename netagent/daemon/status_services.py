@@ -33,7 +33,8 @@ def _from_agent(url: str) -> dict | None:
 
 
 def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
-    from netagent.kernel.iptables.backend import IpFamily, resolve_backend
+    from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import resolve_backend
     from proxy.backend import ProxyMode
     from proxy.ebpf.backend import EbpfPaths
     from proxy.factory import build_backend, build_ebpf_backend, programmed_mode

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from netagent.infra.sync_runner import SyncKind, SyncResult
 from netagent.kernel import namespaces, owned
 from netagent.kernel.ipset.runner import IpsetRunner
-from netagent.kernel.iptables.backend import IpFamily, IptablesBackend, missing_binaries
+from netagent.kernel.families import IpFamily
+from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings

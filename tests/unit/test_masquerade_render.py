@@ -4,7 +4,7 @@ import ipaddress
 
 import pytest
 
-from netagent.kernel.iptables.backend import IpFamily
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import jump_target
 from netagent.kernel.iptables.runner import PortRandomization

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.tokens import run_tool
 from netagent.errors import NetagentError
 
@@ -46,15 +47,6 @@ class BackendChoice(enum.Enum):
     AUTO = "auto"
     LEGACY = "legacy"
     NFT = "nft"
-
-
-class IpFamily(enum.Enum):
-    V4 = 4
-    V6 = 6
-
-    @property
-    def command(self) -> str:
-        return "iptables" if self is IpFamily.V4 else "ip6tables"
 
 
 class IptablesTool(enum.Enum):

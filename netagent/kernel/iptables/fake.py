@@ -39,7 +39,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
+from netagent.kernel.families import IpFamily
+from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.restore_format import (
     BUILTIN_CHAINS,
     BUILTIN_POLICIES,

@@ -1,0 +1,60 @@
+"""The IP family: the one vocabulary every layer uses to say IPv4 or IPv6.
+
+Dual-stack is two independent dataplanes side by side, as kube-proxy runs one proxier per
+family: each component is built once per family of the cluster and handed its `IpFamily`.
+This enum is the only place the per-family spellings live (iptables' binary, nft's table
+family, ipset's family, the address width), so no module compares `version == 4` on its own.
+"""
+from __future__ import annotations
+
+import enum
+import ipaddress
+
+
+class IpFamily(enum.Enum):
+    V4 = 4
+    V6 = 6
+
+    @property
+    def command(self) -> str:
+        """The iptables binary of this family."""
+        return "iptables" if self is IpFamily.V4 else "ip6tables"
+
+    @property
+    def nft(self) -> str:
+        """nft's table family (`ip`, `ip6`)."""
+        return "ip" if self is IpFamily.V4 else "ip6"
+
+    @property
+    def ipset(self) -> str:
+        """ipset's `family` option (`inet`, `inet6`)."""
+        return "inet" if self is IpFamily.V4 else "inet6"
+
+    @property
+    def label(self) -> str:
+        """The Kubernetes spelling (`ipFamilies`, EndpointSlice `addressType`)."""
+        return "IPv4" if self is IpFamily.V4 else "IPv6"
+
+    @property
+    def max_prefix(self) -> int:
+        return 32 if self is IpFamily.V4 else 128
+
+    @classmethod
+    def of(cls, value: str | ipaddress.IPv4Address | ipaddress.IPv6Address
+           | ipaddress.IPv4Network | ipaddress.IPv6Network) -> IpFamily:
+        """The family of an address or network (text: an address, else a network; ValueError
+        when it is neither)."""
+        if isinstance(value, str):
+            try:
+                value = ipaddress.ip_address(value)
+            except ValueError:
+                value = ipaddress.ip_network(value, strict=False)
+        return cls(value.version)
+
+    @classmethod
+    def from_label(cls, label: str) -> IpFamily:
+        """`IPv4` / `IPv6` (ValueError otherwise)."""
+        for family in cls:
+            if family.label == label:
+                return family
+        raise ValueError(f"unknown IP family {label!r} (IPv4 or IPv6)")
