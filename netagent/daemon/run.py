@@ -42,7 +42,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                          help="this node's Node name (default: $NODE_NAME)")
     cluster.add_argument("--cluster-cidr", action="append", default=[],
-                         help="the cluster's pod network (repeat for dual stack); every peer's pod CIDR "
+                         help="the cluster's pod network, once per IP family (IPv4 and/or IPv6); every peer's pod CIDR "
                               "must lie inside it")
     cluster.add_argument("--service-cidr", action="append", default=[],
                          help="the cluster's Service range (repeat for dual stack; default 10.96.0.0/12 as "
@@ -57,7 +57,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                               "(their NAT checksum bug) and behind NAT, on otherwise")
     from netagent.daemon.bgp_start import add_bgp_flags
     add_bgp_flags(cluster)
-    cluster.add_argument("--iface", help="the underlay interface, by name")
+    cluster.add_argument("--iface", help="the underlay interface, by name (its IPv4 and global IPv6 addresses)")
     cluster.add_argument("--iface-regex", help="the underlay interface, by a regex that must match one")
     cluster.add_argument("--lease-timeout", type=float, default=60.0,
                          help="seconds to wait for this Node and its spec.podCIDR")
@@ -259,8 +259,11 @@ def _run_cluster_mode(args) -> int:
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     from netagent.daemon.bgp_start import build_bgp
     bgp, bgp_config = build_bgp(args, api_client=api_client, rejections=rejections.scope("bgp"))
+    ipv6 = any(c.version == 6 for c in settings.cluster_cidrs)  # the IPv6 masquerade's ip6tables
     host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
                       iptables=IptablesRunner(backend=backend, family=IpFamily.V4) if backend is not None else None,
+                      iptables6=IptablesRunner(backend=backend, family=IpFamily.V6)
+                      if backend is not None and ipv6 else None,
                       nft=nft, kernel_release=os.uname().release, bgp=bgp)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=[proxy.proxy.node] if proxy is not None else [],

@@ -12,6 +12,14 @@ Start-up, in order, each step failing loudly rather than guessing:
 6. program masquerade (iptables, or nftables when `HostAccess.nft` is given) and every peer's
    routes, then serve.
 
+Dual-stack and IPv6-only: `--cluster-cidr` once per family; the node's `spec.podCIDRs` holds at
+most one CIDR per family, and each family with both a cluster CIDR and a pod CIDR is routed by
+its own `RouteManager` (`route_managers`, as kube-proxy runs one proxier per family), masqueraded
+by its own manager (ip6tables through `HostAccess.iptables6`, or `ip6 netagent-masq`), with its
+forwarding sysctl on. The underlay interface carries both families' addresses (announced as
+`public-ip` and `public-ipv6`); the lease reports every pod CIDR. `--backend bgp` and ipip
+route IPv4 only: with an IPv6 cluster CIDR they refuse to start, saying so.
+
 Everything outside the process is handed in (`host.py`): the kernel (`HostAccess`: netlink,
 sysctls, iptables, the kernel release) and the API (`NodeApi`), so unit tests run `start()`
 on the fakes.
@@ -43,7 +51,8 @@ from netagent.errors import NetagentError
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel import owned
-from netagent.kernel.sysctl import IP_FORWARD, ensure_sysctls
+from netagent.kernel.families import IpFamily
+from netagent.kernel.sysctl import ensure_sysctls, forwarding
 from netagent.kube.changes import ChangeRecorder, FanOut
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes import node_objects as nodes
@@ -168,8 +177,10 @@ class NodeAgent:
         self.tracker = node_changes(on_change=self._request_partial)
         self.node_listeners = tuple(node_listeners)
         self.reflector: NodeWatch | None = None
-        self.route_manager: RouteManager | None = None
-        self.masquerade: MasqueradeManager | NftMasqueradeManager | None = None
+        self.route_manager: RouteManager | None = None  # the first family's (IPv4 on a dual-stack node)
+        self.route_managers: dict[IpFamily, RouteManager] = {}  # one per routed family
+        self.masquerade: MasqueradeManager | NftMasqueradeManager | None = None  # the first family's
+        self.masquerades: dict[IpFamily, MasqueradeManager | NftMasqueradeManager] = {}
         self.runner: SyncRunner | None = None
         self.underlay: Underlay | None = None
         self.pod_cidrs: tuple = ()
@@ -211,12 +222,22 @@ class NodeAgent:
         log.info("underlay: %s %s (%s), MTU %d", underlay.ifname, underlay.public_ip,
                  underlay.reason, underlay.mtu)
         self._enable_forwarding()
-        route_manager, self.masquerade = self._build_managers(underlay)
-        self.route_manager = route_manager
+        for family in self.families():
+            self.route_managers[family], masquerade = self._build_managers(underlay, family)
+            if masquerade is not None:
+                self.masquerades[family] = masquerade
+        for family, manager in self.route_managers.items():
+            manager.keep_devices = frozenset(device.ifname for other, peer in self.route_managers.items()
+                                             if other is not family for device in peer.devices)
+            manager.ipv6_routed = IpFamily.V6 in self.route_managers
+        self.route_manager = next(iter(self.route_managers.values()))
+        self.masquerade = next(iter(self.masquerades.values()), None)
         if self.host.bgp is not None:  # BIRD's writes to our table poke the runner (event-driven)
             self.host.bgp.watch_learnt(self._request_partial)
             self.host.bgp.register_metrics(self.metrics.registry)
-        backend_data = route_manager.ensure_local()
+        backend_data: dict[str, str] = {}
+        for manager in self.route_managers.values():
+            backend_data.update(manager.ensure_local())
         self._announce(own, backend_data, underlay)
         self._report_lease(underlay)
 
@@ -244,6 +265,12 @@ class NodeAgent:
             self.reflector.stop()
         if self.host.bgp is not None:  # peers hold our routes while the next agent starts BIRD again
             self.host.bgp.stop(withdraw=False)
+
+    def families(self) -> tuple[IpFamily, ...]:
+        """The families this node routes: those with a cluster CIDR and a pod CIDR (IPv4 first)."""
+        cluster = {IpFamily.of(c) for c in self.settings.cluster_cidrs}
+        return tuple(family for family in IpFamily
+                     if family in cluster and any(c.version == family.value for c in self.pod_cidrs))
 
     def _wait_for_lease(self, reflector: NodeWatch) -> dict:
         name = self.settings.node_name
@@ -276,43 +303,57 @@ class NodeAgent:
         from netagent.noderoutes.underlay import UnderlayError
         snapshot = self.host.kernel.underlay_snapshot()
         self.host_networks = own_networks(snapshot)
+        families = self.families()
+        if not families:
+            raise AgentStartError(f"node {self.settings.node_name}: no pod CIDR ({', '.join(map(str, self.pod_cidrs))}) "
+                                  f"is of a family with a --cluster-cidr")
         try:
             return choose_underlay(snapshot, iface=self.settings.iface, iface_regex=self.settings.iface_regex,
-                                   public_ip_override=nodes.node_annotations(own).get(nodes.PUBLIC_IP_OVERWRITE))
+                                   public_ip_override=nodes.node_annotations(own).get(nodes.PUBLIC_IP_OVERWRITE),
+                                   families=families)
         except UnderlayError as exc:
             raise AgentStartError(str(exc)) from None
 
     def _enable_forwarding(self) -> None:
-        """Pods' traffic is routed through this node: forwarding must be on in its namespace."""
-        ensure_sysctls(self.host.sysctls, [IP_FORWARD])
+        """Pods' traffic is routed through this node: forwarding must be on in its namespace (per family)."""
+        ensure_sysctls(self.host.sysctls, [forwarding(family.value) for family in self.families()])
 
-    def _build_managers(self, underlay: Underlay) -> tuple[RouteManager, MasqueradeManager | NftMasqueradeManager | None]:
-        """The route manager and, when masquerading is on, the masquerade manager."""
+    def _build_managers(self, underlay: Underlay, family: IpFamily = IpFamily.V4) \
+            -> tuple[RouteManager, MasqueradeManager | NftMasqueradeManager | None]:
+        """`family`'s route manager and, when masquerading is on, its masquerade manager."""
         from netagent.noderoutes.masquerade import MasqueradeManager
         from netagent.noderoutes.routing.routes import RouteManager
-        local = LocalNode(name=self.settings.node_name, public_ip=underlay.public_ip,
-                          underlay_ifname=underlay.ifname, underlay_network=underlay.network,
+        address = underlay.address_of(family)
+        assert address is not None, "choose_underlay holds an address of every routed family"
+        local = LocalNode(name=self.settings.node_name, public_ip=address[0],
+                          underlay_ifname=underlay.ifname, underlay_network=address[1],
                           underlay_mtu=underlay.mtu,
-                          pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == 4))
+                          pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == family.value))
         routing = dataclasses.replace(self.settings.routing,
                                       vxlan_checksum_offload=self._checksum_offload(underlay))
         bgp = self.host.bgp
+        if family is IpFamily.V6 and (routing.mode is Mode.BGP or bgp is not None):
+            raise AgentStartError("--backend bgp (and --auto-bgp) route IPv4 only: BIRD's configuration here has no "
+                                  "IPv6 channel; with an IPv6 --cluster-cidr use vxlan, host-gw or auto")
         if routing.mode is Mode.BGP and bgp is None:
             raise AgentStartError("--backend bgp needs BIRD (the daemon hands the agent a BgpSpeaker)")
-        route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local, bounds=self.bounds(),
-                                     learnt=bgp.learnt if bgp is not None else None)
+        try:
+            route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local,
+                                         bounds=self.bounds(family), learnt=bgp.learnt if bgp is not None else None)
+        except ValueError as exc:  # ipip for IPv6 (routing/ipip.py)
+            raise AgentStartError(f"{family.label} pod CIDR {', '.join(map(str, local.pod_cidrs))}: {exc}") from None
         masquerade: MasqueradeManager | NftMasqueradeManager | None = None
-        cluster_cidrs = [c for c in self.settings.cluster_cidrs if c.version == 4]
-        pod_cidrs = [c for c in self.pod_cidrs if c.version == 4]
+        cluster_cidrs = [c for c in self.settings.cluster_cidrs if c.version == family.value]
+        pod_cidrs = list(local.pod_cidrs)
+        iptables = self.host.iptables if family is IpFamily.V4 else self.host.iptables6
         if self.settings.masquerade is Masquerade.ON and self.host.nft is not None:
             from netagent.noderoutes.masquerade_nft import NftMasqueradeManager
-            masquerade = NftMasqueradeManager(nft=self.host.nft, forward_iptables=self.host.iptables,
-                                              cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
+            masquerade = NftMasqueradeManager(nft=self.host.nft, forward_iptables=iptables,
+                                              cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs, family=family)
         elif self.settings.masquerade is Masquerade.ON:
-            if self.host.iptables is None:
-                raise AgentStartError("masquerade is on but no iptables runner was given")
-            masquerade = MasqueradeManager(runner=self.host.iptables, cluster_cidrs=cluster_cidrs,
-                                           pod_cidrs=pod_cidrs)
+            if iptables is None:
+                raise AgentStartError(f"masquerade is on but no {family.command} runner was given")
+            masquerade = MasqueradeManager(runner=iptables, cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
         return route_manager, masquerade
 
     def _checksum_offload(self, underlay: Underlay) -> ChecksumOffload:
@@ -321,21 +362,23 @@ class NodeAgent:
             return auto_checksum_offload(kernel_release=self.host.kernel_release, behind_nat=underlay.behind_nat)
         return ChecksumOffload.ON if policy is ChecksumOffloadPolicy.ON else ChecksumOffload.OFF
 
-    def bounds(self) -> PeerBounds:
-        """Where peers' pod CIDRs may lie: the cluster CIDR, clear of the service range and of this
-        node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
-        cluster = tuple(c for c in self.settings.cluster_cidrs if c.version == 4)
+    def bounds(self, family: IpFamily = IpFamily.V4) -> PeerBounds:
+        """Where peers' pod CIDRs of `family` may lie: its cluster CIDR, clear of the service range and
+        of this node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
+        cluster = tuple(c for c in self.settings.cluster_cidrs if c.version == family.value)
         reserved = [(c, "the service range (--service-cidr)") for c in self.settings.service_cidrs
-                    if c.version == 4]
-        ours = [c for c in self.pod_cidrs if c.version == 4]  # claimed as this node's by the planner
+                    if c.version == family.value]
+        ours = [c for c in self.pod_cidrs if c.version == family.value]  # claimed as this node's by the planner
         reserved += [(network, what) for network, what in self.host_networks
-                     if not any(network.subnet_of(c) for c in ours)
-                     and (network.prefixlen == 32 or not any(c.subnet_of(network) for c in cluster))]
+                     if network.version == family.value and not any(network.subnet_of(c) for c in ours)
+                     and (network.prefixlen == network.max_prefixlen
+                          or not any(c.subnet_of(network) for c in cluster))]
         return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved))
 
     def _announce(self, own: dict, backend_data: dict, underlay: Underlay) -> None:
         self._announcement = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
-                                                       public_ip=underlay.public_ip, backend_data=backend_data)
+                                                       public_ip=underlay.public_ip, backend_data=backend_data,
+                                                       public_ipv6=underlay.public_ipv6)
         changed = self._announcement_drift(own)
         if not changed:
             return
@@ -385,7 +428,8 @@ class NodeAgent:
     def _report_lease(self, underlay: Underlay) -> None:
         routing = self.settings.routing
         self.on_lease(Lease(node_name=self.settings.node_name, pod_cidrs=tuple(self.pod_cidrs),
-                            mtu=pod_mtu(routing.mode, routing.auto_encap, underlay.mtu)))
+                            mtu=pod_mtu(routing.mode, routing.auto_encap, underlay.mtu,
+                                        underlay_families=self.families())))
 
     # ------------------------------------------------------------ sync
     def peers(self, names: Iterable[str] | None = None) -> tuple[list, list]:
@@ -431,17 +475,18 @@ class NodeAgent:
             if kind is SyncKind.FULL:
                 self.tracker.drain()
                 self._reassert_announcement()
-                route_manager.ensure_local()
+                for manager in self.route_managers.values():
+                    manager.ensure_local()
                 peers, _ = self.peers()
-                report = route_manager.sync_all(peers)
-                if self.masquerade is not None:
-                    self.masquerade.ensure()
+                report = self._each_family(lambda manager: manager.sync_all(peers))
+                for masquerade in self.masquerades.values():
+                    masquerade.ensure()
             else:
                 changed = set(self.tracker.drain())
                 if self.settings.node_name in changed:
                     self._reassert_announcement()
                 peers, removed = self.peers(changed)
-                report = route_manager.apply_changes(upserts=peers, removals=removed)
+                report = self._each_family(lambda manager: manager.apply_changes(upserts=peers, removals=removed))
         except Exception as exc:
             self.metrics.sync_errors.inc()
             partial = getattr(exc, "report", None)
@@ -453,11 +498,38 @@ class NodeAgent:
         self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
 
+    def _each_family(self, sync: Callable[[RouteManager], SyncReport]) -> SyncReport:
+        """Run `sync` on every family's manager (each even when another failed) and merge the reports:
+        counts add up, a peer refused in any family is refused (an IPv6 refusal's reason says so)."""
+        from netagent.noderoutes.routing.model import RoutingApplyError, SyncReport
+        merged, failures = SyncReport(), dict[str, str]()
+        for family, manager in self.route_managers.items():
+            try:
+                report = sync(manager)
+            except RoutingApplyError as exc:
+                report = exc.report
+                failures.update((f"{family.label} {what}", why) for what, why in exc.failures.items())
+            merged.added += report.added
+            merged.removed += report.removed
+            merged.unchanged += report.unchanged
+            for name, refused in report.refused.items():
+                merged.refused.setdefault(name, refused if family is IpFamily.V4 or refused.reason.startswith("IPv6")
+                                          else Refused(f"IPv6: {refused.reason}", refused.label))
+            merged.pending = sorted(set(merged.pending) | set(report.pending))
+            for mode, count in report.peers_by_mode.items():
+                merged.peers_by_mode[mode] = merged.peers_by_mode.get(mode, 0) + count
+        if failures:
+            raise RoutingApplyError(failures, merged)
+        return merged
+
     def _configure_bgp(self, route_manager: RouteManager, report: SyncReport) -> None:
         """BIRD's configuration from this sync's view: the peers the plan admitted (`noderoutes/bgp/`)."""
         bgp, underlay, reflector = self.host.bgp, self.underlay, self.reflector
         if bgp is None or underlay is None or reflector is None:
             return
+        if not isinstance(underlay.public_ip, ipaddress.IPv4Address) or \
+                not isinstance(underlay.network, ipaddress.IPv4Network):
+            return  # BGP is IPv4 only (refused at start with an IPv6 cluster CIDR)
         admitted = [p for p in route_manager.known_peers() if p.name not in report.refused and p.pod_cidrs]
         bgp.configure_from_cluster(node_name=self.settings.node_name, address=underlay.public_ip,
                                    pod_cidrs=self.pod_cidrs, admitted=admitted, nodes=reflector.store.get,
@@ -479,10 +551,17 @@ class NodeAgent:
 
 
 def parse_cluster_cidrs(values) -> tuple:
+    """--cluster-cidr, given once per IP family (IPv4 and/or IPv6), IPv4 first."""
     try:
-        return tuple(ipaddress.ip_network(v, strict=True) for v in values)
+        cidrs = tuple(ipaddress.ip_network(v, strict=True) for v in values)
     except ValueError as exc:
         raise AgentStartError(f"--cluster-cidr: {exc}") from None
+    for family in IpFamily:
+        same = [str(c) for c in cidrs if c.version == family.value]
+        if len(same) > 1:
+            raise AgentStartError(f"--cluster-cidr is given once per IP family; {family.label} has "
+                                  f"{len(same)}: {', '.join(same)}")
+    return tuple(sorted(cidrs, key=lambda c: c.version))
 
 
 def parse_service_cidrs(values) -> tuple:

@@ -2,7 +2,8 @@
 
 - `HostAccess`: the node's kernel. Netlink through the `RoutingKernel` (devices, routes,
   neighbours, FDB, and the links/addresses/default routes the underlay is chosen from),
-  sysctls, the iptables runner masquerade writes through (or, in nftables mode, the `Nft`
+  sysctls, the iptables runners masquerade writes through (`iptables`, and `iptables6` for
+  ip6tables with an IPv6 cluster CIDR; or, in nftables mode, the `Nft`
   it writes through instead), and the kernel release that
   `ChecksumOffloadPolicy.AUTO` decides by.
 - `NodeApi`: the API server as the agent uses it: one Node watch, and annotating its own
@@ -62,6 +63,7 @@ class HostAccess:
     kernel: RoutingKernel  # netlink: devices, routes, neighbours, FDB, and the underlay snapshot
     sysctls: Sysctls
     iptables: Iptables | None = None  # masquerade's runner; only None with Masquerade.OFF or with `nft`
+    iptables6: Iptables | None = None  # the IPv6 masquerade's (ip6tables) runner, with an IPv6 cluster CIDR
     nft: Nft | None = None            # nftables mode: masquerade in our nft table (masquerade_nft.py)
     kernel_release: str = ""          # `os.uname().release`; read by ChecksumOffloadPolicy.AUTO only
     bgp: BgpSpeaker | None = None     # --backend bgp: BIRD and the routes it learnt (noderoutes/bgp/)

@@ -1,5 +1,7 @@
 """Pod egress masquerade in nftables (`--proxy-mode nftables`): `masquerade.py`'s behaviour in
-our own table `ip netagent-masq` (owned.NFT_MASQUERADE_TABLE), no iptables rule at all.
+our own table `ip netagent-masq` (owned.NFT_MASQUERADE_TABLE), no iptables rule at all; for an
+IPv6 cluster CIDR the same table in family ip6 (`ip6 netagent-masq`, built with
+`family=IpFamily.V6`: one manager per family, the same names, `ip6 saddr`/`ipv6_addr`).
 
 The table holds two sets and two base chains:
 - `CLUSTER-CIDRS` (the cluster CIDRs) and `LOCAL-POD-CIDRS` (this node's pod CIDRs), interval
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import Iptables, IptablesError
 from netagent.kernel.nftables import listing, text
 from netagent.kernel.nftables.runner import Nft
@@ -56,7 +59,7 @@ from netagent.noderoutes.masquerade import MULTICAST, IpNetwork, MasqueradeManag
 
 log = logging.getLogger("netagent.noderoutes.masquerade")
 
-FAMILY = "ip"
+FAMILY = IpFamily.V4.nft  # the IPv4 table's; `MasqueradeTable.family` says each table's
 TABLE = owned.NFT_MASQUERADE_TABLE
 POSTROUTING_CHAIN = "POSTROUTING"
 FORWARD_CHAIN = "FORWARD"
@@ -84,6 +87,7 @@ class MasqueradeTable:
     cluster: tuple[IpNetwork, ...]
     local_pods: tuple[IpNetwork, ...]
     chains: tuple[NftChain, NftChain]
+    family: IpFamily = IpFamily.V4
 
 
 def _rule(statements: str, purpose: str) -> tuple[str, str]:
@@ -92,35 +96,38 @@ def _rule(statements: str, purpose: str) -> tuple[str, str]:
 
 
 def masquerade_table(*, cluster_cidrs: Iterable[IpNetwork | str],
-                     pod_cidrs: Iterable[IpNetwork | str]) -> MasqueradeTable:
+                     pod_cidrs: Iterable[IpNetwork | str], family: IpFamily = IpFamily.V4) -> MasqueradeTable:
     """The wanted table; the CIDRs checked as the iptables rendering checks them
     (`masquerade.validated_networks`)."""
     cluster_list, pods_list = validated_networks(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
     cluster, pods = tuple(cluster_list), tuple(pods_list)
-    if cluster[0].version != 4:
-        raise ValueError(f"the nftables masquerade table is IPv4 (table ip {TABLE}); {cluster[0]} is not")
+    if cluster[0].version != family.value:
+        raise ValueError(f"the nftables masquerade table of {family.label} is table {family.nft} {TABLE}; "
+                         f"{cluster[0]} is not {family.label}")
     cluster_set, pods_set = f"@{text.name(CLUSTER_SET)}", f"@{text.name(LOCAL_PODS_SET)}"
-    multicast = text.network(str(MULTICAST[4]))
+    multicast = text.network(str(MULTICAST[family.value]))
+    ip = family.nft  # the address match: `ip saddr`, `ip6 saddr`
     postrouting = NftChain(POSTROUTING_CHAIN, "nat", "postrouting", POSTROUTING_PRIORITY, (
-        _rule(f"ip saddr {cluster_set} ip daddr {cluster_set} return", "pod to pod keeps the pod address"),
-        _rule(f"ip saddr {cluster_set} ip daddr != {multicast} masquerade fully-random",
+        _rule(f"{ip} saddr {cluster_set} {ip} daddr {cluster_set} return", "pod to pod keeps the pod address"),
+        _rule(f"{ip} saddr {cluster_set} {ip} daddr != {multicast} masquerade fully-random",
               "pods leaving the cluster use the node address"),
-        _rule(f"ip daddr {pods_set} return", "outside to local pods keeps the client address"),
-        _rule(f"ip daddr {cluster_set} masquerade fully-random",
+        _rule(f"{ip} daddr {pods_set} return", "outside to local pods keeps the client address"),
+        _rule(f"{ip} daddr {cluster_set} masquerade fully-random",
               "outside to remote pods is masqueraded for the return path")))
     forward = NftChain(FORWARD_CHAIN, "filter", "forward", FORWARD_PRIORITY, (
-        _rule(f"ip saddr {cluster_set} accept", "forward from pods"),
-        _rule(f"ip daddr {cluster_set} accept", "forward to pods")))
-    return MasqueradeTable(cluster=cluster, local_pods=pods, chains=(postrouting, forward))
+        _rule(f"{ip} saddr {cluster_set} accept", "forward from pods"),
+        _rule(f"{ip} daddr {cluster_set} accept", "forward to pods")))
+    return MasqueradeTable(cluster=cluster, local_pods=pods, chains=(postrouting, forward), family=family)
 
 
 def render_masquerade_nft(wanted: MasqueradeTable) -> str:
     """One batch that replaces the table with `wanted` (the `add` first makes the `delete`
     succeed when the table is missing; the whole batch is one transaction)."""
-    table = f"{FAMILY} {text.name(TABLE)}"
+    table = f"{wanted.family.nft} {text.name(TABLE)}"
+    address_type = "ipv4_addr" if wanted.family is IpFamily.V4 else "ipv6_addr"
     lines = [f"add table {table}", f"delete table {table}", f"add table {table}"]
     for name, networks in ((CLUSTER_SET, wanted.cluster), (LOCAL_PODS_SET, wanted.local_pods)):
-        lines.append(f"add set {table} {text.name(name)} {{ type ipv4_addr; flags interval; }}")
+        lines.append(f"add set {table} {text.name(name)} {{ type {address_type}; flags interval; }}")
         if networks:
             lines.append(f"add element {table} {text.name(name)} "
                          f"{text.element_block(text.network(str(n)) for n in networks)}")
@@ -135,7 +142,7 @@ def render_masquerade_nft(wanted: MasqueradeTable) -> str:
 def table_drift(objects: list[dict[str, Any]] | None, wanted: MasqueradeTable) -> list[str]:
     """What differs between the table read back and `wanted`, one sentence per problem."""
     if objects is None:
-        return [f"table {FAMILY} {TABLE} missing"]
+        return [f"table {wanted.family.nft} {TABLE} missing"]
     problems = []
     chains, sets = listing.chains(objects), listing.sets(objects)
     for name, networks in ((CLUSTER_SET, wanted.cluster), (LOCAL_PODS_SET, wanted.local_pods)):
@@ -168,14 +175,16 @@ def _network_json(network: IpNetwork) -> Any:
 
 
 class NftMasqueradeManager:
-    """Keeps `ip netagent-masq` as rendered, through an `Nft`; with `forward_iptables` (the
+    """Keeps `ip netagent-masq` (`ip6 netagent-masq`) as rendered, through an `Nft`; with `forward_iptables` (the
     host's iptables, when it has one) also the iptables forward accept while that iptables'
     FORWARD policy is DROP."""
 
     def __init__(self, *, nft: Nft, cluster_cidrs: Sequence[IpNetwork | str], pod_cidrs: Sequence[IpNetwork | str],
-                 forward_iptables: Iptables | None = None) -> None:
+                 forward_iptables: Iptables | None = None, family: IpFamily = IpFamily.V4) -> None:
+        """`forward_iptables`: the host's iptables of `family` (ip6tables for IPv6)."""
         self.nft = nft
-        self.wanted = masquerade_table(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
+        self.family = family
+        self.wanted = masquerade_table(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs, family=family)
         self.forward_accept = None if forward_iptables is None else MasqueradeManager(
             runner=forward_iptables, cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs, forward_only=True)
         # the iptables nat chain an iptables-mode run left behind: removed at the first ensure
@@ -184,7 +193,7 @@ class NftMasqueradeManager:
 
     def check(self) -> list[str]:
         """What differs from the wanted state, one sentence per problem (empty: in sync)."""
-        problems = table_drift(self.nft.list_table(FAMILY, TABLE), self.wanted)
+        problems = table_drift(self.nft.list_table(self.family.nft, TABLE), self.wanted)
         if self.forward_accept is not None:
             if self._iptables_forward_drops():
                 problems += self.forward_accept.check()
@@ -194,7 +203,7 @@ class NftMasqueradeManager:
 
     def ensure(self) -> list[str]:
         """Repair whatever drifted; return what was repaired. Writes nothing when in sync."""
-        problems = table_drift(self.nft.list_table(FAMILY, TABLE), self.wanted)
+        problems = table_drift(self.nft.list_table(self.family.nft, TABLE), self.wanted)
         if problems:
             self.nft.apply(render_masquerade_nft(self.wanted))
         if self.forward_accept is not None and self._iptables_nat_chain is not None:
@@ -216,8 +225,8 @@ class NftMasqueradeManager:
 
     def cleanup(self) -> None:
         """Delete the table (and an iptables forward accept of ours); quiet when gone."""
-        if self.nft.list_table(FAMILY, TABLE) is not None:
-            self.nft.apply(f"delete table {FAMILY} {text.name(TABLE)}\n")
+        if self.nft.list_table(self.family.nft, TABLE) is not None:
+            self.nft.apply(f"delete table {self.family.nft} {text.name(TABLE)}\n")
         if self.forward_accept is not None:
             self.forward_accept.cleanup()
 

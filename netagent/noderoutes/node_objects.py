@@ -4,12 +4,16 @@ A Node is read as a plain dict (the reflector's JSON, not the client's model cla
 Our own data lives in annotations under our prefix, as flannel does under its own:
 
     netagent.io/backend-type          vxlan | host-gw | ipip | auto
-    netagent.io/public-ip             the node's underlay address
-    netagent.io/backend-data          JSON, e.g. {"vtepMAC": "..."} for VXLAN
+    netagent.io/public-ip             the node's IPv4 underlay address
+    netagent.io/public-ipv6           the node's IPv6 underlay address (dual-stack, IPv6-only)
+    netagent.io/backend-data          JSON, e.g. {"vtepMAC": "...", "vtepMAC6": "..."} for VXLAN
     netagent.io/public-ip-overwrite   set by the user: announce this address instead
 
-A Node becomes a routing peer only once its agent has announced itself (public IP and,
-for encapsulation, backend data) and it has a pod CIDR; until then it is "pending".
+A Node becomes a routing peer only once its agent has announced itself (a public IP of either
+family and, for encapsulation, backend data) and it has a pod CIDR; until then it is "pending".
+Its IPv6 announcement is read on its own: a malformed `public-ipv6` (wrong type, too long, not
+a global unicast IPv6 address) makes only its IPv6 pod CIDR unroutable, with the reason
+(`Peer.ipv6_problem`), and costs its IPv4 routes nothing.
 
 Every Node is untrusted (any kubelet writes its own Node's annotations; a lax API server
 stores wrong types). `read_peer` is total: each field is checked for its type and size
@@ -31,9 +35,11 @@ from netagent.errors import NetagentError
 PREFIX = "netagent.io/"
 BACKEND_TYPE = PREFIX + "backend-type"
 PUBLIC_IP = PREFIX + "public-ip"
+PUBLIC_IPV6 = PREFIX + "public-ipv6"
 BACKEND_DATA = PREFIX + "backend-data"
 PUBLIC_IP_OVERWRITE = PREFIX + "public-ip-overwrite"
-ANNOUNCED = (BACKEND_TYPE, PUBLIC_IP, BACKEND_DATA)  # the keys our agent writes and re-asserts
+ANNOUNCED = (BACKEND_TYPE, PUBLIC_IP, PUBLIC_IPV6, BACKEND_DATA)  # the keys our agent writes and re-asserts
+MAX_ADDRESS_CHARS = 64
 
 # Bounds read before parsing: our own announcement is about 30 characters of flat JSON.
 MAX_BACKEND_DATA_CHARS = 1024
@@ -74,7 +80,7 @@ def node_pod_cidrs(node: dict, *, cluster_cidrs: list) -> tuple:
     if not raw:
         raise LeaseError(f"node {node_name(node)} has no spec.podCIDR: the cluster must allocate node "
                          f"CIDRs (kube-controller-manager --allocate-node-cidrs) or set it by hand")
-    cidrs = []
+    cidrs: list = []
     for text in raw:
         try:
             if not isinstance(text, str):
@@ -86,14 +92,25 @@ def node_pod_cidrs(node: dict, *, cluster_cidrs: list) -> tuple:
         if same_family and not any(cidr.subnet_of(c) for c in same_family):
             raise LeaseError(f"node {node_name(node)}: pod CIDR {cidr} is outside the cluster CIDR "
                              f"{', '.join(map(str, same_family))} (--cluster-cidr)")
+        if any(c.version == cidr.version for c in cidrs):
+            raise LeaseError(f"node {node_name(node)}: spec.podCIDRs holds two IPv{cidr.version} CIDRs "
+                             f"({', '.join(map(str, raw))}); at most one per IP family")
         cidrs.append(cidr)
     return tuple(cidrs)
 
 
-def render_announcement(*, backend_type: str, public_ip, backend_data: dict) -> dict:
-    """The annotations this node's agent patches onto its Node."""
-    return {BACKEND_TYPE: backend_type, PUBLIC_IP: str(public_ip),
-            BACKEND_DATA: json.dumps(backend_data, sort_keys=True, separators=(",", ":"))}
+def render_announcement(*, backend_type: str, public_ip, backend_data: dict, public_ipv6=None) -> dict:
+    """The annotations this node's agent patches onto its Node: `public-ip` for an IPv4
+    `public_ip` (an IPv6 one, on an IPv6-only node, is `public-ipv6`), `public-ipv6` for `public_ipv6`."""
+    notes = {BACKEND_TYPE: backend_type}
+    if public_ip is not None and ipaddress.ip_address(str(public_ip)).version == 6:
+        public_ip, public_ipv6 = None, public_ip
+    if public_ip is not None:
+        notes[PUBLIC_IP] = str(public_ip)
+    if public_ipv6 is not None:
+        notes[PUBLIC_IPV6] = str(public_ipv6)
+    notes[BACKEND_DATA] = json.dumps(backend_data, sort_keys=True, separators=(",", ":"))
+    return notes
 
 
 @dataclass(frozen=True)
@@ -210,21 +227,55 @@ def _read_peer(node: object) -> Peer | NotYet:
             cidrs.append(ipaddress.ip_network(text))
         except ValueError:
             raise _Bad(RefusalReason.MALFORMED, f"pod CIDR {text!r} is malformed") from None
-    if PUBLIC_IP not in notes:
+    if PUBLIC_IP not in notes and PUBLIC_IPV6 not in notes:
         return NotYet("its agent has not announced a public IP yet")
-    public = _text(notes[PUBLIC_IP], f"annotation {PUBLIC_IP}", limit=64)
-    try:
-        public_ip = ipaddress.IPv4Address(public)
-    except ValueError:
-        raise _Bad(RefusalReason.MALFORMED, f"announced public IP {public!r} is not an IPv4 address") from None
+    public_ipv6, ipv6_problem = _public_ipv6(notes)
+    if PUBLIC_IP in notes:
+        public = _text(notes[PUBLIC_IP], f"annotation {PUBLIC_IP}", limit=MAX_ADDRESS_CHARS)
+        try:
+            public_ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(public)
+        except ValueError:
+            raise _Bad(RefusalReason.MALFORMED, f"announced public IP {public!r} is not an IPv4 address") from None
+    elif public_ipv6 is not None:
+        public_ip = public_ipv6
+    else:
+        raise _Bad(RefusalReason.MALFORMED, f"no usable public IP: {ipv6_problem}")
     if not cidrs:
         return NotYet("it has no pod CIDR")
-    vtep_mac = _backend_data(notes).get("vtepMAC")
+    data = _backend_data(notes)
+    vtep_mac, vtep_mac6 = data.get("vtepMAC"), data.get("vtepMAC6")
     if vtep_mac is not None:
         vtep_mac = _text(vtep_mac, f"{BACKEND_DATA} vtepMAC", limit=64)
+    if vtep_mac6 is not None:
+        vtep_mac6 = _text(vtep_mac6, f"{BACKEND_DATA} vtepMAC6", limit=64)
     uid = metadata.get("uid")
     return Peer(name=name, public_ip=public_ip, pod_cidrs=tuple(cidrs), vtep_mac=vtep_mac,
-                created=_created(metadata), uid=uid if isinstance(uid, str) and len(uid) <= 128 else "")
+                created=_created(metadata), uid=uid if isinstance(uid, str) and len(uid) <= 128 else "",
+                public_ipv6=public_ipv6, vtep_mac6=vtep_mac6, ipv6_problem=ipv6_problem)
+
+
+def _public_ipv6(notes: dict) -> tuple[ipaddress.IPv6Address | None, str]:
+    """(address, "") or (None, why): the IPv6 announcement judged alone, never raising."""
+    raw = notes.get(PUBLIC_IPV6)
+    if raw is None:
+        return None, ""
+    what = f"annotation {PUBLIC_IPV6}"
+    if not isinstance(raw, str):
+        return None, f"{what} is a {type(raw).__name__}, not a string"
+    if len(raw) > MAX_ADDRESS_CHARS:
+        return None, f"{what} has {len(raw)} characters (at most {MAX_ADDRESS_CHARS})"
+    try:
+        address = ipaddress.IPv6Address(raw)
+    except ValueError:
+        return None, f"announced public IPv6 {raw!r} is not an IPv6 address"
+    if address.scope_id is not None or address.ipv4_mapped is not None or not _global_unicast(address):
+        return None, f"announced public IPv6 {raw!r} is not a global unicast IPv6 address"
+    return address, ""
+
+
+def _global_unicast(address: ipaddress.IPv6Address) -> bool:
+    return not (address.is_unspecified or address.is_loopback or address.is_multicast or address.is_link_local
+                or address.is_reserved)
 
 
 def read_peer(node: object) -> Peer | NotYet | Unusable:

@@ -4,7 +4,11 @@ Every Node is written by someone we do not trust (any kubelet writes its own Nod
 annotations; a lax or compromised API server writes anything), and a route is a promise
 to deliver a prefix into the overlay. So before a peer's objects are planned:
 
-- **bounds**: each of its IPv4 pod CIDRs must lie inside `--cluster-cidr` and overlap no
+Admission runs per family (one planner per family of the cluster, see `plan.py`): the peer's
+CIDRs, public IP and VTEP MAC are those of the planner's family (`Peer.in_family`), checked
+against the cluster CIDR and reserved ranges of that family only.
+
+- **bounds**: each of its pod CIDRs must lie inside `--cluster-cidr` of its family and overlap no
   reserved range (`PeerBounds.reserved`: the service range, this node's own underlay
   subnets); its public IP must be a unicast address outside the cluster CIDR (a tunnel
   endpoint inside the overlay would loop). A peer claiming `169.254.169.254/32`, the
@@ -18,7 +22,7 @@ to deliver a prefix into the overlay. So before a peer's objects are planned:
   away the refused one is admitted at the next render (the reconciler re-plans on every
   change).
 
-Overlap checks walk the prefix lengths of one CIDR (at most 33 integer lookups), never
+Overlap checks walk the prefix lengths of one CIDR (at most 33, or 129, integer lookups), never
 all pairs, and only when a sort-and-sweep over all CIDRs found an overlap at all: a plan
 for 1,000 peers renders in about 20 ms.
 """
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address
 from typing import Iterable
+
+from netagent.kernel.families import IpFamily
 
 from netagent.noderoutes.routing.model import (
     LocalNode,
@@ -38,21 +44,27 @@ from netagent.noderoutes.routing.model import (
     VxlanDevice,
 )
 
-_MASKS = tuple((0xFFFFFFFF << (32 - n)) & 0xFFFFFFFF for n in range(33))
+def _masks(bits: int) -> tuple:
+    full = (1 << bits) - 1
+    return tuple((full << (bits - n)) & full for n in range(bits + 1))
+
+
+_MASKS = {IpFamily.V4: _masks(32), IpFamily.V6: _masks(128)}
 _BROADCAST = IPv4Address("255.255.255.255")
 
 
 class _Claims:
-    """Who holds which IPv4 prefix; an overlap check costs one lookup per prefix length."""
+    """Who holds which prefix of one family; an overlap check costs one lookup per prefix length."""
 
-    def __init__(self) -> None:
+    def __init__(self, family: IpFamily = IpFamily.V4) -> None:
+        self._masks = _MASKS[family]
         self._exact: dict[tuple, str] = {}  # (network int, prefixlen) -> owner
         self._below: dict[tuple, str] = {}  # a supernet of some claimed prefix -> its owner
 
     def overlapping_owner(self, cidr) -> str | None:
         network = int(cidr.network_address)
         for prefixlen in range(cidr.prefixlen, -1, -1):
-            owner = self._exact.get((network & _MASKS[prefixlen], prefixlen))
+            owner = self._exact.get((network & self._masks[prefixlen], prefixlen))
             if owner is not None:
                 return owner
         return self._below.get((network, cidr.prefixlen))
@@ -61,7 +73,7 @@ class _Claims:
         network = int(cidr.network_address)
         self._exact[(network, cidr.prefixlen)] = owner
         for prefixlen in range(cidr.prefixlen):
-            self._below.setdefault((network & _MASKS[prefixlen], prefixlen), owner)
+            self._below.setdefault((network & self._masks[prefixlen], prefixlen), owner)
 
 
 class _NoClaims:
@@ -74,22 +86,24 @@ class _NoClaims:
         pass
 
 
-def _claims_for(local: LocalNode, peers: Iterable[Peer]) -> _Claims | _NoClaims:
-    """One sort and sweep over every IPv4 CIDR: only when some overlap is the lookup table needed."""
+def _claims_for(local: LocalNode, peers: Iterable[Peer], family: IpFamily) -> _Claims | _NoClaims:
+    """One sort and sweep over every CIDR of `family`: only when some overlap is the lookup table needed."""
     nodes: tuple[LocalNode | Peer, ...] = (local, *peers)
     spans = sorted((int(c.network_address), int(c.broadcast_address))
-                   for node in nodes for c in node.pod_cidrs if c.version == 4)
+                   for node in nodes for c in node.pod_cidrs if c.version == family.value)
     reach = -1
     for start, end in spans:
         if start <= reach:
-            return _Claims()
+            return _Claims(family)
         reach = end
     return _NoClaims()
 
 
-def _unicast_problem(address: IPv4Address) -> str:
+def _unicast_problem(address, family: IpFamily) -> str:
+    if address.version != family.value:
+        return f"public IP {address} is not an {family.label} address"
     if address.is_unspecified or address.is_loopback or address.is_multicast or address == _BROADCAST \
-            or address.is_reserved:
+            or address.is_reserved or (family is IpFamily.V6 and address.is_link_local):
         return f"public IP {address} is not a unicast address a tunnel can reach"
     return ""
 
@@ -100,19 +114,20 @@ class Admission:
     def __init__(self, local: LocalNode, peers: Iterable[Peer], *, bounds: PeerBounds,
                  devices: tuple) -> None:
         self.local = local
+        self.family = family = local.family
         self.bounds = bounds
-        self.cluster = tuple(c for c in bounds.cluster_cidrs if c.version == 4)
-        self.claims = _claims_for(local, peers)
+        self.cluster = tuple(c for c in bounds.cluster_cidrs if c.version == family.value)
+        self.claims = _claims_for(local, peers, family)
         ours = f"this node ({local.name})"
         for cidr in local.pod_cidrs:
-            if cidr.version == 4:
+            if cidr.version == family.value:
                 self.claims.claim(cidr, ours)
-        self.public_ips: dict[IPv4Address, str] = {local.public_ip: ours}
+        self.public_ips: dict = {local.public_ip: ours}
         self.macs = {device.mac: ours for device in devices if isinstance(device, VxlanDevice)}
 
     def check(self, peer: Peer, cidrs: tuple) -> Refused | None:
-        """Bounds and CIDR / public IP conflicts of one peer's IPv4 `cidrs` (None: go on)."""
-        problem = _unicast_problem(peer.public_ip)
+        """Bounds and CIDR / public IP conflicts of one peer's `cidrs` of this family (None: go on)."""
+        problem = _unicast_problem(peer.public_ip, self.family)
         if problem:
             return Refused(problem, RefusalReason.MALFORMED)
         for cluster in self.cluster:
@@ -126,11 +141,11 @@ class Admission:
                            RefusalReason.CONFLICT)
         for index, cidr in enumerate(cidrs):
             if not any(cidr.subnet_of(cluster) for cluster in self.cluster):
-                inside = ", ".join(map(str, self.cluster)) or "none configured for IPv4"
+                inside = ", ".join(map(str, self.cluster)) or f"none configured for {self.family.label}"
                 return Refused(f"pod CIDR {cidr} is outside the cluster CIDR ({inside}, --cluster-cidr)",
                                RefusalReason.OUTSIDE_CLUSTER_CIDR)
             for reserved, what in self.bounds.reserved:
-                if reserved.version == 4 and cidr.overlaps(reserved):
+                if reserved.version == cidr.version and cidr.overlaps(reserved):
                     return Refused(f"pod CIDR {cidr} overlaps {what} {reserved}", RefusalReason.RESERVED)
             if any(cidr.overlaps(other) for other in cidrs[:index]):
                 return Refused(f"its pod CIDRs {', '.join(map(str, cidrs))} overlap each other",

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-from ipaddress import IPv4Interface
+from ipaddress import ip_interface
+
+from netagent.kernel.families import IpFamily
 
 from netagent.noderoutes.routing.model import (
     ROUTE_PROTOCOL,
@@ -57,7 +59,7 @@ class FakeKernel(RoutingKernel):
                  up: bool = True) -> None:
         """A link that is not ours (the underlay, a bridge, a foreign tunnel)."""
         self.links[ifname] = ObservedDevice(ifname=ifname, kind=kind, mtu=mtu, up=up,
-                                            addresses=frozenset(IPv4Interface(a) for a in addresses))
+                                            addresses=frozenset(ip_interface(a) for a in addresses))
 
     def add_foreign_route(self, route: Route, *, protocol: int = 4) -> None:
         self.routes[route.dst] = (route, protocol)
@@ -69,11 +71,16 @@ class FakeKernel(RoutingKernel):
     def underlay_snapshot(self) -> UnderlaySnapshot:
         indexes = {name: index for index, name in enumerate(self.links, start=1)}
         interfaces = tuple(InterfaceInfo(name=name, index=indexes[name], mtu=link.mtu,
-                                         addresses=tuple(sorted(link.addresses)))
+                                         addresses=tuple(sorted(a for a in link.addresses if a.version == 4)),
+                                         addresses6=tuple(sorted(a for a in link.addresses
+                                                                 if a.version == 6 and not a.is_link_local)))
                            for name, link in self.links.items())
-        defaults = tuple(indexes[route.ifname] for route, _ in self.routes.values()
-                         if route.dst.prefixlen == 0 and route.ifname in indexes)
-        return UnderlaySnapshot(interfaces=interfaces, default_route_ifindexes=defaults)
+
+        def defaults(family: IpFamily) -> tuple:
+            return tuple(indexes[route.ifname] for route, _ in self.routes.values()
+                         if route.dst.prefixlen == 0 and route.dst.version == family.value and route.ifname in indexes)
+        return UnderlaySnapshot(interfaces=interfaces, default_route_ifindexes=defaults(IpFamily.V4),
+                                default_route6_ifindexes=defaults(IpFamily.V6))
 
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         return {name: link.kind for name, link in self.links.items() if name.startswith(prefix)}
@@ -90,7 +97,11 @@ class FakeKernel(RoutingKernel):
         underlay = self.links.get(device.underlay_ifname)
         if underlay is None:
             raise kernel_error(errno.ENODEV, f"vxlan {device.ifname}: no underlay device {device.underlay_ifname}")
-        if device.mtu > underlay.mtu - VXLAN_HEADROOM:
+        headroom = VXLAN_HEADROOM + (20 if device.local.version == 6 else 0)  # the outer header's size
+        if device.local not in {a.ip for a in underlay.addresses} and device.local.version == 6:
+            raise kernel_error(errno.EADDRNOTAVAIL, f"vxlan {device.ifname}: local {device.local} is not an "
+                                                    f"address of {underlay.ifname}")
+        if device.mtu > underlay.mtu - headroom:
             raise kernel_error(errno.EINVAL, f"vxlan {device.ifname}: MTU {device.mtu} exceeds "
                                              f"{underlay.ifname}'s {underlay.mtu} less headroom")
         created = ObservedDevice(ifname=device.ifname, kind="vxlan", mtu=device.mtu, up=False, mac=device.mac,
@@ -130,16 +141,20 @@ class FakeKernel(RoutingKernel):
         return link
 
     # ------------------------------------------------------------ routes
-    def dump_routes(self) -> list[Route]:
-        return [route for route, protocol in self.routes.values() if protocol == self.protocol]
+    def dump_routes(self, family: IpFamily = IpFamily.V4) -> list[Route]:
+        return [route for route, protocol in self.routes.values()
+                if protocol == self.protocol and route.dst.version == family.value]
 
     def replace_route(self, route: Route) -> None:
         what = describe(route)
         link = self._require_link(route.ifname, what)
         if not link.up:
             raise kernel_error(errno.ENETDOWN, f"{what}: device is down")
+        if route.gateway is not None and route.gateway.version != route.dst.version:
+            raise kernel_error(errno.EINVAL, f"{what}: gateway of another family")
         if not route.onlink and route.gateway is not None and \
-                not any(route.gateway in address.network for address in link.addresses):
+                not any(route.gateway in address.network for address in link.addresses
+                        if address.version == route.gateway.version):
             raise kernel_error(errno.ENETUNREACH, f"{what}: gateway is not in a connected prefix of {route.ifname}")
         self.routes[route.dst] = (route, self.protocol)
         self.writes.append(f"replace {what}")
@@ -151,8 +166,8 @@ class FakeKernel(RoutingKernel):
             self.writes.append(f"delete {describe(held[0])}")
 
     # ------------------------------------------------------------ neighbours
-    def dump_neighbours(self, ifname: str) -> list[Neighbour]:
-        return [n for (dev, _), n in self.neighbours.items() if dev == ifname]
+    def dump_neighbours(self, ifname: str, family: IpFamily = IpFamily.V4) -> list[Neighbour]:
+        return [n for (dev, address), n in self.neighbours.items() if dev == ifname and address.version == family.value]
 
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         self._require_link(neighbour.ifname, describe(neighbour))

@@ -26,12 +26,13 @@ import errno
 import logging
 import os
 import socket
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from ipaddress import ip_address, ip_interface, ip_network
 
 from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from netagent.kernel.errors import KernelError
 from netagent.noderoutes.routing.model import (
     ROUTE_PROTOCOL,
@@ -56,8 +57,10 @@ RTNH_F_ONLINK = 0x4
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
 IFF_UP = 0x1
+IFA_F_NODAD = 0x02
 TX_CHECKSUM_FEATURE = "tx-checksum-ip-generic"
 _GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV)
+_AF = {IpFamily.V4: socket.AF_INET, IpFamily.V6: socket.AF_INET6}
 
 
 class IfGone(enum.Enum):
@@ -147,30 +150,34 @@ class NetlinkKernel(RoutingKernel):
         self._indexes[ifname] = index
         kind = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
         data = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
-        addresses = frozenset(IPv4Interface(f"{a.get_attr('IFA_LOCAL') or a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
-                              for a in self._ipr.get_addr(family=socket.AF_INET, index=index))
+        addresses = frozenset(
+            ip_interface(f"{a.get_attr('IFA_LOCAL') or a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
+            for family in (socket.AF_INET, socket.AF_INET6) for a in self._ipr.get_addr(family=family, index=index)
+            if family == socket.AF_INET or a["scope"] == 0)  # IPv6 link-local: the kernel's, not ours
         common = dict(ifname=ifname, kind=kind, mtu=link.get_attr("IFLA_MTU"), up=bool(link["flags"] & IFF_UP),
                       addresses=addresses)
         if kind == "vxlan" and data is not None:
             underlay = data.get_attr("IFLA_VXLAN_LINK")
-            local = data.get_attr("IFLA_VXLAN_LOCAL")
+            local = data.get_attr("IFLA_VXLAN_LOCAL") or data.get_attr("IFLA_VXLAN_LOCAL6")
             return ObservedDevice(
                 **common, mac=link.get_attr("IFLA_ADDRESS"), vni=data.get_attr("IFLA_VXLAN_ID"),
-                port=data.get_attr("IFLA_VXLAN_PORT"), local=IPv4Address(local) if local else None,
+                port=data.get_attr("IFLA_VXLAN_PORT"), local=ip_address(local) if local else None,
                 underlay_ifname=self._names_by_index().get(underlay) if underlay else None,
                 learning=bool(data.get_attr("IFLA_VXLAN_LEARNING")), tx_checksum=self._tx_checksum(ifname))
         if kind == "ipip" and data is not None:
             local, remote = data.get_attr("IFLA_IPIP_LOCAL"), data.get_attr("IFLA_IPIP_REMOTE")
-            return ObservedDevice(**common, local=IPv4Address(local) if local else None,
-                                  remote=IPv4Address(remote) if remote else None)
+            return ObservedDevice(**common, local=ip_address(local) if local else None,
+                                  remote=ip_address(remote) if remote else None)
         return ObservedDevice(**common)
 
     @namespaces.in_own_netns
     def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange:
+        local = {"vxlan_local6" if device.local.version == 6 else "vxlan_local": str(device.local)}
+
         def create() -> None:
             self._ipr.link("add", ifname=device.ifname, kind="vxlan", vxlan_id=device.vni,
-                           vxlan_local=str(device.local), vxlan_link=self._index(device.underlay_ifname),
-                           vxlan_port=device.port, vxlan_learning=0, address=device.mac, mtu=device.mtu)
+                           vxlan_link=self._index(device.underlay_ifname),
+                           vxlan_port=device.port, vxlan_learning=0, address=device.mac, mtu=device.mtu, **local)
         return self._ensure(device, create)
 
     @namespaces.in_own_netns
@@ -213,8 +220,10 @@ class NetlinkKernel(RoutingKernel):
                 self._ipr.link("set", index=index, **changes)
             for address in drift.remove_addresses:
                 self._ipr.addr("del", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
-            for address in drift.add_addresses:
-                self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
+            for address in drift.add_addresses:  # IPv6: no duplicate address detection (usable at once)
+                nodad = {"flags": IFA_F_NODAD} if address.version == 6 else {}
+                self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen,
+                               **nodad)
         if drift.tx_checksum is not None:
             self._set_tx_checksum(ifname, on=drift.tx_checksum)
 
@@ -241,16 +250,17 @@ class NetlinkKernel(RoutingKernel):
 
     # ------------------------------------------------------------ routes
     @namespaces.in_own_netns
-    def dump_routes(self) -> list[Route]:
+    def dump_routes(self, family: IpFamily = IpFamily.V4) -> list[Route]:
         names = self._names_by_index()
         routes = []
-        for msg in self._ipr.route("dump", family=socket.AF_INET, table=MAIN_TABLE, proto=self.protocol):
+        any_address = "0.0.0.0" if family is IpFamily.V4 else "::"
+        for msg in self._ipr.route("dump", family=_AF[family], table=MAIN_TABLE, proto=self.protocol):
             table = msg.get_attr("RTA_TABLE") or msg["table"]
             if table != MAIN_TABLE or msg["proto"] != self.protocol or msg["type"] != RTN_UNICAST:
                 continue
             gateway = msg.get_attr("RTA_GATEWAY")
-            routes.append(Route(dst=IPv4Network(f"{msg.get_attr('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}"),
-                                gateway=IPv4Address(gateway) if gateway else None,
+            routes.append(Route(dst=ip_network(f"{msg.get_attr('RTA_DST') or any_address}/{msg['dst_len']}"),
+                                gateway=ip_address(gateway) if gateway else None,
                                 ifname=names.get(msg.get_attr("RTA_OIF"), ""),
                                 onlink=bool(msg["flags"] & RTNH_F_ONLINK)))
         return routes
@@ -258,26 +268,28 @@ class NetlinkKernel(RoutingKernel):
     @namespaces.in_own_netns
     def replace_route(self, route: Route) -> None:
         with self._call(f"replace {describe(route)}", ifname=route.ifname):
-            self._ipr.route("replace", dst=str(route.dst), gateway=str(route.gateway), oif=self._index(route.ifname),
+            self._ipr.route("replace", dst=str(route.dst), family=_AF[IpFamily.of(route.dst)],
+                            gateway=str(route.gateway), oif=self._index(route.ifname),
                             flags=RTNH_F_ONLINK if route.onlink else 0, proto=self.protocol, table=MAIN_TABLE)
 
     @namespaces.in_own_netns
     def delete_route(self, route: Route) -> None:
         """Delete our route to `route.dst` (the kernel matches dst, table and our protocol only)."""
         with self._call(f"delete {describe(route)}", if_gone=IfGone.SUCCEED):
-            self._ipr.route("del", dst=str(route.dst), proto=self.protocol, table=MAIN_TABLE)
+            self._ipr.route("del", dst=str(route.dst), family=_AF[IpFamily.of(route.dst)], proto=self.protocol,
+                            table=MAIN_TABLE)
 
     # ------------------------------------------------------------ neighbours
     @namespaces.in_own_netns
-    def dump_neighbours(self, ifname: str) -> list[Neighbour]:
+    def dump_neighbours(self, ifname: str, family: IpFamily = IpFamily.V4) -> list[Neighbour]:
         try:
             index = self._index(ifname)
         except KernelError:
             return []
         with self._call(f"dump neighbours on {ifname}", ifname=ifname):
-            return [Neighbour(address=IPv4Address(msg.get_attr("NDA_DST")), mac=msg.get_attr("NDA_LLADDR"),
+            return [Neighbour(address=ip_address(msg.get_attr("NDA_DST")), mac=msg.get_attr("NDA_LLADDR"),
                               ifname=ifname)
-                    for msg in self._ipr.neigh("dump", ifindex=index, family=socket.AF_INET)
+                    for msg in self._ipr.neigh("dump", ifindex=index, family=_AF[family])
                     if msg["ifindex"] == index and msg["state"] & NUD_PERMANENT
                     and msg.get_attr("NDA_DST") and msg.get_attr("NDA_LLADDR")]
 
@@ -285,12 +297,14 @@ class NetlinkKernel(RoutingKernel):
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"replace {describe(neighbour)}", ifname=neighbour.ifname):
             self._ipr.neigh("replace", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address),
+                            family=_AF[IpFamily.of(neighbour.address)],
                             lladdr=neighbour.mac, state=NUD_PERMANENT)
 
     @namespaces.in_own_netns
     def delete_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"delete {describe(neighbour)}", ifname=neighbour.ifname, if_gone=IfGone.SUCCEED):
-            self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address))
+            self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address),
+                            family=_AF[IpFamily.of(neighbour.address)])
 
     # ------------------------------------------------------------ FDB
     @namespaces.in_own_netns
@@ -300,7 +314,7 @@ class NetlinkKernel(RoutingKernel):
         except KernelError:
             return []
         with self._call(f"dump FDB on {ifname}", ifname=ifname):
-            return [FdbEntry(mac=msg.get_attr("NDA_LLADDR"), dst=IPv4Address(msg.get_attr("NDA_DST")),
+            return [FdbEntry(mac=msg.get_attr("NDA_LLADDR"), dst=ip_address(msg.get_attr("NDA_DST")),
                              ifname=ifname)
                     for msg in self._ipr.fdb("dump", ifindex=index)
                     if msg["ifindex"] == index and msg["flags"] & NTF_SELF and msg.get_attr("NDA_DST")]

@@ -13,14 +13,16 @@ Nothing here imports pyroute2: unit tests and the renderer stay light.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
-from typing import TYPE_CHECKING, Mapping
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Interface, IPv6Network, ip_interface
+from typing import TYPE_CHECKING, Mapping, Union
 
 from netagent.errors import NetagentError
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.errors import KernelError  # the seam's refusal (the CNI plugin's too)
 from netagent.kernel.routes import Neighbour, Route  # ours name their device; routes carry our protocol
 
@@ -44,43 +46,91 @@ class Mode(enum.Enum):
 ENCAP_OVERHEAD = {Mode.VXLAN: 50, Mode.IPIP: 20, Mode.HOST_GW: 0, Mode.BGP: 0}  # outer headers per packet
 
 
-def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int) -> int:
-    """The MTU pods must use: the underlay's, less the worst encapsulation a packet may get."""
+OUTER_IPV6_EXTRA = 20  # an IPv6 outer header is 40 bytes, 20 more than IPv4's
+
+
+def encap_overhead(mode: Mode, underlay: IpFamily = IpFamily.V4) -> int:
+    """Bytes of outer headers `mode` adds over an underlay of family `underlay`."""
+    overhead = ENCAP_OVERHEAD[mode]
+    return overhead + OUTER_IPV6_EXTRA if overhead and underlay is IpFamily.V6 else overhead
+
+
+def pod_mtu(mode: Mode, auto_encap: Mode, underlay_mtu: int, *,
+            underlay_families: tuple = (IpFamily.V4,)) -> int:
+    """The MTU pods must use: the underlay's, less the worst encapsulation a packet may get (over
+    an IPv6 underlay, one of `underlay_families`, the outer header is 20 bytes bigger)."""
     worst = auto_encap if mode is Mode.AUTO else mode
-    return underlay_mtu - ENCAP_OVERHEAD[worst]
+    return underlay_mtu - max(encap_overhead(worst, family) for family in underlay_families or (IpFamily.V4,))
+
+
+Address = Union[IPv4Address, IPv6Address]
+Network = Union[IPv4Network, IPv6Network]
 
 
 @dataclass(frozen=True)
 class LocalNode:
+    """This node as one family's planner sees it: `public_ip` and `underlay_network` are that
+    family's underlay address and connected prefix; `pod_cidrs` of other families are ignored."""
     name: str
-    public_ip: IPv4Address
+    public_ip: Address
     underlay_ifname: str
-    underlay_network: IPv4Network  # connected prefix of the underlay address ("same subnet")
+    underlay_network: Network  # connected prefix of the underlay address ("same subnet")
     underlay_mtu: int
-    pod_cidrs: tuple  # IPv4Network, ...; IPv6 entries are ignored
+    pod_cidrs: tuple  # IPv4Network | IPv6Network, ...; only the family's are routed
 
     @property
-    def tunnel_address(self) -> IPv4Interface:
-        """`<first IPv4 pod CIDR's network address>/32`, the encapsulation device's address.
+    def family(self) -> IpFamily:
+        """The family this node's plan routes: its underlay address's."""
+        return IpFamily.of(self.public_ip)
+
+    @property
+    def tunnel_address(self) -> IPv4Interface | IPv6Interface:
+        """`<first pod CIDR of the family's network address>/32` (/128 for IPv6), the
+        encapsulation device's address.
 
         As flannel does: traffic this host originates towards remote pods leaves with a
         pod-network source address, so replies come back through the tunnel.
         """
         for cidr in self.pod_cidrs:
-            if cidr.version == 4:
-                return IPv4Interface(f"{cidr.network_address}/32")
-        raise ValueError(f"node {self.name} has no IPv4 pod CIDR: an encapsulation device needs one "
-                         f"for its address")
+            if cidr.version == self.family.value:
+                return ip_interface(f"{cidr.network_address}/{cidr.max_prefixlen}")
+        raise ValueError(f"node {self.name} has no {self.family.label} pod CIDR: an encapsulation device "
+                         f"needs one for its address")
 
 
 @dataclass(frozen=True)
 class Peer:
+    """A readable Node. `public_ip` is its IPv4 underlay address (its IPv6 one on an IPv6-only
+    node), `public_ipv6` the IPv6 one; `in_family` projects it onto one family's planner."""
     name: str
-    public_ip: IPv4Address
-    pod_cidrs: tuple  # IPv4Network, ...; IPv6 entries are ignored
+    public_ip: Address
+    pod_cidrs: tuple  # IPv4Network | IPv6Network, ...: at most one per family
     vtep_mac: str | None = None  # from the peer's announcement, for VXLAN
     created: datetime | None = None  # the Node's metadata.creationTimestamp (server-set), UTC
     uid: str = ""                    # the Node's metadata.uid: breaks ties between equal timestamps
+    public_ipv6: IPv6Address | None = None  # netagent.io/public-ipv6
+    vtep_mac6: str | None = None     # the VTEP MAC of its IPv6 VXLAN device (`na-vxlan6`)
+    ipv6_problem: str = ""           # why its IPv6 announcement is unusable (IPv6 unroutable)
+
+    def cidrs_of(self, family: IpFamily) -> tuple:
+        return tuple(c for c in self.pod_cidrs if c.version == family.value)
+
+    def in_family(self, family: IpFamily) -> Peer | Refused | Pending:
+        """This peer as `family`'s planner routes it (its address, CIDRs and VTEP MAC of that
+        family), or why it cannot be: refused (a malformed announcement) or pending."""
+        if family is IpFamily.V4:
+            if self.public_ip.version != 4:
+                return Pending("no IPv4 public IP announced")
+            return self if all(c.version == 4 for c in self.pod_cidrs) else \
+                dataclasses.replace(self, pod_cidrs=self.cidrs_of(family))
+        if self.ipv6_problem:
+            return Refused(f"IPv6: {self.ipv6_problem}", RefusalReason.MALFORMED)
+        address = self.public_ipv6 if self.public_ipv6 is not None else \
+            (self.public_ip if self.public_ip.version == 6 else None)
+        if address is None:
+            return Pending("no IPv6 public IP announced (netagent.io/public-ipv6)")
+        return dataclasses.replace(self, public_ip=address, pod_cidrs=self.cidrs_of(family),
+                                   vtep_mac=self.vtep_mac6, public_ipv6=None, vtep_mac6=None)
 
     @property
     def seniority(self) -> tuple:
@@ -99,8 +149,8 @@ class PeerBounds:
     every `reserved` range, each named for the refusal (the service range, this node's own
     underlay subnets). A peer outside them would have the overlay swallow traffic meant for
     the metadata service, Services or the node's own neighbours."""
-    cluster_cidrs: tuple  # IPv4Network, ...
-    reserved: tuple = ()  # (IPv4Network, "what it is"), ...
+    cluster_cidrs: tuple  # IPv4Network | IPv6Network, ...: the planner uses its own family's
+    reserved: tuple = ()  # (network, "what it is"), ...
 
 
 class ChecksumOffload(enum.Enum):
@@ -121,6 +171,7 @@ class RoutingSettings:
     vxlan_checksum_offload: ChecksumOffload = ChecksumOffload.OFF
     vxlan_ifname: str = owned.VXLAN_DEVICE
     ipip_ifname: str = owned.IPIP_DEVICE
+    vxlan6_ifname: str = owned.VXLAN6_DEVICE  # the IPv6 overlay's device, over the IPv6 underlay
 
     def __post_init__(self) -> None:
         if self.auto_encap not in (Mode.VXLAN, Mode.IPIP):
@@ -129,12 +180,12 @@ class RoutingSettings:
             raise ValueError(f"vxlan_vni {self.vxlan_vni} is outside 1..16777215")
         if not 1 <= self.vxlan_port <= 65535:
             raise ValueError(f"vxlan_port {self.vxlan_port} is outside 1..65535")
-        for name in (self.vxlan_ifname, self.ipip_ifname):
+        for name in (self.vxlan_ifname, self.ipip_ifname, self.vxlan6_ifname):
             if not name.startswith(DEVICE_PREFIX) or len(name) > IFNAMSIZ:
                 raise ValueError(f"device name {name!r} must start with {DEVICE_PREFIX!r} and have at "
                                  f"most {IFNAMSIZ} characters")
-        if self.vxlan_ifname == self.ipip_ifname:
-            raise ValueError("vxlan_ifname and ipip_ifname must differ")
+        if len({self.vxlan_ifname, self.ipip_ifname, self.vxlan6_ifname}) != 3:
+            raise ValueError("vxlan_ifname, ipip_ifname and vxlan6_ifname must differ")
 
     @property
     def encap(self) -> Mode | None:
@@ -151,11 +202,11 @@ class VxlanDevice:
     ifname: str
     vni: int
     port: int
-    local: IPv4Address
+    local: Address  # the underlay address of the device's family (IPv6: `na-vxlan6`)
     underlay_ifname: str
     mac: str
     mtu: int
-    address: IPv4Interface  # <first pod CIDR's network address>/32
+    address: IPv4Interface | IPv6Interface  # <first pod CIDR's network address>/32 (/128)
     tx_checksum: bool = False  # tx-checksum-ip-generic wanted on (see ChecksumOffload)
 
 
@@ -171,7 +222,7 @@ class IpipDevice:
 class FdbEntry:
     """A VXLAN forwarding entry `mac dst dst dev ifname self permanent`."""
     mac: str
-    dst: IPv4Address
+    dst: Address
     ifname: str
 
 
@@ -251,11 +302,11 @@ class ObservedDevice:
     mtu: int
     up: bool
     mac: str | None = None
-    addresses: frozenset = frozenset()  # IPv4Interface
+    addresses: frozenset = frozenset()  # IPv4Interface | IPv6Interface (IPv6 link-local ones not listed)
     vni: int | None = None
     port: int | None = None
-    local: IPv4Address | None = None
-    remote: IPv4Address | None = None
+    local: Address | None = None
+    remote: Address | None = None
     underlay_ifname: str | None = None
     learning: bool | None = None
     tx_checksum: bool | None = None  # tx-checksum-ip-generic; None when not changeable
@@ -286,7 +337,7 @@ class RoutingKernel(abc.ABC):
 
     @abc.abstractmethod
     def underlay_snapshot(self) -> UnderlaySnapshot:
-        """The namespace's links, their IPv4 addresses and its IPv4 default routes."""
+        """The namespace's links, their IPv4 and global IPv6 addresses and default routes."""
 
     @abc.abstractmethod
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
@@ -302,8 +353,8 @@ class RoutingKernel(abc.ABC):
     def ensure_ipip(self, device: IpipDevice) -> DeviceChange: ...
 
     @abc.abstractmethod
-    def dump_routes(self) -> list[Route]:
-        """Ours: main table, our protocol, IPv4."""
+    def dump_routes(self, family: IpFamily = IpFamily.V4) -> list[Route]:
+        """Ours: main table, our protocol, of `family`."""
 
     @abc.abstractmethod
     def replace_route(self, route: Route) -> None: ...
@@ -313,8 +364,8 @@ class RoutingKernel(abc.ABC):
         """Matched by destination and our protocol."""
 
     @abc.abstractmethod
-    def dump_neighbours(self, ifname: str) -> list[Neighbour]:
-        """Permanent IPv4 entries."""
+    def dump_neighbours(self, ifname: str, family: IpFamily = IpFamily.V4) -> list[Neighbour]:
+        """Permanent entries of `family`."""
 
     @abc.abstractmethod
     def replace_neighbour(self, neighbour: Neighbour) -> None: ...

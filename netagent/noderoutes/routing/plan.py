@@ -2,7 +2,9 @@
 
 `render_plan(local, peers, settings)` is the whole of "what should the kernel hold": the
 devices the mode needs and, per peer, its objects or the reason it has none (pending,
-refused). It has no side effects and no knowledge of what is programmed, so it is golden
+refused). It plans ONE family, the local node's (`LocalNode.family`: its underlay address's);
+a dual-stack node runs one planner (and one `RouteManager`) per family, as kube-proxy runs one
+proxier per family, each peer projected onto the family by `Peer.in_family`. It has no side effects and no knowledge of what is programmed, so it is golden
 tested (`describe_plan` prints a plan the way `ip` would show it).
 
 The peer loop runs in seniority order (the oldest Node first) and `admission.py` decides
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Iterable, Mapping
 
+from netagent.kernel.families import IpFamily
 from netagent.noderoutes.bgp.mirror import render_bgp_peer
 
 from netagent.noderoutes.routing.admission import Admission
@@ -53,7 +56,7 @@ def render_devices(local: LocalNode, settings: RoutingSettings) -> tuple:
     """The encapsulation device the mode needs: (), (VxlanDevice,) or (IpipDevice,)."""
     if settings.encap is Mode.VXLAN:
         return (render_vxlan_device(local, settings),)
-    if settings.encap is Mode.IPIP:
+    if settings.encap is Mode.IPIP:  # IPv4 only: raises IPIP_IPV6_REFUSAL for an IPv6 node
         return (render_ipip_device(local, settings),)
     return ()
 
@@ -92,28 +95,37 @@ def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettin
     """Everything the kernel should hold for `peers` (a peer named like the local node is skipped);
     only peers inside `bounds` and holding their claims (`admission.py`) get objects. `learnt`:
     the routes BIRD learnt over BGP (destination -> Route, `noderoutes/bgp/learnt.py`), which
-    `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only."""
+    `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only.
+    Only `local.family` is planned: `ignored_ipv6` lists the IPv6 CIDRs an IPv4 plan skipped."""
     devices = render_devices(local, settings)
+    family = local.family
     by_name = {peer.name: peer for peer in peers if peer.name != local.name}
     admission = Admission(local, by_name.values(), bounds=bounds, devices=devices)
     planned, refused, pending = {}, {}, {}
-    ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4]
+    ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4] \
+        if family is IpFamily.V4 else []
     ignored_ipv6: list[str] = []
     for peer in sorted(by_name.values(), key=lambda p: p.seniority):
         name = peer.name
-        cidrs = tuple(c for c in peer.pod_cidrs if c.version == 4)
-        if len(cidrs) != len(peer.pod_cidrs):
+        cidrs = peer.cidrs_of(family)
+        if family is IpFamily.V4 and len(cidrs) != len(peer.pod_cidrs):
             ignored_ipv6.extend(f"{name} {c}" for c in peer.pod_cidrs if c.version != 4)
         if not peer.pod_cidrs:
             pending[name] = "no pod CIDR yet"
-        elif cidrs:  # an IPv6-only peer has nothing to route in this release
-            result = _render_peer(local, peer, cidrs, settings, admission=admission, learnt=learnt or {})
-            if isinstance(result, PeerPlan):
-                planned[name] = result
-            elif isinstance(result, Pending):
-                pending[name] = result.reason
-            else:
-                refused[name] = result
+            continue
+        if not cidrs:  # nothing of this family to route (another family's planner routes the rest)
+            continue
+        projected = peer.in_family(family)
+        if isinstance(projected, Peer):
+            result = _render_peer(local, projected, cidrs, settings, admission=admission, learnt=learnt or {})
+        else:
+            result = projected
+        if isinstance(result, PeerPlan):
+            planned[name] = result
+        elif isinstance(result, Pending):
+            pending[name] = result.reason
+        else:
+            refused[name] = result
     return Plan(devices=devices, peers=dict(sorted(planned.items())), refused=dict(sorted(refused.items())),
                 pending=dict(sorted(pending.items())), ignored_ipv6=tuple(ignored_local + sorted(ignored_ipv6)))
 
@@ -208,7 +220,7 @@ class DeviceDrift:
         return bool(self.recreate) or self.mac is not None
 
 
-_ANY = IPv4Address("0.0.0.0")
+_ANY = IPv4Address("0.0.0.0")  # ipip's "no remote"
 
 
 def _identity_drift(device, observed: ObservedDevice) -> str:

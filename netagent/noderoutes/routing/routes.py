@@ -17,6 +17,10 @@ peer that changes mode gets its new route before its old next hop disappears. Wh
 write fails the rest of that peer is skipped (a route without its neighbour would
 blackhole), everything else is still applied, and `RoutingApplyError` is raised at the
 end so the caller schedules a full sync. Called from one sync thread: no locking.
+
+One manager per IP family (its `local`'s): it dumps, diffs and writes only routes and
+neighbours of its family and only its own devices (`na-vxlan`/`na-ipip` for IPv4, `na-vxlan6`
+for IPv6); `keep_devices` names the other family's devices, which it never removes.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import logging
 from typing import Callable, Iterable, Mapping
 
 from netagent.kernel.errors import KernelError
+from netagent.kernel.families import IpFamily
 from netagent.noderoutes.routing.model import (
     DEVICE_PREFIX,
     ENCAP_KINDS,
@@ -61,7 +66,10 @@ class RouteManager:
         self.local = local
         self.bounds = bounds
         self.log = log
-        self.devices = render_devices(local, settings)  # fails now, not mid-sync, without an IPv4 pod CIDR
+        self.family = local.family
+        self.devices = render_devices(local, settings)  # fails now, not mid-sync, without a pod CIDR of the family
+        self.keep_devices: frozenset[str] = frozenset()  # the other family's manager's devices
+        self.ipv6_routed = False  # an IPv6 manager exists: the IPv4 plan's skipped IPv6 CIDRs are not news
         self._peers: dict[str, Peer] = {}
         self._programmed: dict[str, PeerPlan] = {}
         self._logged_status: dict[str, str] = {}  # peer -> its last logged pending/refused reason
@@ -83,7 +91,8 @@ class RouteManager:
         return list(self._peers.values())
 
     def backend_data(self) -> dict[str, str]:
-        return {"vtepMAC": device.mac for device in self.devices if isinstance(device, VxlanDevice)}
+        key = "vtepMAC" if self.family is IpFamily.V4 else "vtepMAC6"
+        return {key: device.mac for device in self.devices if isinstance(device, VxlanDevice)}
 
     def sync_all(self, peers: Iterable[Peer]) -> SyncReport:
         """Full reconcile of devices and every peer against a kernel dump; repairs any drift."""
@@ -130,7 +139,7 @@ class RouteManager:
         emptied = False
         wanted = {device.ifname for device in self.devices}
         for name, kind in self.kernel.links_with_prefix(DEVICE_PREFIX).items():
-            if kind in ENCAP_KINDS and name not in wanted:
+            if kind in ENCAP_KINDS and name not in wanted and name not in self.keep_devices:
                 self.log.info("removing %s (%s): not used in %s mode", name, kind, self.settings.mode.value)
                 self.kernel.delete_link(name)
                 self._forget_objects_on(name)
@@ -158,10 +167,10 @@ class RouteManager:
         return plan
 
     def _dump_ours(self) -> list:
-        objects: list[Route | Neighbour | FdbEntry] = list(self.kernel.dump_routes())
+        objects: list[Route | Neighbour | FdbEntry] = list(self.kernel.dump_routes(self.family))
         for device in self.devices:
             if isinstance(device, VxlanDevice):
-                objects += self.kernel.dump_neighbours(device.ifname)
+                objects += self.kernel.dump_neighbours(device.ifname, self.family)
                 objects += self.kernel.dump_fdb(device.ifname)
         return objects
 
@@ -225,19 +234,20 @@ class RouteManager:
                 level = logging.WARNING if text.startswith("refused") else logging.INFO
                 self.log.log(level, "peer %s %s", name, text)
         self._logged_status = status
-        if plan.ignored_ipv6 and not self._ipv6_logged:
+        if plan.ignored_ipv6 and not self._ipv6_logged and not self.ipv6_routed:
             self._ipv6_logged = True
             shown = ", ".join(plan.ignored_ipv6[:3]) + (" ..." if len(plan.ignored_ipv6) > 3 else "")
-            self.log.warning("IPv6 pod CIDRs are not routed in this release; ignoring %s", shown)
+            self.log.warning("IPv6 pod CIDRs are not routed: no IPv6 --cluster-cidr; ignoring %s", shown)
 
 
 def remove_owned_routing(kernel) -> list[str]:
     """Delete our routes (by protocol) and our encapsulation devices; what `netagent cleanup`
     and `RouteManager.cleanup` share. Returns a line per thing removed."""
     removed = []
-    for route in kernel.dump_routes():
-        kernel.delete_route(route)
-        removed.append(f"route {route.dst}")
+    for family in IpFamily:
+        for route in kernel.dump_routes(family):
+            kernel.delete_route(route)
+            removed.append(f"route {route.dst}")
     for name, kind in kernel.links_with_prefix(DEVICE_PREFIX).items():
         if kind in ENCAP_KINDS:
             kernel.delete_link(name)

@@ -20,6 +20,17 @@ re-announcement is needed. A peer that has not announced its MAC yet is pending;
 whose announced MAC is malformed is refused.
 
 MTU is the underlay's less 50 bytes (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14).
+
+IPv6 pods: a second device, `na-vxlan6`, whose underlay is IPv6 (as flannel's `flannel-v6.1`).
+Each family's planner renders its own device over its own underlay address: the IPv4 overlay
+over `na-vxlan` and the IPv4 underlay, the IPv6 overlay over `na-vxlan6` and the IPv6 underlay,
+with the same VNI and port (the kernel tells the two sockets apart by family). Why not carry
+IPv6 pods inside the IPv4 device: an IPv6-only cluster has no IPv4 underlay at all, and one
+rule ("a family's overlay rides that family's underlay") serves dual-stack and IPv6-only
+alike, with per-family neighbour (NDP), FDB and route entries. Its MTU is 20 bytes lower
+(the outer IPv6 header is 40 bytes: underlay - 70), its VTEP MAC another stable hash of the
+node name, announced as `vtepMAC6` in the backend data, and its address the IPv6 pod CIDR's
+network address /128.
 """
 from __future__ import annotations
 
@@ -27,8 +38,8 @@ import functools
 import hashlib
 import re
 
+from netagent.kernel.families import IpFamily
 from netagent.noderoutes.routing.model import (
-    ENCAP_OVERHEAD,
     ChecksumOffload,
     FdbEntry,
     LocalNode,
@@ -42,14 +53,16 @@ from netagent.noderoutes.routing.model import (
     Route,
     RoutingSettings,
     VxlanDevice,
+    encap_overhead,
 )
 
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
-def vtep_mac(node_name: str) -> str:
-    """The node's VTEP MAC: stable across restarts, locally administered, unicast."""
-    raw = bytearray(hashlib.sha256(b"netagent-vtep\0" + node_name.encode()).digest()[:6])
+def vtep_mac(node_name: str, family: IpFamily = IpFamily.V4) -> str:
+    """The node's VTEP MAC of `family`'s device: stable across restarts, locally administered, unicast."""
+    salt = b"netagent-vtep\0" if family is IpFamily.V4 else b"netagent-vtep6\0"
+    raw = bytearray(hashlib.sha256(salt + node_name.encode()).digest()[:6])
     raw[0] = (raw[0] & 0xFC) | 0x02
     return ":".join(f"{b:02x}" for b in raw)
 
@@ -63,23 +76,31 @@ def normalize_mac(text: str) -> str | None:
     return mac
 
 
+def vxlan_ifname(settings: RoutingSettings, family: IpFamily) -> str:
+    return settings.vxlan_ifname if family is IpFamily.V4 else settings.vxlan6_ifname
+
+
 def render_vxlan_device(local: LocalNode, settings: RoutingSettings) -> VxlanDevice:
-    return VxlanDevice(ifname=settings.vxlan_ifname, vni=settings.vxlan_vni, port=settings.vxlan_port,
+    family = local.family
+    return VxlanDevice(ifname=vxlan_ifname(settings, family), vni=settings.vxlan_vni, port=settings.vxlan_port,
                        local=local.public_ip, underlay_ifname=local.underlay_ifname,
-                       mac=vtep_mac(local.name), mtu=local.underlay_mtu - ENCAP_OVERHEAD[Mode.VXLAN],
+                       mac=vtep_mac(local.name, family), mtu=local.underlay_mtu - encap_overhead(Mode.VXLAN, family),
                        address=local.tunnel_address,
                        tx_checksum=settings.vxlan_checksum_offload is ChecksumOffload.ON)
 
 
 def render_vxlan_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> PeerPlan | Pending | Refused:
-    """The peer's objects over VXLAN for its IPv4 `cidrs`; pending until it has a VTEP MAC."""
+    """The peer's objects over VXLAN for its `cidrs` (of the family of its projected public IP, see
+    `Peer.in_family`); pending until it has a VTEP MAC."""
+    family = IpFamily.of(peer.public_ip)
     if peer.vtep_mac is None:
-        return Pending("no VTEP MAC announced yet (vxlan)")
+        return Pending("no VTEP MAC announced yet (vxlan)" if family is IpFamily.V4 else
+                       "no IPv6 VTEP MAC announced yet (vxlan, vtepMAC6)")
     mac = normalize_mac(peer.vtep_mac)
     if mac is None:
         return Refused(f"announced VTEP MAC {peer.vtep_mac[:40]!r} is not a unicast MAC address",
                        RefusalReason.MALFORMED)
-    ifname = settings.vxlan_ifname
+    ifname = vxlan_ifname(settings, family)
     return PeerPlan(
         name=peer.name, mode=Mode.VXLAN,
         neighbours=tuple(Neighbour(address=cidr.network_address, mac=mac, ifname=ifname) for cidr in cidrs),
