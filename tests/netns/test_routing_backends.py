@@ -8,6 +8,11 @@ that node's namespace, and peers are built the way the agent builds them (each n
 announced VTEP MAC comes from its own `ensure_local`). Kernel state is asserted with
 `ip -j` / `bridge -j`, connectivity with real pings from pod to pod.
 
+Per IP family (`test_pods_reach_each_other_per_family`): the lab builds IPv4, IPv6 or both
+(`Lab(families=...)`: IPv6 underlay addresses and pod addresses with DAD off), each node runs
+one `RouteManager` per family, as the agent does, and pods ping each other over every family
+in host-gw, vxlan (IPv6 over `na-vxlan6` on the IPv6 underlay) and auto.
+
 IPIP cannot run on this kernel (no CONFIG_NET_IPIP): its test first proves that
 `ip link add type ipip` fails in a test namespace and only then skips; on a kernel with
 IPIP (the VM tier) the same test runs the real code path.
@@ -20,12 +25,13 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
 from cni.netns import entered
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from netagent.noderoutes.routing.kernel import NetlinkKernel
 from netagent.noderoutes.routing.model import ROUTE_PROTOCOL, LocalNode, Mode, Peer, PeerBounds, RoutingSettings
 from netagent.noderoutes.routing.routes import RouteManager
@@ -33,7 +39,11 @@ from netagent.noderoutes.routing.vxlan import vtep_mac
 from netagent.noderoutes.underlay import choose_underlay
 
 SEGMENTS = {"a": IPv4Network("192.0.2.0/24"), "b": IPv4Network("198.51.100.0/24")}
+SEGMENTS6 = {"a": IPv6Network("2001:db8:a::/64"), "b": IPv6Network("2001:db8:b::/64")}
 ROUTER_HOST = 254
+V4, V6 = (IpFamily.V4,), (IpFamily.V6,)
+DUAL = (IpFamily.V4, IpFamily.V6)
+NO_DAD = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"]  # addresses usable at once
 
 
 def ip_batch(netns: str, commands: list[str]) -> None:
@@ -66,7 +76,7 @@ def our_links(netns: str) -> list:
     return sorted(link["ifname"] for link in ip_json(netns, "link", "show") if link["ifname"].startswith("na-"))
 
 
-BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"),))  # every pod CIDR of these tests
+BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"), IPv6Network("fd00:10:244::/56")))  # every pod CIDR
 
 
 @dataclass
@@ -77,34 +87,58 @@ class Node:
     segment: str
     public_ip: IPv4Address
     pod_cidr: IPv4Network
+    public_ip6: IPv6Address
+    pod_cidr6: IPv6Network
+    families: tuple = V4
     kernel: NetlinkKernel | None = None
-    routes: RouteManager | None = None
+    routes: RouteManager | None = None  # the first family's
+    managers: dict | None = None  # IpFamily -> RouteManager
     backend_data: dict | None = None
 
     @property
     def pod_ip(self) -> str:
         return str(self.pod_cidr.network_address + 2)
 
-    def local(self) -> LocalNode:
+    def pod_ip_of(self, family: IpFamily) -> str:
+        return self.pod_ip if family is IpFamily.V4 else str(self.pod_cidr6.network_address + 2)
+
+    def local(self, family: IpFamily = IpFamily.V4) -> LocalNode:
+        if family is IpFamily.V6:
+            return LocalNode(name=self.name, public_ip=self.public_ip6, underlay_ifname="eth0",
+                             underlay_network=SEGMENTS6[self.segment], underlay_mtu=1500,
+                             pod_cidrs=self.pod_cidrs())
         return LocalNode(name=self.name, public_ip=self.public_ip, underlay_ifname="eth0",
-                         underlay_network=SEGMENTS[self.segment], underlay_mtu=1500, pod_cidrs=(self.pod_cidr,))
+                         underlay_network=SEGMENTS[self.segment], underlay_mtu=1500, pod_cidrs=self.pod_cidrs())
+
+    def pod_cidrs(self) -> tuple:
+        return tuple(self.pod_cidr if f is IpFamily.V4 else self.pod_cidr6 for f in self.families)
 
     def as_peer(self) -> Peer:
-        return Peer(name=self.name, public_ip=self.public_ip, pod_cidrs=(self.pod_cidr,),
-                    vtep_mac=(self.backend_data or {}).get("vtepMAC"))
+        data = self.backend_data or {}
+        if self.families == V6:  # an IPv6-only node announces public-ipv6 alone
+            return Peer(name=self.name, public_ip=self.public_ip6, public_ipv6=self.public_ip6,
+                        pod_cidrs=self.pod_cidrs(), vtep_mac6=data.get("vtepMAC6"))
+        return Peer(name=self.name, public_ip=self.public_ip, pod_cidrs=self.pod_cidrs(),
+                    vtep_mac=data.get("vtepMAC"), vtep_mac6=data.get("vtepMAC6"),
+                    public_ipv6=self.public_ip6 if IpFamily.V6 in self.families else None)
 
 
 class Lab:
-    def __init__(self) -> None:
+    def __init__(self, families: tuple = V4) -> None:
+        self.families = families
         self.namespaces: list[str] = []
         self.kernels: list[NetlinkKernel] = []
         self.nodes: list[Node] = []
         self.underlay = self.new_namespace("ul")
+        sysctl(self.underlay, "net.ipv4.ip_forward=1")
+        for setting in NO_DAD + ["net.ipv6.conf.all.forwarding=1"]:
+            sysctl(self.underlay, setting)
         ip_batch(self.underlay, [f"link add br-{s} type bridge" for s in SEGMENTS] +
                  [f"link set br-{s} up" for s in SEGMENTS] +
                  [f"addr add {net.network_address + ROUTER_HOST}/{net.prefixlen} dev br-{s}"
-                  for s, net in SEGMENTS.items()])
-        sysctl(self.underlay, "net.ipv4.ip_forward=1")
+                  for s, net in SEGMENTS.items()] +
+                 [f"addr add {net.network_address + ROUTER_HOST}/{net.prefixlen} dev br-{s} nodad"
+                  for s, net in SEGMENTS6.items()])
 
     def new_namespace(self, role: str) -> str:
         name = namespaces.unique_name(f"na-t{role}")
@@ -114,20 +148,36 @@ class Lab:
 
     def add_node(self, *, segment: str = "a") -> Node:
         index = len(self.nodes) + 1
-        net = SEGMENTS[segment]
+        net, net6 = SEGMENTS[segment], SEGMENTS6[segment]
         node = Node(name=f"node-{index}", netns=self.new_namespace(f"n{index}"),
                     pod_netns=self.new_namespace(f"p{index}"), segment=segment,
-                    public_ip=net.network_address + index, pod_cidr=IPv4Network(f"10.244.{index}.0/24"))
+                    public_ip=net.network_address + index, pod_cidr=IPv4Network(f"10.244.{index}.0/24"),
+                    public_ip6=net6.network_address + index, pod_cidr6=IPv6Network(f"fd00:10:244:{index}::/64"),
+                    families=self.families)
         ip_batch(self.underlay, [f"link add u{index} type veth peer name eth0 netns {node.netns}",
                                  f"link set u{index} master br-{segment} up"])
-        other = next(n for s, n in SEGMENTS.items() if s != segment)
-        ip_batch(node.netns, [f"addr add {node.public_ip}/{net.prefixlen} dev eth0", "link set eth0 up",
-                              f"route add {other} via {net.network_address + ROUTER_HOST}",
-                              f"link add pod0 type veth peer name eth0 netns {node.pod_netns}",
-                              f"addr add {node.pod_cidr.network_address + 1}/24 dev pod0", "link set pod0 up"])
-        ip_batch(node.pod_netns, [f"addr add {node.pod_ip}/24 dev eth0", "link set eth0 up",
-                                  f"route add default via {node.pod_cidr.network_address + 1}"])
+        for netns in (node.netns, node.pod_netns):
+            for setting in NO_DAD:
+                sysctl(netns, setting)
+        other = next(s for s in SEGMENTS if s != segment)
+        node_side, pod_side = ["link set eth0 up", f"link add pod0 type veth peer name eth0 netns {node.pod_netns}",
+                               "link set pod0 up"], ["link set eth0 up"]
+        if IpFamily.V4 in self.families:
+            node_side += [f"addr add {node.public_ip}/{net.prefixlen} dev eth0",
+                          f"route add {SEGMENTS[other]} via {net.network_address + ROUTER_HOST}",
+                          f"addr add {node.pod_cidr.network_address + 1}/24 dev pod0"]
+            pod_side += [f"addr add {node.pod_ip}/24 dev eth0",
+                         f"route add default via {node.pod_cidr.network_address + 1}"]
+        if IpFamily.V6 in self.families:
+            node_side += [f"addr add {node.public_ip6}/64 dev eth0 nodad",
+                          f"route add {SEGMENTS6[other]} via {net6.network_address + ROUTER_HOST}",
+                          f"addr add {node.pod_cidr6.network_address + 1}/64 dev pod0 nodad"]
+            pod_side += [f"addr add {node.pod_ip_of(IpFamily.V6)}/64 dev eth0 nodad",
+                         f"route add default via {node.pod_cidr6.network_address + 1}"]
+        ip_batch(node.netns, node_side)
+        ip_batch(node.pod_netns, pod_side)
         sysctl(node.netns, "net.ipv4.ip_forward=1")
+        sysctl(node.netns, "net.ipv6.conf.all.forwarding=1")
         self.nodes.append(node)
         return node
 
@@ -142,15 +192,28 @@ class Lab:
         return kernel
 
     def start(self, node: Node, settings: RoutingSettings) -> RouteManager:
+        """One manager per family of the lab, as the agent builds them; `node.routes` is the first."""
         node.kernel = self.kernel_in(node.netns)
-        node.routes = RouteManager(kernel=node.kernel, settings=settings, local=node.local(), bounds=BOUNDS)
-        node.backend_data = node.routes.ensure_local()
+        node.managers = {family: RouteManager(kernel=node.kernel, settings=settings, local=node.local(family),
+                                              bounds=BOUNDS) for family in self.families}
+        node.backend_data = {}
+        for family, manager in node.managers.items():
+            manager.keep_devices = frozenset(d.ifname for other, m in node.managers.items() if other is not family
+                                             for d in m.devices)
+            manager.ipv6_routed = IpFamily.V6 in self.families
+            node.backend_data.update(manager.ensure_local())
+        node.routes = node.managers[self.families[0]]
         return node.routes
 
     def start_all(self, settings: RoutingSettings) -> dict:
+        """Start every node; the first family's report per node (`start_all_families` for all)."""
+        return {name: reports[self.families[0]] for name, reports in self.start_all_families(settings).items()}
+
+    def start_all_families(self, settings: RoutingSettings) -> dict:
         for node in self.nodes:
             self.start(node, settings)
-        return {node.name: node.routes.sync_all(self.peers_of(node)) for node in self.nodes}
+        return {node.name: {family: manager.sync_all(self.peers_of(node)) for family, manager in node.managers.items()}
+                for node in self.nodes}
 
     def peers_of(self, node: Node) -> list:
         return [other.as_peer() for other in self.nodes if other is not node]
@@ -162,10 +225,10 @@ class Lab:
             namespaces.remove(name)
 
 
-def ping(src: Node, dst: Node) -> bool:
+def ping(src: Node, dst: Node, family: IpFamily = IpFamily.V4) -> bool:
     """Whether dst's pod answers src's within 10 s (pinging every 0.05 s, done at the first reply)."""
     return namespaces.run_in(src.pod_netns, ["ping", "-c", "1", "-w", "10", "-i", "0.05",
-                                             dst.pod_ip]).returncode == 0
+                                             dst.pod_ip_of(family)]).returncode == 0
 
 
 def silent(src: Node, dst: Node) -> bool:
@@ -175,13 +238,14 @@ def silent(src: Node, dst: Node) -> bool:
 
 
 def assert_full_mesh(lab: Lab) -> None:
-    failed = [(a.name, b.name) for a in lab.nodes for b in lab.nodes if a is not b and not ping(a, b)]
+    failed = [(a.name, b.name, f.label) for f in lab.families for a in lab.nodes for b in lab.nodes
+              if a is not b and not ping(a, b, f)]
     assert not failed, f"pod-to-pod pings failed: {failed}"
 
 
 @pytest.fixture
-def lab():
-    built = Lab()
+def lab(request):
+    built = Lab(getattr(request, "param", V4))
     try:
         yield built
     finally:
@@ -494,3 +558,69 @@ def test_the_underlay_is_read_in_the_kernels_own_namespace(lab):
     assert {info.name for info in snapshot.interfaces} == {"lo", "eth0", "pod0"}
     chosen = choose_underlay(snapshot)
     assert (chosen.ifname, chosen.public_ip, chosen.network) == ("eth0", node.public_ip, SEGMENTS["a"])
+
+
+FAMILIES = [pytest.param(V4, id="ipv4"), pytest.param(V6, id="ipv6"), pytest.param(DUAL, id="dual")]
+
+
+@pytest.mark.parametrize("lab", FAMILIES, indirect=True)
+@pytest.mark.parametrize("mode", [Mode.HOST_GW, Mode.VXLAN, Mode.AUTO], ids=lambda m: m.value)
+def test_pods_reach_each_other_per_family(lab, mode):
+    """Every family's pods reach every other node's: host-gw and vxlan on one segment, auto across
+    two (host-gw to the neighbour, vxlan over the router); one manager per family per node."""
+    lab.add_node(segment="a"), lab.add_node(segment="a"), lab.add_node(segment="b" if mode is Mode.AUTO else "a")
+    reports = lab.start_all_families(RoutingSettings(mode=mode))
+    for name, by_family in reports.items():
+        for family, report in by_family.items():
+            assert not report.refused and not report.pending, (name, family, report)
+            want = {Mode.HOST_GW: {"host-gw": 2}, Mode.VXLAN: {"vxlan": 2},
+                    Mode.AUTO: {"host-gw": 1, "vxlan": 1} if name != "node-3" else {"vxlan": 2}}[mode]
+            assert {m: n for m, n in report.peers_by_mode.items() if n} == want, (name, family)
+    assert_full_mesh(lab)
+    n1 = lab.nodes[0]
+    links = {Mode.HOST_GW: [], Mode.VXLAN: ["na-vxlan"], Mode.AUTO: ["na-vxlan"]}[mode]
+    assert our_links(n1.netns) == sorted(("na-vxlan6" if f is IpFamily.V6 else name)
+                                         for f in lab.families for name in links)
+    if IpFamily.V6 not in lab.families:
+        return
+    routes6 = {r["dst"]: (r.get("gateway"), r["dev"]) for r in ip_json(n1.netns, "-6", "route", "show", "proto",
+                                                                         str(ROUTE_PROTOCOL))}
+    direct = ("2001:db8:a::2", "eth0")
+    tunnel = ("fd00:10:244:3::", "na-vxlan6")
+    assert routes6["fd00:10:244:2::/64"] == (direct if mode is not Mode.VXLAN else ("fd00:10:244:2::", "na-vxlan6"))
+    assert routes6["fd00:10:244:3::/64"] == (("2001:db8:a::3", "eth0") if mode is Mode.HOST_GW else tunnel)
+    if mode is Mode.HOST_GW:
+        return
+    (link,) = ip_json(n1.netns, "-d", "link", "show", "na-vxlan6")
+    assert (link["linkinfo"]["info_data"]["local6"], link["mtu"], link["address"]) == \
+        ("2001:db8:a::1", 1430, vtep_mac("node-1", IpFamily.V6))
+    assert (vtep_mac("node-3", IpFamily.V6), str(lab.nodes[2].public_ip6)) in \
+        {(e["mac"], e["dst"]) for e in fdb_json(n1.netns, "na-vxlan6")}
+    neighbours = {(n["dst"], n["lladdr"]) for n in ip_json(n1.netns, "-6", "neigh", "show", "dev", "na-vxlan6")
+                  if "PERMANENT" in n["state"]}
+    assert ("fd00:10:244:3::", vtep_mac("node-3", IpFamily.V6)) in neighbours
+    # a restart adopts both families without a write
+    for node in lab.nodes:
+        for manager in node.managers.values():
+            again = manager.sync_all(lab.peers_of(node))
+            assert (again.added, again.removed) == (0, 0)
+
+
+@pytest.mark.parametrize("lab", [pytest.param(DUAL, id="dual")], indirect=True)
+def test_a_peer_with_a_malformed_ipv6_announcement_keeps_its_ipv4_routes(lab):
+    n1, n2 = lab.add_node(), lab.add_node()
+    settings = RoutingSettings(mode=Mode.VXLAN)
+    for node in (n1, n2):
+        lab.start(node, settings)
+    import dataclasses
+    bad = dataclasses.replace(n2.as_peer(), public_ipv6=None, ipv6_problem="announced public IPv6 'fe80::1' is not global")
+    v4, v6 = n1.managers[IpFamily.V4].sync_all([bad]), n1.managers[IpFamily.V6].sync_all([bad])
+    n2.managers[IpFamily.V4].sync_all(lab.peers_of(n2))
+    assert v4.peers_by_mode["vxlan"] == 1 and "fe80::1" in v6.refused["node-2"].reason
+    assert ping(n1, n2, IpFamily.V4) and silent_v6(n1, n2)
+    assert our_links(n1.netns) == ["na-vxlan", "na-vxlan6"]
+
+
+def silent_v6(src: Node, dst: Node) -> bool:
+    return namespaces.run_in(src.pod_netns, ["ping", "-c", "1", "-W", "1",
+                                             dst.pod_ip_of(IpFamily.V6)]).returncode != 0
