@@ -10,6 +10,10 @@ Topology (all namespaces created here and removed afterwards; the root namespace
                                         |
                                    203.0.113.2  internet
 
+IPv6 (`family` ipv6, the main test on every dataplane): the same topology in fd00:10:244::/56
+(pod fd00:10:244:1::2, remote pod fd00:10:244:2::2) and 2001:db8:113::/64 towards the internet,
+masqueraded by the managers built for IPv6 (ip6tables, table `ip6 netagent-masq`).
+
 The node plays this node (pod CIDR 10.244.1.0/24 of cluster 10.244.0.0/16); the "remote pod"
 stands for another node's pod behind it. Each far end runs a UDP server that answers with the
 source address it saw. The internet namespace routes 10.244.0.0/16 back to the node, so
@@ -18,10 +22,12 @@ can fail.
 """
 import itertools
 import sys
+from dataclasses import dataclass
 
 import pytest
 
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.nftables.runner import NftRunner
 from netagent.noderoutes.masquerade import MasqueradeManager
@@ -32,20 +38,50 @@ PORT = 7777
 POD, REMOTE_POD, INTERNET = "10.244.1.2", "10.244.2.2", "203.0.113.2"
 NODE_TOWARDS_INTERNET, NODE_TOWARDS_REMOTE = "203.0.113.1", "10.244.2.1"
 
+
+@dataclass(frozen=True)
+class Plan:
+    """One family's addresses of the topology."""
+    pod: str
+    remote_pod: str
+    internet: str
+    node_towards_internet: str
+    node_towards_remote: str
+    cluster: str
+    pod_cidr: str
+    links: tuple  # (role, node address, far address, far gateway or None)
+    inet_route: str  # the internet's route back to the cluster CIDR via the node
+
+
+PLANS = {
+    IpFamily.V4: Plan(POD, REMOTE_POD, INTERNET, NODE_TOWARDS_INTERNET, NODE_TOWARDS_REMOTE, "10.244.0.0/16",
+                      "10.244.1.0/24",
+                      (("pod", "10.244.1.1/24", POD + "/24", "10.244.1.1"),
+                       ("remote", "10.244.2.1/24", REMOTE_POD + "/24", "10.244.2.1"),
+                       ("inet", "203.0.113.1/24", INTERNET + "/24", None)), "10.244.0.0/16"),
+    IpFamily.V6: Plan("fd00:10:244:1::2", "fd00:10:244:2::2", "2001:db8:113::2", "2001:db8:113::1",
+                      "fd00:10:244:2::1", "fd00:10:244::/56", "fd00:10:244:1::/64",
+                      (("pod", "fd00:10:244:1::1/64", "fd00:10:244:1::2/64", "fd00:10:244:1::1"),
+                       ("remote", "fd00:10:244:2::1/64", "fd00:10:244:2::2/64", "fd00:10:244:2::1"),
+                       ("inet", "2001:db8:113::1/64", "2001:db8:113::2/64", None)), "fd00:10:244::/56"),
+}
+
 SOURCE_ECHO = r"""
 import socket, sys
-server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-server.bind(("0.0.0.0", int(sys.argv[1])))
+server = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # both families: IPv4 as ::ffff:a.b.c.d
+server.bind(("::", int(sys.argv[1])))
 print("ready", flush=True)
 while True:
     data, peer = server.recvfrom(64)
-    server.sendto(peer[0].encode(), peer)
+    server.sendto(peer[0].removeprefix("::ffff:").encode(), peer)
 """
 
 PROBE = r"""
 import socket, sys
-client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-client.bind(("0.0.0.0", int(sys.argv[3])))
+v6 = ":" in sys.argv[1]
+client = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+client.bind(("::" if v6 else "0.0.0.0", int(sys.argv[3])))
 client.settimeout(float(sys.argv[4]))
 try:
     client.sendto(b"who am i", (sys.argv[1], int(sys.argv[2])))
@@ -58,27 +94,30 @@ except socket.timeout:
 class Lab(NamespaceTopology):
     """The five-address topology above; `seen_by(src_ns, dst_addr)` is what the far end saw."""
 
-    def __init__(self):
+    def __init__(self, family: IpFamily = IpFamily.V4):
         super().__init__(("node", "pod", "remote", "inet"))
+        self.family = family
+        self.plan = PLANS[family]
         self.source_ports = itertools.count(40000)  # a fresh port per probe: a fresh conntrack entry
 
     def node(self, *argv):
         namespaces.run_in(self.names["node"], list(argv), check=True)
 
     def _build(self):
+        plan = self.plan
         self.node("sysctl", "-qw", "net.ipv4.ip_forward=1")
-        for role, node_address, far_address, gateway in (
-                ("pod", "10.244.1.1/24", POD + "/24", "10.244.1.1"),
-                ("remote", "10.244.2.1/24", REMOTE_POD + "/24", "10.244.2.1"),
-                ("inet", "203.0.113.1/24", INTERNET + "/24", None)):
+        self.node("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+        nodad = ["nodad"] if self.family is IpFamily.V6 else []
+        for role, node_address, far_address, gateway in plan.links:
             far = self.names[role]
             link = f"n-{role}"
             self.node("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", far)
-            self.node("ip", "addr", "add", node_address, "dev", link)
+            self.node("ip", "addr", "add", node_address, "dev", link, *nodad)
             self.node("ip", "link", "set", link, "up")
-            namespaces.run_in(far, ["ip", "addr", "add", far_address, "dev", "eth0"], check=True)
+            namespaces.run_in(far, ["ip", "addr", "add", far_address, "dev", "eth0", *nodad], check=True)
             namespaces.run_in(far, ["ip", "link", "set", "eth0", "up"], check=True)
-            route = ["default", "via", gateway] if gateway else ["10.244.0.0/16", "via", "203.0.113.1"]
+            back = plan.node_towards_internet
+            route = ["default", "via", gateway] if gateway else [plan.inet_route, "via", back]
             namespaces.run_in(far, ["ip", "route", "add", *route], check=True)
         for role in ("pod", "remote", "inet"):
             self.start_server(role, [sys.executable, "-c", SOURCE_ECHO, str(PORT)])
@@ -93,15 +132,20 @@ class Lab(NamespaceTopology):
 
 
 @pytest.fixture
-def lab():
-    with Lab() as lab:
+def family(request):
+    return getattr(request, "param", IpFamily.V4)
+
+
+@pytest.fixture
+def lab(family):
+    with Lab(family) as lab:
         yield lab
 
 
 @pytest.fixture
 def runner(lab, backend):
     return IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(lab.names["node"]), timeout=120,
-                          lock_wait_seconds=60)  # the xtables lock is shared with every other namespace
+                          lock_wait_seconds=60, family=lab.family)  # the xtables lock is shared with every other namespace
 
 
 @pytest.fixture(params=["iptables", "nftables"])
@@ -116,10 +160,10 @@ def nft(lab):
 
 
 @pytest.fixture
-def manager(runner, dataplane, nft):
-    cidrs = {"cluster_cidrs": ["10.244.0.0/16"], "pod_cidrs": ["10.244.1.0/24"]}
+def manager(lab, runner, dataplane, nft):
+    cidrs = {"cluster_cidrs": [lab.plan.cluster], "pod_cidrs": [lab.plan.pod_cidr]}
     if dataplane == "nftables":
-        return NftMasqueradeManager(nft=nft, forward_iptables=runner, **cidrs)
+        return NftMasqueradeManager(nft=nft, forward_iptables=runner, family=lab.family, **cidrs)
     return MasqueradeManager(runner=runner, **cidrs)
 
 
@@ -127,28 +171,31 @@ FOREIGN_RULES = ("*nat\n:OTHER-TOOL - [0:0]\n-A POSTROUTING -o lo -j OTHER-TOOL\
                  "*filter\n-A FORWARD -p udp --dport 9 -j DROP\nCOMMIT\n")
 
 
+@pytest.mark.parametrize("family", [IpFamily.V4, IpFamily.V6], ids=["ipv4", "ipv6"], indirect=True)
 def test_pods_leave_with_the_node_address_and_meet_pods_with_their_own(lab, runner, manager, dataplane, nft):
+    a = lab.plan
     runner.restore(FOREIGN_RULES)
     foreign = {table: runner.table(table) for table in ("nat", "filter")}
-    assert lab.seen_by("pod", INTERNET) == POD  # control: no masquerade yet
+    assert lab.seen_by("pod", a.internet) == a.pod  # control: no masquerade yet
 
     assert manager.ensure()
     assert manager.check() == []            # what the kernel saved is exactly what we rendered
     assert manager.ensure() == []           # so a second ensure writes nothing
-    assert lab.seen_by("pod", INTERNET) == NODE_TOWARDS_INTERNET
-    assert lab.seen_by("pod", REMOTE_POD) == POD
-    assert lab.seen_by("inet", POD) == INTERNET                 # outside -> local pods: kept
-    assert lab.seen_by("inet", REMOTE_POD) == NODE_TOWARDS_REMOTE  # outside -> remote pods: masqueraded
+    assert lab.seen_by("pod", a.internet) == a.node_towards_internet
+    assert lab.seen_by("pod", a.remote_pod) == a.pod
+    assert lab.seen_by("inet", a.pod) == a.internet                       # outside -> local pods: kept
+    assert lab.seen_by("inet", a.remote_pod) == a.node_towards_remote     # outside -> remote pods: masqueraded
 
     if dataplane == "nftables":
         assert "NETAGENT" not in runner.save()    # FORWARD accepts: no iptables rule of ours
-        assert nft.list_table(FAMILY, TABLE) is not None
+        assert nft.list_table(lab.family.nft, TABLE) is not None
+        assert nft.list_table(FAMILY, TABLE) is None or lab.family is IpFamily.V4  # only its own family's table
 
     manager.cleanup()
     assert "NETAGENT" not in runner.save()
-    assert nft.list_table(FAMILY, TABLE) is None
+    assert nft.list_table(lab.family.nft, TABLE) is None
     assert {table: runner.table(table) for table in ("nat", "filter")} == foreign
-    assert lab.seen_by("pod", INTERNET) == POD
+    assert lab.seen_by("pod", a.internet) == a.pod
 
 
 @pytest.mark.parametrize("dataplane", ["iptables"], indirect=True)
