@@ -17,6 +17,7 @@ environment's start-up work (55 ms measured here with Debian's system packages v
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 import logging
 import os
@@ -146,6 +147,22 @@ def render_conflist(*, name: str, subnets: list, mode: PodAttachment, bridge: st
     return {"cniVersion": cni_version, "name": name, "plugins": [plugin]}
 
 
+def range_sets(subnets: list) -> list[str]:
+    """The subnets as one range set each, IPv4 first; two of one family are an `InstallError`
+    (a pod would get two addresses of that family, which no lease gives)."""
+    parsed = []
+    for subnet in subnets:
+        try:
+            parsed.append(ipaddress.ip_network(str(subnet), strict=False))
+        except ValueError as exc:
+            raise InstallError(f"subnet {subnet!r}: {exc}") from None
+    for version in (4, 6):
+        same = [str(n) for n in parsed if n.version == version]
+        if len(same) > 1:
+            raise InstallError(f"one range set per family: IPv{version} has {len(same)} subnets ({', '.join(same)})")
+    return [str(subnet) for _, subnet in sorted(zip(parsed, subnets), key=lambda pair: pair[0].version)]
+
+
 def _python_script(binary: str, module: str) -> str:
     return _SCRIPT.format(python=sys.executable, root=code_root(), module=module, what=binary)
 
@@ -176,9 +193,12 @@ def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mod
 
 def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: PodAttachment, bridge: str, mtu: int,
                    socket_path: str, data_dir: str) -> str:
-    """Write (atomically) the network config runtimes read; the agent calls this with its lease."""
+    """Write (atomically) the network config runtimes read; the agent calls this with its lease.
+    One range set per IP family (`ranges: [[{subnet: v4}], [{subnet: v6}]]`, IPv4 first): a pod
+    gets one address of each family of the node's lease."""
     if not subnets:
         raise InstallError("a network config needs at least one --subnet")
+    subnets = range_sets(subnets)
     os.makedirs(conf_dir, exist_ok=True)
     path = os.path.join(conf_dir, CONFLIST_NAME)
     conflist = render_conflist(name=name, subnets=subnets, mode=mode, bridge=bridge, mtu=mtu,

@@ -44,18 +44,28 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from netagent.errors import NetagentError
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
-from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.sysctl import ensure_sysctls, forwarding
-from netagent.kube.changes import ChangeRecorder, FanOut
+from netagent.kube.changes import FanOut
 from netagent.kube.reflector import EventHandler
 from netagent.noderoutes import node_objects as nodes
+from netagent.noderoutes.agent_inputs import (  # noqa: F401  (re-exported: the agent's inputs)
+    DEFAULT_SERVICE_CIDRS,
+    ROUTING_METADATA,
+    AgentSettings,
+    AgentStartError,
+    auto_checksum_offload,
+    kernel_release_at_least,
+    node_changes,
+    own_networks,
+    parse_cluster_cidrs,
+    parse_service_cidrs,
+    routing_inputs_differ,
+)
 from netagent.noderoutes.host import ChecksumOffloadPolicy, HostAccess, Lease, Masquerade, NodeApi, NodeWatch
 from netagent.noderoutes.routing.model import (
     ChecksumOffload,
@@ -64,10 +74,9 @@ from netagent.noderoutes.routing.model import (
     PeerBounds,
     RefusalReason,
     Refused,
-    RoutingSettings,
     pod_mtu,
 )
-from netagent.noderoutes.underlay import Underlay, UnderlaySnapshot, choose_underlay
+from netagent.noderoutes.underlay import Underlay, choose_underlay
 
 if TYPE_CHECKING:  # imported where used, at start-up
     from netagent.infra.status_server import HealthFunction, HealthReport
@@ -79,84 +88,7 @@ if TYPE_CHECKING:  # imported where used, at start-up
 
 log = logging.getLogger("netagent.node")
 NODE = "Node"  # the rejected objects' kind
-DEFAULT_SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"),)  # kubeadm's --service-cidr default
 REASSERT_MIN_INTERVAL = 5.0  # seconds between two restorations of our announcement (see _reassert_announcement)
-
-class AgentStartError(NetagentError):
-    """The agent cannot start without guessing; the message says what to fix."""
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """`netagent run`'s node-routing flags; `routing.vxlan_checksum_offload` is set from `checksum_offload`."""
-    node_name: str
-    cluster_cidrs: tuple
-    routing: RoutingSettings
-    service_cidrs: tuple = DEFAULT_SERVICE_CIDRS  # --service-cidr: no peer may claim it
-    iface: str | None = None
-    iface_regex: str | None = None
-    lease_timeout: float = 60.0
-    masquerade: Masquerade = Masquerade.ON
-    min_sync_interval: float = 0.0
-    resync_interval: float = 30.0
-    checksum_offload: ChecksumOffloadPolicy = ChecksumOffloadPolicy.AUTO  # sets routing.vxlan_checksum_offload
-
-
-def kernel_release_at_least(release: str, wanted: tuple) -> bool:
-    parts = []
-    for piece in release.split("-")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts) >= wanted
-
-
-def auto_checksum_offload(*, kernel_release: str, behind_nat: bool) -> ChecksumOffload:
-    """On unless the kernel predates the 5.7 netfilter fix or the node is behind NAT (where
-    rewritten outer headers still break offloaded checksums)."""
-    if behind_nat or not kernel_release_at_least(kernel_release, (5, 7)):
-        return ChecksumOffload.OFF
-    return ChecksumOffload.ON
-
-
-def node_changes(*, on_change: Callable[[], None] = lambda: None) -> ChangeRecorder:
-    """The Nodes whose routing inputs changed since the last sync (status heartbeats are not changes)."""
-    return ChangeRecorder("nodes", on_change=on_change, relevant=routing_inputs_differ)
-
-
-ROUTING_METADATA = ("annotations", "uid", "creationTimestamp")  # what read_peer reads of metadata
-
-
-def routing_inputs_differ(old: object, new: object) -> bool:
-    """Whether an update may change what `read_peer` makes of a Node: its raw `spec` or the raw
-    metadata fields it reads differ (a heartbeat changes only `status` and the resourceVersion).
-    On the watch thread, so nothing is parsed or looked into: raw values compared for equality,
-    and anything not shaped like a Node counts as changed (`read_peer` judges it on the sync thread)."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return True
-    old_meta, new_meta = old.get("metadata"), new.get("metadata")
-    if not isinstance(old_meta, dict) or not isinstance(new_meta, dict):
-        return True
-    try:
-        return old.get("spec") != new.get("spec") or \
-            any(old_meta.get(key) != new_meta.get(key) for key in ROUTING_METADATA)
-    except RecursionError:  # nested deeper than equality goes: changed, read_peer refuses it
-        return True
-
-
-def own_networks(snapshot: UnderlaySnapshot) -> tuple:
-    """(network, what) pairs no peer may claim: every address of this node (/32) and every
-    connected IPv4 subnet of its interfaces (not loopback, not our own devices), except a
-    subnet so wide that it holds a whole cluster CIDR (routes to pods inside it are then the
-    normal case); the addresses still protect the node itself."""
-    reserved = []
-    for info in snapshot.interfaces:
-        if info.name == "lo" or info.name.startswith(owned.DEVICE_PREFIX):
-            continue
-        for address in info.addresses:
-            reserved.append((ipaddress.ip_network(f"{address.ip}/32"), f"this node's address on {info.name}"))
-            reserved.append((address.network, f"this node's network on {info.name}"))
-    return tuple(reserved)
-
 
 class NodeAgent:
     """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
@@ -332,7 +264,7 @@ class NodeAgent:
         routing = dataclasses.replace(self.settings.routing,
                                       vxlan_checksum_offload=self._checksum_offload(underlay))
         bgp = self.host.bgp
-        if family is IpFamily.V6 and (routing.mode is Mode.BGP or bgp is not None):
+        if IpFamily.V6 in self.families() and (routing.mode is Mode.BGP or bgp is not None):
             raise AgentStartError("--backend bgp (and --auto-bgp) route IPv4 only: BIRD's configuration here has no "
                                   "IPv6 channel; with an IPv6 --cluster-cidr use vxlan, host-gw or auto")
         if routing.mode is Mode.BGP and bgp is None:
@@ -548,27 +480,3 @@ class NodeAgent:
         for name in self._rejected - now.keys():
             self.rejections.accept(kind=NODE, key=name)
         self._rejected = set(now)
-
-
-def parse_cluster_cidrs(values) -> tuple:
-    """--cluster-cidr, given once per IP family (IPv4 and/or IPv6), IPv4 first."""
-    try:
-        cidrs = tuple(ipaddress.ip_network(v, strict=True) for v in values)
-    except ValueError as exc:
-        raise AgentStartError(f"--cluster-cidr: {exc}") from None
-    for family in IpFamily:
-        same = [str(c) for c in cidrs if c.version == family.value]
-        if len(same) > 1:
-            raise AgentStartError(f"--cluster-cidr is given once per IP family; {family.label} has "
-                                  f"{len(same)}: {', '.join(same)}")
-    return tuple(sorted(cidrs, key=lambda c: c.version))
-
-
-def parse_service_cidrs(values) -> tuple:
-    """--service-cidr (repeatable); kubeadm's 10.96.0.0/12 when none is given."""
-    if not values:
-        return DEFAULT_SERVICE_CIDRS
-    try:
-        return tuple(ipaddress.ip_network(v, strict=True) for v in values)
-    except ValueError as exc:
-        raise AgentStartError(f"--service-cidr: {exc}") from None
