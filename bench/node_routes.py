@@ -1,6 +1,7 @@
 """Benchmark: how fast Node changes become usable routes, what the agent costs, what pods get.
 
     sudo .venv/bin/python bench/node_routes.py [--peers 10,100,1000] [--samples 20] [--iperf-seconds 3]
+                                               [--family ipv4,ipv6] [--throughput-only]
 
 1. Convergence, per mode (host-gw, vxlan): a one-node lab (the real agent, the in-repo API
    server), then simulated peers: Node objects whose announcements point at addresses on the
@@ -12,6 +13,8 @@
 3. Throughput: iperf3 between two pods on two nodes per mode, against two namespaces joined
    by a bare veth (the ceiling) in the same run. IPIP runs only in the VM tier (this kernel
    has no IPIP), so it is not in this table.
+4. With `--family`: pod-to-pod throughput per mode and IP family and the IPv6/IPv4 ratio
+   (`bench/pod_throughput.py`: two nodes programmed by the routing code, one per family).
 """
 from __future__ import annotations
 
@@ -182,20 +185,33 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--modes", default="host-gw,vxlan")
     parser.add_argument("--iperf-seconds", type=float, default=3)
+    parser.add_argument("--family", default="", help="ipv4,ipv6: also the per-family throughput table")
+    parser.add_argument("--rounds", type=int, default=3, help="--family: rounds per cell (median)")
+    parser.add_argument("--throughput-only", action="store_true", help="skip convergence")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (it builds network namespaces)", file=sys.stderr)
         return 1
     counts = sorted(int(c) for c in args.peers.split(","))
     modes = args.modes.split(",")
-    print("== convergence: Node created in the API -> route in the kernel")
-    rows = [row for mode in modes for row in convergence(mode, counts, args.samples)]
+    rows = []
+    if not args.throughput_only:
+        print("== convergence: Node created in the API -> route in the kernel")
+        rows = [row for mode in modes for row in convergence(mode, counts, args.samples)]
     print("\n== pod-to-pod throughput (iperf3 TCP, one stream)")
     baseline = veth_baseline(args.iperf_seconds)
     print(f"  bare veth between two namespaces: {baseline:6.2f} Gbit/s (the ceiling)")
     for mode in modes:
         gbps = throughput(mode, args.iperf_seconds)
         print(f"  {mode:<8} pod -> pod across nodes:    {gbps:6.2f} Gbit/s  ({gbps / baseline:.2f}x the bare veth)")
+    if args.family:
+        from bench import pod_throughput
+        from netagent.noderoutes.routing.model import Mode
+        families = [pod_throughput.FAMILY_NAMES[f] for f in args.family.split(",")]
+        routing_modes = [Mode(m) for m in modes]
+        print(f"\n== pod-to-pod throughput per family (two nodes, median of {args.rounds})")
+        pod_throughput.print_table(pod_throughput.measure(routing_modes, families, seconds=args.iperf_seconds,
+                                                          rounds=args.rounds), routing_modes, families)
     print("\n== summary (json)")
     print(json.dumps(rows))
     return 0
