@@ -25,6 +25,8 @@ Ownership: our devices are named `na-*` (kinds vxlan and ipip) and everything on
 ours; our routes carry route protocol 78 (`ROUTE_PROTOCOL`), so routes we add on the
 shared underlay device are found and removed without touching anyone else's.
 
-IPv4 only in this release: IPv6 pod CIDRs are ignored by routing (the plan lists them and
-the manager logs that once).
+One planner and one `RouteManager` per IP family (the node agent builds one for each family
+with a cluster CIDR): each plans its family's CIDRs over its family's underlay address, IPv6
+VXLAN in its own device `na-vxlan6`. An IPv4 plan lists IPv6 CIDRs it skipped, logged once when
+no IPv6 manager routes them. ipip is IPv4 only (`ipip.IPIP_IPV6_REFUSAL`).
 """
