@@ -25,7 +25,6 @@ from ipaddress import ip_network
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cni.netns import entered  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
 from netagent.kernel.families import IpFamily  # noqa: E402
 from netagent.noderoutes.routing.kernel import NetlinkKernel  # noqa: E402
@@ -94,12 +93,7 @@ def two_nodes(mode: Mode, family: IpFamily):
             run(pod, "ip", "addr", "add", f"{cidr.network_address + 2}/{cidr.prefixlen}", "dev", "eth0", *nodad)
             run(pod, "ip", "link", "set", "eth0", "up")
             run(pod, "ip", "route", "add", "default", "via", str(cidr.network_address + 1))
-            fd = os.open(namespaces.netns_path(node), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                with entered(fd):
-                    kernel = NetlinkKernel()
-            finally:
-                os.close(fd)
+            kernel = NetlinkKernel.in_namespace(node)
             kernels.append(kernel)
             local = LocalNode(name=f"node-{index}", public_ip=address, underlay_ifname="eth0",
                               underlay_network=SEGMENT[family], underlay_mtu=1500, pod_cidrs=(cidr,))

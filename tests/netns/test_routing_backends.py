@@ -182,12 +182,7 @@ class Lab:
         return node
 
     def kernel_in(self, netns: str) -> NetlinkKernel:
-        fd = os.open(namespaces.netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            with entered(fd):
-                kernel = NetlinkKernel()
-        finally:
-            os.close(fd)
+        kernel = NetlinkKernel.in_namespace(netns)
         self.kernels.append(kernel)
         return kernel
 

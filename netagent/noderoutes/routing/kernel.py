@@ -77,6 +77,16 @@ class NetlinkKernel(RoutingKernel):
         self._ethtool = IoctlEthtool()
         self._indexes: dict[str, int] = {}
 
+    @classmethod
+    def in_namespace(cls, name: str, *, protocol: int = ROUTE_PROTOCOL) -> "NetlinkKernel":
+        """A kernel object of the named network namespace (built inside it, so bound to it)."""
+        fd = os.open(namespaces.netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with namespaces.entered(fd):
+                return cls(protocol=protocol)
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         self._ipr.close()
         self._ethtool.close()

@@ -232,7 +232,7 @@ class RouteManager:
         for name, text in status.items():
             if self._logged_status.get(name) != text:
                 level = logging.WARNING if text.startswith("refused") else logging.INFO
-                self.log.log(level, "peer %s %s", name, text)
+                self.log.log(level, "%speer %s %s", "" if self.family is IpFamily.V4 else "IPv6: ", name, text)
         self._logged_status = status
         if plan.ignored_ipv6 and not self._ipv6_logged and not self.ipv6_routed:
             self._ipv6_logged = True
