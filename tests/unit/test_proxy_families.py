@@ -10,7 +10,10 @@ from proxy.catalog import ServiceCatalog
 from proxy.fake_local_addresses import FakeLocalAddresses
 from proxy.kube_objects import MalformedObject, parse_endpoint_slice, parse_service
 from proxy.metrics import ProxyMetrics
-from proxy.model import NodeContext, ServicePortName
+from netagent.kernel.ipset import FakeIpset, iptables_references
+from netagent.kernel.iptables.fake import FakeIptables
+from proxy.iptables import IptablesProxy
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 from proxy.nodeport_addresses import of_family, parse_nodeport_cidrs
 from tests.unit.proxy_objects import endpoint, endpoint_slice, service
 
@@ -152,3 +155,43 @@ def test_shared_metrics_count_both_families():
     metrics.of_family(V6, metrics.no_local_endpoints, 1, traffic_policy="external")
     assert metrics.services.value == 6
     assert metrics.no_local_endpoints.labels(traffic_policy="external").value == 1
+
+
+# -- the iptables backend per family (fakes) -----------------------------------------------------
+def _ipv6_state(*hosts: int) -> ProxyState:
+    port = ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip="fd00:10:96::a", node_port=30080)
+    node = NodeContext(name="node-a", cluster_cidr="fd00:10:244::/56", family=V6)
+    return ProxyState(node, {WEB: port}, {WEB: tuple(Endpoint(f"fd00:10:244:1::{h:x}", 8080) for h in hosts)})
+
+
+def test_the_ipv6_iptables_backend_writes_ip6tables_and_an_inet6_hairpin_set():
+    v4_tables, v6_tables = FakeIptables(), FakeIptables(family=V6)
+    ipset = FakeIpset(in_use=iptables_references(v6_tables))
+    backend = IptablesProxy(iptables=v6_tables, ipset=ipset)
+    backend.sync(_ipv6_state(5, 6), changed=None)
+    assert "-j DNAT --to-destination [fd00:10:244:1::5]:8080" in v6_tables.save()
+    assert "NETAGENT" not in v4_tables.save()
+    (held,) = ipset.snapshot().values()
+    assert (held.name, held.family) == ("NETAGENT-HAIRPIN6", "inet6")
+    assert held.members == {"fd00:10:244:1::5,tcp:8080,fd00:10:244:1::5", "fd00:10:244:1::6,tcp:8080,fd00:10:244:1::6"}
+    backend.sync(_ipv6_state(6), changed=frozenset({WEB}))        # partial: the gone endpoint leaves the set
+    assert ipset.snapshot()["NETAGENT-HAIRPIN6"].members == {"fd00:10:244:1::6,tcp:8080,fd00:10:244:1::6"}
+    assert [s.backends for s in backend.programmed() if s.kind == "ClusterIP"] == [("[fd00:10:244:1::6]:8080",)]
+    with pytest.raises(ValueError, match="IPv4 state"):
+        IptablesProxy(iptables=FakeIptables(family=V6), ipset=FakeIpset()).sync(ProxyState(NodeContext(name="n")),
+                                                                             changed=None)
+    backend.cleanup()
+    assert "NETAGENT" not in v6_tables.save() and not ipset.snapshot()
+
+
+def test_the_factory_refuses_ipv6_for_a_backend_without_an_ipv6_form():
+    from proxy.factory import BackendConfigError, _family_arguments
+
+    def ipv4_only(*, nft: object) -> None: ...
+
+    def both(*, nft: object, family: IpFamily = V4) -> None: ...
+
+    assert _family_arguments(ipv4_only, V4, "nftables") == {}
+    assert _family_arguments(both, V6, "nftables") == {"family": V6}
+    with pytest.raises(BackendConfigError, match="does not program IPv6"):
+        _family_arguments(ipv4_only, V6, "nftables")
