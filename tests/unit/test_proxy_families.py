@@ -195,3 +195,35 @@ def test_the_factory_refuses_ipv6_for_a_backend_without_an_ipv6_form():
     assert _family_arguments(both, V6, "nftables") == {"family": V6}
     with pytest.raises(BackendConfigError, match="does not program IPv6"):
         _family_arguments(ipv4_only, V6, "nftables")
+
+
+# -- the daemon: one proxy per family --------------------------------------------------------------
+def _run_args(*extra: str):
+    import argparse
+
+    from netagent.daemon.run import add_run_arguments
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return parser.parse_args(["--node-name", "node-a", "--proxy-mode", "iptables", "--metrics-bind-address", "",
+                              "--healthz-bind-address", "127.0.0.1:0", *extra])
+
+
+@pytest.mark.parametrize("cidrs, runners", [
+    ({V4: "10.244.0.0/16"}, ["proxy"]),
+    ({V4: "10.244.0.0/16", V6: "fd00:10:244::/56"}, ["proxy", "proxy-ipv6"]),
+    ({V6: "fd00:10:244::/56"}, ["proxy-ipv6"]),
+])
+def test_build_proxy_builds_one_proxy_per_cluster_family(cidrs, runners):
+    from netagent.daemon.proxy_start import build_proxy
+    from netagent.kernel.iptables.backend import IptablesBackend
+    registry = Registry()
+    parts = build_proxy(_run_args(), api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
+                        cluster_cidrs=cidrs)
+    assert [p.runner.name for p in parts.proxies] == runners
+    assert [p.backend.iptables.family for p in parts.proxies] == [IpFamily.from_label(
+        "IPv6" if name.endswith("ipv6") else "IPv4") for name in runners]
+    assert [p.settings.cluster_cidr for p in parts.proxies] == [cidrs[p.family] for p in parts.proxies]
+    assert len({id(p.metrics) for p in parts.proxies}) == 1 and len(parts.node_listeners) == len(runners)
+    report = parts.servers[0].health()
+    assert not report.healthy and all(f"{name}: not synced yet" in report.reason for name in runners)
+    assert registry.render().count("# TYPE kubeproxy_sync_proxy_rules_duration_seconds ") == 1
