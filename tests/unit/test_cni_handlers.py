@@ -18,7 +18,7 @@ import pytest
 
 from cni.config import NetConf, parse_netconf
 from cni.errors import CniError, ErrorCode
-from cni.fake_kernel import NODE, FakeCniKernel, Timing
+from cni.fake_kernel import NODE, FakeCniKernel, Timing, setting_owner
 from cni.handlers import PluginHandlers
 from cni.ipam.builtin import BuiltinIpam
 from cni.kernel import Route, VethPair
@@ -68,7 +68,9 @@ def leftovers(fake: FakeCniKernel) -> list[str]:
         found += [f"{path}: route {route.dst}" for route in space.routes]
         found += [f"{path}: neighbour {key}" for key in space.neighbours]
     found += [f"open netns handle {fd}" for fd in fake.open_handles]
-    found += [f"sysctl {key}" for key in fake.sysctls.values if key.endswith(".proxy_arp")]
+    for path, space in fake.namespaces.items():  # the bridge's settings stay with it
+        found += [f"{path or 'node'}: sysctl {key}" for key in space.settings
+                  if setting_owner(key) not in ("", "na0")]
     return found
 
 
@@ -188,15 +190,26 @@ def _successful_calls(tmp_path: Path, conf_args: dict) -> list[str]:
     return list(fake.calls)
 
 
+DUAL = ("10.244.1.0/24", "fd00:244:1::/64")
 ROLLBACK_CASES = {
-    "bridge": dict(mode="bridge", hairpinMode=True, subnets=("10.244.1.0/24", "fd00:244:1::/64")),
-    "routed": dict(mode="routed", subnets=("10.244.1.0/24", "fd00:244:1::/64")),
+    "bridge": dict(mode="bridge", hairpinMode=True, subnets=DUAL),
+    "routed": dict(mode="routed", subnets=DUAL),
+    "bridge-ipv6": dict(mode="bridge", subnets=("fd00:244:1::/64",)),
+    "routed-ipv6": dict(mode="routed", subnets=("fd00:244:1::/64",)),
+    "routed-ipv4": dict(mode="routed", subnets=("10.244.1.0/24",)),
 }
 ADD_STEPS = {
     "bridge": ["open_netns", "known_bridge", "create_veth", "ensure_bridge", "enable_forwarding",
-               "enable_forwarding", "configure_pod", "attach_to_bridge", "set_hairpin", "close_netns"],
-    "routed": ["open_netns", "create_veth", "configure_pod", "enable_forwarding", "enable_forwarding",
-               "enable_proxy_arp", "route_to_pod", "close_netns"],
+               "enable_forwarding", "set_link_settings", "configure_pod", "attach_to_bridge", "set_hairpin",
+               "close_netns"],
+    "routed": ["open_netns", "create_veth", "set_link_settings", "configure_pod", "enable_forwarding",
+               "enable_forwarding", "route_to_pod", "close_netns"],
+    "bridge-ipv6": ["open_netns", "known_bridge", "create_veth", "ensure_bridge", "enable_forwarding",
+                    "set_link_settings", "configure_pod", "attach_to_bridge", "close_netns"],
+    "routed-ipv6": ["open_netns", "create_veth", "set_link_settings", "configure_pod", "enable_forwarding",
+                    "route_to_pod", "close_netns"],
+    "routed-ipv4": ["open_netns", "create_veth", "set_link_settings", "configure_pod", "enable_forwarding",
+                    "route_to_pod", "close_netns"],
 }
 
 
@@ -224,7 +237,7 @@ def test_add_failing_at_any_kernel_step_leaves_nothing(tmp_path, case, timing):
         assert reservations(data_dir) == [], where
         # and the runtime's retry on the same kernel works (round robin: the next addresses)
         handlers.add(conf, make_req())
-        assert len(reservations(data_dir)) == 2, where
+        assert len(reservations(data_dir)) == len(conf_args["subnets"]), where
 
 
 def test_add_failing_in_ipam_leaves_no_veth(handlers, fake, tmp_path):
