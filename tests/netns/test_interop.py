@@ -16,6 +16,7 @@ real packets, the kernel's state and the reservation files, and that DEL undoes 
 Everything lives in namespaces the test creates; the root namespace is never touched.
 The last test holds `netagent-ipam` to ignoring another main plugin's own keys.
 """
+import ipaddress
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 
 from cni import invoke
 from netagent.kernel import namespaces
+from netagent.kernel.pod_attachment import PodAttachment
 
 REFERENCE_DIR = "/usr/lib/cni"
 LINE_BREAK = "\r\n"
@@ -90,15 +92,30 @@ class Chain:
 
 # --------------------------------------------------------------------- reference bridge + our IPAM
 
-@pytest.mark.parametrize("cni_version", ["0.4.0", "1.0.0"])
-def test_reference_bridge_with_netagent_ipam(make_node, cni_version):
-    """The reference bridge plugin allocates through `netagent-ipam` as through host-local."""
+REF_RANGES = {"ipv4": ["10.250.1.0/24"], "ipv6": ["fd00:250:1::/64"], "dual": ["10.250.1.0/24", "fd00:250:1::/64"]}
+
+
+def ips_by_family(result: dict) -> dict:
+    """{4 or 6: (address, prefix, gateway)} of a result's IPs."""
+    out = {}
+    for ip in result["ips"]:
+        itf = ipaddress.ip_interface(ip["address"])
+        out[itf.version] = (str(itf.ip), itf.network.prefixlen, ip.get("gateway"))
+    return out
+
+
+@pytest.mark.parametrize("cni_version, family", [("0.4.0", "ipv4"), ("1.0.0", "ipv4"), ("1.0.0", "ipv6"),
+                                                 ("1.0.0", "dual")])
+def test_reference_bridge_with_netagent_ipam(make_node, cni_version, family):
+    """The reference bridge plugin allocates through `netagent-ipam` as through host-local,
+    one address per range set: IPv4, IPv6 or both."""
     require_reference("bridge")
     node = make_node(with_agent=False)
     data_dir = os.path.join(node.workdir, "ref-ipam")
+    subnets = [ipaddress.ip_network(s) for s in REF_RANGES[family]]
     conflist = {"cniVersion": cni_version, "name": "refnet", "plugins": [{
         "type": "bridge", "bridge": "cni-ref0", "isGateway": True,
-        "ipam": {"type": "netagent-ipam", "ranges": [[{"subnet": "10.250.1.0/24"}]],
+        "ipam": {"type": "netagent-ipam", "ranges": [[{"subnet": str(s)}] for s in subnets],
                  "dataDir": data_dir}}]}
     chain = Chain(node, conflist)
     network_dir = os.path.join(data_dir, "refnet")
@@ -114,20 +131,21 @@ def test_reference_bridge_with_netagent_ipam(make_node, cni_version):
     b_ns, b_id, b_result = pods["b"]
     for _, _, result in pods.values():
         assert result["cniVersion"] == cni_version
-        assert result["ips"][0]["address"].startswith("10.250.1.")
-        assert result["ips"][0]["address"].endswith("/24")
-        assert result["ips"][0]["gateway"] == "10.250.1.1"
+        assert {v: (prefix, gw) for v, (_, prefix, gw) in ips_by_family(result).items()} == \
+            {s.version: (s.prefixlen, str(s[1])) for s in subnets}
         assert ("version" in result["ips"][0]) == (cni_version == "0.4.0")
-    a_ip, b_ip = address_of(a_result), address_of(b_result)
-    assert a_ip != b_ip and "10.250.1.1" not in (a_ip, b_ip)
-    assert reservation_files(network_dir) == {a_ip: f"{a_id}{LINE_BREAK}eth0",
-                                              b_ip: f"{b_id}{LINE_BREAK}eth0"}
+    files = {}
+    for subnet in subnets:
+        a_ip, b_ip = (ips_by_family(r)[subnet.version][0] for r in (a_result, b_result))
+        assert a_ip != b_ip and str(subnet[1]) not in (a_ip, b_ip)
+        files.update({a_ip: f"{a_id}{LINE_BREAK}eth0", b_ip: f"{b_id}{LINE_BREAK}eth0"})
+        # the bridge plugin put the gateway our IPAM returned on its bridge
+        bridge_addrs = namespaces.run_in(node.node, ["ip", "-o", f"-{subnet.version}", "addr", "show", "dev",
+                                                     "cni-ref0"], check=True).stdout
+        assert f"{subnet[1]}/{subnet.prefixlen}" in bridge_addrs
+        assert ping(a_ns, b_ip) and ping(b_ns, a_ip) and ping(a_ns, str(subnet[1]))
+    assert reservation_files(network_dir) == files
     assert "lock" in os.listdir(network_dir)
-    # the bridge plugin put the gateway our IPAM returned on its bridge
-    bridge_addrs = namespaces.run_in(node.node, ["ip", "-o", "-4", "addr", "show", "dev", "cni-ref0"],
-                                     check=True).stdout
-    assert "10.250.1.1/24" in bridge_addrs
-    assert ping(a_ns, b_ip) and ping(b_ns, a_ip) and ping(a_ns, "10.250.1.1")
     # bridge's CHECK asks our IPAM for the reservation, then compares the kernel with the result
     chain.run("CHECK", container_id=a_id, netns_name=a_ns, prev_result=a_result)
 
@@ -144,24 +162,41 @@ def test_reference_bridge_with_netagent_ipam(make_node, cni_version):
 
 # --------------------------------------------------------------------- our plugin + reference host-local
 
-@pytest.mark.parametrize("with_agent", [True, False], ids=["agent", "in-process"])
-def test_netagent_with_reference_host_local(make_node, with_agent):
-    """Our plugin delegates IPAM to host-local: host-local's files appear and go away."""
+@pytest.mark.parametrize("with_agent, mode, family", [
+    (True, "bridge", "ipv4"), (False, "bridge", "ipv4"), (False, "bridge", "dual"), (True, "routed", "dual")],
+    ids=["agent", "in-process", "in-process-dual", "agent-routed-dual"])
+def test_netagent_with_reference_host_local(make_node, with_agent, mode, family):
+    """Our plugin delegates IPAM to host-local: host-local's files appear and go away; with a
+    range set per family, one address of each, and our wiring of both."""
     require_reference("host-local")
-    node = make_node(with_agent=with_agent)
+    node = make_node(with_agent=with_agent, mode=PodAttachment(mode))
     data_dir = os.path.join(node.workdir, "host-local")
+    subnets = [ipaddress.ip_network(s) for s in {"ipv4": ["10.250.2.0/24"],
+                                                  "dual": ["10.250.2.0/24", "fd00:250:2::/64"]}[family]]
     node.conflist["plugins"][0]["ipam"] = {
-        "type": "host-local", "ranges": [[{"subnet": "10.250.2.0/24"}]], "dataDir": data_dir}
+        "type": "host-local", "ranges": [[{"subnet": str(s)}] for s in subnets], "dataDir": data_dir}
     network_dir = os.path.join(data_dir, "netagent")
+    routed = mode == "routed"
 
     a, b = node.add_pod("a"), node.add_pod("b")
+    files = {}
     for pod in (a, b):
-        assert pod.result["ips"][0]["address"].startswith("10.250.2.")
-        assert pod.result["ips"][0]["gateway"] == "10.250.2.1"
+        found = ips_by_family(pod.result)
+        assert sorted(found) == [s.version for s in subnets]
+        for subnet in subnets:
+            address, prefix, gateway = found[subnet.version]
+            assert ipaddress.ip_address(address) in subnet
+            assert prefix == (subnet.max_prefixlen if routed else subnet.prefixlen)
+            if not routed:
+                assert gateway == str(subnet[1])
+            files[address] = f"{pod.container_id}{LINE_BREAK}eth0"
         assert pod.result["interfaces"][-1]["sandbox"] == pod.netns
-    assert reservation_files(network_dir) == {a.ip: f"{a.container_id}{LINE_BREAK}eth0",
-                                              b.ip: f"{b.container_id}{LINE_BREAK}eth0"}
-    assert node.ping("a", b.ip) and node.ping("b", a.ip) and node.ping("a", "10.250.2.1")
+    assert reservation_files(network_dir) == files
+    for subnet in subnets:
+        a_ip, b_ip = (ips_by_family(p.result)[subnet.version][0] for p in (a, b))
+        assert node.ping("a", b_ip) and node.ping("b", a_ip)
+        if not routed:
+            assert node.ping("a", str(subnet[1]))
 
     # CHECK delegates too: host-local confirms its reservation
     conf = node.plugin_config(prev_result=a.result)
