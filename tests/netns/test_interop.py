@@ -215,15 +215,17 @@ def test_netagent_with_reference_host_local(make_node, with_agent, mode, family)
 
 SERVER = r"""
 import socket, sys
-s = socket.socket()
+s = socket.socket(socket.AF_INET6)  # both families: IPv4 peers come as ::ffff:a.b.c.d
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 8080))
-s.listen(1)
+s.bind(("::", 8080))
+s.listen(2)
 s.settimeout(120)
 print("listening", flush=True)
-conn, peer = s.accept()
-conn.sendall(("hello from pod a; you are " + peer[0]).encode())
-conn.close()
+for _ in range(int(sys.argv[1])):
+    conn, peer = s.accept()
+    conn.sendall(("hello from pod a; you are " + peer[0].removeprefix("::ffff:")).encode())
+    conn.close()
 """
 
 CLIENT = r"""
@@ -244,7 +246,8 @@ def nat_rules(node) -> str:
     return namespaces.run_in(node.node, ["iptables", "-t", "nat", "-S"], check=True).stdout
 
 
-def test_chain_with_portmap_and_bandwidth(make_node):
+@pytest.mark.parametrize("family", ["ipv4", "dual"])
+def test_chain_with_portmap_and_bandwidth(make_node, family):
     """portmap and bandwidth chained after our plugin read our prevResult and work.
 
     portmap (`snat: true`) runs `iptables` inside the node namespace (Debian's default
@@ -269,9 +272,14 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     device to the result's interfaces.
 
     portmap's CHECK is not run: see the comment at the CHECK below.
+
+    Dual-stack: our result lists the pod's IPv6 address too, so portmap maps the host port in
+    ip6tables as well (its DNAT to `[address]:8080`, its masquerade), and pod b reaches pod a's
+    server through the bridge's IPv6 gateway address as through its IPv4 one.
     """
     require_reference("portmap", "bandwidth")
-    node = make_node(subnets=("10.250.3.0/24",))
+    dual = family == "dual"
+    node = make_node(subnets=("10.250.3.0/24", "fd00:250:3::/64") if dual else ("10.250.3.0/24",))
     conflist = json.loads(json.dumps(node.conflist))
     conflist["plugins"] += [{"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
                             {"type": "bandwidth", "capabilities": {"bandwidth": True}}]
@@ -295,7 +303,14 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     assert a_ip.startswith("10.250.3.") and result["ips"][0]["interface"] == 2
     assert result["ips"][0]["gateway"] == "10.250.3.1"
     reservations_dir = os.path.join(node.data_dir, "netagent")
-    assert list(reservation_files(reservations_dir)) == [a_ip]
+    a_ips = [ip["address"].split("/")[0] for ip in result["ips"]]
+    assert sorted(reservation_files(reservations_dir)) == sorted(a_ips)
+    if dual:
+        a_v6 = a_ips[1]
+        assert a_v6.startswith("fd00:250:3::") and result["ips"][1]["interface"] == 2
+        rules6 = namespaces.run_in(node.node, ["ip6tables", "-t", "nat", "-S"], check=True).stdout
+        assert f"--to-destination [{a_v6}]:8080" in rules6
+        assert "-s fd00:250:3::/64 -p tcp -m tcp --dport 18080 -j CNI-HOSTPORT-SETMARK" in rules6
 
     # portmap: its chains in the node namespace's nat table, DNAT to pod a
     rules = nat_rules(node)
@@ -321,23 +336,25 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     assert names[3:] == ifbs  # bandwidth appends its ifb device to the result
 
     # CHECK with the ADD result, by our plugin and bandwidth. Not by portmap: its CHECK (in
-    # the Debian 1.1.1 build) also looks for the DNAT chain in ip6tables when the container
-    # has no IPv6 address, and fails ("could not check ipv6 dnat"; upstream issue
-    # containernetworking/plugins#819), whichever main plugin came before it.
+    # the Debian 1.1.1 build) looks for the IPv4 DNAT rules in ip6tables too, and fails
+    # ("could not check ipv6 dnat"; upstream issue containernetworking/plugins#819), for an
+    # IPv4-only pod and for a dual-stack one alike, whichever main plugin came before it.
     without_portmap = dict(conflist, plugins=[p for p in conflist["plugins"] if p["type"] != "portmap"])
     Chain(node, without_portmap, runtime_config).run("CHECK", container_id=a_id, netns_name=a_ns,
                                                      prev_result=result)
 
     # pod b (plain, our plugin alone) reaches pod a's server through the host port
     b = node.add_pod("b")
-    server = subprocess.Popen([*namespaces.exec_prefix(a_ns), sys.executable, "-c", SERVER],
+    gateways = ["10.250.3.1", "fd00:250:3::1"] if dual else ["10.250.3.1"]
+    server = subprocess.Popen([*namespaces.exec_prefix(a_ns), sys.executable, "-c", SERVER, str(len(gateways))],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "listening", server.stderr.read()
-        client = node.exec_in("b", [sys.executable, "-c", CLIENT, "10.250.3.1", "18080"], timeout=90)
-        assert client.returncode == 0, client.stderr
-        # the masquerade of portmap's snat: pod a sees the node's gateway, not pod b
-        assert client.stdout.strip() == "hello from pod a; you are 10.250.3.1"
+        for gateway in gateways:
+            client = node.exec_in("b", [sys.executable, "-c", CLIENT, gateway, "18080"], timeout=90)
+            assert client.returncode == 0, client.stderr
+            # the masquerade of portmap's snat: pod a sees the node's gateway, not pod b
+            assert client.stdout.strip() == f"hello from pod a; you are {gateway}"
         server.wait(timeout=60)
     finally:
         if server.poll() is None:
@@ -350,11 +367,15 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     chain.run("DEL", container_id=a_id, netns_name=a_ns, prev_result=result)
     rules = nat_rules(node)
     assert a_ip not in rules and "CNI-DN-" not in rules and a_id not in rules
+    if dual:
+        rules6 = namespaces.run_in(node.node, ["ip6tables", "-t", "nat", "-S"], check=True).stdout
+        assert a_v6 not in rules6 and "CNI-DN-" not in rules6
     assert "-N CNI-HOSTPORT-DNAT" in rules  # the shared chains stay, as portmap intends
     remaining = links(node.node)
     assert host[0] not in remaining and ifbs[0] not in remaining
     assert "eth0" not in links(a_ns)
-    assert list(reservation_files(reservations_dir)) == [b.ip]
+    assert sorted(reservation_files(reservations_dir)) == sorted(ip["address"].split("/")[0]
+                                                                  for ip in b.result["ips"])
 
 
 # --------------------------------------------------------------------- reference loopback first
