@@ -15,6 +15,7 @@ import pytest
 
 from netagent.kernel import namespaces
 from netagent.kernel.pod_attachment import PodAttachment
+from tests.cluster.lab_tools import wait_for
 
 
 def node_links(node) -> dict:
@@ -438,3 +439,48 @@ def test_cleanup_removes_only_what_we_own(make_node):
     remaining = node_links(node)
     assert "na-admin" in remaining and "na0" not in remaining and our_veths(node) == []
     node.pods.clear()
+
+
+ROUTER_ADVERTISEMENT = r"""
+import socket, struct, sys
+# type 134, code 0, checksum (the kernel's), hop limit 64, no flags, router lifetime 1800 s,
+# then a prefix information option: 2001:db8:bad::/64, on-link and autonomous, lifetimes 1 h
+prefix = socket.inet_pton(socket.AF_INET6, "2001:db8:bad::")
+ra = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0)
+ra += struct.pack("!BBBBIII", 3, 4, 64, 0xC0, 3600, 3600, 0) + prefix
+s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, socket.if_nametoindex("eth0"))
+s.sendto(ra, ("ff02::1", 0, 0, socket.if_nametoindex("eth0")))
+"""
+
+
+def router_advertisements_received(node, pod: str) -> int:
+    out = node.exec_in(pod, ["cat", "/proc/net/snmp6"], check=True).stdout
+    return int(next(line.split()[1] for line in out.splitlines()
+                    if line.startswith("Icmp6InRouterAdvertisements")))
+
+
+def test_a_pod_takes_no_router_advertisement_from_another(make_node):
+    """Bridge mode puts pods on one link: a pod that sends Router Advertisements must not give
+    its neighbours a default route or an address. Pod c has accept_ra put back to 1 (as
+    without the plugin's setting) and takes the advertisement; pod a, as the plugin left it,
+    counts it received and ignores it."""
+    node = make_node(subnets=FAMILIES["ipv6"], with_agent=False)
+    a, c = node.add_pod("a"), node.add_pod("c")
+    node.add_pod("rogue")
+    node.exec_in("c", ["sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/eth0/accept_ra"], check=True)
+    seen = {name: router_advertisements_received(node, name) for name in ("a", "c")}
+    sent = node.exec_in("rogue", [sys.executable, "-c", ROUTER_ADVERTISEMENT])
+    assert sent.returncode == 0, sent.stderr
+    wait_for(lambda: all(router_advertisements_received(node, n) > seen[n] for n in seen))
+
+    def taken(name: str) -> list:
+        routes = node.exec_in(name, ["ip", "-6", "route"], check=True).stdout
+        addresses = node.exec_in(name, ["ip", "-6", "addr"], check=True).stdout
+        return [line for line in (routes + addresses).splitlines() if "proto ra" in line or "2001:db8:bad" in line]
+
+    wait_for(lambda: taken("c"))  # the control: an interface that accepts RAs takes this one
+    assert taken("a") == []
+    assert node.exec_in("a", ["ip", "-6", "route", "show", "default"], check=True).stdout.split()[:3] == \
+        ["default", "via", pod_ips(a)[6]["gateway"]]
