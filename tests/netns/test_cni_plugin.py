@@ -277,15 +277,17 @@ def test_check_is_refused_for_old_config_versions(make_node):
     assert (code, out["code"]) == (1, 1)
 
 
-def test_gc_removes_what_is_not_valid(make_node, where):
-    node = make_node(cni_version="1.1.0", with_agent=(where == "agent"))
+@pytest.mark.parametrize("family", ["ipv4", "dual"])
+def test_gc_removes_what_is_not_valid(make_node, where, family):
+    node = make_node(cni_version="1.1.0", with_agent=(where == "agent"), subnets=FAMILIES[family])
     keep, gone1, gone2 = node.add_pod("keep"), node.add_pod("gone1"), node.add_pod("gone2")
     valid = [{"containerID": keep.container_id, "ifname": "eth0"}]
     code, out = node.cni("GC", config=node.plugin_config(**{"cni.dev/valid-attachments": valid}))
     assert (code, out) == (0, None)
     assert our_veths(node) == [keep.result["interfaces"][1]["name"]]
-    assert reservations(node) == [keep.ip]
-    assert node.ping("keep", "10.244.1.1")
+    assert sorted(reservations(node)) == sorted(ip["address"].split("/")[0] for ip in keep.result["ips"])
+    for ip in keep.result["ips"]:
+        assert node.ping("keep", ip["gateway"])
     for pod in (gone1, gone2):
         node.pods.pop(pod.name)
     # the 1.1.0 tag's spelling of the key works too
