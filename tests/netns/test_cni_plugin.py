@@ -85,7 +85,7 @@ def test_pods_get_addresses_and_reach_each_other(make_node, where, mode, family)
         # at once: the pod answers the first echo; no address of its (or of its gateway) is tentative
         pod = node.add_pod(name)
         link = json.loads(node.exec_in(name, ["ip", "-j", "link", "show", "eth0"], check=True).stdout)[0]
-        assert link["operstate"] == "UP", link  # the kernel has applied its carrier: it sends
+        assert link["operstate"] == "UP", link  # ADD waited for the kernel to apply the carrier
         for version, ip in pod_ips(pod).items():
             assert answers_one_echo(node, "node", ip["address"].split("/")[0]), (name, version)
         if 6 in pod_ips(pod):  # (an IPv4-only pod's IPv6 is left as its runtime made it)
@@ -486,3 +486,4 @@ def test_a_pod_takes_no_router_advertisement_from_another(make_node):
     assert taken("a") == []
     assert node.exec_in("a", ["ip", "-6", "route", "show", "default"], check=True).stdout.split()[:3] == \
         ["default", "via", pod_ips(a)[6]["gateway"]]
+
