@@ -52,6 +52,7 @@ from cni.kernel import (
 )
 from netagent.kernel import owned
 from netagent.kernel.errors import KernelError
+from netagent.kernel.families import IpFamily
 from netagent.kernel.fake_sysctl import FakeSysctls
 from netagent.kernel.sysctl import ensure_sysctls, forwarding
 
@@ -350,7 +351,7 @@ class FakeCniKernel(CniKernel):
             space.write_settings(setup.ifname, setup.settings)
         space.links["lo"].up = True
         for address in setup.addresses:
-            if address.version == 6 and space.ipv6_disabled(setup.ifname):
+            if IpFamily.of(address.ip) is IpFamily.V6 and space.ipv6_disabled(setup.ifname):
                 raise KernelError(errno.EACCES, "Permission denied: IPv6 is disabled on the device")
             if address in device.addresses:
                 raise KernelError(errno.EEXIST, f"File exists: address {address}")
@@ -374,7 +375,7 @@ class FakeCniKernel(CniKernel):
         fault = self._begin("route_to_pod")
         device = self.node.link(routes.host_name)
         for address in routes.addresses:
-            if address.version == 6 and self.node.ipv6_disabled(routes.host_name):
+            if IpFamily.of(address.ip) is IpFamily.V6 and self.node.ipv6_disabled(routes.host_name):
                 raise KernelError(errno.EACCES, "Permission denied: IPv6 is disabled on the device")
             if address in device.addresses:
                 raise KernelError(errno.EEXIST, f"File exists: address {address}")

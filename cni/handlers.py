@@ -165,7 +165,7 @@ class PluginHandlers:
 
         interfaces: list[dict[str, object]] = []
         bridge = None
-        families = sorted({a.version for a in addresses})
+        families = wiring.families_of(addresses)
         if conf.mode is PodAttachment.BRIDGE:
             bridge_gateways = wiring.bridge_gateways(addresses, gateways)
             bridge = kernel.ensure_bridge(BridgeSpec(name=conf.bridge, mtu=conf.mtu, gateways=bridge_gateways,
@@ -194,7 +194,7 @@ class PluginHandlers:
                 raise CniError(ErrorCode.TRY_AGAIN_LATER, f"bridge {conf.bridge} changed during ADD",
                                str(exc)) from None
         else:
-            for family in families:
+            for family in sorted(f.value for f in families):
                 kernel.enable_forwarding(family)
             try:
                 kernel.route_to_pod(wiring.plan_node_routes(host_name=host_name, addresses=addresses,

@@ -95,20 +95,23 @@ _IPV6_ON = LinkSetting(IpFamily.V6, "disable_ipv6", "0")
 POD_IPV6_SETTINGS = (LinkSetting(IpFamily.V6, "accept_dad", "0"), _NO_RAS, _IPV6_ON)
 
 
-def pod_settings(families: Iterable[int]) -> tuple[LinkSetting, ...]:
+def families_of(addresses: Iterable[Interface]) -> frozenset[IpFamily]:
+    return frozenset(IpFamily.of(a.ip) for a in addresses)
+
+
+def pod_settings(families: frozenset[IpFamily]) -> tuple[LinkSetting, ...]:
     """The pod interface's sysctls, written while it is down: none for IPv4 alone."""
-    return POD_IPV6_SETTINGS if 6 in set(families) else ()
+    return POD_IPV6_SETTINGS if IpFamily.V6 in families else ()
 
 
-def host_veth_settings(mode: PodAttachment, families: Iterable[int]) -> tuple[LinkSetting, ...]:
+def host_veth_settings(mode: PodAttachment, families: frozenset[IpFamily]) -> tuple[LinkSetting, ...]:
     """The host end's sysctls, written before the pod end comes up (so before the host end
     has a carrier, and with it an automatic link-local address)."""
-    families = set(families)
     settings: list[LinkSetting] = []
     routed = mode is PodAttachment.ROUTED
-    if routed and 4 in families:
+    if routed and IpFamily.V4 in families:
         settings.append(LinkSetting(IpFamily.V4, "proxy_arp", "1"))
-    if 6 in families:
+    if IpFamily.V6 in families:
         if routed:  # the gateway address alone, added by `plan_node_routes`
             settings += [LinkSetting(IpFamily.V6, "addr_gen_mode", "1"), _IPV6_ON]
         settings.append(_NO_RAS)
@@ -117,7 +120,7 @@ def host_veth_settings(mode: PodAttachment, families: Iterable[int]) -> tuple[Li
 
 def bridge_settings(gateways: Iterable[Interface]) -> tuple[LinkSetting, ...]:
     """The bridge's sysctls, before its IPv6 gateway is added: IPv6 on, RAs ignored."""
-    return (_IPV6_ON, _NO_RAS) if any(g.version == 6 for g in gateways) else ()
+    return (_IPV6_ON, _NO_RAS) if IpFamily.V6 in families_of(gateways) else ()
 
 
 # ---------------------------------------------------------------- the pod side
@@ -172,7 +175,7 @@ def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], ga
         result_routes.append({"dst": str(dst), **({"gw": str(gw)} if gw else {})})
     setup = PodSetup(ifname=ifname, addresses=tuple(pod_address(mode, a) for a in addresses),
                      routes=tuple(kernel_routes), neighbours=tuple(neighbours),
-                     settings=pod_settings(a.version for a in addresses))
+                     settings=pod_settings(families_of(addresses)))
     return setup, result_routes
 
 
@@ -180,7 +183,7 @@ def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], ga
 
 def routed_host_addresses(addresses: Iterable[Interface]) -> tuple[Interface, ...]:
     """What a routed host end holds itself: the pods' IPv6 gateway when the pod has IPv6."""
-    return (ROUTED_GATEWAY_V6_ON_HOST,) if any(a.version == 6 for a in addresses) else ()
+    return (ROUTED_GATEWAY_V6_ON_HOST,) if IpFamily.V6 in families_of(addresses) else ()
 
 
 def plan_node_routes(*, host_name: str, addresses: Iterable[Interface], pod_mac: str) -> NodeRoutes:
