@@ -59,8 +59,8 @@ def pod_ips(pod) -> dict:
 
 
 def answers_one_echo(node, source: str, address: str) -> bool:
-    """One echo request, one reply: nothing to retry, so a pod whose address, link-local or
-    queueing discipline is not ready yet (DAD, a carrier the kernel has not applied) fails."""
+    """One echo request, one reply: nothing to retry, so a pod whose address is not usable yet
+    (tentative during DAD, an interface the kernel has not brought up) fails."""
     out = node.exec_in(source, ["ping", "-c", "1", "-W", "10", address]).stdout
     return "1 packets transmitted, 1 received" in out
 
