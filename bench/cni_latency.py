@@ -11,7 +11,10 @@ runtime on that node would pay it: no `ip netns exec` in the timed path. Sequent
 then DELs give median and p95; then N concurrent ADDs (and DELs) give wall time, success
 count and address uniqueness.
 
-    sudo .venv/bin/python bench/cni_latency.py [--pods 60] [--concurrent 100]
+`--family ipv6` or `dual` gives every contender an IPv6 range set instead of (beside) its
+IPv4 one, so a dual-stack ADD can be set against an IPv4 one (run the script once per family).
+
+    sudo .venv/bin/python bench/cni_latency.py [--pods 60] [--concurrent 100] [--family dual]
 """
 from __future__ import annotations
 
@@ -50,21 +53,31 @@ class Contender:
         return elapsed, out
 
 
-def bridge_config(ipam_type: str, subnet: str, data_dir: str, **ipam) -> bytes:
+FAMILIES = ("ipv4", "ipv6", "dual")
+
+
+def subnets(n: int, family: str) -> tuple:
+    """Contender n's range sets: 10.6n.0.0/16 and/or fd00:6n::/64."""
+    v4, v6 = f"10.6{n}.0.0/16", f"fd00:6{n}::/64"
+    return {"ipv4": (v4,), "ipv6": (v6,), "dual": (v4, v6)}[family]
+
+
+def bridge_config(ipam_type: str, ranges: tuple, data_dir: str, **ipam) -> bytes:
     return json.dumps({
         "cniVersion": "1.0.0", "name": "reference", "type": "bridge", "bridge": "cni0", "isGateway": True,
-        "ipam": {"type": ipam_type, "ranges": [[{"subnet": subnet}]], "dataDir": data_dir, **ipam}}).encode()
+        "ipam": {"type": ipam_type, "ranges": [[{"subnet": s}] for s in ranges], "dataDir": data_dir,
+                 **ipam}}).encode()
 
 
-def contenders(stack) -> list:
-    shim = stack(LabNode(prefix="na-bench", subnets=("10.63.0.0/16",), plugin=PluginBinary.SHIM))
-    ours = stack(LabNode(prefix="na-bench", subnets=("10.60.0.0/16",)))
+def contenders(stack, family: str = "ipv4") -> list:
+    shim = stack(LabNode(prefix="na-bench", subnets=subnets(3, family), plugin=PluginBinary.SHIM))
+    ours = stack(LabNode(prefix="na-bench", subnets=subnets(0, family)))
     ours_config = ours.plugin_config()
-    inproc = stack(LabNode(prefix="na-bench", subnets=("10.61.0.0/16",), with_agent=False))
+    inproc = stack(LabNode(prefix="na-bench", subnets=subnets(1, family), with_agent=False))
     ref = stack(LabNode(prefix="na-bench", with_agent=False))
-    ref_config = bridge_config("host-local", "10.62.0.0/16", ref.data_dir)
+    ref_config = bridge_config("host-local", subnets(2, family), ref.data_dir)
     ipam_shim = stack(LabNode(prefix="na-bench", plugin=PluginBinary.SHIM))
-    ipam_shim_config = bridge_config("netagent-ipam", "10.64.0.0/16", ipam_shim.data_dir,
+    ipam_shim_config = bridge_config("netagent-ipam", subnets(4, family), ipam_shim.data_dir,
                                      agentSocket=ipam_shim.socket_path)
     return [Contender("reference bridge+host-local", ref, f"{REFERENCE_DIR}/bridge", ref_config),
             Contender("bridge+netagent-ipam shim", ipam_shim, f"{REFERENCE_DIR}/bridge", ipam_shim_config),
@@ -120,11 +133,11 @@ def measure(contender: Contender, *, pods: int, concurrent: int) -> dict:
             "errors": [r["error"] for r in results if r and "error" in r][:3]}
 
 
-def report(rows: dict, *, pods: int, concurrent: int) -> None:
+def report(rows: dict, *, pods: int, concurrent: int, family: str = "ipv4") -> None:
     ms = lambda s: s * 1000  # noqa: E731
     ref = rows["reference bridge+host-local"]
     ref_add, ref_del = statistics.median(ref["add"]), statistics.median(ref["del"])
-    print(f"\nCNI latency, {pods} sequential pods per contender (ms; ratio = median / reference median)")
+    print(f"\nCNI latency, {family}, {pods} sequential pods per contender (ms; ratio = median / reference median)")
     print(f"{'contender':<30}{'ADD med':>9}{'ADD p95':>9}{'ratio':>7}{'DEL med':>10}{'DEL p95':>9}{'ratio':>7}")
     for label, row in rows.items():
         add_med, del_med = statistics.median(row["add"]), statistics.median(row["del"])
@@ -143,6 +156,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=60)
     parser.add_argument("--concurrent", type=int, default=100)
+    parser.add_argument("--family", choices=FAMILIES, default="ipv4",
+                        help="the pods' address families (default ipv4)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (it builds network namespaces)", file=sys.stderr)
@@ -159,9 +174,9 @@ def main() -> int:
 
     try:
         rows = {}
-        for contender in contenders(stack):
+        for contender in contenders(stack, args.family):
             rows[contender.label] = measure(contender, pods=args.pods, concurrent=args.concurrent)
-        report(rows, pods=args.pods, concurrent=args.concurrent)
+        report(rows, pods=args.pods, concurrent=args.concurrent, family=args.family)
     finally:
         for node in nodes:
             node.close()

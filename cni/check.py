@@ -1,8 +1,9 @@
 """CHECK's verdict as a pure function: what the runtime's `prevResult` promised against what the
 kernel holds now, as a list of findings with the messages the runtime will see.
 
-`expected_from` reads the promise (the pod interface, its MAC, addresses and routes, the host
-end and, by mode, the bridge it must be a port of or the node routes to the pod);
+`expected_from` reads the promise (the pod interface, its MAC, addresses and routes of both
+families, the host end and, by mode, the bridge it must be a port of or the node routes to the
+pod and, with IPv6, the pod's gateway held by the host end);
 `find_problems` compares it with a `PodInterface` and a `HostVeth` read through the kernel
 seam. No kernel here, so every way an attachment can drift is a unit test, and the handler
 only reads, calls this and reports.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from cni.errors import CniError, ErrorCode
 from cni.kernel import Address, HostVeth, Interface, Network, PodInterface
+from cni.wiring import routed_host_addresses
 from netagent.kernel.pod_attachment import PodAttachment
 
 
@@ -28,6 +30,7 @@ class Problem(enum.Enum):
     HOST_VETH_DOWN = "host veth down"
     NOT_ON_BRIDGE = "not on the bridge"
     NODE_ROUTE_MISSING = "node route missing"
+    HOST_GATEWAY_MISSING = "host gateway missing"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Expected:
     host_name: str
     bridge: str | None  # bridge mode: the bridge the host end must be a port of
     node_routes: tuple[Interface, ...]  # routed mode: each pod address routed to the host end
+    host_addresses: tuple[Interface, ...] = ()  # routed mode with IPv6: the pod's gateway on the host end
 
 
 def _invalid(what: str, value: object) -> CniError:
@@ -97,7 +101,8 @@ def expected_from(prev: dict, *, ifname: str, host_name: str, mode: PodAttachmen
     return Expected(ifname=ifname, mac=(prev["interfaces"][index].get("mac") or "").lower(),
                     addresses=tuple(addresses), routes=tuple(routes), host_name=host_name,
                     bridge=bridge if mode is PodAttachment.BRIDGE else None,
-                    node_routes=tuple(node_routes) if mode is PodAttachment.ROUTED else ())
+                    node_routes=tuple(node_routes) if mode is PodAttachment.ROUTED else (),
+                    host_addresses=routed_host_addresses(node_routes) if mode is PodAttachment.ROUTED else ())
 
 
 def find_problems(expected: Expected, pod: PodInterface | None, host: HostVeth | None) -> list[Finding]:
@@ -129,4 +134,7 @@ def find_problems(expected: Expected, pod: PodInterface | None, host: HostVeth |
     for address in expected.node_routes:
         if ipaddress.ip_network(f"{address.ip}/{address.max_prefixlen}") not in host.routes:
             found.append(Finding(Problem.NODE_ROUTE_MISSING, f"node route to {address.ip} via {name} is missing"))
+    for address in expected.host_addresses:
+        if address not in host.addresses:
+            found.append(Finding(Problem.HOST_GATEWAY_MISSING, f"the pods' gateway {address} is missing on {name}"))
     return found

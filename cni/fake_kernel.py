@@ -1,8 +1,9 @@
 """`FakeCniKernel`: the `cni.kernel.CniKernel` seam in memory, for unit tests without root.
 
 It keeps a node namespace and the pods' namespaces (each with links, addresses, main-table
-routes and permanent neighbours), the forwarding and proxy_arp sysctls (a `FakeSysctls`), and
-refuses what the kernel refuses, with the kernel's errno:
+routes, permanent neighbours and per-interface sysctls, dotted as `net.ipv6.conf.eth0.accept_ra`;
+the node's in its `FakeSysctls`, beside forwarding), and refuses what the kernel refuses, with
+the kernel's errno:
 
 * a name taken at creation fails (`LinkExists`), and so does a missing or closed namespace;
   an alias over 254 bytes (255 with its NUL) fails creation (ERANGE) and leaves no pair, as `create_veth` promises;
@@ -11,7 +12,9 @@ refuses what the kernel refuses, with the kernel's errno:
   prefix or a link route of that device (ENETUNREACH): the order of `PodSetup.routes` counts;
 * a port must exist (ENODEV) and so must its bridge, by index (ENODEV): an index remembered
   from a bridge since replaced is as stale as in the kernel;
-* deleting a veth takes its peer and both ends' addresses, routes and neighbours along.
+* a per-interface sysctl needs its interface (ENOENT), and the gateway of an IPv6 host end
+  (`NodeRoutes.addresses`) needs `disable_ipv6=0` on it when the namespace's default is 1 (EACCES);
+* deleting a veth takes its peer and both ends' addresses, routes, neighbours and sysctls along.
 
 Like the pod side's netlink batch, a write that fails part-way leaves what it did.
 
@@ -35,6 +38,7 @@ from cni.kernel import (
     HostVeth,
     Interface,
     LinkExists,
+    LinkSetting,
     Neighbour,
     NodeRoutes,
     OwnedLink,
@@ -48,6 +52,7 @@ from cni.kernel import (
 )
 from netagent.kernel import owned
 from netagent.kernel.errors import KernelError
+from netagent.kernel.families import IpFamily
 from netagent.kernel.fake_sysctl import FakeSysctls
 from netagent.kernel.sysctl import ensure_sysctls, forwarding
 
@@ -80,6 +85,7 @@ class FakeNamespace:
     links: dict[str, FakeLink] = field(default_factory=dict)
     routes: dict[Route, str] = field(default_factory=dict)  # route -> device name
     neighbours: dict[tuple[str, str], str] = field(default_factory=dict)  # (device, address) -> mac
+    settings: dict[str, str] = field(default_factory=dict)  # per-interface sysctls, dotted keys
 
     def link(self, name: str) -> FakeLink:
         found = self.links.get(name)
@@ -91,6 +97,31 @@ class FakeNamespace:
         self.links.pop(name, None)
         self.routes = {r: dev for r, dev in self.routes.items() if dev != name}
         self.neighbours = {k: mac for k, mac in self.neighbours.items() if k[0] != name}
+        for key in [k for k in self.settings if setting_owner(k) == name]:
+            del self.settings[key]
+
+    def write_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:
+        if name not in self.links:
+            raise KernelError(errno.ENOENT, f"No such file or directory: {settings[0].path(name)}")
+        for setting in settings:
+            self.settings[setting_key(name, setting)] = setting.value
+
+    def ipv6_disabled(self, name: str) -> bool:
+        return self.settings.get(f"net.ipv6.conf.{name}.disable_ipv6",
+                                 self.settings.get("net.ipv6.conf.default.disable_ipv6", "0")) == "1"
+
+
+def setting_key(name: str, setting: LinkSetting) -> str:
+    """The dotted key of an interface's sysctl, as `sysctl` would show it."""
+    return setting.path(name).replace("/", ".")
+
+
+def setting_owner(key: str) -> str:
+    """The interface of a per-interface sysctl's dotted key ("" for any other key, `all` and
+    `default` included)."""
+    parts = key.split(".")
+    name = ".".join(parts[3:-1]) if len(parts) >= 5 and parts[2] == "conf" else ""
+    return "" if name in ("all", "default") else name
 
 
 @dataclass
@@ -109,6 +140,7 @@ class FakeCniKernel(CniKernel):
         self.add_netns(NODE)
         self.open_handles: dict[int, str] = {}  # fd -> namespace path
         self.sysctls = FakeSysctls({forwarding(4).key: "0", forwarding(6).key: "0"})
+        self.node.settings = self.sysctls.values  # the node's sysctls are one store
         self.ensured: dict[tuple[str, tuple[str, ...]], Bridge] = {}
         self.calls: list[str] = []
         self._faults: list[_Fault] = []
@@ -142,6 +174,11 @@ class FakeCniKernel(CniKernel):
 
     def proxy_arp_key(self, name: str) -> str:
         return f"net.ipv4.conf.{name}.proxy_arp"
+
+    def link_settings(self, name: str, *, netns: str = NODE) -> dict[str, str]:
+        """The sysctls written on one interface, by key (`accept_ra`: "0", ...)."""
+        return {key.rsplit(".", 1)[1]: value for key, value in self.namespaces[netns].settings.items()
+                if setting_owner(key) == name}
 
     # ------------------------------------------------------------ fault machinery
     def _begin(self, operation: str) -> _Fault | None:
@@ -202,7 +239,6 @@ class FakeCniKernel(CniKernel):
         pod.links[pair.pod_ifname] = FakeLink(
             name=pair.pod_ifname, kind="veth", index=next(self._indexes), mac=pair.pod_mac, mtu=pair.mtu,
             peer=(NODE, pair.host_name))
-        self.sysctls.values[self.proxy_arp_key(pair.host_name)] = "0"
         self._end(fault)
         return bridge is not None
 
@@ -213,7 +249,6 @@ class FakeCniKernel(CniKernel):
             self._end(fault)
             return False
         self.node.drop(name)
-        self.sysctls.values.pop(self.proxy_arp_key(name), None)
         if link.peer is not None and link.peer[0] in self.namespaces:
             self.namespaces[link.peer[0]].drop(link.peer[1])
         for port in self.node.links.values():
@@ -254,6 +289,8 @@ class FakeCniKernel(CniKernel):
                                                          mac=_mac(), mtu=spec.mtu)
         if link.kind != "bridge":
             raise not_a_bridge(spec.name)
+        if spec.settings:
+            self.node.write_settings(spec.name, spec.settings)
         link.up = True
         link.alias = link.alias or owned.BRIDGE_ALIAS
         link.addresses.update(spec.gateways)
@@ -310,8 +347,12 @@ class FakeCniKernel(CniKernel):
         fault = self._begin("configure_pod")
         space = self._space(netns)
         device = space.link(setup.ifname)
+        if setup.settings:
+            space.write_settings(setup.ifname, setup.settings)
         space.links["lo"].up = True
         for address in setup.addresses:
+            if IpFamily.of(address.ip) is IpFamily.V6 and space.ipv6_disabled(setup.ifname):
+                raise KernelError(errno.EACCES, "Permission denied: IPv6 is disabled on the device")
             if address in device.addresses:
                 raise KernelError(errno.EEXIST, f"File exists: address {address}")
             device.addresses.add(address)
@@ -325,14 +366,20 @@ class FakeCniKernel(CniKernel):
         ensure_sysctls(self.sysctls, [forwarding(family)])
         self._end(fault)
 
-    def enable_proxy_arp(self, host_name: str) -> None:
-        fault = self._begin("enable_proxy_arp")
-        self.sysctls.write(self.proxy_arp_key(host_name), "1")  # FileNotFoundError without the link
+    def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:
+        fault = self._begin("set_link_settings")
+        self.node.write_settings(name, settings)
         self._end(fault)
 
     def route_to_pod(self, routes: NodeRoutes) -> None:
         fault = self._begin("route_to_pod")
         device = self.node.link(routes.host_name)
+        for address in routes.addresses:
+            if IpFamily.of(address.ip) is IpFamily.V6 and self.node.ipv6_disabled(routes.host_name):
+                raise KernelError(errno.EACCES, "Permission denied: IPv6 is disabled on the device")
+            if address in device.addresses:
+                raise KernelError(errno.EEXIST, f"File exists: address {address}")
+            device.addresses.add(address)
         self._add_routes(self.node, device, routes.routes)
         self._add_neighbours(self.node, device, routes.neighbours)
         self._end(fault)
@@ -355,7 +402,8 @@ class FakeCniKernel(CniKernel):
         if link is not None:
             master = next((m.name for m in self.node.links.values() if m.index == link.master), None)
             found = HostVeth(name=name, up=link.up, master=master,
-                             routes=frozenset(r.dst for r, dev in self.node.routes.items() if dev == name))
+                             routes=frozenset(r.dst for r, dev in self.node.routes.items() if dev == name),
+                             addresses=frozenset(link.addresses))
         self._end(fault)
         return found
 

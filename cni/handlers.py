@@ -165,12 +165,17 @@ class PluginHandlers:
 
         interfaces: list[dict[str, object]] = []
         bridge = None
+        families = wiring.families_of(addresses)
         if conf.mode is PodAttachment.BRIDGE:
             bridge_gateways = wiring.bridge_gateways(addresses, gateways)
-            bridge = kernel.ensure_bridge(BridgeSpec(name=conf.bridge, mtu=conf.mtu, gateways=bridge_gateways))
+            bridge = kernel.ensure_bridge(BridgeSpec(name=conf.bridge, mtu=conf.mtu, gateways=bridge_gateways,
+                                                     settings=wiring.bridge_settings(bridge_gateways)))
             for family in sorted({g.version for g in bridge_gateways}):
                 kernel.enable_forwarding(family)
             interfaces.append({"name": conf.bridge, "mac": bridge.mac})
+        host_settings = wiring.host_veth_settings(conf.mode, families)
+        if host_settings:  # before the pod end is up: the host end has no carrier yet
+            kernel.set_link_settings(host_name, host_settings)
         setup, routes = wiring.plan_pod(ifname=req.ifname, mode=conf.mode, addresses=addresses,
                                         gateways=gateways, routes=list(allocated.routes),
                                         host_mac=pair.host_mac)
@@ -189,11 +194,8 @@ class PluginHandlers:
                 raise CniError(ErrorCode.TRY_AGAIN_LATER, f"bridge {conf.bridge} changed during ADD",
                                str(exc)) from None
         else:
-            families = sorted({a.version for a in addresses})
-            for family in families:
+            for family in sorted(f.value for f in families):
                 kernel.enable_forwarding(family)
-            if 4 in families:
-                kernel.enable_proxy_arp(host_name)
             try:
                 kernel.route_to_pod(wiring.plan_node_routes(host_name=host_name, addresses=addresses,
                                                             pod_mac=pair.pod_mac))

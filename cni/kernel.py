@@ -28,6 +28,7 @@ from ipaddress import IPv4Interface, IPv6Interface
 
 from cni.errors import CniError, ErrorCode
 from netagent.kernel.errors import KernelError  # the kernel's refusal: `code` the errno, `str()` its own words
+from netagent.kernel.families import IpFamily
 from netagent.kernel.routes import Address, Neighbour, Network, Route  # a request's routes: ifname left empty
 
 Interface = IPv4Interface | IPv6Interface
@@ -59,6 +60,19 @@ class PodNetns:
 
 
 @dataclass(frozen=True)
+class LinkSetting:
+    """One per-interface sysctl, `/proc/sys/net/ipv4|ipv6/conf/<interface>/<key>`, for the
+    interface its request names (`PodSetup.ifname`, a host veth, the bridge). Kept apart from
+    the name, since an interface name may hold a dot that `sysctl`'s dotted keys cannot."""
+    family: IpFamily
+    key: str
+    value: str
+
+    def path(self, ifname: str) -> str:
+        return f"net/ipv{self.family.value}/conf/{ifname}/{self.key}"
+
+
+@dataclass(frozen=True)
 class VethPair:
     """The pair as created: the host end up and aliased, the pod end down, inside the pod."""
     host_name: str
@@ -74,6 +88,7 @@ class BridgeSpec:
     name: str
     mtu: int
     gateways: tuple[Interface, ...]  # gateway address with the subnet's prefix length
+    settings: tuple[LinkSetting, ...] = ()  # written before the gateways are added
 
 
 @dataclass(frozen=True)
@@ -85,20 +100,24 @@ class Bridge:
 
 @dataclass(frozen=True)
 class PodSetup:
-    """The pod side in one write: lo up, `addresses` on `ifname`, `ifname` up, then `routes`
-    in order (a gateway must be reachable through an earlier one) and `neighbours`."""
+    """The pod side: `settings` on `ifname` while it is down (IPv6: no DAD, no RAs), then one
+    write: lo up, `addresses` on `ifname`, `ifname` up, then `routes` in order (a gateway must
+    be reachable through an earlier one) and `neighbours`."""
     ifname: str
     addresses: tuple[Interface, ...]  # with the prefix length the pod gets
     routes: tuple[Route, ...]
     neighbours: tuple[Neighbour, ...] = ()
+    settings: tuple[LinkSetting, ...] = ()
 
 
 @dataclass(frozen=True)
 class NodeRoutes:
-    """Routed mode, the node side in one write: link routes to the pod and its pinned MAC."""
+    """Routed mode, the node side in one write: the host end's own addresses (IPv6: the pod's
+    link-local gateway, without DAD), link routes to the pod and its pinned MAC."""
     host_name: str
     routes: tuple[Route, ...]
     neighbours: tuple[Neighbour, ...]
+    addresses: tuple[Interface, ...] = ()
 
 
 # ---------------------------------------------------------------- what comes out
@@ -120,6 +139,7 @@ class HostVeth:
     up: bool
     master: str | None  # the bridge it is a port of
     routes: frozenset[Network]  # destinations of main-table routes out of it
+    addresses: frozenset[Interface] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -191,7 +211,9 @@ class CniKernel(abc.ABC):
         """IP forwarding (family 4 or 6) in the node's namespace."""
 
     @abc.abstractmethod
-    def enable_proxy_arp(self, host_name: str) -> None: ...
+    def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:
+        """Per-interface sysctls of a node link (routed IPv4: proxy ARP; IPv6: no RAs, ...),
+        in order; a `KernelError` with the errno when one cannot be written."""
 
     @abc.abstractmethod
     def route_to_pod(self, routes: NodeRoutes) -> None: ...

@@ -31,7 +31,7 @@ IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
 NDA_DST, NDA_LLADDR = 1, 2
-IFF_UP = 0x1
+IFF_UP, IFF_RUNNING = 0x1, 0x40
 RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST = 254, 4, 1
 SCOPE_UNIVERSE, SCOPE_LINK = 0, 253
 NUD_PERMANENT = 0x80
@@ -118,9 +118,20 @@ class Rtnl:
 
     def link_index(self, name: str) -> int | None:
         """The index of interface `name`, or None."""
+        found = self._get_link(name=name)
+        return None if found is None else found[0]
+
+    def link_running(self, index: int) -> bool:
+        """Whether the link is operationally up (IFF_RUNNING): its carrier seen by the kernel's
+        link watcher, which is also when its queueing discipline stops dropping what it sends."""
+        found = self._get_link(index=index)
+        return found is not None and bool(found[1] & IFF_RUNNING)
+
+    def _get_link(self, *, name: str = "", index: int = 0) -> tuple[int, int] | None:
+        """(index, flags) of the link named or indexed, or None when there is none."""
         with self._lock:
             self._seq += 1
-            body = _IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _str(IFLA_IFNAME, name)
+            body = _IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0) + (_str(IFLA_IFNAME, name) if name else b"")
             self.sock.send(_HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST, self._seq, 0) + body)
             while True:
                 data = self.sock.recv(65536)
@@ -132,7 +143,8 @@ class Rtnl:
                     if -code in (19, 2):  # ENODEV, ENOENT
                         return None
                     raise NetlinkError(-code, os.strerror(-code))
-                return _IFINFO.unpack_from(data, _HDR.size)[2]
+                _, _, found, flags, _ = _IFINFO.unpack_from(data, _HDR.size)
+                return found, flags
 
 
 # ---------------------------------------------------------------- message builders

@@ -13,6 +13,18 @@ Shape of an attachment:
   the fixed MAC ee:ee:ee:ee:ee:ee and proxy ARP; the pod routes via the link-local
   gateway 169.254.1.1 (fe80::ecee:eeff:feee:eeee), pinned by a permanent neighbour entry
   so the first packet needs no ARP round trip; the node routes the pod address to the veth.
+- IPv6, both modes: every IPv6 address is added without DAD (`IFA_F_NODAD`), and the pod's
+  interface gets `accept_dad=0` (its link-local too is valid at once), `accept_ra=0` (no
+  other pod's Router Advertisement can give it a route or an address) and
+  `disable_ipv6=0` (a runtime may disable IPv6 in new namespaces), all while it is down;
+  host veths and the bridge get `accept_ra=0`. Routed mode answers the pod's neighbour
+  solicitations for its gateway by the host end HOLDING the gateway (not by NDP proxying):
+  `addr_gen_mode=1` (none) leaves it no link-local of its own, and fe80::ecee:eeff:feee:eeee/64
+  is added without DAD, so it answers from the first packet, whatever the node's
+  `addr_gen_mode` default. Linux's proxy NDP needs an entry per address, and answers a
+  multicast solicitation only after a random delay of up to `proxy_delay` (0.8 s).
+  What the plugin relies on beyond its own interfaces: `net.ipv6.conf.all.forwarding=1`,
+  which it ensures as it does `net.ipv4.ip_forward` (the node agent sets both too).
 
 This module only describes: `plan_pod` and `plan_node_routes` turn IPAM's answer into the
 `cni.kernel` values a `CniKernel` applies, and the linear ADD with rollback lives in
@@ -29,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from cni.kernel import (
     Address,
     Interface,
+    LinkSetting,
     Neighbour,
     NodeRoutes,
     OwnedLink,
@@ -36,6 +49,7 @@ from cni.kernel import (
     Route,
 )
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.pod_attachment import PodAttachment
 
 HOST_VETH_PREFIX = owned.HOST_VETH_PREFIX
@@ -44,6 +58,7 @@ BRIDGE_ALIAS = owned.BRIDGE_ALIAS
 ROUTED_HOST_MAC = "ee:ee:ee:ee:ee:ee"
 ROUTED_GATEWAY_V4 = ipaddress.ip_address("169.254.1.1")
 ROUTED_GATEWAY_V6 = ipaddress.ip_address("fe80::ecee:eeff:feee:eeee")
+ROUTED_GATEWAY_V6_ON_HOST = ipaddress.ip_interface(f"{ROUTED_GATEWAY_V6}/64")  # the host end's link-local
 DEFAULT_DST = {4: ipaddress.ip_network("0.0.0.0/0"), 6: ipaddress.ip_network("::/0")}
 
 
@@ -71,6 +86,41 @@ def network_veths(links: Iterable[OwnedLink], network: str) -> list[str]:
     alias = network_alias(network)
     return [link.name for link in links
             if link.name.startswith(HOST_VETH_PREFIX) and link.alias == alias and link.kind == "veth"]
+
+
+# ---------------------------------------------------------------- per-interface settings
+
+_NO_RAS = LinkSetting(IpFamily.V6, "accept_ra", "0")
+_IPV6_ON = LinkSetting(IpFamily.V6, "disable_ipv6", "0")
+POD_IPV6_SETTINGS = (LinkSetting(IpFamily.V6, "accept_dad", "0"), _NO_RAS, _IPV6_ON)
+
+
+def families_of(addresses: Iterable[Interface]) -> frozenset[IpFamily]:
+    return frozenset(IpFamily.of(a.ip) for a in addresses)
+
+
+def pod_settings(families: frozenset[IpFamily]) -> tuple[LinkSetting, ...]:
+    """The pod interface's sysctls, written while it is down: none for IPv4 alone."""
+    return POD_IPV6_SETTINGS if IpFamily.V6 in families else ()
+
+
+def host_veth_settings(mode: PodAttachment, families: frozenset[IpFamily]) -> tuple[LinkSetting, ...]:
+    """The host end's sysctls, written before the pod end comes up (so before the host end
+    has a carrier, and with it an automatic link-local address)."""
+    settings: list[LinkSetting] = []
+    routed = mode is PodAttachment.ROUTED
+    if routed and IpFamily.V4 in families:
+        settings.append(LinkSetting(IpFamily.V4, "proxy_arp", "1"))
+    if IpFamily.V6 in families:
+        if routed:  # the gateway address alone, added by `plan_node_routes`
+            settings += [LinkSetting(IpFamily.V6, "addr_gen_mode", "1"), _IPV6_ON]
+        settings.append(_NO_RAS)
+    return tuple(settings)
+
+
+def bridge_settings(gateways: Iterable[Interface]) -> tuple[LinkSetting, ...]:
+    """The bridge's sysctls, before its IPv6 gateway is added: IPv6 on, RAs ignored."""
+    return (_IPV6_ON, _NO_RAS) if IpFamily.V6 in families_of(gateways) else ()
 
 
 # ---------------------------------------------------------------- the pod side
@@ -124,17 +174,25 @@ def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], ga
         kernel_routes.append(Route(dst=dst, gateway=gw))
         result_routes.append({"dst": str(dst), **({"gw": str(gw)} if gw else {})})
     setup = PodSetup(ifname=ifname, addresses=tuple(pod_address(mode, a) for a in addresses),
-                     routes=tuple(kernel_routes), neighbours=tuple(neighbours))
+                     routes=tuple(kernel_routes), neighbours=tuple(neighbours),
+                     settings=pod_settings(families_of(addresses)))
     return setup, result_routes
 
 
 # ---------------------------------------------------------------- the node side
 
+def routed_host_addresses(addresses: Iterable[Interface]) -> tuple[Interface, ...]:
+    """What a routed host end holds itself: the pods' IPv6 gateway when the pod has IPv6."""
+    return (ROUTED_GATEWAY_V6_ON_HOST,) if IpFamily.V6 in families_of(addresses) else ()
+
+
 def plan_node_routes(*, host_name: str, addresses: Iterable[Interface], pod_mac: str) -> NodeRoutes:
     """Routed mode: each pod address routed to the host end, and pinned to the pod's MAC there
-    (as the gateway is pinned inside the pod: no ARP or neighbour discovery either way)."""
+    (as the gateway is pinned inside the pod: no ARP or neighbour discovery either way); with
+    IPv6 the host end holds the pod's gateway, so a pod whose entry went still finds it."""
     addresses = list(addresses)
     return NodeRoutes(
         host_name=host_name,
+        addresses=routed_host_addresses(addresses),
         routes=tuple(Route(dst=ipaddress.ip_network((a.ip, a.max_prefixlen))) for a in addresses),
         neighbours=tuple(Neighbour(address=a.ip, mac=pod_mac) for a in addresses))

@@ -4,6 +4,7 @@ Each test builds a node namespace with pods made by executing the installed plug
 as a runtime would, sends real packets between them, and checks that after DEL, GC or a
 failed ADD nothing of ours is left: no veth, no reservation file, no namespace.
 """
+import ipaddress
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import pytest
 
 from netagent.kernel import namespaces
 from netagent.kernel.pod_attachment import PodAttachment
+from tests.cluster.lab_tools import wait_for
 
 
 def node_links(node) -> dict:
@@ -45,32 +47,125 @@ def assert_clean(node):
     assert reservations(node) == []
 
 
+FAMILIES = {"ipv4": ("10.244.1.0/24",), "ipv6": ("fd00:244:1::/64",),
+            "dual": ("10.244.1.0/24", "fd00:244:1::/64")}
+NODE_ADDRESS = {4: "198.18.0.1", 6: "fd00:198:18::1"}  # the node's own, on its lo
+ROUTED_GATEWAY = {4: "169.254.1.1", 6: "fe80::ecee:eeff:feee:eeee"}
+
+
+def pod_ips(pod) -> dict:
+    """The pod's addresses in the result, by family."""
+    return {ipaddress.ip_interface(ip["address"]).version: ip for ip in pod.result["ips"]}
+
+
+def answers_one_echo(node, source: str, address: str) -> bool:
+    """One echo request, one reply: nothing to retry, so a pod whose address is not usable yet
+    (tentative during DAD, an interface the kernel has not brought up) fails."""
+    out = node.exec_in(source, ["ping", "-c", "1", "-W", "10", address]).stdout
+    return "1 packets transmitted, 1 received" in out
+
+
+def sysctl_in(netns_name: str, path: str) -> str:
+    return namespaces.run_in(netns_name, ["cat", f"/proc/sys/{path}"], check=True).stdout.strip()
+
+
+def not_ready_ipv6(netns_name: str, ifname: str) -> list:
+    """IPv6 addresses on `ifname` that are not usable yet (tentative, DAD failed)."""
+    out = namespaces.run_in(netns_name, ["ip", "-6", "-j", "addr", "show", "dev", ifname], check=True).stdout
+    return [a["local"] for link in json.loads(out) for a in link["addr_info"]
+            if a.get("tentative") or a.get("dadfailed")]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
-def test_pods_get_addresses_and_reach_each_other(make_node, where, mode):
-    node = make_node(mode=mode, with_agent=(where == "agent"), subnets=("10.244.1.0/24",))
-    a, b = node.add_pod("a"), node.add_pod("b")
-    assert a.ip != b.ip
-    prefix = "24" if mode is PodAttachment.BRIDGE else "32"
-    assert pod_addresses(node, "a") == {f"{a.ip}/{prefix}"}
+def test_pods_get_addresses_and_reach_each_other(make_node, where, mode, family):
+    node = make_node(mode=mode, with_agent=(where == "agent"), subnets=FAMILIES[family])
+    namespaces.run_in(node.node, ["ip", "addr", "add", NODE_ADDRESS[6] + "/128", "dev", "lo"], check=True)
+    for name in ("a", "b"):
+        # at once: the pod answers the first echo; no address of its (or of its gateway) is tentative
+        pod = node.add_pod(name)
+        link = json.loads(node.exec_in(name, ["ip", "-j", "link", "show", "eth0"], check=True).stdout)[0]
+        assert link["operstate"] == "UP", link  # ADD waited for the kernel to apply the carrier
+        for version, ip in pod_ips(pod).items():
+            assert answers_one_echo(node, "node", ip["address"].split("/")[0]), (name, version)
+        if 6 in pod_ips(pod):  # (an IPv4-only pod's IPv6 is left as its runtime made it)
+            assert not_ready_ipv6(pod.netns_name, "eth0") == []
+    a, b = node.pods["a"], node.pods["b"]
+    families = sorted(pod_ips(b))
+    assert families == sorted(ipaddress.ip_network(s).version for s in FAMILIES[family])
+
+    routed = mode is PodAttachment.ROUTED
+    pod_index = len(a.result["interfaces"]) - 1
     assert a.result["cniVersion"] == "1.0.0"
     assert a.result["interfaces"][-1]["sandbox"] == a.netns
-    assert node.ping("a", b.ip) and node.ping("b", a.ip)
-    if mode is PodAttachment.BRIDGE:
-        assert a.result["ips"][0]["gateway"] == "10.244.1.1"
-        assert node.ping("a", "10.244.1.1")
-        assert node_links(node)[a.result["interfaces"][1]["name"]]["master"] == "na0"
+    assert {ip["interface"] for ip in a.result["ips"]} == {pod_index}
+    gateways = {v: ROUTED_GATEWAY[v] if routed else str(ipaddress.ip_network(s)[1])
+                for v, s in ((ipaddress.ip_network(s).version, s) for s in FAMILIES[family])}
+    assert {v: ip["gateway"] for v, ip in pod_ips(a).items()} == gateways
+    assert a.result["routes"] == [{"dst": "0.0.0.0/0" if v == 4 else "::/0", "gw": gateways[v]} for v in families]
+    assert pod_addresses(node, "a") == {ip["address"] for ip in a.result["ips"]}
+    assert {ip["address"].split("/")[1] for ip in a.result["ips"]} == \
+        {("32" if v == 4 else "128") if routed else ("24" if v == 4 else "64") for v in families}
+    assert a.ip != b.ip
+
+    for version in families:
+        a_ip, b_ip = (pod_ips(p)[version]["address"].split("/")[0] for p in (a, b))
+        assert node.ping("a", b_ip) and node.ping("b", a_ip), version
+        assert node.ping("a", NODE_ADDRESS[version]), version  # pod to host
+        if not routed:
+            assert node.ping("a", gateways[version]), version
+    if 6 in families:  # the pod's IPv6: no DAD, no Router Advertisements taken
+        assert sysctl_in(a.netns_name, "net/ipv6/conf/eth0/accept_dad") == "0"
+        assert sysctl_in(a.netns_name, "net/ipv6/conf/eth0/accept_ra") == "0"
+    host = a.result["interfaces"][-2]["name"]
+    if not routed:
+        assert node_links(node)[host]["master"] == "na0"
+        if 6 in families:
+            assert sysctl_in(node.node, "net/ipv6/conf/na0/accept_ra") == "0"
     else:
-        host = a.result["interfaces"][0]["name"]
         routes = namespaces.run_in(node.node, ["ip", "route", "show", "dev", host], check=True).stdout
-        assert f"{a.ip} " in routes and "scope link" in routes
-        assert namespaces.run_in(node.node, ["cat", f"/proc/sys/net/ipv4/conf/{host}/proxy_arp"]).stdout.strip() == "1"
-        assert node.ping("node", a.ip)
-        assert a.result["ips"][0]["gateway"] == "169.254.1.1"
+        routes += namespaces.run_in(node.node, ["ip", "-6", "route", "show", "dev", host], check=True).stdout
+        for version in families:
+            assert f"{pod_ips(a)[version]['address'].split('/')[0]} " in routes, version
+        assert ("scope link" in routes) == (4 in families)
+        if 4 in families:
+            assert sysctl_in(node.node, f"net/ipv4/conf/{host}/proxy_arp") == "1"
+        if 6 in families:  # the host end holds the pods' gateway, usable at once, and nothing else
+            host_v6 = namespaces.run_in(node.node, ["ip", "-6", "-o", "addr", "show", "dev", host],
+                                        check=True).stdout
+            assert [line.split()[3] for line in host_v6.splitlines()] == ["fe80::ecee:eeff:feee:eeee/64"]
+            assert not_ready_ipv6(node.node, host) == []
+            assert sysctl_in(node.node, f"net/ipv6/conf/{host}/accept_ra") == "0"
     mtu = json.loads(node.exec_in("a", ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]
     assert mtu == 1500
+    check = dict(container_id=a.container_id, netns=a.netns, config=node.plugin_config(prev_result=a.result))
+    assert node.cni("CHECK", **check) == (0, None)
+    addresses = [ip["address"].split("/")[0] for pod in (a, b) for ip in pod.result["ips"]]
     node.delete_pod("a")
     node.delete_pod("b")
     assert_clean(node)
+    for version in (4, 6):  # no route to a pod, pinned neighbour or NDP proxy entry is left on the node
+        for what in (["route"], ["neigh", "show", "nud", "permanent"], ["neigh", "show", "proxy"]):
+            left = namespaces.run_in(node.node, ["ip", f"-{version}", *what], check=True).stdout.split()
+            assert [x for x in addresses if x in left] == [], (version, what, left)
+
+
+@pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
+def test_check_compares_ipv6_too(make_node, mode):
+    node = make_node(mode=mode, subnets=FAMILIES["dual"], with_agent=False)
+    pod = node.add_pod("a")
+    check = dict(container_id=pod.container_id, netns=pod.netns, config=node.plugin_config(prev_result=pod.result))
+    assert node.cni("CHECK", **check) == (0, None)
+    gateway = pod_ips(pod)[6]["gateway"]
+    if mode is PodAttachment.ROUTED:
+        host = pod.result["interfaces"][0]["name"]
+        namespaces.run_in(node.node, ["ip", "-6", "addr", "del", f"{gateway}/64", "dev", host], check=True)
+        code, out = node.cni("CHECK", **check)
+        assert (code, out["msg"]) == (1, f"the pods' gateway {gateway}/64 is missing on {host}")
+    node.exec_in("a", ["ip", "-6", "route", "del", "default"], check=True)
+    code, out = node.cni("CHECK", **check)
+    assert out["code"] == 101 and f"route ::/0 via {gateway} is missing" in out["msg"]
+    assert "0.0.0.0/0" not in out["msg"]
 
 
 def test_mtu_and_hairpin_are_applied(make_node):
@@ -81,25 +176,6 @@ def test_mtu_and_hairpin_are_applied(make_node):
     host = pod.result["interfaces"][1]["name"]
     assert node_links(node)[host]["mtu"] == 1400
     assert node_links(node)[host]["linkinfo"]["info_slave_data"]["hairpin"] is True
-
-
-def test_dual_stack(make_node, where):
-    node = make_node(subnets=("10.244.3.0/24", "fd00:244:3::/64"), with_agent=(where == "agent"))
-    a, b = node.add_pod("a"), node.add_pod("b")
-    assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["24", "64"]
-    v6 = b.result["ips"][1]["address"].split("/")[0]
-    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-w", "10", "-i", "0.2", v6]).returncode == 0
-    routes = node.exec_in("a", ["ip", "-6", "route", "show", "default"]).stdout
-    assert "via fd00:244:3::1" in routes
-
-
-def test_dual_stack_routed(make_node):
-    node = make_node(mode=PodAttachment.ROUTED, subnets=("10.244.4.0/24", "fd00:244:4::/64"))
-    a, b = node.add_pod("a"), node.add_pod("b")
-    assert [ip["address"].split("/")[1] for ip in a.result["ips"]] == ["32", "128"]
-    v6 = b.result["ips"][1]["address"].split("/")[0]
-    assert node.exec_in("a", ["ping", "-6", "-c", "1", "-w", "10", "-i", "0.2", v6]).returncode == 0
-    assert node.ping("a", b.ip)
 
 
 @pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0", "1.1.0"])
@@ -201,15 +277,17 @@ def test_check_is_refused_for_old_config_versions(make_node):
     assert (code, out["code"]) == (1, 1)
 
 
-def test_gc_removes_what_is_not_valid(make_node, where):
-    node = make_node(cni_version="1.1.0", with_agent=(where == "agent"))
+@pytest.mark.parametrize("family", ["ipv4", "dual"])
+def test_gc_removes_what_is_not_valid(make_node, where, family):
+    node = make_node(cni_version="1.1.0", with_agent=(where == "agent"), subnets=FAMILIES[family])
     keep, gone1, gone2 = node.add_pod("keep"), node.add_pod("gone1"), node.add_pod("gone2")
     valid = [{"containerID": keep.container_id, "ifname": "eth0"}]
     code, out = node.cni("GC", config=node.plugin_config(**{"cni.dev/valid-attachments": valid}))
     assert (code, out) == (0, None)
     assert our_veths(node) == [keep.result["interfaces"][1]["name"]]
-    assert reservations(node) == [keep.ip]
-    assert node.ping("keep", "10.244.1.1")
+    assert sorted(reservations(node)) == sorted(ip["address"].split("/")[0] for ip in keep.result["ips"])
+    for ip in keep.result["ips"]:
+        assert node.ping("keep", ip["gateway"])
     for pod in (gone1, gone2):
         node.pods.pop(pod.name)
     # the 1.1.0 tag's spelling of the key works too
@@ -363,3 +441,49 @@ def test_cleanup_removes_only_what_we_own(make_node):
     remaining = node_links(node)
     assert "na-admin" in remaining and "na0" not in remaining and our_veths(node) == []
     node.pods.clear()
+
+
+ROUTER_ADVERTISEMENT = r"""
+import socket, struct, sys
+# type 134, code 0, checksum (the kernel's), hop limit 64, no flags, router lifetime 1800 s,
+# then a prefix information option: 2001:db8:bad::/64, on-link and autonomous, lifetimes 1 h
+prefix = socket.inet_pton(socket.AF_INET6, "2001:db8:bad::")
+ra = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0)
+ra += struct.pack("!BBBBIII", 3, 4, 64, 0xC0, 3600, 3600, 0) + prefix
+s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, socket.if_nametoindex("eth0"))
+s.sendto(ra, ("ff02::1", 0, 0, socket.if_nametoindex("eth0")))
+"""
+
+
+def router_advertisements_received(node, pod: str) -> int:
+    out = node.exec_in(pod, ["cat", "/proc/net/snmp6"], check=True).stdout
+    return int(next(line.split()[1] for line in out.splitlines()
+                    if line.startswith("Icmp6InRouterAdvertisements")))
+
+
+def test_a_pod_takes_no_router_advertisement_from_another(make_node):
+    """Bridge mode puts pods on one link: a pod that sends Router Advertisements must not give
+    its neighbours a default route or an address. Pod c has accept_ra put back to 1 (as
+    without the plugin's setting) and takes the advertisement; pod a, as the plugin left it,
+    counts it received and ignores it."""
+    node = make_node(subnets=FAMILIES["ipv6"], with_agent=False)
+    a, c = node.add_pod("a"), node.add_pod("c")
+    node.add_pod("rogue")
+    node.exec_in("c", ["sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/eth0/accept_ra"], check=True)
+    seen = {name: router_advertisements_received(node, name) for name in ("a", "c")}
+    sent = node.exec_in("rogue", [sys.executable, "-c", ROUTER_ADVERTISEMENT])
+    assert sent.returncode == 0, sent.stderr
+    wait_for(lambda: all(router_advertisements_received(node, n) > seen[n] for n in seen))
+
+    def taken(name: str) -> list:
+        routes = node.exec_in(name, ["ip", "-6", "route"], check=True).stdout
+        addresses = node.exec_in(name, ["ip", "-6", "addr"], check=True).stdout
+        return [line for line in (routes + addresses).splitlines() if "proto ra" in line or "2001:db8:bad" in line]
+
+    wait_for(lambda: taken("c"))  # the control: an interface that accepts RAs takes this one
+    assert taken("a") == []
+    assert node.exec_in("a", ["ip", "-6", "route", "show", "default"], check=True).stdout.split()[:3] == \
+        ["default", "via", pod_ips(a)[6]["gateway"]]
+

@@ -16,6 +16,7 @@ real packets, the kernel's state and the reservation files, and that DEL undoes 
 Everything lives in namespaces the test creates; the root namespace is never touched.
 The last test holds `netagent-ipam` to ignoring another main plugin's own keys.
 """
+import ipaddress
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 
 from cni import invoke
 from netagent.kernel import namespaces
+from netagent.kernel.pod_attachment import PodAttachment
 
 REFERENCE_DIR = "/usr/lib/cni"
 LINE_BREAK = "\r\n"
@@ -90,15 +92,30 @@ class Chain:
 
 # --------------------------------------------------------------------- reference bridge + our IPAM
 
-@pytest.mark.parametrize("cni_version", ["0.4.0", "1.0.0"])
-def test_reference_bridge_with_netagent_ipam(make_node, cni_version):
-    """The reference bridge plugin allocates through `netagent-ipam` as through host-local."""
+REF_RANGES = {"ipv4": ["10.250.1.0/24"], "ipv6": ["fd00:250:1::/64"], "dual": ["10.250.1.0/24", "fd00:250:1::/64"]}
+
+
+def ips_by_family(result: dict) -> dict:
+    """{4 or 6: (address, prefix, gateway)} of a result's IPs."""
+    out = {}
+    for ip in result["ips"]:
+        itf = ipaddress.ip_interface(ip["address"])
+        out[itf.version] = (str(itf.ip), itf.network.prefixlen, ip.get("gateway"))
+    return out
+
+
+@pytest.mark.parametrize("cni_version, family", [("0.4.0", "ipv4"), ("1.0.0", "ipv4"), ("1.0.0", "ipv6"),
+                                                 ("1.0.0", "dual")])
+def test_reference_bridge_with_netagent_ipam(make_node, cni_version, family):
+    """The reference bridge plugin allocates through `netagent-ipam` as through host-local,
+    one address per range set: IPv4, IPv6 or both."""
     require_reference("bridge")
     node = make_node(with_agent=False)
     data_dir = os.path.join(node.workdir, "ref-ipam")
+    subnets = [ipaddress.ip_network(s) for s in REF_RANGES[family]]
     conflist = {"cniVersion": cni_version, "name": "refnet", "plugins": [{
         "type": "bridge", "bridge": "cni-ref0", "isGateway": True,
-        "ipam": {"type": "netagent-ipam", "ranges": [[{"subnet": "10.250.1.0/24"}]],
+        "ipam": {"type": "netagent-ipam", "ranges": [[{"subnet": str(s)}] for s in subnets],
                  "dataDir": data_dir}}]}
     chain = Chain(node, conflist)
     network_dir = os.path.join(data_dir, "refnet")
@@ -114,20 +131,21 @@ def test_reference_bridge_with_netagent_ipam(make_node, cni_version):
     b_ns, b_id, b_result = pods["b"]
     for _, _, result in pods.values():
         assert result["cniVersion"] == cni_version
-        assert result["ips"][0]["address"].startswith("10.250.1.")
-        assert result["ips"][0]["address"].endswith("/24")
-        assert result["ips"][0]["gateway"] == "10.250.1.1"
+        assert {v: (prefix, gw) for v, (_, prefix, gw) in ips_by_family(result).items()} == \
+            {s.version: (s.prefixlen, str(s[1])) for s in subnets}
         assert ("version" in result["ips"][0]) == (cni_version == "0.4.0")
-    a_ip, b_ip = address_of(a_result), address_of(b_result)
-    assert a_ip != b_ip and "10.250.1.1" not in (a_ip, b_ip)
-    assert reservation_files(network_dir) == {a_ip: f"{a_id}{LINE_BREAK}eth0",
-                                              b_ip: f"{b_id}{LINE_BREAK}eth0"}
+    files = {}
+    for subnet in subnets:
+        a_ip, b_ip = (ips_by_family(r)[subnet.version][0] for r in (a_result, b_result))
+        assert a_ip != b_ip and str(subnet[1]) not in (a_ip, b_ip)
+        files.update({a_ip: f"{a_id}{LINE_BREAK}eth0", b_ip: f"{b_id}{LINE_BREAK}eth0"})
+        # the bridge plugin put the gateway our IPAM returned on its bridge
+        bridge_addrs = namespaces.run_in(node.node, ["ip", "-o", f"-{subnet.version}", "addr", "show", "dev",
+                                                     "cni-ref0"], check=True).stdout
+        assert f"{subnet[1]}/{subnet.prefixlen}" in bridge_addrs
+        assert ping(a_ns, b_ip) and ping(b_ns, a_ip) and ping(a_ns, str(subnet[1]))
+    assert reservation_files(network_dir) == files
     assert "lock" in os.listdir(network_dir)
-    # the bridge plugin put the gateway our IPAM returned on its bridge
-    bridge_addrs = namespaces.run_in(node.node, ["ip", "-o", "-4", "addr", "show", "dev", "cni-ref0"],
-                                     check=True).stdout
-    assert "10.250.1.1/24" in bridge_addrs
-    assert ping(a_ns, b_ip) and ping(b_ns, a_ip) and ping(a_ns, "10.250.1.1")
     # bridge's CHECK asks our IPAM for the reservation, then compares the kernel with the result
     chain.run("CHECK", container_id=a_id, netns_name=a_ns, prev_result=a_result)
 
@@ -144,24 +162,41 @@ def test_reference_bridge_with_netagent_ipam(make_node, cni_version):
 
 # --------------------------------------------------------------------- our plugin + reference host-local
 
-@pytest.mark.parametrize("with_agent", [True, False], ids=["agent", "in-process"])
-def test_netagent_with_reference_host_local(make_node, with_agent):
-    """Our plugin delegates IPAM to host-local: host-local's files appear and go away."""
+@pytest.mark.parametrize("with_agent, mode, family", [
+    (True, "bridge", "ipv4"), (False, "bridge", "ipv4"), (False, "bridge", "dual"), (True, "routed", "dual")],
+    ids=["agent", "in-process", "in-process-dual", "agent-routed-dual"])
+def test_netagent_with_reference_host_local(make_node, with_agent, mode, family):
+    """Our plugin delegates IPAM to host-local: host-local's files appear and go away; with a
+    range set per family, one address of each, and our wiring of both."""
     require_reference("host-local")
-    node = make_node(with_agent=with_agent)
+    node = make_node(with_agent=with_agent, mode=PodAttachment(mode))
     data_dir = os.path.join(node.workdir, "host-local")
+    subnets = [ipaddress.ip_network(s) for s in {"ipv4": ["10.250.2.0/24"],
+                                                  "dual": ["10.250.2.0/24", "fd00:250:2::/64"]}[family]]
     node.conflist["plugins"][0]["ipam"] = {
-        "type": "host-local", "ranges": [[{"subnet": "10.250.2.0/24"}]], "dataDir": data_dir}
+        "type": "host-local", "ranges": [[{"subnet": str(s)}] for s in subnets], "dataDir": data_dir}
     network_dir = os.path.join(data_dir, "netagent")
+    routed = mode == "routed"
 
     a, b = node.add_pod("a"), node.add_pod("b")
+    files = {}
     for pod in (a, b):
-        assert pod.result["ips"][0]["address"].startswith("10.250.2.")
-        assert pod.result["ips"][0]["gateway"] == "10.250.2.1"
+        found = ips_by_family(pod.result)
+        assert sorted(found) == [s.version for s in subnets]
+        for subnet in subnets:
+            address, prefix, gateway = found[subnet.version]
+            assert ipaddress.ip_address(address) in subnet
+            assert prefix == (subnet.max_prefixlen if routed else subnet.prefixlen)
+            if not routed:
+                assert gateway == str(subnet[1])
+            files[address] = f"{pod.container_id}{LINE_BREAK}eth0"
         assert pod.result["interfaces"][-1]["sandbox"] == pod.netns
-    assert reservation_files(network_dir) == {a.ip: f"{a.container_id}{LINE_BREAK}eth0",
-                                              b.ip: f"{b.container_id}{LINE_BREAK}eth0"}
-    assert node.ping("a", b.ip) and node.ping("b", a.ip) and node.ping("a", "10.250.2.1")
+    assert reservation_files(network_dir) == files
+    for subnet in subnets:
+        a_ip, b_ip = (ips_by_family(p.result)[subnet.version][0] for p in (a, b))
+        assert node.ping("a", b_ip) and node.ping("b", a_ip)
+        if not routed:
+            assert node.ping("a", str(subnet[1]))
 
     # CHECK delegates too: host-local confirms its reservation
     conf = node.plugin_config(prev_result=a.result)
@@ -180,15 +215,17 @@ def test_netagent_with_reference_host_local(make_node, with_agent):
 
 SERVER = r"""
 import socket, sys
-s = socket.socket()
+s = socket.socket(socket.AF_INET6)  # both families: IPv4 peers come as ::ffff:a.b.c.d
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 8080))
-s.listen(1)
+s.bind(("::", 8080))
+s.listen(2)
 s.settimeout(120)
 print("listening", flush=True)
-conn, peer = s.accept()
-conn.sendall(("hello from pod a; you are " + peer[0]).encode())
-conn.close()
+for _ in range(int(sys.argv[1])):
+    conn, peer = s.accept()
+    conn.sendall(("hello from pod a; you are " + peer[0].removeprefix("::ffff:")).encode())
+    conn.close()
 """
 
 CLIENT = r"""
@@ -209,7 +246,8 @@ def nat_rules(node) -> str:
     return namespaces.run_in(node.node, ["iptables", "-t", "nat", "-S"], check=True).stdout
 
 
-def test_chain_with_portmap_and_bandwidth(make_node):
+@pytest.mark.parametrize("family", ["ipv4", "dual"])
+def test_chain_with_portmap_and_bandwidth(make_node, family):
     """portmap and bandwidth chained after our plugin read our prevResult and work.
 
     portmap (`snat: true`) runs `iptables` inside the node namespace (Debian's default
@@ -234,9 +272,14 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     device to the result's interfaces.
 
     portmap's CHECK is not run: see the comment at the CHECK below.
+
+    Dual-stack: our result lists the pod's IPv6 address too, so portmap maps the host port in
+    ip6tables as well (its DNAT to `[address]:8080`, its masquerade), and pod b reaches pod a's
+    server through the bridge's IPv6 gateway address as through its IPv4 one.
     """
     require_reference("portmap", "bandwidth")
-    node = make_node(subnets=("10.250.3.0/24",))
+    dual = family == "dual"
+    node = make_node(subnets=("10.250.3.0/24", "fd00:250:3::/64") if dual else ("10.250.3.0/24",))
     conflist = json.loads(json.dumps(node.conflist))
     conflist["plugins"] += [{"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
                             {"type": "bandwidth", "capabilities": {"bandwidth": True}}]
@@ -260,7 +303,14 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     assert a_ip.startswith("10.250.3.") and result["ips"][0]["interface"] == 2
     assert result["ips"][0]["gateway"] == "10.250.3.1"
     reservations_dir = os.path.join(node.data_dir, "netagent")
-    assert list(reservation_files(reservations_dir)) == [a_ip]
+    a_ips = [ip["address"].split("/")[0] for ip in result["ips"]]
+    assert sorted(reservation_files(reservations_dir)) == sorted(a_ips)
+    if dual:
+        a_v6 = a_ips[1]
+        assert a_v6.startswith("fd00:250:3::") and result["ips"][1]["interface"] == 2
+        rules6 = namespaces.run_in(node.node, ["ip6tables", "-t", "nat", "-S"], check=True).stdout
+        assert f"--to-destination [{a_v6}]:8080" in rules6
+        assert "-s fd00:250:3::/64 -p tcp -m tcp --dport 18080 -j CNI-HOSTPORT-SETMARK" in rules6
 
     # portmap: its chains in the node namespace's nat table, DNAT to pod a
     rules = nat_rules(node)
@@ -286,23 +336,25 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     assert names[3:] == ifbs  # bandwidth appends its ifb device to the result
 
     # CHECK with the ADD result, by our plugin and bandwidth. Not by portmap: its CHECK (in
-    # the Debian 1.1.1 build) also looks for the DNAT chain in ip6tables when the container
-    # has no IPv6 address, and fails ("could not check ipv6 dnat"; upstream issue
-    # containernetworking/plugins#819), whichever main plugin came before it.
+    # the Debian 1.1.1 build) looks for the IPv4 DNAT rules in ip6tables too, and fails
+    # ("could not check ipv6 dnat"; upstream issue containernetworking/plugins#819), for an
+    # IPv4-only pod and for a dual-stack one alike, whichever main plugin came before it.
     without_portmap = dict(conflist, plugins=[p for p in conflist["plugins"] if p["type"] != "portmap"])
     Chain(node, without_portmap, runtime_config).run("CHECK", container_id=a_id, netns_name=a_ns,
                                                      prev_result=result)
 
     # pod b (plain, our plugin alone) reaches pod a's server through the host port
     b = node.add_pod("b")
-    server = subprocess.Popen([*namespaces.exec_prefix(a_ns), sys.executable, "-c", SERVER],
+    gateways = ["10.250.3.1", "fd00:250:3::1"] if dual else ["10.250.3.1"]
+    server = subprocess.Popen([*namespaces.exec_prefix(a_ns), sys.executable, "-c", SERVER, str(len(gateways))],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "listening", server.stderr.read()
-        client = node.exec_in("b", [sys.executable, "-c", CLIENT, "10.250.3.1", "18080"], timeout=90)
-        assert client.returncode == 0, client.stderr
-        # the masquerade of portmap's snat: pod a sees the node's gateway, not pod b
-        assert client.stdout.strip() == "hello from pod a; you are 10.250.3.1"
+        for gateway in gateways:
+            client = node.exec_in("b", [sys.executable, "-c", CLIENT, gateway, "18080"], timeout=90)
+            assert client.returncode == 0, client.stderr
+            # the masquerade of portmap's snat: pod a sees the node's gateway, not pod b
+            assert client.stdout.strip() == f"hello from pod a; you are {gateway}"
         server.wait(timeout=60)
     finally:
         if server.poll() is None:
@@ -315,11 +367,15 @@ def test_chain_with_portmap_and_bandwidth(make_node):
     chain.run("DEL", container_id=a_id, netns_name=a_ns, prev_result=result)
     rules = nat_rules(node)
     assert a_ip not in rules and "CNI-DN-" not in rules and a_id not in rules
+    if dual:
+        rules6 = namespaces.run_in(node.node, ["ip6tables", "-t", "nat", "-S"], check=True).stdout
+        assert a_v6 not in rules6 and "CNI-DN-" not in rules6
     assert "-N CNI-HOSTPORT-DNAT" in rules  # the shared chains stay, as portmap intends
     remaining = links(node.node)
     assert host[0] not in remaining and ifbs[0] not in remaining
     assert "eth0" not in links(a_ns)
-    assert list(reservation_files(reservations_dir)) == [b.ip]
+    assert sorted(reservation_files(reservations_dir)) == sorted(ip["address"].split("/")[0]
+                                                                  for ip in b.result["ips"])
 
 
 # --------------------------------------------------------------------- reference loopback first

@@ -25,7 +25,7 @@ from typing import Callable
 from cni import attachment_lock, client
 from cni.ipam import config as ipam_config
 from cni.dispatch import execute
-from cni.fake_kernel import FakeCniKernel
+from cni.fake_kernel import FakeCniKernel, setting_owner
 from cni.handlers import PluginHandlers
 from cni.ipam.store import is_bookkeeping
 from cni.wiring import ALIAS_PREFIX, host_veth_name
@@ -154,7 +154,9 @@ class World:
                      for name, link in space.links.items() if link.kind != "bridge"}
             state[path or "node"] = (links, sorted((str(r.dst), str(r.gateway), d) for r, d in space.routes.items()),
                                      sorted(space.neighbours.items()))
-        state["proxy_arp"] = sorted(k for k in self.kernel.sysctls.values if k.endswith(".proxy_arp"))
+            bridges = {name for name, link in space.links.items() if link.kind == "bridge"}
+            state[f"{path or 'node'} sysctls"] = sorted(
+                (key, value) for key, value in space.settings.items() if setting_owner(key) not in bridges | {""})
         return state
 
 

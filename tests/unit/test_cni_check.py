@@ -12,7 +12,7 @@ from cni.errors import CniError, ErrorCode
 from cni.fake_kernel import FakeCniKernel
 from cni.handlers import PluginHandlers
 from cni.kernel import HostVeth, PodInterface, Route
-from cni.wiring import host_veth_name
+from cni.wiring import ROUTED_GATEWAY_V6_ON_HOST, host_veth_name
 from netagent.kernel.pod_attachment import PodAttachment
 from tests.unit.test_cni_handlers import NETNS, NETWORK, make_conf, make_req
 
@@ -175,8 +175,49 @@ def test_routed_mode_wants_a_node_route_per_address_not_a_bridge():
     expected = expected_from(prev, ifname="eth0", host_name=HOST, mode=PodAttachment.ROUTED, bridge="na0")
     pod = observed_pod(addresses=frozenset({ipaddress.ip_interface("10.244.1.2/32"),
                                             ipaddress.ip_interface("fd00::2/128")}))
-    host = observed_host(master=None, routes=frozenset({ipaddress.ip_network("10.244.1.2/32")}))
+    host = observed_host(master=None, routes=frozenset({ipaddress.ip_network("10.244.1.2/32")}),
+                         addresses=frozenset({ROUTED_GATEWAY_V6_ON_HOST}))
     assert [f.message for f in find_problems(expected, pod, host)] == [f"node route to fd00::2 via {HOST} is missing"]
+    host = observed_host(master=None, routes=frozenset({ipaddress.ip_network("10.244.1.2/32"),
+                                                        ipaddress.ip_network("fd00::2/128")}))
+    assert [(f.problem, f.message) for f in find_problems(expected, pod, host)] == [
+        (Problem.HOST_GATEWAY_MISSING, f"the pods' gateway fe80::ecee:eeff:feee:eeee/64 is missing on {HOST}")]
+    ipv4_only = dict(prev, ips=prev["ips"][:1])  # no IPv6: the host end needs no gateway of its own
+    expected = expected_from(ipv4_only, ifname="eth0", host_name=HOST, mode=PodAttachment.ROUTED, bridge="na0")
+    assert expected.host_addresses == () and find_problems(expected, pod, host) == []
+
+
+DUAL_PREV = {"interfaces": [{"name": "na0"}, {"name": HOST}, {"name": "eth0", "sandbox": "/x"}],
+             "ips": [{"address": "10.244.1.2/24", "interface": 2, "gateway": "10.244.1.1"},
+                     {"address": "fd00:244:1::2/64", "interface": 2, "gateway": "fd00:244:1::1"}],
+             "routes": [{"dst": "0.0.0.0/0", "gw": "10.244.1.1"}, {"dst": "::/0", "gw": "fd00:244:1::1"}]}
+DUAL_POD = dict(addresses=frozenset(ipaddress.ip_interface(a) for a in ("10.244.1.2/24", "fd00:244:1::2/64",
+                                                                           "fe80::1/64")),
+                routes=frozenset({Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("10.244.1.1")),
+                                  Route(ipaddress.ip_network("::/0"), ipaddress.ip_address("fd00:244:1::1"))}))
+
+
+@pytest.mark.parametrize("drift, findings", [
+    ({}, []),
+    ({"addresses": DUAL_POD["addresses"] - {ipaddress.ip_interface("fd00:244:1::2/64")}},
+     ["address fd00:244:1::2/64 is missing on eth0"]),
+    ({"addresses": DUAL_POD["addresses"] - {ipaddress.ip_interface("10.244.1.2/24")}},
+     ["address 10.244.1.2/24 is missing on eth0"]),
+    ({"routes": frozenset(r for r in DUAL_POD["routes"] if r.dst.version == 4)}, ["route ::/0 via fd00:244:1::1 is missing"]),
+    ({"routes": frozenset({Route(ipaddress.ip_network("::/0"), ipaddress.ip_address("fe80::1"))})},
+     ["route 0.0.0.0/0 via 10.244.1.1 is missing", "route ::/0 via fd00:244:1::1 is missing"]),
+], ids=["clean", "no-v6-address", "no-v4-address", "no-v6-default", "v6-default-elsewhere"])
+def test_dual_stack_compares_each_family(drift, findings):
+    expected = expected_from(DUAL_PREV, ifname="eth0", host_name=HOST, mode=PodAttachment.BRIDGE, bridge="na0")
+    pod = observed_pod(**{**DUAL_POD, **drift})
+    assert [f.message for f in find_problems(expected, pod, observed_host())] == findings
+
+
+def test_routed_ipv6_host_gateway_removed_is_found(fake, tmp_path):
+    handlers, conf = attach(fake, tmp_path, mode="routed", subnets=("10.244.1.0/24", "fd00:244:1::/64"))
+    handlers.check(conf, make_req("CHECK"))
+    fake.node.links[HOST].addresses.discard(ROUTED_GATEWAY_V6_ON_HOST)
+    assert check_message(handlers, conf) == f"the pods' gateway fe80::ecee:eeff:feee:eeee/64 is missing on {HOST}"
 
 
 def test_an_unreadable_prev_result_is_a_config_error():

@@ -12,6 +12,7 @@ DEL is checked the same way: a failed write leaves a state the runtime's retry c
 """
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -21,6 +22,7 @@ from cni.fake_kernel import Timing
 from cni.ipam.builtin import BuiltinIpam
 from cni.ipam.fake_store import FakeStore
 from cni.wiring import host_veth_name
+from netagent.kernel.errors import KernelError
 from tests.unit.cni_fuzz_world import PODS, Path, World
 
 NETWORK = "faultnet"
@@ -28,6 +30,8 @@ MODES = {
     "bridge-dual-stack-hairpin": dict(mode="bridge", hairpinMode=True, subnets=("10.66.0.0/24", "fd00:66::/64")),
     "bridge": dict(mode="bridge", subnets=("10.66.0.0/24",)),
     "routed-dual-stack": dict(mode="routed", subnets=("10.66.0.0/24", "fd00:66::/64")),
+    "bridge-ipv6": dict(mode="bridge", subnets=("fd00:66::/64",)),
+    "routed-ipv6": dict(mode="routed", subnets=("fd00:66::/64",)),
 }
 
 
@@ -143,3 +147,25 @@ def test_an_injected_failure_through_the_dispatcher_is_a_spec_error(world):
     error = json.loads(out)
     assert (code, error["code"], error["msg"]) == (1, 100, "netlink request failed")
     assert "injected: configure_pod" in error["details"]
+
+
+@pytest.mark.parametrize("case", ["routed-ipv6", "bridge-ipv6", "routed-dual-stack"])
+def test_an_ipv6_setting_refused_leaves_the_node_as_it_was(world, case):
+    """The IPv6 steps' own refusals: the host end's sysctls (IPv6 unavailable: ENOENT), the
+    pod side's (inside configure_pod) and the routed host end's gateway address (EACCES)."""
+    stdin = config(world, **MODES[case])
+    ready(world, stdin)
+    before = world.snapshot()
+    for operation, error in (("set_link_settings", KernelError(errno.ENOENT, "no net/ipv6/conf")),
+                             ("configure_pod", KernelError(errno.ENOENT, "no net/ipv6/conf")),
+                             ("route_to_pod", KernelError(errno.EACCES, "IPv6 is disabled on the device"))):
+        if operation not in world.kernel.calls:
+            continue  # bridge mode has no node routes
+        world.kernel.fail_on(operation, error=error, timing=Timing.AFTER)
+        code, out = request(world, "ADD", "victim", PODS[1], stdin)
+        assert code == 1 and out["code"] == 100 and error.args[-1] in out["details"], (operation, out)
+        assert world.snapshot() == before, operation
+    assert request(world, "ADD", "victim", PODS[1], stdin)[0] == 0
+    assert world.snapshot() != before
+    assert request(world, "DEL", "victim", PODS[1], stdin)[0] == 0
+    assert world.snapshot() == before

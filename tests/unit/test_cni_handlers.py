@@ -18,7 +18,7 @@ import pytest
 
 from cni.config import NetConf, parse_netconf
 from cni.errors import CniError, ErrorCode
-from cni.fake_kernel import NODE, FakeCniKernel, Timing
+from cni.fake_kernel import NODE, FakeCniKernel, Timing, setting_owner
 from cni.handlers import PluginHandlers
 from cni.ipam.builtin import BuiltinIpam
 from cni.kernel import Route, VethPair
@@ -27,6 +27,7 @@ from cni.wiring import host_veth_name
 from netagent.kernel.errors import KernelError
 
 NETNS = "/var/run/netns/pod-a"
+DUAL_SUBNETS = ("10.244.1.0/24", "fd00:244:1::/64")
 NETWORK = "podnet"
 
 
@@ -68,7 +69,9 @@ def leftovers(fake: FakeCniKernel) -> list[str]:
         found += [f"{path}: route {route.dst}" for route in space.routes]
         found += [f"{path}: neighbour {key}" for key in space.neighbours]
     found += [f"open netns handle {fd}" for fd in fake.open_handles]
-    found += [f"sysctl {key}" for key in fake.sysctls.values if key.endswith(".proxy_arp")]
+    for path, space in fake.namespaces.items():  # the bridge's settings stay with it
+        found += [f"{path or 'node'}: sysctl {key}" for key in space.settings
+                  if setting_owner(key) not in ("", "na0")]
     return found
 
 
@@ -146,6 +149,48 @@ def test_add_in_routed_mode_pins_the_gateway_and_routes_the_pod(handlers, fake, 
     assert fake.sysctls.values["net.ipv4.ip_forward"] == "1"
 
 
+FAMILY_SUBNETS = {"ipv4": ("10.244.1.0/24",), "ipv6": ("fd00:244:1::/64",), "dual": DUAL_SUBNETS}
+POD_V6 = {"accept_dad": "0", "accept_ra": "0", "disable_ipv6": "0"}
+HOST_V6 = {"bridge": {"accept_ra": "0"}, "routed": {"addr_gen_mode": "1", "disable_ipv6": "0", "accept_ra": "0"}}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SUBNETS))
+@pytest.mark.parametrize("mode", ["bridge", "routed"])
+def test_each_family_gets_its_address_route_and_ipv6_settings(handlers, fake, tmp_path, mode, family):
+    """One address and one default route per family, both in the result; the IPv6 settings
+    only where there is IPv6 (an IPv4-only pod's is left alone), the routed host end holding
+    the pods' IPv6 gateway; and DEL takes every one of them."""
+    conf = make_conf(tmp_path, mode=mode, subnets=FAMILY_SUBNETS[family])
+    result = handlers.add(conf, make_req())
+    versions = [ipaddress.ip_network(s).version for s in FAMILY_SUBNETS[family]]
+    routed = mode == "routed"
+    assert [ipaddress.ip_interface(ip["address"]).version for ip in result["ips"]] == versions
+    assert {ip["interface"] for ip in result["ips"]} == {len(result["interfaces"]) - 1}
+    gateways = {4: "169.254.1.1", 6: "fe80::ecee:eeff:feee:eeee"} if routed else {4: "10.244.1.1",
+                                                                                   6: "fd00:244:1::1"}
+    assert result["routes"] == [{"dst": "0.0.0.0/0" if v == 4 else "::/0", "gw": gateways[v]} for v in versions]
+    host = host_veth_name(NETWORK, "c1", "eth0")
+    ipv6 = 6 in versions
+    assert fake.link_settings("eth0", netns=NETNS) == (POD_V6 if ipv6 else {})
+    assert fake.link_settings(host) == {**({"proxy_arp": "1"} if routed and 4 in versions else {}),
+                                        **(HOST_V6[mode] if ipv6 else {})}
+    assert fake.link_settings("na0") == ({"disable_ipv6": "0", "accept_ra": "0"} if ipv6 and not routed else {})
+    host_addresses = {str(a) for a in fake.node.links[host].addresses}
+    assert host_addresses == ({"fe80::ecee:eeff:feee:eeee/64"} if ipv6 and routed else set())
+    handlers.delete(conf, make_req("DEL"))
+    assert leftovers(fake) == [] and reservations(tmp_path) == []
+
+
+def test_ipv6_disabled_by_default_in_the_namespaces_is_turned_on_where_we_need_it(handlers, fake, tmp_path):
+    """A runtime that disables IPv6 in new namespaces (and a node whose default is off): the
+    pod's interface and the routed host end get it back before their addresses are added."""
+    fake.namespaces[NETNS].settings["net.ipv6.conf.default.disable_ipv6"] = "1"
+    fake.sysctls.values["net.ipv6.conf.default.disable_ipv6"] = "1"
+    result = handlers.add(make_conf(tmp_path, mode="routed", subnets=DUAL_SUBNETS), make_req())
+    assert [ip["address"] for ip in result["ips"]] == ["10.244.1.2/32", "fd00:244:1::2/128"]
+    assert fake.link_settings("eth0", netns=NETNS)["disable_ipv6"] == "0"
+
+
 def test_a_warm_bridge_is_joined_at_creation_without_a_second_write(handlers, fake, tmp_path):
     conf = make_conf(tmp_path)
     add_pod(handlers, fake, conf, "first")
@@ -189,14 +234,24 @@ def _successful_calls(tmp_path: Path, conf_args: dict) -> list[str]:
 
 
 ROLLBACK_CASES = {
-    "bridge": dict(mode="bridge", hairpinMode=True, subnets=("10.244.1.0/24", "fd00:244:1::/64")),
-    "routed": dict(mode="routed", subnets=("10.244.1.0/24", "fd00:244:1::/64")),
+    "bridge": dict(mode="bridge", hairpinMode=True, subnets=DUAL_SUBNETS),
+    "routed": dict(mode="routed", subnets=DUAL_SUBNETS),
+    "bridge-ipv6": dict(mode="bridge", subnets=("fd00:244:1::/64",)),
+    "routed-ipv6": dict(mode="routed", subnets=("fd00:244:1::/64",)),
+    "routed-ipv4": dict(mode="routed", subnets=("10.244.1.0/24",)),
 }
 ADD_STEPS = {
     "bridge": ["open_netns", "known_bridge", "create_veth", "ensure_bridge", "enable_forwarding",
-               "enable_forwarding", "configure_pod", "attach_to_bridge", "set_hairpin", "close_netns"],
-    "routed": ["open_netns", "create_veth", "configure_pod", "enable_forwarding", "enable_forwarding",
-               "enable_proxy_arp", "route_to_pod", "close_netns"],
+               "enable_forwarding", "set_link_settings", "configure_pod", "attach_to_bridge", "set_hairpin",
+               "close_netns"],
+    "routed": ["open_netns", "create_veth", "set_link_settings", "configure_pod", "enable_forwarding",
+               "enable_forwarding", "route_to_pod", "close_netns"],
+    "bridge-ipv6": ["open_netns", "known_bridge", "create_veth", "ensure_bridge", "enable_forwarding",
+                    "set_link_settings", "configure_pod", "attach_to_bridge", "close_netns"],
+    "routed-ipv6": ["open_netns", "create_veth", "set_link_settings", "configure_pod", "enable_forwarding",
+                    "route_to_pod", "close_netns"],
+    "routed-ipv4": ["open_netns", "create_veth", "set_link_settings", "configure_pod", "enable_forwarding",
+                    "route_to_pod", "close_netns"],
 }
 
 
@@ -224,7 +279,7 @@ def test_add_failing_at_any_kernel_step_leaves_nothing(tmp_path, case, timing):
         assert reservations(data_dir) == [], where
         # and the runtime's retry on the same kernel works (round robin: the next addresses)
         handlers.add(conf, make_req())
-        assert len(reservations(data_dir)) == 2, where
+        assert len(reservations(data_dir)) == len(conf_args["subnets"]), where
 
 
 def test_add_failing_in_ipam_leaves_no_veth(handlers, fake, tmp_path):

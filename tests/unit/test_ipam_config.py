@@ -126,6 +126,25 @@ INVALID = [
     ({"subnet": "10.0.0.0/24", "dataDir": 5}, "'dataDir' must be a string"),
     ({"subnet": "10.0.0.0/24", "ips": "10.0.0.5"}, "ipam.ips must be a list"),
     ({"subnet": "10.0.0.0/24", "ips": ["10.0.0.500"]}, "is not an IP address"),
+    # hostile IPv6 range sets
+    ({"subnet": "fd00::5/64"}, "Network has host bits set"),
+    ({"subnet": "fd00::%eth0/64"}, "invalid CIDR address"),
+    ({"subnet": "fd00::/0x40"}, "invalid CIDR address"),
+    ({"subnet": "fd00::/129"}, "invalid CIDR address"),
+    ({"subnet": "::ffff:10.0.0.0/120"}, "IPv4-mapped IPv6 network"),
+    ({"subnet": "fe80::/64"}, "link-local"),
+    ({"subnet": "ff02::/64"}, "multicast"),
+    ({"subnet": "fd00::/64", "gateway": "fe80::1"}, "Gateway fe80::1 not in network fd00::/64"),
+    ({"subnet": "fd00::/64", "gateway": "10.0.0.1"}, "Gateway 10.0.0.1 not in network fd00::/64"),
+    ({"subnet": "fd00::/64", "rangeStart": "fd00::1%eth0"}, "is not an IP address"),
+    ({"subnet": "fd00::/64", "rangeStart": "::ffff:10.0.0.1"}, "RangeStart 10.0.0.1 not in network"),
+    ({"subnet": "fd00::/64", "rangeStart": "fd00::ff", "rangeEnd": "fd00::1"},
+     "RangeEnd fd00::1 is before RangeStart fd00::ff"),
+    ({R: [[{"subnet": "fd00::/64"}], [{"subnet": "fd00::/120"}]]}, "range set 0 overlaps with 1"),
+    ({R: [[{"subnet": "10.0.0.0/24"}], [{"subnet": "fd00::/64"}, {"subnet": "10.1.0.0/24"}]]},
+     "mixed address families"),
+    ({"subnet": "fd00::/64", "routes": [{"dst": "::/0", "gw": "fe80::1%eth0"}]}, "is not an IP address"),
+    ({"subnet": "fd00::/64", "routes": [{"dst": "fd00::1"}]}, "is not a CIDR"),
 ]
 
 
