@@ -2,7 +2,8 @@
 
 `SocketLbLoader.ensure_loaded()` compiles ebpf/sock_lb.c with bcc (the pinned maps under
 `<bpf root>/netagent-v1/` are reused when they exist, created and pinned when not, so a
-restarted agent keeps the dataplane's state), loads the four CGROUP_SOCK_ADDR programs and
+restarted agent keeps the dataplane's state), loads the eight CGROUP_SOCK_ADDR programs (IPv4's
+and IPv6's: ebpf/sock_lb6.c, compiled with it over maps of its own) and
 attaches them to the cgroup it was given, in multi-program mode so other users of the cgroup
 are not displaced. A program of ours already attached with the same tag (the kernel's hash of
 its instructions, map references masked) is kept and nothing is attached: an agent restart
@@ -36,6 +37,7 @@ from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
 from netagent.errors import NetagentError
 
 SOURCE = Path(__file__).with_name("sock_lb.c")
+SOURCE6 = Path(__file__).with_name("sock_lb6.c")   # compiled after SOURCE: it uses its helpers
 TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
 PROG_TYPE_SCHED_CLS = 3
 TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress", "na_tc_from_pod")
@@ -47,8 +49,13 @@ PROGRAMS = {
     "na_sendmsg4": 14,       # BPF_CGROUP_UDP4_SENDMSG
     "na_recvmsg4": 19,       # BPF_CGROUP_UDP4_RECVMSG
     "na_getpeername4": 29,   # BPF_CGROUP_INET4_GETPEERNAME
+    "na_connect6": 11,       # BPF_CGROUP_INET6_CONNECT
+    "na_sendmsg6": 15,       # BPF_CGROUP_UDP6_SENDMSG
+    "na_recvmsg6": 20,       # BPF_CGROUP_UDP6_RECVMSG
+    "na_getpeername6": 30,   # BPF_CGROUP_INET6_GETPEERNAME
 }
-ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4"}
+ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4",
+                     11: "connect6", 15: "sendmsg6", 20: "recvmsg6", 30: "getpeername6"}
 
 
 class EbpfError(NetagentError):
@@ -189,7 +196,7 @@ class SocketLbLoader:
         if self.set_retval:
             defines.append("#define NA_HAVE_SET_RETVAL 1")
         defines += self.sizes.defines()
-        return "\n".join(defines) + "\n" + SOURCE.read_text() + "\n" + TC_SOURCE.read_text()
+        return "\n".join([*defines, SOURCE.read_text(), SOURCE6.read_text(), TC_SOURCE.read_text()])
 
     def ensure_loaded(self) -> LoadReport:
         check_bpf_root(self.bpf_root)

@@ -6,6 +6,12 @@ them against the ctypes bcc derives from the C source, and against the packers),
 `struct.Struct` packer the backend uses to build and compare entries as bytes (fast at a
 million entries), and small decode helpers for read-back. Addresses and ports are in network
 byte order in the maps, as the socket context holds them; the views convert.
+
+IPv6 (ebpf/sock_lb6.c) has its own maps, named as the IPv4 ones with a `6` (`na_svc6`, ...):
+the same entries with 16-byte addresses (SvcKey6, Backend6, AffinityValue6), the others
+(values, slot keys, set names) shared. The encoders take either family's address text and
+pack the width it has; the decoders tell the family by the entry's size. The tc path
+(ebpf/nodeport.c) is IPv4 only: it has no IPv6 maps.
 """
 from __future__ import annotations
 
@@ -28,8 +34,18 @@ CT_NEW_MAP = "na_ct_new"    # ebpf/nodeport.c: new (unconfirmed) and closing con
 LBSRC_MAP = "na_lbsrc"      # loadBalancerSourceRanges (LPM trie)
 CONFIG_MAP = "na_config"    # the node address the tc path SNATs to (array of one)
 MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, CT_MAP, CT_NEW_MAP, LBSRC_MAP, CONFIG_MAP)
-LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP})   # full: the kernel evicts, never refuses
-PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP)   # everything we pin
+SOCK_REVNAT6_MAP = "na_sock_revnat6"
+
+
+def v6_name(name: str) -> str:
+    """`na_svc` -> `na_svc6`: the IPv6 map of a role."""
+    return name + "6"
+
+
+MAP_NAMES6 = tuple(v6_name(name) for name in (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP))
+LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP, v6_name(AFFINITY_MAP)})   # full: they evict, never refuse
+SOCKET_STORAGE_MAPS = (SOCK_REVNAT_MAP, SOCK_REVNAT6_MAP)   # no size, no key walk: their entries live in sockets
+PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP, *MAP_NAMES6, SOCK_REVNAT6_MAP)   # everything we pin
 
 # ---- flags and kinds (the C #defines) --------------------------------------------------------------
 F_NO_ENDPOINTS = 1
@@ -94,6 +110,22 @@ class AffinityValue(ctypes.Structure):
                 ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("pad2", ctypes.c_uint32)]
 
 
+Addr6 = ctypes.c_uint32 * 4
+
+
+class SvcKey6(ctypes.Structure):
+    _fields_ = [("addr", Addr6), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
+
+
+class Backend6(ctypes.Structure):
+    _fields_ = [("addr", Addr6), ("port", ctypes.c_uint16), ("flags", ctypes.c_uint16)]
+
+
+class AffinityValue6(ctypes.Structure):
+    _fields_ = [("last_used_ns", ctypes.c_uint64), ("slot", ctypes.c_uint32), ("addr", Addr6),
+                ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+
+
 class CtKey(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
                 ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
@@ -144,6 +176,9 @@ CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
 LBSRC_KEY = struct.Struct("=II4s")
 LBSRC_VALUE = struct.Struct("=B")
 CONFIG = struct.Struct("=4sI")
+SVC6_KEY = struct.Struct("!16sHBB")
+BACKEND6 = struct.Struct("=16s2sH")
+AFFINITY6_VALUE = struct.Struct("=QI16s2sH")
 
 LAYOUTS = {
     SVC_MAP: MapLayout(SVC_MAP, SvcKey, SvcValue, SVC_KEY, SVC_VALUE),
@@ -154,6 +189,11 @@ LAYOUTS = {
     CT_NEW_MAP: MapLayout(CT_NEW_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
     LBSRC_MAP: MapLayout(LBSRC_MAP, LbSrcKey, ctypes.c_uint8, LBSRC_KEY, LBSRC_VALUE),
     CONFIG_MAP: MapLayout(CONFIG_MAP, ctypes.c_uint32, Config, SET_ID, CONFIG),
+    v6_name(SVC_MAP): MapLayout(v6_name(SVC_MAP), SvcKey6, SvcValue, SVC6_KEY, SVC_VALUE),
+    v6_name(SLOTS_MAP): MapLayout(v6_name(SLOTS_MAP), SlotKey, Backend6, SLOT_KEY, BACKEND6),
+    v6_name(SETNAME_MAP): MapLayout(v6_name(SETNAME_MAP), ctypes.c_uint32, SetName, SET_ID, SET_NAME),
+    v6_name(AFFINITY_MAP): MapLayout(v6_name(AFFINITY_MAP), AffinityKey, AffinityValue6, AFFINITY_KEY,
+                                     AFFINITY6_VALUE),
 }
 
 PROTOCOL_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
@@ -170,8 +210,24 @@ def _ip(address: str) -> bytes:
         raise ValueError(f"not an IPv4 address: {address!r}") from None
 
 
+def _ip_any(address: str) -> bytes:
+    """4 bytes for an IPv4 address, 16 for an IPv6 one (network order), else ValueError."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            return socket.inet_pton(family, address)
+        except OSError:
+            continue
+    raise ValueError(f"not an IP address: {address!r}")
+
+
+def _ntop(raw: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
 def svc_key(address: str, port: int, protocol: str) -> bytes:
-    return SVC_KEY.pack(_ip(address), port, PROTOCOL_NUMBERS[protocol], 0)
+    """An `na_svc` key, or an `na_svc6` one for an IPv6 address."""
+    raw = _ip_any(address)
+    return (SVC_KEY if len(raw) == 4 else SVC6_KEY).pack(raw, port, PROTOCOL_NUMBERS[protocol], 0)
 
 
 def svc_value(*, set_id: int, count: int, ext_set_id: int, ext_count: int, affinity_timeout: int, flags: int,
@@ -184,7 +240,9 @@ def slot_key(set_id: int, slot: int) -> bytes:
 
 
 def backend(address: str, port: int, *, local: bool = False) -> bytes:
-    return BACKEND.pack(_ip(address), port.to_bytes(2, "big"), BACKEND_LOCAL if local else 0)
+    """An `na_slots` value, or an `na_slots6` one for an IPv6 address."""
+    raw = _ip_any(address)
+    return (BACKEND if len(raw) == 4 else BACKEND6).pack(raw, port.to_bytes(2, "big"), BACKEND_LOCAL if local else 0)
 
 
 def lbsrc_key(set_id: int, network: str) -> bytes:
@@ -231,9 +289,9 @@ class ServiceEntry:
 
 
 def parse_svc(key: bytes, value: bytes) -> ServiceEntry:
-    addr, port, proto, _ = SVC_KEY.unpack(key)
+    addr, port, proto, _ = (SVC_KEY if len(key) == SVC_KEY.size else SVC6_KEY).unpack(key)
     set_id, count, ext_set_id, ext_count, affinity, flags, kind, _ = SVC_VALUE.unpack(value)
-    return ServiceEntry(socket.inet_ntoa(addr), port, PROTOCOL_NAMES.get(proto, str(proto)),
+    return ServiceEntry(_ntop(addr), port, PROTOCOL_NAMES.get(proto, str(proto)),
                         set_id, count, ext_set_id, ext_count, affinity, flags, AddressKind(kind))
 
 
@@ -243,8 +301,11 @@ def parse_slot_key(key: bytes) -> tuple[int, int]:
 
 
 def parse_backend(value: bytes) -> str:
+    if len(value) == BACKEND6.size:
+        addr, port, _flags = BACKEND6.unpack(value)
+        return f"[{_ntop(addr)}]:{int.from_bytes(port, 'big')}"
     addr, port, _flags = BACKEND.unpack(value)
-    return f"{socket.inet_ntoa(addr)}:{int.from_bytes(port, 'big')}"
+    return f"{_ntop(addr)}:{int.from_bytes(port, 'big')}"
 
 
 def parse_set_name(value: bytes) -> tuple[str, SetRole]:

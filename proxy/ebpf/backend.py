@@ -24,6 +24,12 @@ would not fit becomes a full one. A map passing 90 % of its capacity is warned a
 The LRU maps (`na_affinity`, `na_ct`, `na_ct_new`) and the socket storage `na_sock_revnat` are
 the programs' own: never written here; an affinity entry whose slot no longer holds its backend
 is ignored by the program.
+
+Families: one backend per IP family, as kube-proxy runs one proxier per family. `family=V4`
+(the default) writes the IPv4 maps exactly as before; `family=V6` writes the IPv6 ones
+(`na_svc6`, `na_slots6`, `na_setname6`: `MapSet.of`), with set ids of its own. Each renders
+only its family's addresses (render.py). The tc path (NodePorts from outside, `na_lbsrc`,
+`na_config`) is IPv4's alone: the IPv6 backend writes no source ranges and no SNAT address.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ from ebpf.loader import LoadReport
 from ebpf.mapset import MapSet
 from ebpf.pod_veths import PodVethAttacher
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
+from netagent.kernel.families import IpFamily
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
@@ -44,7 +51,7 @@ from proxy.ebpf.capacity import Fill, admit, capacities
 from proxy.ebpf.readback import programmed_services, slot_layouts
 from proxy.ebpf.render import PortEntries, SetIds, flatten, render_service_port
 from proxy.large_sync import collector_paused
-from proxy.model import NodeContext, ProxyState, ServicePortName
+from proxy.model import NodeContext, ProxyState, ServicePort, ServicePortName
 
 
 @dataclass(frozen=True)
@@ -92,13 +99,16 @@ class MapWrites:
                         M.SETNAME_MAP: len(self.names_gone), M.LBSRC_MAP: len(self.lbsrc_gone)})
 
     def apply(self, maps: MapSet) -> None:
-        maps.config.update(self.config)
+        if maps.config is not None:
+            maps.config.update(self.config)
         maps.setname.update(self.names)
         maps.slots.update(self.slots)
-        maps.lbsrc.update(self.lbsrc)
+        if maps.lbsrc is not None:
+            maps.lbsrc.update(self.lbsrc)
         maps.svc.update(self.svc)
         maps.svc.delete(self.svc_gone)
-        maps.lbsrc.delete(self.lbsrc_gone)
+        if maps.lbsrc is not None:
+            maps.lbsrc.delete(self.lbsrc_gone)
         maps.slots.delete(self.slots_gone)
         maps.setname.delete(self.names_gone)
 
@@ -108,10 +118,11 @@ class EbpfProxy(ProxyBackend):
 
     def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None,
                  tc_snat: bool = False, pod_veths: PodVethAttacher | None = None,
-                 rejections: RejectionScope | None = None):
-        self.maps = maps
+                 rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4):
+        self.family = family
+        self.maps = maps.of(family)   # this family's maps (the IPv4 set carries the IPv6 one)
         self.rejections = rejections if rejections is not None else standalone("proxy")
-        self._capacity = capacities(maps)
+        self._capacity = capacities(self.maps)
         self._fill = Fill()
         self._rejected: dict[str, str] = {}   # Service "namespace/name" -> why (ports left out for want of room)
         self.pod_veths = pod_veths   # attaching the tc path to pod veths as they appear (a thread)
@@ -200,9 +211,9 @@ class EbpfProxy(ProxyBackend):
         programmed = frozenset(name for name, _ in ids.ids)
         layouts = slot_layouts(present_slots)
         rendered = {name: render_service_port(service, state.selection(name), node=state.node, set_id=ids,
-                                              old_sets=layouts)
-                    for name, service in sorted(state.services.items())}
-        present_lbsrc = self.maps.lbsrc.read_all()
+                                              old_sets=layouts, family=self.family)
+                    for name, service in sorted(state.services.items()) if self._ours(service)}
+        present_lbsrc = self.maps.lbsrc.read_all() if self.maps.lbsrc is not None else {}
         admission = admit(rendered, capacity=self._capacity, first=programmed, present={
             M.SVC_MAP: present_svc, M.SLOTS_MAP: present_slots, M.SETNAME_MAP: present_names,
             M.LBSRC_MAP: present_lbsrc})
@@ -218,9 +229,10 @@ class EbpfProxy(ProxyBackend):
         writes.diff("slots", slots, present_slots)
         writes.diff("names", names, present_names)
         writes.diff("lbsrc", lbsrc, present_lbsrc)
-        config_key, config = M.set_id_key(0), M.config_value(snat_address(state.node), snat=self.tc_snat)
-        if self.maps.config.lookup(config_key) != config:
-            writes.config[config_key] = config
+        if self.maps.config is not None:
+            config_key, config = M.set_id_key(0), M.config_value(snat_address(state.node), snat=self.tc_snat)
+            if self.maps.config.lookup(config_key) != config:
+                writes.config[config_key] = config
         self._fill.entries = {M.SVC_MAP: len(svc), M.SLOTS_MAP: len(slots), M.SETNAME_MAP: len(names),
                               M.LBSRC_MAP: len(lbsrc)}
         return ports, writes, admission.rejected
@@ -233,9 +245,10 @@ class EbpfProxy(ProxyBackend):
         for name in names:
             old = ports.pop(name, None)
             service = state.services.get(name)
+            service = service if service is not None and self._ours(service) else None
             new = None if service is None else render_service_port(
                 service, state.selection(name), node=state.node, set_id=self._ids,
-                old_sets=old.sets if old is not None else None)
+                old_sets=old.sets if old is not None else None, family=self.family)
             if new is not None:
                 ports[name] = new
                 touched.update(new.svc)
@@ -256,6 +269,14 @@ class EbpfProxy(ProxyBackend):
                 self._owners.pop(key, None)
                 writes.svc_gone.add(key)
         return ports, writes
+
+    def _ours(self, service: ServicePort) -> bool:
+        """A service port of this backend's family (its cluster IP's): one of the other family
+        gets no set here, should a state of both families be handed to one backend."""
+        try:
+            return IpFamily.of(service.cluster_ip) is self.family
+        except ValueError:
+            return False
 
     # ---- read back and clean up ----------------------------------------------------------------
 
@@ -290,8 +311,8 @@ def snat_address(node: NodeContext) -> str | None:
     """The address the tc path SNATs external- and load-balancer-IP traffic to: the node's
     lowest address outside the pod network (stable while pods and devices come and go)."""
     cidr = ipaddress.ip_network(node.cluster_cidr) if node.cluster_cidr else None
-    outside = sorted((a for a in node.local_addresses if cidr is None or ipaddress.ip_address(a) not in cidr),
-                     key=ipaddress.IPv4Address)
+    outside = sorted((a for a in node.local_addresses if IpFamily.of(a) is IpFamily.V4
+                      and (cidr is None or ipaddress.ip_address(a) not in cidr)), key=ipaddress.IPv4Address)
     return outside[0] if outside else None
 
 

@@ -18,6 +18,11 @@ Per service port (`render_service_port`), endpoints chosen by proxy.selection:
   (the tc path checks a client against them on the load-balancer IPs).
 Backends on this node are flagged (the tc path SNATs only traffic to other nodes).
 
+Per family (`family`, the backend's): only that family's addresses are rendered (an IPv4
+ProxyState may still name a node's IPv6 address among its NodePort targets, and the reverse),
+into that family's maps (ebpf/maps.py packs by the address); source ranges only for IPv4,
+whose tc path alone reads them.
+
 Set ids are given by the caller (`SetIds`, kept by the backend), so rendering stays pure.
 When two service ports claim one address (the same external IP and port), the first by name
 wins, as in the IPVS backend.
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ebpf import maps as M
+from netagent.kernel.families import IpFamily
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName
 from proxy.selection import EndpointSelection
 from proxy.source_ranges import ipv4_source_ranges
@@ -82,10 +88,10 @@ def assign_slots(previous: Sequence[bytes], wanted: Iterable[bytes]) -> tuple[by
     return tuple(b for b in slots if b is not None)
 
 
-def _backends(endpoints: Iterable[Endpoint], node: NodeContext) -> list[bytes]:
-    """Packed backends, one per distinct address (sorted, so a first layout is deterministic),
-    flagged when on this node."""
-    distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints})
+def _backends(endpoints: Iterable[Endpoint], node: NodeContext, family: IpFamily) -> list[bytes]:
+    """Packed backends of `family`, one per distinct address (sorted, so a first layout is
+    deterministic), flagged when on this node."""
+    distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints if IpFamily.of(e.ip) is family})
     return [M.backend(ip, port, local=local) for ip, port, local in distinct]
 
 
@@ -95,18 +101,19 @@ MAP_KIND = {EntryKind.CLUSTER_IP: M.AddressKind.CLUSTER_IP, EntryKind.EXTERNAL_I
 
 
 def render_service_port(service: ServicePort, selection: EndpointSelection, *, node: NodeContext,
-                        set_id: SetIdFor, old_sets: Mapping[int, Sequence[bytes]] | None = None) -> PortEntries:
+                        set_id: SetIdFor, old_sets: Mapping[int, Sequence[bytes]] | None = None,
+                        family: IpFamily = IpFamily.V4) -> PortEntries:
     """`selection`: the service port's endpoints as `ProxyState.selection` chose them;
     `old_sets`: the slot layouts the maps hold now, by set id (empty on a first sync)."""
     old_sets = old_sets or {}
     name = service.name
     cluster_id = set_id(name, M.SetRole.CLUSTER)
-    sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node))}
+    sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node, family))}
     set_names = {cluster_id: M.set_name(str(name), M.SetRole.CLUSTER)}
     ext_id = cluster_id
     # the external set is its own only when it differs (same endpoints: same backends, not packed again)
     if service.has_external_addresses and selection.external != selection.cluster:
-        external = _backends(selection.external, node)
+        external = _backends(selection.external, node, family)
         if sorted(external) != sorted(sets[cluster_id]):
             ext_id = set_id(name, M.SetRole.EXTERNAL)
             sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
@@ -121,12 +128,13 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
         return M.svc_value(set_id=cluster_id, count=len(sets[cluster_id]), ext_set_id=ext_id,
                            ext_count=len(sets[ext_id]), affinity_timeout=affinity, flags=flags | extra, kind=kind)
 
-    allowed = ipv4_source_ranges(service.load_balancer_source_ranges) if service.load_balancer_ips else None
+    allowed = (ipv4_source_ranges(service.load_balancer_source_ranges)
+               if service.load_balancer_ips and family is IpFamily.V4 else None)
     ranges = M.F_SOURCE_RANGES if allowed is not None else 0
 
     svc: dict[bytes, bytes] = {}
     for point in service.entry_points(node):   # spelled out: every entry has an address
-        if point.address is not None:
+        if point.address is not None and IpFamily.of(point.address) is family:
             extra = ranges if point.kind is EntryKind.LOAD_BALANCER else 0
             svc.setdefault(M.svc_key(point.address, point.port, protocol), value(MAP_KIND[point.kind], extra))
     lbsrc = {M.lbsrc_key(ext_id, network): M.ALLOWED for network in allowed or ()}

@@ -1,0 +1,129 @@
+"""EbpfProxy per IP family against the fake map set: the IPv6 backend writes the IPv6 maps
+(`na_svc6`, `na_slots6`, `na_setname6`) and only them, renders only IPv6 addresses, keeps set
+ids of its own beside an IPv4 backend on the same maps, adopts on restart with zero writes,
+changes one endpoint in O(1) writes, and writes no tc-path state (source ranges, SNAT address)."""
+import pytest
+
+from ebpf import maps as M
+from ebpf.fake_maps import fake_map_set, writes
+from ebpf.mapset import MapSet
+from netagent.kernel.families import IpFamily
+from proxy.ebpf.backend import EbpfProxy, snat_address
+from proxy.ebpf.capacity import capacities
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
+
+NODE = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10", "fd00:1::10"))
+WEB = ServicePortName("default", "web", "http")
+WEB6 = ServicePortName("default", "web6", "http")
+DNS6 = ServicePortName("kube-system", "dns6", "dns")
+
+
+def eps(*ips, port=8080) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(ip=ip, port=port, node_name="node-2") for ip in ips)
+
+
+def state(services, endpoints) -> ProxyState:
+    return ProxyState(node=NODE, services={s.name: s for s in services}, endpoints=endpoints)
+
+
+def web6(**changes) -> ServicePort:
+    return ServicePort(**{"name": WEB6, "protocol": Protocol.TCP, "port": 80, "cluster_ip": "fd00:10:96::10",
+                          **changes})
+
+
+def dns6() -> ServicePort:
+    return ServicePort(name=DNS6, protocol=Protocol.UDP, port=53, cluster_ip="fd00:10:96::53")
+
+
+def entry(maps: MapSet, address: str, port: int, protocol: str = "TCP") -> M.ServiceEntry | None:
+    key = M.svc_key(address, port, protocol)
+    value = maps.svc.lookup(key)
+    return None if value is None else M.parse_svc(key, value)
+
+
+@pytest.fixture
+def maps():
+    return fake_map_set()
+
+
+def test_the_ipv6_backend_writes_the_ipv6_maps_only(maps):
+    proxy = EbpfProxy(maps=maps, family=IpFamily.V6)
+    proxy.sync(state([web6(node_port=30080), dns6()], {WEB6: eps("fd00:10:244::5", "fd00:10:244::6"),
+                                                       DNS6: eps("fd00:10:244::7", port=53)}), changed=None)
+    assert proxy.maps is maps.v6 and maps.v6 is not None
+    assert [m.count() for m in maps.by_name().values()] == [0] * 8   # IPv4's untouched
+    cluster = entry(maps.v6, "fd00:10:96::10", 80)
+    assert cluster is not None and cluster.kind is M.AddressKind.CLUSTER_IP and cluster.count == 2
+    assert entry(maps.v6, "fd00:1::10", 30080).kind is M.AddressKind.NODE_PORT   # the node's IPv6 address only
+    assert maps.v6.svc.count() == 3 and maps.v6.slots.count() == 3 and maps.v6.setname.count() == 2
+    shown = {(s.name, s.address): s.backends for s in proxy.programmed()}
+    assert shown[("default/web6:http", "fd00:10:96::10:80/TCP")] == ("[fd00:10:244::5]:8080", "[fd00:10:244::6]:8080")
+    assert set(proxy.table_fill()) == {"na_svc6", "na_slots6", "na_setname6", "na_affinity6"}
+
+
+def test_each_family_renders_its_own_addresses_with_set_ids_of_its_own(maps):
+    """A dual-stack Service's two ports (one per family, as the catalog gives them) and a
+    NodePort on a node with an address of each family."""
+    web4 = ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip="10.96.0.10", node_port=30080)
+    endpoints = {WEB: eps("10.244.2.5"), WEB6: eps("fd00:10:244::5")}
+    desired = state([web4, web6(node_port=30080)], endpoints)
+    v4, v6 = EbpfProxy(maps=maps), EbpfProxy(maps=maps, family=IpFamily.V6)
+    v4.sync(desired, changed=None)
+    v6.sync(desired, changed=None)
+    assert {s.address for s in v4.programmed()} == {"10.96.0.10:80/TCP", "192.168.1.10:30080/TCP"}
+    assert {s.address for s in v6.programmed()} == {"fd00:10:96::10:80/TCP", "fd00:1::10:30080/TCP"}
+    assert entry(maps, "10.96.0.10", 80).set_id == entry(maps.v6, "fd00:10:96::10", 80).set_id == 1
+    before = writes(maps)
+    EbpfProxy(maps=maps, family=IpFamily.V6).sync(desired, changed=None)   # a restarted agent adopts
+    EbpfProxy(maps=maps).sync(desired, changed=None)
+    assert writes(maps) == before
+
+
+def test_one_ipv6_endpoint_change_writes_a_constant_number_of_entries(maps):
+    proxy = EbpfProxy(maps=maps, family=IpFamily.V6)
+    many = [f"fd00:10:244::{i:x}" for i in range(1, 201)]
+    proxy.sync(state([web6()], {WEB6: eps(*many)}), changed=None)
+    before = writes(maps)
+    proxy.sync(state([web6()], {WEB6: eps(*many[1:], "fd00:10:244::ffff")}), changed=frozenset({WEB6}))
+    assert writes(maps) - before <= 2   # one slot rewritten (and the service entry when its count moves)
+    assert "[fd00:10:244::ffff]:8080" in {b for s in proxy.programmed() for b in s.backends}
+
+
+def test_the_ipv6_backend_writes_no_tc_path_state(maps):
+    proxy = EbpfProxy(maps=maps, family=IpFamily.V6, tc_snat=True)
+    lb = web6(load_balancer_ips=("fd00:2::1",), load_balancer_source_ranges=("fd00:3::/64",))
+    proxy.sync(state([lb], {WEB6: eps("fd00:10:244::5")}), changed=None)
+    assert maps.lbsrc.count() == 0 and maps.config.count() == 0
+    assert entry(maps.v6, "fd00:2::1", 80).flags & M.F_SOURCE_RANGES == 0
+    assert capacities(maps.v6)[M.LBSRC_MAP] == 0
+
+
+def test_an_ipv6_state_never_reaches_the_ipv4_maps_and_the_reverse(maps):
+    mixed = state([web6()], {WEB6: eps("10.244.2.5", "fd00:10:244::5")})   # a v4 endpoint slipped in
+    EbpfProxy(maps=maps, family=IpFamily.V6).sync(mixed, changed=None)
+    assert [M.parse_backend(v) for v in maps.v6.slots.read_all().values()] == ["[fd00:10:244::5]:8080"]
+    EbpfProxy(maps=maps).sync(mixed, changed=None)
+    assert maps.svc.count() == 0   # an IPv6 cluster IP is not IPv4's to program
+    assert snat_address(NODE) == "192.168.1.10"
+
+
+def test_maps_pinned_before_ipv6_have_no_ipv6_set():
+    from ebpf.fake_maps import FakeBpfMap
+    old = MapSet.from_maps({name: FakeBpfMap(name) for name in M.MAP_NAMES})
+    with pytest.raises(LookupError):
+        old.of(IpFamily.V6)
+    assert old.of(IpFamily.V4) is old
+
+
+def test_ipv6_entries_round_trip():
+    key = M.svc_key("fd00:10:96::a", 443, "SCTP")
+    assert len(key) == M.LAYOUTS["na_svc6"].key_size == 20
+    assert key[:16] == bytes.fromhex("fd00001000960000000000000000000a")   # network order
+    value = M.svc_value(set_id=3, count=2, ext_set_id=3, ext_count=2, affinity_timeout=0, flags=0,
+                        kind=M.AddressKind.CLUSTER_IP)
+    parsed = M.parse_svc(key, value)
+    assert (parsed.address, parsed.port, parsed.protocol, parsed.set_id) == ("fd00:10:96::a", 443, "SCTP", 3)
+    backend = M.backend("fd00::1", 8080, local=True)
+    assert len(backend) == M.LAYOUTS["na_slots6"].value_size and M.parse_backend(backend) == "[fd00::1]:8080"
+    with pytest.raises(ValueError):
+        M.svc_key("10.96.0.300", 80, "TCP")
