@@ -14,36 +14,40 @@
  * to recvmsg6.
  */
 
-struct na_svc6_key {
-    __be32 addr[4];
+struct na_in6 {   /* an IPv6 address, assignable as a whole */
+    __be32 w[4];
+};
+
+struct na_svc_key6 {
+    struct na_in6 addr;
     __be16 port;
     __u8 proto;
     __u8 pad;
 };
 
 struct na_backend6 {
-    __be32 addr[4];
+    struct na_in6 addr;
     __be16 port;
     __u16 flags;
 };
 
-struct na_affinity6_value {
+struct na_affinity_value6 {
     __u64 last_used_ns;
     __u32 slot;
-    __be32 addr[4];
+    struct na_in6 addr;
     __be16 port;
     __u16 pad;
 };
 
-struct na_revnat6_way {
-    __be32 backend_addr[4];
-    __be32 service_addr[4];
+struct na_revnat_way6 {
+    struct na_in6 backend_addr;
+    struct na_in6 service_addr;
     __be16 backend_port;
     __be16 service_port;
 };
 
 struct na_sock_revnat6 {
-    struct na_revnat6_way way[NA_REVNAT_WAYS];
+    struct na_revnat_way6 way[NA_REVNAT_WAYS];
     __u32 next;
     __u32 pad;
 };
@@ -61,13 +65,13 @@ struct na_sock_revnat6 {
 #define NA_MAX_AFFINITY6 65536
 #endif
 
-BPF_TABLE_PINNED7("hash", struct na_svc6_key, struct na_svc_value, na_svc6, NA_MAX_SVC6,
+BPF_TABLE_PINNED7("hash", struct na_svc_key6, struct na_svc_value, na_svc6, NA_MAX_SVC6,
                   NA_PIN_DIR "/na_svc6", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED7("hash", struct na_slot_key, struct na_backend6, na_slots6, NA_MAX_SLOTS6,
                   NA_PIN_DIR "/na_slots6", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname6, NA_MAX_SETNAME6,
                   NA_PIN_DIR "/na_setname6", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity6_value, na_affinity6, NA_MAX_AFFINITY6,
+BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value6, na_affinity6, NA_MAX_AFFINITY6,
                  NA_PIN_DIR "/na_affinity6");
 struct na_sock_revnat6_table_t {
     int key;
@@ -84,37 +88,34 @@ BPF_ANNOTATE_KV_PAIR(na_sock_revnat6, int, struct na_sock_revnat6);
 
 #define NA_V4_MAPPED ((__be32)__builtin_bswap32(0xffff))   /* ::ffff:0:0/96, its third word */
 
-static __always_inline int addr6_eq(const __be32 *a, const __be32 *b)
+static __always_inline int na_addr_eq6(struct na_in6 a, struct na_in6 b)
 {
-    return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+    return a.w[0] == b.w[0] && a.w[1] == b.w[1] && a.w[2] == b.w[2] && a.w[3] == b.w[3];
 }
 
-static __always_inline void addr6_copy(__be32 *to, const __be32 *from)
+static __always_inline int na_v4_mapped(struct na_in6 a)
 {
-    to[0] = from[0];
-    to[1] = from[1];
-    to[2] = from[2];
-    to[3] = from[3];
+    return a.w[0] == 0 && a.w[1] == 0 && a.w[2] == NA_V4_MAPPED;
 }
 
-static __always_inline struct na_revnat6_way *revnat6_find(struct na_sock_revnat6 *rev, const __be32 *addr,
+static __always_inline struct na_revnat_way6 *revnat6_find(struct na_sock_revnat6 *rev, struct na_in6 addr,
                                                            __be16 port)
 {
 #pragma unroll
     for (int i = 0; i < NA_REVNAT_WAYS; i++) {
-        if (rev->way[i].backend_port == port && addr6_eq(rev->way[i].backend_addr, addr))
+        if (rev->way[i].backend_port == port && na_addr_eq6(rev->way[i].backend_addr, addr))
             return &rev->way[i];
     }
     return NULL;
 }
 
 /* remember in the socket that `backend`:`bport` is `service`:`sport` (revnat_slot's ways) */
-static __always_inline void remember6(struct bpf_sock_addr *ctx, const __be32 *backend, __be16 bport,
-                                      const __be32 *service, __be16 sport)
+static __always_inline void remember6(struct bpf_sock_addr *ctx, struct na_in6 backend, __be16 bport,
+                                      struct na_in6 service, __be16 sport)
 {
-    __be32 none[4] = {};
+    struct na_in6 none = {};
     struct na_sock_revnat6 *rev;
-    struct na_revnat6_way *way;
+    struct na_revnat_way6 *way;
 
     if (!ctx->sk)
         return;
@@ -128,8 +129,8 @@ static __always_inline void remember6(struct bpf_sock_addr *ctx, const __be32 *b
         way = &rev->way[rev->next & (NA_REVNAT_WAYS - 1)];
         rev->next++;
     }
-    addr6_copy(way->backend_addr, backend);
-    addr6_copy(way->service_addr, service);
+    way->backend_addr = backend;
+    way->service_addr = service;
     way->backend_port = bport;
     way->service_port = sport;
 }
@@ -140,7 +141,7 @@ static __always_inline int pick_backend6(__u64 who, __u32 set_id, __u32 count, _
 {
     struct na_slot_key slot = {.set_id = set_id};
     struct na_affinity_key akey = {.netns_cookie = who, .set_id = set_id};
-    struct na_affinity6_value *aff;
+    struct na_affinity_value6 *aff;
     struct na_backend6 *backend;
     __u64 now = 0;
 
@@ -150,7 +151,7 @@ static __always_inline int pick_backend6(__u64 who, __u32 set_id, __u32 count, _
         if (aff && now - aff->last_used_ns <= (__u64)timeout * 1000000000ULL && aff->slot < count) {
             slot.slot = aff->slot;
             backend = na_slots6.lookup(&slot);
-            if (backend && backend->port == aff->port && addr6_eq(backend->addr, aff->addr)) {
+            if (backend && backend->port == aff->port && na_addr_eq6(backend->addr, aff->addr)) {
                 aff->last_used_ns = now;
                 *out = *backend;
                 return 1;
@@ -163,8 +164,8 @@ static __always_inline int pick_backend6(__u64 who, __u32 set_id, __u32 count, _
         return 0;
     *out = *backend;
     if (timeout) {
-        struct na_affinity6_value value = {.last_used_ns = now, .slot = slot.slot, .port = backend->port};
-        addr6_copy(value.addr, backend->addr);
+        struct na_affinity_value6 value = {.last_used_ns = now, .slot = slot.slot, .addr = backend->addr,
+                                           .port = backend->port};
         na_affinity6.update(&akey, &value);
     }
     return 1;
@@ -172,15 +173,15 @@ static __always_inline int pick_backend6(__u64 who, __u32 set_id, __u32 count, _
 
 /* A v4-mapped destination (`key`, an IPv4 service's address in its last word): translated
  * through the IPv4 maps, as connect4 does, and written back mapped. */
-static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na_svc6_key *key)
+static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na_svc_key6 *key)
 {
-    struct na_svc_key key4 = {.addr = key->addr[3], .port = key->port, .proto = key->proto};
+    struct na_svc_key key4 = {.addr = key->addr.w[3], .port = key->port, .proto = key->proto};
     struct na_backend backend = {};
     int chosen = choose(ctx, &key4, &backend);
 
     if (chosen <= 0)
         return chosen == 0 ? 1 : refuse(-chosen);
-    __be32 mapped[4] = {0, 0, NA_V4_MAPPED, backend.addr};
+    struct na_in6 mapped = {.w = {0, 0, NA_V4_MAPPED, backend.addr}};
     remember6(ctx, mapped, backend.port, key->addr, key->port);
     ctx->user_ip6[3] = backend.addr;
     ctx->user_port = backend.port;
@@ -190,15 +191,15 @@ static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na
 /* translate() for an AF_INET6 socket: 1 rewritten (or untouched), 0 refuse the call */
 static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto)
 {
-    struct na_svc6_key key = {.port = (__be16)ctx->user_port, .proto = proto};
+    struct na_svc_key6 key = {.port = (__be16)ctx->user_port, .proto = proto};
     struct na_svc_value *svc;
     struct na_backend6 backend = {};
 
-    key.addr[0] = ctx->user_ip6[0];
-    key.addr[1] = ctx->user_ip6[1];
-    key.addr[2] = ctx->user_ip6[2];
-    key.addr[3] = ctx->user_ip6[3];
-    if (key.addr[0] == 0 && key.addr[1] == 0 && key.addr[2] == NA_V4_MAPPED)
+    key.addr.w[0] = ctx->user_ip6[0];
+    key.addr.w[1] = ctx->user_ip6[1];
+    key.addr.w[2] = ctx->user_ip6[2];
+    key.addr.w[3] = ctx->user_ip6[3];
+    if (na_v4_mapped(key.addr))
         return translate_mapped(ctx, &key);
     svc = na_svc6.lookup(&key);
     if (!svc)
@@ -209,10 +210,10 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto)
     if (!pick_backend6(who, svc->set_id, svc->count, svc->affinity_timeout, &backend))
         return refuse(NA_ECONNREFUSED);
     remember6(ctx, backend.addr, backend.port, key.addr, key.port);
-    ctx->user_ip6[0] = backend.addr[0];
-    ctx->user_ip6[1] = backend.addr[1];
-    ctx->user_ip6[2] = backend.addr[2];
-    ctx->user_ip6[3] = backend.addr[3];
+    ctx->user_ip6[0] = backend.addr.w[0];
+    ctx->user_ip6[1] = backend.addr.w[1];
+    ctx->user_ip6[2] = backend.addr.w[2];
+    ctx->user_ip6[3] = backend.addr.w[3];
     ctx->user_port = backend.port;
     return 1;
 }
@@ -234,27 +235,27 @@ int na_sendmsg6(struct bpf_sock_addr *ctx)
 
 static __always_inline void untranslate6(struct bpf_sock_addr *ctx)
 {
-    __be32 addr[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
+    struct na_in6 addr = {.w = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]}};
     __be16 port = (__be16)ctx->user_port;
     struct na_sock_revnat6 *rev;
-    struct na_revnat6_way *way;
+    struct na_revnat_way6 *way;
 
     if (!ctx->sk || !port)
         return;
     rev = na_sock_revnat6.sk_storage_get(ctx->sk, 0, 0);
     way = rev ? revnat6_find(rev, addr, port) : NULL;
     if (way) {
-        ctx->user_ip6[0] = way->service_addr[0];
-        ctx->user_ip6[1] = way->service_addr[1];
-        ctx->user_ip6[2] = way->service_addr[2];
-        ctx->user_ip6[3] = way->service_addr[3];
+        ctx->user_ip6[0] = way->service_addr.w[0];
+        ctx->user_ip6[1] = way->service_addr.w[1];
+        ctx->user_ip6[2] = way->service_addr.w[2];
+        ctx->user_ip6[3] = way->service_addr.w[3];
         ctx->user_port = way->service_port;
         return;
     }
-    if (addr[0] == 0 && addr[1] == 0 && addr[2] == NA_V4_MAPPED && addr[3]) {
+    if (na_v4_mapped(addr) && addr.w[3]) {
         /* a reply to a datagram sendmsg4 translated for this AF_INET6 socket */
         struct na_sock_revnat *rev4 = na_sock_revnat.sk_storage_get(ctx->sk, 0, 0);
-        struct na_revnat_way *way4 = rev4 ? revnat_find(rev4, addr[3], port) : NULL;
+        struct na_revnat_way *way4 = rev4 ? revnat_find(rev4, addr.w[3], port) : NULL;
         if (way4) {
             ctx->user_ip6[3] = way4->service_addr;
             ctx->user_port = way4->service_port;
