@@ -10,6 +10,11 @@ its instructions, map references masked) is kept and nothing is attached: an age
 with unchanged code writes nothing. A different one of ours is replaced atomically
 (BPF_F_REPLACE), never detached first, so connections are never left unbalanced.
 
+The tc path is composed of several files, in this order: nodeport.c (IPv4's packet helpers),
+nodeport_flow.c with its `__F` suffixes removed (IPv4's flow logic), nodeport6.c (IPv6's),
+nodeport_flow.c with `__F` made `6` (IPv6's flow logic), nodeport_progs.c (the programs, which
+dispatch by family): one text, one compilation, one set of tc programs for both families.
+
 Map capacities come from `sizes` (ebpf/sizes.py, `--bpf-map-max`), passed to bcc as defines. A
 pinned map whose capacity differs (an earlier run with other sizes) is recreated: its pin is
 removed before compiling (bcc then creates and pins the new one), its entries are copied into
@@ -39,6 +44,10 @@ from netagent.errors import NetagentError
 SOURCE = Path(__file__).with_name("sock_lb.c")
 SOURCE6 = Path(__file__).with_name("sock_lb6.c")   # compiled after SOURCE: it uses its helpers
 TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
+TC_SOURCE6 = Path(__file__).with_name("nodeport6.c")
+TC_FLOW = Path(__file__).with_name("nodeport_flow.c")   # the tc flow logic, once per family
+TC_PROGRAMS_SOURCE = Path(__file__).with_name("nodeport_progs.c")
+FLOW_SUFFIXES = ("", "6")   # what `__F` in TC_FLOW becomes: IPv4's names, then IPv6's
 PROG_TYPE_SCHED_CLS = 3
 TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress", "na_tc_from_pod")
 PROG_TYPE_CGROUP_SOCK_ADDR = 18
@@ -196,7 +205,11 @@ class SocketLbLoader:
         if self.set_retval:
             defines.append("#define NA_HAVE_SET_RETVAL 1")
         defines += self.sizes.defines()
-        return "\n".join([*defines, SOURCE.read_text(), SOURCE6.read_text(), TC_SOURCE.read_text()])
+        flow = TC_FLOW.read_text()
+        return "\n".join([*defines, SOURCE.read_text(), SOURCE6.read_text(),
+                          TC_SOURCE.read_text(), flow.replace("__F", FLOW_SUFFIXES[0]),
+                          TC_SOURCE6.read_text(), flow.replace("__F", FLOW_SUFFIXES[1]),
+                          TC_PROGRAMS_SOURCE.read_text()])
 
     def ensure_loaded(self) -> LoadReport:
         check_bpf_root(self.bpf_root)

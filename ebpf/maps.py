@@ -10,8 +10,8 @@ byte order in the maps, as the socket context holds them; the views convert.
 IPv6 (ebpf/sock_lb6.c) has its own maps, named as the IPv4 ones with a `6` (`na_svc6`, ...):
 the same entries with 16-byte addresses (SvcKey6, Backend6, AffinityValue6), the others
 (values, slot keys, set names) shared. The encoders take either family's address text and
-pack the width it has; the decoders tell the family by the entry's size. The tc path
-(ebpf/nodeport.c) is IPv4 only: it has no IPv6 maps.
+pack the width it has; the decoders tell the family by the entry's size. The tc path has
+IPv6 maps too (ebpf/nodeport6.c: `na_ct6`, `na_ct_new6`, `na_lbsrc6`, `na_config6`).
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def v6_name(name: str) -> str:
     return name + "6"
 
 
-MAP_NAMES6 = tuple(v6_name(name) for name in (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP))
-LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP, v6_name(AFFINITY_MAP)})   # full: they evict, never refuse
+MAP_NAMES6 = tuple(v6_name(name) for name in MAP_NAMES)
+LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP, *(v6_name(n) for n in (AFFINITY_MAP, CT_MAP, CT_NEW_MAP))})
+# (LRU maps, full, evict their least recently used entry; the others refuse)
 SOCKET_STORAGE_MAPS = (SOCK_REVNAT_MAP, SOCK_REVNAT6_MAP)   # no size, no key walk: their entries live in sockets
 PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP, *MAP_NAMES6, SOCK_REVNAT6_MAP)   # everything we pin
 
@@ -126,6 +127,24 @@ class AffinityValue6(ctypes.Structure):
                 ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
 
 
+class CtKey6(ctypes.Structure):
+    _fields_ = [("saddr", Addr6), ("daddr", Addr6), ("sport", ctypes.c_uint16), ("dport", ctypes.c_uint16),
+                ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8), ("pad", ctypes.c_uint16)]
+
+
+class CtValue6(ctypes.Structure):
+    _fields_ = [("saddr", Addr6), ("daddr", Addr6), ("sport", ctypes.c_uint16), ("dport", ctypes.c_uint16),
+                ("flags", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+
+
+class LbSrcKey6(ctypes.Structure):
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("set_id", ctypes.c_uint32), ("addr", Addr6)]
+
+
+class Config6(ctypes.Structure):
+    _fields_ = [("node_addr", Addr6), ("flags", ctypes.c_uint32)]
+
+
 class CtKey(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
                 ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
@@ -179,6 +198,10 @@ CONFIG = struct.Struct("=4sI")
 SVC6_KEY = struct.Struct("!16sHBB")
 BACKEND6 = struct.Struct("=16s2sH")
 AFFINITY6_VALUE = struct.Struct("=QI16s2sH")
+CT6_KEY = struct.Struct("=16s16s2s2sBBH")
+CT6_VALUE = struct.Struct("=16s16s2s2s4xQ")
+LBSRC6_KEY = struct.Struct("=II16s")
+CONFIG6 = struct.Struct("=16sI")
 
 LAYOUTS = {
     SVC_MAP: MapLayout(SVC_MAP, SvcKey, SvcValue, SVC_KEY, SVC_VALUE),
@@ -194,6 +217,10 @@ LAYOUTS = {
     v6_name(SETNAME_MAP): MapLayout(v6_name(SETNAME_MAP), ctypes.c_uint32, SetName, SET_ID, SET_NAME),
     v6_name(AFFINITY_MAP): MapLayout(v6_name(AFFINITY_MAP), AffinityKey, AffinityValue6, AFFINITY_KEY,
                                      AFFINITY6_VALUE),
+    v6_name(CT_MAP): MapLayout(v6_name(CT_MAP), CtKey6, CtValue6, CT6_KEY, CT6_VALUE),
+    v6_name(CT_NEW_MAP): MapLayout(v6_name(CT_NEW_MAP), CtKey6, CtValue6, CT6_KEY, CT6_VALUE),
+    v6_name(LBSRC_MAP): MapLayout(v6_name(LBSRC_MAP), LbSrcKey6, ctypes.c_uint8, LBSRC6_KEY, LBSRC_VALUE),
+    v6_name(CONFIG_MAP): MapLayout(v6_name(CONFIG_MAP), ctypes.c_uint32, Config6, SET_ID, CONFIG6),
 }
 
 PROTOCOL_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
@@ -246,9 +273,11 @@ def backend(address: str, port: int, *, local: bool = False) -> bytes:
 
 
 def lbsrc_key(set_id: int, network: str) -> bytes:
-    """An allowed source range of a set (`network` is an IPv4 CIDR, host bits ignored)."""
+    """An allowed source range of a set (`network` is a CIDR, host bits ignored): an `na_lbsrc`
+    key, or an `na_lbsrc6` one for IPv6."""
     address, _, length = network.partition("/")
-    return LBSRC_KEY.pack(32 + int(length or 32), set_id, _ip(address))
+    raw = _ip_any(address)
+    return (LBSRC_KEY if len(raw) == 4 else LBSRC6_KEY).pack(32 + int(length or 8 * len(raw)), set_id, raw)
 
 
 ALLOWED = LBSRC_VALUE.pack(1)
@@ -257,8 +286,12 @@ ALLOWED = LBSRC_VALUE.pack(1)
 CONFIG_SNAT = 1   # na_config.flags: the tc path SNATs traffic to remote backends itself
 
 
-def config_value(node_address: str | None, *, snat: bool) -> bytes:
-    return CONFIG.pack(_ip(node_address) if node_address else bytes(4), CONFIG_SNAT if snat else 0)
+def config_value(node_address: str | None, *, snat: bool, width: int = 4) -> bytes:
+    """`na_config`'s value (`na_config6`'s with `width` 16; `node_address` of that family or None)."""
+    raw = _ip_any(node_address) if node_address else bytes(width)
+    if len(raw) != width:
+        raise ValueError(f"not an address of {width} bytes: {node_address!r}")
+    return (CONFIG if width == 4 else CONFIG6).pack(raw, CONFIG_SNAT if snat else 0)
 
 
 def set_id_key(set_id: int) -> bytes:
@@ -333,9 +366,10 @@ class CtEntry:
 
 
 def parse_ct(key: bytes, value: bytes) -> CtEntry:
-    saddr, daddr, sport, dport, proto, direction, _ = CT_KEY.unpack(key)
-    _, nat_daddr, _, nat_dport, created = CT_VALUE.unpack(value)
-    flags = CtValue.from_buffer_copy(value).flags
-    return CtEntry(socket.inet_ntoa(saddr), int.from_bytes(sport, "big"), socket.inet_ntoa(daddr),
-                   int.from_bytes(dport, "big"), proto, direction, flags, socket.inet_ntoa(nat_daddr),
+    v6 = len(key) == CT6_KEY.size
+    saddr, daddr, sport, dport, proto, direction, _ = (CT6_KEY if v6 else CT_KEY).unpack(key)
+    _, nat_daddr, _, nat_dport, created = (CT6_VALUE if v6 else CT_VALUE).unpack(value)
+    flags = (CtValue6 if v6 else CtValue).from_buffer_copy(value).flags
+    return CtEntry(_ntop(saddr), int.from_bytes(sport, "big"), _ntop(daddr),
+                   int.from_bytes(dport, "big"), proto, direction, flags, _ntop(nat_daddr),
                    int.from_bytes(nat_dport, "big"))

@@ -9,8 +9,8 @@ Entries are the packed bytes of ebpf/maps.py's layouts.
 
 A MapSet is one family's: the IPv4 set (`na_svc`, ...) carries the IPv6 one (`na_svc6`, ...)
 as `v6`, so whoever opens the pinned maps hands one object to either family's backend
-(`of(family)`). The IPv6 set has no tc-path maps (`ct`, `ct_new`, `lbsrc`, `config` None):
-the tc path is IPv4 only.
+(`of(family)`). The tc-path maps (`ct`, `ct_new`, `lbsrc`, `config`) may be None only in a
+set built by hand (a test's); open_pinned and fake_map_set give both families all of theirs.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class MapSet:
     slots: BpfMap
     setname: BpfMap
     affinity: BpfMap
-    ct: BpfMap | None = None       # the tc path's: IPv4 only
+    ct: BpfMap | None = None       # the tc path's
     ct_new: BpfMap | None = None
     lbsrc: BpfMap | None = None
     config: BpfMap | None = None
@@ -140,7 +140,8 @@ class MapSet:
         v6 = None
         if all(name in maps for name in MAP_NAMES6):
             v6 = cls(svc=maps[v6_name(SVC_MAP)], slots=maps[v6_name(SLOTS_MAP)], setname=maps[v6_name(SETNAME_MAP)],
-                     affinity=maps[v6_name(AFFINITY_MAP)])
+                     affinity=maps[v6_name(AFFINITY_MAP)], ct=maps[v6_name(CT_MAP)], ct_new=maps[v6_name(CT_NEW_MAP)],
+                     lbsrc=maps[v6_name(LBSRC_MAP)], config=maps[v6_name(CONFIG_MAP)])
         return cls(svc=maps[SVC_MAP], slots=maps[SLOTS_MAP], setname=maps[SETNAME_MAP], affinity=maps[AFFINITY_MAP],
                    ct=maps[CT_MAP], ct_new=maps[CT_NEW_MAP], lbsrc=maps[LBSRC_MAP],
                    config=maps[CONFIG_MAP], v6=v6)

@@ -27,9 +27,9 @@ is ignored by the program.
 
 Families: one backend per IP family, as kube-proxy runs one proxier per family. `family=V4`
 (the default) writes the IPv4 maps exactly as before; `family=V6` writes the IPv6 ones
-(`na_svc6`, `na_slots6`, `na_setname6`: `MapSet.of`), with set ids of its own. Each renders
-only its family's addresses (render.py). The tc path (NodePorts from outside, `na_lbsrc`,
-`na_config`) is IPv4's alone: the IPv6 backend writes no source ranges and no SNAT address.
+(`na_svc6`, `na_slots6`, `na_setname6`, `na_lbsrc6`, `na_config6`: `MapSet.of`), with set ids
+of its own. Each renders only its family's addresses (render.py); the tc path's SNAT address
+(`na_config6`) is the node's IPv6 address outside the pod network.
 """
 from __future__ import annotations
 
@@ -230,7 +230,9 @@ class EbpfProxy(ProxyBackend):
         writes.diff("names", names, present_names)
         writes.diff("lbsrc", lbsrc, present_lbsrc)
         if self.maps.config is not None:
-            config_key, config = M.set_id_key(0), M.config_value(snat_address(state.node), snat=self.tc_snat)
+            config_key = M.set_id_key(0)
+            config = M.config_value(snat_address(state.node, self.family), snat=self.tc_snat,
+                                    width=4 if self.family is IpFamily.V4 else 16)
             if self.maps.config.lookup(config_key) != config:
                 writes.config[config_key] = config
         self._fill.entries = {M.SVC_MAP: len(svc), M.SLOTS_MAP: len(slots), M.SETNAME_MAP: len(names),
@@ -307,13 +309,13 @@ class EbpfProxy(ProxyBackend):
         remove_pins(self.paths.bpf_root)
 
 
-def snat_address(node: NodeContext) -> str | None:
+def snat_address(node: NodeContext, family: IpFamily = IpFamily.V4) -> str | None:
     """The address the tc path SNATs external- and load-balancer-IP traffic to: the node's
-    lowest address outside the pod network (stable while pods and devices come and go)."""
+    lowest address of `family` outside the pod network (stable while pods and devices come and go)."""
     cidr = ipaddress.ip_network(node.cluster_cidr) if node.cluster_cidr else None
-    outside = sorted((a for a in node.local_addresses if IpFamily.of(a) is IpFamily.V4
-                      and (cidr is None or ipaddress.ip_address(a) not in cidr)), key=ipaddress.IPv4Address)
-    return outside[0] if outside else None
+    mine = [ipaddress.ip_address(a) for a in node.local_addresses if IpFamily.of(a) is family]
+    outside = sorted(a for a in mine if cidr is None or a not in cidr)   # `in` is False across families
+    return str(outside[0]) if outside else None
 
 
 def _diff_sets(writes: MapWrites, old: PortEntries | None, new: PortEntries | None) -> None:

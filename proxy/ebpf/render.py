@@ -14,14 +14,13 @@ Per service port (`render_service_port`), endpoints chosen by proxy.selection:
   the last slot, so one endpoint change writes O(1) entries however many the service has.
 - one `na_setname` entry per set: its id -> the service port's name and the set's role, which
   is how a restarted agent finds its ids again (adoption) and how read-back names services.
-- one `na_lbsrc` entry per IPv4 `loadBalancerSourceRanges` range, keyed by the external set
+- one `na_lbsrc` entry per `loadBalancerSourceRanges` range of the family, keyed by the external set
   (the tc path checks a client against them on the load-balancer IPs).
 Backends on this node are flagged (the tc path SNATs only traffic to other nodes).
 
 Per family (`family`, the backend's): only that family's addresses are rendered (an IPv4
 ProxyState may still name a node's IPv6 address among its NodePort targets, and the reverse),
-into that family's maps (ebpf/maps.py packs by the address); source ranges only for IPv4,
-whose tc path alone reads them.
+into that family's maps (ebpf/maps.py packs by the address), source ranges included.
 
 Set ids are given by the caller (`SetIds`, kept by the backend), so rendering stays pure.
 When two service ports claim one address (the same external IP and port), the first by name
@@ -37,7 +36,7 @@ from ebpf import maps as M
 from netagent.kernel.families import IpFamily
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName
 from proxy.selection import EndpointSelection
-from proxy.source_ranges import ipv4_source_ranges
+from proxy.source_ranges import source_ranges
 
 SetIdFor = Callable[[ServicePortName, M.SetRole], int]
 
@@ -128,8 +127,7 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
         return M.svc_value(set_id=cluster_id, count=len(sets[cluster_id]), ext_set_id=ext_id,
                            ext_count=len(sets[ext_id]), affinity_timeout=affinity, flags=flags | extra, kind=kind)
 
-    allowed = (ipv4_source_ranges(service.load_balancer_source_ranges)
-               if service.load_balancer_ips and family is IpFamily.V4 else None)
+    allowed = source_ranges(service.load_balancer_source_ranges, family) if service.load_balancer_ips else None
     ranges = M.F_SOURCE_RANGES if allowed is not None else 0
 
     svc: dict[bytes, bytes] = {}

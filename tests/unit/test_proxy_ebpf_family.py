@@ -1,7 +1,8 @@
 """EbpfProxy per IP family against the fake map set: the IPv6 backend writes the IPv6 maps
 (`na_svc6`, `na_slots6`, `na_setname6`) and only them, renders only IPv6 addresses, keeps set
 ids of its own beside an IPv4 backend on the same maps, adopts on restart with zero writes,
-changes one endpoint in O(1) writes, and writes no tc-path state (source ranges, SNAT address)."""
+changes one endpoint in O(1) writes, and writes its tc-path state (source ranges, SNAT
+address) to the IPv6 tc maps."""
 import pytest
 
 from ebpf import maps as M
@@ -9,7 +10,6 @@ from ebpf.fake_maps import fake_map_set, writes
 from ebpf.mapset import MapSet
 from netagent.kernel.families import IpFamily
 from proxy.ebpf.backend import EbpfProxy, snat_address
-from proxy.ebpf.capacity import capacities
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 
 NODE = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10", "fd00:1::10"))
@@ -58,7 +58,7 @@ def test_the_ipv6_backend_writes_the_ipv6_maps_only(maps):
     assert maps.v6.svc.count() == 3 and maps.v6.slots.count() == 3 and maps.v6.setname.count() == 2
     shown = {(s.name, s.address): s.backends for s in proxy.programmed()}
     assert shown[("default/web6:http", "fd00:10:96::10:80/TCP")] == ("[fd00:10:244::5]:8080", "[fd00:10:244::6]:8080")
-    assert set(proxy.table_fill()) == {"na_svc6", "na_slots6", "na_setname6", "na_affinity6"}
+    assert set(proxy.table_fill()) == set(M.MAP_NAMES6)
 
 
 def test_each_family_renders_its_own_addresses_with_set_ids_of_its_own(maps):
@@ -89,13 +89,16 @@ def test_one_ipv6_endpoint_change_writes_a_constant_number_of_entries(maps):
     assert "[fd00:10:244::ffff]:8080" in {b for s in proxy.programmed() for b in s.backends}
 
 
-def test_the_ipv6_backend_writes_no_tc_path_state(maps):
+def test_the_ipv6_backend_writes_its_source_ranges_and_snat_address_to_the_ipv6_tc_maps(maps):
     proxy = EbpfProxy(maps=maps, family=IpFamily.V6, tc_snat=True)
-    lb = web6(load_balancer_ips=("fd00:2::1",), load_balancer_source_ranges=("fd00:3::/64",))
+    lb = web6(load_balancer_ips=("fd00:2::1",), load_balancer_source_ranges=("fd00:3::/64", "192.0.2.0/24"))
     proxy.sync(state([lb], {WEB6: eps("fd00:10:244::5")}), changed=None)
-    assert maps.lbsrc.count() == 0 and maps.config.count() == 0
-    assert entry(maps.v6, "fd00:2::1", 80).flags & M.F_SOURCE_RANGES == 0
-    assert capacities(maps.v6)[M.LBSRC_MAP] == 0
+    assert maps.lbsrc.count() == 0 and maps.config.count() == 0   # IPv4's untouched
+    ext = entry(maps.v6, "fd00:2::1", 80)
+    assert ext.flags & M.F_SOURCE_RANGES
+    assert set(maps.v6.lbsrc.read_all()) == {M.lbsrc_key(ext.ext_set_id, "fd00:3::/64")}   # IPv6's range only
+    assert maps.v6.config.lookup(M.set_id_key(0)) == M.config_value("fd00:1::10", snat=True, width=16)
+    assert M.lbsrc_key(1, "fd00:3::/64")[:4] == (32 + 64).to_bytes(4, "little")
 
 
 def test_an_ipv6_state_never_reaches_the_ipv4_maps_and_the_reverse(maps):
@@ -104,7 +107,7 @@ def test_an_ipv6_state_never_reaches_the_ipv4_maps_and_the_reverse(maps):
     assert [M.parse_backend(v) for v in maps.v6.slots.read_all().values()] == ["[fd00:10:244::5]:8080"]
     EbpfProxy(maps=maps).sync(mixed, changed=None)
     assert maps.svc.count() == 0   # an IPv6 cluster IP is not IPv4's to program
-    assert snat_address(NODE) == "192.168.1.10"
+    assert (snat_address(NODE), snat_address(NODE, IpFamily.V6)) == ("192.168.1.10", "fd00:1::10")
 
 
 def test_maps_pinned_before_ipv6_have_no_ipv6_set():
