@@ -29,7 +29,8 @@ Families: one backend per IP family, as kube-proxy runs one proxier per family. 
 (the default) writes the IPv4 maps exactly as before; `family=V6` writes the IPv6 ones
 (`na_svc6`, `na_slots6`, `na_setname6`, `na_lbsrc6`, `na_config6`: `MapSet.of`), with set ids
 of its own. Each renders only its family's addresses (render.py); the tc path's SNAT address
-(`na_config6`) is the node's IPv6 address outside the pod network.
+(`na_config6`) is the node's IPv6 address outside the pod network. A state of the other family
+is a wiring error (ValueError), as in the nftables backend.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from proxy.ebpf.capacity import Fill, admit, capacities
 from proxy.ebpf.readback import programmed_services, slot_layouts
 from proxy.ebpf.render import PortEntries, SetIds, flatten, render_service_port
 from proxy.large_sync import collector_paused
-from proxy.model import NodeContext, ProxyState, ServicePort, ServicePortName
+from proxy.model import NodeContext, ProxyState, ServicePortName
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class EbpfProxy(ProxyBackend):
     # ---- sync ---------------------------------------------------------------------------------
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        if state.family is not self.family:   # a wiring error: nothing of it belongs in these maps
+            raise ValueError(f"an {state.family.label} ProxyState handed to the {self.family.label} eBPF proxy")
         with collector_paused():
             return self._sync(state, changed)
 
@@ -212,7 +215,7 @@ class EbpfProxy(ProxyBackend):
         layouts = slot_layouts(present_slots)
         rendered = {name: render_service_port(service, state.selection(name), node=state.node, set_id=ids,
                                               old_sets=layouts, family=self.family)
-                    for name, service in sorted(state.services.items()) if self._ours(service)}
+                    for name, service in sorted(state.services.items())}
         present_lbsrc = self.maps.lbsrc.read_all() if self.maps.lbsrc is not None else {}
         admission = admit(rendered, capacity=self._capacity, first=programmed, present={
             M.SVC_MAP: present_svc, M.SLOTS_MAP: present_slots, M.SETNAME_MAP: present_names,
@@ -247,7 +250,6 @@ class EbpfProxy(ProxyBackend):
         for name in names:
             old = ports.pop(name, None)
             service = state.services.get(name)
-            service = service if service is not None and self._ours(service) else None
             new = None if service is None else render_service_port(
                 service, state.selection(name), node=state.node, set_id=self._ids,
                 old_sets=old.sets if old is not None else None, family=self.family)
@@ -271,14 +273,6 @@ class EbpfProxy(ProxyBackend):
                 self._owners.pop(key, None)
                 writes.svc_gone.add(key)
         return ports, writes
-
-    def _ours(self, service: ServicePort) -> bool:
-        """A service port of this backend's family (its cluster IP's): one of the other family
-        gets no set here, should a state of both families be handed to one backend."""
-        try:
-            return IpFamily.of(service.cluster_ip) is self.family
-        except ValueError:
-            return False
 
     # ---- read back and clean up ----------------------------------------------------------------
 

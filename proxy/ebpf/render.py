@@ -18,9 +18,9 @@ Per service port (`render_service_port`), endpoints chosen by proxy.selection:
   (the tc path checks a client against them on the load-balancer IPs).
 Backends on this node are flagged (the tc path SNATs only traffic to other nodes).
 
-Per family (`family`, the backend's): only that family's addresses are rendered (an IPv4
-ProxyState may still name a node's IPv6 address among its NodePort targets, and the reverse),
-into that family's maps (ebpf/maps.py packs by the address), source ranges included.
+Per family (`family`, the backend's, whose ProxyState holds addresses of that family only):
+entries go to that family's maps (ebpf/maps.py packs by the address), source ranges included;
+an address of the other family is skipped rather than packed at the wrong width.
 
 Set ids are given by the caller (`SetIds`, kept by the backend), so rendering stays pure.
 When two service ports claim one address (the same external IP and port), the first by name

@@ -109,7 +109,7 @@ class ClientAndBackends(NamespaceTopology):
 CLUSTER_IPS = {IpFamily.V4: ("10.96.0.10", "10.96.0.53", "10.96.0.99", "10.96.0.98"),
                IpFamily.V6: ("fd00:10:96::10", "fd00:10:96::53", "fd00:10:96::99", "fd00:10:96::98")}
 SERVED_BY = {IpFamily.V4: BACKENDS, IpFamily.V6: BACKENDS6}
-NODE6 = NodeContext(name="node-1", local_addresses=("fd77::1",))
+NODE6 = NodeContext(name="node-1", local_addresses=("fd77::1",), family=IpFamily.V6)
 
 
 def service_state(*, affinity: int | None = None, family: IpFamily = IpFamily.V4) -> ProxyState:

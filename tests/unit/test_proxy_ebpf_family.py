@@ -12,7 +12,9 @@ from netagent.kernel.families import IpFamily
 from proxy.ebpf.backend import EbpfProxy, snat_address
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 
-NODE = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10", "fd00:1::10"))
+NODE = NodeContext(name="node-1", cluster_cidr="fd00:10:244::/56", local_addresses=("fd00:10:244::1", "fd00:1::10"),
+                   family=IpFamily.V6)
+NODE4 = NodeContext(name="node-1", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10",))
 WEB = ServicePortName("default", "web", "http")
 WEB6 = ServicePortName("default", "web6", "http")
 DNS6 = ServicePortName("kube-system", "dns6", "dns")
@@ -54,28 +56,31 @@ def test_the_ipv6_backend_writes_the_ipv6_maps_only(maps):
     assert [m.count() for m in maps.by_name().values()] == [0] * 8   # IPv4's untouched
     cluster = entry(maps.v6, "fd00:10:96::10", 80)
     assert cluster is not None and cluster.kind is M.AddressKind.CLUSTER_IP and cluster.count == 2
-    assert entry(maps.v6, "fd00:1::10", 30080).kind is M.AddressKind.NODE_PORT   # the node's IPv6 address only
-    assert maps.v6.svc.count() == 3 and maps.v6.slots.count() == 3 and maps.v6.setname.count() == 2
+    assert entry(maps.v6, "fd00:1::10", 30080).kind is M.AddressKind.NODE_PORT
+    assert maps.v6.svc.count() == 4 and maps.v6.slots.count() == 3 and maps.v6.setname.count() == 2
     shown = {(s.name, s.address): s.backends for s in proxy.programmed()}
     assert shown[("default/web6:http", "fd00:10:96::10:80/TCP")] == ("[fd00:10:244::5]:8080", "[fd00:10:244::6]:8080")
     assert set(proxy.table_fill()) == set(M.MAP_NAMES6)
 
 
-def test_each_family_renders_its_own_addresses_with_set_ids_of_its_own(maps):
-    """A dual-stack Service's two ports (one per family, as the catalog gives them) and a
-    NodePort on a node with an address of each family."""
+def test_each_family_has_its_own_entries_and_set_ids_on_the_same_maps(maps):
+    """A dual-stack Service's two ports (one per family's state, as the catalog gives them)."""
     web4 = ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip="10.96.0.10", node_port=30080)
-    endpoints = {WEB: eps("10.244.2.5"), WEB6: eps("fd00:10:244::5")}
-    desired = state([web4, web6(node_port=30080)], endpoints)
+    state4 = ProxyState(node=NODE4, services={WEB: web4}, endpoints={WEB: eps("10.244.2.5")})
+    state6 = state([web6(node_port=30080)], {WEB6: eps("fd00:10:244::5")})
     v4, v6 = EbpfProxy(maps=maps), EbpfProxy(maps=maps, family=IpFamily.V6)
-    v4.sync(desired, changed=None)
-    v6.sync(desired, changed=None)
+    v4.sync(state4, changed=None)
+    v6.sync(state6, changed=None)
     assert {s.address for s in v4.programmed()} == {"10.96.0.10:80/TCP", "192.168.1.10:30080/TCP"}
-    assert {s.address for s in v6.programmed()} == {"fd00:10:96::10:80/TCP", "fd00:1::10:30080/TCP"}
+    assert {s.address for s in v6.programmed()} == {"fd00:10:96::10:80/TCP", "fd00:1::10:30080/TCP",
+                                                    "fd00:10:244::1:30080/TCP"}
     assert entry(maps, "10.96.0.10", 80).set_id == entry(maps.v6, "fd00:10:96::10", 80).set_id == 1
     before = writes(maps)
-    EbpfProxy(maps=maps, family=IpFamily.V6).sync(desired, changed=None)   # a restarted agent adopts
-    EbpfProxy(maps=maps).sync(desired, changed=None)
+    EbpfProxy(maps=maps, family=IpFamily.V6).sync(state6, changed=None)   # a restarted agent adopts
+    EbpfProxy(maps=maps).sync(state4, changed=None)
+    assert writes(maps) == before
+    with pytest.raises(ValueError):
+        v6.sync(state4, changed=None)   # a wiring error, refused before anything is written
     assert writes(maps) == before
 
 
@@ -101,13 +106,11 @@ def test_the_ipv6_backend_writes_its_source_ranges_and_snat_address_to_the_ipv6_
     assert M.lbsrc_key(1, "fd00:3::/64")[:4] == (32 + 64).to_bytes(4, "little")
 
 
-def test_an_ipv6_state_never_reaches_the_ipv4_maps_and_the_reverse(maps):
-    mixed = state([web6()], {WEB6: eps("10.244.2.5", "fd00:10:244::5")})   # a v4 endpoint slipped in
-    EbpfProxy(maps=maps, family=IpFamily.V6).sync(mixed, changed=None)
+def test_an_address_of_the_other_family_is_skipped_and_the_snat_address_is_outside_the_pod_network(maps):
+    slipped = state([web6()], {WEB6: eps("10.244.2.5", "fd00:10:244::5")})   # a v4 endpoint slipped in
+    EbpfProxy(maps=maps, family=IpFamily.V6).sync(slipped, changed=None)
     assert [M.parse_backend(v) for v in maps.v6.slots.read_all().values()] == ["[fd00:10:244::5]:8080"]
-    EbpfProxy(maps=maps).sync(mixed, changed=None)
-    assert maps.svc.count() == 0   # an IPv6 cluster IP is not IPv4's to program
-    assert (snat_address(NODE), snat_address(NODE, IpFamily.V6)) == ("192.168.1.10", "fd00:1::10")
+    assert (snat_address(NODE4), snat_address(NODE, IpFamily.V6)) == ("192.168.1.10", "fd00:1::10")
 
 
 def test_maps_pinned_before_ipv6_have_no_ipv6_set():
