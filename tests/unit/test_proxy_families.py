@@ -227,3 +227,19 @@ def test_build_proxy_builds_one_proxy_per_cluster_family(cidrs, runners):
     report = parts.servers[0].health()
     assert not report.healthy and all(f"{name}: not synced yet" in report.reason for name in runners)
     assert registry.render().count("# TYPE kubeproxy_sync_proxy_rules_duration_seconds ") == 1
+
+
+@pytest.mark.parametrize("text, spelled", [
+    ("FD00:0:0::0:5", "fd00::5"), ("fd00:0:0:1:0:0:0:5", "fd00:0:0:1::5"), ("fd00:1:0:1:0:1:0:5", "fd00:1:0:1:0:1:0:5"),
+    ("::ffff:10.0.0.1", "::ffff:a00:1"), ("::10.0.0.1", "::a00:1"), ("2001:db8::7/128", "2001:db8::7"),
+])
+def test_ipv6_set_members_are_spelled_as_ipaddress_and_ipset_save_do(text, spelled):
+    from netagent.kernel.ipset.model import _address6
+    assert _address6(text) == spelled
+
+
+@pytest.mark.parametrize("text", ["fe80::1%eth0", "fd00::1::2", "fd00::g", "10.0.0.1", ""])
+def test_an_ipv6_set_member_that_is_not_one_address_is_refused(text):
+    from netagent.kernel.ipset.model import IpsetError, _address6
+    with pytest.raises(IpsetError):
+        _address6(text)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -152,13 +153,16 @@ def _address(text: str) -> str:
     return address
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1 << 16)
 def _address6(text: str) -> str:
+    # inet_pton/inet_ntop, not ipaddress: a backend spells ~10^5 members per sync and this is
+    # ~30x faster. Both spell RFC 5952 (as `ipset save` prints) except the embedded-IPv4 forms,
+    # which inet_ntop prints dotted: those go through ipaddress.
     try:
-        address = ipaddress.IPv6Address(text.removesuffix("/128"))
-    except ValueError:
+        spelled = socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, text.removesuffix("/128")))
+    except (OSError, ValueError):
         raise IpsetError(f"{text!r} is not an IP address") from None
-    return str(address)
+    return str(ipaddress.IPv6Address(spelled)) if "." in spelled else spelled
 
 
 def _network(text: str) -> str:
