@@ -23,7 +23,7 @@ from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from proxy.backend import ProxyBackend
-from proxy.ebpf.backend import EbpfPaths, EbpfProxy
+from proxy.ebpf.backend import EbpfPaths
 from proxy.factory import build_backend, build_ebpf_backend, takes_family
 from proxy.model import Endpoint, NodeContext, ProxyState
 from proxy.nftables.backend import NftablesProxy
@@ -185,8 +185,6 @@ def programmed(request, addressing):
     family = addressing.family
     if family is IpFamily.V6 and request.param == "nftables":
         _skip_without_ipv6("nftables", NftablesProxy, "nft6")
-    if family is IpFamily.V6 and request.param.startswith("ebpf"):
-        _skip_without_ipv6("ebpf", EbpfProxy, "ebpf6")
     family_argument = {} if family is IpFamily.V4 else {"family": family}
     node_port = request.param != "ebpf-tc"
     with DualStackClientAndBackends() as topology, contextlib.ExitStack() as stack:
