@@ -21,6 +21,8 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from netagent.kernel.families import IpFamily
+
 # ---- map names, as declared in the C source (and pinned under <bpf root>/<PIN_SUBDIR>/) -----------
 SVC_MAP = "na_svc"
 SLOTS_MAP = "na_slots"
@@ -223,6 +225,21 @@ LAYOUTS = {
     v6_name(CONFIG_MAP): MapLayout(v6_name(CONFIG_MAP), ctypes.c_uint32, Config6, SET_ID, CONFIG6),
 }
 
+def address_width(family: IpFamily) -> int:
+    """Bytes of an address of `family` in the maps (4 or 16)."""
+    return 4 if family is IpFamily.V4 else 16
+
+
+def backend_family(packed: bytes) -> IpFamily:
+    """The family of a packed `na_slots` / `na_slots6` value, by its size (no text parsing)."""
+    return IpFamily.V4 if len(packed) == BACKEND.size else IpFamily.V6
+
+
+def svc_key_family(packed: bytes) -> IpFamily:
+    """The family of a packed `na_svc` / `na_svc6` key, by its size."""
+    return IpFamily.V4 if len(packed) == SVC_KEY.size else IpFamily.V6
+
+
 PROTOCOL_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 PROTOCOL_NAMES = {number: name for name, number in PROTOCOL_NUMBERS.items()}
 
@@ -239,7 +256,8 @@ def _ip(address: str) -> bytes:
 
 def _ip_any(address: str) -> bytes:
     """4 bytes for an IPv4 address, 16 for an IPv6 one (network order), else ValueError."""
-    for family in (socket.AF_INET, socket.AF_INET6):
+    likely = (socket.AF_INET6, socket.AF_INET) if ":" in address else (socket.AF_INET, socket.AF_INET6)
+    for family in likely:   # inet_pton decides; the colon only saves a failed try (an exception)
         try:
             return socket.inet_pton(family, address)
         except OSError:

@@ -235,7 +235,7 @@ class EbpfProxy(ProxyBackend):
         if self.maps.config is not None:
             config_key = M.set_id_key(0)
             config = M.config_value(snat_address(state.node, self.family), snat=self.tc_snat,
-                                    width=4 if self.family is IpFamily.V4 else 16)
+                                    width=M.address_width(self.family))
             if self.maps.config.lookup(config_key) != config:
                 writes.config[config_key] = config
         self._fill.entries = {M.SVC_MAP: len(svc), M.SLOTS_MAP: len(slots), M.SETNAME_MAP: len(names),

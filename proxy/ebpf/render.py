@@ -90,8 +90,9 @@ def assign_slots(previous: Sequence[bytes], wanted: Iterable[bytes]) -> tuple[by
 def _backends(endpoints: Iterable[Endpoint], node: NodeContext, family: IpFamily) -> list[bytes]:
     """Packed backends of `family`, one per distinct address (sorted, so a first layout is
     deterministic), flagged when on this node."""
-    distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints if IpFamily.of(e.ip) is family})
-    return [M.backend(ip, port, local=local) for ip, port, local in distinct]
+    distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints})
+    packed = (M.backend(ip, port, local=local) for ip, port, local in distinct)
+    return [b for b in packed if M.backend_family(b) is family]   # the family told by the packed size
 
 
 # the map's code for each way in (ebpf/maps.py keeps the numbers the C programs read)
@@ -132,9 +133,11 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
 
     svc: dict[bytes, bytes] = {}
     for point in service.entry_points(node):   # spelled out: every entry has an address
-        if point.address is not None and IpFamily.of(point.address) is family:
-            extra = ranges if point.kind is EntryKind.LOAD_BALANCER else 0
-            svc.setdefault(M.svc_key(point.address, point.port, protocol), value(MAP_KIND[point.kind], extra))
+        if point.address is not None:
+            key = M.svc_key(point.address, point.port, protocol)
+            if M.svc_key_family(key) is family:
+                extra = ranges if point.kind is EntryKind.LOAD_BALANCER else 0
+                svc.setdefault(key, value(MAP_KIND[point.kind], extra))
     lbsrc = {M.lbsrc_key(ext_id, network): M.ALLOWED for network in allowed or ()}
     return PortEntries(name, svc, sets, set_names, lbsrc)
 
