@@ -278,6 +278,7 @@ def test_cleanup_detaches_every_program_and_unpins_every_map(lab):
 def test_status_bpf_lists_programs_and_map_fill_and_status_services_reads_the_maps(lab):
     topology, backend, paths = lab
     backend.sync(service_state(), changed=None)
+    family_backend(backend, IpFamily.V6).sync(service_state(family=IpFamily.V6), changed=None)
     shown = subprocess.run([sys.executable, "-m", "netagent.cli", "status", "bpf", "--json", "--bpf-root",
                             paths.bpf_root, "--cgroup-root", paths.cgroup], capture_output=True, text=True, timeout=60)
     status = json.loads(shown.stdout)
@@ -285,6 +286,7 @@ def test_status_bpf_lists_programs_and_map_fill_and_status_services_reads_the_ma
         ["connect4", "connect6", "getpeername4", "getpeername6", "recvmsg4", "recvmsg6", "sendmsg4", "sendmsg6"]
     fill = {m["name"]: m["entries"] for m in status["maps"]}
     assert fill["na_svc"] == 4 and fill["na_slots"] == 4 and fill["na_setname"] == 4
+    assert fill["na_svc6"] == 4 and fill["na_slots6"] == 4 and fill["na_sock_revnat6"] is None
     # from the test's own namespace: the agent it asks first (127.0.0.1:10249) is nobody's there,
     # where in the root namespace another suite's agent might answer
     services = subprocess.run([*namespaces.exec_prefix(topology.names["cli"]), sys.executable, "-m", "netagent.cli",
@@ -293,7 +295,9 @@ def test_status_bpf_lists_programs_and_map_fill_and_status_services_reads_the_ma
     listing = json.loads(services.stdout)
     assert (listing["source"], listing["mode"]) == ("kernel", "ebpf")
     assert {s["address"] for s in listing["services"]} == {"10.96.0.10:80/TCP", "10.96.0.53:53/UDP",
-                                                           "10.96.0.99:80/TCP", "10.96.0.98:53/UDP"}
+                                                           "10.96.0.99:80/TCP", "10.96.0.98:53/UDP",
+                                                           "fd00:10:96::10:80/TCP", "fd00:10:96::53:53/UDP",
+                                                           "fd00:10:96::99:80/TCP", "fd00:10:96::98:53/UDP"}
 
 
 def test_map_counts_in_the_kernel_over_many_batches_and_without_batch_lookups(lab):
