@@ -121,6 +121,32 @@ struct na_flow {
     __u32 csum_off;
 };
 
+/* Both families: a TCP or UDP header at `l4_off`: its ports, TCP flags, where its checksum is */
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 l4_off, __u8 proto, __be16 *sport, __be16 *dport,
+                                    __u8 *tcp_flags, __u32 *csum_off)
+{
+    *csum_off = l4_off + (proto == IPPROTO_TCP ? 16 : 6);
+    if (bpf_skb_load_bytes(skb, l4_off, sport, 2) < 0 || bpf_skb_load_bytes(skb, l4_off + 2, dport, 2) < 0)
+        return 0;
+    if (proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, l4_off + 13, tcp_flags, 1) < 0)
+        return 0;
+    return 1;
+}
+
+/* Both families: the ports' part of a rewrite (`l4flags` BPF_F_MARK_MANGLED_0 for UDP) */
+static __always_inline void rewrite_ports(struct __sk_buff *skb, __u32 l4_off, __u32 csum_off, __u64 l4flags,
+                                          __be16 old_sport, __be16 sport, __be16 old_dport, __be16 dport)
+{
+    if (sport != old_sport) {
+        bpf_l4_csum_replace(skb, csum_off, old_sport, sport, l4flags | 2);
+        bpf_skb_store_bytes(skb, l4_off, &sport, 2, 0);
+    }
+    if (dport != old_dport) {
+        bpf_l4_csum_replace(skb, csum_off, old_dport, dport, l4flags | 2);
+        bpf_skb_store_bytes(skb, l4_off + 2, &dport, 2, 0);
+    }
+}
+
 static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
 {
     void *data = (void *)(long)skb->data;
@@ -138,13 +164,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
     flow->daddr = ip->daddr;
     flow->proto = ip->protocol;
     flow->l4_off = ETH_HLEN_ + 20;
-    flow->csum_off = flow->l4_off + (ip->protocol == IPPROTO_TCP ? 16 : 6);
-    if (bpf_skb_load_bytes(skb, flow->l4_off, &flow->sport, 2) < 0
-        || bpf_skb_load_bytes(skb, flow->l4_off + 2, &flow->dport, 2) < 0)
-        return 0;
-    if (flow->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, flow->l4_off + 13, &flow->tcp_flags, 1) < 0)
-        return 0;
-    return 1;
+    return parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off);
 }
 
 static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow, __be32 saddr, __be16 sport,
@@ -162,14 +182,7 @@ static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow,
         bpf_l3_csum_replace(skb, IP_CSUM_OFF, flow->daddr, daddr, 4);
         bpf_skb_store_bytes(skb, IP_DST_OFF, &daddr, 4, 0);
     }
-    if (sport != flow->sport) {
-        bpf_l4_csum_replace(skb, flow->csum_off, flow->sport, sport, l4flags | 2);
-        bpf_skb_store_bytes(skb, flow->l4_off, &sport, 2, 0);
-    }
-    if (dport != flow->dport) {
-        bpf_l4_csum_replace(skb, flow->csum_off, flow->dport, dport, l4flags | 2);
-        bpf_skb_store_bytes(skb, flow->l4_off + 2, &dport, 2, 0);
-    }
+    rewrite_ports(skb, flow->l4_off, flow->csum_off, l4flags, flow->sport, sport, flow->dport, dport);
 }
 
 /* A hairpin packet, translated, goes straight back out of the pod's veth (MACs swapped):
@@ -205,6 +218,31 @@ struct na_pseudo_hdr {
  * client), as kube-proxy's REJECT and the socket load balancer do: the packet becomes a
  * RST+ACK from the service address (options and payload cut off, checksums computed afresh),
  * sent back out of the device it came in by. Anything else to such a service is dropped. */
+/* Both families: the RST+ACK answering `syn` (whose segment carried `payload` bytes), its
+ * checksum to be filled in */
+static __always_inline struct tcphdr rst_for(struct tcphdr *syn, __u32 payload)
+{
+    struct tcphdr rst = {.source = syn->dest, .dest = syn->source, .doff = 5, .rst = 1, .ack = 1,
+                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn->seq) + 1 + payload)};
+    return rst;
+}
+
+/* Both families: the packet becomes `l3` (`l3_len` bytes) and `rst` behind the Ethernet header,
+ * MACs swapped, sent back out of the device it came in by */
+static __always_inline int send_back(struct __sk_buff *skb, void *l3, __u32 l3_len, struct tcphdr *rst)
+{
+    unsigned char macs[12];
+
+    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
+        || bpf_skb_change_tail(skb, ETH_HLEN_ + l3_len + sizeof(*rst), 0) < 0)
+        return TC_ACT_SHOT;
+    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
+    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_, l3, l3_len, 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_ + l3_len, rst, sizeof(*rst), 0);
+    return bpf_redirect(skb->ifindex, 0);
+}
+
 static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow)
 {
     struct tcphdr syn;
@@ -213,9 +251,7 @@ static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow
     if (flow->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, flow->l4_off, &syn, sizeof(syn)) < 0
         || bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) < 0 || !syn.syn || syn.ack || syn.rst)
         return TC_ACT_SHOT;
-    __u32 payload = (__u32)NA_HTONS(ip.tot_len) - sizeof(ip) - syn.doff * 4;
-    struct tcphdr rst = {.source = syn.dest, .dest = syn.source, .doff = 5, .rst = 1, .ack = 1,
-                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn.seq) + 1 + payload)};
+    struct tcphdr rst = rst_for(&syn, (__u32)NA_HTONS(ip.tot_len) - sizeof(ip) - syn.doff * 4);
     struct iphdr reply = {.version = 4, .ihl = 5, .tot_len = NA_HTONS(sizeof(reply) + sizeof(rst)), .ttl = 64,
                           .protocol = IPPROTO_TCP, .saddr = ip.daddr, .daddr = ip.saddr};
     struct na_pseudo_hdr pseudo = {.saddr = ip.daddr, .daddr = ip.saddr, .proto = IPPROTO_TCP,
@@ -223,15 +259,7 @@ static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow
     reply.check = csum_fold(bpf_csum_diff(0, 0, (void *)&reply, sizeof(reply), 0));
     rst.check = csum_fold(bpf_csum_diff(0, 0, (void *)&rst, sizeof(rst),
                                         bpf_csum_diff(0, 0, (void *)&pseudo, sizeof(pseudo), 0)));
-    unsigned char macs[12];
-    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
-        || bpf_skb_change_tail(skb, ETH_HLEN_ + sizeof(reply) + sizeof(rst), 0) < 0)
-        return TC_ACT_SHOT;
-    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
-    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
-    bpf_skb_store_bytes(skb, ETH_HLEN_, &reply, sizeof(reply), 0);
-    bpf_skb_store_bytes(skb, ETH_HLEN_ + sizeof(reply), &rst, sizeof(rst), 0);
-    return bpf_redirect(skb->ifindex, 0);
+    return send_back(skb, &reply, sizeof(reply), &rst);
 }
 
 /* what ebpf/nodeport_flow.c needs of an IPv4 address */

@@ -104,13 +104,7 @@ static __always_inline int parse6(struct __sk_buff *skb, struct na_flow6 *flow)
     __builtin_memcpy(&flow->daddr, &ip->daddr, sizeof(flow->daddr));
     flow->proto = ip->nexthdr;
     flow->l4_off = ETH_HLEN_ + IP6_HLEN;
-    flow->csum_off = flow->l4_off + (flow->proto == IPPROTO_TCP ? 16 : 6);
-    if (bpf_skb_load_bytes(skb, flow->l4_off, &flow->sport, 2) < 0
-        || bpf_skb_load_bytes(skb, flow->l4_off + 2, &flow->dport, 2) < 0)
-        return 0;
-    if (flow->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, flow->l4_off + 13, &flow->tcp_flags, 1) < 0)
-        return 0;
-    return 1;
+    return parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off);
 }
 
 /* the L4 checksum after an address of the pseudo-header changed from `from` to `to` */
@@ -135,14 +129,7 @@ static __always_inline void rewrite6(struct __sk_buff *skb, struct na_flow6 *flo
         csum_addr6(skb, flow, &flow->daddr, &daddr, l4flags);
         bpf_skb_store_bytes(skb, IP6_DST_OFF, &daddr, sizeof(daddr), 0);
     }
-    if (sport != flow->sport) {
-        bpf_l4_csum_replace(skb, flow->csum_off, flow->sport, sport, l4flags | 2);
-        bpf_skb_store_bytes(skb, flow->l4_off, &sport, 2, 0);
-    }
-    if (dport != flow->dport) {
-        bpf_l4_csum_replace(skb, flow->csum_off, flow->dport, dport, l4flags | 2);
-        bpf_skb_store_bytes(skb, flow->l4_off + 2, &dport, 2, 0);
-    }
+    rewrite_ports(skb, flow->l4_off, flow->csum_off, l4flags, flow->sport, sport, flow->dport, dport);
 }
 
 struct na_pseudo_hdr6 {
@@ -161,9 +148,7 @@ static __always_inline int reset_syn6(struct __sk_buff *skb, struct na_flow6 *fl
     if (flow->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, flow->l4_off, &syn, sizeof(syn)) < 0
         || bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) < 0 || !syn.syn || syn.ack || syn.rst)
         return TC_ACT_SHOT;
-    __u32 payload = (__u32)NA_HTONS(ip.payload_len) - syn.doff * 4;
-    struct tcphdr rst = {.source = syn.dest, .dest = syn.source, .doff = 5, .rst = 1, .ack = 1,
-                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn.seq) + 1 + payload)};
+    struct tcphdr rst = rst_for(&syn, (__u32)NA_HTONS(ip.payload_len) - syn.doff * 4);
     struct ipv6hdr reply = {.version = 6, .payload_len = NA_HTONS(sizeof(rst)), .nexthdr = IPPROTO_TCP,
                             .hop_limit = 64};
     struct na_pseudo_hdr6 pseudo = {.saddr = flow->daddr, .daddr = flow->saddr, .len = __builtin_bswap32(sizeof(rst)),
@@ -172,13 +157,5 @@ static __always_inline int reset_syn6(struct __sk_buff *skb, struct na_flow6 *fl
     __builtin_memcpy(&reply.daddr, &flow->saddr, sizeof(flow->saddr));
     rst.check = csum_fold(bpf_csum_diff(0, 0, (void *)&rst, sizeof(rst),
                                         bpf_csum_diff(0, 0, (void *)&pseudo, sizeof(pseudo), 0)));
-    unsigned char macs[12];
-    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
-        || bpf_skb_change_tail(skb, ETH_HLEN_ + sizeof(reply) + sizeof(rst), 0) < 0)
-        return TC_ACT_SHOT;
-    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
-    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
-    bpf_skb_store_bytes(skb, ETH_HLEN_, &reply, sizeof(reply), 0);
-    bpf_skb_store_bytes(skb, ETH_HLEN_ + sizeof(reply), &rst, sizeof(rst), 0);
-    return bpf_redirect(skb->ifindex, 0);
+    return send_back(skb, &reply, sizeof(reply), &rst);
 }
