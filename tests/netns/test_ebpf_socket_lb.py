@@ -55,6 +55,7 @@ from tests.netns.topology import NamespaceTopology  # noqa: E402
 
 BACKENDS = ("10.77.0.2", "10.77.0.3")
 BACKENDS6 = ("fd77::2", "fd77::3")
+CLIENT6 = "fd77::1"
 WEB = ServicePortName("default", "web", "http")
 DNS = ServicePortName("kube-system", "dns", "dns")
 EMPTY = ServicePortName("default", "empty")
@@ -94,7 +95,7 @@ class ClientAndBackends(NamespaceTopology):
         subprocess.run(["ip", "-n", self.names["cli"], "link", "add", veth_client, "type", "veth", "peer", "name",
                         veth_backends, "netns", self.names["be"]], check=True)
         self.run("cli", "ip", "addr", "add", "10.77.0.1/24", "dev", veth_client)
-        self.run("cli", "ip", "addr", "add", "fd77::1/64", "dev", veth_client, "nodad")
+        self.run("cli", "ip", "addr", "add", f"{CLIENT6}/64", "dev", veth_client, "nodad")
         self.run("cli", "ip", "link", "set", veth_client, "up")
         for address in BACKENDS:
             self.run("be", "ip", "addr", "add", f"{address}/24", "dev", veth_backends)
@@ -109,7 +110,7 @@ class ClientAndBackends(NamespaceTopology):
 CLUSTER_IPS = {IpFamily.V4: ("10.96.0.10", "10.96.0.53", "10.96.0.99", "10.96.0.98"),
                IpFamily.V6: ("fd00:10:96::10", "fd00:10:96::53", "fd00:10:96::99", "fd00:10:96::98")}
 SERVED_BY = {IpFamily.V4: BACKENDS, IpFamily.V6: BACKENDS6}
-NODE6 = NodeContext(name="node-1", local_addresses=("fd77::1",), family=IpFamily.V6)
+NODE6 = NodeContext(name="node-1", local_addresses=(CLIENT6,), family=IpFamily.V6)
 
 
 def service_state(*, affinity: int | None = None, family: IpFamily = IpFamily.V4) -> ProxyState:
