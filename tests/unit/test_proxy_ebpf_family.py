@@ -133,3 +133,18 @@ def test_ipv6_entries_round_trip():
     assert len(backend) == M.LAYOUTS["na_slots6"].value_size and M.parse_backend(backend) == "[fd00::1]:8080"
     with pytest.raises(ValueError):
         M.svc_key("10.96.0.300", 80, "TCP")
+
+
+def test_the_loader_instantiates_the_tc_flow_once_per_family_and_sizes_each_familys_maps():
+    import re
+
+    from ebpf.loader import FLOW_SUFFIXES, PROGRAMS, TC_FLOW, SocketLbLoader
+    from ebpf.sizes import MapSizes
+    source = SocketLbLoader(bpf_root="/b", cgroup="/c", sizes=MapSizes.parse(["na_svc6=1024,na_ct6=512"])).source()
+    assert "__F" not in source and "__F" in TC_FLOW.read_text()
+    template = set(re.findall(r"\b(\w+)__F\b", TC_FLOW.read_text()))
+    for suffix in FLOW_SUFFIXES:   # every templated name defined or used once per family
+        assert all(re.search(rf"\b{name}{suffix}\b", source) for name in template), suffix
+    assert "static __always_inline int translate_new6(" in source and "translate_new(" in source
+    assert "#define NA_MAX_SVC6 1024" in source and "#define NA_MAX_CT6 512" in source
+    assert all(f"int {name}(" in source for name in PROGRAMS)
