@@ -13,7 +13,7 @@ import errno
 from collections.abc import Iterable, Mapping
 
 from ebpf.mapset import BpfMap, MapSet
-from ebpf.maps import LAYOUTS, LRU_MAPS, MAP_NAMES
+from ebpf.maps import LAYOUTS, LRU_MAPS, MAP_NAMES, MAP_NAMES6
 
 
 class FakeBpfMap(BpfMap):
@@ -74,11 +74,13 @@ class FakeBpfMap(BpfMap):
 
 
 def fake_map_set(*, max_entries: int = 1 << 20, sizes: Mapping[str, int] | None = None) -> MapSet:
-    """Every map of ours, each `max_entries` big unless `sizes` names it."""
+    """Every map of ours (IPv6's as `.v6`), each `max_entries` big unless `sizes` names it."""
     sizes = sizes or {}
-    return MapSet.from_maps({name: FakeBpfMap(name, max_entries=sizes.get(name, max_entries)) for name in MAP_NAMES})
+    return MapSet.from_maps({name: FakeBpfMap(name, max_entries=sizes.get(name, max_entries))
+                             for name in (*MAP_NAMES, *MAP_NAMES6)})
 
 
 def writes(maps: MapSet) -> int:
-    """Entries written or deleted over every fake map of the set."""
-    return sum(m.writes for m in maps.by_name().values() if isinstance(m, FakeBpfMap))
+    """Entries written or deleted over every fake map of the set (and its IPv6 sibling's)."""
+    sets = [maps] if maps.v6 is None else [maps, maps.v6]
+    return sum(m.writes for one in sets for m in one.by_name().values() if isinstance(m, FakeBpfMap))

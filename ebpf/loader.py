@@ -2,12 +2,18 @@
 
 `SocketLbLoader.ensure_loaded()` compiles ebpf/sock_lb.c with bcc (the pinned maps under
 `<bpf root>/netagent-v1/` are reused when they exist, created and pinned when not, so a
-restarted agent keeps the dataplane's state), loads the four CGROUP_SOCK_ADDR programs and
+restarted agent keeps the dataplane's state), loads the eight CGROUP_SOCK_ADDR programs (IPv4's
+and IPv6's: ebpf/sock_lb6.c, compiled with it over maps of its own) and
 attaches them to the cgroup it was given, in multi-program mode so other users of the cgroup
 are not displaced. A program of ours already attached with the same tag (the kernel's hash of
 its instructions, map references masked) is kept and nothing is attached: an agent restart
 with unchanged code writes nothing. A different one of ours is replaced atomically
 (BPF_F_REPLACE), never detached first, so connections are never left unbalanced.
+
+The tc path is composed of several files, in this order: nodeport.c (IPv4's packet helpers),
+nodeport_flow.c with its `__F` suffixes removed (IPv4's flow logic), nodeport6.c (IPv6's),
+nodeport_flow.c with `__F` made `6` (IPv6's flow logic), nodeport_progs.c (the programs, which
+dispatch by family): one text, one compilation, one set of tc programs for both families.
 
 Map capacities come from `sizes` (ebpf/sizes.py, `--bpf-map-max`), passed to bcc as defines. A
 pinned map whose capacity differs (an earlier run with other sizes) is recreated: its pin is
@@ -36,7 +42,12 @@ from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
 from netagent.errors import NetagentError
 
 SOURCE = Path(__file__).with_name("sock_lb.c")
+SOURCE6 = Path(__file__).with_name("sock_lb6.c")   # compiled after SOURCE: it uses its helpers
 TC_SOURCE = Path(__file__).with_name("nodeport.c")   # compiled after SOURCE: it uses its maps
+TC_SOURCE6 = Path(__file__).with_name("nodeport6.c")
+TC_FLOW = Path(__file__).with_name("nodeport_flow.c")   # the tc flow logic, once per family
+TC_PROGRAMS_SOURCE = Path(__file__).with_name("nodeport_progs.c")
+FLOW_SUFFIXES = ("", "6")   # what `__F` in TC_FLOW becomes: IPv4's names, then IPv6's
 PROG_TYPE_SCHED_CLS = 3
 TC_PROGRAMS = ("na_tc_ingress", "na_tc_egress", "na_tc_from_pod")
 PROG_TYPE_CGROUP_SOCK_ADDR = 18
@@ -47,8 +58,13 @@ PROGRAMS = {
     "na_sendmsg4": 14,       # BPF_CGROUP_UDP4_SENDMSG
     "na_recvmsg4": 19,       # BPF_CGROUP_UDP4_RECVMSG
     "na_getpeername4": 29,   # BPF_CGROUP_INET4_GETPEERNAME
+    "na_connect6": 11,       # BPF_CGROUP_INET6_CONNECT
+    "na_sendmsg6": 15,       # BPF_CGROUP_UDP6_SENDMSG
+    "na_recvmsg6": 20,       # BPF_CGROUP_UDP6_RECVMSG
+    "na_getpeername6": 30,   # BPF_CGROUP_INET6_GETPEERNAME
 }
-ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4"}
+ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4",
+                     11: "connect6", 15: "sendmsg6", 20: "recvmsg6", 30: "getpeername6"}
 
 
 class EbpfError(NetagentError):
@@ -189,7 +205,11 @@ class SocketLbLoader:
         if self.set_retval:
             defines.append("#define NA_HAVE_SET_RETVAL 1")
         defines += self.sizes.defines()
-        return "\n".join(defines) + "\n" + SOURCE.read_text() + "\n" + TC_SOURCE.read_text()
+        flow = TC_FLOW.read_text()
+        return "\n".join([*defines, SOURCE.read_text(), SOURCE6.read_text(),
+                          TC_SOURCE.read_text(), flow.replace("__F", FLOW_SUFFIXES[0]),
+                          TC_SOURCE6.read_text(), flow.replace("__F", FLOW_SUFFIXES[1]),
+                          TC_PROGRAMS_SOURCE.read_text()])
 
     def ensure_loaded(self) -> LoadReport:
         check_bpf_root(self.bpf_root)

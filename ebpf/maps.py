@@ -6,6 +6,12 @@ them against the ctypes bcc derives from the C source, and against the packers),
 `struct.Struct` packer the backend uses to build and compare entries as bytes (fast at a
 million entries), and small decode helpers for read-back. Addresses and ports are in network
 byte order in the maps, as the socket context holds them; the views convert.
+
+IPv6 (ebpf/sock_lb6.c) has its own maps, named as the IPv4 ones with a `6` (`na_svc6`, ...):
+the same entries with 16-byte addresses (SvcKey6, Backend6, AffinityValue6), the others
+(values, slot keys, set names) shared. The encoders take either family's address text and
+pack the width it has; the decoders tell the family by the entry's size. The tc path has
+IPv6 maps too (ebpf/nodeport6.c: `na_ct6`, `na_ct_new6`, `na_lbsrc6`, `na_config6`).
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import socket
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+
+from netagent.kernel.families import IpFamily
 
 # ---- map names, as declared in the C source (and pinned under <bpf root>/<PIN_SUBDIR>/) -----------
 SVC_MAP = "na_svc"
@@ -28,8 +36,19 @@ CT_NEW_MAP = "na_ct_new"    # ebpf/nodeport.c: new (unconfirmed) and closing con
 LBSRC_MAP = "na_lbsrc"      # loadBalancerSourceRanges (LPM trie)
 CONFIG_MAP = "na_config"    # the node address the tc path SNATs to (array of one)
 MAP_NAMES = (SVC_MAP, SLOTS_MAP, SETNAME_MAP, AFFINITY_MAP, CT_MAP, CT_NEW_MAP, LBSRC_MAP, CONFIG_MAP)
-LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP})   # full: the kernel evicts, never refuses
-PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP)   # everything we pin
+SOCK_REVNAT6_MAP = "na_sock_revnat6"
+
+
+def v6_name(name: str) -> str:
+    """`na_svc` -> `na_svc6`: the IPv6 map of a role."""
+    return name + "6"
+
+
+MAP_NAMES6 = tuple(v6_name(name) for name in MAP_NAMES)
+LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP, *(v6_name(n) for n in (AFFINITY_MAP, CT_MAP, CT_NEW_MAP))})
+# (LRU maps, full, evict their least recently used entry; the others refuse)
+SOCKET_STORAGE_MAPS = (SOCK_REVNAT_MAP, SOCK_REVNAT6_MAP)   # no size, no key walk: their entries live in sockets
+PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP, *MAP_NAMES6, SOCK_REVNAT6_MAP)   # everything we pin
 
 # ---- flags and kinds (the C #defines) --------------------------------------------------------------
 F_NO_ENDPOINTS = 1
@@ -94,6 +113,40 @@ class AffinityValue(ctypes.Structure):
                 ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("pad2", ctypes.c_uint32)]
 
 
+Addr6 = ctypes.c_uint32 * 4
+
+
+class SvcKey6(ctypes.Structure):
+    _fields_ = [("addr", Addr6), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
+
+
+class Backend6(ctypes.Structure):
+    _fields_ = [("addr", Addr6), ("port", ctypes.c_uint16), ("flags", ctypes.c_uint16)]
+
+
+class AffinityValue6(ctypes.Structure):
+    _fields_ = [("last_used_ns", ctypes.c_uint64), ("slot", ctypes.c_uint32), ("addr", Addr6),
+                ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+
+
+class CtKey6(ctypes.Structure):
+    _fields_ = [("saddr", Addr6), ("daddr", Addr6), ("sport", ctypes.c_uint16), ("dport", ctypes.c_uint16),
+                ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8), ("pad", ctypes.c_uint16)]
+
+
+class CtValue6(ctypes.Structure):
+    _fields_ = [("saddr", Addr6), ("daddr", Addr6), ("sport", ctypes.c_uint16), ("dport", ctypes.c_uint16),
+                ("flags", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+
+
+class LbSrcKey6(ctypes.Structure):
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("set_id", ctypes.c_uint32), ("addr", Addr6)]
+
+
+class Config6(ctypes.Structure):
+    _fields_ = [("node_addr", Addr6), ("flags", ctypes.c_uint32)]
+
+
 class CtKey(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
                 ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dir", ctypes.c_uint8),
@@ -144,6 +197,13 @@ CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
 LBSRC_KEY = struct.Struct("=II4s")
 LBSRC_VALUE = struct.Struct("=B")
 CONFIG = struct.Struct("=4sI")
+SVC6_KEY = struct.Struct("!16sHBB")
+BACKEND6 = struct.Struct("=16s2sH")
+AFFINITY6_VALUE = struct.Struct("=QI16s2sH")
+CT6_KEY = struct.Struct("=16s16s2s2sBBH")
+CT6_VALUE = struct.Struct("=16s16s2s2s4xQ")
+LBSRC6_KEY = struct.Struct("=II16s")
+CONFIG6 = struct.Struct("=16sI")
 
 LAYOUTS = {
     SVC_MAP: MapLayout(SVC_MAP, SvcKey, SvcValue, SVC_KEY, SVC_VALUE),
@@ -154,7 +214,31 @@ LAYOUTS = {
     CT_NEW_MAP: MapLayout(CT_NEW_MAP, CtKey, CtValue, CT_KEY, CT_VALUE),
     LBSRC_MAP: MapLayout(LBSRC_MAP, LbSrcKey, ctypes.c_uint8, LBSRC_KEY, LBSRC_VALUE),
     CONFIG_MAP: MapLayout(CONFIG_MAP, ctypes.c_uint32, Config, SET_ID, CONFIG),
+    v6_name(SVC_MAP): MapLayout(v6_name(SVC_MAP), SvcKey6, SvcValue, SVC6_KEY, SVC_VALUE),
+    v6_name(SLOTS_MAP): MapLayout(v6_name(SLOTS_MAP), SlotKey, Backend6, SLOT_KEY, BACKEND6),
+    v6_name(SETNAME_MAP): MapLayout(v6_name(SETNAME_MAP), ctypes.c_uint32, SetName, SET_ID, SET_NAME),
+    v6_name(AFFINITY_MAP): MapLayout(v6_name(AFFINITY_MAP), AffinityKey, AffinityValue6, AFFINITY_KEY,
+                                     AFFINITY6_VALUE),
+    v6_name(CT_MAP): MapLayout(v6_name(CT_MAP), CtKey6, CtValue6, CT6_KEY, CT6_VALUE),
+    v6_name(CT_NEW_MAP): MapLayout(v6_name(CT_NEW_MAP), CtKey6, CtValue6, CT6_KEY, CT6_VALUE),
+    v6_name(LBSRC_MAP): MapLayout(v6_name(LBSRC_MAP), LbSrcKey6, ctypes.c_uint8, LBSRC6_KEY, LBSRC_VALUE),
+    v6_name(CONFIG_MAP): MapLayout(v6_name(CONFIG_MAP), ctypes.c_uint32, Config6, SET_ID, CONFIG6),
 }
+
+def address_width(family: IpFamily) -> int:
+    """Bytes of an address of `family` in the maps (4 or 16)."""
+    return 4 if family is IpFamily.V4 else 16
+
+
+def backend_family(packed: bytes) -> IpFamily:
+    """The family of a packed `na_slots` / `na_slots6` value, by its size (no text parsing)."""
+    return IpFamily.V4 if len(packed) == BACKEND.size else IpFamily.V6
+
+
+def svc_key_family(packed: bytes) -> IpFamily:
+    """The family of a packed `na_svc` / `na_svc6` key, by its size."""
+    return IpFamily.V4 if len(packed) == SVC_KEY.size else IpFamily.V6
+
 
 PROTOCOL_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 PROTOCOL_NAMES = {number: name for name, number in PROTOCOL_NUMBERS.items()}
@@ -170,8 +254,25 @@ def _ip(address: str) -> bytes:
         raise ValueError(f"not an IPv4 address: {address!r}") from None
 
 
+def _ip_any(address: str) -> bytes:
+    """4 bytes for an IPv4 address, 16 for an IPv6 one (network order), else ValueError."""
+    likely = (socket.AF_INET6, socket.AF_INET) if ":" in address else (socket.AF_INET, socket.AF_INET6)
+    for family in likely:   # inet_pton decides; the colon only saves a failed try (an exception)
+        try:
+            return socket.inet_pton(family, address)
+        except OSError:
+            continue
+    raise ValueError(f"not an IP address: {address!r}")
+
+
+def _ntop(raw: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
 def svc_key(address: str, port: int, protocol: str) -> bytes:
-    return SVC_KEY.pack(_ip(address), port, PROTOCOL_NUMBERS[protocol], 0)
+    """An `na_svc` key, or an `na_svc6` one for an IPv6 address."""
+    raw = _ip_any(address)
+    return (SVC_KEY if len(raw) == 4 else SVC6_KEY).pack(raw, port, PROTOCOL_NUMBERS[protocol], 0)
 
 
 def svc_value(*, set_id: int, count: int, ext_set_id: int, ext_count: int, affinity_timeout: int, flags: int,
@@ -184,13 +285,17 @@ def slot_key(set_id: int, slot: int) -> bytes:
 
 
 def backend(address: str, port: int, *, local: bool = False) -> bytes:
-    return BACKEND.pack(_ip(address), port.to_bytes(2, "big"), BACKEND_LOCAL if local else 0)
+    """An `na_slots` value, or an `na_slots6` one for an IPv6 address."""
+    raw = _ip_any(address)
+    return (BACKEND if len(raw) == 4 else BACKEND6).pack(raw, port.to_bytes(2, "big"), BACKEND_LOCAL if local else 0)
 
 
 def lbsrc_key(set_id: int, network: str) -> bytes:
-    """An allowed source range of a set (`network` is an IPv4 CIDR, host bits ignored)."""
+    """An allowed source range of a set (`network` is a CIDR, host bits ignored): an `na_lbsrc`
+    key, or an `na_lbsrc6` one for IPv6."""
     address, _, length = network.partition("/")
-    return LBSRC_KEY.pack(32 + int(length or 32), set_id, _ip(address))
+    raw = _ip_any(address)
+    return (LBSRC_KEY if len(raw) == 4 else LBSRC6_KEY).pack(32 + int(length or 8 * len(raw)), set_id, raw)
 
 
 ALLOWED = LBSRC_VALUE.pack(1)
@@ -199,8 +304,12 @@ ALLOWED = LBSRC_VALUE.pack(1)
 CONFIG_SNAT = 1   # na_config.flags: the tc path SNATs traffic to remote backends itself
 
 
-def config_value(node_address: str | None, *, snat: bool) -> bytes:
-    return CONFIG.pack(_ip(node_address) if node_address else bytes(4), CONFIG_SNAT if snat else 0)
+def config_value(node_address: str | None, *, snat: bool, width: int = 4) -> bytes:
+    """`na_config`'s value (`na_config6`'s with `width` 16; `node_address` of that family or None)."""
+    raw = _ip_any(node_address) if node_address else bytes(width)
+    if len(raw) != width:
+        raise ValueError(f"not an address of {width} bytes: {node_address!r}")
+    return (CONFIG if width == 4 else CONFIG6).pack(raw, CONFIG_SNAT if snat else 0)
 
 
 def set_id_key(set_id: int) -> bytes:
@@ -231,9 +340,9 @@ class ServiceEntry:
 
 
 def parse_svc(key: bytes, value: bytes) -> ServiceEntry:
-    addr, port, proto, _ = SVC_KEY.unpack(key)
+    addr, port, proto, _ = (SVC_KEY if len(key) == SVC_KEY.size else SVC6_KEY).unpack(key)
     set_id, count, ext_set_id, ext_count, affinity, flags, kind, _ = SVC_VALUE.unpack(value)
-    return ServiceEntry(socket.inet_ntoa(addr), port, PROTOCOL_NAMES.get(proto, str(proto)),
+    return ServiceEntry(_ntop(addr), port, PROTOCOL_NAMES.get(proto, str(proto)),
                         set_id, count, ext_set_id, ext_count, affinity, flags, AddressKind(kind))
 
 
@@ -243,8 +352,11 @@ def parse_slot_key(key: bytes) -> tuple[int, int]:
 
 
 def parse_backend(value: bytes) -> str:
+    if len(value) == BACKEND6.size:
+        addr, port, _flags = BACKEND6.unpack(value)
+        return f"[{_ntop(addr)}]:{int.from_bytes(port, 'big')}"
     addr, port, _flags = BACKEND.unpack(value)
-    return f"{socket.inet_ntoa(addr)}:{int.from_bytes(port, 'big')}"
+    return f"{_ntop(addr)}:{int.from_bytes(port, 'big')}"
 
 
 def parse_set_name(value: bytes) -> tuple[str, SetRole]:
@@ -272,9 +384,10 @@ class CtEntry:
 
 
 def parse_ct(key: bytes, value: bytes) -> CtEntry:
-    saddr, daddr, sport, dport, proto, direction, _ = CT_KEY.unpack(key)
-    _, nat_daddr, _, nat_dport, created = CT_VALUE.unpack(value)
-    flags = CtValue.from_buffer_copy(value).flags
-    return CtEntry(socket.inet_ntoa(saddr), int.from_bytes(sport, "big"), socket.inet_ntoa(daddr),
-                   int.from_bytes(dport, "big"), proto, direction, flags, socket.inet_ntoa(nat_daddr),
+    v6 = len(key) == CT6_KEY.size
+    saddr, daddr, sport, dport, proto, direction, _ = (CT6_KEY if v6 else CT_KEY).unpack(key)
+    _, nat_daddr, _, nat_dport, created = (CT6_VALUE if v6 else CT_VALUE).unpack(value)
+    flags = (CtValue6 if v6 else CtValue).from_buffer_copy(value).flags
+    return CtEntry(_ntop(saddr), int.from_bytes(sport, "big"), _ntop(daddr),
+                   int.from_bytes(dport, "big"), proto, direction, flags, _ntop(nat_daddr),
                    int.from_bytes(nat_dport, "big"))

@@ -26,6 +26,13 @@
  *   processes are outside the socket load balancer's cgroup, to any service address.
  * A TCP SYN to a service without endpoints is answered by a RST from the service address.
  * A packet that matches nothing is passed untouched. Checksums are fixed incrementally.
+ *
+ * Both families: this file holds IPv4's structs, maps and packet helpers (parse, rewrite,
+ * reset_syn); ebpf/nodeport6.c IPv6's (`na_ct6`, `na_ct_new6`, `na_lbsrc6`, `na_config6` beside
+ * sock_lb6.c's `na_svc6`...). The flow logic above (connection tracking, translate_new) is
+ * written once, in ebpf/nodeport_flow.c, and the loader instantiates it per family;
+ * ebpf/nodeport_progs.c's programs hand each packet to its family's. The loader's order:
+ * sock_lb.c, sock_lb6.c, this file, the flow for IPv4, nodeport6.c, the flow for IPv6, the programs.
  */
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
@@ -114,6 +121,32 @@ struct na_flow {
     __u32 csum_off;
 };
 
+/* Both families: a TCP or UDP header at `l4_off`: its ports, TCP flags, where its checksum is */
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 l4_off, __u8 proto, __be16 *sport, __be16 *dport,
+                                    __u8 *tcp_flags, __u32 *csum_off)
+{
+    *csum_off = l4_off + (proto == IPPROTO_TCP ? 16 : 6);
+    if (bpf_skb_load_bytes(skb, l4_off, sport, 2) < 0 || bpf_skb_load_bytes(skb, l4_off + 2, dport, 2) < 0)
+        return 0;
+    if (proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, l4_off + 13, tcp_flags, 1) < 0)
+        return 0;
+    return 1;
+}
+
+/* Both families: the ports' part of a rewrite (`l4flags` BPF_F_MARK_MANGLED_0 for UDP) */
+static __always_inline void rewrite_ports(struct __sk_buff *skb, __u32 l4_off, __u32 csum_off, __u64 l4flags,
+                                          __be16 old_sport, __be16 sport, __be16 old_dport, __be16 dport)
+{
+    if (sport != old_sport) {
+        bpf_l4_csum_replace(skb, csum_off, old_sport, sport, l4flags | 2);
+        bpf_skb_store_bytes(skb, l4_off, &sport, 2, 0);
+    }
+    if (dport != old_dport) {
+        bpf_l4_csum_replace(skb, csum_off, old_dport, dport, l4flags | 2);
+        bpf_skb_store_bytes(skb, l4_off + 2, &dport, 2, 0);
+    }
+}
+
 static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
 {
     void *data = (void *)(long)skb->data;
@@ -131,13 +164,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
     flow->daddr = ip->daddr;
     flow->proto = ip->protocol;
     flow->l4_off = ETH_HLEN_ + 20;
-    flow->csum_off = flow->l4_off + (ip->protocol == IPPROTO_TCP ? 16 : 6);
-    if (bpf_skb_load_bytes(skb, flow->l4_off, &flow->sport, 2) < 0
-        || bpf_skb_load_bytes(skb, flow->l4_off + 2, &flow->dport, 2) < 0)
-        return 0;
-    if (flow->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, flow->l4_off + 13, &flow->tcp_flags, 1) < 0)
-        return 0;
-    return 1;
+    return parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off);
 }
 
 static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow, __be32 saddr, __be16 sport,
@@ -155,142 +182,7 @@ static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow,
         bpf_l3_csum_replace(skb, IP_CSUM_OFF, flow->daddr, daddr, 4);
         bpf_skb_store_bytes(skb, IP_DST_OFF, &daddr, 4, 0);
     }
-    if (sport != flow->sport) {
-        bpf_l4_csum_replace(skb, flow->csum_off, flow->sport, sport, l4flags | 2);
-        bpf_skb_store_bytes(skb, flow->l4_off, &sport, 2, 0);
-    }
-    if (dport != flow->dport) {
-        bpf_l4_csum_replace(skb, flow->csum_off, flow->dport, dport, l4flags | 2);
-        bpf_skb_store_bytes(skb, flow->l4_off + 2, &dport, 2, 0);
-    }
-}
-
-/* The other direction of a flow: its key and its translation follow from this entry's. */
-static __always_inline void ct_peer(struct na_ct_key *key, struct na_ct_value *nat, struct na_ct_key *peer_key,
-                                    struct na_ct_value *peer)
-{
-    peer_key->saddr = nat->daddr;
-    peer_key->daddr = nat->saddr;
-    peer_key->sport = nat->dport;
-    peer_key->dport = nat->sport;
-    peer_key->proto = key->proto;
-    peer_key->dir = key->dir != NA_CT_FORWARD ? NA_CT_FORWARD
-                    : (nat->flags & NA_CT_F_HAIRPIN) ? NA_CT_HAIRPIN : NA_CT_REPLY;
-    peer_key->pad = 0;
-    peer->saddr = key->daddr;
-    peer->daddr = key->saddr;
-    peer->sport = key->dport;
-    peer->dport = key->sport;
-    peer->flags = nat->flags & NA_CT_F_HAIRPIN;
-    peer->created_ns = nat->created_ns;
-}
-
-static __always_inline void ct_forget(struct na_ct_key *key, struct na_ct_key *peer_key)
-{
-    na_ct.delete(key);
-    na_ct.delete(peer_key);
-    na_ct_new.delete(key);
-    na_ct_new.delete(peer_key);
-}
-
-/* Both entries of a flow into `na_ct` (`to_main`) or `na_ct_new`, out of the other map; the
- * flags each had are kept, `set` added. Written before deleted: a lookup always finds one. */
-static __always_inline void ct_move(struct na_ct_key *key, struct na_ct_value *nat, int to_main, __u32 set)
-{
-    struct na_ct_key peer_key = {};
-    struct na_ct_value peer = {};
-    struct na_ct_value self = *nat;
-    struct na_ct_value *old_peer;
-
-    ct_peer(key, &self, &peer_key, &peer);
-    old_peer = to_main ? na_ct_new.lookup(&peer_key) : na_ct.lookup(&peer_key);
-    if (old_peer)
-        peer.flags = old_peer->flags;
-    self.flags |= set;
-    peer.flags |= set;
-    if (to_main) {
-        na_ct.update(key, &self);
-        na_ct.update(&peer_key, &peer);
-        na_ct_new.delete(key);
-        na_ct_new.delete(&peer_key);
-    } else {
-        na_ct_new.update(key, &self);
-        na_ct_new.update(&peer_key, &peer);
-        na_ct.delete(key);
-        na_ct.delete(&peer_key);
-    }
-}
-
-/* The flow's state after this packet (`nat` is its entry, in na_ct_new when `fresh`):
- * confirmation, FIN both ways, RST, the last ACK (see the top of this file). */
-static __always_inline void ct_track(struct na_ct_key *key, struct na_ct_value *nat, int fresh, __u8 tcp_flags)
-{
-    struct na_ct_key peer_key = {};
-    struct na_ct_value peer = {};
-    struct na_ct_value *other;
-
-    if (key->proto != IPPROTO_TCP) {   /* UDP: confirmed by its first reply */
-        if (fresh && key->dir != NA_CT_FORWARD)
-            ct_move(key, nat, 1, 0);
-        return;
-    }
-    ct_peer(key, nat, &peer_key, &peer);
-    if (tcp_flags & NA_TCP_RST) {
-        ct_forget(key, &peer_key);
-        return;
-    }
-    if (tcp_flags & NA_TCP_FIN) {
-        if (nat->flags & NA_CT_F_CLOSED)
-            return;
-        nat->flags |= NA_CT_F_FIN;
-        other = fresh ? na_ct_new.lookup(&peer_key) : na_ct.lookup(&peer_key);
-        if (!other || !(other->flags & NA_CT_F_FIN))
-            return;
-        if (fresh) {
-            nat->flags |= NA_CT_F_CLOSED;
-            other->flags |= NA_CT_F_CLOSED;
-        } else {
-            ct_move(key, nat, 0, NA_CT_F_CLOSED);   /* closing: no longer worth a place in na_ct */
-        }
-        return;
-    }
-    if (nat->flags & NA_CT_F_CLOSED) {
-        if (tcp_flags & NA_TCP_ACK)
-            ct_forget(key, &peer_key);   /* the last ACK */
-        return;
-    }
-    if (!fresh)
-        return;
-    if (key->dir != NA_CT_FORWARD) {
-        nat->flags |= NA_CT_F_REPLIED;
-        return;
-    }
-    if (!(tcp_flags & NA_TCP_SYN)) {
-        other = na_ct_new.lookup(&peer_key);
-        if (other && (other->flags & NA_CT_F_REPLIED))
-            ct_move(key, nat, 1, 0);   /* the handshake's last ACK: confirmed */
-    }
-}
-
-/* a known flow (either direction): translate as remembered; 1 when it was one, 2 when it
- * is a hairpin (a pod reaching itself through a service) */
-static __always_inline int known(struct __sk_buff *skb, struct na_flow *flow, __u8 dir)
-{
-    struct na_ct_key key = {.saddr = flow->saddr, .daddr = flow->daddr, .sport = flow->sport,
-                            .dport = flow->dport, .proto = flow->proto, .dir = dir};
-    struct na_ct_value *nat = na_ct.lookup(&key);
-    int fresh = 0;
-
-    if (!nat) {
-        nat = na_ct_new.lookup(&key);
-        fresh = 1;
-    }
-    if (!nat)
-        return 0;
-    struct na_ct_value entry = *nat;
-    ct_track(&key, nat, fresh, flow->tcp_flags);   /* may delete or move the entry: `nat` is dead after */
-    rewrite(skb, flow, entry.saddr, entry.sport, entry.daddr, entry.dport);
-    return (entry.flags & NA_CT_F_HAIRPIN) ? 2 : 1;
+    rewrite_ports(skb, flow->l4_off, flow->csum_off, l4flags, flow->sport, sport, flow->dport, dport);
 }
 
 /* A hairpin packet, translated, goes straight back out of the pod's veth (MACs swapped):
@@ -326,6 +218,31 @@ struct na_pseudo_hdr {
  * client), as kube-proxy's REJECT and the socket load balancer do: the packet becomes a
  * RST+ACK from the service address (options and payload cut off, checksums computed afresh),
  * sent back out of the device it came in by. Anything else to such a service is dropped. */
+/* Both families: the RST+ACK answering `syn` (whose segment carried `payload` bytes), its
+ * checksum to be filled in */
+static __always_inline struct tcphdr rst_for(struct tcphdr *syn, __u32 payload)
+{
+    struct tcphdr rst = {.source = syn->dest, .dest = syn->source, .doff = 5, .rst = 1, .ack = 1,
+                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn->seq) + 1 + payload)};
+    return rst;
+}
+
+/* Both families: the packet becomes `l3` (`l3_len` bytes) and `rst` behind the Ethernet header,
+ * MACs swapped, sent back out of the device it came in by */
+static __always_inline int send_back(struct __sk_buff *skb, void *l3, __u32 l3_len, struct tcphdr *rst)
+{
+    unsigned char macs[12];
+
+    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
+        || bpf_skb_change_tail(skb, ETH_HLEN_ + l3_len + sizeof(*rst), 0) < 0)
+        return TC_ACT_SHOT;
+    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
+    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_, l3, l3_len, 0);
+    bpf_skb_store_bytes(skb, ETH_HLEN_ + l3_len, rst, sizeof(*rst), 0);
+    return bpf_redirect(skb->ifindex, 0);
+}
+
 static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow)
 {
     struct tcphdr syn;
@@ -334,9 +251,7 @@ static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow
     if (flow->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, flow->l4_off, &syn, sizeof(syn)) < 0
         || bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) < 0 || !syn.syn || syn.ack || syn.rst)
         return TC_ACT_SHOT;
-    __u32 payload = (__u32)NA_HTONS(ip.tot_len) - sizeof(ip) - syn.doff * 4;
-    struct tcphdr rst = {.source = syn.dest, .dest = syn.source, .doff = 5, .rst = 1, .ack = 1,
-                         .ack_seq = __builtin_bswap32(__builtin_bswap32(syn.seq) + 1 + payload)};
+    struct tcphdr rst = rst_for(&syn, (__u32)NA_HTONS(ip.tot_len) - sizeof(ip) - syn.doff * 4);
     struct iphdr reply = {.version = 4, .ihl = 5, .tot_len = NA_HTONS(sizeof(reply) + sizeof(rst)), .ttl = 64,
                           .protocol = IPPROTO_TCP, .saddr = ip.daddr, .daddr = ip.saddr};
     struct na_pseudo_hdr pseudo = {.saddr = ip.daddr, .daddr = ip.saddr, .proto = IPPROTO_TCP,
@@ -344,109 +259,24 @@ static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow
     reply.check = csum_fold(bpf_csum_diff(0, 0, (void *)&reply, sizeof(reply), 0));
     rst.check = csum_fold(bpf_csum_diff(0, 0, (void *)&rst, sizeof(rst),
                                         bpf_csum_diff(0, 0, (void *)&pseudo, sizeof(pseudo), 0)));
-    unsigned char macs[12];
-    if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0
-        || bpf_skb_change_tail(skb, ETH_HLEN_ + sizeof(reply) + sizeof(rst), 0) < 0)
-        return TC_ACT_SHOT;
-    bpf_skb_store_bytes(skb, 0, macs + 6, 6, 0);
-    bpf_skb_store_bytes(skb, 6, macs, 6, 0);
-    bpf_skb_store_bytes(skb, ETH_HLEN_, &reply, sizeof(reply), 0);
-    bpf_skb_store_bytes(skb, ETH_HLEN_ + sizeof(reply), &rst, sizeof(rst), 0);
-    return bpf_redirect(skb->ifindex, 0);
+    return send_back(skb, &reply, sizeof(reply), &rst);
 }
 
-/* A new flow to a service address: DNAT (and SNAT when asked) and remember both directions.
- * From outside (`from_pod` 0): NodePorts, external and LB IPs, to the external set, replies
- * (to an SNAT address) translated here too. From a pod whose sockets the socket load balancer
- * does not see (`from_pod` 1, on its host veth): cluster IPs as well, to the cluster set as
- * for any connection made on this node, never SNATed; replies are translated where they leave
- * towards the pod (na_tc_egress on its veth), so a reply never gets a node address as its
- * source on a pod's veth (which would take accept_local there). Except a hairpin (the pod
- * picked as its own backend): SNATed to the service address (the pod must not see its own
- * address as the source) and sent back at once, both ways (back_to_sender). */
-static __always_inline int translate_new(struct __sk_buff *skb, int from_pod)
+/* what ebpf/nodeport_flow.c needs of an IPv4 address */
+typedef __be32 na_addr;
+#define NA_LBSRC_HOST 64   /* an LPM key's prefix length for one client: 32 (set id) + 32 */
+
+static __always_inline int na_addr_eq(__be32 a, __be32 b)
 {
-    struct na_flow flow = {};
-    struct na_svc_value *svc;
-    struct na_backend backend = {};
-    __u32 zero = 0;
-
-    if (!parse(skb, &flow))
-        return TC_ACT_OK;
-    if (from_pod) {
-        int hit = known(skb, &flow, NA_CT_FORWARD);
-        if (!hit)
-            hit = known(skb, &flow, NA_CT_HAIRPIN);
-        if (hit)
-            return hit == 2 ? back_to_sender(skb) : TC_ACT_OK;
-    } else if (known(skb, &flow, NA_CT_FORWARD) || known(skb, &flow, NA_CT_REPLY)) {
-        return TC_ACT_OK;
-    }
-
-    struct na_svc_key key = {.addr = flow.daddr, .port = flow.dport, .proto = flow.proto};
-    svc = na_svc.lookup(&key);
-    if (!svc || (!from_pod && svc->kind == 1 /* ClusterIP: served by the socket load balancer */))
-        return TC_ACT_OK;
-    if (flow.tcp_flags & NA_TCP_RST)
-        return TC_ACT_OK;   /* a RST of no flow we know starts none (the host drops it) */
-    if (svc->flags & NA_F_SOURCE_RANGES) {
-        struct na_lbsrc_key src = {.prefixlen = 64, .set_id = svc->ext_set_id, .addr = flow.saddr};
-        if (!na_lbsrc.lookup(&src))
-            return TC_ACT_SHOT;
-    }
-    __u32 set_id = from_pod ? svc->set_id : svc->ext_set_id;
-    __u32 count = from_pod ? svc->count : svc->ext_count;
-    if (svc->flags & NA_F_NO_ENDPOINTS)
-        return reset_syn(skb, &flow);
-    if (count == 0 || !pick_backend(NA_AFFINITY_CLIENT | flow.saddr, set_id, count, svc->affinity_timeout,
-                                    &backend))
-        return TC_ACT_SHOT;   /* none on this node under Local policy: dropped, as kube-proxy does */
-
-    __be32 saddr = flow.saddr;
-    __be16 sport = flow.sport;
-    struct na_config *config = na_config.lookup(&zero);
-    if (!from_pod && !(backend.flags & NA_BACKEND_LOCAL) && !(svc->flags & NA_F_EXTERNAL_LOCAL) && config
-        && (config->flags & NA_CONFIG_SNAT)) {
-        saddr = svc->kind == 2 /* NodePort */ || !config->node_addr ? flow.daddr : config->node_addr;
-        __u32 hash = bpf_get_prandom_u32();
-        sport = NA_HTONS(NA_SNAT_PORT_MIN + hash % NA_SNAT_PORT_SPAN);
-    }
-    int hairpin = from_pod && backend.addr == flow.saddr;
-    if (hairpin)
-        saddr = flow.daddr;
-    __u32 flags = hairpin ? NA_CT_F_HAIRPIN : 0;
-    __u64 now = bpf_ktime_get_ns();
-    struct na_ct_key fwd = {.saddr = flow.saddr, .daddr = flow.daddr, .sport = flow.sport, .dport = flow.dport,
-                            .proto = flow.proto, .dir = NA_CT_FORWARD};
-    struct na_ct_value to_backend = {.saddr = saddr, .daddr = backend.addr, .sport = sport, .dport = backend.port,
-                                     .flags = flags, .created_ns = now};
-    struct na_ct_key rev = {.saddr = backend.addr, .daddr = saddr, .sport = backend.port, .dport = sport,
-                            .proto = flow.proto, .dir = hairpin ? NA_CT_HAIRPIN : NA_CT_REPLY};
-    struct na_ct_value to_client = {.saddr = flow.daddr, .daddr = flow.saddr, .sport = flow.dport,
-                                    .dport = flow.sport, .flags = flags, .created_ns = now};
-    /* a new flow goes into na_ct_new: until confirmed it can only evict other new flows */
-    if (na_ct.lookup(&rev) || na_ct_new.insert(&rev, &to_client) != 0)
-        return TC_ACT_SHOT;   /* that SNAT port is taken: the client's retransmission picks another */
-    na_ct_new.update(&fwd, &to_backend);
-    rewrite(skb, &flow, saddr, sport, backend.addr, backend.port);
-    return hairpin ? back_to_sender(skb) : TC_ACT_OK;
+    return a == b;
 }
 
-int na_tc_ingress(struct __sk_buff *skb)
+static __always_inline int na_addr_zero(__be32 a)
 {
-    return translate_new(skb, 0);
+    return !a;
 }
 
-int na_tc_from_pod(struct __sk_buff *skb)
+static __always_inline __u64 na_who(__be32 client)   /* affinity: the client (NA_AFFINITY_CLIENT added) */
 {
-    return translate_new(skb, 1);
-}
-
-int na_tc_egress(struct __sk_buff *skb)
-{
-    struct na_flow flow = {};
-
-    if (parse(skb, &flow))
-        known(skb, &flow, NA_CT_REPLY);
-    return TC_ACT_OK;
+    return client;
 }

@@ -15,6 +15,10 @@ preallocated, roughly 100 bytes an entry):
   na_affinity 65,536 (LRU), na_ct 262,144 confirmed tc-path flow directions (two per flow)
   and na_ct_new 65,536 new or closing ones. The socket load balancer's reverse translation
   is socket storage (`na_sock_revnat`): it grows and shrinks with the sockets, no size.
+  IPv6's maps (`na_svc6`, ..., `na_ct6`: the IPv4 name with a 6) have the IPv4 ones'
+  defaults and are sized on their own (`--bpf-map-max na_svc6=N`); while IPv6 is unused only
+  its LRU maps (`na_affinity6`, `na_ct6`, `na_ct_new6`, preallocated) take memory: shrink
+  them on an IPv4-only node if it matters.
 """
 from __future__ import annotations
 
@@ -28,6 +32,9 @@ from netagent.errors import NetagentError
 DEFAULT_MAX_ENTRIES: Mapping[str, int] = MappingProxyType({
     M.SVC_MAP: 262_144, M.SLOTS_MAP: 2_097_152, M.SETNAME_MAP: 524_288, M.AFFINITY_MAP: 65_536,
     M.CT_MAP: 262_144, M.CT_NEW_MAP: 65_536, M.LBSRC_MAP: 65_536,
+    M.v6_name(M.SVC_MAP): 262_144, M.v6_name(M.SLOTS_MAP): 2_097_152, M.v6_name(M.SETNAME_MAP): 524_288,
+    M.v6_name(M.AFFINITY_MAP): 65_536, M.v6_name(M.CT_MAP): 262_144, M.v6_name(M.CT_NEW_MAP): 65_536,
+    M.v6_name(M.LBSRC_MAP): 65_536,
 })
 MIN_ENTRIES = 16            # LRU maps keep per-CPU free lists: fewer entries than this evict at random
 MAX_ENTRIES = 1 << 26       # 67M: beyond any cluster (and an LRU map this large would take gigabytes)

@@ -20,6 +20,8 @@
  *               service address/port (an unconnected UDP socket may send to several services;
  *               beyond that many backends at once, the oldest way is reused)
  * Addresses and ports are kept in network byte order, as the socket context holds them.
+ *
+ * IPv6 has maps and programs of its own beside these: ebpf/sock_lb6.c, compiled after this file.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>
@@ -202,20 +204,31 @@ static __always_inline int pick_backend(__u64 who, __u32 set_id, __u32 count, __
     return 1;
 }
 
+/* The service at `key` (an IPv4 one: na_svc) picks one of its backends into `out`: 1 picked,
+ * 0 not a service (untouched), -errno when the call must be refused with it. */
+static __always_inline int choose(void *ctx, struct na_svc_key *key, struct na_backend *out)
+{
+    struct na_svc_value *svc = na_svc.lookup(key);
+
+    if (!svc)
+        return 0;
+    if (svc->count == 0)
+        return -(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
+    __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
+    if (!pick_backend(who, svc->set_id, svc->count, svc->affinity_timeout, out))
+        return -NA_ECONNREFUSED;
+    return 1;
+}
+
 /* 1: rewritten (or not a service: untouched); 0: refuse the call */
 static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto, int remember)
 {
     struct na_svc_key key = {.addr = ctx->user_ip4, .port = (__be16)ctx->user_port, .proto = proto};
-    struct na_svc_value *svc = na_svc.lookup(&key);
     struct na_backend backend = {};
+    int chosen = choose(ctx, &key, &backend);
 
-    if (!svc)
-        return 1;
-    if (svc->count == 0)
-        return refuse(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
-    __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
-    if (!pick_backend(who, svc->set_id, svc->count, svc->affinity_timeout, &backend))
-        return refuse(NA_ECONNREFUSED);
+    if (chosen <= 0)
+        return chosen == 0 ? 1 : refuse(-chosen);
     if (remember && ctx->sk) {
         struct na_sock_revnat *rev = na_sock_revnat.sk_storage_get(ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
         if (rev) {

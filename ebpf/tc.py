@@ -7,6 +7,8 @@ handle), so a restarted agent swaps the code without a gap.
 The device must let a translated packet whose source is now a node address in
 (`accept_local`: a NodePort packet SNATed for a remote backend, and its reply translated back,
 both carry the node's address as their source); `TC_SYSCTLS` says so and the caller ensures it.
+IPv6 needs no such sysctl (measured: tests/netns/test_ebpf_conntrack.py's IPv6 NodePort lab): the
+same programs handle both families (ebpf/nodeport_progs.c dispatches by the packet's).
 `detach_tc` removes our filters (by name) from every device of the namespace, never the
 qdisc, which other software may share. Runs in the caller's network namespace.
 

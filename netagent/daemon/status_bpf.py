@@ -1,10 +1,10 @@
 """`netagent status bpf`: the eBPF proxy's programs, where they are attached, and map fill.
 
 Read from the kernel only: the programs attached to `--cgroup-root` at the four socket hooks
-(every one, ours marked, so a foreign program sharing the cgroup shows too), our tc filters on
+(IPv4's and IPv6's; every one, ours marked, so a foreign program sharing the cgroup shows too), our tc filters on
 this network namespace's devices, and every map of ours pinned under `--bpf-root` with its
 entries and capacity (a map 90 % full or more is marked; socket storage, `na_sock_revnat`,
-has neither: its entries live in the sockets). Nothing is compiled or written. `--json` prints
+has neither: its entries live in the sockets; so has IPv6's `na_sock_revnat6`). Nothing is compiled or written. `--json` prints
 `{"cgroup", "programs": [{"hook", "id", "name", "tag", "ours"}], "tc": [{"device", "name"}],
 "bpf_root", "maps": [{"name", "entries", "max_entries", "near_full"}]}` (entries and
 max_entries null for socket storage).
@@ -18,7 +18,7 @@ import os
 def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
     from ebpf import syscall
     from ebpf.loader import attached_programs, check_bpf_root, check_cgroup, pin_dir
-    from ebpf.maps import SOCK_REVNAT_MAP, PINNED_NAMES
+    from ebpf.maps import PINNED_NAMES, SOCKET_STORAGE_MAPS
     from ebpf.sizes import NEAR_FULL
     from ebpf.tc import attached_tc
     status: dict = {"cgroup": cgroup, "programs": [], "tc": [{"device": device, "name": name}
@@ -34,7 +34,7 @@ def bpf_status(*, bpf_root: str | None, cgroup: str | None) -> dict:
             path = os.path.join(pin_dir(bpf_root), name)
             if not os.path.exists(path):
                 continue
-            if name == SOCK_REVNAT_MAP:
+            if name in SOCKET_STORAGE_MAPS:
                 status["maps"].append({"name": name, "entries": None, "max_entries": None, "near_full": False})
                 continue
             fd = syscall.obj_get(path)

@@ -45,7 +45,13 @@ def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
     backend_choice = resolve_backend(iptables_backend, family=IpFamily.V4)
     mode = programmed_mode(iptables_backend=backend_choice, bpf_root=bpf_root)
     if mode is ProxyMode.EBPF and bpf_root:
-        services = build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup="-"), load=False).programmed()
+        services = []
+        for family in IpFamily:   # one map set per family, pinned side by side
+            try:
+                services += build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup="-"), load=False,
+                                               family=family).programmed()
+            except LookupError:   # maps pinned by an agent from before IPv6: IPv4's only
+                pass
     elif mode is ProxyMode.IPTABLES:
         services = [service for family in iptables_families(iptables_backend=backend_choice)
                     for service in build_backend(mode, iptables_backend=backend_choice, family=family).programmed()]

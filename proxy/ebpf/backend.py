@@ -24,6 +24,13 @@ would not fit becomes a full one. A map passing 90 % of its capacity is warned a
 The LRU maps (`na_affinity`, `na_ct`, `na_ct_new`) and the socket storage `na_sock_revnat` are
 the programs' own: never written here; an affinity entry whose slot no longer holds its backend
 is ignored by the program.
+
+Families: one backend per IP family, as kube-proxy runs one proxier per family. `family=V4`
+(the default) writes the IPv4 maps exactly as before; `family=V6` writes the IPv6 ones
+(`na_svc6`, `na_slots6`, `na_setname6`, `na_lbsrc6`, `na_config6`: `MapSet.of`), with set ids
+of its own. Each renders only its family's addresses (render.py); the tc path's SNAT address
+(`na_config6`) is the node's IPv6 address outside the pod network. A state of the other family
+is a wiring error (ValueError), as in the nftables backend.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ from ebpf.loader import LoadReport
 from ebpf.mapset import MapSet
 from ebpf.pod_veths import PodVethAttacher
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
+from netagent.kernel.families import IpFamily
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
@@ -92,13 +100,16 @@ class MapWrites:
                         M.SETNAME_MAP: len(self.names_gone), M.LBSRC_MAP: len(self.lbsrc_gone)})
 
     def apply(self, maps: MapSet) -> None:
-        maps.config.update(self.config)
+        if maps.config is not None:
+            maps.config.update(self.config)
         maps.setname.update(self.names)
         maps.slots.update(self.slots)
-        maps.lbsrc.update(self.lbsrc)
+        if maps.lbsrc is not None:
+            maps.lbsrc.update(self.lbsrc)
         maps.svc.update(self.svc)
         maps.svc.delete(self.svc_gone)
-        maps.lbsrc.delete(self.lbsrc_gone)
+        if maps.lbsrc is not None:
+            maps.lbsrc.delete(self.lbsrc_gone)
         maps.slots.delete(self.slots_gone)
         maps.setname.delete(self.names_gone)
 
@@ -108,10 +119,11 @@ class EbpfProxy(ProxyBackend):
 
     def __init__(self, *, maps: MapSet, paths: EbpfPaths | None = None, load_report: LoadReport | None = None,
                  tc_snat: bool = False, pod_veths: PodVethAttacher | None = None,
-                 rejections: RejectionScope | None = None):
-        self.maps = maps
+                 rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4):
+        self.family = family
+        self.maps = maps.of(family)   # this family's maps (the IPv4 set carries the IPv6 one)
         self.rejections = rejections if rejections is not None else standalone("proxy")
-        self._capacity = capacities(maps)
+        self._capacity = capacities(self.maps)
         self._fill = Fill()
         self._rejected: dict[str, str] = {}   # Service "namespace/name" -> why (ports left out for want of room)
         self.pod_veths = pod_veths   # attaching the tc path to pod veths as they appear (a thread)
@@ -127,6 +139,8 @@ class EbpfProxy(ProxyBackend):
     # ---- sync ---------------------------------------------------------------------------------
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        if state.family is not self.family:   # a wiring error: nothing of it belongs in these maps
+            raise ValueError(f"an {state.family.label} ProxyState handed to the {self.family.label} eBPF proxy")
         with collector_paused():
             return self._sync(state, changed)
 
@@ -200,9 +214,9 @@ class EbpfProxy(ProxyBackend):
         programmed = frozenset(name for name, _ in ids.ids)
         layouts = slot_layouts(present_slots)
         rendered = {name: render_service_port(service, state.selection(name), node=state.node, set_id=ids,
-                                              old_sets=layouts)
+                                              old_sets=layouts, family=self.family)
                     for name, service in sorted(state.services.items())}
-        present_lbsrc = self.maps.lbsrc.read_all()
+        present_lbsrc = self.maps.lbsrc.read_all() if self.maps.lbsrc is not None else {}
         admission = admit(rendered, capacity=self._capacity, first=programmed, present={
             M.SVC_MAP: present_svc, M.SLOTS_MAP: present_slots, M.SETNAME_MAP: present_names,
             M.LBSRC_MAP: present_lbsrc})
@@ -218,9 +232,12 @@ class EbpfProxy(ProxyBackend):
         writes.diff("slots", slots, present_slots)
         writes.diff("names", names, present_names)
         writes.diff("lbsrc", lbsrc, present_lbsrc)
-        config_key, config = M.set_id_key(0), M.config_value(snat_address(state.node), snat=self.tc_snat)
-        if self.maps.config.lookup(config_key) != config:
-            writes.config[config_key] = config
+        if self.maps.config is not None:
+            config_key = M.set_id_key(0)
+            config = M.config_value(snat_address(state.node, self.family), snat=self.tc_snat,
+                                    width=M.address_width(self.family))
+            if self.maps.config.lookup(config_key) != config:
+                writes.config[config_key] = config
         self._fill.entries = {M.SVC_MAP: len(svc), M.SLOTS_MAP: len(slots), M.SETNAME_MAP: len(names),
                               M.LBSRC_MAP: len(lbsrc)}
         return ports, writes, admission.rejected
@@ -235,7 +252,7 @@ class EbpfProxy(ProxyBackend):
             service = state.services.get(name)
             new = None if service is None else render_service_port(
                 service, state.selection(name), node=state.node, set_id=self._ids,
-                old_sets=old.sets if old is not None else None)
+                old_sets=old.sets if old is not None else None, family=self.family)
             if new is not None:
                 ports[name] = new
                 touched.update(new.svc)
@@ -286,13 +303,13 @@ class EbpfProxy(ProxyBackend):
         remove_pins(self.paths.bpf_root)
 
 
-def snat_address(node: NodeContext) -> str | None:
+def snat_address(node: NodeContext, family: IpFamily = IpFamily.V4) -> str | None:
     """The address the tc path SNATs external- and load-balancer-IP traffic to: the node's
-    lowest address outside the pod network (stable while pods and devices come and go)."""
+    lowest address of `family` outside the pod network (stable while pods and devices come and go)."""
     cidr = ipaddress.ip_network(node.cluster_cidr) if node.cluster_cidr else None
-    outside = sorted((a for a in node.local_addresses if cidr is None or ipaddress.ip_address(a) not in cidr),
-                     key=ipaddress.IPv4Address)
-    return outside[0] if outside else None
+    mine = [ipaddress.ip_address(a) for a in node.local_addresses if IpFamily.of(a) is family]
+    outside = sorted(a for a in mine if cidr is None or a not in cidr)   # `in` is False across families
+    return str(outside[0]) if outside else None
 
 
 def _diff_sets(writes: MapWrites, old: PortEntries | None, new: PortEntries | None) -> None:

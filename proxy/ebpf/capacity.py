@@ -32,8 +32,9 @@ PROGRAMMED_MAPS = (M.SVC_MAP, M.SLOTS_MAP, M.SETNAME_MAP, M.LBSRC_MAP)   # the b
 
 
 def capacities(maps: MapSet) -> dict[str, int]:
-    by_name = maps.by_name()
-    return {name: by_name[name].max_entries for name in PROGRAMMED_MAPS}
+    """Each programmed map's capacity, by role (0 for a map the family has not: IPv6's `na_lbsrc`)."""
+    by_role = maps.by_role()
+    return {role: by_role[role].max_entries if role in by_role else 0 for role in PROGRAMMED_MAPS}
 
 
 def port_keys(entries: PortEntries) -> dict[str, set[bytes]]:
@@ -86,6 +87,8 @@ class Fill:
     def warn_near_capacity(self, capacity: Mapping[str, int]) -> None:
         """Log once when a map passes NEAR_FULL of its capacity (again after it fell below 80 %)."""
         for m in PROGRAMMED_MAPS:
+            if not capacity[m]:
+                continue   # a map this family has not
             ratio = self.entries[m] / capacity[m]
             if ratio >= NEAR_FULL and m not in self.warned:
                 self.warned.add(m)

@@ -14,9 +14,13 @@ Per service port (`render_service_port`), endpoints chosen by proxy.selection:
   the last slot, so one endpoint change writes O(1) entries however many the service has.
 - one `na_setname` entry per set: its id -> the service port's name and the set's role, which
   is how a restarted agent finds its ids again (adoption) and how read-back names services.
-- one `na_lbsrc` entry per IPv4 `loadBalancerSourceRanges` range, keyed by the external set
+- one `na_lbsrc` entry per `loadBalancerSourceRanges` range of the family, keyed by the external set
   (the tc path checks a client against them on the load-balancer IPs).
 Backends on this node are flagged (the tc path SNATs only traffic to other nodes).
+
+Per family (`family`, the backend's, whose ProxyState holds addresses of that family only):
+entries go to that family's maps (ebpf/maps.py packs by the address), source ranges included;
+an address of the other family is skipped rather than packed at the wrong width.
 
 Set ids are given by the caller (`SetIds`, kept by the backend), so rendering stays pure.
 When two service ports claim one address (the same external IP and port), the first by name
@@ -29,9 +33,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ebpf import maps as M
+from netagent.kernel.families import IpFamily
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName
 from proxy.selection import EndpointSelection
-from proxy.source_ranges import ipv4_source_ranges
+from proxy.source_ranges import source_ranges
 
 SetIdFor = Callable[[ServicePortName, M.SetRole], int]
 
@@ -82,11 +87,12 @@ def assign_slots(previous: Sequence[bytes], wanted: Iterable[bytes]) -> tuple[by
     return tuple(b for b in slots if b is not None)
 
 
-def _backends(endpoints: Iterable[Endpoint], node: NodeContext) -> list[bytes]:
-    """Packed backends, one per distinct address (sorted, so a first layout is deterministic),
-    flagged when on this node."""
+def _backends(endpoints: Iterable[Endpoint], node: NodeContext, family: IpFamily) -> list[bytes]:
+    """Packed backends of `family`, one per distinct address (sorted, so a first layout is
+    deterministic), flagged when on this node."""
     distinct = sorted({(e.ip, e.port, e.node_name == node.name) for e in endpoints})
-    return [M.backend(ip, port, local=local) for ip, port, local in distinct]
+    packed = (M.backend(ip, port, local=local) for ip, port, local in distinct)
+    return [b for b in packed if M.backend_family(b) is family]   # the family told by the packed size
 
 
 # the map's code for each way in (ebpf/maps.py keeps the numbers the C programs read)
@@ -95,18 +101,19 @@ MAP_KIND = {EntryKind.CLUSTER_IP: M.AddressKind.CLUSTER_IP, EntryKind.EXTERNAL_I
 
 
 def render_service_port(service: ServicePort, selection: EndpointSelection, *, node: NodeContext,
-                        set_id: SetIdFor, old_sets: Mapping[int, Sequence[bytes]] | None = None) -> PortEntries:
+                        set_id: SetIdFor, old_sets: Mapping[int, Sequence[bytes]] | None = None,
+                        family: IpFamily = IpFamily.V4) -> PortEntries:
     """`selection`: the service port's endpoints as `ProxyState.selection` chose them;
     `old_sets`: the slot layouts the maps hold now, by set id (empty on a first sync)."""
     old_sets = old_sets or {}
     name = service.name
     cluster_id = set_id(name, M.SetRole.CLUSTER)
-    sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node))}
+    sets = {cluster_id: assign_slots(old_sets.get(cluster_id, ()), _backends(selection.cluster, node, family))}
     set_names = {cluster_id: M.set_name(str(name), M.SetRole.CLUSTER)}
     ext_id = cluster_id
     # the external set is its own only when it differs (same endpoints: same backends, not packed again)
     if service.has_external_addresses and selection.external != selection.cluster:
-        external = _backends(selection.external, node)
+        external = _backends(selection.external, node, family)
         if sorted(external) != sorted(sets[cluster_id]):
             ext_id = set_id(name, M.SetRole.EXTERNAL)
             sets[ext_id] = assign_slots(old_sets.get(ext_id, ()), external)
@@ -121,14 +128,16 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
         return M.svc_value(set_id=cluster_id, count=len(sets[cluster_id]), ext_set_id=ext_id,
                            ext_count=len(sets[ext_id]), affinity_timeout=affinity, flags=flags | extra, kind=kind)
 
-    allowed = ipv4_source_ranges(service.load_balancer_source_ranges) if service.load_balancer_ips else None
+    allowed = source_ranges(service.load_balancer_source_ranges, family) if service.load_balancer_ips else None
     ranges = M.F_SOURCE_RANGES if allowed is not None else 0
 
     svc: dict[bytes, bytes] = {}
     for point in service.entry_points(node):   # spelled out: every entry has an address
         if point.address is not None:
-            extra = ranges if point.kind is EntryKind.LOAD_BALANCER else 0
-            svc.setdefault(M.svc_key(point.address, point.port, protocol), value(MAP_KIND[point.kind], extra))
+            key = M.svc_key(point.address, point.port, protocol)
+            if M.svc_key_family(key) is family:
+                extra = ranges if point.kind is EntryKind.LOAD_BALANCER else 0
+                svc.setdefault(key, value(MAP_KIND[point.kind], extra))
     lbsrc = {M.lbsrc_key(ext_id, network): M.ALLOWED for network in allowed or ()}
     return PortEntries(name, svc, sets, set_names, lbsrc)
 

@@ -11,6 +11,8 @@ lost is visible: its next packet gets a new SNAT port and the backend answers it
 namespace); `HeldConnections` opens N connections, echoes a byte on each when asked, and
 closes chosen ones with FIN or RST. Used by tests/netns/test_ebpf_conntrack.py and
 bench/ebpf_ct_flood.py. Everything is in namespaces this module creates.
+`NodePortLab(family=IpFamily.V6)` is the same lab over IPv6 (fd78::1 the node, fd78::2 the
+client, fd78::3 the backend; forwarding on); the flood is IPv4's only.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import subprocess
 import sys
 
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 from tests.netns.topology import NamespaceTopology
 
@@ -27,18 +30,24 @@ NODE_IP, CLIENT_IP, BACKEND_IP = "10.78.0.1", "10.78.0.2", "10.78.0.3"
 NODE_PORT = 30080
 NODE = NodeContext(name="node-1", local_addresses=(NODE_IP,))
 WEB = ServicePortName("default", "web")
+# family -> (node, client, backend, cluster IP)
+ADDRESSES = {IpFamily.V4: (NODE_IP, CLIENT_IP, BACKEND_IP, "10.96.0.80"),
+             IpFamily.V6: ("fd78::1", "fd78::2", "fd78::3", "fd00:10:96::80")}
 
 
-def nodeport_state() -> ProxyState:
-    service = ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip="10.96.0.80", node_port=NODE_PORT)
-    return ProxyState(node=NODE, services={WEB: service},
-                      endpoints={WEB: (Endpoint(ip=BACKEND_IP, port=8080, node_name="node-2"),)})
+def nodeport_state(family: IpFamily = IpFamily.V4) -> ProxyState:
+    node_ip, _, backend_ip, cluster_ip = ADDRESSES[family]
+    service = ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip=cluster_ip, node_port=NODE_PORT)
+    return ProxyState(node=NodeContext(name="node-1", local_addresses=(node_ip,), family=family),
+                      services={WEB: service},
+                      endpoints={WEB: (Endpoint(ip=backend_ip, port=8080, node_name="node-2"),)})
 
 
 ECHO = r"""
-import selectors, socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("%s", 8080)); s.listen(4096); s.setblocking(False)
+import selectors, socket, sys
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 8080)); s.listen(4096); s.setblocking(False)
 sel = selectors.DefaultSelector(); sel.register(s, selectors.EVENT_READ)
 print("ready", flush=True)
 while True:
@@ -62,12 +71,14 @@ while True:
                 pass
         else:
             sel.unregister(c); c.close()
-""" % BACKEND_IP
+"""
 
 
 class NodePortLab(NamespaceTopology):
-    def __init__(self) -> None:
+    def __init__(self, family: IpFamily = IpFamily.V4) -> None:
         super().__init__(["out", "node"])
+        self.family = family
+        self.node_ip, self.client_ip, self.backend_ip, _ = ADDRESSES[family]
 
     def _build(self) -> None:
         out, node = self.names["out"], self.names["node"]
@@ -75,8 +86,11 @@ class NodePortLab(NamespaceTopology):
                         "netns", out], check=True)
         for sysctl in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.ext0.rp_filter=0",
                        "net.ipv4.conf.ext0.accept_local=1", "net.ipv4.conf.all.send_redirects=0",
-                       "net.ipv4.conf.ext0.send_redirects=0"):
+                       "net.ipv4.conf.ext0.send_redirects=0", "net.ipv6.conf.all.forwarding=1"):
             self.run("node", "sysctl", "-qw", sysctl)
+        if self.family is IpFamily.V6:
+            self._build_v6()
+            return
         self.run("node", "ip", "addr", "add", f"{NODE_IP}/24", "dev", "ext0")
         self.run("node", "ip", "link", "set", "ext0", "up")
         self.run("node", "ip", "link", "set", "lo", "up")
@@ -85,7 +99,17 @@ class NodePortLab(NamespaceTopology):
             self.run("out", "ip", "addr", "add", f"{address}/24", "dev", "out0")
         self.run("out", "ip", "link", "set", "out0", "up")
         self.run("out", "ip", "link", "set", "lo", "up")
-        self.start_server("out", [sys.executable, "-c", ECHO])
+        self.start_server("out", [sys.executable, "-c", ECHO, BACKEND_IP])
+
+    def _build_v6(self) -> None:
+        self.run("node", "ip", "addr", "add", f"{self.node_ip}/64", "dev", "ext0", "nodad")
+        self.run("node", "ip", "link", "set", "ext0", "up")
+        self.run("node", "ip", "link", "set", "lo", "up")
+        for address in (self.client_ip, self.backend_ip):
+            self.run("out", "ip", "addr", "add", f"{address}/64", "dev", "out0", "nodad")
+        self.run("out", "ip", "link", "set", "out0", "up")
+        self.run("out", "ip", "link", "set", "lo", "up")
+        self.start_server("out", [sys.executable, "-c", ECHO, self.backend_ip])
 
     def node_mac(self) -> str:
         return self.run("node", "cat", "/sys/class/net/ext0/address").stdout.strip()
@@ -147,7 +171,8 @@ import json, select, socket, struct, sys, time
 count, node_ip, port, client_ip = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 conns = []
 for _ in range(count):
-    c = socket.socket(); c.bind((client_ip, 0)); c.settimeout(60); c.connect((node_ip, port))
+    c = socket.socket(socket.AF_INET6 if ":" in node_ip else socket.AF_INET)
+    c.bind((client_ip, 0)); c.settimeout(60); c.connect((node_ip, port))
     c.sendall(b"h"); assert c.recv(1) == b"h"   # established end to end, and confirmed by the tc path
     conns.append(c)
 print(json.dumps([c.getsockname()[1] for c in conns]), flush=True)
@@ -184,7 +209,7 @@ class HeldConnections:
 
     def __init__(self, lab: NodePortLab, count: int) -> None:
         self.process = subprocess.Popen([*namespaces.exec_prefix(lab.names["out"]), sys.executable, "-c", HOLDER,
-                                         str(count), NODE_IP, str(NODE_PORT), CLIENT_IP],
+                                         str(count), lab.node_ip, str(NODE_PORT), lab.client_ip],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
         if not line:

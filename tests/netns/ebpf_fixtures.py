@@ -3,8 +3,10 @@
 The bpffs is mounted on a temporary directory the test owns (never the host's /sys/fs/bpf);
 the cgroup is a child of the cgroup v2 mount made for the test; processes that must be load
 balanced are started inside it by `run_in_cgroup`; everything is detached, unpinned, unmounted
-and removed afterwards.
+and removed afterwards. `private_bpffs` and `child_cgroup` are the same as context managers,
+for a module that compiles its programs once (a module-scoped fixture).
 """
+import contextlib
 import os
 import subprocess
 import time
@@ -21,11 +23,11 @@ def require_bcc():
         pytest.skip("no kernel headers for bcc (scripts/setup.sh links them)")
 
 
-@pytest.fixture
-def bpf_root(tmp_path):
-    """A private bpffs mounted under the test's temporary directory."""
+@contextlib.contextmanager
+def private_bpffs(directory):
+    """A bpffs mounted on `directory` (made here), our pins removed and unmounted after."""
     from ebpf.loader import remove_pins
-    root = tmp_path / "bpffs"
+    root = directory / "bpffs"
     root.mkdir()
     subprocess.run(["mount", "-t", "bpf", "bpf", str(root)], check=True)
     try:
@@ -35,9 +37,9 @@ def bpf_root(tmp_path):
         subprocess.run(["umount", str(root)], check=True)
 
 
-@pytest.fixture
-def test_cgroup():
-    """A child cgroup made for this test; its processes are killed and it is removed after."""
+@contextlib.contextmanager
+def child_cgroup():
+    """A child cgroup of the cgroup v2 mount; its processes are killed and it is removed after."""
     from ebpf.loader import detach_owned
     from lab.bpf_places import BpfPlacesError, cgroup2_mount
     try:
@@ -65,6 +67,20 @@ def test_cgroup():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+
+@pytest.fixture
+def bpf_root(tmp_path):
+    """A private bpffs mounted under the test's temporary directory."""
+    with private_bpffs(tmp_path) as root:
+        yield root
+
+
+@pytest.fixture
+def test_cgroup():
+    """A child cgroup made for this test."""
+    with child_cgroup() as path:
+        yield path
 
 
 def run_in_cgroup(cgroup: str, netns: str, script: str, *, timeout: float = 120.0) -> subprocess.CompletedProcess:

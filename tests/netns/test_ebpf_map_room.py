@@ -9,6 +9,7 @@ import pytest
 
 from ebpf import maps as M
 from ebpf import syscall
+from ebpf.loader import PROGRAMS
 from ebpf.sizes import MapSizes
 from netagent.infra.rejections import Rejections
 from proxy.ebpf.backend import EbpfPaths
@@ -81,7 +82,7 @@ def test_a_full_svc_map_serves_the_services_that_fit_and_rejects_the_rest(lab):
         backend.maps.close()
         backend = build_ebpf_backend(bigger, rejections=rejections.scope("proxy"))
         assert backend.load_report.resized == ("na_svc: 16 -> 32 entries, 16 copied",)
-        assert len(backend.load_report.attached) == 4 and backend.load_report.kept == ()
+        assert len(backend.load_report.attached) == len(PROGRAMS) and backend.load_report.kept == ()   # all 8
         assert backend.maps.svc.max_entries == 32 == syscall.map_info(backend.maps.svc.fd).max_entries
         assert answers(topology, paths)[:16] == ["10.77.0.2"] * 16   # served before the first sync
         backend.sync(many_services(), changed=None)

@@ -23,13 +23,13 @@ from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from proxy.backend import ProxyBackend
-from proxy.ebpf.backend import EbpfPaths, EbpfProxy
+from proxy.ebpf.backend import EbpfPaths
 from proxy.factory import build_backend, build_ebpf_backend, takes_family
 from proxy.model import Endpoint, NodeContext, ProxyState
 from proxy.nftables.backend import NftablesProxy
 from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
-from tests.netns.test_ebpf_socket_lb import (BACKENDS, DNS, EMPTY, EMPTY_UDP, SERVERS, WEB, ClientAndBackends,
-                                             service_state)
+from tests.netns.test_ebpf_socket_lb import (BACKENDS, BACKENDS6, CLIENT6, DNS, EMPTY, EMPTY_UDP, WEB,
+                                             ClientAndBackends, service_state)
 
 NODE_PORT = 30080
 
@@ -49,27 +49,8 @@ class Addressing:
 
 V4 = Addressing(IpFamily.V4, "10.77.0.1", BACKENDS, "10.96.0.10", "10.96.0.53", "10.96.0.99", "10.96.0.98",
                 "10.96.0.0/16")
-V6 = Addressing(IpFamily.V6, "fd00:77::1", ("fd00:77::2", "fd00:77::3"), "fd00:10:96::a", "fd00:10:96::35",
+V6 = Addressing(IpFamily.V6, CLIENT6, BACKENDS6, "fd00:10:96::a", "fd00:10:96::35",
                 "fd00:10:96::63", "fd00:10:96::62", "fd00:10:96::/112")
-
-# the backends' servers of test_ebpf_socket_lb, on IPv6 sockets
-SERVERS6 = SERVERS.replace("socket.socket()", "socket.socket(socket.AF_INET6)").replace(
-    "socket.socket(socket.AF_INET, ", "socket.socket(socket.AF_INET6, ")
-assert SERVERS6.count("AF_INET6") == 2, "test_ebpf_socket_lb's SERVERS changed: make its IPv6 form here again"
-
-
-class DualStackClientAndBackends(ClientAndBackends):
-    """ClientAndBackends with IPv6 beside IPv4: client fd00:77::1, backends fd00:77::2 and ::3
-    (DAD off, so the addresses are usable at once), TCP 8080 and UDP 5353 on each."""
-
-    def _build(self):
-        super()._build()
-        veth_client, veth_backends = (f"na-e{self.names['cli'][-6:]}", f"na-f{self.names['cli'][-6:]}")
-        self.run("cli", "ip", "-6", "addr", "add", f"{V6.node}/64", "dev", veth_client, "nodad")
-        for address in V6.backends:
-            self.run("be", "ip", "-6", "addr", "add", f"{address}/64", "dev", veth_backends, "nodad")
-        self.start_server("be", [sys.executable, "-c", SERVERS6, *V6.backends])
-
 
 CLIENT = r"""
 import json, socket
@@ -171,11 +152,9 @@ def programmed(request, addressing):
     family = addressing.family
     if family is IpFamily.V6 and request.param == "nftables":
         _skip_without_ipv6("nftables", NftablesProxy, "nft6")
-    if family is IpFamily.V6 and request.param.startswith("ebpf"):
-        _skip_without_ipv6("ebpf", EbpfProxy, "ebpf6")
     family_argument = {} if family is IpFamily.V4 else {"family": family}
     node_port = request.param != "ebpf-tc"
-    with DualStackClientAndBackends() as topology, contextlib.ExitStack() as stack:
+    with ClientAndBackends() as topology, contextlib.ExitStack() as stack:   # dual-stack
         client_ns = topology.names["cli"]
         if request.param.startswith("ebpf"):
             require_bcc()
