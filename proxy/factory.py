@@ -55,9 +55,16 @@ def _family_arguments(build: Callable, family: IpFamily, mode: str) -> dict[str,
 
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
                   netns: str | None = None, ebpf: EbpfPaths | None = None,
-                  rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4) -> ProxyBackend:
-    """`rejections`: where the eBPF backend records the Services its maps have no room for."""
+                  rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4,
+                  first: ProxyBackend | None = None) -> ProxyBackend:
+    """`rejections`: where the eBPF backend records the Services its maps have no room for.
+    `first`: the backend already built for the node's first family; the eBPF programs are loaded
+    once for both families, so a second family's eBPF backend writes the maps `first` pinned."""
     if ProxyMode(mode) is ProxyMode.EBPF:
+        from proxy.ebpf.backend import EbpfProxy
+        if isinstance(first, EbpfProxy) and family is not first.family:
+            return EbpfProxy(maps=first.root_maps, paths=first.paths, tc_snat=first.tc_snat,
+                             rejections=rejections, family=family)
         return build_ebpf_backend(ebpf, rejections=rejections, family=family)
     if ProxyMode(mode) is ProxyMode.NFTABLES:
         return build_nftables_backend(netns=netns, family=family)

@@ -192,6 +192,7 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
             # Service never clears them (and they never overwrite the catalog's)
             backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend,
                                     scheduler=args.ipvs_scheduler, ebpf=ebpf_paths(args), family=family,
+                                    first=proxies[0].backend if proxies else None,
                                     rejections=scope.rejections.scope(name.replace("proxy", "proxy-ebpf", 1)))
         except (BackendConfigError, ValueError, IptablesNotInstalled) as error:   # ValueError: a bad --bpf-map-max
             raise ProxyStartError(str(error)) from None

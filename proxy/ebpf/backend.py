@@ -121,6 +121,7 @@ class EbpfProxy(ProxyBackend):
                  tc_snat: bool = False, pod_veths: PodVethAttacher | None = None,
                  rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4):
         self.family = family
+        self.root_maps = maps   # the pinned set both families' backends share
         self.maps = maps.of(family)   # this family's maps (the IPv4 set carries the IPv6 one)
         self.rejections = rejections if rejections is not None else standalone("proxy")
         self._capacity = capacities(self.maps)
