@@ -33,7 +33,7 @@ from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_condition
 from netagent.infra.rejections import printable
 from netagent.kernel.families import IpFamily
 from proxy.limits import DEFAULT_LIMITS
-from proxy.model import DEFAULT_AFFINITY_TIMEOUT, Endpoint, Protocol, ServicePort, ServicePortName, TrafficPolicy
+from proxy.model import DEFAULT_AFFINITY_TIMEOUT, NO_CLIENT_SOURCE_RANGE, Endpoint, Protocol, ServicePort, ServicePortName, TrafficPolicy
 from netagent.errors import NetagentError
 
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
@@ -197,7 +197,10 @@ def _source_ranges(service: Mapping, problems: list[str], family: IpFamily) -> t
     if not ranges:
         annotation = _annotation(_mapping(service.get("metadata"), "metadata"), SOURCE_RANGES_ANNOTATION)
         ranges = tuple(part for part in annotation.split(",") if part.strip())
-    return _addresses(ranges, "load-balancer source range", problems, family, parse=_cidr_of)
+    mine = _addresses(ranges, "load-balancer source range", problems, family, parse=_cidr_of)
+    if ranges and not mine:   # restricted, but to the other family's clients only: none of ours
+        return (NO_CLIENT_SOURCE_RANGE[family],)
+    return mine
 
 
 def _affinity_timeout(spec: Mapping) -> int | None:

@@ -27,6 +27,10 @@ from netagent.kernel.families import IpFamily
 if TYPE_CHECKING:
     from proxy.selection import EndpointSelection
 
+# A Service whose loadBalancerSourceRanges name only the other family's clients admits none of
+# this family (fail closed): its one source range is the unspecified address, which no client has.
+NO_CLIENT_SOURCE_RANGE = {IpFamily.V4: "0.0.0.0/32", IpFamily.V6: "::/128"}
+
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, the Kubernetes default for ClientIP affinity
 
 

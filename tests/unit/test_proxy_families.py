@@ -76,6 +76,17 @@ def test_load_balancer_ips_and_source_ranges_of_each_family():
     assert v4.load_balancer_ips == ("192.0.2.9",) and v4.load_balancer_source_ranges == ("198.51.100.0/24",)
 
 
+def test_source_ranges_of_the_other_family_only_admit_no_client_of_this_one():
+    """Restricted to IPv4 clients: the IPv6 load-balancer address is fenced shut (fail closed),
+    not left open to every IPv6 client; an unrestricted Service stays open in both."""
+    obj = dual(kind="LoadBalancer", loadBalancerSourceRanges=["198.51.100.0/24"])
+    obj["status"] = {"loadBalancer": {"ingress": [{"ip": "192.0.2.9"}, {"ip": "2001:db8::9"}]}}
+    assert parse_service(obj, family=V6).ports[WEB].load_balancer_source_ranges == ("::/128",)
+    assert parse_service(obj, family=V4).ports[WEB].load_balancer_source_ranges == ("198.51.100.0/24",)
+    del obj["spec"]["loadBalancerSourceRanges"]
+    assert parse_service(obj, family=V6).ports[WEB].load_balancer_source_ranges == ()
+
+
 @pytest.mark.parametrize("change, why", [
     ({"clusterIPs": ["10.96.0.10", "fd00::a", "10.96.0.11"]}, "3 entries"),
     ({"clusterIPs": ["fd00::a", "fd00::b"], "ipFamilies": None}, "two IPv6"),
