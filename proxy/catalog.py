@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
+from netagent.kernel.families import IpFamily
 from netagent.kube.changes import Change
 from proxy.kube_objects import (
     MalformedObject,
@@ -74,11 +75,13 @@ def _verdict(error: Exception) -> tuple[str, str]:
 
 
 class ServiceCatalog:
-    """Parsed Services and EndpointSlices, and the `ProxyState` they add up to (sync thread only)."""
+    """Parsed Services and EndpointSlices of one IP family (the node's), and the `ProxyState`
+    they add up to (sync thread only). The other family's Services and slices are absent."""
 
-    def __init__(self, node: NodeContext, *, limits: ProxyLimits = DEFAULT_LIMITS,
+    def __init__(self, node: NodeContext, *, family: IpFamily = IpFamily.V4, limits: ProxyLimits = DEFAULT_LIMITS,
                  rejections: RejectionScope | None = None) -> None:
-        self._node = node
+        self.family = family
+        self._node = self._of_family(node)
         self.limits = limits
         self.rejections = rejections if rejections is not None else standalone("proxy")
         self._ports_by_service: dict[str, dict[ServicePortName, ServicePort]] = {}
@@ -103,9 +106,15 @@ class ServiceCatalog:
 
     def set_node(self, node: NodeContext) -> bool:
         """Replace the node context; True when it differs (every service must then be re-rendered)."""
+        node = self._of_family(node)
         changed = node != self._node
         self._node = node
         return changed
+
+    def _of_family(self, node: NodeContext) -> NodeContext:
+        if node.family is not self.family:
+            raise ValueError(f"an {node.family.label} node context for the {self.family.label} catalog")
+        return node
 
     def state(self) -> ProxyState:
         return ProxyState(node=self._node, services=self._services, endpoints=self._endpoints)
@@ -146,7 +155,7 @@ class ServiceCatalog:
             return
         self._refs[(SERVICE, key)] = _ref(SERVICE, current, key=key)
         try:
-            parsed = parse_service(current, max_ports=self.limits.ports_per_service,
+            parsed = parse_service(current, family=self.family, max_ports=self.limits.ports_per_service,
                                    max_addresses=self.limits.addresses_per_service)
         except Exception as error:   # one object's fault, whatever it is: reject it alone
             self._parse_verdicts[(SERVICE, key)] = _verdict(error)
@@ -184,7 +193,7 @@ class ServiceCatalog:
         if current is None:
             return touched
         try:
-            parsed = parse_endpoint_slice(current, max_endpoints=self.limits.endpoints_per_slice,
+            parsed = parse_endpoint_slice(current, family=self.family, max_endpoints=self.limits.endpoints_per_slice,
                                           max_ports=self.limits.ports_per_slice)
         except Exception as error:
             self._refs[(SLICE, key)] = _ref(SLICE, current, key=key)

@@ -1,10 +1,11 @@
-"""`FakeLocalAddresses`: the `LocalAddresses` seam in memory, links and their IPv4 addresses
+"""`FakeLocalAddresses`: the `LocalAddresses` seam in memory, links and their addresses (both families)
 held as a test sets them (an address added or removed between syncs, a link that goes)."""
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
 
+from netagent.kernel.families import IpFamily
 from proxy.local_addresses import LocalAddresses
 
 
@@ -14,8 +15,8 @@ class FakeLocalAddresses(LocalAddresses):
         self.reads = 0
 
     def add(self, link: str, address: str) -> None:
-        """Like `ip addr add`: the address must be IPv4 and not yet on the link."""
-        ipaddress.IPv4Address(address)
+        """Like `ip addr add`: the address must be an IP address and not yet on the link."""
+        ipaddress.ip_address(address)
         held = self.links.setdefault(link, [])
         if address in held:
             raise FileExistsError(f"{address} is already on {link}")
@@ -27,6 +28,7 @@ class FakeLocalAddresses(LocalAddresses):
             raise FileNotFoundError(f"{address} is not on {link}")
         held.remove(address)
 
-    def by_link(self) -> Mapping[str, tuple[str, ...]]:
+    def by_link(self, family: IpFamily = IpFamily.V4) -> Mapping[str, tuple[str, ...]]:
         self.reads += 1
-        return {name: tuple(addresses) for name, addresses in self.links.items()}
+        return {name: tuple(a for a in addresses if IpFamily.of(a) is family)
+                for name, addresses in self.links.items()}

@@ -2,10 +2,19 @@
 
 Pure functions, so every odd field a user can write is unit-tested here once and no backend
 ever sees a raw object. A Service that cannot be programmed (headless, ExternalName, no
-IPv4 cluster IP) yields no service ports and a `reason`; a single bad port or address is
+usable cluster IP) yields no service ports and a `reason`; a single bad port or address is
 dropped with a reason while the rest of the Service still works, as kube-proxy does. The
 API server validates most fields, but the proxy must not crash or program garbage when a
 value slips through (an old object, a hand-written EndpointSlice).
+
+Parsing is per IP family (`family`, default IPv4), as kube-proxy runs one proxier per family:
+a Service yields the service ports of that family only (its cluster IP of that family out of
+`clusterIPs`, the external IPs, load-balancer IPs and source ranges of that family), and a
+Service of the other family only (SingleStack IPv6 seen by the IPv4 parser, and vice versa) is
+simply absent: no ports, no problem. An EndpointSlice of another `addressType` (or FQDN) is
+ignored. `clusterIPs`/`ipFamilies`/`ipFamilyPolicy` that contradict each other (more than two
+cluster IPs, one family twice, a family listed against an address of the other, SingleStack
+with two) make the Service malformed for every family alike.
 
 Every object is untrusted (a lax API server, a hand-written object): a field of the wrong
 type raises `MalformedObject` (never an AttributeError deep inside), and an annotation whose
@@ -22,6 +31,7 @@ from datetime import datetime
 
 from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_conditions
 from netagent.infra.rejections import printable
+from netagent.kernel.families import IpFamily
 from proxy.limits import DEFAULT_LIMITS
 from proxy.model import DEFAULT_AFFINITY_TIMEOUT, Endpoint, Protocol, ServicePort, ServicePortName, TrafficPolicy
 from netagent.errors import NetagentError
@@ -33,6 +43,7 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 PREFER_CLOSE_DISTRIBUTIONS = frozenset({"PreferClose", "PreferSameZone", "PreferSameNode"})
 EXTERNAL_TYPES = frozenset({"NodePort", "LoadBalancer"})
 MAX_AFFINITY_TIMEOUT = 86400  # seconds, the API's upper bound
+FAMILY_POLICIES = frozenset({"SingleStack", "PreferDualStack", "RequireDualStack"})
 
 
 class MalformedObject(NetagentError, ValueError):
@@ -92,20 +103,21 @@ class ParsedSlice:
     problems: tuple[str, ...] = ()
 
 
-def _ipv4(text: object) -> str | None:
+def _address_of(text: object) -> tuple[IpFamily, str] | None:
+    """An IP address's family and canonical text; None when `text` is not an address."""
     try:
-        address = ipaddress.ip_address(str(text))
+        address = ipaddress.ip_address(str(text).strip())
     except ValueError:
         return None
-    return str(address) if address.version == 4 else None
+    return IpFamily(address.version), str(address)
 
 
-def _ipv4_cidr(text: object) -> str | None:
+def _cidr_of(text: object) -> tuple[IpFamily, str] | None:
     try:
         network = ipaddress.ip_network(str(text).strip(), strict=False)
     except ValueError:
         return None
-    return str(network) if network.version == 4 else None
+    return IpFamily(network.version), str(network)
 
 
 def _port_number(value: object) -> int | None:
@@ -121,33 +133,71 @@ def _protocol(value: object) -> Protocol | None:
         return None
 
 
-def _addresses(values: Iterable | None, what: str, problems: list[str], *, parse=_ipv4) -> tuple[str, ...]:
+def _addresses(values: Iterable | None, what: str, problems: list[str], family: IpFamily, *,
+               parse=_address_of) -> tuple[str, ...]:
+    """The entries of `values` of `family`, each once; an unreadable one is a problem, one of the
+    other family is the other proxier's and left out silently."""
     kept: list[str] = []
     for value in _sequence(values, what):
-        address = parse(value)
-        if address is None:
-            problems.append(f"{what} {printable(value, limit=80)} is not an IPv4 address: skipped")
-        elif address not in kept:
-            kept.append(address)
+        found = parse(value)
+        if found is None:
+            kind = "a network" if parse is _cidr_of else "an IP address"
+            problems.append(f"{what} {printable(value, limit=80)} is not {kind}: skipped")
+        elif found[0] is family and found[1] not in kept:
+            kept.append(found[1])
     return tuple(kept)
 
 
-def _cluster_ip(spec: Mapping) -> str | None:
-    candidates = list(_sequence(spec.get("clusterIPs"), "spec.clusterIPs")) or [spec.get("clusterIP")]
-    for candidate in candidates:
-        address = _ipv4(candidate)
-        if address is not None:
-            return address
-    return None
+def _ip_families(spec: Mapping) -> tuple[IpFamily, ...]:
+    families: list[IpFamily] = []
+    for label in _sequence(spec.get("ipFamilies"), "spec.ipFamilies"):
+        try:
+            family = IpFamily.from_label(_text(label, "spec.ipFamilies entry"))
+        except ValueError:
+            raise MalformedObject(f"spec.ipFamilies entry {printable(label, limit=40)} is not IPv4 or IPv6") from None
+        if family in families:
+            raise MalformedObject(f"spec.ipFamilies lists {family.label} twice")
+        families.append(family)
+    return tuple(families)
 
 
-def _source_ranges(service: Mapping, problems: list[str]) -> tuple[str, ...]:
+def _cluster_ips(spec: Mapping) -> dict[IpFamily, str]:
+    """The Service's cluster IP per family, checked against `ipFamilies` and `ipFamilyPolicy`
+    (`MalformedObject` when they contradict each other); unreadable entries are left out."""
+    raw = _sequence(spec.get("clusterIPs"), "spec.clusterIPs") or (spec.get("clusterIP"),)
+    if len(raw) > 2:
+        raise MalformedObject(f"spec.clusterIPs has {len(raw)} entries: at most one per family")
+    families = _ip_families(spec)
+    policy = _text(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy")
+    if policy and policy not in FAMILY_POLICIES:
+        raise MalformedObject(f"spec.ipFamilyPolicy {printable(policy, limit=40)} is not one of "
+                              f"{', '.join(sorted(FAMILY_POLICIES))}")
+    found: dict[IpFamily, str] = {}
+    for index, value in enumerate(raw):
+        parsed = _address_of(value) if isinstance(value, str) else None
+        if parsed is None:
+            continue
+        family, address = parsed
+        if family in found:
+            raise MalformedObject(f"spec.clusterIPs holds two {family.label} addresses")
+        if index < len(families) and families[index] is not family:
+            raise MalformedObject(f"spec.clusterIPs[{index}] {address} is not of spec.ipFamilies[{index}] "
+                                  f"{families[index].label}")
+        found[family] = address
+    if policy == "SingleStack" and (len(found) > 1 or len(families) > 1):
+        raise MalformedObject("ipFamilyPolicy SingleStack with two families")
+    if families:   # a family not listed is not the Service's, whatever address is there
+        found = {family: address for family, address in found.items() if family in families}
+    return found
+
+
+def _source_ranges(service: Mapping, problems: list[str], family: IpFamily) -> tuple[str, ...]:
     ranges = _sequence(_mapping(service.get("spec"), "spec").get("loadBalancerSourceRanges"),
                        "spec.loadBalancerSourceRanges")
     if not ranges:
         annotation = _annotation(_mapping(service.get("metadata"), "metadata"), SOURCE_RANGES_ANNOTATION)
         ranges = tuple(part for part in annotation.split(",") if part.strip())
-    return _addresses(ranges, "load-balancer source range", problems, parse=_ipv4_cidr)
+    return _addresses(ranges, "load-balancer source range", problems, family, parse=_cidr_of)
 
 
 def _affinity_timeout(spec: Mapping) -> int | None:
@@ -167,10 +217,12 @@ def _prefers_close(service: Mapping) -> bool:
     return any(_annotation(metadata, key).lower() == "auto" for key in TOPOLOGY_MODE_ANNOTATIONS)
 
 
-def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per_service,
+def parse_service(service: Mapping, *, family: IpFamily = IpFamily.V4,
+                  max_ports: int = DEFAULT_LIMITS.ports_per_service,
                   max_addresses: int = DEFAULT_LIMITS.addresses_per_service) -> ParsedService:
-    """The service ports of one Service; none (with the reason) when it is not proxied.
-    `MalformedObject` when a field has the wrong type."""
+    """The service ports of one Service in `family`; none (with the reason) when it is not
+    proxied, none and no reason when it is of the other family only. `MalformedObject` when a
+    field has the wrong type or its cluster IPs and families contradict each other."""
     service = _mapping(service, "the Service")
     metadata = _mapping(service.get("metadata"), "metadata")
     spec = _mapping(service.get("spec"), "spec")
@@ -185,24 +237,27 @@ def parse_service(service: Mapping, *, max_ports: int = DEFAULT_LIMITS.ports_per
         return ParsedService({}, ("type ExternalName is DNS only: not proxied",), created)
     if spec.get("clusterIP") == "None":
         return ParsedService({}, ("headless (clusterIP None): not proxied",), created)
-    cluster_ip = _cluster_ip(spec)
+    cluster_ips = _cluster_ips(spec)
+    cluster_ip = cluster_ips.get(family)
     if cluster_ip is None:
+        if cluster_ips:   # the other family's Service: its proxier programs it
+            return ParsedService({}, (), created)
         shown = printable(spec.get('clusterIPs') or spec.get('clusterIP'), limit=80)
-        return ParsedService({}, (f"no IPv4 cluster IP in {shown}: not proxied",), created)
+        return ParsedService({}, (f"no {family.label} cluster IP in {shown}: not proxied",), created)
     problems: list[str] = []
     raw_external = _sequence(spec.get("externalIPs"), "spec.externalIPs")
     raw_ranges = _sequence(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
     if len(raw_external) + len(raw_ranges) > max_addresses:
         raise TooLarge(f"{len(raw_external)} external IPs and {len(raw_ranges)} source ranges, more than the limit "
                        f"of {max_addresses} addresses per Service (--proxy-max-addresses-per-service)")
-    external_ips = _addresses(raw_external, "external IP", problems)
+    external_ips = _addresses(raw_external, "external IP", problems, family)
     lb_ips: tuple[str, ...] = ()
     if kind == "LoadBalancer":
         balancer = _mapping(_mapping(service.get("status"), "status").get("loadBalancer"), "status.loadBalancer")
         ingress = [entry.get("ip") for entry in _sequence(balancer.get("ingress"), "status.loadBalancer.ingress")
                    if isinstance(entry, Mapping) and entry.get("ip") and entry.get("ipMode") != "Proxy"]
-        lb_ips = _addresses(ingress, "load-balancer ingress IP", problems)
-    source_ranges = _source_ranges(service, problems) if lb_ips else ()
+        lb_ips = _addresses(ingress, "load-balancer ingress IP", problems, family)
+    source_ranges = _source_ranges(service, problems, family) if lb_ips else ()
     if len(external_ips) + len(lb_ips) + len(source_ranges) > max_addresses:
         raise TooLarge(f"{len(external_ips)} external IPs, {len(lb_ips)} load-balancer IPs and {len(source_ranges)} "
                        f"source ranges, more than the limit of {max_addresses} addresses per Service "
@@ -266,11 +321,12 @@ def _optional_text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _endpoint(raw: Mapping, port: int) -> Endpoint | None:
+def _endpoint(raw: Mapping, port: int, family: IpFamily) -> Endpoint | None:
     addresses = _sequence(raw.get("addresses"), "endpoint addresses")
-    ip = _ipv4(addresses[0]) if addresses and isinstance(addresses[0], str) else None
-    if ip is None:
+    found = _address_of(addresses[0]) if addresses and isinstance(addresses[0], str) else None
+    if found is None or found[0] is not family:
         return None
+    ip = found[1]
     _mapping(raw.get("conditions"), "endpoint conditions")
     conditions = endpoint_conditions(raw)
     hints = _mapping(raw.get("hints"), "endpoint hints")
@@ -281,16 +337,17 @@ def _endpoint(raw: Mapping, port: int) -> Endpoint | None:
     )
 
 
-def parse_endpoint_slice(endpoint_slice: Mapping, *,
+def parse_endpoint_slice(endpoint_slice: Mapping, *, family: IpFamily = IpFamily.V4,
                          max_endpoints: int = DEFAULT_LIMITS.endpoints_per_slice,
                          max_ports: int = DEFAULT_LIMITS.ports_per_slice) -> ParsedSlice | None:
-    """The slice's endpoints per port; None when it belongs to no service or is not IPv4.
+    """The slice's endpoints per port; None when it belongs to no service or its `addressType`
+    is not `family`'s (the other family's proxier reads it; FQDN is not proxied).
     `MalformedObject` when a field has the wrong type, `TooLarge` above the limits."""
     endpoint_slice = _mapping(endpoint_slice, "the EndpointSlice")
     metadata = _mapping(endpoint_slice.get("metadata"), "metadata")
     service = _mapping(metadata.get("labels"), "metadata.labels").get(SERVICE_NAME_LABEL)
     namespace = _text(metadata.get("namespace"), "metadata.namespace", default="default")
-    if not service or not isinstance(service, str) or endpoint_slice.get("addressType", "IPv4") != "IPv4":
+    if not service or not isinstance(service, str) or endpoint_slice.get("addressType", "IPv4") != family.label:
         return None
     raw_ports = _sequence(endpoint_slice.get("ports"), "ports")
     raw_endpoints = _sequence(endpoint_slice.get("endpoints"), "endpoints")
@@ -301,9 +358,9 @@ def parse_endpoint_slice(endpoint_slice: Mapping, *,
     found: list[Endpoint] = []
     template = 1
     for raw in raw_endpoints:   # parsed once, then copied per port
-        endpoint = _endpoint(raw, template) if isinstance(raw, Mapping) else None
+        endpoint = _endpoint(raw, template, family) if isinstance(raw, Mapping) else None
         if endpoint is None:
-            problems.append(f"endpoint {printable(raw, limit=80)} has no IPv4 address: skipped")
+            problems.append(f"endpoint {printable(raw, limit=80)} has no {family.label} address: skipped")
         else:
             found.append(endpoint)
     endpoints: dict[tuple[str, Protocol], tuple[Endpoint, ...]] = {}
@@ -320,7 +377,7 @@ def parse_endpoint_slice(endpoint_slice: Mapping, *,
 
 
 def _ip_key(endpoint: Endpoint) -> tuple[int, int]:
-    return int(ipaddress.IPv4Address(endpoint.ip)), endpoint.port
+    return int(ipaddress.ip_address(endpoint.ip)), endpoint.port
 
 
 def merge_endpoints(service_port: ServicePort, slices: Iterable[ParsedSlice]) -> tuple[Endpoint, ...]:

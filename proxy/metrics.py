@@ -23,12 +23,20 @@ read from the kernel at scrape time (one batch lookup per 8k entries), so they s
 programs see, LRU tables included. The sync histograms above are the same for every backend.
 The programming-duration buckets are kube-proxy's (0.25 s to about 4.5 h), the sync ones
 netagent's shared sync buckets.
+
+A dual-stack node's two proxies (one per IP family, as kube-proxy's proxiers) share one
+`ProxyMetrics`: counters and histograms take both families' observations, as kube-proxy's
+global metrics do, and the gauges that count (services, endpoints, rules, pending changes,
+Local services without endpoints) are set through `of_family`, so they show the sum of both
+families rather than whichever synced last. No label is added: IPv4-only scrapes are unchanged.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 
-from netagent.infra.metrics import Registry, exponential_buckets
+from netagent.infra.metrics import Gauge, Registry, exponential_buckets
+from netagent.kernel.families import IpFamily
 
 PROGRAMMING_BUCKETS = (0.25, 0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 45, 60, 120, 180, 240, 300,
                        *exponential_buckets(360, 2, 6))
@@ -38,6 +46,8 @@ class ProxyMetrics:
     def __init__(self, registry: Registry, *,
                  table_fill: Callable[[], Mapping[str, tuple[int, int]]] | None = None) -> None:
         self.registry = registry
+        self._lock = threading.Lock()
+        self._per_family: dict[tuple[str, tuple[tuple[str, str], ...]], dict[IpFamily, float]] = {}
         self.sync = registry.histogram("kubeproxy_sync_proxy_rules_duration_seconds",
                                        "SyncProxyRules latency in seconds")
         self.sync_full = registry.histogram("kubeproxy_sync_full_proxy_rules_duration_seconds",
@@ -75,6 +85,15 @@ class ProxyMetrics:
                                                   "Stale UDP conntrack entries deleted.")
         if table_fill is not None:
             self._register_table_fill(table_fill)
+
+    def of_family(self, family: IpFamily, gauge: Gauge, value: float, **labels: str) -> None:
+        """Set `family`'s part of a counting gauge; the gauge shows the sum over the families."""
+        key = (gauge.name, tuple(sorted(labels.items())))
+        with self._lock:
+            parts = self._per_family.setdefault(key, {})
+            parts[family] = value
+            total = sum(parts.values())
+        (gauge.labels(**labels) if labels else gauge).set(total)
 
     def _register_table_fill(self, table_fill: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
         capacity: dict[tuple[str, ...], float] = {(name,): size for name, (_, size) in table_fill().items()}

@@ -7,8 +7,12 @@ can be handed to a backend while the watch keeps recording, and two snapshots co
 
 The unit is the *service port* (one Service, one of its ports), as in kube-proxy: each has
 its own virtual addresses, its own endpoints (EndpointSlice ports are matched to it by
-name) and its own chain, virtual server or map slot. IPv4 only: IPv6 cluster IPs are not
-programmed (a Service's IPv6 family is skipped with a reason by the parser).
+name) and its own chain, virtual server or map slot.
+
+Every value of one `ProxyState` is of one IP family (`state.family`, its node's): cluster IPs,
+external and load-balancer IPs, source ranges, endpoints and node addresses. Dual-stack is two
+states side by side, one per family, each programmed by its own backend, as kube-proxy runs one
+proxier per family; the parser (`kube_objects.py`) splits a dual-stack Service between them.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+from netagent.kernel.families import IpFamily
 
 if TYPE_CHECKING:
     from proxy.selection import EndpointSelection
@@ -152,11 +158,13 @@ class Endpoint:
 class NodeContext:
     """What the proxy knows about its own node.
 
+    `family` is the IP family of the state it belongs to, and every address here is of it:
     `nodeport_addresses` are the local addresses NodePorts answer on (empty: every local
-    address, kube-proxy's default); `local_addresses` are all the node's IPv4 addresses
-    (not loopback, not a proxy's own service-address device), for backends that need NodePort
-    addresses spelled out (IPVS); `cluster_cidr` is the pod network, used to tell pod
-    traffic (not masqueraded) from host and off-cluster traffic (masqueraded) to a cluster IP.
+    address, kube-proxy's default); `local_addresses` are all the node's addresses of the
+    family (not loopback, not link-local, not a proxy's own service-address device), for
+    backends that need NodePort addresses spelled out (IPVS); `cluster_cidr` is the family's
+    pod network, used to tell pod traffic (not masqueraded) from host and off-cluster traffic
+    (masqueraded) to a cluster IP.
     """
 
     name: str
@@ -164,6 +172,7 @@ class NodeContext:
     cluster_cidr: str | None = None
     nodeport_addresses: tuple[str, ...] = ()
     local_addresses: tuple[str, ...] = ()
+    family: IpFamily = IpFamily.V4
 
     @property
     def nodeport_targets(self) -> tuple[str, ...]:
@@ -189,6 +198,10 @@ class ProxyState:
     def __post_init__(self) -> None:
         object.__setattr__(self, "services", _frozen(self.services))
         object.__setattr__(self, "endpoints", _frozen(self.endpoints))
+
+    @property
+    def family(self) -> IpFamily:
+        return self.node.family
 
     def endpoints_of(self, name: ServicePortName) -> tuple[Endpoint, ...]:
         return self.endpoints.get(name, ())

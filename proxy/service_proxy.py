@@ -17,6 +17,11 @@ Shape (ARCHITECTURE.md's seams, kube-proxy's behaviour):
 - runs are at least `min_sync_period` apart (with a burst of 2 as kube-proxy), so a storm
   of endpoint changes becomes a few syncs, each writing only what changed.
 
+One `ServiceProxy` programs one IP family (`ProxySettings.family`), as kube-proxy runs one
+proxier per family: a dual-stack node runs two, each with its own catalog, backend and sync
+runner (`proxy`, `proxy-ipv6`), sharing one `ProxyMetrics` (kube-proxy's names; the gauges
+add up both families). An IPv4-only node runs exactly one, named `proxy`.
+
 Services and slices carrying `service.kubernetes.io/service-proxy-name` belong to another
 proxy and are not watched, as with kube-proxy; nor are headless services' slices.
 
@@ -39,6 +44,7 @@ from enum import Enum
 from netagent.infra.metrics import Registry
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncRunner
+from netagent.kernel.families import IpFamily
 from netagent.kube.changes import ChangeRecorder
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
@@ -51,7 +57,7 @@ from proxy.limits import DEFAULT_LIMITS, ProxyLimits
 from proxy.local_addresses import LocalAddresses
 from proxy.metrics import ProxyMetrics
 from proxy.model import NodeContext, ProxyState, ServicePortName, TrafficPolicy
-from proxy.nodeport_addresses import nodeport_addresses
+from proxy.nodeport_addresses import nodeport_addresses, of_family
 
 log = logging.getLogger("netagent.proxy")
 
@@ -74,6 +80,12 @@ class ProxySettings:
     sync_period: float = 30.0
     retry_period: float = 5.0
     limits: ProxyLimits = DEFAULT_LIMITS
+    family: IpFamily = IpFamily.V4   # cluster_cidr and nodeport_cidrs of this family only
+
+
+def runner_name(family: IpFamily) -> str:
+    """The proxy's sync runner name in /healthz: `proxy` (IPv4, as always), `proxy-ipv6`."""
+    return "proxy" if family is IpFamily.V4 else f"proxy-{family.label.lower()}"
 
 
 def _is_node(name: str):
@@ -98,10 +110,12 @@ class ServiceProxy:
         local_addresses: LocalAddresses | None = None,   # None: the node's addresses are not read
         node_source: NodeSource = NodeSource.OWN_WATCH,
         rejections: RejectionScope | None = None,
+        metrics: ProxyMetrics | None = None,   # shared by the proxies of a dual-stack node
     ) -> None:
         self.settings = settings
+        self.family = settings.family
         self.backend = backend
-        self.metrics = ProxyMetrics(registry, table_fill=backend.table_fill)
+        self.metrics = metrics if metrics is not None else ProxyMetrics(registry, table_fill=backend.table_fill)
         self._conntrack = conntrack
         self._healthcheck = healthcheck
         self._local_addresses = local_addresses
@@ -118,15 +132,16 @@ class ServiceProxy:
             self.reflectors.append(Reflector(api_client=api_client, resource=NODES, handler=self.node,
                                              field_selector=f"metadata.name={settings.node_name}"))
         self.rejections = rejections if rejections is not None else standalone("proxy")
-        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr),
-                                      limits=settings.limits, rejections=self.rejections)
+        self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr,
+                                                  family=self.family),
+                                      family=self.family, limits=settings.limits, rejections=self.rejections)
         self._unprogrammable: dict[str, str] = {}   # service key -> why the backend could not program it
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed
         self.last_report: BackendSyncReport | None = None
         self._missing_local: dict[ServicePortName, frozenset[str]] = {}
         self._wake_up: threading.Timer | None = None
-        self.runner = SyncRunner(name="proxy", sync=self._sync, min_interval=settings.min_sync_period,
+        self.runner = SyncRunner(name=runner_name(self.family), sync=self._sync, min_interval=settings.min_sync_period,
                                  max_interval=settings.sync_period, retry_interval=settings.retry_period, burst=2)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -168,15 +183,16 @@ class ServiceProxy:
         if node_object is not None:
             node = replace(node, zone=node_zone(node_object))
         if kind is SyncKind.FULL:
-            local = self._local_addresses.ipv4() if self._local_addresses is not None else ()
+            local = self._local_addresses.of_family(self.family) if self._local_addresses is not None else ()
             node = replace(node, local_addresses=local)
-            if self.settings.nodeport_cidrs:
-                chosen = nodeport_addresses(local, self.settings.nodeport_cidrs)
+            cidrs = of_family(self.settings.nodeport_cidrs, self.family)
+            if cidrs:
+                chosen = nodeport_addresses(local, cidrs)
                 if chosen:
                     node = replace(node, nodeport_addresses=chosen)
                 else:
                     log.warning("no local address is inside --nodeport-addresses %s (local: %s); NodePorts keep "
-                                "answering on %s", ",".join(self.settings.nodeport_cidrs), ", ".join(local) or "none",
+                                "answering on %s", ",".join(cidrs), ", ".join(local) or "none",
                                 ", ".join(node.nodeport_addresses) or "no address")
         return node
 
@@ -202,8 +218,8 @@ class ServiceProxy:
                 self.metrics.partial_failures.inc()
             raise
         finally:
-            self.metrics.service_changes_pending.set(self.services.pending())
-            self.metrics.endpoint_changes_pending.set(self.slices.pending())
+            self.metrics.of_family(self.family, self.metrics.service_changes_pending, self.services.pending())
+            self.metrics.of_family(self.family, self.metrics.endpoint_changes_pending, self.slices.pending())
         changed = update.state.changed_since(self._programmed) if full else update.changed
         previous, self._programmed = self._programmed, update.state
         self.last_report = report
@@ -280,15 +296,18 @@ class ServiceProxy:
             self.metrics.programming.observe(max(0.0, now - trigger))
         self._trigger_times.clear()
         state = self._programmed
-        self.metrics.rules.labels(table="nat").set(report.rules)
-        self.metrics.services.set(len(state.services))
-        self.metrics.endpoints.set(sum(len(endpoints) for endpoints in state.endpoints.values()))
+        family, metrics = self.family, self.metrics
+        metrics.of_family(family, metrics.rules, report.rules, table="nat")
+        metrics.of_family(family, metrics.services, len(state.services))
+        metrics.of_family(family, metrics.endpoints, sum(len(endpoints) for endpoints in state.endpoints.values()))
         self._count_missing_local(full=full, changed=changed)
         for policy in ("internal", "external"):
-            self.metrics.no_local_endpoints.labels(traffic_policy=policy).set(
-                sum(1 for missing in self._missing_local.values() if policy in missing))
-        log.log(logging.INFO if full else logging.DEBUG, "%s sync: %d service ports, %d written, %d rules in %.3fs%s",
-                report.scope.value, len(state.services), report.services_written, report.rules, seconds,
+            metrics.of_family(family, metrics.no_local_endpoints,
+                              sum(1 for missing in self._missing_local.values() if policy in missing),
+                              traffic_policy=policy)
+        log.log(logging.INFO if full else logging.DEBUG, "%s%s sync: %d service ports, %d written, %d rules in %.3fs%s",
+                "" if family is IpFamily.V4 else f"{family.label} ", report.scope.value, len(state.services),
+                report.services_written, report.rules, seconds,
                 f" ({report.detail})" if report.detail else "")
 
 
