@@ -65,6 +65,8 @@ class NftablesProxy(ProxyBackend):
     # ---- sync ---------------------------------------------------------------------------------
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        if state.family is not self.family:   # a wiring error: every port would be refused
+            raise ValueError(f"an {state.family.label} ProxyState handed to the {self.family.label} nftables proxy")
         previous, self._written = self._written, None    # forgotten until this sync succeeds
         if changed is not None and previous is not None and previous.node == state.node:
             assembly, changes, written = self._partial(previous, state, changed)

@@ -66,7 +66,7 @@ class Addresses:
         return tuple(Endpoint(self.endpoint_ips[role], SERVER_PORT, node_name=NODE_OF[role]) for role in roles)
 
     def state(self, *entries: tuple[ServicePort, tuple[Endpoint, ...]]) -> ProxyState:
-        node = NodeContext(name="node", cluster_cidr=self.cluster_cidr)
+        node = NodeContext(name="node", cluster_cidr=self.cluster_cidr, family=self.family)
         return ProxyState(node, {s.name: s for s, _ in entries}, {s.name: e for s, e in entries})
 
     def web(self) -> ServicePort:

@@ -58,7 +58,7 @@ def rich_state(family: IpFamily) -> ProxyState:
         (sp("lb", service(14), load_balancer_ips=(a["lb"],), load_balancer_source_ranges=a["ranges"]), eps(2)),
         (sp("empty", service(15), node_port=30082), ()),
     ]
-    node = NodeContext(name="node", cluster_cidr=a["cidr"])
+    node = NodeContext(name="node", cluster_cidr=a["cidr"], family=family)
     return ProxyState(node, {s.name: s for s, _ in entries}, {s.name: e for s, e in entries})
 
 
@@ -113,7 +113,8 @@ def test_an_endpoint_of_the_other_family_leaves_its_port_out():
 
 
 def test_node_port_addresses_and_the_cluster_cidr_are_taken_per_family():
-    node = NodeContext(name="node", cluster_cidr="10.244.0.0/16", nodeport_addresses=("192.168.1.7", "2001:db8::7"))
+    node = NodeContext(name="node", cluster_cidr="10.244.0.0/16", nodeport_addresses=("192.168.1.7", "2001:db8::7"),
+                       family=IpFamily.V6)
     v6 = NftProxySettings(family=IpFamily.V6)
     services = fixed_chains(node, v6)[N.SERVICES][-1]
     assert services.startswith("ip6 daddr { 2001:db8::7 } meta l4proto")
@@ -127,7 +128,7 @@ def test_ipv4_source_ranges_only_fence_every_ipv6_client_out():
     lb = sp("lb", "fd00:10:96::14", load_balancer_ips=("2001:db8::10",), load_balancer_source_ranges=("10.0.0.0/8",))
     nft = FakeNft()
     NftablesProxy(nft=nft, family=IpFamily.V6).sync(
-        ProxyState(NodeContext(name="node"), {lb.name: lb}, {lb.name: (Endpoint("fd00::2", 80),)}), changed=None)
+        ProxyState(NodeContext(name="node", family=IpFamily.V6), {lb.name: lb}, {lb.name: (Endpoint("fd00::2", 80),)}), changed=None)
     view = read_table(nft.list_table("ip6", N.TABLE) or [])
     assert set(view.elements[N.FIREWALL_IPS]) == {"2001:db8::10 . tcp . 80"}
     assert view.elements[N.FIREWALL_ALLOW] == {}
@@ -162,6 +163,11 @@ def test_partial_syncs_reach_what_a_full_sync_writes_and_a_restart_adopts_with_n
     adopter = NftablesProxy(nft=nft, family=IpFamily.V6)
     adopter.sync(previous, changed=None)
     assert adopter.applies == 0
+
+
+def test_a_state_of_the_other_family_is_a_wiring_error():
+    with pytest.raises(ValueError, match="an IPv4 ProxyState handed to the IPv6 nftables proxy"):
+        NftablesProxy(nft=FakeNft(), family=IpFamily.V6).sync(rich_state(IpFamily.V4), changed=None)
 
 
 def test_both_families_side_by_side_and_cleanup_removes_both():
