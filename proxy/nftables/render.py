@@ -297,8 +297,8 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
                  settings: NftProxySettings) -> PortObjects:
     b = _PortBuilder(service, node, settings)
     spell = b.spell
-    cluster = tuple(sorted(selection.cluster, key=lambda e: (spell.sort_key(spell.address(e.ip)), e.port)))
-    external = tuple(sorted(selection.external, key=lambda e: (spell.sort_key(spell.address(e.ip)), e.port)))
+    cluster = tuple(sorted(selection.cluster, key=lambda e: (spell.sort_key(e.ip), e.port)))
+    external = tuple(sorted(selection.external, key=lambda e: (spell.sort_key(e.ip), e.port)))
     refuse = "goto " + N.REJECT if not selection.has_endpoints else "drop"
     local_policy = service.external_policy is TrafficPolicy.LOCAL
     fence = source_ranges(service.load_balancer_source_ranges, spell.family)

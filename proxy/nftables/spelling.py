@@ -11,7 +11,7 @@ ip6 table, TCP reset for TCP in both) is the same text in both tables.
 
 `address()` is the one gate an address passes to reach the table's text: canonical, of this
 family (an IPv6 address in the ip table, an IPv4 one or an IPv4-mapped IPv6 one in the ip6 table
-is refused: `UnsafeNftText`, so the port is reported, never half-written).
+is refused: `UnsafeNftText`, so the port is reported, never half-written; so is a scoped one).
 """
 from __future__ import annotations
 
@@ -52,17 +52,30 @@ class Spelling:
 
     def address(self, value: str) -> str:
         """`value` as nft text if it is an address of this family (see the module docstring).
-        A canonical dotted-decimal IPv4 address is taken as is (parsing 200,000 addresses through
-        `ipaddress` cost 3.6 s of a 10k-service sync)."""
+        A canonical dotted-decimal IPv4 address is taken as is, an IPv6 one goes through
+        inet_pton/inet_ntop (parsing 200,000 addresses through `ipaddress` cost seconds of a
+        10k-service sync); inet_ntop's form is the one libnftables lists, so a full sync
+        compares equal strings. IPv6 text with a scope (`%eth0`) or an embedded IPv4 address
+        (mapped, compatible) is refused: neither is a Service's or a pod's address."""
         if self.family is IpFamily.V4 and CANONICAL_IPV4.fullmatch(value):
             return value
+        if self.family is IpFamily.V6:
+            try:
+                canonical = socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, value))
+            except (OSError, TypeError, ValueError):
+                canonical = ""
+            if "." in canonical:
+                raise text.UnsafeNftText(f"{canonical} embeds an IPv4 address: IPv4 traffic is the ip table's, "
+                                         f"not the ip6 table's")
+            if canonical:
+                return canonical
         canonical = text.address(value)
         found = IpFamily.of(canonical)
         if found is not self.family:
             raise text.UnsafeNftText(f"{canonical} is {found.label}: the {self.ip} table holds "
                                      f"{self.family.label} only")
-        if self.family is IpFamily.V6 and ipaddress.IPv6Address(canonical).ipv4_mapped is not None:
-            raise text.UnsafeNftText(f"{canonical} is an IPv4-mapped address: IPv4 traffic is the ip table's")
+        if self.family is IpFamily.V6:   # valid to `ipaddress` only: a scope
+            raise text.UnsafeNftText(f"{str(value)[:60]!r} is not an IPv6 address nft can hold (a scope?)")
         return canonical
 
     def network(self, value: str) -> str:
@@ -83,7 +96,11 @@ class Spelling:
         return f"{address}:{port}" if self.family is IpFamily.V4 else f"[{address}]:{port}"
 
     def sort_key(self, address: str) -> bytes:
-        return socket.inet_pton(socket.AF_INET if self.family is IpFamily.V4 else socket.AF_INET6, address)
+        """The address's bytes: endpoints in address order, in either family."""
+        try:
+            return socket.inet_pton(socket.AF_INET if self.family is IpFamily.V4 else socket.AF_INET6, address)
+        except (OSError, TypeError, ValueError) as error:
+            raise text.UnsafeNftText(f"{str(address)[:60]!r} is not an {self.family.label} address") from error
 
     # ---- the fixed maps and sets ---------------------------------------------------------------
 

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from netagent.kernel.families import IpFamily
+from netagent.kernel.nftables import text
 from netagent.kernel.nftables.fake import FakeNft
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import NftablesProxy
 from proxy.nftables import names as N
 from proxy.nftables.readback import read_table
 from proxy.nftables.render import NftProxySettings, fixed_chains
+from proxy.nftables.spelling import spelling
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "proxy_nftables"
 
@@ -101,6 +103,17 @@ def test_an_address_of_the_other_family_is_left_out_and_reported(family, other):
     report = proxy.sync(ProxyState(good.node, services, endpoints), changed=None)
     assert set(report.unprogrammed) == {bad.name} and f"{family.nft} table" in report.unprogrammed[bad.name]
     assert len(proxy.programmed()) == 11   # the rest programmed (the rich state's 11 entry points)
+
+
+@pytest.mark.parametrize("bad", ["fe80::1%eth0", "::1.2.3.4", "::ffff:10.96.0.7", "10.96.0.7", "fd00::g", ""])
+def test_the_ip6_table_refuses_scoped_ipv4_embedding_and_non_ipv6_text(bad):
+    with pytest.raises(text.UnsafeNftText):
+        spelling(IpFamily.V6).address(bad)
+
+
+def test_ipv6_addresses_are_written_as_libnftables_lists_them():
+    assert spelling(IpFamily.V6).address("FD00:0:0:0::0010") == "fd00::10"
+    assert spelling(IpFamily.V6).address("fd00:0:1:0:0:0:0:1") == "fd00:0:1::1"
 
 
 def test_an_endpoint_of_the_other_family_leaves_its_port_out():
