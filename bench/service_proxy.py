@@ -1,7 +1,7 @@
 """Benchmark: the service proxy at 1,000 and 10,000 services x 10 endpoints, per backend, beside kube-proxy floors.
 
     sudo .venv/bin/python bench/service_proxy.py [--services 1000,10000] [--modes nftables,iptables-legacy,iptables-nft,ebpf]
-        [--connect 2000] [--json FILE] [--floor-timeout 600]
+        [--family ipv4|ipv6] [--connect 2000] [--json FILE] [--floor-timeout 600]
     scripts/vm-run -- .venv/bin/python bench/service_proxy.py --modes ipvs --services 1000   # IPVS: VM only
 
 For each size and backend, in a fresh network namespace and a fresh process (so RSS is the mode's own):
@@ -29,6 +29,11 @@ For each size and backend, in a fresh network namespace and a fresh process (so 
 7. `--connect N`: connect() latency (median, p99 over N connects) from a client in the
    benchmark's namespace (and cgroup, for ebpf) to the last service, whose one endpoint is a
    listener in that namespace (the nftables floor too): does it grow with the services?
+
+`--family ipv6` runs every measurement on the IPv6 form of the same state (the family's
+backend: ip6tables for the iptables modes), so its figures compare with an `--family ipv4`
+run (the issue's goal: IPv6 within 1.2x of IPv4 per backend); the floors are kube-proxy's
+IPv4 shape, so they run with IPv4 only.
 
 Printed: one line per measurement as it ends, then per size a table of every mode side by
 side with the ratios of nftables to the nftables floor and to iptables-legacy, then the
@@ -90,12 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run the iptables-nft floor above 1,000 services too (more than 25 minutes at 10,000)")
     parser.add_argument("--connect", type=int, default=0, metavar="N",
                         help="also measure connect() latency to the last service over N connects")
+    parser.add_argument("--family", choices=("ipv4", "ipv6"), default="ipv4",
+                        help="the IP family of the services, endpoints and backend (default ipv4)")
     parser.add_argument("--json", metavar="FILE", help="write every mode's record to FILE")
     return parser.parse_args(argv)
 
 
 def run_mode(mode: str, size: int, args, records: list, notes: list, restarts: dict[int, int]) -> None:
-    result = isolated(bench_backend, mode, size, args.samples, args.connect)
+    result = isolated(bench_backend, mode, size, args.samples, args.connect, args.family)
     records.append(record(mode, size, full=result["full"], change=result["change"], connect=result.get("connect"),
                           rss=result["rss"], rules=result["rules"]))
     print(f"  {mode:<34} full {result['full']:.3f} s, change {result['change'] * 1e3:.2f} ms "
@@ -140,7 +147,7 @@ def run_floor(mode: str, size: int, args, records: list, notes: list) -> None:
 
 
 def run_agent_path(mode: str, size: int, args, records: list) -> None:
-    seconds = isolated(bench_agent_path, mode, size, args.samples)
+    seconds = isolated(bench_agent_path, mode, size, args.samples, args.family)
     for rec in records:
         if rec["mode"] == mode and rec["services"] == size:
             rec["agent_change_s"] = seconds
@@ -170,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
               f"(about 17 s per 10,000 chains here), so expect hours; --no-floors and --floor-timeout shorten it",
               file=sys.stderr, flush=True)
     agent_modes = [] if args.no_agent_path else (args.agent_modes or args.modes)
-    print(f"# service proxy benchmark: {ENDPOINTS} endpoints per service, {args.samples} one-endpoint changes, "
-          f"kernel {os.uname().release}, {os.cpu_count()} CPUs", flush=True)
+    floors = not args.no_floors and args.family == "ipv4"   # kube-proxy's shape is written for IPv4
+    print(f"# service proxy benchmark: {args.family}, {ENDPOINTS} endpoints per service, {args.samples} one-endpoint "
+          f"changes, kernel {os.uname().release}, {os.cpu_count()} CPUs", flush=True)
     records: list[dict] = []
     notes: dict[int, list[str]] = {}
     restarts: dict[int, int] = {}   # nftables: service ports a restarted agent's first sync wrote
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             if guarded(run_mode, mode, size, records, size_notes, mode, size, args, records, size_notes, restarts):
                 ran.append(mode)
-            if not args.no_floors and mode != "ebpf" and mode != "ipvs":
+            if floors and mode != "ebpf" and mode != "ipvs":
                 guarded(run_floor, floor_mode(mode), size, records, size_notes, mode, size, args, records, size_notes)
         for mode in agent_modes:
             if mode in ran:

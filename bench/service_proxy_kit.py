@@ -6,10 +6,16 @@ the tests share one definition of the bench state (N services x 10 endpoints, on
 ten), of the namespace every measurement runs in (a veth holding the listener's address, a
 route for the pod and service ranges), and of connect() latency. Each measurement runs in
 its own process (`isolated`): a mode's RSS is then its own, not what an earlier mode left.
+
+Every part takes the IP family (`family`, default IPv4): the IPv6 state is the same shape
+(services in fd00:96::/64, pods in fd00:128::/64 inside the cluster CIDR fd00:128::/32, the
+listener fd00:128:ffff::1 with DAD off), programmed by the family's backend (ip6tables for
+iptables modes), so the two families' figures compare like for like.
 """
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import multiprocessing
 import os
@@ -22,22 +28,48 @@ import time
 import traceback
 
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.owned import NFT_PROXY_TABLE
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 
 ENDPOINTS = 10
 NODE = NodeContext(name="node-a", cluster_cidr="10.128.0.0/9", local_addresses=("198.18.16.11",))
+NODE6 = NodeContext(name="node-a", cluster_cidr="fd00:128::/32", local_addresses=("2001:db8:16::11",),
+                    family=IpFamily.V6)
 LISTENER = "10.255.255.1"   # the last service's one endpoint, a listener in the bench namespace
+LISTENER6 = "fd00:128:ffff::1"
+ROUTED = {IpFamily.V4: "10.0.0.0/8", IpFamily.V6: "fd00::/8"}
+SERVICE_CIDRS = {IpFamily.V4: "10.96.0.0/16", IpFamily.V6: "fd00:96::/112"}   # the API server's, holding vip()   # pods, services, the listener: via bench0
 NETAGENT_MODES = ("nftables", "iptables-legacy", "iptables-nft", "ebpf", "ipvs")
+_VIP6, _POD6, _CHANGED6 = (int(ipaddress.IPv6Address(a)) for a in ("fd00:96::", "fd00:128::", "fd00:128:250::"))
 
 
-def vip(i: int) -> str:
+def node_of(family: IpFamily) -> NodeContext:
+    return NODE if family is IpFamily.V4 else NODE6
+
+
+def listener_ip(family: IpFamily) -> str:
+    return LISTENER if family is IpFamily.V4 else LISTENER6
+
+
+def vip(i: int, family: IpFamily = IpFamily.V4) -> str:
+    if family is IpFamily.V6:
+        return str(ipaddress.IPv6Address(_VIP6 + i))
     return f"10.{96 + i // 65536}.{(i // 256) % 256}.{i % 256}"
 
 
-def pod_ip(n: int) -> str:
+def pod_ip(n: int, family: IpFamily = IpFamily.V4) -> str:
+    if family is IpFamily.V6:
+        return str(ipaddress.IPv6Address(_POD6 + n))
     return f"10.{128 + n // 65536}.{(n // 256) % 256}.{n % 256}"
+
+
+def changed_ip(sample: int, family: IpFamily = IpFamily.V4) -> str:
+    """The address a one-endpoint change puts in (one per sample, in no service yet)."""
+    if family is IpFamily.V6:
+        return str(ipaddress.IPv6Address(_CHANGED6 + sample))
+    return f"10.250.{sample // 256}.{sample % 256}"
 
 
 NODE_PORTS = 2768   # 30000-32767, the API server's default range
@@ -49,14 +81,15 @@ def node_port(i: int) -> int | None:
     return 30000 + i // 10 if i % 10 == 0 and i // 10 < NODE_PORTS else None
 
 
-def make_state(services: int) -> ProxyState:
+def make_state(services: int, family: IpFamily = IpFamily.V4) -> ProxyState:
     ports, endpoints = {}, {}
     for i in range(services):
         name = ServicePortName("bench", f"svc-{i}", "http")
-        ports[name] = ServicePort(name=name, protocol=Protocol.TCP, port=80, cluster_ip=vip(i), node_port=node_port(i))
-        endpoints[name] = tuple(Endpoint(ip=pod_ip(i * ENDPOINTS + e), port=8080, node_name="node-b")
+        ports[name] = ServicePort(name=name, protocol=Protocol.TCP, port=80, cluster_ip=vip(i, family),
+                                  node_port=node_port(i))
+        endpoints[name] = tuple(Endpoint(ip=pod_ip(i * ENDPOINTS + e, family), port=8080, node_name="node-b")
                                 for e in range(ENDPOINTS))
-    return ProxyState(node=NODE, services=ports, endpoints=endpoints)
+    return ProxyState(node=node_of(family), services=ports, endpoints=endpoints)
 
 
 def index_of(name: ServicePortName) -> int:
@@ -72,7 +105,7 @@ def with_one_endpoint_changed(state: ProxyState, sample: int) -> tuple[ProxyStat
     name = ServicePortName("bench", f"svc-{(sample * 7919) % len(state.services)}", "http")
     endpoints = dict(state.endpoints)
     replaced = list(endpoints[name])
-    replaced[0] = Endpoint(ip=f"10.250.{sample // 256}.{sample % 256}", port=8080, node_name="node-b")
+    replaced[0] = Endpoint(ip=changed_ip(sample, state.family), port=8080, node_name="node-b")
     endpoints[name] = tuple(replaced)
     return ProxyState(node=state.node, services=state.services, endpoints=endpoints), name
 
@@ -80,7 +113,7 @@ def with_one_endpoint_changed(state: ProxyState, sample: int) -> tuple[ProxyStat
 def with_listener(state: ProxyState) -> ProxyState:
     """The last service's endpoints replaced by the one listener of `connect_latency`."""
     endpoints = dict(state.endpoints)
-    endpoints[last_service(state)] = (Endpoint(ip=LISTENER, port=8080, node_name="node-a"),)
+    endpoints[last_service(state)] = (Endpoint(ip=listener_ip(state.family), port=8080, node_name="node-a"),)
     return ProxyState(node=state.node, services=state.services, endpoints=endpoints)
 
 
@@ -92,35 +125,38 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def count_iptables_rules(netns: str, backend: str) -> int:
-    saved = namespaces.run_in(netns, [f"iptables-{backend}-save"], timeout=600).stdout
+def count_iptables_rules(netns: str, backend: str, family: IpFamily = IpFamily.V4) -> int:
+    saved = namespaces.run_in(netns, [f"{family.command}-{backend}-save"], timeout=600).stdout
     return sum(1 for line in saved.splitlines() if line.startswith("-A NETAGENT-"))
 
 
-def count_nft(netns: str, table: str) -> tuple[int, int]:
-    """(rules, set and map elements) of the nft table `ip <table>`, read from the kernel."""
-    listed = namespaces.run_in(netns, ["nft", "-j", "list", "table", "ip", table], timeout=900, check=True).stdout
+def count_nft(netns: str, table: str, family: IpFamily = IpFamily.V4) -> tuple[int, int]:
+    """(rules, set and map elements) of the nft table `ip <table>` (`ip6` for IPv6), read from the kernel."""
+    listed = namespaces.run_in(netns, ["nft", "-j", "list", "table", family.nft, table], timeout=900,
+                               check=True).stdout
     objects = json.loads(listed)["nftables"]
     rules = sum(1 for obj in objects if "rule" in obj)
     elements = sum(len(obj.get(kind, {}).get("elem", ())) for obj in objects for kind in ("set", "map"))
     return rules, elements
 
 
-def prepare_namespace(netns: str) -> None:
-    """The listener's address on a veth, and a route for the pod and service ranges."""
+def prepare_namespace(netns: str, family: IpFamily = IpFamily.V4) -> None:
+    """The listener's address on a veth (DAD off for IPv6), and a route for the pod and service ranges."""
+    address = ["ip", "addr", "add", f"{LISTENER}/32", "dev", "bench0"] if family is IpFamily.V4 else \
+        ["ip", "-6", "addr", "add", f"{LISTENER6}/128", "dev", "bench0", "nodad"]
     for argv in (["ip", "link", "set", "lo", "up"],
                  ["ip", "link", "add", "bench0", "type", "veth", "peer", "name", "bench1"],
-                 ["ip", "link", "set", "bench0", "up"], ["ip", "addr", "add", f"{LISTENER}/32", "dev", "bench0"],
-                 ["ip", "route", "add", "10.0.0.0/8", "dev", "bench0"]):
+                 ["ip", "link", "set", "bench0", "up"], address,
+                 ["ip", "route", "add", ROUTED[family], "dev", "bench0"]):
         namespaces.run_in(netns, argv, check=True)
 
 
 @contextlib.contextmanager
-def bench_namespace():
+def bench_namespace(family: IpFamily = IpFamily.V4):
     netns = namespaces.unique_name("na-tbench")
     namespaces.create(netns)
     try:
-        prepare_namespace(netns)
+        prepare_namespace(netns, family)
         yield netns
     finally:
         namespaces.remove(netns)
@@ -163,8 +199,10 @@ times.sort(); print(statistics.median(times), times[int(len(times) * 0.99) - 1])
 
 def connect_latency(netns: str, cgroup: str | None, address: str, count: int) -> tuple[float, float]:
     """(median, p99) seconds of connect() to `address`:80, whose endpoint listens in `netns`."""
+    family = IpFamily.of(address)
     listener = subprocess.Popen([*namespaces.exec_prefix(netns), sys.executable, "-c",
-                                 f"import socket;s=socket.socket();s.setsockopt(1,2,1);s.bind(('{LISTENER}',8080));"
+                                 f"import socket;s=socket.socket({'socket.AF_INET6' if family is IpFamily.V6 else ''});"
+                                 f"s.setsockopt(1,2,1);s.bind(('{listener_ip(family)}',8080));"
                                  "s.listen(4096);print('ready',flush=True)\nwhile True: s.accept()[0].close()"],
                                 stdout=subprocess.PIPE, text=True)
     try:
@@ -180,32 +218,43 @@ def connect_latency(netns: str, cgroup: str | None, address: str, count: int) ->
         listener.wait()
 
 
-def make_backend(mode: str, netns: str, *, bpf_root: str | None, cgroup: str | None):
+def make_backend(mode: str, netns: str, *, bpf_root: str | None, cgroup: str | None,
+                 family: IpFamily = IpFamily.V4):
     from proxy.factory import build_backend
     if mode == "ebpf":
         from proxy.ebpf.backend import EbpfPaths
         from proxy.factory import build_ebpf_backend
-        return build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup=cgroup))
+        return build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup=cgroup), family=family)
     if mode in ("ipvs", "nftables"):
-        return build_backend(mode, iptables_backend=IptablesBackend.LEGACY, netns=netns)
-    return build_backend("iptables", iptables_backend=IptablesBackend(mode.split("-")[1]), netns=netns)
+        return build_backend(mode, iptables_backend=IptablesBackend.LEGACY, netns=netns, family=family)
+    return build_backend("iptables", iptables_backend=IptablesBackend(mode.split("-")[1]), netns=netns,
+                         family=family)
 
 
-def bench_backend(mode: str, services: int, samples: int, connects: int = 0) -> dict:
-    """One netagent backend at one size, in a fresh namespace (and cgroup and bpffs, for ebpf)."""
+def bench_backend(mode: str, services: int, samples: int, connects: int = 0, family: str = "ipv4") -> dict:
+    """One netagent backend at one size, in a fresh namespace (and cgroup and bpffs, for ebpf);
+    `family` by its flag spelling (`ipv4`, `ipv6`: it crosses a process boundary as text)."""
+    ip_family = family_of_flag(family)
     places = ebpf_places() if mode == "ebpf" else contextlib.nullcontext((None, None))
-    with bench_namespace() as netns, places as (bpf_root, cgroup):
-        return _bench_in(netns, mode, services, samples, connects, bpf_root=bpf_root, cgroup=cgroup)
+    with bench_namespace(ip_family) as netns, places as (bpf_root, cgroup):
+        return _bench_in(netns, mode, services, samples, connects, bpf_root=bpf_root, cgroup=cgroup,
+                         family=ip_family)
 
 
-def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int, *, bpf_root, cgroup) -> dict:
+def family_of_flag(flag: str) -> IpFamily:
+    """`--family ipv4|ipv6` as an IpFamily."""
+    return IpFamily.from_label({"ipv4": "IPv4", "ipv6": "IPv6"}[flag])
+
+
+def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int, *, bpf_root, cgroup,
+              family: IpFamily = IpFamily.V4) -> dict:
     extra: dict = {}
     started = time.perf_counter()
-    backend = make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup)
+    backend = make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup, family=family)
     if mode == "ebpf":
         load = backend.load_report
         extra = {"start": time.perf_counter() - started, "compile": load.compile_seconds, "load": load.load_seconds}
-    state = with_listener(make_state(services))
+    state = with_listener(make_state(services, family))
     started = time.perf_counter()
     report = backend.sync(state, changed=None)
     full = time.perf_counter() - started
@@ -226,7 +275,7 @@ def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int,
         backend.sync(state, changed=frozenset({last_service(state)}))
         extra["connect"] = connect_latency(netns, cgroup, state.services[last_service(state)].cluster_ip, connects)
     if mode not in ("ebpf", "ipvs"):   # a restarted agent: a new backend's first (full) sync, table in place
-        again = make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup)
+        again = make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup, family=family)
         started = time.perf_counter()
         restart = again.sync(state, changed=None)
         seconds = time.perf_counter() - started
@@ -236,9 +285,9 @@ def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int,
                             else (seconds, restart.services_written, "service ports"))
         extra["restart_detail"] = restart.detail
     if mode == "nftables":
-        rules, extra["elements"] = count_nft(netns, NFT_PROXY_TABLE)
+        rules, extra["elements"] = count_nft(netns, NFT_PROXY_TABLE, family)
     elif mode.startswith("iptables-"):
-        rules = count_iptables_rules(netns, mode.split("-")[1])
+        rules = count_iptables_rules(netns, mode.split("-")[1], family)
     else:
         rules = report.rules
     backend.cleanup()
@@ -264,38 +313,40 @@ class _Watched:
         return getattr(self.backend, name)
 
 
-def bench_agent_path(mode: str, services: int, samples: int) -> float | None:
+def bench_agent_path(mode: str, services: int, samples: int, family: str = "ipv4") -> float | None:
     """Median seconds from an EndpointSlice update in the API server to the partial sync that
     programmed it, through the real watch, catalog and sync runner of `mode`'s backend."""
+    ip_family = family_of_flag(family)
     places = ebpf_places() if mode == "ebpf" else contextlib.nullcontext((None, None))
-    with bench_namespace() as netns, places as (bpf_root, cgroup):
-        return _agent_path_in(netns, mode, services, samples, bpf_root=bpf_root, cgroup=cgroup)
+    with bench_namespace(ip_family) as netns, places as (bpf_root, cgroup):
+        return _agent_path_in(netns, mode, services, samples, bpf_root=bpf_root, cgroup=cgroup, family=ip_family)
 
 
-def _agent_path_in(netns: str, mode: str, services: int, samples: int, *, bpf_root, cgroup) -> float | None:
+def _agent_path_in(netns: str, mode: str, services: int, samples: int, *, bpf_root, cgroup,
+                   family: IpFamily = IpFamily.V4) -> float | None:
     from kubernetes import client
 
     from lab.apiserver import ApiServer
     from netagent.infra.metrics import Registry
     from proxy.service_proxy import ProxySettings, ServiceProxy
 
-    api = ApiServer()
+    api = ApiServer(service_cidr=SERVICE_CIDRS[family])
     api.start()
     proxy = None
-    watched = _Watched(make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup))
+    watched = _Watched(make_backend(mode, netns, bpf_root=bpf_root, cgroup=cgroup, family=family))
     try:
         api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
         api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
         for i in range(services):
             port = {"name": "http", "port": 80, "targetPort": 8080, **({"nodePort": node_port(i)} if node_port(i) else {})}
             api.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"svc-{i}", "namespace": "bench"},
-                        "spec": {"type": "NodePort" if node_port(i) else "ClusterIP", "clusterIP": vip(i),
-                                 "clusterIPs": [vip(i)], "ports": [port]}})
-            api.create(_slice(i, [pod_ip(i * ENDPOINTS + e) for e in range(ENDPOINTS)]))
+                        "spec": {"type": "NodePort" if node_port(i) else "ClusterIP", "clusterIP": vip(i, family),
+                                 "clusterIPs": [vip(i, family)], "ipFamilies": [family.label], "ports": [port]}})
+            api.create(_slice(i, [pod_ip(i * ENDPOINTS + e, family) for e in range(ENDPOINTS)], family))
         # no periodic resync during the samples: each change is a lone partial sync
         proxy = ServiceProxy(api_client=client.ApiClient(client.Configuration(host=api.url)),
-                             settings=ProxySettings(node_name="node-a", cluster_cidr=NODE.cluster_cidr,
-                                                    sync_period=3600.0),
+                             settings=ProxySettings(node_name="node-a", cluster_cidr=node_of(family).cluster_cidr,
+                                                    sync_period=3600.0, family=family),
                              backend=watched, registry=Registry())
         proxy.start()
         deadline = time.monotonic() + 1800
@@ -305,10 +356,10 @@ def _agent_path_in(netns: str, mode: str, services: int, samples: int, *, bpf_ro
         for sample in range(samples):
             time.sleep(1.1)  # past --min-sync-period, as a lone change in a quiet cluster
             i = (sample * 7919) % services
-            new_ip = f"10.250.{sample // 256}.{sample % 256}"
+            new_ip = changed_ip(sample, family)
             watched.wanted, _ = new_ip, watched.done.clear()
             started = time.perf_counter()
-            api.update(_slice(i, [new_ip] + [pod_ip(i * ENDPOINTS + e) for e in range(1, ENDPOINTS)]))
+            api.update(_slice(i, [new_ip] + [pod_ip(i * ENDPOINTS + e, family) for e in range(1, ENDPOINTS)], family))
             if watched.done.wait(120):
                 times.append(time.perf_counter() - started)
         return statistics.median(times) if times else None
@@ -319,10 +370,10 @@ def _agent_path_in(netns: str, mode: str, services: int, samples: int, *, bpf_ro
         api.stop()
 
 
-def _slice(i: int, ips: list[str]) -> dict:
+def _slice(i: int, ips: list[str], family: IpFamily = IpFamily.V4) -> dict:
     return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": f"svc-{i}-1", "namespace": "bench", "labels": {"kubernetes.io/service-name": f"svc-{i}"}},
-            "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "addressType": family.label, "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
             "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "nodeName": "node-b"} for ip in ips]}
 
 

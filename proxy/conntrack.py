@@ -15,7 +15,8 @@ entry points are `ServicePort.entry_points()` (a NodePort is any local address),
 endpoints the states' own selections (`ProxyState.selection`, computed once per sync).
 The deleting is a kernel touchpoint, the `Conntrack` interface: `ConntrackCommand` runs the
 `conntrack` tool (one `-D` per filter, inside the agent's network namespace through
-`exec_prefix`); `FakeConntrack` (fake_conntrack.py) keeps entries in memory. TCP and SCTP
+`exec_prefix`, `-f ipv6` for the IPv6 proxy's, since a filter without an address would
+otherwise mean IPv4); `FakeConntrack` (fake_conntrack.py) keeps entries in memory. TCP and SCTP
 are left alone: their endpoints end connections themselves, and deleting live entries would
 break graceful termination.
 
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from netagent.errors import NetagentError
+from netagent.kernel.families import IpFamily
 from proxy.model import Protocol, ProxyState, ServicePortName
 
 log = logging.getLogger("netagent.proxy.conntrack")
@@ -52,8 +54,8 @@ class FlowFilter:
     address: str | None = None
     reply_source: str | None = None
 
-    def argv(self) -> list[str]:
-        argv = ["-D", "-p", "udp"]
+    def argv(self, family: IpFamily = IpFamily.V4) -> list[str]:
+        argv = ["-D"] + (["-f", "ipv6"] if family is IpFamily.V6 else []) + ["-p", "udp"]
         if self.address is not None:
             argv += ["--orig-dst", self.address]
         argv += ["--orig-port-dst", str(self.port)]
@@ -126,15 +128,17 @@ class Conntrack(abc.ABC):
 class ConntrackCommand(Conntrack):
     """Deletes entries with the `conntrack` tool; answers how many went."""
 
-    def __init__(self, *, exec_prefix: Sequence[str] = (), binary: str = "conntrack") -> None:
+    def __init__(self, *, exec_prefix: Sequence[str] = (), binary: str = "conntrack",
+                 family: IpFamily = IpFamily.V4) -> None:
         self._prefix = list(exec_prefix)
         self._binary = binary
+        self.family = family
 
     def delete(self, flow: FlowFilter) -> int:
-        completed = subprocess.run([*self._prefix, self._binary, *flow.argv()], capture_output=True, text=True,
-                                   timeout=30)
+        argv = flow.argv(self.family)
+        completed = subprocess.run([*self._prefix, self._binary, *argv], capture_output=True, text=True, timeout=30)
         found = _DELETED.search(completed.stderr + completed.stdout)
         if found is None:  # the tool failed before counting: no table, bad argument, ...
-            raise ConntrackError(f"conntrack {' '.join(flow.argv())}: "
+            raise ConntrackError(f"conntrack {' '.join(argv)}: "
                                  f"{completed.stderr.strip() or completed.returncode}")
         return int(found.group(1))

@@ -6,14 +6,24 @@ Everything runs in the caller's network namespace unless `netns` names another (
 benchmarks program a namespace they created, from the root namespace). The eBPF backend is
 placed by a cgroup and a bpffs directory instead (`EbpfPaths`), never by a default: its
 programs act on every socket of that cgroup whatever its network namespace.
+
+Each backend is built for one IP family (`family`, default IPv4), as kube-proxy builds one
+proxier per family: iptables through that family's binaries, and `family=` handed to the
+nftables, IPVS and eBPF backends' constructors. A backend whose constructor does not take
+`family` yet (its IPv6 form not in this build) is refused for IPv6 with a clear error
+(`_family_arguments`) rather than silently programming IPv4; IPv4 calls are as they were.
 """
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Callable
+from typing import Any
 
 from netagent.kernel.ipset import IpsetRunner
 from netagent.infra.rejections import RejectionScope
-from netagent.kernel.iptables.backend import IpFamily, IptablesBackend
+from netagent.kernel.families import IpFamily
+from netagent.kernel.iptables.backend import IptablesBackend, IptablesNotInstalled
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.namespaces import exec_prefix
 from proxy.backend import ProxyBackend, ProxyMode
@@ -25,43 +35,58 @@ class BackendConfigError(NetagentError):
     pass
 
 
+def _family_arguments(build: Callable, family: IpFamily, mode: str) -> dict[str, Any]:
+    """`{"family": family}` for a constructor that takes it; nothing for IPv4 (as before);
+    BackendConfigError for IPv6 when the backend has no IPv6 form in this build."""
+    if family is IpFamily.V4:
+        return {}
+    if "family" not in inspect.signature(build).parameters:
+        raise BackendConfigError(f"--proxy-mode {mode}: this build's {mode} backend does not program "
+                                 f"{family.label} Services (use --proxy-mode iptables for {family.label})")
+    return {"family": family}
+
+
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
                   netns: str | None = None, ebpf: EbpfPaths | None = None,
-                  rejections: RejectionScope | None = None) -> ProxyBackend:
+                  rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4) -> ProxyBackend:
     """`rejections`: where the eBPF backend records the Services its maps have no room for."""
     if ProxyMode(mode) is ProxyMode.EBPF:
-        return build_ebpf_backend(ebpf, rejections=rejections)
+        return build_ebpf_backend(ebpf, rejections=rejections, family=family)
     if ProxyMode(mode) is ProxyMode.NFTABLES:
-        return build_nftables_backend(netns=netns)
+        return build_nftables_backend(netns=netns, family=family)
     if ProxyMode(mode) is ProxyMode.IPTABLES:
         from proxy.iptables.backend import IptablesProxy
-        return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4,
+        return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=family,
                                                      exec_prefix=exec_prefix(netns)),
                              ipset=IpsetRunner(exec_prefix=exec_prefix(netns)))
     from proxy.ipvs.proxy import IpvsProxy
     from proxy.ipvs.render import IpvsSettings
     from proxy.ipvs.table import Scheduler
     return IpvsProxy.in_namespace(netns=netns, iptables_backend=iptables_backend,
-                                  settings=IpvsSettings(scheduler=Scheduler(scheduler)))
+                                  settings=IpvsSettings(scheduler=Scheduler(scheduler)),
+                                  **_family_arguments(IpvsProxy.in_namespace, family, "ipvs"))
 
 
-def build_nftables_backend(*, netns: str | None = None) -> ProxyBackend:
+def build_nftables_backend(*, netns: str | None = None, family: IpFamily = IpFamily.V4) -> ProxyBackend:
     """The nftables backend over libnftables, in `netns` (None: this namespace)."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from proxy.nftables.backend import NftablesProxy
+    extra = _family_arguments(NftablesProxy, family, "nftables")
     try:
-        return NftablesProxy(nft=NftRunner(netns))
+        return NftablesProxy(nft=NftRunner(netns), **extra)
     except NftError as error:
         raise BackendConfigError(f"--proxy-mode nftables: {error}") from None
 
 
 def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: bool = False,
-                       rejections: RejectionScope | None = None) -> ProxyBackend:
+                       rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4) -> ProxyBackend:
     """Compile, load and attach the programs (`load`), then open the pinned maps; without
     `load`, only open what an agent pinned (status, cleanup: no compiler needed)."""
     from ebpf.loader import EbpfError, SocketLbLoader, check_bpf_root, pin_dir
     from ebpf.mapset import MapSet
     from proxy.ebpf.backend import EbpfProxy
+    from proxy.ebpf.backend import EbpfProxy as _EbpfProxy
+    extra = _family_arguments(_EbpfProxy, family, "ebpf")
     if paths is None or not paths.bpf_root or not paths.cgroup:
         raise BackendConfigError("--proxy-mode ebpf needs --bpf-root (a bpffs mount) and --cgroup-root "
                                  "(the cgroup v2 directory whose sockets are balanced)")
@@ -95,7 +120,7 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
             maps.close()
             raise BackendConfigError(f"watching for pod veths: {error}") from None
     return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat, pod_veths=pod_veths,
-                     rejections=rejections)
+                     rejections=rejections, **extra)
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,
@@ -112,9 +137,23 @@ def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = No
     from proxy.ipvs.netlink import NetlinkAddressDevice
     if NetlinkAddressDevice(netns=netns).exists():
         return ProxyMode.IPVS
+    return ProxyMode.IPTABLES if iptables_families(iptables_backend=iptables_backend, netns=netns) else None
+
+
+def iptables_families(*, iptables_backend: IptablesBackend, netns: str | None = None) -> tuple[IpFamily, ...]:
+    """The families whose iptables hold the iptables proxy's service chain (ip6tables too)."""
     from proxy.iptables.names import FIXED_CHAINS
-    runner = IptablesRunner(backend=iptables_backend, family=IpFamily.V4, exec_prefix=exec_prefix(netns))
-    return ProxyMode.IPTABLES if set(runner.list_chains("nat")) & set(FIXED_CHAINS["nat"]) else None
+    found = []
+    for family in IpFamily:
+        try:
+            runner = IptablesRunner(backend=iptables_backend, family=family, exec_prefix=exec_prefix(netns))
+        except IptablesNotInstalled:   # no ip6tables here: nothing of ours there either
+            if family is IpFamily.V4:
+                raise
+            continue
+        if set(runner.list_chains("nat")) & set(FIXED_CHAINS["nat"]):
+            found.append(family)
+    return tuple(found)
 
 
 def _nft_table_exists(netns: str | None) -> bool:

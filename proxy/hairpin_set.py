@@ -17,7 +17,8 @@ a set an iptables rule references cannot be destroyed, so growing means a *new* 
   destroyed afterwards (`obsolete`). It never shrinks while the agent runs (no flapping).
 
 A hash set's memory grows with its members, not its `maxelem`, so a large capacity costs
-nothing until used.
+nothing until used. A set holds one family (`family`, ipset's `inet` or `inet6`): the IPv6
+backend's set has a base name of its own.
 """
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ def fits(spec: IpsetSpec, members: int) -> bool:
     return members <= spec.max_elements - spec.max_elements // 8
 
 
-def hairpin_spec(base: str, capacity: int, *, minimum: int = DEFAULT_MAX_ELEMENTS) -> IpsetSpec:
+def hairpin_spec(base: str, capacity: int, *, minimum: int = DEFAULT_MAX_ELEMENTS, family: str = "inet") -> IpsetSpec:
     name = base if capacity == minimum else f"{base}-{capacity.bit_length() - 1}"
-    return IpsetSpec(name, IpsetType.HASH_IP_PORT_IP, comment=HAIRPIN_COMMENT, max_elements=capacity)
+    return IpsetSpec(name, IpsetType.HASH_IP_PORT_IP, comment=HAIRPIN_COMMENT, max_elements=capacity,
+                     family=family)
 
 
 def choose(base: str, members: int, *, current: IpsetSpec | None,
-           minimum: int = DEFAULT_MAX_ELEMENTS) -> IpsetSpec:
+           minimum: int = DEFAULT_MAX_ELEMENTS, family: str = "inet") -> IpsetSpec:
     """The set to hold `members`: `current` while they fit, else the smallest capacity (a power
     of two times `minimum`) with room for twice as many."""
     if current is not None and fits(current, members):
@@ -48,7 +50,7 @@ def choose(base: str, members: int, *, current: IpsetSpec | None,
     capacity = minimum
     while not fits(IpsetSpec(base, IpsetType.HASH_IP_PORT_IP, max_elements=capacity), 2 * members):
         capacity *= 2
-    return hairpin_spec(base, capacity, minimum=minimum)
+    return hairpin_spec(base, capacity, minimum=minimum, family=family)
 
 
 def is_hairpin_set(base: str, name: str) -> bool:

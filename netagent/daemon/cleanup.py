@@ -108,7 +108,8 @@ def remove_proxy_state() -> list[str]:
     chain sweep, since ipsets can only go once no rule references them)."""
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
-    from proxy.factory import build_backend, programmed_mode
+    from proxy.backend import ProxyMode
+    from proxy.factory import build_backend, iptables_families, programmed_mode
     removed = []
     for backend in IptablesBackend:
         if missing_binaries(IpFamily.V4, backend):
@@ -117,4 +118,7 @@ def remove_proxy_state() -> list[str]:
         if mode is not None:
             build_backend(mode, iptables_backend=backend).cleanup()
             removed.append(f"service proxy state ({mode.value}, iptables {backend.value})")
+        if IpFamily.V6 in iptables_families(iptables_backend=backend):   # the IPv6 proxy's ip6tables chains
+            build_backend(ProxyMode.IPTABLES, iptables_backend=backend, family=IpFamily.V6).cleanup()
+            removed.append(f"IPv6 service proxy state (iptables, ip6tables {backend.value})")
     return removed

@@ -11,13 +11,24 @@ for none). Both servers are the agent's `StatusServer`: the healthz one answers 
 alone, the metrics one serves the agent's whole registry, kube-proxy's `/proxyMode`, and
 `/services` (what `netagent status services` shows, with the names the running agent knows).
 With `--proxy-mode none`, `netagent run` serves the registry on the same metrics addresses.
+
+One proxy per IP family of the cluster (the families of `--cluster-cidr`), as kube-proxy runs
+one proxier per family: each with its own backend (iptables through ip6tables for IPv6, the
+others built with `family=`), catalog, sync runner (`proxy`, `proxy-ipv6`) and rejection
+scope (`proxy`, `proxy-ipv6`), sharing one `ProxyMetrics` (kube-proxy's names, no new label)
+and the two servers. /healthz is healthy when every family's proxy is; the first proxy's
+report keeps today's shape and each other family's is listed under its runner's name. An
+IPv4-only cluster builds exactly the one IPv4 proxy of before.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from netagent.kernel.families import IpFamily
 
 from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
 from proxy.limits import add_limit_arguments, limits_from_args
@@ -25,7 +36,7 @@ from netagent.errors import NetagentError
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.infra.rejections import RejectionScope
-    from netagent.infra.status_server import StatusServer
+    from netagent.infra.status_server import HealthFunction, HealthReport, StatusServer
     from proxy.service_proxy import ServiceProxy
 
 log = logging.getLogger("netagent.daemon.proxy_start")
@@ -86,67 +97,154 @@ class ProxyStartError(NetagentError):
 
 @dataclass
 class ProxyParts:
-    """The proxy and its two servers, built but not started (`start`, then `stop`)."""
-    proxy: ServiceProxy
+    """The proxies (one per family, IPv4 first) and their two servers, built but not started
+    (`start`, then `stop`)."""
+    proxies: tuple[ServiceProxy, ...]
     servers: tuple[StatusServer, ...]
     started: list[StatusServer] = field(default_factory=list)
+    running: list[ServiceProxy] = field(default_factory=list)
+
+    @property
+    def proxy(self) -> ServiceProxy:
+        """The first family's proxy (the only one on a single-stack node)."""
+        return self.proxies[0]
+
+    @property
+    def node_listeners(self) -> list:
+        """What the caller's Node reflector feeds: every proxy's own-Node recorder."""
+        return [proxy.node for proxy in self.proxies]
 
     def start(self) -> None:
         for server in self.servers:
             server.start()
             self.started.append(server)
-        self.proxy.start()
+        for proxy in self.proxies:
+            proxy.start()
+            self.running.append(proxy)
 
     def stop(self) -> None:
-        self.proxy.stop()
+        while self.running:
+            self.running.pop().stop()
         while self.started:
             self.started.pop().stop()
 
 
-def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: str | None,
-                rejections: RejectionScope | None = None) -> ProxyParts | None:
-    """Check the flags and build the proxy and its servers; None with --proxy-mode none.
+def proxy_families(cluster_cidrs: Mapping[IpFamily, str]) -> tuple[IpFamily, ...]:
+    """The families to proxy: those of the cluster CIDRs, IPv4 first; IPv4 when none is known."""
+    return tuple(family for family in IpFamily if family in cluster_cidrs) or (IpFamily.V4,)
 
-    The proxy's Node events are shared (`NodeSource.SHARED`): the caller feeds
-    `parts.proxy.node` from the Node reflector it already runs. Services and EndpointSlices
-    the proxy refuses are recorded in `rejections` (a private scope when None) and listed in
-    /healthz's details (`rejected`) without making the node unhealthy."""
+
+def _all_healthy(healths: Mapping[str, HealthFunction]) -> HealthFunction:
+    """The first health as it is, unhealthy too when another is, each other under its name."""
+    from netagent.infra.status_server import HealthReport
+    (first, *others) = healths.values()
+    names = list(healths)[1:]
+
+    def health() -> HealthReport:
+        report = first()
+        details, failing = dict(report.details), []
+        for name, other in zip(names, others):
+            checked = other()
+            details[name] = {"healthy": checked.healthy, "reason": checked.reason, **checked.details}
+            if not checked.healthy:
+                failing.append(checked.reason)
+        if not failing:
+            return HealthReport(report.healthy, report.reason, details)
+        reason = "; ".join(failing)
+        return HealthReport(False, reason if report.healthy else f"{report.reason}; {reason}", details)
+    return health
+
+
+def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: Mapping[IpFamily, str],
+                rejections: RejectionScope | None = None) -> ProxyParts | None:
+    """Check the flags and build the proxies (one per family of `cluster_cidrs`: family -> that
+    family's cluster CIDR) and their servers; None with --proxy-mode none.
+
+    The proxies' Node events are shared (`NodeSource.SHARED`): the caller feeds
+    `parts.node_listeners` from the Node reflector it already runs. Services and EndpointSlices
+    a proxy refuses are recorded in `rejections` (a private scope when None; the IPv6 proxy's
+    in a scope of its own beside it) and listed in /healthz's details (`rejected`) without
+    making the node unhealthy."""
     if args.proxy_mode == NO_PROXY:
         return None
+    from netagent.daemon.rejection_reports import with_rejections
     from netagent.daemon.status_services import services_json
     from netagent.infra.rejections import standalone
     from netagent.infra.status_server import StatusServer, health_from_sync_runner
+    from netagent.kernel.iptables.backend import IptablesNotInstalled
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import BackendConfigError, build_backend
     from proxy.healthcheck import HealthCheckPorts
     from proxy.local_addresses import NetlinkLocalAddresses
-    from proxy.nodeport_addresses import NodePortAddressError, nodeport_addresses, parse_nodeport_cidrs
-    from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy
+    from proxy.metrics import ProxyMetrics
+    from proxy.nodeport_addresses import NodePortAddressError, nodeport_addresses, of_family, parse_nodeport_cidrs
+    from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy, runner_name
 
     try:
         cidrs = parse_nodeport_cidrs(args.nodeport_addresses)
     except NodePortAddressError as error:
         raise ProxyStartError(str(error)) from None
+    families = proxy_families(cluster_cidrs)
     local_addresses = NetlinkLocalAddresses()
-    local = local_addresses.ipv4() if cidrs else ()
-    if cidrs and not nodeport_addresses(local, cidrs):
-        raise ProxyStartError(f"--nodeport-addresses {','.join(cidrs)}: no local address is inside them "
-                              f"(local: {', '.join(local) or 'none'})")
+    for family in families:
+        wanted = of_family(cidrs, family)
+        local = local_addresses.of_family(family) if wanted else ()
+        if wanted and not nodeport_addresses(local, wanted):
+            raise ProxyStartError(f"--nodeport-addresses {','.join(wanted)}: no local address is inside them "
+                                  f"(local: {', '.join(local) or 'none'})")
     min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
     try:
         limits = limits_from_args(args)
     except ValueError as error:
         raise ProxyStartError(str(error)) from None
-    settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidr, nodeport_cidrs=cidrs,
-                             min_sync_period=min_sync, sync_period=args.sync_period, limits=limits)
     scope = rejections if rejections is not None else standalone("proxy")
-    try:
-        # the eBPF backend's map-full records: a scope of their own, so the catalog accepting a
-        # Service never clears them (and they never overwrite the catalog's)
-        backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend, scheduler=args.ipvs_scheduler,
-                                ebpf=ebpf_paths(args), rejections=scope.rejections.scope("proxy-ebpf"))
-    except (BackendConfigError, ValueError) as error:   # ValueError: a bad --bpf-map-max
-        raise ProxyStartError(str(error)) from None
+    metrics: ProxyMetrics | None = None
+    proxies: list[ServiceProxy] = []
+    healths: dict[str, HealthFunction] = {}
+    health_checks = HealthCheckPorts()
+    for family in families:
+        settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidrs.get(family),
+                                 nodeport_cidrs=cidrs, min_sync_period=min_sync, sync_period=args.sync_period,
+                                 limits=limits, family=family)
+        name = runner_name(family)
+        family_scope = scope if not proxies else scope.rejections.scope(name)
+        try:
+            # the eBPF backend's map-full records: a scope of their own, so the catalog accepting a
+            # Service never clears them (and they never overwrite the catalog's)
+            backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend,
+                                    scheduler=args.ipvs_scheduler, ebpf=ebpf_paths(args), family=family,
+                                    rejections=scope.rejections.scope(name.replace("proxy", "proxy-ebpf", 1)))
+        except (BackendConfigError, ValueError, IptablesNotInstalled) as error:   # ValueError: a bad --bpf-map-max
+            raise ProxyStartError(str(error)) from None
+        _log_load_report(backend)
+        if metrics is None:
+            metrics = ProxyMetrics(registry, table_fill=backend.table_fill)
+        # the health-check node ports are one set of listeners: the first family's proxy
+        # answers them (kube-proxy serves them once per node too)
+        proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
+                             conntrack=ConntrackCommand(family=family),
+                             healthcheck=health_checks if not proxies else None,
+                             local_addresses=local_addresses, node_source=NodeSource.SHARED,
+                             rejections=family_scope, metrics=metrics)
+        proxies.append(proxy)
+        # a change left unprogrammed for longer than this makes the proxy unhealthy
+        healths[name] = with_rejections(
+            health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0)), family_scope)
+    health = _all_healthy(healths)
+    health_checks.proxy_healthy = lambda: health().healthy
+
+    healthz = StatusServer(bind=args.healthz_bind_address, registry=None, health=health)
+    binds = metrics_binds(args)
+    metrics_server = StatusServer(bind=binds, registry=registry, health=health, pages={
+        "/proxyMode": ("text/plain; charset=utf-8", lambda: args.proxy_mode),
+        "/services": ("application/json",
+                      lambda: services_json(args.proxy_mode, [s for p in proxies for s in p.backend.programmed()])),
+    }) if binds else None
+    servers = (healthz, metrics_server) if metrics_server is not None else (healthz,)
+    return ProxyParts(proxies=tuple(proxies), servers=servers)
+
+
+def _log_load_report(backend) -> None:
     report = getattr(backend, "load_report", None)
     if report is not None:
         log.info("ebpf: compiled in %.2f s, loaded and attached in %.3f s (attached %s; kept %s)",
@@ -154,20 +252,3 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidr: s
                  ", ".join(report.kept) or "none")
         for line in report.resized:
             log.warning("ebpf: pinned map changed: %s", line)
-    health_checks = HealthCheckPorts()
-    proxy = ServiceProxy(api_client=api_client, settings=settings, backend=backend, registry=registry,
-                         conntrack=ConntrackCommand(), healthcheck=health_checks,
-                         local_addresses=local_addresses, node_source=NodeSource.SHARED, rejections=scope)
-    # a change left unprogrammed for longer than this makes the proxy unhealthy
-    from netagent.daemon.rejection_reports import with_rejections
-    health = with_rejections(health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0)),
-                             scope)
-    health_checks.proxy_healthy = lambda: health().healthy
-
-    healthz = StatusServer(bind=args.healthz_bind_address, registry=None, health=health)
-    binds = metrics_binds(args)
-    metrics = StatusServer(bind=binds, registry=registry, health=health, pages={
-        "/proxyMode": ("text/plain; charset=utf-8", lambda: args.proxy_mode),
-        "/services": ("application/json", lambda: services_json(args.proxy_mode, backend.programmed())),
-    }) if binds else None
-    return ProxyParts(proxy=proxy, servers=(healthz, metrics) if metrics is not None else (healthz,))

@@ -249,10 +249,10 @@ def _run_cluster_mode(args) -> int:
     registry = Registry()
     from netagent.daemon.rejection_reports import build_rejections, with_rejections
     rejections, event_poster = build_rejections(registry, api_client=api_client, node_name=settings.node_name)
-    cluster_cidr = next((str(c) for c in settings.cluster_cidrs if c.version == 4), None)
+    cluster_cidrs = {IpFamily.of(c): str(c) for c in reversed(settings.cluster_cidrs)}   # the first per family
     try:
         proxy = build_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
-                            cluster_cidr=cluster_cidr, rejections=rejections.scope("proxy"))
+                            cluster_cidrs=cluster_cidrs, rejections=rejections.scope("proxy"))
     except ProxyStartError as exc:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
@@ -263,7 +263,7 @@ def _run_cluster_mode(args) -> int:
                       iptables=IptablesRunner(backend=backend, family=IpFamily.V4) if backend is not None else None,
                       nft=nft, kernel_release=os.uname().release, bgp=bgp)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
-                      node_listeners=[proxy.proxy.node] if proxy is not None else [],
+                      node_listeners=proxy.node_listeners if proxy is not None else [],
                       rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(args))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []

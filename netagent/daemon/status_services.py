@@ -8,6 +8,10 @@ kernel too and also knows every service's name: IPVS keeps no names, and iptable
 nftables keep them only as comments. When no agent answers, the kernel is read here, so the command
 still works while the agent is down (IPVS entries are then unnamed). `--json` prints
 `{"mode", "source", "services": [{"name", "address", "kind", "backends"}]}`.
+
+Both families are listed (an IPv6 address as `[addr]:port`): the agent lists every family's
+proxy, and the kernel read takes ip6tables (or the IPv6 form of the mode's backend, where
+this build has one) beside IPv4.
 """
 from __future__ import annotations
 
@@ -37,13 +41,21 @@ def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
     from netagent.kernel.iptables.backend import resolve_backend
     from proxy.backend import ProxyMode
     from proxy.ebpf.backend import EbpfPaths
-    from proxy.factory import build_backend, build_ebpf_backend, programmed_mode
+    from proxy.factory import BackendConfigError, build_backend, build_ebpf_backend, iptables_families, programmed_mode
     backend_choice = resolve_backend(iptables_backend, family=IpFamily.V4)
     mode = programmed_mode(iptables_backend=backend_choice, bpf_root=bpf_root)
     if mode is ProxyMode.EBPF and bpf_root:
         services = build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup="-"), load=False).programmed()
+    elif mode is ProxyMode.IPTABLES:
+        services = [service for family in iptables_families(iptables_backend=backend_choice)
+                    for service in build_backend(mode, iptables_backend=backend_choice, family=family).programmed()]
     else:
         services = [] if mode is None else build_backend(mode, iptables_backend=backend_choice).programmed()
+        if mode is ProxyMode.NFTABLES:
+            try:
+                services += build_backend(mode, iptables_backend=backend_choice, family=IpFamily.V6).programmed()
+            except BackendConfigError:   # no IPv6 form of it in this build: nothing of it programmed either
+                pass
     return {**json.loads(services_json(mode.value if mode else None, services)), "source": "kernel"}
 
 

@@ -28,6 +28,11 @@ One service port the kernel refuses does not cost the others theirs: iptables-re
 all or nothing, so when it names a refused line that belongs to one service port
 (`unprogrammable.py`), that port is left out and the rest written again; it stays out,
 reported in `BackendSyncReport.unprogrammed`, until its definition or endpoints change.
+
+One backend programs one IP family, its runner's (`iptables.family`: ip6tables-restore for
+IPv6), from states of that family only; a dual-stack node runs two, and each finds and
+removes only its own family's chains (the tables are separate) and hairpin sets (named per
+family: `names.hairpin_set_name`).
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canon
 from netagent.kernel.iptables.runner import Iptables, IptablesError, JumpPosition, add_chain_removal, jump_drift
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy import hairpin_set as hairpin
-from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
+from proxy.iptables.names import PER_SERVICE_CHAIN, hairpin_set_name, is_owned_chain
 from proxy.iptables.readback import programmed_services, read_kernel_view
 from proxy.iptables.render import (TABLE_ORDER, IptablesProxySettings, RenderedChain, Ruleset, UnrenderablePort,
                                    render_ruleset)
@@ -71,12 +76,14 @@ class IptablesProxy(ProxyBackend):
                  hairpin_minimum: int = DEFAULT_MAX_ELEMENTS):
         self.iptables = iptables
         self.ipset = ipset
+        self.family = iptables.family
         if settings is None:
             ports = iptables.port_randomization
-            settings = IptablesProxySettings(ports=ports)
+            settings = IptablesProxySettings(ports=ports, hairpin_set=hairpin_set_name(self.family))
         self.settings = settings
         self.hairpin_minimum = hairpin_minimum
-        self.hairpin_spec = hairpin.hairpin_spec(settings.hairpin_set, hairpin_minimum, minimum=hairpin_minimum)
+        self.hairpin_spec = hairpin.hairpin_spec(settings.hairpin_set, hairpin_minimum, minimum=hairpin_minimum,
+                                                 family=self.family.ipset)
         self._hairpin_known = False             # hairpin_spec read from the kernel (first full sync)
         self._written: Ruleset | None = None   # what the last successful sync left in the kernel
         self._left_out: dict[ServicePortName, LeftOut] = {}   # refused by the kernel, left out until changed
@@ -88,6 +95,8 @@ class IptablesProxy(ProxyBackend):
         """Program `state`; a service port whose lines the kernel refuses is left out (and
         reported in `unprogrammed`) and the rest written again, up to MAX_LEFT_OUT_PER_SYNC
         times per sync; a refusal that names no service port's line raises."""
+        if state.family is not self.family:
+            raise ValueError(f"an {state.family.label} state for the {self.family.label} iptables backend")
         previous, self._written = self._written, None   # forgotten until this sync succeeds
         state, changed = leave_out_known(state, changed, left_out=self._left_out)
         for attempt in range(MAX_LEFT_OUT_PER_SYNC + 1):
@@ -142,7 +151,7 @@ class IptablesProxy(ProxyBackend):
             if sizes:
                 name = max(sizes, key=lambda n: (sizes[n], n))
                 self.hairpin_spec = IpsetSpec(name, self.hairpin_spec.type, comment=HAIRPIN_COMMENT,
-                                              max_elements=sizes[name])
+                                              max_elements=sizes[name], family=self.family.ipset)
         self._hairpin_known = True
         return found
 
@@ -160,7 +169,7 @@ class IptablesProxy(ProxyBackend):
         existing = self._adopt_hairpin()
         members = ruleset.hairpin_members
         self.hairpin_spec = hairpin.choose(self.settings.hairpin_set, len(members), current=self.hairpin_spec,
-                                           minimum=self.hairpin_minimum)
+                                           minimum=self.hairpin_minimum, family=self.family.ipset)
         ruleset = ruleset.with_hairpin_set(self.hairpin_spec.name)
         self._attempt = ruleset
         self.ipset.ensure_set(self.hairpin_spec)
@@ -175,7 +184,7 @@ class IptablesProxy(ProxyBackend):
                        changed: Iterable[ServicePortName]) -> tuple[Ruleset, int]:
         old_spec = self.hairpin_spec
         self.hairpin_spec = hairpin.choose(self.settings.hairpin_set, len(ruleset.hairpin_members),
-                                           current=old_spec, minimum=self.hairpin_minimum)
+                                           current=old_spec, minimum=self.hairpin_minimum, family=self.family.ipset)
         ruleset = ruleset.with_hairpin_set(self.hairpin_spec.name)
         self._attempt = ruleset
         write: list[RenderedChain] = []

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import re
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import OWNED_PREFIX
 from proxy.model import Endpoint, Protocol, ServicePort, ServicePortName
 
@@ -34,6 +35,11 @@ FIXED_CHAINS = {"nat": (SERVICES_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN),
                 "filter": (FILTER_CHAIN, FORWARD_CHAIN)}
 
 HAIRPIN_SET = f"{OWNED_PREFIX}HAIRPIN"
+HAIRPIN_SET6 = f"{OWNED_PREFIX}HAIRPIN6"   # ipsets are per namespace, not per family: IPv6's own
+
+
+def hairpin_set_name(family: IpFamily) -> str:
+    return HAIRPIN_SET if family is IpFamily.V4 else HAIRPIN_SET6
 
 
 class ChainKind(str, enum.Enum):

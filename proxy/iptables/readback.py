@@ -93,12 +93,13 @@ def _destination(rule: Sequence[str]) -> str:
     """The rule's destination address; ANY_LOCAL_ADDRESS for "any local address" rules."""
     for index, token in enumerate(rule[:-1]):
         if token == "-d" and (index == 0 or rule[index - 1] != "!"):
-            return rule[index + 1].removesuffix("/32")
+            return rule[index + 1].removesuffix("/32").removesuffix("/128")
     return ANY_LOCAL_ADDRESS
 
 
 def _address(rule: Sequence[str], host: str) -> str:
     protocol = (_value(rule, "-p") or "?").upper()
+    host = f"[{host}]" if ":" in host else host   # an IPv6 address, as DNAT spells it
     return f"{host}:{_value(rule, '--dport')}/{protocol}"
 
 

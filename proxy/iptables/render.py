@@ -43,6 +43,13 @@ MASQUERADE rule matches the ipset NETAGENT-HAIRPIN (hash:ip,port,ip) against (de
 ip, destination port, source ip), and the set holds (endpoint, proto:port, endpoint) for
 every endpoint; the backend syncs its members incrementally.
 
+IPv6 (ip6tables, a ruleset rendered from a state whose `family` is IPv6): the same chains,
+names and shape, with what the family's tools spell differently (as ip6tables-save prints it,
+checked on both backends): host masks /128, loopback ::1/128, `--to-destination [addr]:port`,
+REJECT with icmp6-port-unreachable, the recent match's mask of 128 bits, and a hairpin set of
+its own (`family inet6`, NETAGENT-HAIRPIN6: ipsets are per namespace, not per family). The
+masquerade mark is the same bit in both families.
+
 The result is split the way a partial sync writes it: `ServicePortRules` per service port
 (its own nat chains, plus its lines in the shared chains) and the shared chains assembled
 from them. `render_ruleset(..., reuse=previous, changed=...)` renders only the changed
@@ -62,6 +69,7 @@ from types import MappingProxyType
 
 from netagent.errors import NetagentError
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import entry as ipset_entry
 from netagent.kernel.ipset.model import IpsetError
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_comment
@@ -94,6 +102,9 @@ from proxy.selection import EndpointSelection
 TABLE_ORDER = ("filter", "nat")
 LOOPBACK = "127.0.0.0/8"
 REJECT = "REJECT --reject-with icmp-port-unreachable"
+_LOOPBACK = {IpFamily.V4: LOOPBACK, IpFamily.V6: "::1/128"}
+_REJECT = {IpFamily.V4: REJECT, IpFamily.V6: "REJECT --reject-with icmp6-port-unreachable"}
+_HOST_MASK = {IpFamily.V4: "255.255.255.255", IpFamily.V6: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"}
 
 
 class UnrenderablePort(NetagentError, ValueError):
@@ -303,13 +314,13 @@ def _nodeport_matches(node: NodeContext) -> list[str]:
     """Where NodePorts answer: every local address but loopback (NodePorts on 127.0.0.1 would
     need route_localnet), or only the configured addresses."""
     if not node.nodeport_addresses:
-        return [f"! -d {LOOPBACK} -m addrtype --dst-type LOCAL"]
+        return [f"! -d {_LOOPBACK[node.family]} -m addrtype --dst-type LOCAL"]
     return [_address_match(address) for address in node.nodeport_addresses]
 
 
 def _address_match(address: str) -> str:
     network = _canonical_network(address)
-    if network.endswith("/32"):
+    if ipaddress.ip_network(network).prefixlen == IpFamily.of(network).max_prefix:   # one host
         return f"-d {network}"
     return f"-d {network} -m addrtype --dst-type LOCAL"
 
@@ -322,6 +333,8 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
     proto = service.protocol.lowercase
     port_match = f"-p {proto}"
     mark = f"-j MARK --set-xmark {settings.mark}/{settings.mark}"
+    family = node.family
+    host = f"/{family.max_prefix}"
 
     def entry(kind: EntryKind, destination: str, port: int, *, extra: str = "") -> str:
         comment = quote_comment(f"{service.name} {kind.value}")
@@ -331,7 +344,7 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
         """The entry's match lines; a NodePort (no address: every local one) at each nodeport match."""
         if point.address is None:
             return [_nodeport_filter_entry(entry, match, point.port) for match in _nodeport_matches(node)]
-        return [entry(point.kind, f"-d {point.address}/32 ", point.port)]
+        return [entry(point.kind, f"-d {point.address}{host} ", point.port)]
 
     by_kind: dict[EntryKind, list[str]] = {kind: [] for kind in EntryKind}
     for point in service.entry_points():
@@ -344,7 +357,7 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
 
     if not selection.has_endpoints:
         rejected = [cluster_entry, *external_entries, *balancer_entries, *nodeport_entries]
-        return ServicePortRules(service.name, (), filter=tuple(f"{line} -j {REJECT}" for line in rejected))
+        return ServicePortRules(service.name, (), filter=tuple(f"{line} -j {_REJECT[family]}" for line in rejected))
 
     hashed = service_hash(service.name, service.protocol)
     svc, svl, ext, fw = (chain_name(kind, hashed) for kind in
@@ -356,7 +369,7 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
     endpoint_chains: dict[str, RenderedChain] = {}
     chains, services, nodeports, filtered = [], [], [], []
     if selection.cluster:
-        cluster_rules += _balance(svc, service, selection.cluster, endpoint_chains)
+        cluster_rules += _balance(svc, service, selection.cluster, endpoint_chains, family)
         chains.append(RenderedChain("nat", svc, tuple(cluster_rules)))
         services.append(f"{cluster_entry} -j {svc}")
     else:   # endpoints elsewhere only, internal policy Local: nothing for cluster-IP traffic here
@@ -366,7 +379,7 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
         local_policy = service.external_policy is TrafficPolicy.LOCAL
         if selection.external and (local_policy or selection.external != selection.cluster):
             chains.append(RenderedChain("nat", svl, tuple(_balance(svl, service, selection.external,
-                                                                   endpoint_chains))))
+                                                                   endpoint_chains, family))))
             external_target = svl
         else:
             external_target = svc
@@ -408,26 +421,27 @@ def _nodeport_filter_entry(entry, match: str, node_port: int) -> str:
 
 
 def _balance(chain: str, service: ServicePort, endpoints: tuple[Endpoint, ...],
-             endpoint_chains: dict[str, RenderedChain]) -> list[str]:
+             endpoint_chains: dict[str, RenderedChain], family: IpFamily) -> list[str]:
     """The endpoint choice: affinity checks first (with affinity), then one rule per endpoint
     taking 1/(n-i) of what is left, the last one taking the rest."""
     proto = service.protocol.lowercase
     ordered = sorted(endpoints, key=_endpoint_key)
+    mask = _HOST_MASK[family]
     count = len(ordered)
     rules = []
     if service.affinity_timeout is None:
         for index, endpoint in enumerate(ordered):
             choice = f"-m statistic --mode random --probability {_probability(count - index)} " \
                 if index < count - 1 else ""
-            rules.append(f"-A {chain} -p {proto} {choice}-j DNAT --to-destination {endpoint.address}")
+            rules.append(f"-A {chain} -p {proto} {choice}-j DNAT --to-destination {_dnat_to(endpoint)}")
         return rules
     seps = [endpoint_chain(service, endpoint) for endpoint in ordered]
     for sep, endpoint in zip(seps, ordered):
         rules.append(f"-A {chain} -m recent --rcheck --seconds {service.affinity_timeout} --reap "
-                     f"--name {sep} --mask 255.255.255.255 --rsource -j {sep}")
+                     f"--name {sep} --mask {mask} --rsource -j {sep}")
         endpoint_chains[sep] = RenderedChain("nat", sep, (
-            f"-A {sep} -p {proto} -m recent --set --name {sep} --mask 255.255.255.255 --rsource "
-            f"-j DNAT --to-destination {endpoint.address}",))
+            f"-A {sep} -p {proto} -m recent --set --name {sep} --mask {mask} --rsource "
+            f"-j DNAT --to-destination {_dnat_to(endpoint)}",))
     for index, sep in enumerate(seps):
         choice = f"-m statistic --mode random --probability {_probability(count - index)} " \
             if index < count - 1 else ""
@@ -441,7 +455,14 @@ def _canonical_network(text: str) -> str:
     return str(ipaddress.ip_network(text, strict=False))
 
 
+def _dnat_to(endpoint: Endpoint) -> str:
+    """`10.0.0.5:8080`, `[fd00::5]:8080`: DNAT's address and port, as save prints them."""
+    return f"[{endpoint.ip}]:{endpoint.port}" if ":" in endpoint.ip else endpoint.address
+
+
 def _endpoint_key(endpoint: Endpoint) -> tuple[bytes, int]:
+    if ":" in endpoint.ip:
+        return socket.inet_pton(socket.AF_INET6, endpoint.ip), endpoint.port
     return socket.inet_aton(endpoint.ip), endpoint.port
 
 

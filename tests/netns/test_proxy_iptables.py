@@ -6,6 +6,10 @@ Topology (every namespace created here and removed afterwards; the root namespac
     ep2 10.244.2.2 --+-- [node, ip_forward, the rules] -+
     ep3 10.244.3.2 --+     default via 192.168.77.2     +-- 192.168.77.2 outside (192.168.77.1 is the node)
 
+Every link is dual-stack (IPv6 `fd00:10:244:N::2` beside `10.244.N.2`, the outside link
+fd00:77::/64, DAD off, IPv6 forwarding on the node), so the IPv6 proxy (ip6tables, its own
+hairpin set) is checked on the same topology by a representative test of its own.
+
 Each endpoint namespace runs a server on TCP and UDP 8080 answering "<its name> <the source
 address it saw>", so every probe tells which endpoint answered and whether the client was
 masqueraded. ep1 and ep2 are "on this node" for the model, ep3 on another. The node's
@@ -19,12 +23,13 @@ import sys
 import pytest
 
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesTool, binary_name
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesRunner
 from proxy.iptables import IptablesProxy
-from proxy.iptables.names import HAIRPIN_SET, is_owned_chain
+from proxy.iptables.names import HAIRPIN_SET, HAIRPIN_SET6, is_owned_chain
 from proxy.iptables.render import render_ruleset
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from tests.netns.topology import NamespaceTopology
@@ -33,25 +38,34 @@ NODE_NAME = "node"
 OUTSIDE, NODE_OUTSIDE = "192.168.77.2", "192.168.77.1"
 POD = "10.244.9.2"
 ENDPOINT_IPS = {"ep1": "10.244.1.2", "ep2": "10.244.2.2", "ep3": "10.244.3.2"}
+OUTSIDE6, NODE_OUTSIDE6, POD6 = "fd00:77::2", "fd00:77::1", "fd00:10:244:9::2"
+ENDPOINT_IPS6 = {"ep1": "fd00:10:244:1::2", "ep2": "fd00:10:244:2::2", "ep3": "fd00:10:244:3::2"}
 NODE_OF = {"ep1": NODE_NAME, "ep2": NODE_NAME, "ep3": "other-node"}
 SERVER_PORT = 8080
 
 SERVER = r"""
 import socket, sys, threading
 name, port = sys.argv[1], int(sys.argv[2])
-tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-tcp.bind(("0.0.0.0", port)); tcp.listen(64)
-udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("0.0.0.0", port))
-def serve_udp():
+def serve_tcp(tcp):
+    while True:
+        connection, peer = tcp.accept()
+        connection.sendall(f"{name} {peer[0]}".encode())
+        connection.close()
+def serve_udp(udp):
     while True:
         data, peer = udp.recvfrom(64)
         udp.sendto(f"{name} {peer[0]}".encode(), peer)
-threading.Thread(target=serve_udp, daemon=True).start()
+for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+    tcp = socket.socket(family); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    udp = socket.socket(family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET6:
+        for s in (tcp, udp):
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    tcp.bind((anywhere, port)); tcp.listen(64); udp.bind((anywhere, port))
+    threading.Thread(target=serve_tcp, args=(tcp,), daemon=True).start()
+    threading.Thread(target=serve_udp, args=(udp,), daemon=True).start()
 print("ready", flush=True)
-while True:
-    connection, peer = tcp.accept()
-    connection.sendall(f"{name} {peer[0]}".encode())
-    connection.close()
+threading.Event().wait()
 """
 
 PROBE = r"""
@@ -64,7 +78,7 @@ for _ in range(count):
             client = socket.create_connection((host, port), timeout=timeout)
             answer = client.recv(64).decode()
         else:
-            client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            client = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
             client.settimeout(timeout)
             client.connect((host, port))
             client.send(b"hello")
@@ -88,16 +102,23 @@ class Lab(NamespaceTopology):
         self.run("node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
         links = {"pod": ("10.244.9.1/24", POD + "/24"), "out": (NODE_OUTSIDE + "/24", OUTSIDE + "/24")}
         links.update({role: (ip.rsplit(".", 1)[0] + ".1/24", ip + "/24") for role, ip in ENDPOINT_IPS.items()})
+        self.run("node", "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+        links6 = {"pod": ("fd00:10:244:9::1/64", POD6 + "/64"), "out": (NODE_OUTSIDE6 + "/64", OUTSIDE6 + "/64")}
+        links6.update({role: (ip.rsplit(":", 1)[0] + ":1/64", ip + "/64") for role, ip in ENDPOINT_IPS6.items()})
         for role, (node_address, far_address) in links.items():
             self.run("node", "ip", "link", "add", f"n-{role}", "type", "veth", "peer", "name", "eth0",
                      "netns", self.names[role])
             self.run("node", "ip", "addr", "add", node_address, "dev", f"n-{role}")
+            self.run("node", "ip", "addr", "add", links6[role][0], "dev", f"n-{role}", "nodad")
             self.run("node", "ip", "link", "set", f"n-{role}", "up")
             self.run(role, "ip", "addr", "add", far_address, "dev", "eth0")
+            self.run(role, "ip", "addr", "add", links6[role][1], "dev", "eth0", "nodad")
             self.run(role, "ip", "link", "set", "eth0", "up")
             if role != "out":
                 self.run(role, "ip", "route", "add", "default", "via", node_address.split("/")[0])
+                self.run(role, "ip", "-6", "route", "add", "default", "via", links6[role][0].split("/")[0])
         self.run("node", "ip", "route", "add", "default", "via", OUTSIDE)
+        self.run("node", "ip", "-6", "route", "add", "default", "via", OUTSIDE6)
         for role in ENDPOINT_IPS:
             self.start_server(role, [sys.executable, "-c", SERVER, role, str(SERVER_PORT)])
 
@@ -292,3 +313,34 @@ def test_a_service_port_the_real_tool_refuses_is_left_out_and_the_rest_answers(l
     assert who(lab.answers("pod", "10.96.0.10", 80, count=3)) == {"ep1"}
     assert who(lab.answers("pod", "10.96.0.21", 80, count=3)) == {"ep2"}
     assert_kernel_holds_the_render(runner, proxy, state((WEB, endpoints("ep1")), (long_named, endpoints("ep2"))))
+
+
+def test_ipv6_cluster_ip_node_port_hairpin_and_cleanup_through_ip6tables(lab, backend):
+    """The IPv6 proxy on the same lab: ip6tables only (IPv4's tables untouched), its own
+    hairpin set, NodePorts on the node's IPv6 address, cleanup of its family alone."""
+    prefix = namespaces.exec_prefix(lab.names["node"])
+    runner6 = IptablesRunner(backend=backend, family=IpFamily.V6, exec_prefix=prefix, timeout=120,
+                             lock_wait_seconds=60)
+    runner4 = IptablesRunner(backend=backend, exec_prefix=prefix, timeout=120, lock_wait_seconds=60)
+    proxy6 = IptablesProxy(iptables=runner6, ipset=IpsetRunner(exec_prefix=prefix))
+    web = ServicePort(name("web"), Protocol.TCP, 80, "fd00:10:96::a", node_port=30080)
+    lonely = ServicePort(name("lonely"), Protocol.TCP, 80, "fd00:10:96::c")
+    node6 = NodeContext(name=NODE_NAME, cluster_cidr="fd00:10:244::/56", family=IpFamily.V6)
+    endpoints6 = tuple(Endpoint(ENDPOINT_IPS6[role], SERVER_PORT, node_name=NODE_OF[role]) for role in ENDPOINT_IPS6)
+    desired = ProxyState(node6, {web.name: web, lonely.name: lonely},
+                         {web.name: endpoints6, lonely.name: endpoints6[:1]})
+    proxy6.sync(desired, changed=None)
+    assert_kernel_holds_the_render(runner6, proxy6, desired)
+    assert "NETAGENT" not in runner4.save()
+
+    from_pod = lab.answers("pod", "fd00:10:96::a", 80, count=SPREAD)
+    assert who(from_pod) == {"ep1", "ep2", "ep3"} and seen_sources(from_pod) == {POD6}
+    from_outside = lab.answers("out", NODE_OUTSIDE6, 30080, count=SPREAD)
+    assert who(from_outside) == {"ep1", "ep2", "ep3"}
+    assert seen_sources(from_outside) == {"fd00:10:244:1::1", "fd00:10:244:2::1", "fd00:10:244:3::1"}
+    assert lab.answers("ep1", "fd00:10:96::c", 80) == ["ep1 fd00:10:244:1::1"]   # hairpin, masqueraded
+    assert HAIRPIN_SET6 in lab.run("node", "ipset", "list", "-n").stdout.split()
+
+    proxy6.cleanup()
+    assert "NETAGENT" not in runner6.save()
+    assert HAIRPIN_SET6 not in lab.run("node", "ipset", "list", "-n").stdout.split()

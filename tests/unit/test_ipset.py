@@ -50,7 +50,7 @@ def test_canonical_member_is_what_ipset_save_prints(set_type, text, canonical):
 @pytest.mark.parametrize("set_type, text", [
     (IpsetType.HASH_IP, "10.0.0.0/30"),          # the tool would add four members
     (IpsetType.HASH_IP, "010.0.0.9"),            # the tool reads octal
-    (IpsetType.HASH_IP, "::1"),
+    (IpsetType.HASH_IP, "::1::2"),
     (IpsetType.HASH_IP, "node-1"),               # the tool would resolve it
     (IpsetType.HASH_NET, "0.0.0.0/0"),
     (IpsetType.HASH_NET, "10.0.0.0/33"),

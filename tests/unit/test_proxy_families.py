@@ -10,7 +10,10 @@ from proxy.catalog import ServiceCatalog
 from proxy.fake_local_addresses import FakeLocalAddresses
 from proxy.kube_objects import MalformedObject, parse_endpoint_slice, parse_service
 from proxy.metrics import ProxyMetrics
-from proxy.model import NodeContext, ServicePortName
+from netagent.kernel.ipset import FakeIpset, iptables_references
+from netagent.kernel.iptables.fake import FakeIptables
+from proxy.iptables import IptablesProxy
+from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 from proxy.nodeport_addresses import of_family, parse_nodeport_cidrs
 from tests.unit.proxy_objects import endpoint, endpoint_slice, service
 
@@ -152,3 +155,91 @@ def test_shared_metrics_count_both_families():
     metrics.of_family(V6, metrics.no_local_endpoints, 1, traffic_policy="external")
     assert metrics.services.value == 6
     assert metrics.no_local_endpoints.labels(traffic_policy="external").value == 1
+
+
+# -- the iptables backend per family (fakes) -----------------------------------------------------
+def _ipv6_state(*hosts: int) -> ProxyState:
+    port = ServicePort(name=WEB, protocol=Protocol.TCP, port=80, cluster_ip="fd00:10:96::a", node_port=30080)
+    node = NodeContext(name="node-a", cluster_cidr="fd00:10:244::/56", family=V6)
+    return ProxyState(node, {WEB: port}, {WEB: tuple(Endpoint(f"fd00:10:244:1::{h:x}", 8080) for h in hosts)})
+
+
+def test_the_ipv6_iptables_backend_writes_ip6tables_and_an_inet6_hairpin_set():
+    v4_tables, v6_tables = FakeIptables(), FakeIptables(family=V6)
+    ipset = FakeIpset(in_use=iptables_references(v6_tables))
+    backend = IptablesProxy(iptables=v6_tables, ipset=ipset)
+    backend.sync(_ipv6_state(5, 6), changed=None)
+    assert "-j DNAT --to-destination [fd00:10:244:1::5]:8080" in v6_tables.save()
+    assert "NETAGENT" not in v4_tables.save()
+    (held,) = ipset.snapshot().values()
+    assert (held.name, held.family) == ("NETAGENT-HAIRPIN6", "inet6")
+    assert held.members == {"fd00:10:244:1::5,tcp:8080,fd00:10:244:1::5", "fd00:10:244:1::6,tcp:8080,fd00:10:244:1::6"}
+    backend.sync(_ipv6_state(6), changed=frozenset({WEB}))        # partial: the gone endpoint leaves the set
+    assert ipset.snapshot()["NETAGENT-HAIRPIN6"].members == {"fd00:10:244:1::6,tcp:8080,fd00:10:244:1::6"}
+    assert [s.backends for s in backend.programmed() if s.kind == "ClusterIP"] == [("[fd00:10:244:1::6]:8080",)]
+    with pytest.raises(ValueError, match="IPv4 state"):
+        IptablesProxy(iptables=FakeIptables(family=V6), ipset=FakeIpset()).sync(ProxyState(NodeContext(name="n")),
+                                                                             changed=None)
+    backend.cleanup()
+    assert "NETAGENT" not in v6_tables.save() and not ipset.snapshot()
+
+
+def test_the_factory_refuses_ipv6_for_a_backend_without_an_ipv6_form():
+    from proxy.factory import BackendConfigError, _family_arguments
+
+    def ipv4_only(*, nft: object) -> None: ...
+
+    def both(*, nft: object, family: IpFamily = V4) -> None: ...
+
+    assert _family_arguments(ipv4_only, V4, "nftables") == {}
+    assert _family_arguments(both, V6, "nftables") == {"family": V6}
+    with pytest.raises(BackendConfigError, match="does not program IPv6"):
+        _family_arguments(ipv4_only, V6, "nftables")
+
+
+# -- the daemon: one proxy per family --------------------------------------------------------------
+def _run_args(*extra: str):
+    import argparse
+
+    from netagent.daemon.run import add_run_arguments
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return parser.parse_args(["--node-name", "node-a", "--proxy-mode", "iptables", "--metrics-bind-address", "",
+                              "--healthz-bind-address", "127.0.0.1:0", *extra])
+
+
+@pytest.mark.parametrize("cidrs, runners", [
+    ({V4: "10.244.0.0/16"}, ["proxy"]),
+    ({V4: "10.244.0.0/16", V6: "fd00:10:244::/56"}, ["proxy", "proxy-ipv6"]),
+    ({V6: "fd00:10:244::/56"}, ["proxy-ipv6"]),
+])
+def test_build_proxy_builds_one_proxy_per_cluster_family(cidrs, runners):
+    from netagent.daemon.proxy_start import build_proxy
+    from netagent.kernel.iptables.backend import IptablesBackend
+    registry = Registry()
+    parts = build_proxy(_run_args(), api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
+                        cluster_cidrs=cidrs)
+    assert [p.runner.name for p in parts.proxies] == runners
+    assert [p.backend.iptables.family for p in parts.proxies] == [IpFamily.from_label(
+        "IPv6" if name.endswith("ipv6") else "IPv4") for name in runners]
+    assert [p.settings.cluster_cidr for p in parts.proxies] == [cidrs[p.family] for p in parts.proxies]
+    assert len({id(p.metrics) for p in parts.proxies}) == 1 and len(parts.node_listeners) == len(runners)
+    report = parts.servers[0].health()
+    assert not report.healthy and all(f"{name}: not synced yet" in report.reason for name in runners)
+    assert registry.render().count("# TYPE kubeproxy_sync_proxy_rules_duration_seconds ") == 1
+
+
+@pytest.mark.parametrize("text, spelled", [
+    ("FD00:0:0::0:5", "fd00::5"), ("fd00:0:0:1:0:0:0:5", "fd00:0:0:1::5"), ("fd00:1:0:1:0:1:0:5", "fd00:1:0:1:0:1:0:5"),
+    ("::ffff:10.0.0.1", "::ffff:a00:1"), ("::10.0.0.1", "::a00:1"), ("2001:db8::7/128", "2001:db8::7"),
+])
+def test_ipv6_set_members_are_spelled_as_ipaddress_and_ipset_save_do(text, spelled):
+    from netagent.kernel.ipset.model import _address6
+    assert _address6(text) == spelled
+
+
+@pytest.mark.parametrize("text", ["fe80::1%eth0", "fd00::1::2", "fd00::g", "10.0.0.1", ""])
+def test_an_ipv6_set_member_that_is_not_one_address_is_refused(text):
+    from netagent.kernel.ipset.model import IpsetError, _address6
+    with pytest.raises(IpsetError):
+        _address6(text)

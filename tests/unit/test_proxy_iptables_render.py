@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import entry
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import MAX_CHAIN_NAME_LENGTH, parse_save, split_tokens
 from netagent.kernel.iptables.runner import PortRandomization
-from proxy.iptables.names import PER_SERVICE_CHAIN, is_owned_chain
+from proxy.iptables.names import HAIRPIN_SET6, PER_SERVICE_CHAIN, is_owned_chain
 from proxy.iptables.render import IptablesProxySettings, JumpLines, MasqueradeScope, _probability, render_ruleset
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 
@@ -42,6 +43,9 @@ def remote(ip: str, port: int = 8080, **conditions) -> Endpoint:
 
 
 THREE = (local("10.244.1.5"), remote("10.244.2.5"), remote("10.244.3.5"))
+NODE6 = NodeContext(name="node-a", zone="zone-1", cluster_cidr="fd00:10:244::/56", family=IpFamily.V6)
+SETTINGS6 = IptablesProxySettings(hairpin_set=HAIRPIN_SET6)
+THREE6 = (local("fd00:10:244:1::5"), remote("fd00:10:244:2::5"), remote("fd00:10:244:3::5"))
 
 
 def state(*entries: tuple[ServicePort, tuple[Endpoint, ...]], node: NodeContext = NODE) -> ProxyState:
@@ -55,6 +59,11 @@ def web(**fields) -> ServicePort:
     fields.setdefault("port", 80)
     fields.setdefault("cluster_ip", "10.96.0.10")
     return ServicePort(**fields)
+
+
+def web6(**fields) -> ServicePort:
+    fields.setdefault("cluster_ip", "fd00:10:96::a")
+    return web(**fields)
 
 
 def golden_text(ruleset) -> str:
@@ -115,6 +124,16 @@ CASES = {
     "hairpin_set_shared_endpoint": lambda: state(
         (web(), THREE[:2]),
         (web(name=name("web", "metrics"), port=9090, cluster_ip="10.96.0.10"), (local("10.244.1.5", 9090),))),
+    "ipv6_cluster_ip_node_port": lambda: (state((web6(node_port=30080), THREE6), node=NODE6), SETTINGS6),
+    "ipv6_affinity_external_local_source_ranges": lambda: (state(
+        (web6(affinity_timeout=600, node_port=30080, external_policy=TrafficPolicy.LOCAL,
+              external_ips=("2001:db8::10",), load_balancer_ips=("2001:db8::7",),
+              load_balancer_source_ranges=("2001:db8:1::/48", "2001:db8::99")), THREE6), node=NODE6), SETTINGS6),
+    "ipv6_no_endpoints_reject_node_port_addresses": lambda: (state(
+        (web6(node_port=30080), ()),
+        (web6(name=name("dns", "dns-udp"), protocol=Protocol.UDP, port=53, cluster_ip="fd00:10:96::35"),
+         (remote("fd00:10:244:2::9", 53),)),
+        node=dataclasses.replace(NODE6, nodeport_addresses=("2001:db8::5", "2001:db8:2::/64"))), SETTINGS6),
 }
 
 
@@ -142,7 +161,7 @@ def test_no_golden_file_is_orphaned():
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_ruleset_applies_to_a_validating_fake(case):
     ruleset = render_case(case)
-    fake = FakeIptables()
+    fake = FakeIptables(family=ruleset.node.family)
     fake.restore(ruleset.restore_text(jumps=JumpLines.APPEND))
     saved = parse_save(fake.save())
     for chain in ruleset.chains():   # rendered as save prints it: the fake's canonical form changes nothing
