@@ -5,17 +5,15 @@ adopted by a restarted agent with zero writes, drift repaired by a full sync, co
 other users' nft and iptables-nft rules, and load-balancer source ranges.
 
 By family (`BOTH`): every way in, refusal counted, partial syncs, adoption with zero writes and
-drift repair, source ranges, hairpin and cleanup run again over IPv6 in `ip6 netagent`, in
-`DualLab` (the same lab with IPv6 addresses, DAD off, beside the IPv4 ones); and the golden
+drift repair, source ranges, hairpin and cleanup run again over IPv6 in `ip6 netagent`, on the
+same (dual-stack, DAD off) lab; and the golden
 state's ip6 and ip batches are fed to libnftables and to FakeNft, whose listings must agree."""
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 
-from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.nftables.fake import FakeNft
@@ -26,24 +24,10 @@ from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort
 from proxy.nftables import NftablesProxy
 from proxy.nftables import names as N
 from tests.netns.test_nft_parity import relevant
-from tests.netns.test_proxy_iptables import (DNS, ENDPOINT_IPS, NODE_OF, NODE_OUTSIDE, OUTSIDE, POD, PROBE, SERVER,
-                                             SERVER_PORT, SPREAD, WEB, Lab, endpoints, name, seen_sources, state, who)
+from tests.netns.test_proxy_iptables import (DNS, ENDPOINT_IPS, ENDPOINT_IPS6, NODE_OF, NODE_OUTSIDE, NODE_OUTSIDE6,
+                                             OUTSIDE, OUTSIDE6, POD, POD6, SERVER_PORT, SPREAD, WEB, Lab, endpoints,
+                                             name, seen_sources, state, who)
 from tests.unit.test_proxy_nftables_family import rich_state
-
-
-def _replaced(script: str, *edits: tuple[str, str]) -> str:
-    for old, new in edits:
-        assert old in script, old
-        script = script.replace(old, new)
-    return script
-
-
-# the IPv4 lab's server and probe, speaking IPv6 (the server binds [::] beside its 0.0.0.0 twin:
-# bindv6only in the endpoint namespaces)
-SERVER6 = _replaced(SERVER, ('"0.0.0.0"', '"::"'), ("tcp = socket.socket()", "tcp = socket.socket(socket.AF_INET6)"),
-                    ("socket.AF_INET, socket.SOCK_DGRAM", "socket.AF_INET6, socket.SOCK_DGRAM"))
-PROBE6 = _replaced(PROBE, ("socket.socket(socket.AF_INET, socket.SOCK_DGRAM)",
-                           "socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_DGRAM)"))
 
 
 @dataclass(frozen=True)
@@ -85,43 +69,13 @@ ADDRESSES = {
                            {role: ip.rsplit(".", 1)[0] + ".1" for role, ip in ENDPOINT_IPS.items()},
                            "10.96.0.{}".format, "203.0.113.{}".format, "203.0.113.0/24", "10.244.0.0/16",
                            "192.168.77.0/24", ("10.0.0.0/8", "172.16.0.9/32")),
-    IpFamily.V6: Addresses(IpFamily.V6, "fd00:10:244:9::2", "2001:db8:77::2", "2001:db8:77::1",
-                           {"ep1": "fd00:10:244:1::2", "ep2": "fd00:10:244:2::2", "ep3": "fd00:10:244:3::2"},
-                           {"ep1": "fd00:10:244:1::1", "ep2": "fd00:10:244:2::1", "ep3": "fd00:10:244:3::1"},
+    IpFamily.V6: Addresses(IpFamily.V6, POD6, OUTSIDE6, NODE_OUTSIDE6, ENDPOINT_IPS6,
+                           {role: ip.rsplit(":", 1)[0] + ":1" for role, ip in ENDPOINT_IPS6.items()},
                            "fd00:10:96::{}".format, "2001:db8:113::{}".format, "2001:db8:113::/64",
-                           "fd00:10:244::/56", "2001:db8:77::/64", ("fd00::/8", "2001:db8:1::9/128")),
+                           "fd00:10:244::/56", "fd00:77::/64", ("2001:db8::/32", "fd00:10:244:1::9/128")),
 }
 BOTH = pytest.mark.parametrize("family", list(IpFamily), ids=lambda family: family.label)
 assert WEB == ADDRESSES[IpFamily.V4].web() and DNS == ADDRESSES[IpFamily.V4].dns()
-
-
-class DualLab(Lab):
-    """The IPv4 lab with an IPv6 address (DAD off) beside each IPv4 one, IPv6 routes and
-    forwarding, and an IPv6 server beside each endpoint's IPv4 one."""
-
-    def _build(self) -> None:
-        super()._build()
-        v6 = ADDRESSES[IpFamily.V6]
-        self.run("node", "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
-        links = {"pod": ("fd00:10:244:9::1", v6.pod), "out": (v6.node_outside, v6.outside)}
-        links.update({role: (v6.node_sides[role], v6.endpoint_ips[role]) for role in ENDPOINT_IPS})
-        for role, (node_address, far_address) in links.items():
-            self.run("node", "ip", "-6", "addr", "add", f"{node_address}/64", "dev", f"n-{role}", "nodad")
-            self.run(role, "ip", "-6", "addr", "add", f"{far_address}/64", "dev", "eth0", "nodad")
-            if role != "out":
-                self.run(role, "ip", "-6", "route", "add", "default", "via", node_address)
-        self.run("node", "ip", "-6", "route", "add", "default", "via", v6.outside)
-        for role in ENDPOINT_IPS:
-            self.run(role, "sysctl", "-qw", "net.ipv6.bindv6only=1")
-            self.start_server(role, [sys.executable, "-c", SERVER6, role, str(SERVER_PORT)])
-
-    def probe(self, role: str, host: str, port: int, *, count: int = 1, protocol: str = "tcp",
-              timeout: float = 15.0) -> list[tuple[str, float]]:
-        done = namespaces.run_in(self.names[role], [sys.executable, "-c", PROBE6, protocol, host, str(port),
-                                                    str(count), str(timeout)], check=True,
-                                 timeout=count * timeout + 10)
-        return [(answer, float(elapsed)) for answer, elapsed in
-                (line.rsplit("|", 1) for line in done.stdout.splitlines())]
 
 
 @pytest.fixture
@@ -131,8 +85,8 @@ def family() -> IpFamily:
 
 
 @pytest.fixture
-def lab(family):
-    with (Lab() if family is IpFamily.V4 else DualLab()) as built:
+def lab():
+    with Lab() as built:   # dual-stack: every link has both families
         yield built
 
 
