@@ -26,7 +26,6 @@ from proxy.backend import ProxyBackend
 from proxy.ebpf.backend import EbpfPaths, EbpfProxy
 from proxy.factory import build_backend, build_ebpf_backend, takes_family
 from proxy.model import Endpoint, NodeContext, ProxyState
-from proxy.nftables.backend import NftablesProxy
 from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
 from tests.netns.test_ebpf_socket_lb import BACKENDS, DNS, EMPTY, EMPTY_UDP, WEB, ClientAndBackends, service_state
 
@@ -183,8 +182,6 @@ def programmed(request, addressing):
     outside the cgroup takes (`na_tc_from_pod` and `na_tc_egress` on the backends' side of the
     link, as on a pod's host veth, with the client in no cgroup of ours)."""
     family = addressing.family
-    if family is IpFamily.V6 and request.param == "nftables":
-        _skip_without_ipv6("nftables", NftablesProxy, "nft6")
     if family is IpFamily.V6 and request.param.startswith("ebpf"):
         _skip_without_ipv6("ebpf", EbpfProxy, "ebpf6")
     family_argument = {} if family is IpFamily.V4 else {"family": family}
