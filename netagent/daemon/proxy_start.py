@@ -16,9 +16,9 @@ One proxy per IP family of the cluster (the families of `--cluster-cidr`), as ku
 one proxier per family: each with its own backend (iptables through ip6tables for IPv6, the
 others built with `family=`), catalog, sync runner (`proxy`, `proxy-ipv6`) and rejection
 scope (`proxy`, `proxy-ipv6`), sharing one `ProxyMetrics` (kube-proxy's names, no new label)
-and the two servers. /healthz is healthy when every family's proxy is; the first proxy's
-report keeps today's shape and each other family's is listed under its runner's name. An
-IPv4-only cluster builds exactly the one IPv4 proxy of before.
+and the two servers. /healthz is healthy when every family's proxy is: a single-stack node's
+report keeps today's shape, a dual-stack node's lists each family's under its runner's name
+(`all_healthy`). An IPv4-only cluster builds exactly the one IPv4 proxy of before.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from netagent.errors import NetagentError
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.infra.rejections import RejectionScope
-    from netagent.infra.status_server import HealthFunction, HealthReport, StatusServer
+    from netagent.infra.status_server import HealthFunction, StatusServer
     from proxy.service_proxy import ServiceProxy
 
 log = logging.getLogger("netagent.daemon.proxy_start")
@@ -134,27 +134,6 @@ def proxy_families(cluster_cidrs: Mapping[IpFamily, str]) -> tuple[IpFamily, ...
     return tuple(family for family in IpFamily if family in cluster_cidrs) or (IpFamily.V4,)
 
 
-def _all_healthy(healths: Mapping[str, HealthFunction]) -> HealthFunction:
-    """The first health as it is, unhealthy too when another is, each other under its name."""
-    from netagent.infra.status_server import HealthReport
-    (first, *others) = healths.values()
-    names = list(healths)[1:]
-
-    def health() -> HealthReport:
-        report = first()
-        details, failing = dict(report.details), []
-        for name, other in zip(names, others):
-            checked = other()
-            details[name] = {"healthy": checked.healthy, "reason": checked.reason, **checked.details}
-            if not checked.healthy:
-                failing.append(checked.reason)
-        if not failing:
-            return HealthReport(report.healthy, report.reason, details)
-        reason = "; ".join(failing)
-        return HealthReport(False, reason if report.healthy else f"{report.reason}; {reason}", details)
-    return health
-
-
 def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: Mapping[IpFamily, str],
                 rejections: RejectionScope | None = None) -> ProxyParts | None:
     """Check the flags and build the proxies (one per family of `cluster_cidrs`: family -> that
@@ -170,7 +149,7 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
     from netagent.daemon.rejection_reports import with_rejections
     from netagent.daemon.status_services import services_json
     from netagent.infra.rejections import standalone
-    from netagent.infra.status_server import StatusServer, health_from_sync_runner
+    from netagent.infra.status_server import StatusServer, all_healthy, health_from_sync_runner
     from netagent.kernel.iptables.backend import IptablesNotInstalled
     from proxy.conntrack import ConntrackCommand
     from proxy.factory import BackendConfigError, build_backend
@@ -230,7 +209,8 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
         # a change left unprogrammed for longer than this makes the proxy unhealthy
         healths[name] = with_rejections(
             health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0)), family_scope)
-    health = _all_healthy(healths)
+    # one family: its health as before; two: each under its runner's name (`proxy`, `proxy-ipv6`)
+    health = next(iter(healths.values())) if len(healths) == 1 else all_healthy(healths)
     health_checks.proxy_healthy = lambda: health().healthy
 
     healthz = StatusServer(bind=args.healthz_bind_address, registry=None, health=health)

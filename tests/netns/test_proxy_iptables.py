@@ -344,3 +344,43 @@ def test_ipv6_cluster_ip_node_port_hairpin_and_cleanup_through_ip6tables(lab, ba
     proxy6.cleanup()
     assert "NETAGENT" not in runner6.save()
     assert HAIRPIN_SET6 not in lab.run("node", "ipset", "list", "-n").stdout.split()
+
+
+STATUS_AND_CLEANUP = r"""
+import json, sys
+from netagent.daemon.cleanup import remove_proxy_state
+from netagent.daemon.status_services import status_services
+listing = json.loads(status_services(iptables_backend=sys.argv[1], as_json=True, agent_url="http://127.0.0.1:9/x"))
+print(json.dumps({"listed": sorted(s["address"] for s in listing["services"]), "removed": remove_proxy_state()}))
+"""
+
+
+def test_status_services_lists_and_cleanup_removes_both_families(backend):
+    """`netagent status services` reads ip6tables beside iptables, and `netagent cleanup` removes
+    the IPv6 proxy's chains and hairpin set too (both run inside a namespace of the test's)."""
+    import json
+    import os
+    netns = namespaces.unique_name("na-t-clean")
+    namespaces.create(netns)
+    try:
+        prefix = namespaces.exec_prefix(netns)
+        for family, cluster_ip, endpoint in ((IpFamily.V4, "10.96.0.10", "10.244.1.2"),
+                                             (IpFamily.V6, "fd00:10:96::a", "fd00:10:244:1::2")):
+            web = ServicePort(name("web"), Protocol.TCP, 80, cluster_ip)
+            proxy = IptablesProxy(iptables=IptablesRunner(backend=backend, family=family, exec_prefix=prefix,
+                                                          timeout=120, lock_wait_seconds=60),
+                                  ipset=IpsetRunner(exec_prefix=prefix))
+            proxy.sync(ProxyState(NodeContext(name=NODE_NAME, family=family), {web.name: web},
+                                  {web.name: (Endpoint(endpoint, SERVER_PORT),)}), changed=None)
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        done = namespaces.run_in(netns, [sys.executable, "-c", STATUS_AND_CLEANUP, backend.value], check=True,
+                                 timeout=300, env={**os.environ, "PYTHONPATH": repo})
+        out = json.loads(done.stdout)
+        assert out["listed"] == ["10.96.0.10:80/TCP", "[fd00:10:96::a]:80/TCP"]
+        assert any("ip6tables" in line for line in out["removed"])
+        for family in IpFamily:
+            saved = IptablesRunner(backend=backend, family=family, exec_prefix=prefix).save()
+            assert "NETAGENT" not in saved, family
+        assert namespaces.run_in(netns, ["ipset", "list", "-n"], check=True).stdout.split() == []
+    finally:
+        namespaces.remove(netns)

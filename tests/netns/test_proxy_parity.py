@@ -27,7 +27,8 @@ from proxy.ebpf.backend import EbpfPaths, EbpfProxy
 from proxy.factory import build_backend, build_ebpf_backend, takes_family
 from proxy.model import Endpoint, NodeContext, ProxyState
 from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
-from tests.netns.test_ebpf_socket_lb import BACKENDS, DNS, EMPTY, EMPTY_UDP, WEB, ClientAndBackends, service_state
+from tests.netns.test_ebpf_socket_lb import (BACKENDS, DNS, EMPTY, EMPTY_UDP, SERVERS, WEB, ClientAndBackends,
+                                             service_state)
 
 NODE_PORT = 30080
 
@@ -50,25 +51,10 @@ V4 = Addressing(IpFamily.V4, "10.77.0.1", BACKENDS, "10.96.0.10", "10.96.0.53", 
 V6 = Addressing(IpFamily.V6, "fd00:77::1", ("fd00:77::2", "fd00:77::3"), "fd00:10:96::a", "fd00:10:96::35",
                 "fd00:10:96::63", "fd00:10:96::62", "fd00:10:96::/112")
 
-SERVERS6 = r"""
-import socket, sys, threading
-def tcp(s, addr):
-    while True:
-        c, _ = s.accept(); c.sendall(addr.encode()); c.close()
-def udp(s, addr):
-    while True:
-        data, peer = s.recvfrom(512); s.sendto(addr.encode() + b" " + data, peer)
-sockets = []
-for addr in sys.argv[1:]:
-    s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, 8080)); s.listen(64)
-    u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); u.bind((addr, 5353))
-    sockets += [(tcp, s, addr), (udp, u, addr)]
-for serve, s, addr in sockets:
-    threading.Thread(target=serve, args=(s, addr), daemon=True).start()
-print("ready", flush=True)
-threading.Event().wait()
-"""
+# the backends' servers of test_ebpf_socket_lb, on IPv6 sockets
+SERVERS6 = SERVERS.replace("socket.socket()", "socket.socket(socket.AF_INET6)").replace(
+    "socket.socket(socket.AF_INET, ", "socket.socket(socket.AF_INET6, ")
+assert SERVERS6.count("AF_INET6") == 2, "test_ebpf_socket_lb's SERVERS changed: make its IPv6 form here again"
 
 
 class DualStackClientAndBackends(ClientAndBackends):
