@@ -35,12 +35,19 @@ class BackendConfigError(NetagentError):
     pass
 
 
+def takes_family(build: Callable) -> bool:
+    """Whether a backend constructor takes `family: IpFamily` (an older `family` of another type,
+    nft's table family text, does not count)."""
+    parameter = inspect.signature(build).parameters.get("family")
+    return parameter is not None and isinstance(parameter.default, IpFamily)
+
+
 def _family_arguments(build: Callable, family: IpFamily, mode: str) -> dict[str, Any]:
     """`{"family": family}` for a constructor that takes it; nothing for IPv4 (as before);
     BackendConfigError for IPv6 when the backend has no IPv6 form in this build."""
     if family is IpFamily.V4:
         return {}
-    if "family" not in inspect.signature(build).parameters:
+    if not takes_family(build):
         raise BackendConfigError(f"--proxy-mode {mode}: this build's {mode} backend does not program "
                                  f"{family.label} Services (use --proxy-mode iptables for {family.label})")
     return {"family": family}
