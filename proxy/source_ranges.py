@@ -1,4 +1,4 @@
-"""`loadBalancerSourceRanges` as the backends need them: the networks of a family allowed, or None.
+"""`loadBalancerSourceRanges` as the backends need them: one family's networks allowed, or None.
 
 Shared by the IPVS backend (an ipset of allowed sources) and the eBPF backend (an LPM trie):
 both must read the ranges the same way, as Kubernetes does.
@@ -12,15 +12,15 @@ from netagent.kernel.families import IpFamily
 
 
 def ipv4_source_ranges(ranges: Iterable[str]) -> tuple[str, ...] | None:
-    """The IPv4 source ranges to allow, or None when every source is allowed (no ranges, or a
-    /0 among them: ipset cannot hold /0 and needs not). IPv6 and unparsable ranges say nothing
-    about IPv4 clients and are left out; with only those, no IPv4 client is allowed (an empty
-    tuple), as in Kubernetes."""
+    """`source_ranges` of IPv4."""
     return source_ranges(ranges, IpFamily.V4)
 
 
 def source_ranges(ranges: Iterable[str], family: IpFamily) -> tuple[str, ...] | None:
-    """`ipv4_source_ranges` for either family: the ranges of `family` to allow, or None."""
+    """The source ranges of `family` to allow, or None when every source is allowed (no ranges,
+    or a /0 of the family among them: ipset cannot hold /0 and needs not). Ranges of the other
+    family and unparsable ones say nothing about this family's clients and are left out; with
+    only those, no client of this family is allowed (an empty tuple), as in Kubernetes."""
     ranges = tuple(ranges)
     if not ranges:
         return None

@@ -31,6 +31,12 @@ iptables backend's is (proxy/hairpin_set.py): past 7/8 of its capacity a larger 
 (`NETAGENT-IPVS-HAIRPIN-<log2 size>`) is filled by the set sync, the rule repaired to match
 it, and the old set destroyed; a partial sync that would outgrow it becomes a full one.
 
+IPv4 only: `family=IpFamily.V6` is refused with `IpvsFamilyUnsupported`, saying so, before
+anything is opened or written (IPv6 virtual servers need the v6 forms of every touchpoint:
+AF_INET6 netlink records, /128 device addresses, ip6tables rules and `inet6` ipsets under names
+of their own, which issue 22 leaves for later); a dual-stack node serves IPv6 Services with
+another mode.
+
 Sockets: the netlink objects open sockets per thread (proxy/ipvs/netlink.py), so the backend
 may be driven from the sync runner's thread; a lock keeps sync, reap, status and cleanup apart.
 """
@@ -42,7 +48,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from netagent.infra.clock import Clock, MonotonicClock
+from netagent.errors import NetagentError
 from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.families import IpFamily
 from netagent.kernel import namespaces
 from netagent.kernel.ipset import (
     Ipset,
@@ -90,12 +98,26 @@ READY_WEIGHT = 1
 DRAINING_WEIGHT = 0
 
 
+class IpvsFamilyUnsupported(NetagentError, ValueError):
+    """The IPVS backend was asked for a family it does not program (IPv6)."""
+
+
+def require_supported_family(family: IpFamily) -> None:
+    if family is not IpFamily.V4:
+        raise IpvsFamilyUnsupported(
+            f"the IPVS proxy programs IPv4 Services only; {family.label} Services need --proxy-mode "
+            f"iptables or nftables")
+
+
 class IpvsProxy(ProxyBackend):
     mode = ProxyMode.IPVS
 
     def __init__(self, *, table: IpvsTable, device: AddressDevice, ipset: Ipset, iptables: Iptables,
                  sysctls: Sysctls, settings: IpvsSettings = IpvsSettings(),
-                 clock: Clock | None = None, hairpin_minimum: int = DEFAULT_MAX_ELEMENTS):
+                 clock: Clock | None = None, hairpin_minimum: int = DEFAULT_MAX_ELEMENTS,
+                 family: IpFamily = IpFamily.V4):
+        require_supported_family(family)
+        self.family = family
         self.table = table
         self.device = device
         self.ipset = ipset
@@ -116,8 +138,9 @@ class IpvsProxy(ProxyBackend):
     @classmethod
     def in_namespace(cls, *, netns: str | None = None, settings: IpvsSettings = IpvsSettings(),
                      iptables_backend: IptablesBackend | None = None,
-                     clock: Clock | None = None) -> IpvsProxy:
+                     clock: Clock | None = None, family: IpFamily = IpFamily.V4) -> IpvsProxy:
         """The real thing, for the namespace `netns` (None: the caller's, where the agent runs)."""
+        require_supported_family(family)   # before any socket opens
         from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
         prefix = namespaces.exec_prefix(netns)
         backend = iptables_backend or detect_backend(exec_prefix=prefix)

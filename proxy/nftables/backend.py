@@ -21,8 +21,12 @@ own listing, text or JSON), paid by every full sync (the periodic one too); and 
 command after a listing pays libnftables' release of that cache (0.2-0.5 s at 10,000 Services),
 which a partial sync right after a write-free full sync meets.
 
-A service port whose values nft text cannot carry (render.UnrenderablePort: an IPv6 address
-in the ip table) is left out and reported in `BackendSyncReport.unprogrammed`, as the iptables
+Dual-stack: one `NftablesProxy` per family (`family=IpFamily.V6`: the table `ip6 netagent`,
+spelled by spelling.py), each fed that family's `ProxyState`, as kube-proxy runs a proxier per
+family; the two never touch each other's table, but `cleanup` removes both.
+
+A service port whose values nft text cannot carry (render.UnrenderablePort: an address of the
+other family, a string `text` refuses) is left out and reported in `BackendSyncReport.unprogrammed`, as the iptables
 backend reports the ports its tool refused; the core rejects it through the proxy's
 `RejectionScope` until it changes.
 """
@@ -32,6 +36,7 @@ import logging
 from types import MappingProxyType
 
 from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables.runner import Nft
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.large_sync import collector_paused
@@ -48,9 +53,10 @@ log = logging.getLogger("netagent.proxy.nftables")
 class NftablesProxy(ProxyBackend):
     mode = ProxyMode.NFTABLES
 
-    def __init__(self, *, nft: Nft, settings: NftProxySettings | None = None, family: str = "ip") -> None:
+    def __init__(self, *, nft: Nft, settings: NftProxySettings | None = None,
+                 family: IpFamily = IpFamily.V4) -> None:
         self.nft = nft
-        self.settings = settings or NftProxySettings()
+        self.settings = (settings or NftProxySettings()).of_family(family)
         self.family = family
         self._written: Assembly | None = None      # what the last successful sync left in the kernel
         self._refused: dict[ServicePortName, str] = {}
@@ -59,6 +65,8 @@ class NftablesProxy(ProxyBackend):
     # ---- sync ---------------------------------------------------------------------------------
 
     def sync(self, state: ProxyState, *, changed: frozenset[ServicePortName] | None) -> BackendSyncReport:
+        if state.family is not self.family:   # a wiring error: every port would be refused
+            raise ValueError(f"an {state.family.label} ProxyState handed to the {self.family.label} nftables proxy")
         previous, self._written = self._written, None    # forgotten until this sync succeeds
         if changed is not None and previous is not None and previous.node == state.node:
             assembly, changes, written = self._partial(previous, state, changed)
@@ -95,7 +103,7 @@ class NftablesProxy(ProxyBackend):
         self._refused.clear()
         ports = [port for port in (self._render(state, name) for name in state.services) if port is not None]
         assembly = assemble(ports, node=state.node, settings=self.settings)
-        objects = self.nft.list_table(self.family, N.TABLE)
+        objects = self.nft.list_table(self.family.nft, N.TABLE)
         view = read_table(objects) if objects is not None else None
         return assembly, full_changes(view, assembly.contents(), family=self.family), len(ports)
 
@@ -139,13 +147,13 @@ class NftablesProxy(ProxyBackend):
     # ---- read back and clean up ----------------------------------------------------------------
 
     def programmed(self) -> list[ProgrammedService]:
-        objects = self.nft.list_table(self.family, N.TABLE)
-        return [] if objects is None else programmed_services(read_table(objects))
+        objects = self.nft.list_table(self.family.nft, N.TABLE)
+        return [] if objects is None else programmed_services(read_table(objects), self.family)
 
     def cleanup(self) -> None:
         """Delete our table (every family's); idempotent."""
         self._written = None
-        ours = [(family, name) for family, name in self.nft.tables() if name == N.TABLE and family in ("ip", "ip6")]
+        ours = [(family, name) for family, name in self.nft.tables() if name == N.TABLE and family in N.FAMILIES]
         if ours:
             self.nft.apply("".join(f"delete table {family} {name}\n" for family, name in ours))
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import text
 from proxy.nftables import names as N
 from proxy.nftables.readback import TableView
-from proxy.nftables.render import (BASE_CHAINS, MAP_DECLARATIONS, SET_DECLARATIONS, Contents, ElementValue)
+from proxy.nftables.render import BASE_CHAINS, Contents, ElementValue
+from proxy.nftables.spelling import spelling
 
 # elements per `add element` command: libnftables takes any length, this keeps each line modest
 ELEMENTS_PER_COMMAND = 5000
@@ -36,7 +38,7 @@ def rule_digest(rule: str) -> str:
 
 @dataclass
 class Changes:
-    family: str = "ip"
+    family: IpFamily = IpFamily.V4
     table: str = N.TABLE
     replace_table: bool = False      # delete it first (a foreign layout)
     create_table: bool = False       # declare the table, the fixed maps and sets, the hooked chains
@@ -68,15 +70,16 @@ class Changes:
         self.add_elements.setdefault(holder, {})[key] = value
 
     def text(self) -> str:
-        where = f"{self.family} {text.name(self.table)}"
+        spell = spelling(self.family)
+        where = f"{spell.ip} {text.name(self.table)}"
         out: list[str] = []
         if self.replace_table:
             out.append(f"delete table {where}")
         if self.create_table or self.replace_table:
             out.append(f"add table {where}")
-            for holder, declaration in MAP_DECLARATIONS.items():
+            for holder, declaration in spell.map_declarations.items():
                 out.append(f"add map {where} {text.name(holder)} {{ {declaration}; }}")
-            for holder, declaration in SET_DECLARATIONS.items():
+            for holder, declaration in spell.set_declarations.items():
                 out.append(f"add set {where} {text.name(holder)} {{ {declaration}; }}")
             for chain, declaration in BASE_CHAINS.items():
                 out.append(f"add chain {where} {text.name(chain)} {{ {declaration}; }}")
@@ -133,13 +136,13 @@ def everything(desired: Contents, changes: Changes) -> Changes:
     return changes
 
 
-def full_changes(view: TableView | None, desired: Contents, *, family: str = "ip") -> Changes:
+def full_changes(view: TableView | None, desired: Contents, *, family: IpFamily = IpFamily.V4) -> Changes:
     """What makes the table read back as `view` (None: absent) hold exactly `desired`."""
     changes = Changes(family=family)
     if view is None:
         changes.create_table = True
         return everything(desired, changes)
-    if not view.skeleton_ok() or not all(map(_writable, [*view.chains, *view.sets])):
+    if not view.skeleton_ok(family) or not all(map(_writable, [*view.chains, *view.sets])):
         # another layout, or an object (added by hand) whose name our text cannot write back to
         # delete it: the whole table is replaced instead, in the same one transaction
         changes.replace_table = True

@@ -1,7 +1,7 @@
 """Names and hook priorities of the nftables service proxy: its table, maps, sets and chains.
 
-Everything lives in ONE table per family, `owned.NFT_PROXY_TABLE` ("netagent": `ip netagent`,
-later `ip6 netagent`), so cleanup is `delete table` and nothing of ours can sit in another
+Everything lives in ONE table per family, `owned.NFT_PROXY_TABLE` ("netagent": `ip netagent`
+and `ip6 netagent`, the same names in both; spelling.py says how the two differ), so cleanup is `delete table` and nothing of ours can sit in another
 user's table. Inside it every name holds an uppercase letter (nft-core's `text.name` rule:
 no nft keyword does), so none can be read as a keyword.
 
@@ -28,7 +28,7 @@ import re
 from netagent.kernel import owned
 
 TABLE = owned.NFT_PROXY_TABLE
-FAMILIES = ("ip",)            # `ip6` joins with dual-stack: every name here is family-free
+FAMILIES = ("ip", "ip6")     # every name here is family-free
 PRIORITY_DSTNAT = -100       # `dstnat`; written as a number: nft 1.0.6 refuses the name on the output hook
 PRIORITY_SRCNAT = 100        # `srcnat`
 
@@ -118,15 +118,19 @@ def affinity_set(port_hash: str, ip: str, port: int) -> str:
 
 
 def _endpoint_word(ip: str, port: int) -> str:
+    """`10-244-1-5-8080`, `fd00_10_244__5-8080` (IPv6: `:` as `_`)."""
     return f"{ip.replace('.', '-').replace(':', '_')}-{port}"
 
 
-AFFINITY_ENDPOINT = re.compile(r"AFE-([A-Z2-7]+)-([0-9]+(?:-[0-9]+){3})-([0-9]+)")
+AFFINITY_ENDPOINT = re.compile(r"AFE-([A-Z2-7]+)-([0-9]+(?:-[0-9]+){3}|[0-9a-f]*(?:_[0-9a-f]*){2,7})-([0-9]+)")
 
 
 def endpoint_of_affinity_chain(name: str) -> str | None:
-    """`10.244.1.5:8080` from an `AFE-` chain's name, None for any other name."""
+    """`10.244.1.5:8080` (`[fd00::5]:8080`) from an `AFE-` chain's name, None for any other name."""
     found = AFFINITY_ENDPOINT.fullmatch(name)
     if found is None:
         return None
-    return f"{found.group(2).replace('-', '.')}:{found.group(3)}"
+    word = found.group(2)
+    if "_" in word:
+        return f"[{word.replace('_', ':')}]:{found.group(3)}"
+    return f"{word.replace('-', '.')}:{found.group(3)}"

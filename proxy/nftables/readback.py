@@ -21,27 +21,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables.listing import element_text
 from proxy.backend import ProgrammedService
 from proxy.nftables import names as N
 from proxy.nftables.render import BASE_CHAINS, ElementValue
+from proxy.nftables.spelling import spelling
 
 ANY_LOCAL_ADDRESS = "*"
 _GOTO = re.compile(r"goto (AFE-[A-Za-z0-9_-]+)")   # FakeNft keeps a rule as its text
 
-# what libnftables reports for each fixed holder: (type, map value, flags)
-EXPECTED_HOLDERS: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
-    **{holder: (["ipv4_addr", "inet_proto", "inet_service"], "verdict", ()) for holder in N.ADDRESS_KEYED},
-    **{holder: (["inet_proto", "inet_service"], "verdict", ()) for holder in N.VERDICT_MAPS
-       if holder not in N.ADDRESS_KEYED},
-    **{holder: ((["ipv4_addr", "inet_service", "integer"] if not holder.startswith("NODEPORT")
-                 else ["inet_service", "integer"]), "ipv4_addr . inet_service", ()) for holder in N.ENDPOINT_MAPS},
-    N.FIREWALL_IPS: (["ipv4_addr", "inet_proto", "inet_service"], None, ()),
-    N.FIREWALL_ALLOW: (["ipv4_addr", "inet_proto", "inet_service", "ipv4_addr"], None, ("interval",)),
-    N.HAIRPIN: (["ipv4_addr", "ipv4_addr"], None, ()),
-    N.IP_NAMES: (["ipv4_addr", "inet_proto", "inet_service"], None, ()),
-    N.NODEPORT_NAMES: (["inet_proto", "inet_service"], None, ()),
-}
 
 
 @dataclass
@@ -53,8 +42,8 @@ class TableView:
     sets: dict[str, str] = field(default_factory=dict)   # other sets -> declaration as render writes it
     chain_targets: dict[str, list[str]] = field(default_factory=dict)   # AFF chains -> the AFE chains they use
 
-    def skeleton_ok(self) -> bool:
-        for holder, expected in EXPECTED_HOLDERS.items():
+    def skeleton_ok(self, family: IpFamily = IpFamily.V4) -> bool:
+        for holder, expected in spelling(family).expected_holders.items():
             if self.holders.get(holder) != expected:
                 return False
         for chain, declaration in BASE_CHAINS.items():
@@ -78,7 +67,7 @@ def read_table(objects: Iterable[dict[str, Any]]) -> TableView:
         if "map" in entry or "set" in entry:
             body: dict[str, Any] = entry.get("map") or entry.get("set") or {}
             name = body["name"]
-            if name in EXPECTED_HOLDERS:
+            if name in N.ELEMENT_HOLDERS:
                 view.holders[name] = (body.get("type"), body.get("map"), tuple(body.get("flags", ())))
                 held: dict[str, ElementValue] = {}
                 for item in body.get("elem", ()):
@@ -128,7 +117,8 @@ def _gotos(expressions: Any) -> list[str]:
 
 # ---- status -----------------------------------------------------------------------------------
 
-def programmed_services(view: TableView) -> list[ProgrammedService]:
+def programmed_services(view: TableView, family: IpFamily = IpFamily.V4) -> list[ProgrammedService]:
+    spell = spelling(family)
     found: list[ProgrammedService] = []
     for holder, names, space in ((N.SERVICE_IPS, N.IP_NAMES, N.KeySpace.ADDRESS),
                                  (N.SERVICE_NODEPORTS, N.NODEPORT_NAMES, N.KeySpace.NODEPORT)):
@@ -137,15 +127,16 @@ def programmed_services(view: TableView) -> list[ProgrammedService]:
             label, _, kind = (labels.get(key, (None, None))[1] or "").rpartition(" ")
             fields = key.split(" . ")
             if space is N.KeySpace.ADDRESS:
-                address = f"{fields[0]}:{fields[2]}/{fields[1].upper()}"
+                address = f"{spell.host_port(fields[0], fields[2])}/{fields[1].upper()}"
             else:
                 address = f"{ANY_LOCAL_ADDRESS}:{fields[1]}/{fields[0].upper()}"
             found.append(ProgrammedService(label or "?", address, kind or "?",
-                                           tuple(_backends(view, space, key, verdict or ""))))
+                                           tuple(_backends(view, space, key, verdict or "", family))))
     return found
 
 
-def _backends(view: TableView, space: N.KeySpace, key: str, verdict: str) -> list[str]:
+def _backends(view: TableView, space: N.KeySpace, key: str, verdict: str, family: IpFamily) -> list[str]:
+    spell = spelling(family)
     target = verdict.split()[-1]
     if target in (N.LOCAL_IP, N.LOCAL_NODEPORT):
         inside = N.LOCAL_IPS_INSIDE if space is N.KeySpace.ADDRESS else N.LOCAL_NODEPORTS_INSIDE
@@ -154,7 +145,7 @@ def _backends(view: TableView, space: N.KeySpace, key: str, verdict: str) -> lis
         for holder in (inside, outside):
             value = view.elements.get(holder, {}).get(key)
             if value is not None and value[0]:
-                seen.update(dict.fromkeys(_backends(view, space, key, value[0])))
+                seen.update(dict.fromkeys(_backends(view, space, key, value[0], family)))
         return list(seen)
     found = N.COUNT_CHAIN.fullmatch(target)
     if found is not None:
@@ -168,7 +159,7 @@ def _backends(view: TableView, space: N.KeySpace, key: str, verdict: str) -> lis
             value = held.get(f"{slot_key} . {slot}")
             if value is not None and value[0]:
                 ip, port = value[0].split(" . ")
-                out.append(f"{ip}:{port}")
+                out.append(spell.host_port(ip, port))
         return out
     if target.startswith("AFF-"):
         return [endpoint for endpoint in (N.endpoint_of_affinity_chain(chain)

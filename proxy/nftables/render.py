@@ -41,31 +41,35 @@ Every rule carries a comment with a digest of its text, so a full sync compares 
 back as JSON with the rendered one without parsing rule expressions. Element comments name
 the service port and entry kind (readability and `netagent status services`; in the sets
 `SERVICE-*-NAMES`, see names.py), bounded by nft-core's `text.comment`. Every string reaching
-the text goes through `netagent.kernel.nftables.text` (canonical IPv4 addresses are taken as
-the text it would give, `_ipv4`); a service port whose values it refuses is `UnrenderablePort`
-(left out and reported).
+the text goes through `netagent.kernel.nftables.text` (addresses through `Spelling.address`,
+which also refuses one of the other family); a service port whose values it refuses is
+`UnrenderablePort` (left out and reported).
+
+IPv6: the same shape in `ip6 netagent`, written with the family's spelling (spelling.py,
+`NftProxySettings.family`): `ip6 daddr`, `ipv6_addr` keys, `dnat ip6 to`, `::1` as the loopback
+NodePorts skip; `reject` answers ICMPv6 port unreachable there.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from netagent.errors import NetagentError
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import text
 from proxy.iptables.names import service_hash
-from proxy.large_sync import CANONICAL_IPV4
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import names as N
 from proxy.nftables.names import KeySpace, Role
 from proxy.selection import EndpointSelection
-from proxy.source_ranges import ipv4_source_ranges
+from proxy.nftables.spelling import Spelling, spelling
+from proxy.source_ranges import source_ranges
 
 DEFAULT_AFFINITY_SET_SIZE = 65536   # clients remembered per endpoint of an affinity service
-LOOPBACK = "127.0.0.0/8"
 
 # (holder, key) -> (value or None for a set, comment or None)
 ElementKey = tuple[str, str]
@@ -85,6 +89,7 @@ class UnrenderablePort(NetagentError, ValueError):
 class NftProxySettings:
     masquerade_mark: int = owned.MASQUERADE_MARK
     affinity_set_size: int = DEFAULT_AFFINITY_SET_SIZE
+    family: IpFamily = IpFamily.V4       # the table's: `ip netagent` or `ip6 netagent` (spelling.py)
 
     def __post_init__(self) -> None:
         mark = self.masquerade_mark
@@ -92,6 +97,13 @@ class NftProxySettings:
             raise ValueError(f"masquerade mark {mark:#x} must be a single bit of the 32-bit mark")
         if not 1 <= self.affinity_set_size < 1 << 31:
             raise ValueError(f"affinity set size {self.affinity_set_size} out of range")
+
+    @property
+    def spelling(self) -> Spelling:
+        return spelling(self.family)
+
+    def of_family(self, family: IpFamily) -> NftProxySettings:
+        return self if family is self.family else dataclasses.replace(self, family=family)
 
 
 @dataclass(frozen=True)
@@ -121,33 +133,8 @@ class Contents:
 
 # ---- the fixed skeleton ---------------------------------------------------------------------
 
-ADDRESS_KEY = "ip daddr . meta l4proto . th dport"
 PORT_KEY = "meta l4proto . th dport"
 
-# The endpoint maps: one per protocol, the data `typeof ip daddr . <proto> dport`. Measured with
-# nft 1.0.6: a map whose data is `ip daddr . th dport` cannot be used by a rule added once the map
-# is in the kernel ("conflicting protocols specified: ip vs. th"), and a protocol's `dport` there
-# makes nft add `meta l4proto <proto>` to every rule using the map: so one map per protocol, and
-# a balancing chain holds one dnat rule per protocol.
-def _endpoint_declaration(space: KeySpace, proto: str) -> str:
-    key = "ip daddr . th dport" if space is KeySpace.ADDRESS else "th dport"
-    return f"typeof {key} . numgen random mod 1 : ip daddr . {proto} dport"
-
-
-MAP_DECLARATIONS: dict[str, str] = {
-    **{holder: "type ipv4_addr . inet_proto . inet_service : verdict" for holder in N.ADDRESS_KEYED},
-    **{holder: "type inet_proto . inet_service : verdict" for holder in N.VERDICT_MAPS
-       if holder not in N.ADDRESS_KEYED},
-    **{N.endpoint_map(space, role, proto): _endpoint_declaration(space, proto)
-       for space in KeySpace for role in (Role.CLUSTER, Role.LOCAL) for proto in N.PROTOCOLS},
-}
-SET_DECLARATIONS: dict[str, str] = {
-    N.FIREWALL_IPS: "type ipv4_addr . inet_proto . inet_service",
-    N.FIREWALL_ALLOW: "type ipv4_addr . inet_proto . inet_service . ipv4_addr; flags interval",
-    N.HAIRPIN: "type ipv4_addr . ipv4_addr",
-    N.IP_NAMES: "type ipv4_addr . inet_proto . inet_service",
-    N.NODEPORT_NAMES: "type inet_proto . inet_service",
-}
 BASE_CHAINS: dict[str, str] = {   # name -> hook declaration
     N.PREROUTING: f"type nat hook prerouting priority {N.PRIORITY_DSTNAT}; policy accept",
     N.OUTPUT: f"type nat hook output priority {N.PRIORITY_DSTNAT}; policy accept",
@@ -170,40 +157,55 @@ def _mark(settings: NftProxySettings) -> str:
 
 def _cluster_mark(node: NodeContext, settings: NftProxySettings) -> str:
     """Cluster-IP traffic is masqueraded unless it comes from a pod (all of it without a CIDR)."""
-    if node.cluster_cidr:
-        return f"ip saddr != {text.network(_network(node.cluster_cidr))} {_mark(settings)}"
+    cidr = _cluster_cidr(node, settings.spelling)
+    if cidr:
+        return f"{settings.spelling.ip} saddr != {cidr} {_mark(settings)}"
     return _mark(settings)
 
 
-def _network(cidr: str) -> str:
-    return str(ipaddress.ip_network(cidr, strict=False))
+def _cluster_cidr(node: NodeContext, spell: Spelling) -> str | None:
+    """The node's cluster CIDR as text, if it is of the table's family (a proxy is built per
+    family with that family's CIDR; one of the other family says nothing about this one)."""
+    if node.cluster_cidr and spell.of_family(node.cluster_cidr):
+        return spell.network(node.cluster_cidr)
+    return None
+
+
+def _nodeport_addresses(node: NodeContext, spell: Spelling) -> list[str]:
+    """`--nodeport-addresses` of the table's family; none of it: every local address (kube-proxy's
+    rule per family)."""
+    return sorted({spell.address(a) for a in node.nodeport_addresses if spell.of_family(a)})
 
 
 def fixed_chains(node: NodeContext, settings: NftProxySettings) -> dict[str, tuple[str, ...]]:
     """The hooked chains and the fixed regular chains; their rules depend on the node only."""
     mark = f"{settings.masquerade_mark:#x}"
-    if node.nodeport_addresses:
-        where = "ip daddr { " + ", ".join(text.address(a) for a in sorted(set(node.nodeport_addresses))) + " }"
+    spell = settings.spelling
+    ip, address_key = spell.ip, spell.address_key
+    nodeport_addresses = _nodeport_addresses(node, spell)
+    if nodeport_addresses:
+        where = f"{ip} daddr {{ " + ", ".join(nodeport_addresses) + " }"
     else:
-        where = f"fib daddr type local ip daddr != {LOOPBACK}"
-    inside = [f"ip saddr {text.network(_network(node.cluster_cidr))}"] if node.cluster_cidr else []
+        where = f"fib daddr type local {ip} daddr != {spell.loopback}"
+    cidr = _cluster_cidr(node, spell)
+    inside = [f"{ip} saddr {cidr}"] if cidr else []
     inside.append("fib saddr type local")
     return {
         N.PREROUTING: (rule(f"jump {N.SERVICES}"),),
         N.OUTPUT: (rule(f"jump {N.SERVICES}"),),
         N.POSTROUTING: (
-            rule(f"ip saddr . ip daddr @{N.HAIRPIN} masquerade fully-random"),
+            rule(f"{ip} saddr . {ip} daddr @{N.HAIRPIN} masquerade fully-random"),
             rule(f"meta mark & {mark} == 0 return"),
             rule(f"meta mark set meta mark ^ {mark}"),
             rule("masquerade fully-random"),
         ),
         N.SERVICES: (
-            rule(f"{ADDRESS_KEY} @{N.FIREWALL_IPS} {ADDRESS_KEY} . ip saddr != @{N.FIREWALL_ALLOW} drop"),
-            rule(f"{ADDRESS_KEY} vmap @{N.SERVICE_IPS}"),
+            rule(f"{address_key} @{N.FIREWALL_IPS} {address_key} . {ip} saddr != @{N.FIREWALL_ALLOW} drop"),
+            rule(f"{address_key} vmap @{N.SERVICE_IPS}"),
             rule(f"{where} {PORT_KEY} vmap @{N.SERVICE_NODEPORTS}"),
         ),
-        N.LOCAL_IP: (*(rule(f"{match} {ADDRESS_KEY} vmap @{N.LOCAL_IPS_INSIDE}") for match in inside),
-                     rule(f"{ADDRESS_KEY} vmap @{N.LOCAL_IPS_OUTSIDE}")),
+        N.LOCAL_IP: (*(rule(f"{match} {address_key} vmap @{N.LOCAL_IPS_INSIDE}") for match in inside),
+                     rule(f"{address_key} vmap @{N.LOCAL_IPS_OUTSIDE}")),
         N.LOCAL_NODEPORT: (*(rule(f"{match} {PORT_KEY} vmap @{N.LOCAL_NODEPORTS_INSIDE}") for match in inside),
                            rule(f"{PORT_KEY} vmap @{N.LOCAL_NODEPORTS_OUTSIDE}")),
         N.REJECT: (rule("meta l4proto tcp counter reject with tcp reset"), rule("counter reject")),
@@ -221,8 +223,9 @@ def count_chain_rules(name: str, node: NodeContext, settings: NftProxySettings) 
         rules.append(rule(_cluster_mark(node, settings)))
     elif role is Role.EXTERNAL:
         rules.append(rule(_mark(settings)))
-    key = "ip daddr . th dport" if space is KeySpace.ADDRESS else "th dport"
-    rules.extend(rule(f"meta l4proto {proto} dnat ip to {key} . numgen random mod {count} "
+    ip = settings.spelling.ip
+    key = f"{ip} daddr . th dport" if space is KeySpace.ADDRESS else "th dport"
+    rules.extend(rule(f"meta l4proto {proto} dnat {ip} to {key} . numgen random mod {count} "
                       f"map @{N.endpoint_map(space, role, proto)}") for proto in N.PROTOCOLS)
     return tuple(rules)
 
@@ -237,25 +240,10 @@ def render_port(service: ServicePort, selection: EndpointSelection, *, node: Nod
         raise UnrenderablePort(service.name, str(error)) from error
 
 
-def _ipv4(address: str) -> str:
-    """`address` as nft text if it is IPv4. An address already in canonical dotted-decimal form
-    is the text `text.address` would give: taken as is (parsing 200,000 addresses through
-    `ipaddress` cost 3.6 s of a 10k-service sync); anything else goes through `text.address`."""
-    if CANONICAL_IPV4.fullmatch(address):
-        return address
-    canonical = text.address(address)
-    if ":" in canonical:
-        raise text.UnsafeNftText(f"{canonical} is IPv6: the ip table holds IPv4 only")
-    return canonical
-
-
-def _endpoint_key(endpoint: Endpoint) -> tuple[bytes, int]:
-    return socket.inet_aton(endpoint.ip), endpoint.port
-
-
 class _PortBuilder:
     def __init__(self, service: ServicePort, node: NodeContext, settings: NftProxySettings) -> None:
         self.service, self.node, self.settings = service, node, settings
+        self.spell = settings.spelling
         self.proto = text.protocol(service.protocol.value)
         self.elements: dict[ElementKey, ElementValue] = {}
         self.count_chains: set[str] = set()
@@ -275,7 +263,7 @@ class _PortBuilder:
         slot_key = key.replace(f" . {self.proto} . ", " . ") if space is KeySpace.ADDRESS else key.split(" . ")[1]
         for slot, endpoint in enumerate(endpoints):
             self.elements.setdefault((holder, f"{slot_key} . {slot}"),
-                                     (f"{_ipv4(endpoint.ip)} . {text.port(endpoint.port)}", None))
+                                     (f"{self.spell.address(endpoint.ip)} . {text.port(endpoint.port)}", None))
         chain = N.count_chain(space, role, len(endpoints))
         self.count_chains.add(chain)
         return "goto " + chain
@@ -290,13 +278,15 @@ class _PortBuilder:
             rules.append(rule(_mark(self.settings)))
         choices = []
         for slot, endpoint in enumerate(endpoints):
-            ip, port = _ipv4(endpoint.ip), text.port(endpoint.port)
+            ip, port = self.spell.address(endpoint.ip), text.port(endpoint.port)
+            target_address = self.spell.host_port(ip, port)
             members, target = N.affinity_set(self.hash, ip, endpoint.port), N.affinity_endpoint(self.hash, ip, endpoint.port)
-            self.sets[members] = (f"type ipv4_addr; flags dynamic,timeout; timeout {timeout}s; "
+            self.sets[members] = (f"type {self.spell.addr_type}; flags dynamic,timeout; timeout {timeout}s; "
                                   f"size {text.number(self.settings.affinity_set_size)}")
-            self.chains[target] = (rule(f"update @{text.name(members)} {{ ip saddr }}"),
-                                   rule(f"meta l4proto {self.proto} dnat ip to {ip}:{port}"))
-            rules.append(rule(f"ip saddr @{members} meta l4proto {self.proto} dnat ip to {ip}:{port}"))
+            family = self.spell.ip
+            self.chains[target] = (rule(f"update @{text.name(members)} {{ {family} saddr }}"),
+                                   rule(f"meta l4proto {self.proto} dnat {family} to {target_address}"))
+            rules.append(rule(f"{family} saddr @{members} meta l4proto {self.proto} dnat {family} to {target_address}"))
             choices.append(f"{slot} : goto {text.name(target)}")
         rules.append(rule(f"numgen random mod {len(endpoints)} vmap {{ {', '.join(choices)} }}"))
         self.chains[text.name(chain)] = tuple(rules)
@@ -306,11 +296,12 @@ class _PortBuilder:
 def _render_port(service: ServicePort, selection: EndpointSelection, *, node: NodeContext,
                  settings: NftProxySettings) -> PortObjects:
     b = _PortBuilder(service, node, settings)
-    cluster = tuple(sorted(selection.cluster, key=_endpoint_key))
-    external = tuple(sorted(selection.external, key=_endpoint_key))
+    spell = b.spell
+    cluster = tuple(sorted(selection.cluster, key=lambda e: (spell.sort_key(e.ip), e.port)))
+    external = tuple(sorted(selection.external, key=lambda e: (spell.sort_key(e.ip), e.port)))
     refuse = "goto " + N.REJECT if not selection.has_endpoints else "drop"
     local_policy = service.external_policy is TrafficPolicy.LOCAL
-    fence = ipv4_source_ranges(service.load_balancer_source_ranges)
+    fence = source_ranges(service.load_balancer_source_ranges, spell.family)
     for point in service.entry_points():
         label = f"{service.name} {point.kind.value}"
         port = text.port(point.port)
@@ -319,7 +310,7 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
             dispatch, inside, outside = N.SERVICE_NODEPORTS, N.LOCAL_NODEPORTS_INSIDE, N.LOCAL_NODEPORTS_OUTSIDE
             local_chain, names = N.LOCAL_NODEPORT, N.NODEPORT_NAMES
         else:
-            space, key = KeySpace.ADDRESS, f"{_ipv4(point.address or '')} . {b.proto} . {port}"
+            space, key = KeySpace.ADDRESS, f"{spell.address(point.address or '')} . {b.proto} . {port}"
             dispatch, inside, outside = N.SERVICE_IPS, N.LOCAL_IPS_INSIDE, N.LOCAL_IPS_OUTSIDE
             local_chain, names = N.LOCAL_IP, N.IP_NAMES
         if not selection.has_endpoints:
@@ -337,12 +328,12 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
         b.element(names, key, None, label)
         if point.kind is EntryKind.LOAD_BALANCER and fence is not None:
             b.element(N.FIREWALL_IPS, key)
-            for network in ipaddress.collapse_addresses(ipaddress.IPv4Network(r) for r in fence):
-                allowed = str(network.network_address) if network.prefixlen == 32 else str(network)
+            for network in ipaddress.collapse_addresses(ipaddress.ip_network(r) for r in fence):  # type: ignore[type-var]
+                allowed = str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)
                 b.element(N.FIREWALL_ALLOW, f"{key} . {allowed}")
     for endpoint in selection.all_selected:
         if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
-            ip = _ipv4(endpoint.ip)
+            ip = spell.address(endpoint.ip)
             b.element(N.HAIRPIN, f"{ip} . {ip}")
     return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
                        tuple(sorted(b.chains.items())), tuple(sorted(b.sets.items())))

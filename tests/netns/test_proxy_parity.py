@@ -24,9 +24,8 @@ from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from proxy.backend import ProxyBackend
 from proxy.ebpf.backend import EbpfPaths
-from proxy.factory import build_backend, build_ebpf_backend, takes_family
+from proxy.factory import build_backend, build_ebpf_backend
 from proxy.model import Endpoint, NodeContext, ProxyState
-from proxy.nftables.backend import NftablesProxy
 from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
 from tests.netns.test_ebpf_socket_lb import (BACKENDS, BACKENDS6, CLIENT6, DNS, EMPTY, EMPTY_UDP, WEB,
                                              ClientAndBackends, service_state)
@@ -131,12 +130,6 @@ def assert_same_behaviour(result: subprocess.CompletedProcess, addressing: Addre
     assert out["empty"] == errno.ECONNREFUSED
 
 
-def _skip_without_ipv6(leg: str, constructor, helper: str) -> None:
-    """The IPv6 form of a backend that is not this branch's: skipped until its branch is merged."""
-    if not takes_family(constructor):
-        pytest.skip(f"IPv6 {leg}: {helper} branch")
-
-
 @pytest.fixture(params=[V4, V6], ids=["ipv4", "ipv6"])
 def addressing(request) -> Addressing:
     return request.param
@@ -150,8 +143,6 @@ def programmed(request, addressing):
     outside the cgroup takes (`na_tc_from_pod` and `na_tc_egress` on the backends' side of the
     link, as on a pod's host veth, with the client in no cgroup of ours)."""
     family = addressing.family
-    if family is IpFamily.V6 and request.param == "nftables":
-        _skip_without_ipv6("nftables", NftablesProxy, "nft6")
     family_argument = {} if family is IpFamily.V4 else {"family": family}
     node_port = request.param != "ebpf-tc"
     with ClientAndBackends() as topology, contextlib.ExitStack() as stack:   # dual-stack
