@@ -9,16 +9,12 @@ programs act on every socket of that cgroup whatever its network namespace.
 
 Each backend is built for one IP family (`family`, default IPv4), as kube-proxy builds one
 proxier per family: iptables through that family's binaries, and `family=` handed to the
-nftables, IPVS and eBPF backends' constructors. A backend whose constructor does not take
-`family` yet (its IPv6 form not in this build) is refused for IPv6 with a clear error
-(`_family_arguments`) rather than silently programming IPv4; IPv4 calls are as they were.
+nftables, IPVS (which refuses IPv6 with a clear error) and eBPF backends' constructors; a
+second family's eBPF backend shares the maps the first one loaded (`first`).
 """
 from __future__ import annotations
 
-import inspect
 import os
-from collections.abc import Callable
-from typing import Any
 
 from netagent.kernel.ipset import IpsetRunner
 from netagent.infra.rejections import RejectionScope
@@ -33,24 +29,6 @@ from netagent.errors import NetagentError
 
 class BackendConfigError(NetagentError):
     pass
-
-
-def takes_family(build: Callable) -> bool:
-    """Whether a backend constructor takes `family: IpFamily` (an older `family` of another type,
-    nft's table family text, does not count)."""
-    parameter = inspect.signature(build).parameters.get("family")
-    return parameter is not None and isinstance(parameter.default, IpFamily)
-
-
-def _family_arguments(build: Callable, family: IpFamily, mode: str) -> dict[str, Any]:
-    """`{"family": family}` for a constructor that takes it; nothing for IPv4 (as before);
-    BackendConfigError for IPv6 when the backend has no IPv6 form in this build."""
-    if family is IpFamily.V4:
-        return {}
-    if not takes_family(build):
-        raise BackendConfigError(f"--proxy-mode {mode}: this build's {mode} backend does not program "
-                                 f"{family.label} Services (use --proxy-mode iptables for {family.label})")
-    return {"family": family}
 
 
 def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
@@ -78,16 +56,15 @@ def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, s
     from proxy.ipvs.table import Scheduler
     return IpvsProxy.in_namespace(netns=netns, iptables_backend=iptables_backend,
                                   settings=IpvsSettings(scheduler=Scheduler(scheduler)),
-                                  **_family_arguments(IpvsProxy.in_namespace, family, "ipvs"))
+                                  family=family)
 
 
 def build_nftables_backend(*, netns: str | None = None, family: IpFamily = IpFamily.V4) -> ProxyBackend:
     """The nftables backend over libnftables, in `netns` (None: this namespace)."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from proxy.nftables.backend import NftablesProxy
-    extra = _family_arguments(NftablesProxy, family, "nftables")
     try:
-        return NftablesProxy(nft=NftRunner(netns), **extra)
+        return NftablesProxy(nft=NftRunner(netns), family=family)
     except NftError as error:
         raise BackendConfigError(f"--proxy-mode nftables: {error}") from None
 
@@ -99,8 +76,6 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
     from ebpf.loader import EbpfError, SocketLbLoader, check_bpf_root, pin_dir
     from ebpf.mapset import MapSet
     from proxy.ebpf.backend import EbpfProxy
-    from proxy.ebpf.backend import EbpfProxy as _EbpfProxy
-    extra = _family_arguments(_EbpfProxy, family, "ebpf")
     if paths is None or not paths.bpf_root or not paths.cgroup:
         raise BackendConfigError("--proxy-mode ebpf needs --bpf-root (a bpffs mount) and --cgroup-root "
                                  "(the cgroup v2 directory whose sockets are balanced)")
@@ -134,7 +109,7 @@ def build_ebpf_backend(paths: EbpfPaths | None, *, load: bool = True, tc_snat: b
             maps.close()
             raise BackendConfigError(f"watching for pod veths: {error}") from None
     return EbpfProxy(maps=maps, paths=paths, load_report=report, tc_snat=tc_snat, pod_veths=pod_veths,
-                     rejections=rejections, **extra)
+                     rejections=rejections, family=family)
 
 
 def programmed_mode(*, iptables_backend: IptablesBackend, netns: str | None = None,

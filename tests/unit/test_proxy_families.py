@@ -195,17 +195,12 @@ def test_the_ipv6_iptables_backend_writes_ip6tables_and_an_inet6_hairpin_set():
     assert "NETAGENT" not in v6_tables.save() and not ipset.snapshot()
 
 
-def test_the_factory_refuses_ipv6_for_a_backend_without_an_ipv6_form():
-    from proxy.factory import BackendConfigError, _family_arguments
-
-    def ipv4_only(*, nft: object) -> None: ...
-
-    def both(*, nft: object, family: IpFamily = V4) -> None: ...
-
-    assert _family_arguments(ipv4_only, V4, "nftables") == {}
-    assert _family_arguments(both, V6, "nftables") == {"family": V6}
-    with pytest.raises(BackendConfigError, match="does not program IPv6"):
-        _family_arguments(ipv4_only, V6, "nftables")
+def test_the_factory_refuses_ipv6_for_ipvs_before_touching_the_kernel():
+    from netagent.kernel.iptables.backend import IptablesBackend
+    from proxy.factory import build_backend
+    from proxy.ipvs.proxy import IpvsFamilyUnsupported
+    with pytest.raises(IpvsFamilyUnsupported, match="IPv4 Services only"):
+        build_backend("ipvs", iptables_backend=IptablesBackend.LEGACY, family=V6)
 
 
 # -- the daemon: one proxy per family --------------------------------------------------------------
