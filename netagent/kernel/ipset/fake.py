@@ -27,7 +27,8 @@ from netagent.kernel.ipset.model import (
     IpsetSpec,
     IpsetWrite,
     SetContents,
-    family_of,
+    member_family,
+    spec_family,
     require_owned_name,
 )
 from netagent.kernel.ipset.runner import Ipset
@@ -73,7 +74,7 @@ class FakeIpset(Ipset):
         if held is None:
             return None
         spec = held.spec
-        return IpsetInfo(name=name, type=spec.type, family=family_of(spec.type),
+        return IpsetInfo(name=name, type=spec.type, family=spec_family(spec),
                          references=self._reference_count(name), entries=len(held.members),
                          max_elements=spec.max_elements if spec.type.is_hash else None)
 
@@ -92,7 +93,7 @@ class FakeIpset(Ipset):
         self.writes.append(IpsetWrite("destroy", name))
 
     def snapshot(self) -> dict[str, SetContents]:
-        return {name: SetContents(name, held.spec.type, family_of(held.spec.type), frozenset(held.members))
+        return {name: SetContents(name, held.spec.type, spec_family(held.spec), frozenset(held.members))
                 for name, held in self.sets.items()}
 
     def _apply(self, *, create: Sequence[IpsetSpec] = (),
@@ -118,6 +119,10 @@ class FakeIpset(Ipset):
                 line += 1
                 if member in held.members:
                     continue
+                if held.spec.type.is_hash and member_family(member) != held.spec.family:
+                    self.writes.append(IpsetWrite("update", name, tuple(added), tuple(removed)))
+                    raise IpsetError(f"ipset restore -exist: line {line} (add {name} {member}): Syntax error: "
+                                     f"member of family {member_family(member)} in a {held.spec.family} set")
                 if held.spec.type.is_hash and len(held.members) >= held.spec.max_elements:
                     self.writes.append(IpsetWrite("update", name, tuple(added), tuple(removed)))
                     raise IpsetError(f"ipset restore -exist: line {line} (add {name} {member}): Hash is full, "

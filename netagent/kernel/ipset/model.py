@@ -10,12 +10,14 @@ always present), `10.1.0.0/16` (host bits cleared), `10.0.0.1` rather than `10.0
 the sets below cannot hold; `entry()` builds the common ip,proto:port[,ip] member.
 
 What the validation accepts is a strict subset of what the real tool accepts, on purpose:
-IPv4 dotted decimal only (the tool resolves host names and reads `010.0.0.9` as octal), no
+IPv4 dotted decimal (the tool resolves host names and reads `010.0.0.9` as octal) or IPv6 in
+Python's compressed spelling (what `ipset save` prints), the family a member's own, no
 ranges or CIDRs that the tool would expand into many members (hash:ip `10.0.0.0/30`, port
 `8-9`), protocols tcp/udp/sctp only, no /0 (the hash:net types refuse it anyway).
 
 Only our sets are written: names start with `NETAGENT-` and are at most 31 characters (the
-kernel's limit); `require_owned_name` is the check. Sets are created `family inet` with
+kernel's limit); `require_owned_name` is the check. Sets are created `family inet` (or the
+spec's `inet6`: the kernel refuses a member of the other family, `member_family` says which) with
 `maxelem` from the spec (default large enough for 10,000 services x 10 endpoints in the
 one-member-per-endpoint sets; a hash grows on demand, so the cap costs nothing until used).
 """
@@ -63,15 +65,19 @@ class IpsetNotInstalled(IpsetError):
 @dataclass(frozen=True)
 class IpsetSpec:
     """A set we own. `comment` says what it is for (shown by status/cleanup; ipset has no
-    set-level comment, so it is not written to the kernel). Family is always inet."""
+    set-level comment, so it is not written to the kernel). `family` is ipset's (`inet`,
+    `inet6`; `IpFamily.ipset`), ignored by bitmap types."""
     name: str
     type: IpsetType
     comment: str = ""
     max_elements: int = DEFAULT_MAX_ELEMENTS
+    family: str = "inet"
 
     def __post_init__(self) -> None:
         require_owned_name(self.name)
         object.__setattr__(self, "type", IpsetType(self.type))
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, not {self.family!r}")
         if self.max_elements < 1:
             raise ValueError(f"max_elements must be positive, not {self.max_elements}")
 
@@ -112,9 +118,21 @@ def require_owned_name(name: str) -> None:
         raise ValueError(f"set name {name!r}: at most {MAX_NAME_LENGTH} characters of [A-Za-z0-9_.:-]")
 
 
-def family_of(set_type: IpsetType) -> str | None:
+FAMILIES = ("inet", "inet6")
+
+
+def family_of(set_type: IpsetType, family: str = "inet") -> str | None:
     """The family a set of this type is created with and reported in (bitmaps have none)."""
-    return "inet" if set_type.is_hash else None
+    return family if set_type.is_hash else None
+
+
+def spec_family(spec: IpsetSpec) -> str | None:
+    return family_of(spec.type, spec.family)
+
+
+def member_family(member: str) -> str:
+    """The family of a canonical hash member (its first address): `inet` or `inet6`."""
+    return "inet6" if ":" in member.partition(",")[0] else "inet"
 
 
 # ---- member spelling ---------------------------------------------------------------------------
@@ -126,10 +144,21 @@ _DOTTED_DECIMAL = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 def _address(text: str) -> str:
     # A regex, not ipaddress: a backend spells ~10^5 members per sync, and this is 10x faster.
     # Same rules as IPv4Address: four decimal octets 0-255 without leading zeros.
+    if ":" in text:
+        return _address6(text)
     address = text.removesuffix("/32")
     if not _DOTTED_DECIMAL.fullmatch(address):
         raise IpsetError(f"{text!r} is not an IPv4 address")
     return address
+
+
+@functools.lru_cache(maxsize=4096)
+def _address6(text: str) -> str:
+    try:
+        address = ipaddress.IPv6Address(text.removesuffix("/128"))
+    except ValueError:
+        raise IpsetError(f"{text!r} is not an IP address") from None
+    return str(address)
 
 
 def _network(text: str) -> str:
@@ -141,12 +170,13 @@ def _network(text: str) -> str:
 @functools.lru_cache(maxsize=4096)
 def _cidr(text: str) -> str:
     try:
-        network = ipaddress.IPv4Network(text, strict=False)
+        network: ipaddress.IPv4Network | ipaddress.IPv6Network = (
+            ipaddress.IPv6Network(text, strict=False) if ":" in text else ipaddress.IPv4Network(text, strict=False))
     except ValueError:
-        raise IpsetError(f"{text!r} is not an IPv4 address or network") from None
+        raise IpsetError(f"{text!r} is not an IP address or network") from None
     if network.prefixlen == 0:
         raise IpsetError(f"{text!r}: a /0 network cannot be a member")
-    return str(network.network_address) if network.prefixlen == 32 else str(network)
+    return str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)
 
 
 def _port(text: str) -> int:

@@ -9,7 +9,7 @@ output without root.
 
 The restore input is every `create` first, then per set its `del` lines before its `add`
 lines, so removals free room before the adds count against `maxelem`. `create` takes
-`family inet` and `maxelem` for hash types; bitmap:port takes the full port range instead.
+`family` (the spec's, `inet` or `inet6`) and `maxelem` for hash types; bitmap:port takes the full port range instead.
 Each token is checked by `iptables.tokens.ipset_token` (the one escaping module: ipset has no
 escapes, so anything but a name's or member's characters is refused, never written).
 """
@@ -35,7 +35,7 @@ def create_arguments(spec: IpsetSpec) -> list[str]:
     """`ipset create` arguments for a spec (after the word `create`)."""
     if spec.type is IpsetType.BITMAP_PORT:
         return [spec.name, spec.type.value, "range", f"{PORT_RANGE[0]}-{PORT_RANGE[1]}"]
-    return [spec.name, spec.type.value, "family", "inet", "maxelem", str(spec.max_elements)]
+    return [spec.name, spec.type.value, "family", spec.family, "maxelem", str(spec.max_elements)]
 
 
 def restore_lines(*, create: Sequence[IpsetSpec],

@@ -51,7 +51,7 @@ from netagent.kernel.ipset.model import (
     SetContents,
     canonical_change,
     canonical_member,
-    family_of,
+    spec_family,
     require_owned_name,
 )
 from netagent.kernel.ipset.restore import (
@@ -102,7 +102,7 @@ class Ipset(abc.ABC):
 
     def ensure_set(self, spec: IpsetSpec) -> None:
         info = self.describe(spec.name)
-        if info is not None and info.type == spec.type and info.family == family_of(spec.type):
+        if info is not None and info.type == spec.type and info.family == spec_family(spec):
             return
         if info is not None:
             if info.references:
@@ -167,9 +167,9 @@ def sync_sets(ipset: Ipset, wanted: Mapping[IpsetSpec, Iterable[str]], *,
     create, changes, counts = [], {}, {}
     for spec, members in desired.items():
         held = current.get(spec.name)
-        if held is not None and (held.type != spec.type or held.family != family_of(spec.type)):
+        if held is not None and (held.type != spec.type or held.family != spec_family(spec)):
             ipset.ensure_set(spec)
-            held = SetContents(spec.name, spec.type, family_of(spec.type), frozenset())
+            held = SetContents(spec.name, spec.type, spec_family(spec), frozenset())
         if held is None:
             create.append(spec)
         present = held.members if held is not None else frozenset()
