@@ -98,6 +98,19 @@ class _Projector:
             return pod
         return replace(pod, ip=address, ingress=ingress, egress=egress, ips=())
 
+    def changed(self, changes: Mapping[SetRef, frozenset[str]],
+                sets: dict[SetRef, frozenset[str]]) -> dict[SetRef, frozenset[str]]:
+        """The family's part of a one-pod change to sets' members (pod_plan.py's `grown`,
+        `shrunk`): those of the family's sets whose members of the family changed, updated in `sets`."""
+        found: dict[SetRef, frozenset[str]] = {}
+        for ref, members in changes.items():
+            mine = self.ref(ref)
+            if mine in sets:
+                kept = self.members(ref, members)
+                if kept != sets[mine]:
+                    found[mine] = sets[mine] = kept
+        return found
+
     def used(self, pods: Sequence[PodPlan]) -> dict[SetRef, frozenset[str]]:
         """The family's sets the pods' allows name, with the family's members."""
         by_name = {self.ref(ref): ref for ref in self.sets}
@@ -124,13 +137,7 @@ def added_for_family(added: PodAdded, previous: NodePlan, family: IpFamily) -> P
     if pod is None:
         return None
     sets = dict(previous.sets)
-    grown: dict[SetRef, frozenset[str]] = {}
-    for ref, members in added.grown.items():
-        mine = projector.ref(ref)
-        if mine in sets:
-            kept = projector.members(ref, members)
-            if kept != sets[mine]:
-                grown[mine] = sets[mine] = kept
+    grown = projector.changed(added.grown, sets)
     new: dict[SetRef, frozenset[str]] = {}
     originals = {projector.ref(ref): ref for ref in added.plan.sets}
     for allow in (*(pod.ingress or ()), *(pod.egress or ())):
@@ -155,13 +162,7 @@ def removed_for_family(removed: PodRemoved, previous: NodePlan, family: IpFamily
         dropped -= {ref for plan in pods for allows in (plan.ingress or (), plan.egress or ())
                     for allow in allows for ref in set_refs(allow)}
     sets = {ref: members for ref, members in previous.sets.items() if ref not in dropped}
-    shrunk: dict[SetRef, frozenset[str]] = {}
-    for ref, members in removed.shrunk.items():
-        mine = projector.ref(ref)
-        if mine in sets:
-            kept = projector.members(ref, members)
-            if kept != sets[mine]:
-                shrunk[mine] = sets[mine] = kept
+    shrunk = projector.changed(removed.shrunk, sets)
     return PodRemoved(NodePlan(pods, sets, previous.problems), gone, shrunk, frozenset(dropped))
 
 

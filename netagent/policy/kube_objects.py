@@ -356,7 +356,7 @@ def _address(raw: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
 def _pod_ips(status: dict, *, where: str, problems: list[str]) -> tuple[str, ...]:
     """`status.podIP` and `status.podIPs`: at most one address per family, IPv4 first (the
     primary, whichever the API lists first, so the ADD's binding and the kubelet's report
-    agree). An unusable entry (not an address, a zone, v4-mapped, a second of one family) is
+    agree). An unusable entry (not an address, a zone, link-local, v4-mapped, a second of one family) is
     left out: the pod is then not programmed in that family, which keeps it closed there."""
     raw_entries: list[object] = [status.get("podIP")]
     entries = status.get("podIPs")
@@ -369,8 +369,8 @@ def _pod_ips(status: dict, *, where: str, problems: list[str]) -> tuple[str, ...
         if raw is None or raw == "":
             continue
         address = _address(raw)
-        if address is None or (isinstance(address, ipaddress.IPv6Address)
-                               and (address.scope_id is not None or address.ipv4_mapped is not None)):
+        if address is None or address.is_link_local or (isinstance(address, ipaddress.IPv6Address) and (
+                address.scope_id is not None or address.ipv4_mapped is not None)):
             problems.append(f"{where}: pod address {str(raw)[:60]!r} is not a usable address; ignored")
             continue
         text = str(address)

@@ -56,14 +56,15 @@ def pod_key(namespace: object, name: object) -> str | None:
 def bound_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
     """The addresses the policy engine enforces, of those an ADD chose: the first of each
     family, IPv4 first (the primary, as kube_objects.py orders a Pod's `status.podIPs`);
-    v4-mapped and zoned ones are never a pod's."""
+    v4-mapped, zoned and link-local ones are never a pod's."""
     found: dict[int, str] = {}
     for text in addresses:
         try:
             address = ipaddress.ip_interface(text).ip
         except ValueError:
             continue
-        if isinstance(address, ipaddress.IPv6Address) and (address.scope_id or address.ipv4_mapped):
+        if "%" in text or address.is_link_local or (isinstance(address, ipaddress.IPv6Address)
+                                                   and address.ipv4_mapped is not None):
             continue
         found.setdefault(address.version, str(address))
     return tuple(found[version] for version in (4, 6) if version in found)

@@ -114,6 +114,14 @@ def np_dual(request, labs):
     lab.family = IpFamily.V6
 
 
+def status_of(lab, *args: str) -> str:
+    """`netagent status policy ARGS` run on the lab's node."""
+    done = namespaces.run_in(lab.netns_of["node"], [sys.executable, "-m", "netagent.cli", "status", "policy",
+                                                    "--iptables-backend", "legacy", *args])
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def cluster_block(lab) -> str:
     """A block holding every pod address of the probed family (and the node's pod CIDR)."""
     return "10.244.0.0/16" if lab.family is IpFamily.V4 else "fd00:10:244::/48"
@@ -398,10 +406,7 @@ def test_status_reads_policies_drops_and_traces_from_the_kernel(np_bridge):
               sources=["x/b", "y/b", "z/c"], targets=["x/a"])
 
     def status(*args: str) -> str:
-        done = namespaces.run_in(lab.netns_of["node"], [sys.executable, "-m", "netagent.cli", "status", "policy",
-                                                        "--iptables-backend", "legacy", *args])
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return status_of(lab, *args)
 
     listing = json.loads(status("x/a", "--json"))
     assert [(c["pod"], c["direction"], c["policies"]) for c in listing] == [("x/a", "ingress", ["x/from-b"])]
@@ -542,10 +547,7 @@ def test_status_shows_both_families_and_traces_an_ipv6_packet(np_dual):
     lab.check(Expect(True).deny(sources=["y/b"], targets=["x/a"]), [TCP80], sources=["x/b", "y/b"], targets=["x/a"])
 
     def status(*args: str) -> str:
-        done = namespaces.run_in(lab.netns_of["node"], [sys.executable, "-m", "netagent.cli", "status", "policy",
-                                                        "--iptables-backend", "legacy", *args])
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return status_of(lab, *args)
 
     listing = json.loads(status("x/a", "--json"))
     v4, v6 = lab.by_family[IpFamily.V4], lab.by_family[IpFamily.V6]
