@@ -35,6 +35,9 @@ from netagent.policy.render import RenderSettings
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, SetKind, SetRef, set_refs
 
 
+_UNSEEN = object()
+
+
 def in_family(text: str, family: IpFamily) -> bool:
     """Whether an address, network or `ip,proto:port` member is of `family` (the plan's values
     are canonical, so a colon before the first comma is IPv6)."""
@@ -64,8 +67,9 @@ class _Projector:
         return found
 
     def allow(self, allow: Allow) -> Allow | None:
-        if allow in self._allows:
-            return self._allows[allow]
+        found = self._allows.get(allow, _UNSEEN)
+        if found is not _UNSEEN:
+            return found                   # type: ignore[return-value]
         peer = allow.peer
         projected: Allow | None = allow
         if isinstance(peer, CidrMatch):
@@ -84,13 +88,16 @@ class _Projector:
         return projected
 
     def allows(self, allows: tuple[Allow, ...] | None) -> tuple[Allow, ...] | None:
-        if allows is None:
-            return None
+        if not allows:
+            return allows
         found = tuple(projected for allow in allows if (projected := self.allow(allow)) is not None)
         return allows if len(found) == len(allows) and all(a is b for a, b in zip(found, allows)) else found
 
     def pod(self, pod: PodPlan) -> PodPlan | None:
-        address = next((ip for ip in pod.addresses if in_family(ip, self.family)), None)
+        if pod.ips:
+            address = next((ip for ip in pod.ips if in_family(ip, self.family)), None)
+        else:
+            address = pod.ip if in_family(pod.ip, self.family) else None
         if address is None:
             return None
         ingress, egress = self.allows(pod.ingress), self.allows(pod.egress)
@@ -113,9 +120,11 @@ class _Projector:
 
     def used(self, pods: Sequence[PodPlan]) -> dict[SetRef, frozenset[str]]:
         """The family's sets the pods' allows name, with the family's members."""
+        distinct = {allow for pod in pods for allows in (pod.ingress, pod.egress) if allows for allow in allows}
+        used = {ref for allow in distinct for ref in set_refs(allow)}
+        if not used:
+            return {}
         by_name = {self.ref(ref): ref for ref in self.sets}
-        used = {ref for pod in pods for allows in (pod.ingress or (), pod.egress or ())
-                for allow in allows for ref in set_refs(allow)}
         return {ref: self.members(by_name[ref]) for ref in used if ref in by_name}
 
 
