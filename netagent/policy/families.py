@@ -28,14 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from netagent.kernel.families import IpFamily
-from netagent.policy.dataplane import ApplyReport, PolicyDataplane
+from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.readback import KernelPolicy
 from netagent.policy.render import RenderSettings
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, SetKind, SetRef, set_refs
-
-
-_UNSEEN = object()
 
 
 def in_family(text: str, family: IpFamily) -> bool:
@@ -67,9 +64,8 @@ class _Projector:
         return found
 
     def allow(self, allow: Allow) -> Allow | None:
-        found = self._allows.get(allow, _UNSEEN)
-        if found is not _UNSEEN:
-            return found                   # type: ignore[return-value]
+        if allow in self._allows:
+            return self._allows[allow]
         peer = allow.peer
         projected: Allow | None = allow
         if isinstance(peer, CidrMatch):
@@ -187,7 +183,7 @@ class FamilyState:
     """One family's part of the engine's rendered state: its plan and its dataplane's state."""
     family: IpFamily
     plan: NodePlan
-    wanted: object
+    wanted: Rendered
 
 
 @dataclass(frozen=True)
@@ -197,12 +193,13 @@ class DualWanted:
 
     @property
     def pending(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(key for part in self.parts for key in part.wanted.pending))  # type: ignore[attr-defined]
+        return tuple(dict.fromkeys(key for part in self.parts for key in part.wanted.pending))
 
     @property
     def refused(self) -> tuple[str, ...]:
-        return tuple(f"{part.family.label}: {why}" for part in self.parts
-                     for why in part.wanted.refused)  # type: ignore[attr-defined]
+        if len(self.parts) == 1:
+            return self.parts[0].wanted.refused          # one family: said as before
+        return tuple(f"{part.family.label}: {why}" for part in self.parts for why in part.wanted.refused)
 
 
 class FamilyDataplanes(PolicyDataplane[DualWanted]):

@@ -84,11 +84,6 @@ class IpBlock:
     cidr: str                           # canonical network text of either family, e.g. 10.0.0.0/8, fd00::/8
     excepts: tuple[str, ...] = ()       # canonical, sorted, of the cidr's family and inside it
 
-    @property
-    def version(self) -> int:
-        """4 or 6 (an address of the other family is never inside the block)."""
-        return 6 if ":" in self.cidr else 4
-
     def contains(self, address: str) -> bool:
         ip = ipaddress.ip_address(address)
         if ip not in ipaddress.ip_network(self.cidr):
