@@ -102,14 +102,17 @@ def ms(seconds: float) -> float:
 
 
 def make_programmer(backend: str, netns: str):
-    """The policy dataplane of `backend`, acting in the node namespace `netns` only."""
+    """The policy dataplane of `backend`, acting in the node namespace `netns` only, under the
+    per-family composite `netagent run` builds (an IPv4 cluster: one family)."""
+    from netagent.kernel.families import IpFamily
+    from netagent.policy.families import FamilyDataplanes
     if backend == "nftables":
         from netagent.kernel.nftables.runner import NftRunner
         from netagent.policy.programmer_nft import NftPolicyProgrammer
-        return NftPolicyProgrammer(NftRunner(netns=netns))
+        return FamilyDataplanes({IpFamily.V4: NftPolicyProgrammer(NftRunner(netns=netns))})
     prefix = namespaces.exec_prefix(netns)
-    return PolicyProgrammer(iptables=IptablesRunner(backend=IptablesBackend.LEGACY, exec_prefix=prefix),
-                            ipset=IpsetRunner(exec_prefix=prefix))
+    return FamilyDataplanes({IpFamily.V4: PolicyProgrammer(
+        iptables=IptablesRunner(backend=IptablesBackend.LEGACY, exec_prefix=prefix), ipset=IpsetRunner(exec_prefix=prefix))})
 
 
 def count_rules(backend: str, netns: str) -> int:
@@ -215,8 +218,10 @@ def main() -> int:
             started = time.perf_counter()
             engine.sync(SyncKind.FULL)
             results["full_sync_first_ms"] = ms(time.perf_counter() - started)
-            results["chains"] = sized(getattr(engine.wanted, "chains", None))
-            results["sets"] = sized(getattr(engine.wanted, "sets", None))
+            parts = getattr(engine.wanted, "parts", ())     # FamilyDataplanes' state: its IPv4 part
+            rendered = parts[0].wanted if parts else engine.wanted
+            results["chains"] = sized(getattr(rendered, "chains", None))
+            results["sets"] = sized(getattr(rendered, "sets", None))
             started = time.perf_counter()
             engine.sync(SyncKind.FULL)
             results["full_sync_in_agreement_ms"] = ms(time.perf_counter() - started)

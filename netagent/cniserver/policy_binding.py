@@ -2,8 +2,9 @@
 
 `PolicyBoundHandlers` wraps the plugin's handlers (cni/handlers.py, unchanged): after a
 successful ADD, before the reply, it hands the policy engine (`PodBinder`: in-process, the
-daemon's `PolicyEngine`) the addresses the ADD chose, the pod `CNI_ARGS` names and the host
-interface, and waits at most `wait` seconds for the pod's policy to be written
+daemon's `PolicyEngine`) the addresses the ADD chose (every one: a dual-stack pod's IPv4 and
+IPv6 are both bound, each programmed in its family's dataplane), the pod `CNI_ARGS` names and
+the host interface, and waits at most `wait` seconds for the pod's policy to be written
 (netagent/policy/pod_binding.py plans it from the reflector's cache: no API call here). A DEL
 unbinds the same way once it has been accepted.
 

@@ -33,6 +33,11 @@ The dataplane follows the proxy mode: `--proxy-mode nftables` programs the `ip n
 nft table (policy/programmer_nft.py), so no iptables rule of ours exists; every other mode the
 iptables chains and ipsets (policy/programmer.py). The engine sees one `PolicyDataplane`
 either way. What the other dataplane left (a node switched between modes) is removed at start.
+
+Dual-stack: one dataplane per family of this node's pod CIDRs (`policy_families`; none given
+is IPv4), built with that family (ip6tables and `inet6` sets, or the `ip6 netagent-policy`
+table), under one `FamilyDataplanes` (policy/families.py), which gives each the plan as its
+family sees it. Removal and cleanup take both families.
 """
 from __future__ import annotations
 
@@ -175,31 +180,36 @@ def remove_policy_state(iptables_backend, *, iptables: bool = True, nft: bool = 
     from netagent.kernel.ipset.model import IpsetError
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.families import IpFamily
+    from netagent.kernel.iptables.backend import missing_binaries
     from netagent.kernel.iptables.runner import IptablesError, IptablesRunner
     from netagent.policy.programmer import PolicyProgrammer
 
     removed = remove_nft_policy_state() if nft else []
     if not iptables or iptables_backend is None:
         return removed
-    try:
-        programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
-                                      ipset=IpsetRunner())
-        return removed + programmer.cleanup()
-    except (IptablesError, IpsetError, OSError) as error:
-        log.warning("network policy: could not check for leftover iptables policy rules: %s", error)
-        return removed
+    for family in (IpFamily.V6, IpFamily.V4):     # IPv6 first: ipset destroys only sets no rule names
+        if family is IpFamily.V6 and missing_binaries(family, iptables_backend):
+            continue
+        try:
+            programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=family),
+                                          ipset=IpsetRunner(), family=family)
+            removed += programmer.cleanup()
+        except (IptablesError, IpsetError, OSError) as error:
+            log.warning("network policy: could not check for leftover %s policy rules: %s", family.command, error)
+    return removed
 
 
 def remove_nft_policy_state() -> list[str]:
     """The policy's nft table, when this host has nftables and the table."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from netagent.policy.programmer_nft import NftPolicyProgrammer
+    from netagent.policy.render_nft import IPV4, IPV6
     try:
         nft = NftRunner()
     except NftError:
         return []                    # no libnftables here: no table of ours either
     try:
-        return NftPolicyProgrammer(nft).cleanup()
+        return [item for family in (IPV4, IPV6) for item in NftPolicyProgrammer(nft, family=family).cleanup()]
     except NftError as error:
         log.warning("network policy: could not check for a leftover nft policy table: %s", error)
         return []
@@ -219,6 +229,21 @@ def remove_policy_state_everywhere() -> list[str]:
     return removed
 
 
+def policy_families(pod_cidrs: Sequence[str]):
+    """The families the policy engine programs: those of this node's pod CIDRs (IPv4 when none)."""
+    from netagent.kernel.families import IpFamily
+    found = {IpFamily.of(cidr) for cidr in pod_cidrs}
+    return [family for family in IpFamily if family in found] or [IpFamily.V4]
+
+
+def _denied(chains) -> dict[tuple[str, ...], float]:
+    """Denied packets per pod and direction, both families' chains summed."""
+    found: dict[tuple[str, ...], float] = {}
+    for chain in chains:
+        found[(chain.pod, chain.direction)] = found.get((chain.pod, chain.direction), 0.0) + chain.denied_packets
+    return found
+
+
 def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str],
                  rejections: RejectionScope | None = None) -> PolicyParts:
     from netagent.infra.metrics import CallbackGauge
@@ -235,20 +260,28 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from proxy.backend import ProxyMode
 
     from netagent.policy.dataplane import PolicyDataplane
+    from netagent.policy.families import FamilyDataplanes
 
-    programmer: PolicyDataplane
+    families = policy_families(pod_cidrs)
+    dataplanes: dict[IpFamily, PolicyDataplane] = {}
     mode = getattr(args, "proxy_mode", None)
     if mode == ProxyMode.NFTABLES.value:
         from netagent.kernel.nftables.runner import NftRunner
         from netagent.policy.programmer_nft import NftPolicyProgrammer
+        from netagent.policy.render_nft import IPV4, IPV6
         for removed in remove_policy_state(iptables_backend, nft=False):   # a node switched from iptables
             log.info("network policy (nftables): removed the iptables dataplane's %s", removed)
-        programmer = NftPolicyProgrammer(NftRunner())
+        nft = NftRunner()
+        for family in families:
+            dataplanes[family] = NftPolicyProgrammer(nft, family=IPV4 if family is IpFamily.V4 else IPV6)
     else:
         for removed in remove_nft_policy_state():
             log.info("network policy (iptables): removed the nftables dataplane's %s", removed)
-        programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=IpFamily.V4),
-                                      ipset=IpsetRunner())
+        ipset = IpsetRunner()
+        for family in families:
+            dataplanes[family] = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=family),
+                                                  ipset=ipset, family=family)
+    programmer = FamilyDataplanes(dataplanes)
     ipvs = mode == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
     settings = PolicySettings(args.node_name, RenderSettings(PodAttachment(args.cni_mode),
                                                             local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
@@ -262,7 +295,7 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     registry.register(CallbackGauge(
         "netagent_policy_denied_packets", "packets dropped by network policy, per pod and direction "
         "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
-        lambda: {(c.pod, c.direction): float(c.denied_packets) for c in programmer.read_policy().pods},
+        lambda: _denied(programmer.read_policy().pods),
         labels=("pod", "direction")))
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),

@@ -295,7 +295,7 @@ def _run_cluster_mode(args) -> int:
             metrics.start()
         policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
                                rejections=rejections.scope("policy"),
-                               pod_cidrs=[str(c) for c in agent.pod_cidrs if c.version == 4],
+                               pod_cidrs=[str(c) for c in agent.pod_cidrs],   # both families: one dataplane each
                                timeout=settings.lease_timeout)
         if policy is not None:
             started_policy.append(policy)

@@ -7,6 +7,11 @@ listing of that table (policy/readback_nft.py, into the same values); works whil
 is down. POD is `ns/name`, a bare name or an address
 of a pod of this node, isolated or open (the policy engine's pod directory names them all);
 the tracer's FROM and TO are the same, or any address (a pod of another node, the outside).
+
+Both families (issue 22): the IPv6 half is read the same way (`ip6tables-save` and the
+`inet6` sets, or the `ip6 netagent-policy` table) and listed beside the IPv4 one; a trace is
+judged in the family of its addresses (a pod named by name takes the family of the other
+end when that is an address, else IPv4).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import json
 from typing import TYPE_CHECKING
 
 from netagent.errors import NetagentError
+from netagent.kernel.families import IpFamily
 from netagent.policy.readback import KernelPolicy, Packet, parse_kernel_policy, trace
 
 if TYPE_CHECKING:
@@ -30,47 +36,74 @@ def read_policy_rules(iptables: Iptables) -> KernelPolicy:
     return parse_kernel_policy(iptables.save("filter", counters=True))
 
 
-def read_nft() -> tuple[KernelPolicy, dict[str, frozenset[str]]] | None:
-    """The nft policy table read back, or None when this node has none (or no libnftables)."""
+Read = dict[IpFamily, tuple[KernelPolicy, dict[str, frozenset[str]]]]
+
+
+def read_nft() -> Read | None:
+    """The nft policy tables read back, by family, or None when this node has none (or no libnftables)."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from netagent.policy.readback_nft import parse_nft_policy
-    from netagent.policy.render_nft import IPV4, TABLE
+    from netagent.policy.render_nft import IPV4, IPV6, TABLE
     try:
         nft = NftRunner()
     except NftError:
         return None
     try:
-        objects = nft.list_table(IPV4.name, TABLE)
+        found = {family: nft.list_table(table.name, TABLE) for family, table in ((IpFamily.V4, IPV4),
+                                                                                  (IpFamily.V6, IPV6))}
     finally:
         nft.close()
-    return None if objects is None else parse_nft_policy(objects)
+    read = {family: parse_nft_policy(objects) for family, objects in found.items() if objects is not None}
+    return read or None
 
 
-def read_kernel(iptables_backend: str) -> tuple[KernelPolicy, dict[str, frozenset[str]]]:
+def read_kernel(iptables_backend: str) -> Read:
     found = read_nft()
     if found is not None:
         return found
     from netagent.kernel import owned
     from netagent.kernel.ipset.runner import IpsetRunner
-    from netagent.kernel.families import IpFamily
-    from netagent.kernel.iptables.backend import resolve_backend
+    from netagent.kernel.iptables.backend import missing_binaries, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
-    kernel = read_policy_rules(IptablesRunner(backend=resolve_backend(iptables_backend, family=IpFamily.V4),
-                                              family=IpFamily.V4))
-    sets = {name: contents.members for name, contents in IpsetRunner().snapshot().items()
-            if name.startswith(owned.POLICY_PREFIX)}
-    return kernel, sets
+    backend = resolve_backend(iptables_backend, family=IpFamily.V4)
+    held = IpsetRunner().snapshot()
+    read: Read = {}
+    for family in IpFamily:
+        if family is IpFamily.V6 and missing_binaries(family, backend):
+            continue
+        kernel = read_policy_rules(IptablesRunner(backend=backend, family=family))
+        sets = {name: contents.members for name, contents in held.items()
+                if name.startswith(owned.POLICY_PREFIX) and contents.family == family.ipset}
+        if family is IpFamily.V4 or kernel.pods or kernel.local or kernel.guard:
+            read[family] = (kernel, sets)
+    return read
 
 
-def _address(kernel: KernelPolicy, name: str) -> str:
+def _merged(read: Read) -> KernelPolicy:
+    merged = KernelPolicy()
+    for kernel, _ in read.values():
+        merged.pods.extend(kernel.pods)
+        merged.guard.extend(kernel.guard)
+        merged.local.update(kernel.local)
+    return merged
+
+
+def _literal(name: str) -> str | None:
     try:
-        return str(ipaddress.IPv4Address(name))
+        return str(ipaddress.ip_address(name))
     except ValueError:
-        found = kernel.find(name)
-        if found is None:
-            raise StatusPolicyError(f"{name}: not an address, and no pod of this node has that name "
-                             f"(a pod of another node: give its address)") from None
-        return found[1]
+        return None
+
+
+def _address(read: Read, name: str, family: IpFamily) -> str:
+    literal = _literal(name)
+    if literal is not None:
+        return literal
+    found = read[family][0].find(name) if family in read else None
+    if found is None:
+        raise StatusPolicyError(f"{name}: not an address, and no pod of this node has that name in "
+                                f"{family.label} (a pod of another node: give its address)")
+    return found[1]
 
 
 def _parse_port(text: str) -> tuple[str, int]:
@@ -83,12 +116,17 @@ def _parse_port(text: str) -> tuple[str, int]:
 
 def status_policy(*, pod: str | None, trace_args: list[str] | None, iptables_backend: str = "auto",
                   as_json: bool = False) -> str:
-    kernel, sets = read_kernel(iptables_backend)
+    read = read_kernel(iptables_backend)
+    kernel = _merged(read)
     if trace_args:
         source, destination, port_text = trace_args
         protocol, port = _parse_port(port_text)
-        packet = Packet(_address(kernel, source), _address(kernel, destination), protocol, port)
-        allowed, steps = trace(kernel, sets, packet)
+        given = next((IpFamily.of(text) for text in (source, destination) if _literal(text)), IpFamily.V4)
+        packet = Packet(_address(read, source, given), _address(read, destination, given), protocol, port)
+        if IpFamily.of(packet.source) is not IpFamily.of(packet.destination):
+            raise StatusPolicyError(f"{packet.source} and {packet.destination} are not of one family")
+        family_kernel, sets = read.get(given, (KernelPolicy(), {}))
+        allowed, steps = trace(family_kernel, sets, packet)
         if as_json:
             asked = {"source": packet.source, "destination": packet.destination, "protocol": protocol, "port": port}
             return json.dumps({"allowed": allowed, "packet": asked, "steps": steps}, indent=2)

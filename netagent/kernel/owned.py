@@ -48,3 +48,5 @@ POLICY_INGRESS_PREFIX = POLICY_PREFIX + "I-"     # per-pod ingress chains: + 15 
 POLICY_EGRESS_PREFIX = POLICY_PREFIX + "E-"      # per-pod egress chains: + 15 hex digits
 POLICY_SET_PREFIX = POLICY_PREFIX + "S-"         # selector, except and named-port sets: + 16 hex digits
 POLICY_KNOWN_SET = POLICY_PREFIX + "-KNOWN"      # addresses of the local pods already programmed
+POLICY_SET6_PREFIX = POLICY_PREFIX + "S6-"       # the same sets' IPv6 (`family inet6`) halves: + 16 hex digits
+POLICY_KNOWN_SET6 = POLICY_KNOWN_SET + "6"       # KNOWN's IPv6 half

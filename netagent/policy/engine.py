@@ -47,7 +47,7 @@ from netagent.policy.kube_objects import (
 )
 from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, PolicyType
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
-from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, first_ipv4, pod_key
+from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, bound_addresses, pod_key
 from netagent.policy.render import RenderSettings
 from netagent.policy.pod_plan import PodAdded, PodRemoved, plan_with_pod, plan_without_pod
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
@@ -269,21 +269,22 @@ class PolicyEngine:
         """Bind the address an ADD chose to the pod CNI_ARGS name, and return once the pod's policy
         is written, or at `deadline` (monotonic) with the pod closed and the reason. Never raises:
         a failure leaves the pod closed (fail-closed) and the runner programs it later."""
-        key, ip = pod_key(namespace, name), first_ipv4(addresses)
-        if key is None or ip is None:
+        key, ips = pod_key(namespace, name), bound_addresses(addresses)
+        if key is None or not ips:
             return self._closed(BindOutcome(False, ClosedReason.UNKNOWN_POD))
-        target = self.bindings.bind(key, Binding(container_id, ip, interface, time.monotonic()))
+        ip = ips[0]
+        target = self.bindings.bind(key, Binding(container_id, ip, interface, time.monotonic(), ips))
         if not self.caches_synced() or self.last_report is None:
             self._request()            # programmed by the runner once the caches list
             return self._closed(BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED))
-        if self._one_pod(key, ip, deadline):
+        if self._one_pod(key, ips, deadline):
             return BindOutcome(True, None, 1, incremental=True)
         outcome = self.bindings.wait(key, ip, target, deadline=deadline, sync_to=self._sync_to,
                                      cached=lambda k: k in self.view.pods)
         return self._closed(outcome) if not outcome.programmed else outcome
 
-    def _one_pod(self, key: str, ip: str | None, deadline: float) -> bool:
-        """The pod alone (`ip`: bound by an ADD; None: released by a DEL), when the engine holds
+    def _one_pod(self, key: str, ips: tuple[str, ...], deadline: float) -> bool:
+        """The pod alone (`ips`: bound by an ADD, primary first; (): released by a DEL), when the engine holds
         the plan of everything else and nothing but this binding changed since: its chains, set
         memberships and KNOWN entry in one small write (`PolicyDataplane.apply_pod` /
         `remove_pod`), and the plan, wanted state and applied record as a full sync would leave
@@ -299,7 +300,9 @@ class PolicyEngine:
             info, reported = planned.pods.get(key), self.view.pods.get(key)
             if info is None or reported is None:
                 return False
-            view = ClusterView({**planned.pods, key: replace(info, ip=ip)}, planned.namespaces, planned.policies)
+            ip = ips[0] if ips else None
+            bound = replace(info, ip=ip, ips=ips if len(ips) > 1 else ())
+            view = ClusterView({**planned.pods, key: bound}, planned.namespaces, planned.policies)
             node, render = self.settings.node_name, self.settings.render
             change: PodAdded | PodRemoved | None
             done: tuple[Rendered, ApplyReport] | None = None
@@ -338,7 +341,7 @@ class PolicyEngine:
         if not self.caches_synced() or self.last_report is None:
             self._request()
             return BindOutcome(False, ClosedReason.ENGINE_NOT_SYNCED)
-        if key is not None and self._one_pod(key, None, deadline):
+        if key is not None and self._one_pod(key, (), deadline):
             return BindOutcome(True, None, 1, incremental=True)
         try:
             return BindOutcome(True, None, self._sync_to(target, deadline))

@@ -26,7 +26,8 @@ Pods and namespaces: a field that cannot be read is left out in the direction th
 less: unreadable labels make a pod isolated by every policy of its namespace but a member
 of no selector peer (`labels_known` False; a namespace likewise matches only an empty
 namespaceSelector), an unreadable address or hostNetwork leaves the pod unprogrammed (a
-local one stays closed by the KNOWN guard), and an unusable container port (70000, a float,
+local one stays closed by the KNOWN guard; an unusable address of one family leaves it
+unprogrammed in that family), and an unusable container port (70000, a float,
 a bad name or protocol) is ignored, so a named port resolves to nothing rather than reach
 an ipset or a rule.
 """
@@ -138,19 +139,29 @@ def parse_selector(raw: object, *, where: str) -> LabelSelector:
     return LabelSelector(labels_of(match_labels), tuple(sorted(set(requirements), key=repr)))
 
 
-def _network(text: object, *, where: str) -> ipaddress.IPv4Network:
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")      # v4-mapped: an IPv4 address in IPv6 clothing
+
+
+def _network(text: object, *, where: str) -> Network:
+    """A CIDR of either family; refused: no prefix, a zone (`%eth0`), a bad prefix, and any
+    IPv6 network touching the v4-mapped range (which would let an IPv4 peer be named twice)."""
     if not isinstance(text, str) or "/" not in text:
         raise ObjectError(f"{where}: {str(text)[:60]!r} is not a CIDR")
+    if "%" in text:
+        raise ObjectError(f"{where}: {str(text)[:60]!r} has a zone, which a CIDR cannot have")
     try:
         network = ipaddress.ip_network(text, strict=False)
     except ValueError as error:
         raise ObjectError(f"{where}: {str(error)[:100]}") from None
-    if not isinstance(network, ipaddress.IPv4Network):
-        raise ObjectError(f"{where}: {text} is IPv6; this agent enforces IPv4 policies")
+    if isinstance(network, ipaddress.IPv6Network) and network.overlaps(MAPPED) and network.prefixlen >= 1:
+        raise ObjectError(f"{where}: {text} is (or holds) v4-mapped IPv6 addresses; name IPv4 peers as IPv4")
     return network
 
 
 def parse_ip_block(raw: object, *, where: str) -> IpBlock:
+    """An ipBlock of either family; each `except` of the block's own family and inside it,
+    else the whole block is refused (its peer dropped: the rule allows less, never more)."""
     if not isinstance(raw, dict):
         raise ObjectError(f"{where}: must be an object")
     _check_fields(raw, IP_BLOCK_FIELDS, where=where)
@@ -158,7 +169,9 @@ def parse_ip_block(raw: object, *, where: str) -> IpBlock:
     excepts = set()
     for index, item in enumerate(_list(raw.get("except"), where=f"{where}.except")):
         network = _network(item, where=f"{where}.except[{index}]")
-        if not network.subnet_of(cidr):
+        if network.version != cidr.version:
+            raise ObjectError(f"{where}.except[{index}]: {network} is not of {cidr}'s family")
+        if not network.subnet_of(cidr):    # type: ignore[arg-type]  # same family, checked above
             raise ObjectError(f"{where}.except[{index}]: {network} is not inside {cidr}")
         if network == cidr:
             raise ObjectError(f"{where}.except[{index}]: {network} is the whole block, which so matches nothing")
@@ -340,22 +353,31 @@ def _address(raw: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return None
 
 
-def _pod_ip(status: dict, *, where: str, problems: list[str]) -> str | None:
-    raw = status.get("podIP")
-    if raw is None or raw == "":
-        return None
-    address = _address(raw)
-    if address is None:
-        problems.append(f"{where}: status.podIP {str(raw)[:60]!r} is not an address")
-        return None
-    if address.version == 4:
-        return str(address)
+def _pod_ips(status: dict, *, where: str, problems: list[str]) -> tuple[str, ...]:
+    """`status.podIP` and `status.podIPs`: at most one address per family, IPv4 first (the
+    primary, whichever the API lists first, so the ADD's binding and the kubelet's report
+    agree). An unusable entry (not an address, a zone, link-local, v4-mapped, a second of one family) is
+    left out: the pod is then not programmed in that family, which keeps it closed there."""
+    raw_entries: list[object] = [status.get("podIP")]
     entries = status.get("podIPs")
-    for entry in entries if isinstance(entries, list) else ():
-        other = _address(entry.get("ip")) if isinstance(entry, dict) else None
-        if other is not None and other.version == 4:
-            return str(other)
-    return None
+    if entries is not None and not isinstance(entries, list):
+        problems.append(f"{where}: status.podIPs is not a list; ignored")
+        entries = []
+    raw_entries += [entry.get("ip") if isinstance(entry, dict) else entry for entry in (entries or ())][:8]
+    found: dict[int, str] = {}
+    for raw in raw_entries:
+        if raw is None or raw == "":
+            continue
+        address = _address(raw)
+        if address is None or address.is_link_local or (isinstance(address, ipaddress.IPv6Address) and (
+                address.scope_id is not None or address.ipv4_mapped is not None)):
+            problems.append(f"{where}: pod address {str(raw)[:60]!r} is not a usable address; ignored")
+            continue
+        text = str(address)
+        held = found.setdefault(address.version, text)
+        if held != text:
+            problems.append(f"{where}: two IPv{address.version} addresses ({held}, {text}); the first is used")
+    return tuple(found[version] for version in (4, 6) if version in found)
 
 
 def _container_ports(spec: dict, *, where: str, problems: list[str]) -> tuple[ContainerPort, ...]:
@@ -428,13 +450,13 @@ def _parse_pod(obj: object, *, namespace: str, name: str, where: str) -> Reading
     if host_network is not None and not isinstance(host_network, bool):
         problems.append(f"{where}: spec.hostNetwork is not a boolean; treated as host network (unprogrammed)")
         host_network = True
-    ip = _pod_ip(status, where=where, problems=problems)
+    ips = _pod_ips(status, where=where, problems=problems)
     phase = status.get("phase")
     if phase in FINISHED_PHASES or (phase is not None and not isinstance(phase, str)):
-        ip = None   # a finished pod's address may already belong to another pod
+        ips = ()   # a finished pod's addresses may already belong to another pod
     ports = _container_ports(spec, where=where, problems=problems)
-    info = PodInfo(namespace, name, labels_of(labels), ip, node_name or None, bool(host_network), ports,
-                   labels_known=labels_known)
+    info = PodInfo(namespace, name, labels_of(labels), ips[0] if ips else None, node_name or None,
+                   bool(host_network), ports, labels_known=labels_known, ips=ips if len(ips) > 1 else ())
     return Reading(info, tuple(problems), MALFORMED if problems else "")
 
 

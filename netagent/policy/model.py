@@ -81,8 +81,8 @@ class LabelSelector:
 
 @dataclass(frozen=True)
 class IpBlock:
-    cidr: str                           # canonical network text, e.g. 10.0.0.0/8
-    excepts: tuple[str, ...] = ()       # canonical, sorted
+    cidr: str                           # canonical network text of either family, e.g. 10.0.0.0/8, fd00::/8
+    excepts: tuple[str, ...] = ()       # canonical, sorted, of the cidr's family and inside it
 
     def contains(self, address: str) -> bool:
         ip = ipaddress.ip_address(address)
@@ -168,15 +168,21 @@ class PodInfo:
     namespace: str
     name: str
     labels: Labels
-    ip: str | None                      # None until the pod has an address (or when it is finished)
+    ip: str | None                      # the primary address (IPv4 when it has one); None until it has one
     node_name: str | None
     host_network: bool = False
     ports: tuple[ContainerPort, ...] = ()
     labels_known: bool = True           # False: labels unreadable (isolated by any policy, matched by none)
+    ips: tuple[str, ...] = ()           # dual-stack: every address, `ip` first; () when `ip` is the only one
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every address of the pod (one per family), none while `ip` is None."""
+        return () if self.ip is None else (self.ips or (self.ip,))
 
     @functools.cached_property
     def label_map(self) -> dict[str, str]:

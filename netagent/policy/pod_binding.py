@@ -9,7 +9,7 @@ with the bound address, from the reflector's cache (its labels, its namespace's)
 ADD replies. No API call is made on the CNI path.
 
 What this module owns:
-- `PodBindings`: pod key -> `Binding` (container, address, host interface); `overlay` lays
+- `PodBindings`: pod key -> `Binding` (container, addresses, host interface); `overlay` lays
   them over the parsed `ClusterView` (a bound address wins over the status one, and a status
   address that another pod is now bound to, or that the pod's own DEL released, is nobody's);
 - the group commit: every caller records its binding and bumps `epoch`; a sync (on the
@@ -53,16 +53,21 @@ def pod_key(namespace: object, name: object) -> str | None:
     return f"{namespace}/{name}"
 
 
-def first_ipv4(addresses: Iterable[str]) -> str | None:
-    """The address the policy engine enforces (IPv4 only), of those an ADD chose."""
+def bound_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
+    """The addresses the policy engine enforces, of those an ADD chose: the first of each
+    family, IPv4 first (the primary, as kube_objects.py orders a Pod's `status.podIPs`);
+    v4-mapped, zoned and link-local ones are never a pod's."""
+    found: dict[int, str] = {}
     for text in addresses:
         try:
             address = ipaddress.ip_interface(text).ip
         except ValueError:
             continue
-        if address.version == 4:
-            return str(address)
-    return None
+        if "%" in text or address.is_link_local or (isinstance(address, ipaddress.IPv6Address)
+                                                   and address.ipv4_mapped is not None):
+            continue
+        found.setdefault(address.version, str(address))
+    return tuple(found[version] for version in (4, 6) if version in found)
 
 
 class ClosedReason(enum.Enum):
@@ -77,9 +82,10 @@ class ClosedReason(enum.Enum):
 @dataclass(frozen=True)
 class Binding:
     container_id: str
-    ip: str
+    ip: str                         # the primary address (the pod's identity in the plan)
     interface: str
     bound_at: float                 # monotonic: the programming-latency metric's start
+    ips: tuple[str, ...] = ()       # dual-stack: every address, `ip` first
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ class PodBindings:
         for key in (k for k in released if k not in view.pods):
             stale.append(key)
         for key, binding in effective.items():
-            pods[key] = replace(pods[key], ip=binding.ip)
+            pods[key] = replace(pods[key], ip=binding.ip, ips=binding.ips if len(binding.ips) > 1 else ())
         if stale:
             with self._cond:
                 for key in stale:
@@ -170,7 +176,7 @@ class PodBindings:
     def interface(self, plan: PodPlan) -> str | None:
         with self._cond:
             binding = self._bindings.get(plan.key)
-        return binding.interface if binding is not None and binding.ip == plan.ip else None
+        return binding.interface if binding is not None and plan.ip in (binding.ips or (binding.ip,)) else None
 
     def synced(self, epoch: int, plans: Iterable[PodPlan] | None, pending: Iterable[str] = (), *,
                added: PodPlan | None = None, gone: str | None = None) -> None:

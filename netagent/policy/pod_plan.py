@@ -54,8 +54,9 @@ def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name:
     at = bisect.bisect_left(previous.pods, key, key=lambda p: p.key)
     if at < len(previous.pods) and previous.pods[at].key == key:
         return None
-    ip = pod.ip         # the plan's pods are the view's: an address someone else holds is in the view
-    if any(other.ip == ip and other is not pod and not other.host_network for other in view.pods.values()):
+    mine = set(pod.addresses)   # the plan's pods are the view's: an address someone else holds is in the view
+    if any(other is not pod and not other.host_network and not mine.isdisjoint(other.addresses)
+           for other in view.pods.values()):
         return None
     if pod.ports and any(ref.kind is SetKind.NAMED for ref in previous.sets):
         return None
@@ -70,7 +71,7 @@ def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name:
         if scope is None:
             return None
         if planner.in_scope(scope, pod):
-            grown[ref] = sets[ref] = members | {pod.ip}
+            grown[ref] = sets[ref] = members | mine
             if capacity_for(len(grown[ref])) != ref.capacity:
                 return None
     planner = Planner(view, known=sets)        # the pod's rules name these as they now are
@@ -112,7 +113,8 @@ def plan_without_pod(view: ClusterView, previous: NodePlan, key: str) -> PodRemo
     info = view.pods.get(key)
     if info is not None and info.ip is not None:
         return None
-    if any(other.ip == gone.ip and not other.host_network for other in view.pods.values()):
+    addresses = frozenset(gone.addresses)
+    if any(not other.host_network and not addresses.isdisjoint(other.addresses) for other in view.pods.values()):
         return None
     pods = (*previous.pods[:at], *previous.pods[at + 1:])
     named = {ref for allow in (*(gone.ingress or ()), *(gone.egress or ())) for ref in set_refs(allow)}
@@ -122,10 +124,10 @@ def plan_without_pod(view: ClusterView, previous: NodePlan, key: str) -> PodRemo
     sets = {ref: members for ref, members in previous.sets.items() if ref not in named}
     shrunk: dict[SetRef, frozenset[str]] = {}
     for ref, members in sets.items():
-        if ref.kind is SetKind.NAMED and any(member.partition(",")[0] == gone.ip for member in members):
+        if ref.kind is SetKind.NAMED and any(member.partition(",")[0] in addresses for member in members):
             return None
-        if ref.kind is SetKind.PODS and gone.ip in members:
-            shrunk[ref] = sets[ref] = members - {gone.ip}
+        if ref.kind is SetKind.PODS and not addresses.isdisjoint(members):
+            shrunk[ref] = sets[ref] = members - addresses
             if capacity_for(len(shrunk[ref])) != ref.capacity:
                 return None
     return PodRemoved(NodePlan(pods, sets, ()), gone, shrunk, frozenset(named))

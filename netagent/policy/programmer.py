@@ -15,6 +15,10 @@ The writes, in an order that never opens a pod:
   4. sets no longer referenced are destroyed.
 After a failure the applied record is dropped, so the next (FULL, the runner's rule) sync
 reads the kernel again.
+
+One programmer per family (`family`: its `Iptables` is that family's, iptables or ip6tables):
+ipset's names are shared by both families, so each owns the policy sets of its own ipset
+family only (`family inet` or `inet6`, as the kernel reports them), and its KNOWN set.
 """
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents, canonical_member
-from netagent.kernel.ipset.runner import Ipset, delete_owned_sets, sync_sets
+from netagent.kernel.ipset.runner import Ipset, sync_sets
 from netagent.kernel.iptables.restore_format import Table, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
@@ -50,6 +55,9 @@ from netagent.policy.semantics import NodePlan, PodPlan
 
 log = logging.getLogger("netagent.policy")
 KNOWN_SPEC = IpsetSpec(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, comment="local pods already programmed")
+KNOWN_SPECS = {IpFamily.V4: KNOWN_SPEC,
+               IpFamily.V6: IpsetSpec(owned.POLICY_KNOWN_SET6, IpsetType.HASH_IP, comment=KNOWN_SPEC.comment,
+                                      family=IpFamily.V6.ipset)}
 
 
 @dataclass
@@ -81,18 +89,26 @@ def _jumps_into(table: Table, chains: list[str]) -> list[tuple[str, tuple[str, .
 class PolicyProgrammer(PolicyDataplane[WantedState]):
     """Applies wanted states through an `Iptables` and an `Ipset` (real or fake)."""
 
-    def __init__(self, *, iptables: Iptables, ipset: Ipset) -> None:
+    def __init__(self, *, iptables: Iptables, ipset: Ipset, family: IpFamily = IpFamily.V4) -> None:
         self.iptables = iptables
         self.ipset = ipset
+        self.family = family
+        self.known = KNOWN_SPECS[family]
         self._applied: _Applied | None = None
+
+    def _contents(self, name: str, members: frozenset[str], set_type: IpsetType = IpsetType.HASH_IP) -> SetContents:
+        return SetContents(name, set_type, self.family.ipset, members)
+
+    def _our_sets(self) -> dict[str, SetContents]:
+        """The policy sets of this family (the other family's programmer owns the rest)."""
+        return {name: contents for name, contents in self.ipset.snapshot().items()
+                if name.startswith(owned.POLICY_PREFIX) and contents.family == self.family.ipset}
 
     def _read_kernel(self) -> tuple[_Applied, Table]:
         table = self.iptables.table(TABLE)
         chains = {name: tuple(chain.rules) for name, chain in table.chains.items()
                   if name.startswith(owned.POLICY_PREFIX) and not chain.builtin}
-        sets = {name: contents for name, contents in self.ipset.snapshot().items()
-                if name.startswith(owned.POLICY_PREFIX)}
-        return _Applied(chains, sets), table
+        return _Applied(chains, self._our_sets()), table
 
     def render(self, plan: NodePlan, *, settings: RenderSettings,
                interface_of: Callable[[PodPlan], str | None]) -> WantedState:
@@ -102,8 +118,7 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
         return parse_kernel_policy(self.iptables.save(TABLE, counters=True))
 
     def read_sets(self) -> dict[str, frozenset[str]]:
-        return {name: contents.members for name, contents in self.ipset.snapshot().items()
-                if name.startswith(owned.POLICY_PREFIX)}
+        return {name: contents.members for name, contents in self._our_sets().items()}
 
     def apply(self, wanted: WantedState, *, full: bool) -> ApplyReport:
         try:
@@ -119,9 +134,10 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
         else:
             current = self._applied
         # 1. sets: everything but KNOWN's additions
-        held_known = current.sets.get(owned.POLICY_KNOWN_SET)
+        known = self.known
+        held_known = current.sets.get(known.name)
         known_now = held_known.members & wanted.known if held_known is not None else frozenset()
-        first: dict[IpsetSpec, frozenset[str]] = {**wanted.sets, KNOWN_SPEC: known_now}
+        first: dict[IpsetSpec, frozenset[str]] = {**wanted.sets, known: known_now}
         counts = sync_sets(self.ipset, first, current=current.sets)
         sets_changed = sum(1 for added, removed in counts.values() if added or removed)
         sets_changed += sum(1 for spec in first if spec.name not in current.sets)
@@ -140,19 +156,17 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
             self.iptables.restore(builder.text())
         # 3. KNOWN gains the pods programmed above
         if wanted.known != known_now:
-            sync_sets(self.ipset, {KNOWN_SPEC: wanted.known},
-                      current={owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP,
-                                                                    "inet", known_now)})
+            sync_sets(self.ipset, {known: wanted.known}, current={known.name: self._contents(known.name, known_now)})
             sets_changed += 1
         # 4. sets nothing refers to any more
-        wanted_names = {spec.name for spec in wanted.sets} | {owned.POLICY_KNOWN_SET}
+        wanted_names = {spec.name for spec in wanted.sets} | {known.name}
         doomed = sorted(name for name in current.sets if name not in wanted_names)
         for name in doomed:
             self.ipset.destroy(name)
         self._applied = _Applied(dict(wanted.chains), {
-            **{spec.name: SetContents(spec.name, spec.type, "inet", frozenset(_canonical(spec, members)))
+            **{spec.name: self._contents(spec.name, frozenset(_canonical(spec, members)), spec.type)
                for spec, members in wanted.sets.items()},
-            owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet", wanted.known)})
+            known.name: self._contents(known.name, wanted.known)})
         report = ApplyReport(len(changed), len(stale), sets_changed, len(doomed), repair)
         if report.wrote:
             log.info("network policy: %d chain(s) written, %d removed, %d set(s) changed, %d destroyed%s",
@@ -162,14 +176,14 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
 
     def apply_pod(self, wanted: WantedState, added: PodAdded, *, settings: RenderSettings,
                   interface_of: Callable[[PodPlan], str | None]) -> tuple[WantedState, ApplyReport] | None:
-        if self._applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
+        if self._applied is None or self.known.name in (spec.name for spec in wanted.sets):
             return None
         new = render_wanted_with_pod(wanted, added, settings=settings, interface_of=interface_of)
         return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
 
     def remove_pod(self, wanted: WantedState, removed: PodRemoved, *,
                    settings: RenderSettings) -> tuple[WantedState, ApplyReport] | None:
-        if self._applied is None or owned.POLICY_KNOWN_SET in (spec.name for spec in wanted.sets):
+        if self._applied is None or self.known.name in (spec.name for spec in wanted.sets):
             return None
         new = render_wanted_without_pod(wanted, removed, settings=settings)
         return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
@@ -190,12 +204,13 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
         doomed = [spec for spec in wanted.sets if spec not in new.sets]
         # the delta as sync_sets sees it: a set holding what leaves, asked to hold what arrives
         first = {spec: new.sets[spec] - wanted.sets.get(spec, frozenset()) for spec in touched}
-        held = {spec.name: SetContents(spec.name, spec.type, "inet", wanted.sets[spec] - new.sets[spec])
+        held = {spec.name: self._contents(spec.name, wanted.sets[spec] - new.sets[spec], spec.type)
                 for spec in touched if spec in wanted.sets}
+        known = self.known
         left = wanted.known - new.known
         if left:
-            first[KNOWN_SPEC] = frozenset()
-            held[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet", left)
+            first[known] = frozenset()
+            held[known.name] = self._contents(known.name, left)
         if first:
             sync_sets(self.ipset, first, current=held)
         changed = {name: rules for name, rules in new.chains.items() if wanted.chains.get(name) is not rules}
@@ -204,26 +219,25 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
             self.iptables.restore(render_chains(changed, remove=stale).text())
         joined = new.known - wanted.known
         if joined:
-            sync_sets(self.ipset, {KNOWN_SPEC: joined},
-                      current={owned.POLICY_KNOWN_SET: SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP,
-                                                                    "inet", frozenset())})
+            sync_sets(self.ipset, {known: joined}, current={known.name: self._contents(known.name, frozenset())})
         for spec in doomed:
             self.ipset.destroy(spec.name)
         applied.chains.update(changed)
         for name in stale:
             del applied.chains[name]
         for spec in touched:
-            applied.sets[spec.name] = SetContents(spec.name, spec.type, "inet", frozenset(new.sets[spec]))
+            applied.sets[spec.name] = self._contents(spec.name, frozenset(new.sets[spec]), spec.type)
         for spec in doomed:
             del applied.sets[spec.name]
-        applied.sets[owned.POLICY_KNOWN_SET] = SetContents(owned.POLICY_KNOWN_SET, IpsetType.HASH_IP, "inet",
-                                                           new.known)
+        applied.sets[known.name] = self._contents(known.name, new.known)
         return ApplyReport(len(changed), len(stale), len(touched) + bool(left or joined), len(doomed), False)
 
     def cleanup(self) -> list[str]:
-        """Remove every chain and set of the policy engine (and the FORWARD jump)."""
+        """Remove every chain and set of the policy engine in this family (and the FORWARD jump)."""
         removed = self.iptables.delete_owned(prefix=owned.POLICY_PREFIX, table=TABLE)   # one read of filter
-        removed += [f"ipset {name}" for name in delete_owned_sets(self.ipset, prefix=owned.POLICY_PREFIX)]
+        for name in sorted(self._our_sets()):
+            self.ipset.destroy(name)
+            removed.append(f"ipset {name}")
         self._applied = None
         return removed
 

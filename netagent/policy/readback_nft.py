@@ -73,7 +73,8 @@ def _match_spec(match: dict[str, Any]) -> list[str]:
         if isinstance(right, str) and right.startswith("@"):
             return ["-m", "set", *bang, "--match-set", right[1:], side]
         address = element_text(right)
-        return [*bang, "-s" if side == "src" else "-d", address if "/" in address else address + "/32"]
+        host = "/128" if ":" in address else "/32"
+        return [*bang, "-s" if side == "src" else "-d", address if "/" in address else address + host]
     if isinstance(left, dict) and "concat" in left and isinstance(right, str) and right.startswith("@"):
         return ["-m", "set", *bang, "--match-set", right[1:], "dst,dst"]
     if isinstance(left, dict) and left.get("meta", {}).get("key") == "l4proto" and not negated:

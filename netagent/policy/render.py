@@ -59,9 +59,22 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
+from netagent.policy.buckets import (  # the names readback.py reads here too
+    BUCKET_KINDS,
+    BUCKET_PREFIX,
+    DIRECTORY_PREFIX,
+    HEADER,
+    HEX,
+    POD_ENTRY,
+    V6_KEY,
+    block_bucket as _block_bucket,
+    directory_bucket as _directory_bucket,
+    interface_bucket as _interface_bucket,
+)
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import (
     Allow,
@@ -92,6 +105,13 @@ class RenderSettings:
     bridge: str = owned.DEFAULT_BRIDGE
     local_cidrs: tuple[str, ...] = ()          # this node's pod CIDRs: closed until programmed
     ipvs: bool = False                         # the IPVS proxy forwards Services: hook OUTPUT too
+    family: IpFamily = IpFamily.V4             # the family rendered (families.py: one dataplane per family,
+                                               # handed local_cidrs of that family only)
+
+    @property
+    def known_set(self) -> str:
+        """KNOWN's name in this family (ipset's names are shared by both families)."""
+        return owned.POLICY_KNOWN_SET if self.family is IpFamily.V4 else owned.POLICY_KNOWN_SET6
 
 
 @dataclass(frozen=True)
@@ -150,8 +170,6 @@ def _port_match(port: PortMatch | None) -> list[str]:
     return ["-p", protocol, "-m", protocol, "--dport", ports]
 
 
-HEADER = "netagent policy: "
-
 
 def header_comment(pod: PodPlan, *, ingress: bool) -> str:
     """The first rule's comment: whose chain this is and which policies make it (read back by
@@ -176,26 +194,6 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) 
     return tuple(rules)
 
 
-HEX = "0123456789abcdef"
-BUCKET_PREFIX = owned.POLICY_CHAIN.removesuffix("FORWARD")   # "NETAGENT-NP-": + E3, I3, R<network>
-BUCKET_KINDS = "EIRSD"        # FORWARD: egress, ingress by veth digit, routed ingress; OUTPUT: source, destination
-DIRECTORY_PREFIX = BUCKET_PREFIX + "N"      # + /28 network: the pod directory (never jumped to)
-POD_ENTRY = HEADER + "pod "                 # a directory rule's comment: + "ns/name ip"
-
-
-def _block_bucket(kind: str, ip: str) -> str:
-    """The bucket of an address's /28 (R, S, D; N: the pod directory)."""
-    block = ipaddress.IPv4Network(f"{ip}/28", strict=False)
-    return f"{BUCKET_PREFIX}{kind}{int(block.network_address):08x}"
-
-
-def _interface_bucket(interface: str) -> str | None:
-    """Our host veths are `na` + hex: the first hex digit splits them 16 ways."""
-    prefix = owned.HOST_VETH_PREFIX
-    return interface[len(prefix)] if interface.startswith(prefix) and len(interface) > len(prefix) + 1 \
-        and interface[len(prefix)] in HEX else None
-
-
 def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,
            ingress: bool) -> list[tuple[str | None, tuple[str, ...]]]:
     """(bucket, rule) per hook of a pod chain; bucket None: straight in the hook chain."""
@@ -214,7 +212,7 @@ def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: st
 
 
 def _output_hook(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,
-                 ingress: bool) -> tuple[str, tuple[str, ...]]:
+                 ingress: bool) -> tuple[str | None, tuple[str, ...]]:
     """(bucket, rule) of a pod chain in NETAGENT-NP-OUTPUT, for IPVS-forwarded packets."""
     comment = f"netagent policy: {'ingress to' if ingress else 'egress from'} {plan.key} (IPVS)"
     if not ingress:
@@ -226,6 +224,9 @@ def _output_hook(plan: PodPlan, interface: str, settings: RenderSettings, *, cha
 def _bucket_entry(bucket: str, settings: RenderSettings) -> tuple[str, ...]:
     """The hook chain's rule into a bucket: by interface digit, or by /28 for routed ingress."""
     kind, key = bucket[len(BUCKET_PREFIX)], bucket[len(BUCKET_PREFIX) + 1:]
+    if kind in "SD" and len(key) == V6_KEY:
+        return _rule(comment=f"netagent policy: IPv6 pods (IPVS, {'egress' if kind == 'S' else 'ingress'})",
+                     target=bucket)
     if kind in "RSD":
         block = f"{ipaddress.IPv4Address(int(key, 16))}/28"
         if kind == "S":
@@ -272,7 +273,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
             continue
         pod_chains, pod_hooks, refs, entry = done
         known.add(pod.ip)
-        directory.setdefault(_block_bucket("N", pod.ip), []).append(entry)
+        directory.setdefault(_directory_bucket(pod.ip), []).append(entry)
         chains.update(pod_chains)
         for bucket, rule in pod_hooks:
             hooks.setdefault(bucket, []).append(rule)
@@ -286,7 +287,8 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
 
 
 def set_spec(ref: SetRef) -> IpsetSpec:
-    return IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key[:200], max_elements=ref.capacity)
+    return IpsetSpec(ref.name, SET_TYPES[ref.kind], comment=ref.key[:200], max_elements=ref.capacity,
+                     family=ref.family.ipset)
 
 
 def _heads(settings: RenderSettings, loose: Sequence[tuple[str, ...]], buckets: Sequence[str]) -> dict[str, Rules]:
@@ -297,9 +299,9 @@ def _heads(settings: RenderSettings, loose: Sequence[tuple[str, ...]], buckets: 
                     comment="netagent policy: replies of allowed connections", target="RETURN")
     guard: list[tuple[str, ...]] = []
     for cidr in settings.local_cidrs:
-        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "src",
+        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", settings.known_set, "src",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
-        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", owned.POLICY_KNOWN_SET, "dst",
+        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", settings.known_set, "dst",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
     ordered = _ordered(buckets)
     hook = [replies, *guard, *sorted(loose)]
@@ -346,7 +348,7 @@ def render_wanted_with_pod(previous: WantedState, added: PodAdded, *, settings: 
         sets[set_spec(ref)] = members[ref]
     chains = dict(previous.chains)
     chains.update(pod_chains)
-    block = _block_bucket("N", pod.ip)
+    block = _directory_bucket(pod.ip)
     chains[block] = tuple(sorted((*chains.get(block, ()), entry)))
     fresh = [bucket for bucket, _ in pod_hooks if bucket is not None and bucket not in chains]
     for bucket, rule in pod_hooks:
@@ -375,7 +377,7 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
             emptied = True
         elif len(kept) != len(chains[name]):
             chains[name] = kept
-    block, entry = _block_bucket("N", pod.ip), _directory_entry(pod)
+    block, entry = _directory_bucket(pod.ip), _directory_entry(pod)
     if entry not in chains.get(block, ()):
         return None
     chains[block] = tuple(rule for rule in chains[block] if rule != entry)
@@ -443,7 +445,8 @@ def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
     """(chains, hooks, sets used, directory entry) of one pod; raises when it cannot be rendered."""
     if pod.isolated and not INTERFACE_NAME.match(interface):
         raise ValueError(f"host interface {interface[:40]!r} is not an interface name")
-    ipaddress.IPv4Address(pod.ip)
+    if IpFamily.of(pod.ip) is not settings.family:
+        raise ValueError(f"{pod.ip} is not of the rendered family ({settings.family.label})")
     chains: dict[str, Rules] = {}
     hooks: list[tuple[str | None, tuple[str, ...]]] = []
     directions, refs = pod_directions(pod)

@@ -11,7 +11,10 @@ The rules of `networking.k8s.io/v1`, all decided here and nowhere else:
   `namespaceSelector` (AND); without namespaceSelector, the policy's own namespace; without
   podSelector, every pod of those namespaces; separate items are OR;
 - `ipBlock` matches addresses in `cidr` but not in any `except`, pods included (no NAT
-  between pods here, so a pod's address is what a rule sees);
+  between pods here, so a pod's address is what a rule sees); a block of one family matches
+  no address of the other;
+- the plan is family-free: a pod's addresses (one per family) are all set members and its
+  plan carries them all; families.py splits the plan per family for the dataplanes;
 - a named port is resolved on the DESTINATION pod from its container ports by name and
   protocol: for ingress that is the isolated pod itself (a port number, or nothing when it has
   no such port); for egress every destination may differ, so the rule becomes a set of
@@ -39,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS
 from netagent.policy.model import (
     IpBlock,
@@ -75,10 +79,12 @@ class SetRef:
     kind: SetKind
     key: str                 # what the set means, in words; the name is derived from it
     capacity: int = DEFAULT_MAX_ELEMENTS      # its maxelem (capacity_for its members)
+    family: IpFamily = IpFamily.V4            # the family it is rendered in: the plan's are V4's,
+                                              # families.py gives the IPv6 half its own (ipset: global) name
 
     @functools.cached_property
     def _hash(self) -> int:
-        return hash((self.kind.value, self.key, self.capacity))
+        return hash((self.kind.value, self.key, self.capacity, self.family))
 
     def __hash__(self) -> int:       # computed once: a plan hashes each set reference many times
         return self._hash
@@ -90,7 +96,8 @@ class SetRef:
         the rules switch to in one restore before the old one is destroyed."""
         size = "" if self.capacity == DEFAULT_MAX_ELEMENTS else f"\0{self.capacity}"
         digest = hashlib.sha256(f"{self.kind.value}\0{self.key}{size}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        return f"{owned.POLICY_SET_PREFIX}{digest}"
+        prefix = owned.POLICY_SET_PREFIX if self.family is IpFamily.V4 else owned.POLICY_SET6_PREFIX
+        return f"{prefix}{digest}"
 
 
 @dataclass(frozen=True)
@@ -140,11 +147,16 @@ class Allow:
 class PodPlan:
     """A local pod: None per direction = open; a tuple = isolated, allowing only these."""
     key: str
-    ip: str
+    ip: str                                       # the primary address (per family: that family's)
     ingress: tuple[Allow, ...] | None
     egress: tuple[Allow, ...] | None
     ingress_policies: tuple[str, ...] = ()        # keys of the policies isolating it for ingress
     egress_policies: tuple[str, ...] = ()         # ... for egress
+    ips: tuple[str, ...] = ()                     # dual-stack: every address, `ip` first (families.py splits)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return self.ips or (self.ip,)
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -254,7 +266,8 @@ class Planner:
             return CidrMatch(block.cidr, excepts)
         scope = peer.scope
         assert scope is not None
-        return self.set_ref(SetKind.PODS, scope.key(), lambda: (pod.ip for pod in self.scope_pods(scope) if pod.ip))
+        return self.set_ref(SetKind.PODS, scope.key(),
+                            lambda: (ip for pod in self.scope_pods(scope) for ip in pod.addresses))
 
     def named_set(self, peer: Peer | None, spec: PortSpec) -> SetRef:
         assert isinstance(spec.port, str)
@@ -270,12 +283,13 @@ class Planner:
             else:
                 block = peer.ip_block
                 assert block is not None
-                population = (pod for pod in self.all_pods() if pod.ip and block.contains(pod.ip))
+                population = self.all_pods()
             found = set()
             for pod in population:
                 number = pod.named_port(port_name, protocol)
-                if number is not None and pod.ip:
-                    found.add(f"{pod.ip},{protocol.value.lower()}:{number}")
+                for ip in pod.addresses if number is not None else ():
+                    if peer is None or peer.ip_block is None or peer.ip_block.contains(ip):
+                        found.add(f"{ip},{protocol.value.lower()}:{number}")
             return found
         return self.set_ref(SetKind.NAMED, f"{where} port {port_name}/{protocol.value}", members)
 
@@ -390,7 +404,7 @@ def pod_plan_of(pod: PodInfo, directions: Mapping[PolicyType, list[Allow]],
     return PodPlan(pod.key, pod.ip,
                    _dedup(directions.get(PolicyType.INGRESS)), _dedup(directions.get(PolicyType.EGRESS)),
                    tuple(selecting.get((pod.key, PolicyType.INGRESS), ())),
-                   tuple(selecting.get((pod.key, PolicyType.EGRESS), ())))
+                   tuple(selecting.get((pod.key, PolicyType.EGRESS), ())), pod.ips)
 
 
 def policy_allows(planner: Planner, policy: NetworkPolicy,

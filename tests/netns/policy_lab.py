@@ -11,7 +11,9 @@ traffic that reaches the pods routed rather than bridged). The policy engine run
 process on the node's namespace through the real iptables and ipset tools, or, with
 `dataplane=ProxyMode.NFTABLES` (as `netagent run --proxy-mode nftables` chooses it), through
 libnftables into the node's `ip netagent-policy` table; the API objects are fed to its
-recorders as the reflectors would. SCTP: this kernel has no SCTP sockets
+recorders as the reflectors would. With `dual=True` the pods get an IPv6 address too
+(fd00:10:244:1::/64; `ext` 2001:db8:2::2), the engine programs one dataplane per family
+(policy/families.py), and `family` says which family's addresses the probes use. SCTP: this kernel has no SCTP sockets
 (CONFIG_IP_SCTP unset), so SCTP probes are INIT chunks sent and received on raw sockets
 (the netfilter SCTP match and conntrack are there); one packet each way, no association.
 """
@@ -28,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from lab import LabNode
 from netagent.infra.sync_runner import SyncKind, SyncResult
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
@@ -35,9 +38,11 @@ from netagent.kernel.nftables.runner import NftRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.dataplane import PolicyDataplane
+from netagent.policy.families import FamilyDataplanes
 from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.programmer_nft import NftPolicyProgrammer
 from netagent.policy.render import RenderSettings
+from netagent.policy.render_nft import IPV6
 from proxy.backend import ProxyMode
 from tests.unit.policy_objects import namespace as namespace_object
 from tests.unit.policy_objects import pod as pod_object
@@ -47,7 +52,9 @@ PODS = ("a", "b", "c")
 PORTS = (80, 81)
 NODE_NAME = "node-1"
 SUBNET = "10.244.1.0/24"
+SUBNET6 = "fd00:10:244:1::/64"
 EXT_ADDRESS = "192.0.2.2"
+EXT_ADDRESS6 = "2001:db8:2::2"
 PROBE_TIMEOUT = 1.0     # the window in which a probe expected to be dropped must stay unanswered
 PROBE_PATIENCE = 30.0   # how long a probe expected to get through may take on a loaded machine
 # not "na-t": the lab outlives single tests (one per module), which netns/conftest checks for leaks
@@ -65,10 +72,14 @@ if args and args[0].startswith("--sctp-log="):     # SCTP: a raw socket logs "so
     raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, 132)
     sel.register(raw, selectors.EVENT_READ, "sctp")
 for port in map(int, args):
-    tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    tcp.bind(("0.0.0.0", port)); tcp.listen(128); sel.register(tcp, selectors.EVENT_READ, "tcp")
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("0.0.0.0", port))
-    sel.register(udp, selectors.EVENT_READ, "udp")
+    for family, any_address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        tcp = socket.socket(family); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        if family == socket.AF_INET6:
+            for sock in (tcp, udp):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        tcp.bind((any_address, port)); tcp.listen(128); sel.register(tcp, selectors.EVENT_READ, "tcp")
+        udp.bind((any_address, port)); sel.register(udp, selectors.EVENT_READ, "udp")
 print("ready", flush=True)
 while True:
     for key, _ in sel.select():
@@ -115,7 +126,7 @@ patience = max(window, float(sys.argv[3])) if len(sys.argv) > 3 else window
 sel, results, awaited = selectors.DefaultSelector(), {}, set()
 for ident, ip, proto, port, *expected in jobs:
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-    s = socket.socket(socket.AF_INET, kind); s.setblocking(False)
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, kind); s.setblocking(False)
     if proto == "tcp":
         s.connect_ex((ip, port)); sel.register(s, selectors.EVENT_WRITE, ident)
     else:
@@ -208,14 +219,17 @@ class PolicyLab:
     """The node, its nine pods, `ext`, and a policy engine programming the node's kernel."""
 
     def __init__(self, *, mode: PodAttachment, backend: IptablesBackend = IptablesBackend.LEGACY,
-                 dataplane: ProxyMode = ProxyMode.IPTABLES) -> None:
+                 dataplane: ProxyMode = ProxyMode.IPTABLES, dual: bool = False) -> None:
         self.mode = mode
         self.backend = backend
         self.dataplane = dataplane            # IPTABLES (chains and ipsets) or NFTABLES (the nft table)
+        self.dual = dual                      # pods of both families, a dataplane per family
+        self.family = IpFamily.V4             # the family the probes (and `addresses`) use
+        self.subnets = (SUBNET, SUBNET6) if dual else (SUBNET,)
         self.nft: NftRunner | None = None
-        self.node = LabNode(prefix=LAB_PREFIX, mode=mode, subnets=(SUBNET,), with_agent=False)
+        self.node = LabNode(prefix=LAB_PREFIX, mode=mode, subnets=self.subnets, with_agent=False)
         self.ext_netns = ""
-        self.addresses: dict[str, str] = {}       # "x/a" -> 10.244.1.x
+        self.by_family: dict[IpFamily, dict[str, str]] = {family: {} for family in IpFamily}   # "x/a" -> address
         self.veths: dict[str, str] = {}           # pod address -> host interface
         self.netns_of: dict[str, str] = {}        # "x/a" / "ext" / "node" -> namespace name
         self.servers: dict[str, subprocess.Popen] = {}
@@ -230,13 +244,26 @@ class PolicyLab:
             if self.nft is None:
                 self.nft = NftRunner(netns=self.node.node)
             programmer = NftPolicyProgrammer(self.nft)
+            if self.dual:
+                programmer = FamilyDataplanes({IpFamily.V4: programmer,
+                                               IpFamily.V6: NftPolicyProgrammer(self.nft, family=IPV6)})
         else:
             programmer = PolicyProgrammer(iptables=self.iptables, ipset=IpsetRunner(exec_prefix=prefix))
-        settings = PolicySettings(NODE_NAME, RenderSettings(self.mode, local_cidrs=(SUBNET,)))
+            if self.dual:
+                iptables6 = IptablesRunner(backend=self.backend, family=IpFamily.V6, exec_prefix=prefix,
+                                           lock_wait_seconds=60)
+                programmer = FamilyDataplanes({IpFamily.V4: programmer, IpFamily.V6: PolicyProgrammer(
+                    iptables=iptables6, ipset=IpsetRunner(exec_prefix=prefix), family=IpFamily.V6)})
+        settings = PolicySettings(NODE_NAME, RenderSettings(self.mode, local_cidrs=self.subnets))
         engine = PolicyEngine(settings, programmer=programmer, interface_of=lambda plan: self.veths.get(plan.ip))
         for recorder in (engine.policies, engine.pods, engine.namespaces):
             recorder.on_synced()
         return engine
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Every probe end's address in the probed family: "x/a" -> 10.244.1.x (or fd00:...)."""
+        return self.by_family[self.family]
 
     # ------------------------------------------------------------ building
     def __enter__(self) -> PolicyLab:
@@ -245,6 +272,8 @@ class PolicyLab:
             self.engine = self._new_engine()          # needs the node's namespace (nft enters it)
             self.netns_of["node"] = self.node.node
             namespaces.run_in(self.node.node, ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
+            if self.dual:
+                namespaces.run_in(self.node.node, ["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"], check=True)
             self._add_ext()
             for namespace in NAMESPACES:
                 self.engine.namespaces.on_add(namespace_object(namespace, ns=namespace))
@@ -277,11 +306,18 @@ class PolicyLab:
         namespaces.run_in(node, ["ip", "link", "add", "np-ext", "type", "veth", "peer", "name", "eth0",
                                  "netns", self.ext_netns], check=True)
         namespaces.run_in(node, ["ip", "addr", "add", "192.0.2.1/24", "dev", "np-ext"], check=True)
+        if self.dual:
+            namespaces.run_in(node, ["ip", "addr", "add", "2001:db8:2::1/64", "dev", "np-ext", "nodad"], check=True)
         namespaces.run_in(node, ["ip", "link", "set", "np-ext", "up"], check=True)
         for argv in (["ip", "addr", "add", EXT_ADDRESS + "/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                      ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", "192.0.2.1"]):
             namespaces.run_in(self.ext_netns, argv, check=True)
-        self.addresses["ext"] = EXT_ADDRESS
+        if self.dual:
+            for argv in (["ip", "addr", "add", EXT_ADDRESS6 + "/64", "dev", "eth0", "nodad"],
+                         ["ip", "-6", "route", "add", "default", "via", "2001:db8:2::1"]):
+                namespaces.run_in(self.ext_netns, argv, check=True)
+            self.by_family[IpFamily.V6]["ext"] = EXT_ADDRESS6
+        self.by_family[IpFamily.V4]["ext"] = EXT_ADDRESS
         self._start_server("ext", self.ext_netns)
 
     def _start_server(self, key: str, netns: str) -> None:
@@ -297,12 +333,16 @@ class PolicyLab:
         key = f"{namespace}/{name}"
         pod = self.node.add_pod(f"{namespace}-{name}")
         host = next(i["name"] for i in pod.result["interfaces"] if "sandbox" not in i and i["name"] != "na0")
-        self.addresses[key] = pod.ip
-        self.veths[pod.ip] = host
+        ips = [entry["address"].split("/")[0] for entry in pod.result["ips"]]
+        for ip in ips:
+            self.by_family[IpFamily.of(ip)][key] = ip
+            self.veths[ip] = host
         self.netns_of[key] = pod.netns_name
         self._start_server(key, pod.netns_name)
         self.pod_objects[key] = pod_object(namespace, name, pod.ip, labels,
                                            ports=tuple((port, *spec) for port, spec in (ports or {}).items()))
+        if self.dual:
+            self.pod_objects[key]["status"]["podIPs"] = [{"ip": ip} for ip in ips]
         if record:
             self.engine.pods.on_add(self.pod_objects[key])
         return key
@@ -315,7 +355,9 @@ class PolicyLab:
         server.kill()
         server.wait()
         self.node.delete_pod(key.replace("/", "-"))
-        del self.veths[self.addresses.pop(key)]
+        for addresses in self.by_family.values():
+            if key in addresses:
+                del self.veths[addresses.pop(key)]
         del self.netns_of[key]
 
     # ------------------------------------------------------------ changing the API objects
@@ -364,7 +406,7 @@ class PolicyLab:
         if self.dataplane is ProxyMode.NFTABLES:
             argv = ["nft", "list", "ruleset"]
         else:
-            argv = [f"iptables-{self.backend.value}-save", "-t", "filter"]
+            argv = [f"{self.family.command}-{self.backend.value}-save", "-t", "filter"]
         return namespaces.run_in(self.node.node, argv, check=True).stdout
 
     # ------------------------------------------------------------ probing

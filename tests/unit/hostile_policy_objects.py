@@ -67,7 +67,10 @@ cidrs = st.one_of(
     v4.map(lambda t: f"{t[0]}.{t[1]}.{t[2]}.{t[3]}/{t[4]}"),
     st.sampled_from(["0.0.0.0/0", "::/0", "fe80::/64", "2001:db8::1/128", "10.0.0.1/32", "10.0.0.0/33",
                      "300.1.1.1/8", "010.0.0.0/8", "10.0.0.0/8\n", " 10.0.0.0/8", "10.0.0.0", "10.0.0.0/-1",
-                     "10.0.0.0/255.0.0.0", "10.0.0.0/8/8", "", "١٠.0.0.0/8"]),
+                     "10.0.0.0/255.0.0.0", "10.0.0.0/8/8", "", "١٠.0.0.0/8",
+                     # IPv6 (issue 22): v4-mapped, zones, bad prefixes, odd spellings
+                     "::ffff:10.0.0.0/104", "::ffff:0:0/96", "fe80::1%eth0/64", "fd00::/129", "fd00::/-1",
+                     "fd00:::1/64", "FD00:0::/16", "fd00::/16\n", "2001:db8::/32", "::1/128"]),
     junk)
 ip_block = maybe(st.fixed_dictionaries({"cidr": cidrs}, optional={
     "except": maybe(st.lists(cidrs, max_size=4)), "exceptAll": junk}))
@@ -117,7 +120,8 @@ def hostile_policy(draw) -> dict:
 
 local_or_not = st.one_of(st.integers(128, 191).map(lambda n: f"10.0.0.{n}"),
                          st.integers(2, 250).map(lambda n: f"10.0.5.{n}"),
-                         st.sampled_from(["fd00::5", "10.0.0.999", "010.0.0.130", "10.0.0.130\n", "", "0.0.0.0"]),
+                         st.sampled_from(["fd00::5", "10.0.0.999", "010.0.0.130", "10.0.0.130\n", "", "0.0.0.0",
+                                          "::ffff:10.0.0.130", "fe80::1%eth0", "fd00::5%1", "FD00::0005"]),
                          junk)
 container_port = maybe(st.fixed_dictionaries({}, optional={
     "name": st.one_of(st.sampled_from(["web", "WEB", "web-2", "a" * 16]), junk),

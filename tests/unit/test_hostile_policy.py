@@ -30,8 +30,10 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.model import PolicyType
+from netagent.kernel.families import IpFamily
+from netagent.policy.families import DualWanted, FamilyDataplanes
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import RenderSettings, pod_chain
+from netagent.policy.render import RenderSettings, WantedState, pod_chain
 from netagent.policy.semantics import set_refs
 from tests.unit.hostile_policy_objects import (
     GOOD_PODS,
@@ -51,7 +53,7 @@ def new_engine(mode: PodAttachment) -> tuple[PolicyEngine, FakeIptables, FakeIps
     iptables = FakeIptables()
     ipset = FakeIpset(in_use=iptables_references(iptables))
     engine = PolicyEngine(PolicySettings(NODE, RenderSettings(mode, local_cidrs=(LOCAL_CIDR,))),
-                          programmer=PolicyProgrammer(iptables=iptables, ipset=ipset),
+                          programmer=FamilyDataplanes({IpFamily.V4: PolicyProgrammer(iptables=iptables, ipset=ipset)}),
                           interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"))
     for recorder in (engine.namespaces, engine.pods, engine.policies):
         recorder.on_synced()
@@ -68,6 +70,12 @@ def feed_good(engine: PolicyEngine) -> None:
         engine.policies.on_add(obj)
 
 
+def rendered(engine: PolicyEngine) -> WantedState:
+    """The IPv4 dataplane's rendered state (the engine's is FamilyDataplanes', as in `netagent run`)."""
+    assert isinstance(engine.wanted, DualWanted) and isinstance(engine.wanted.parts[0].wanted, WantedState)
+    return engine.wanted.parts[0].wanted
+
+
 def good_programming(engine: PolicyEngine) -> dict:
     """The chains of the good pods and the members of the sets those chains use."""
     assert engine.plan is not None and engine.wanted is not None
@@ -77,7 +85,7 @@ def good_programming(engine: PolicyEngine) -> dict:
         for allows, prefix in ((plan.ingress, owned.POLICY_INGRESS_PREFIX), (plan.egress, owned.POLICY_EGRESS_PREFIX)):
             if allows is None:
                 continue
-            found[pod_chain(prefix, key)] = engine.wanted.chains[pod_chain(prefix, key)]
+            found[pod_chain(prefix, key)] = rendered(engine).chains[pod_chain(prefix, key)]
             for allow in allows:
                 for ref in set_refs(allow):
                     found[ref.name] = engine.plan.sets[ref]
@@ -97,13 +105,15 @@ BASELINE = {mode: baseline(mode) for mode in PodAttachment}
 
 
 def check_written(engine: PolicyEngine, iptables: FakeIptables, ipset: FakeIpset) -> None:
-    assert engine.wanted is not None
+    wanted = rendered(engine)
     table = iptables.table("filter")
-    for name, rules in engine.wanted.chains.items():
+    for name, rules in wanted.chains.items():
         assert tuple(table.chains[name].rules) == rules, name
-    for spec, members in engine.wanted.sets.items():
+        addresses = [rule[i + 1] for rule in rules for i, token in enumerate(rule[:-1]) if token in ("-s", "-d")]
+        assert not [a for a in addresses if ":" in a], name     # IPv6 blocks and pods stay out of the IPv4 table
+    for spec, members in wanted.sets.items():
         assert ipset.members(spec.name) == {canonical_member(spec.type, m) for m in members}
-    assert ipset.members(owned.POLICY_KNOWN_SET) == engine.wanted.known
+    assert ipset.members(owned.POLICY_KNOWN_SET) == wanted.known
 
 
 def check_closed(engine: PolicyEngine) -> None:
@@ -143,7 +153,7 @@ def test_hostile_objects_cost_good_objects_nothing_and_fail_closed(objects, mode
         feed_good(engine)
     assert engine.sync(SyncKind.FULL) is SyncResult.SUCCEEDED           # the first sync: CNI waits for it
     assert good_programming(engine) == BASELINE[mode]
-    assert set(GOOD_PODS.values()) <= engine.wanted.known
+    assert set(GOOD_PODS.values()) <= rendered(engine).known
     check_written(engine, iptables, ipset)
     check_closed(engine)
     for rejection in engine.rejections.snapshot():

@@ -42,6 +42,11 @@ HASH = IpsetSpec("NETAGENT-T-HASH", IpsetType.HASH_IP_PORT_IP)
     (IpsetType.HASH_IP_PORT_NET, "10.0.0.1,tcp:80,192.168.1.7", "10.0.0.1,tcp:80,192.168.1.7"),
     (IpsetType.BITMAP_PORT, "30080", "30080"),
     (IpsetType.BITMAP_PORT, "udp:53", "53"),
+    # IPv6 (family inet6 sets), as `ipset save` 7.17 printed them here
+    (IpsetType.HASH_IP, "fd00:0::5/128", "fd00::5"),
+    (IpsetType.HASH_NET, "fd00:0:0::0/64", "fd00::/64"),
+    (IpsetType.HASH_NET, "fd00::5/128", "fd00::5"),
+    (IpsetType.HASH_IP_PORT, "fd00::0:1,tcp:80", "fd00::1,tcp:80"),
 ])
 def test_canonical_member_is_what_ipset_save_prints(set_type, text, canonical):
     assert canonical_member(set_type, text) == canonical
@@ -51,6 +56,9 @@ def test_canonical_member_is_what_ipset_save_prints(set_type, text, canonical):
     (IpsetType.HASH_IP, "10.0.0.0/30"),          # the tool would add four members
     (IpsetType.HASH_IP, "010.0.0.9"),            # the tool reads octal
     (IpsetType.HASH_IP, "::1::2"),
+    (IpsetType.HASH_IP, "::g1"),
+    (IpsetType.HASH_NET, "fd00::/0"),
+    (IpsetType.HASH_NET, "fd00::/129"),
     (IpsetType.HASH_IP, "node-1"),               # the tool would resolve it
     (IpsetType.HASH_NET, "0.0.0.0/0"),
     (IpsetType.HASH_NET, "10.0.0.0/33"),
@@ -216,6 +224,24 @@ def test_parse_header_and_create_arguments():
         ["NETAGENT-B", "bitmap:port", "range", "0-65535"]
     assert create_arguments(IpsetSpec("NETAGENT-A", IpsetType.HASH_NET, max_elements=10)) == \
         ["NETAGENT-A", "hash:net", "family", "inet", "maxelem", "10"]
+    assert create_arguments(IpsetSpec("NETAGENT-A6", IpsetType.HASH_NET, max_elements=10, family="inet6")) == \
+        ["NETAGENT-A6", "hash:net", "family", "inet6", "maxelem", "10"]
+    with pytest.raises(ValueError):
+        IpsetSpec("NETAGENT-A6", IpsetType.HASH_NET, family="inet7")
+
+
+def test_fake_holds_an_inet6_set_and_refuses_the_other_family_as_the_kernel_does():
+    ipset = FakeIpset()
+    spec = IpsetSpec("NETAGENT-V6", IpsetType.HASH_IP_PORT, family="inet6")
+    sync_sets(ipset, {spec: {"fd00::1,tcp:80"}})
+    assert ipset.describe(spec.name).family == "inet6"
+    assert ipset.snapshot()[spec.name].members == {"fd00::1,tcp:80"}
+    assert sync_sets(ipset, {spec: {"fd00::1,tcp:80"}}) == {spec.name: (0, 0)}    # read back as written
+    with pytest.raises(IpsetError, match="family"):
+        ipset.update(spec.name, add=["10.0.0.1,tcp:80"])
+    v4 = IpsetSpec("NETAGENT-V6", IpsetType.HASH_IP_PORT)            # same name, other family: recreated
+    sync_sets(ipset, {v4: {"10.0.0.1,tcp:80"}})
+    assert ipset.describe(v4.name).family == "inet"
 
 
 def test_runner_reports_a_missing_binary():

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -398,7 +399,7 @@ class PacketTracer:
         sample = next(iter(members), None)
         if sample is None:
             return lambda state: 0.0
-        shape = ["port" if ":" in part else "ip" for part in sample.split(",")]
+        shape = ["port" if _PORT_PART.fullmatch(part) else "ip" for part in sample.split(",")]   # IPv6 has colons too
         if len(shape) != len(directions):
             raise TraceError(f"set {name} members have {len(shape)} parts, the rule gives {flags}")
         if shape == ["ip"] and any("/" in member for member in members):   # hash:net
@@ -435,6 +436,9 @@ class PacketTracer:
 class _RecentSet:
     """`-m recent --set`: always matches; the walk records that the source was added."""
     name: str
+
+
+_PORT_PART = re.compile(r"[a-z]+:\d+")      # an ipset member's `proto:port` part
 
 
 _MODULES = frozenset({"tcp", "udp", "sctp", "comment", "addrtype", "mark", "statistic", "recent", "set",
