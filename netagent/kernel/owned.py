@@ -29,6 +29,7 @@ DEVICE_PREFIX = "na-"           # our routing and proxy devices; the bridge `na0
 VXLAN_DEVICE = "na-vxlan"
 IPIP_DEVICE = "na-ipip"
 VXLAN6_DEVICE = "na-vxlan6"      # the IPv6 overlay over the IPv6 underlay (dual-stack, IPv6-only)
+IPIP6_DEVICE = "na-ipip6"        # IPIP's IPv6 form: ip6tnl (ip6ip6) over the IPv6 underlay
 ROUTE_PROTOCOL = 78             # 'N': unused by iproute2's rt_protos and linux/rtnetlink.h
 BGP_ROUTE_TABLE = 7878          # --backend bgp: BIRD exports learnt routes here; the agent admits them into main
 BGP_BLACKHOLE_METRIC = 0xFF000000  # --backend bgp: our pod CIDRs' blackholes in main, behind any other route to them

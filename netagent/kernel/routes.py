@@ -24,6 +24,7 @@ class Route:
     gateway: Address | None = None
     ifname: str = ""      # empty: the device of the request the route belongs to
     onlink: bool = False  # the gateway is on the link whatever the device's prefixes say
+    encap_dst: Address | None = None  # `encap ip6 dst`: a tunnel route's outer destination (node routing's na-ipip6)
 
 
 @dataclass(frozen=True)

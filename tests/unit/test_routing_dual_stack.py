@@ -1,12 +1,13 @@
 """Node routing per IP family (issue 22): cluster CIDRs and leases per family, the IPv6
 announcement read alone (hostile values cost only IPv6), one plan per family (host-gw, vxlan over
-`na-vxlan6`, auto; ipip and bgp refuse IPv6), the agent's start on a dual-stack and on an IPv6-only
+`na-vxlan6`, ipip over `na-ipip6`, auto; bgp refuses IPv6), the agent's start on a dual-stack and on an IPv6-only
 node over the fakes, per-family masquerade, and the conflist's range set per family.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from ipaddress import IPv4Address, IPv6Address, ip_network
+from ipaddress import IPv4Address, IPv6Address, ip_interface, ip_network
 
 import pytest
 
@@ -26,8 +27,9 @@ from netagent.noderoutes.fake_api import FakeNodeApi
 from netagent.noderoutes.host import HostAccess, Lease, Masquerade
 from netagent.noderoutes.masquerade_nft import masquerade_table, render_masquerade_nft
 from netagent.noderoutes.routing.fake_kernel import FakeKernel
-from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerBounds, Route, RoutingSettings
-from netagent.noderoutes.routing.plan import describe_plan, render_plan
+from netagent.noderoutes.routing.model import DeviceChange, LocalNode, Mode, Peer, PeerBounds, Route, RoutingSettings
+from netagent.noderoutes.routing.plan import describe, describe_plan, device_drift, render_plan
+from netagent.noderoutes.routing.routes import remove_owned_routing
 from netagent.noderoutes.routing.vxlan import vtep_mac
 from netagent.noderoutes.underlay import InterfaceInfo, UnderlayError, UnderlaySnapshot, choose_underlay
 
@@ -154,9 +156,34 @@ def test_the_ipv6_plan_of_each_mode():
     assert auto.peers["node-3"].fdb[0].dst == IPv6Address("2001:db8:99::13")
 
 
-def test_ipip_refuses_ipv6():
-    with pytest.raises(ValueError, match="ip6tnl"):
-        render_plan(LOCAL6, PEERS, RoutingSettings(mode=Mode.IPIP), bounds=BOUNDS)
+def test_the_ipv6_ipip_plan_is_an_ip6tnl_device_and_a_route_via_each_peers_public_ipv6():
+    ipip = describe_plan(render_plan(LOCAL6, PEERS[:2], RoutingSettings(mode=Mode.IPIP), bounds=BOUNDS))
+    assert ipip.splitlines() == [
+        "link na-ipip6 type ip6tnl external mode ip6ip6 mtu 1460 up, addr fd00:10:244:1::/128",
+        "peer node-2 ipip", "  route fd00:10:244:2::/64 encap ip6 dst 2001:db8:16::12 dev na-ipip6",
+        "peer node-3 ipip", "  route fd00:10:244:3::/64 encap ip6 dst 2001:db8:99::13 dev na-ipip6"]
+    auto = render_plan(LOCAL6, PEERS[:2], RoutingSettings(mode=Mode.AUTO, auto_encap=Mode.IPIP), bounds=BOUNDS)
+    assert [d.ifname for d in auto.devices] == ["na-ipip6"]
+    assert (auto.peers["node-2"].mode, auto.peers["node-3"].mode) == (Mode.HOST_GW, Mode.IPIP)
+    assert describe(auto.peers["node-3"].routes[0]) == "route fd00:10:244:3::/64 encap ip6 dst 2001:db8:99::13 dev na-ipip6"
+
+
+def test_the_fake_kernel_makes_an_ip6tnl_device_and_repairs_or_recreates_it():
+    kernel = FakeKernel()
+    (device,) = render_plan(LOCAL6, (), RoutingSettings(mode=Mode.IPIP), bounds=BOUNDS).devices
+    assert kernel.ensure_ipip(device) is DeviceChange.EMPTIED
+    link = kernel.links["na-ipip6"]
+    assert (link.kind, link.external, link.proto, link.mtu, link.up) == ("ip6tnl", True, 41, 1460, True)
+    assert link.addresses == {ip_interface("fd00:10:244:1::/128")}
+    assert kernel.ensure_ipip(device) is DeviceChange.UNCHANGED
+    kernel.links["na-ipip6"] = dataclasses.replace(link, proto=0)  # mode any: would carry IPv4 too
+    assert device_drift(device, kernel.links["na-ipip6"]).recreate == "mode (proto) is 0, want 41"
+    assert kernel.ensure_ipip(device) is DeviceChange.EMPTIED and kernel.links["na-ipip6"].proto == 41
+    kernel.links["na-ipip6"] = dataclasses.replace(kernel.links["na-ipip6"], external=False)  # someone's NBMA one
+    assert device_drift(device, kernel.links["na-ipip6"]).recreate == "external is False, want True"
+    assert kernel.ensure_ipip(device) is DeviceChange.EMPTIED and kernel.links["na-ipip6"].external
+    kernel.links["na-ipip6"] = dataclasses.replace(kernel.links["na-ipip6"], mtu=1500)
+    assert kernel.ensure_ipip(device) is DeviceChange.REPAIRED and kernel.links["na-ipip6"].mtu == 1460
 
 
 # ---------------------------------------------------------------- the underlay per family
@@ -284,12 +311,31 @@ def test_an_ipv6_only_agent_in_nftables_mode():
     assert nft.list_table("ip", "netagent-masq") is None
 
 
-@pytest.mark.parametrize("mode, words", [(Mode.IPIP, "ip6tnl"), (Mode.BGP, "route IPv4 only")])
-def test_ipip_and_bgp_refuse_an_ipv6_cluster_cidr_at_start(mode, words):
-    agent, *_ = world(cluster=(CLUSTER4, CLUSTER6), cidrs=("10.244.1.0/24", "fd00:10:244:1::/64"), mode=mode,
+def test_bgp_refuses_an_ipv6_cluster_cidr_at_start():
+    agent, *_ = world(cluster=(CLUSTER4, CLUSTER6), cidrs=("10.244.1.0/24", "fd00:10:244:1::/64"), mode=Mode.BGP,
                       masquerade=Masquerade.OFF)
-    with pytest.raises(AgentStartError, match=words):
+    with pytest.raises(AgentStartError, match="route IPv4 only"):
         agent.prepare()
+
+
+def test_a_dual_stack_ipip_node_gets_na_ipip_and_na_ipip6_and_routes_each_family_through_its_own():
+    agent, api, kernel, leases, _ = world(cluster=(CLUSTER4, CLUSTER6), cidrs=("10.244.1.0/24", "fd00:10:244:1::/64"),
+                                          mode=Mode.IPIP, masquerade=Masquerade.OFF)
+    agent.prepare()
+    assert kernel.links_with_prefix("na-") == {"na-ipip": "ipip", "na-ipip6": "ip6tnl"}
+    assert (kernel.links["na-ipip"].mtu, kernel.links["na-ipip6"].mtu) == (1480, 1460)
+    assert leases[0].mtu == 1460  # the pods' MTU: the worse of the two families' tunnels
+    announced(api, 2)
+    agent._sync(SyncKind.FULL)
+    assert kernel.dump_routes(IpFamily.V6) == [Route(dst=ip_network("fd00:10:244:2::/64"), ifname="na-ipip6",
+                                                     encap_dst=IPv6Address("2001:db8:16::12"))]
+    assert {str(r.dst): (str(r.gateway), r.ifname) for r in kernel.dump_routes(IpFamily.V4)} == {
+        "10.244.2.0/24": ("198.18.16.12", "na-ipip")}
+    assert agent.last_report is not None and agent.last_report.peers_by_mode["ipip"] == 2
+    agent._sync(SyncKind.FULL)  # a second full sync adopts: no kernel write
+    assert agent.last_report.added == 0 and agent.last_report.removed == 0
+    assert "device na-ipip6 (ip6tnl)" in remove_owned_routing(kernel)  # what `netagent cleanup` runs
+    assert kernel.links_with_prefix("na-") == {} and kernel.dump_routes(IpFamily.V6) == []
 
 
 def test_a_pod_cidr_without_a_cluster_cidr_of_its_family_is_not_routed():

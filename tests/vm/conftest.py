@@ -23,9 +23,10 @@ from tests.vm import qemu
 
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
 GUEST_REPORT = "guest-junit.xml"
-# Preloaded for the guest suite: IPIP (issue 3) and IPVS with its schedulers (issue 4).
-GUEST_SUITE_MODULES = ("ipip", "veth", "dummy", "nf_conntrack", "br_netfilter", "ip_vs", "ip_vs_rr", "ip_vs_wrr",
-                       "ip_vs_sh")
+# Preloaded for the guest suite: IPIP (issue 3) and ip6tnl, its IPv6 form (issue 22), and IPVS with its
+# schedulers (issue 4).
+GUEST_SUITE_MODULES = ("ipip", "ip6_tunnel", "veth", "dummy", "nf_conntrack", "br_netfilter", "ip_vs", "ip_vs_rr",
+                       "ip_vs_wrr", "ip_vs_sh")
 # seconds: IPIP, IPVS backend and IPVS lab tests under TCG take about 5 minutes on an idle machine;
 # TCG is CPU-bound, so a loaded 2-core machine stretches that: this only stops a guest that hangs
 GUEST_SUITE_TIMEOUT = 1800

@@ -21,12 +21,12 @@ seams of ARCHITECTURE.md:
                     programmed (a kernel dump for `sync_all`, memory for `apply_changes`)
                     and change only the difference
 
-Ownership: our devices are named `na-*` (kinds vxlan and ipip) and everything on them is
+Ownership: our devices are named `na-*` (kinds vxlan, ipip and ip6tnl) and everything on them is
 ours; our routes carry route protocol 78 (`ROUTE_PROTOCOL`), so routes we add on the
 shared underlay device are found and removed without touching anyone else's.
 
 One planner and one `RouteManager` per IP family (the node agent builds one for each family
 with a cluster CIDR): each plans its family's CIDRs over its family's underlay address, IPv6
 VXLAN in its own device `na-vxlan6`. An IPv4 plan lists IPv6 CIDRs it skipped, logged once when
-no IPv6 manager routes them. ipip is IPv4 only (`ipip.IPIP_IPV6_REFUSAL`).
+no IPv6 manager routes them. IPv6 ipip rides `na-ipip6` (ip6tnl external, `encap ip6` routes).
 """

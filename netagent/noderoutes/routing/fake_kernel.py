@@ -28,6 +28,7 @@ from ipaddress import ip_interface
 from netagent.kernel.families import IpFamily
 
 from netagent.noderoutes.routing.model import (
+    IPPROTO_IPV6,
     ROUTE_PROTOCOL,
     DeviceChange,
     FdbEntry,
@@ -110,7 +111,11 @@ class FakeKernel(RoutingKernel):
         return self._ensure(device, created)
 
     def ensure_ipip(self, device: IpipDevice) -> DeviceChange:
-        created = ObservedDevice(ifname=device.ifname, kind="ipip", mtu=device.mtu, up=False, local=device.local)
+        if device.kind == "ip6tnl":  # external: no local address of its own
+            created = ObservedDevice(ifname=device.ifname, kind="ip6tnl", mtu=device.mtu, up=False,
+                                     proto=IPPROTO_IPV6, external=True)
+        else:
+            created = ObservedDevice(ifname=device.ifname, kind="ipip", mtu=device.mtu, up=False, local=device.local)
         return self._ensure(device, created)
 
     def _ensure(self, device, created: ObservedDevice) -> DeviceChange:

@@ -17,6 +17,10 @@ on pyroute2. Deletes of objects already gone succeed.
 The VXLAN checksum workaround uses pyroute2's ethtool ioctl support (`IoctlEthtool`,
 `ETHTOOL_SFEATURES`) to set `tx-checksum-ip-generic` (off or on, `ChecksumOffload`): no `ethtool` binary is needed
 (none is installed on the build machine).
+
+IPv6 ipip's routes (`encap ip6 dst <peer>` on `na-ipip6`, routing/ipip.py) are one message built
+here (`_EncapRouteMsg`), since pyroute2's request layer knows only the mpls, seg6 and bpf
+encapsulations; a dump hands their RTA_ENCAP over as hex, read back by `_ip6_encap_dst`.
 """
 from __future__ import annotations
 
@@ -26,15 +30,20 @@ import errno
 import logging
 import os
 import socket
-from ipaddress import ip_address, ip_interface, ip_network
+import struct
+from ipaddress import IPv6Address, ip_address, ip_interface, ip_network
 
 from pyroute2 import IPRoute, NetlinkError
 from pyroute2.ethtool.ioctl import IoctlEthtool
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, nla
+from pyroute2.netlink.rtnl import RTM_NEWROUTE
+from pyroute2.netlink.rtnl.rtmsg import LWTUNNEL_ENCAP_IP6, rtmsg
 
 from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.errors import KernelError
 from netagent.noderoutes.routing.model import (
+    IPPROTO_IPV6,
     ROUTE_PROTOCOL,
     DeviceChange,
     FdbEntry,
@@ -58,9 +67,36 @@ NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
 IFF_UP = 0x1
 IFA_F_NODAD = 0x02
+LWTUNNEL_IP6_DST = 2  # linux/lwtunnel.h: the outer destination inside RTA_ENCAP (type LWTUNNEL_ENCAP_IP6)
 TX_CHECKSUM_FEATURE = "tx-checksum-ip-generic"
 _GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV)
 _AF = {IpFamily.V4: socket.AF_INET, IpFamily.V6: socket.AF_INET6}
+
+
+class _Ip6EncapInfo(nla):
+    """RTA_ENCAP of type LWTUNNEL_ENCAP_IP6 (linux/lwtunnel.h, `lwtunnel_ip6_t`)."""
+    nla_map = (("LWTUNNEL_IP6_UNSPEC", "none"), ("LWTUNNEL_IP6_ID", "be64"), ("LWTUNNEL_IP6_DST", "ip6addr"),
+               ("LWTUNNEL_IP6_SRC", "ip6addr"), ("LWTUNNEL_IP6_HOPLIMIT", "uint8"), ("LWTUNNEL_IP6_TC", "uint8"),
+               ("LWTUNNEL_IP6_FLAGS", "be16"))
+
+
+class _EncapRouteMsg(rtmsg):
+    """A route message that can encode `encap ip6` (rtmsg's `encap_info` looks encodings up here)."""
+    encaps = {**rtmsg.encaps, LWTUNNEL_ENCAP_IP6: _Ip6EncapInfo}
+
+
+def _ip6_encap_dst(encap) -> IPv6Address | None:
+    """LWTUNNEL_IP6_DST of a dumped `encap ip6` (pyroute2 hands it over as colon-separated hex)."""
+    data = bytes.fromhex(encap.replace(":", "")) if isinstance(encap, str) else b""
+    offset = 0
+    while offset + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        if kind & 0x3FFF == LWTUNNEL_IP6_DST and length >= 20:
+            return IPv6Address(data[offset + 4:offset + 20])
+        offset += (length + 3) & ~3
+    return None
 
 
 class IfGone(enum.Enum):
@@ -178,6 +214,9 @@ class NetlinkKernel(RoutingKernel):
             local, remote = data.get_attr("IFLA_IPIP_LOCAL"), data.get_attr("IFLA_IPIP_REMOTE")
             return ObservedDevice(**common, local=ip_address(local) if local else None,
                                   remote=ip_address(remote) if remote else None)
+        if kind == "ip6tnl" and data is not None:  # the kernel sends the flag only when it is set
+            return ObservedDevice(**common, proto=data.get_attr("IFLA_IP6TNL_PROTO"),
+                                  external=any(name == "IFLA_IP6TNL_COLLECT_METADATA" for name, _ in data["attrs"]))
         return ObservedDevice(**common)
 
     @namespaces.in_own_netns
@@ -194,7 +233,12 @@ class NetlinkKernel(RoutingKernel):
     def ensure_ipip(self, device: IpipDevice) -> DeviceChange:
         def create() -> None:
             # NBMA: a local address and no remote; each route's gateway is the outer destination
-            self._ipr.link("add", ifname=device.ifname, kind="ipip", ipip_local=str(device.local), mtu=device.mtu)
+            if device.kind == "ipip":
+                self._ipr.link("add", ifname=device.ifname, kind="ipip", ipip_local=str(device.local),
+                               mtu=device.mtu)
+            else:  # ip6tnl external mode ip6ip6: each route carries its outer destination (routing/ipip.py)
+                self._ipr.link("add", ifname=device.ifname, kind="ip6tnl", ip6tnl_collect_metadata=True,
+                               ip6tnl_proto=IPPROTO_IPV6, mtu=device.mtu)
         return self._ensure(device, create)
 
     def _ensure(self, device, create) -> DeviceChange:
@@ -269,18 +313,39 @@ class NetlinkKernel(RoutingKernel):
             if table != MAIN_TABLE or msg["proto"] != self.protocol or msg["type"] != RTN_UNICAST:
                 continue
             gateway = msg.get_attr("RTA_GATEWAY")
+            encap = msg.get_attr("RTA_ENCAP") if msg.get_attr("RTA_ENCAP_TYPE") == LWTUNNEL_ENCAP_IP6 else None
             routes.append(Route(dst=ip_network(f"{msg.get_attr('RTA_DST') or any_address}/{msg['dst_len']}"),
                                 gateway=ip_address(gateway) if gateway else None,
                                 ifname=names.get(msg.get_attr("RTA_OIF"), ""),
-                                onlink=bool(msg["flags"] & RTNH_F_ONLINK)))
+                                onlink=bool(msg["flags"] & RTNH_F_ONLINK),
+                                encap_dst=_ip6_encap_dst(encap) if encap is not None else None))
         return routes
 
     @namespaces.in_own_netns
     def replace_route(self, route: Route) -> None:
         with self._call(f"replace {describe(route)}", ifname=route.ifname):
+            if route.encap_dst is not None:
+                self._replace_encap_route(route)
+                return
             self._ipr.route("replace", dst=str(route.dst), family=_AF[IpFamily.of(route.dst)],
                             gateway=str(route.gateway), oif=self._index(route.ifname),
                             flags=RTNH_F_ONLINK if route.onlink else 0, proto=self.protocol, table=MAIN_TABLE)
+
+    def _replace_encap_route(self, route: Route) -> None:
+        """`route replace <dst> encap ip6 dst <encap_dst> dev <ifname>`, built by hand: pyroute2's
+        request layer knows the mpls, seg6 and bpf encapsulations only."""
+        msg = _EncapRouteMsg()
+        msg["family"], msg["dst_len"], msg["table"] = _AF[IpFamily.of(route.dst)], route.dst.prefixlen, MAIN_TABLE
+        msg["proto"], msg["type"] = self.protocol, RTN_UNICAST
+        msg["attrs"] = [("RTA_DST", str(route.dst.network_address)), ("RTA_OIF", self._index(route.ifname)),
+                        ("RTA_TABLE", MAIN_TABLE), ("RTA_ENCAP_TYPE", LWTUNNEL_ENCAP_IP6),
+                        ("RTA_ENCAP", {"attrs": [("LWTUNNEL_IP6_DST", str(route.encap_dst))]})]
+        # put + get, not nlm_request: pyroute2 0.9.7's synchronous nlm_request fails (KeyError 'nlm_generator')
+        request = self._ipr.put(msg, RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
+        try:
+            self._ipr.get(msg_seq=request.msg_seq)  # the ACK; an error raises NetlinkError
+        finally:
+            request.cleanup()  # its sequence number back to the pool
 
     @namespaces.in_own_netns
     def delete_route(self, route: Route) -> None:

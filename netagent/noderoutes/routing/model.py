@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ROUTE_PROTOCOL = owned.ROUTE_PROTOCOL
 DEVICE_PREFIX = owned.DEVICE_PREFIX
-ENCAP_KINDS = ("vxlan", "ipip")  # link kinds of ours that cleanup and mode switches remove
+ENCAP_KINDS = ("vxlan", "ipip", "ip6tnl")  # link kinds of ours that cleanup and mode switches remove
 IFNAMSIZ = 15
 
 
@@ -172,6 +172,7 @@ class RoutingSettings:
     vxlan_ifname: str = owned.VXLAN_DEVICE
     ipip_ifname: str = owned.IPIP_DEVICE
     vxlan6_ifname: str = owned.VXLAN6_DEVICE  # the IPv6 overlay's device, over the IPv6 underlay
+    ipip6_ifname: str = owned.IPIP6_DEVICE    # IPIP's IPv6 form (ip6tnl), over the IPv6 underlay
 
     def __post_init__(self) -> None:
         if self.auto_encap not in (Mode.VXLAN, Mode.IPIP):
@@ -180,12 +181,13 @@ class RoutingSettings:
             raise ValueError(f"vxlan_vni {self.vxlan_vni} is outside 1..16777215")
         if not 1 <= self.vxlan_port <= 65535:
             raise ValueError(f"vxlan_port {self.vxlan_port} is outside 1..65535")
-        for name in (self.vxlan_ifname, self.ipip_ifname, self.vxlan6_ifname):
+        names = (self.vxlan_ifname, self.ipip_ifname, self.vxlan6_ifname, self.ipip6_ifname)
+        for name in names:
             if not name.startswith(DEVICE_PREFIX) or len(name) > IFNAMSIZ:
                 raise ValueError(f"device name {name!r} must start with {DEVICE_PREFIX!r} and have at "
                                  f"most {IFNAMSIZ} characters")
-        if len({self.vxlan_ifname, self.ipip_ifname, self.vxlan6_ifname}) != 3:
-            raise ValueError("vxlan_ifname, ipip_ifname and vxlan6_ifname must differ")
+        if len(set(names)) != len(names):
+            raise ValueError("vxlan_ifname, ipip_ifname, vxlan6_ifname and ipip6_ifname must differ")
 
     @property
     def encap(self) -> Mode | None:
@@ -210,12 +212,21 @@ class VxlanDevice:
     tx_checksum: bool = False  # tx-checksum-ip-generic wanted on (see ChecksumOffload)
 
 
+IPPROTO_IPV6 = 41  # ip6tnl's mode ip6ip6: IPv6 inside IPv6
+
+
 @dataclass(frozen=True)
 class IpipDevice:
+    """`na-ipip` (kind ipip) over an IPv4 `local` with no remote, or `na-ipip6` (kind ip6tnl,
+    external, mode ip6ip6) for an IPv6 `local`, whose routes carry the outer addresses (routing/ipip.py)."""
     ifname: str
-    local: IPv4Address
+    local: Address
     mtu: int
-    address: IPv4Interface
+    address: IPv4Interface | IPv6Interface
+
+    @property
+    def kind(self) -> str:
+        return "ipip" if self.local.version == 4 else "ip6tnl"
 
 
 @dataclass(frozen=True)
@@ -310,6 +321,8 @@ class ObservedDevice:
     underlay_ifname: str | None = None
     learning: bool | None = None
     tx_checksum: bool | None = None  # tx-checksum-ip-generic; None when not changeable
+    proto: int | None = None         # ip6tnl: the inner protocol it carries (41, ip6ip6; 0 any)
+    external: bool | None = None     # ip6tnl: collect_md, outer addresses from each route's encap
 
 
 def kernel_error(code: int, message: str) -> KernelError:

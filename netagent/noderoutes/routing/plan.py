@@ -32,6 +32,7 @@ from netagent.noderoutes.routing.auto import render_auto_peer
 from netagent.noderoutes.routing.hostgw import render_host_gw_peer
 from netagent.noderoutes.routing.ipip import render_ipip_device, render_ipip_peer
 from netagent.noderoutes.routing.model import (
+    IPPROTO_IPV6,
     FdbEntry,
     IpipDevice,
     LocalNode,
@@ -56,7 +57,7 @@ def render_devices(local: LocalNode, settings: RoutingSettings) -> tuple:
     """The encapsulation device the mode needs: (), (VxlanDevice,) or (IpipDevice,)."""
     if settings.encap is Mode.VXLAN:
         return (render_vxlan_device(local, settings),)
-    if settings.encap is Mode.IPIP:  # IPv4 only: raises IPIP_IPV6_REFUSAL for an IPv6 node
+    if settings.encap is Mode.IPIP:  # na-ipip (ipip) or, for an IPv6 node, na-ipip6 (ip6tnl)
         return (render_ipip_device(local, settings),)
     return ()
 
@@ -136,7 +137,8 @@ def describe(thing) -> str:
     """One line in `ip`'s words for a device or a kernel object."""
     if isinstance(thing, Route):
         via = f" via {thing.gateway}" if thing.gateway is not None else ""
-        return f"route {thing.dst}{via} dev {thing.ifname}{' onlink' if thing.onlink else ''}"
+        encap = f" encap ip6 dst {thing.encap_dst}" if thing.encap_dst is not None else ""
+        return f"route {thing.dst}{via}{encap} dev {thing.ifname}{' onlink' if thing.onlink else ''}"
     if isinstance(thing, Neighbour):
         return f"neigh {thing.address} lladdr {thing.mac} dev {thing.ifname} permanent"
     if isinstance(thing, FdbEntry):
@@ -146,7 +148,8 @@ def describe(thing) -> str:
                 f"dev {thing.underlay_ifname} nolearning address {thing.mac} mtu {thing.mtu} up, "
                 f"addr {thing.address}, tx-checksum-ip-generic {'on' if thing.tx_checksum else 'off'}")
     if isinstance(thing, IpipDevice):
-        return f"link {thing.ifname} type ipip local {thing.local} mtu {thing.mtu} up, addr {thing.address}"
+        local = "external mode ip6ip6" if thing.kind == "ip6tnl" else f"local {thing.local}"
+        return f"link {thing.ifname} type {thing.kind} {local} mtu {thing.mtu} up, addr {thing.address}"
     raise TypeError(f"cannot describe {thing!r}")
 
 
@@ -225,10 +228,14 @@ _ANY = IPv4Address("0.0.0.0")  # ipip's "no remote"
 
 def _identity_drift(device, observed: ObservedDevice) -> str:
     """Why `observed` cannot be repaired in place into `device` ("" when it can)."""
-    kind = "vxlan" if isinstance(device, VxlanDevice) else "ipip"
+    kind = "vxlan" if isinstance(device, VxlanDevice) else device.kind
     if observed.kind != kind:
         return f"it is a {observed.kind or 'plain'} device, not {kind}"
-    checks: list[tuple[str, object, object]] = [("local", observed.local, device.local)]
+    if kind == "ip6tnl":  # external: no local, no remote (routing/ipip.py)
+        checks: list[tuple[str, object, object]] = [("external", observed.external, True),
+                                                     ("mode (proto)", observed.proto, IPPROTO_IPV6)]
+        return ", ".join(f"{what} is {have}, want {want}" for what, have, want in checks if have != want)
+    checks = [("local", observed.local, device.local)]
     if isinstance(device, VxlanDevice):
         checks += [("VNI", observed.vni, device.vni), ("port", observed.port, device.port),
                    ("underlay", observed.underlay_ifname, device.underlay_ifname),
