@@ -17,8 +17,8 @@ most one CIDR per family, and each family with both a cluster CIDR and a pod CID
 its own `RouteManager` (`route_managers`, as kube-proxy runs one proxier per family), masqueraded
 by its own manager (ip6tables through `HostAccess.iptables6`, or `ip6 netagent-masq`), with its
 forwarding sysctl on. The underlay interface carries both families' addresses (announced as
-`public-ip` and `public-ipv6`); the lease reports every pod CIDR. `--backend bgp` and ipip
-route IPv4 only: with an IPv6 cluster CIDR they refuse to start, saying so.
+`public-ip` and `public-ipv6`); the lease reports every pod CIDR. `--backend bgp` routes IPv4
+only: with an IPv6 cluster CIDR it refuses to start, saying so (ipip's IPv6 form is `na-ipip6`).
 
 Everything outside the process is handed in (`host.py`): the kernel (`HostAccess`: netlink,
 sysctls, iptables, the kernel release) and the API (`NodeApi`), so unit tests run `start()`
@@ -272,7 +272,7 @@ class NodeAgent:
         try:
             route_manager = RouteManager(kernel=self.host.kernel, settings=routing, local=local,
                                          bounds=self.bounds(family), learnt=bgp.learnt if bgp is not None else None)
-        except ValueError as exc:  # ipip for IPv6 (routing/ipip.py)
+        except ValueError as exc:  # e.g. an encapsulation device without a pod CIDR of its family
             raise AgentStartError(f"{family.label} pod CIDR {', '.join(map(str, local.pod_cidrs))}: {exc}") from None
         masquerade: MasqueradeManager | NftMasqueradeManager | None = None
         cluster_cidrs = [c for c in self.settings.cluster_cidrs if c.version == family.value]

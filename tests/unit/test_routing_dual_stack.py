@@ -1,7 +1,7 @@
 """Node routing per IP family (issue 22): cluster CIDRs and leases per family, the IPv6
 announcement read alone (hostile values cost only IPv6), one plan per family (host-gw, vxlan over
-`na-vxlan6`, ipip over `na-ipip6`, auto; bgp refuses IPv6), the agent's start on a dual-stack and on an IPv6-only
-node over the fakes, per-family masquerade, and the conflist's range set per family.
+`na-vxlan6`, ipip over `na-ipip6`, auto; bgp refuses IPv6), the agent's start on a dual-stack and
+on an IPv6-only node over the fakes, per-family masquerade, and the conflist's range set per family.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def test_the_ipv6_plan_of_each_mode():
     assert auto.peers["node-3"].fdb[0].dst == IPv6Address("2001:db8:99::13")
 
 
-def test_the_ipv6_ipip_plan_is_an_ip6tnl_device_and_a_route_via_each_peers_public_ipv6():
+def test_the_ipv6_ipip_plan_is_an_external_ip6tnl_and_an_encap_route_to_each_peers_public_ipv6():
     ipip = describe_plan(render_plan(LOCAL6, PEERS[:2], RoutingSettings(mode=Mode.IPIP), bounds=BOUNDS))
     assert ipip.splitlines() == [
         "link na-ipip6 type ip6tnl external mode ip6ip6 mtu 1460 up, addr fd00:10:244:1::/128",

@@ -8,7 +8,8 @@ seams of ARCHITECTURE.md:
                     report, and the kernel seam (`RoutingKernel`)
     vxlan.py        VXLAN: one device, per peer a permanent neighbour, an FDB entry, a route
     hostgw.py       host-gw: per peer a route via the peer's underlay address
-    ipip.py         IPIP: one NBMA tunnel device, per peer an onlink route via the peer
+    ipip.py         IPIP: one NBMA tunnel device, per peer an onlink route via the peer; IPv6:
+                    an external ip6tnl, per peer an `encap ip6 dst <peer>` route
     auto.py         per peer: host-gw on the same underlay subnet, encapsulation otherwise
     admission.py    which peers may be routed: pod CIDRs inside the cluster CIDR and clear of
                     reserved ranges, claims (CIDR, public IP, VTEP MAC) kept by the older Node

@@ -13,17 +13,19 @@ that family's underlay, so IPv6-only nodes need no IPv4 at all). Not the NBMA sh
 the kernel refuses an IPv6 onlink route whose gateway a more specific route of another device
 covers ("Nexthop has invalid gateway or device mismatch", ip6_route_check_nh_onlink), so
 `<peer CIDR> via <peer public-ipv6> dev na-ipip6 onlink` fails for every peer on our own
-underlay subnet, and measured in the guest it did not carry packets beyond the default route
-either. Instead the device is `external` (collect_md: no local, no remote, one per namespace)
+underlay subnet (and in one trial in the guest, a peer reached over the default route got
+"Address unreachable" on it too). Instead the device is `external` (collect_md: no local, no remote, one per namespace)
 and each peer's route carries its outer destination as a lightweight-tunnel encapsulation:
 
     route <peer IPv6 CIDR> encap ip6 dst <peer public-ipv6> dev na-ipip6
 
 The outer source is then chosen by the underlay's routing (the node's IPv6 underlay address),
 and an external device receives every ip6ip6 packet for the namespace, as `na-ipip` with no
-remote receives every IPIP packet. tests/vm/guest/test_ipip_kernel.py pins this down with real
-packets. No encapsulation limit option is added in external mode, so the outer header is the
-40-byte IPv6 header alone and the MTU is the underlay's less 40
+remote receives every IPIP packet. The kernel allows one external ip6tnl per namespace: if
+another program holds one, creating `na-ipip6` fails with EEXIST (a `KernelError` naming the
+device). tests/vm/guest/test_ipip_kernel.py pins this down with real packets. No encapsulation
+limit option is added in external mode, so the outer header is the 40-byte IPv6 header alone
+(the guest test asserts next header 41 right after it) and the MTU is the underlay's less 40
 (`encap_overhead(Mode.IPIP, IpFamily.V6)`).
 """
 from __future__ import annotations
