@@ -371,3 +371,23 @@ def test_the_conflist_has_one_range_set_per_family(tmp_path):
         install.write_conflist(conf_dir=str(tmp_path), name="netagent", subnets=["10.244.1.0/24", "10.244.2.0/24"],
                                mode=PodAttachment.BRIDGE, bridge="na0", mtu=1430, socket_path="/run/x.sock",
                                data_dir="/var/lib/x")
+
+
+def test_an_encap_ip6_route_message_round_trips_through_pyroute2s_own_decoder():
+    """What NetlinkKernel writes for an `encap ip6` route, as the kernel's dump hands it back (the
+    write and read against real kernels: tests/vm/guest/test_ipip_kernel.py)."""
+    import socket
+
+    from pyroute2.netlink.rtnl.rtmsg import LWTUNNEL_ENCAP_IP6, rtmsg
+
+    from netagent.noderoutes.routing.kernel import _EncapRouteMsg, _ip6_encap_dst
+    sent = _EncapRouteMsg()
+    sent["family"], sent["dst_len"], sent["type"] = socket.AF_INET6, 64, 1
+    sent["attrs"] = [("RTA_DST", "fd00:10:244:2::"), ("RTA_OIF", 7), ("RTA_ENCAP_TYPE", LWTUNNEL_ENCAP_IP6),
+                     ("RTA_ENCAP", {"attrs": [("LWTUNNEL_IP6_ID", 0), ("LWTUNNEL_IP6_DST", "2001:db8:99::13")]})]
+    sent.encode()
+    dumped = rtmsg(sent.data)
+    dumped.decode()
+    assert dumped.get_attr("RTA_ENCAP_TYPE") == LWTUNNEL_ENCAP_IP6
+    assert _ip6_encap_dst(dumped.get_attr("RTA_ENCAP")) == IPv6Address("2001:db8:99::13")
+    assert _ip6_encap_dst("") is None and _ip6_encap_dst("00:00") is None  # nothing readable: no destination
