@@ -391,3 +391,35 @@ def test_an_encap_ip6_route_message_round_trips_through_pyroute2s_own_decoder():
     assert dumped.get_attr("RTA_ENCAP_TYPE") == LWTUNNEL_ENCAP_IP6
     assert _ip6_encap_dst(dumped.get_attr("RTA_ENCAP")) == IPv6Address("2001:db8:99::13")
     assert _ip6_encap_dst("") is None and _ip6_encap_dst("00:00") is None  # nothing readable: no destination
+
+
+def test_a_second_external_ip6tnl_in_the_namespace_is_a_clear_error():
+    """The kernel allows one external ip6tnl per namespace: another program's makes creating
+    na-ipip6 fail with EEXIST, which the agent explains instead of passing the errno on."""
+    import errno
+    import os
+
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from netagent.kernel import namespaces
+    from netagent.kernel.errors import KernelError
+    from netagent.noderoutes.routing.kernel import NetlinkKernel
+    from netagent.noderoutes.routing.model import IpipDevice
+
+    class RefusingLinks:
+        def link(self, *args, **kwargs):
+            raise NetlinkError(errno.EEXIST, "File exists")
+
+    kernel = NetlinkKernel.__new__(NetlinkKernel)   # no IPRoute socket: the link call is the stub's
+    kernel._netns_fd = os.open(namespaces.THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    kernel._netns_identity = namespaces.identity(kernel._netns_fd)
+    kernel._ipr, kernel._indexes = RefusingLinks(), {}
+    kernel.observe = lambda ifname: None
+    device = IpipDevice(ifname="na-ipip6", local=IPv6Address("fd00:1::10"), mtu=1460,
+                        address=ip_interface("fd00:10:244:1::/128"))
+    try:
+        with pytest.raises(KernelError, match="another external ip6tnl device") as raised:
+            kernel.ensure_ipip(device)
+        assert raised.value.code == errno.EEXIST
+    finally:
+        os.close(kernel._netns_fd)

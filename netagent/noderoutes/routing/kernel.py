@@ -237,8 +237,16 @@ class NetlinkKernel(RoutingKernel):
                 self._ipr.link("add", ifname=device.ifname, kind="ipip", ipip_local=str(device.local),
                                mtu=device.mtu)
             else:  # ip6tnl external mode ip6ip6: each route carries its outer destination (routing/ipip.py)
-                self._ipr.link("add", ifname=device.ifname, kind="ip6tnl", ip6tnl_collect_metadata=True,
-                               ip6tnl_proto=IPPROTO_IPV6, mtu=device.mtu)
+                try:
+                    self._ipr.link("add", ifname=device.ifname, kind="ip6tnl", ip6tnl_collect_metadata=True,
+                                   ip6tnl_proto=IPPROTO_IPV6, mtu=device.mtu)
+                except NetlinkError as exc:
+                    if exc.code != errno.EEXIST:
+                        raise
+                    raise kernel_error(errno.EEXIST, (
+                        f"another external ip6tnl device already exists in this network namespace (the "
+                        f"kernel allows one): ipip for IPv6 needs {device.ifname} to be it; remove the "
+                        f"other device or route IPv6 pods with vxlan or host-gw")) from None
         return self._ensure(device, create)
 
     def _ensure(self, device, create) -> DeviceChange:
