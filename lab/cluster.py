@@ -140,6 +140,10 @@ class LabCluster(LabPods):
             raise LabError("nodes must be between 1 and 200")
         if ip_family not in IP_FAMILIES:
             raise LabError(f"IP family {ip_family!r}: choose one of {', '.join(IP_FAMILIES)}")
+        if ip_family != "ipv4" and (mode == bgp_fabric.MODE or agent_image):
+            # the ToRs' fabric is IPv4 (tor_bird.py) and the manifest's --cluster-cidr is IPv4's
+            raise LabError(f"--ip-family {ip_family}: the lab builds IPv6 with process agents outside bgp mode "
+                           "only (no --agent-image, no --mode bgp)")
         if not 0 <= pod_status_delay <= 600:
             raise LabError("the pod status delay must be between 0 and 600 seconds")
         if agent_image:
@@ -236,7 +240,9 @@ class LabCluster(LabPods):
         with host_listener(self.state.host_api_port) as host_socket:  # served from the router namespace
             self.state.host_api_port = host_socket.getsockname()[1]
             pid = self.processes.spawn(self.state.router, [
-                sys.executable, "-m", "lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
+                # with IPv6, one socket on both families (the IPv6-only cluster advertises that one)
+                sys.executable, "-m", "lab.apiserver", "--listen",
+                f"{'[::]' if self.ipv6 else '0.0.0.0'}:{API_PORT}",
                 "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
                 "--endpointslice-controller", "--endpoints-controller", "--listen-fd", str(host_socket.fileno()),
                 "--service-cidr", ",".join(self.service_cidrs), "--advertise", self._advertised],

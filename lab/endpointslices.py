@@ -337,7 +337,8 @@ def plan_slices(
 
     def changes(entry: tuple[dict | None, PortList, list[dict]]) -> bool:
         endpoint_slice, ports, endpoints = entry
-        return endpoint_slice is None or _existing_content(endpoint_slice) != _content(service, ports, endpoints, family)
+        return (endpoint_slice is None
+                or _existing_content(endpoint_slice) != _content(service, ports, endpoints, family))
 
     for ports, waiting in leftovers.items():
         # Fill slices that are written anyway, then the others with room, then new (or spare) ones.

@@ -87,8 +87,9 @@ def describe_service(summary: dict) -> str:
         f"{':' + str(p['nodePort']) if p.get('nodePort') else ''}/{p['protocol']}"
         for p in summary["ports"]
     )
+    cluster_ips = ",".join(summary["clusterIPs"]) or "-"
     line = (f"  svc  {summary['namespace']}/{summary['name']:<20} {summary['type']:<12} "
-            f"{','.join(summary['clusterIPs']) or '-':<14} {ports or '-'}  -> {' '.join(summary['endpoints']) or '(none ready)'}")
+            f"{cluster_ips:<14} {ports or '-'}  -> {' '.join(summary['endpoints']) or '(none ready)'}")
     if summary["terminating"]:
         line += f"  terminating: {' '.join(summary['terminating'])}"
     if summary["notReady"]:

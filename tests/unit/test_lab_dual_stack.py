@@ -10,11 +10,11 @@ import pytest
 
 from lab import endpointslices, node_objects, pod_objects
 from lab.apiserver import ApiError, ApiServer
-from lab.cluster import CLUSTER_CIDR, CLUSTER_CIDR6, SERVICE_CIDR, SERVICE_CIDR6, node_pod_cidrs
+from lab.cluster import CLUSTER_CIDR, CLUSTER_CIDR6, SERVICE_CIDR, SERVICE_CIDR6, LabCluster, node_pod_cidrs
 from lab.endpointslice_controller import EndpointSliceController
 from lab.lab_pods import result_addresses
 from lab.service_status import summarize_services
-from lab.state import IP_FAMILIES, LabState, NodeState, PodState
+from lab.state import IP_FAMILIES, LabError, LabState, NodeState, PodState
 from netagent.infra.fake_clock import FakeClock
 from netagent.kernel.families import IpFamily
 from netagent.kube.resources import ENDPOINT_SLICES, SERVICES
@@ -256,3 +256,10 @@ def test_status_shows_cluster_ips_and_bracketed_ipv6_endpoints(dual):
     summary, = summarize_services([svc], slices)
     assert summary["clusterIPs"] == svc["spec"]["clusterIPs"] and summary["ipFamilies"] == ["IPv4", "IPv6"]
     assert summary["endpoints"] == ["10.244.1.2:80", "[fd00:10:244:1::2]:80"]
+
+
+@pytest.mark.parametrize("shape", [{"ip_family": "ipv5"}, {"ip_family": "dual", "mode": "bgp"},
+                                   {"ip_family": "ipv6", "agent_image": "localhost/netagent:x"}])
+def test_lab_shapes_it_cannot_build_are_refused_before_anything_exists(shape):
+    with pytest.raises(LabError, match="ipv5|IP family|--ip-family"):
+        LabCluster.create(**shape)
