@@ -2,7 +2,8 @@
 address per family, Services with a cluster IP per family, an IPv6 NetworkPolicy.
 
 The dual lab (two nodes, VXLAN, the agents enforcing NetworkPolicy) is built once per proxy
-mode (iptables, nftables): pods a and c on node-1, b on node-2, each serving TCP 8080 on
+mode (iptables, nftables, ebpf: there pods' commands run in their node's cgroup, so the
+socket load balancer serves them): pods a and c on node-1, b on node-2, each serving TCP 8080 on
 both families. It checks pod-to-pod across nodes over IPv4 and IPv6, a `RequireDualStack`
 Service answering on both its cluster IPs from the other node (and `lab status --json`
 showing the pair), and an IPv6 `ipBlock` with `except` letting a in and keeping c out. The
@@ -50,8 +51,11 @@ def lab_status(lab: LabCluster) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.fixture(scope="module", params=["iptables", "nftables"])
+@pytest.fixture(scope="module", params=["iptables", "nftables", "ebpf"])
 def dual(request):
+    if request.param == "ebpf":
+        from tests.netns.ebpf_fixtures import require_bcc
+        require_bcc()
     with lab_cluster(nodes=2, ip_family="dual", proxy_mode=request.param, network_policy=True) as made:
         made.add_pod("a", node="node-1", labels={"app": "a"})
         made.add_pod("c", node="node-1", labels={"app": "c"})
