@@ -4,7 +4,8 @@ address per family, Services with a cluster IP per family, an IPv6 NetworkPolicy
 The dual lab (two nodes, VXLAN, the agents enforcing NetworkPolicy) is built once per proxy
 mode (iptables, nftables, ebpf: there pods' commands run in their node's cgroup, so the
 socket load balancer serves them): pods a and c on node-1, b on node-2, each serving TCP 8080 on
-both families. It checks pod-to-pod across nodes over IPv4 and IPv6, a `RequireDualStack`
+both families. It checks pod-to-pod across nodes over IPv4 and IPv6, pods reaching the
+internet namespace masqueraded with their node's address of each family, a `RequireDualStack`
 Service answering on both its cluster IPs from the other node (and `lab status --json`
 showing the pair), and an IPv6 `ipBlock` with `except` letting a in and keeping c out. The
 IPv6-only lab (two nodes, iptables) checks pod-to-pod and one Service, whose only family is
@@ -76,6 +77,17 @@ def test_pods_reach_each_other_across_nodes(dual, family):
     assert answer == f"b {address_of(dual, 'a', family)}"   # unmasqueraded between pods
     back = wait_for(lambda: ask(dual, "b", address_of(dual, "a", family)), what=f"b to a over {family.label}")
     assert back == f"a {address_of(dual, 'b', family)}"
+
+
+@pytest.mark.parametrize("family", list(IpFamily), ids=lambda f: f.label)
+def test_pods_reach_the_internet_masqueraded_per_family(dual, family):
+    internet = dual.status()["internet"]
+    address = internet["address"] if family is IpFamily.V4 else internet["address6"]
+    node = dual.state.nodes["node-1"]
+    with serve_both_families(dual, "internet", PORT + 1):
+        answer = wait_for(lambda: ask(dual, "a", address, PORT + 1),
+                          what=f"a reaching the internet over {family.label}")
+    assert answer == f"internet {node.address if family is IpFamily.V4 else node.address6}"
 
 
 def test_a_require_dual_stack_service_answers_on_both_cluster_ips(dual):
