@@ -38,6 +38,14 @@ POLICIES = (SINGLE_STACK, PREFER_DUAL_STACK, REQUIRE_DUAL_STACK)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+class InvalidFamilies(ValueError):
+    """The family fields break Kubernetes' rules; `errors` are field messages (`spec.x: ...`)."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(errors))
+
+
 def parse_service_cidrs(text: str) -> dict[IpFamily, Network]:
     """`10.96.0.0/16,fd00:10:96::/112` -> {V4: ..., V6: ...} in the order given (primary first);
     ValueError for a bad or repeated family, or more than two."""
@@ -114,7 +122,7 @@ def _given_cluster_ips(spec: dict, errors: list[str]) -> list[str]:
 
 def plan_families(spec: dict, *, ranges: dict[IpFamily, Network], old_spec: dict | None) -> FamilyPlan:
     """The policy, families and wanted addresses of a defaulted, non-ExternalName `spec`; raise
-    `ValueError` with every field message (the caller turns them into a 422)."""
+    `InvalidFamilies` with every field message (the caller turns them into a 422)."""
     errors: list[str] = []
     cluster_families = list(ranges)
     dual_cluster = len(cluster_families) == 2
@@ -133,7 +141,7 @@ def plan_families(spec: dict, *, ranges: dict[IpFamily, Network], old_spec: dict
     if policy not in POLICIES:
         errors.append(f"spec.ipFamilyPolicy: Unsupported value: {policy!r}: supported values: "
                       + ", ".join(f'"{p}"' for p in POLICIES))
-        raise ValueError(errors)
+        raise InvalidFamilies(errors)
     if policy == REQUIRE_DUAL_STACK and not dual_cluster and not selectorless_headless:
         errors.append("spec.ipFamilyPolicy: Invalid value: \"RequireDualStack\": this cluster is not "
                       "configured for dual-stack services")
@@ -184,7 +192,7 @@ def plan_families(spec: dict, *, ranges: dict[IpFamily, Network], old_spec: dict
             errors.append(f"spec.ipFamilies[{index}]: Invalid value: {family.label!r}: not configured on "
                           "this cluster")
     if errors:
-        raise ValueError(errors)
+        raise InvalidFamilies(errors)
     chosen = chosen[:2]
     if headless:
         return FamilyPlan(policy=policy, families=tuple(chosen), wanted={family: "None" for family in chosen})

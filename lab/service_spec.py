@@ -34,7 +34,7 @@ import ipaddress
 import json
 import re
 
-from lab.service_families import parse_service_cidrs, plan_families
+from lab.service_families import InvalidFamilies, parse_service_cidrs, plan_families
 from netagent.kernel.families import IpFamily
 
 NODE_PORT_RANGE = range(30000, 32768)
@@ -373,8 +373,8 @@ class ServiceAddresses:
             return
         try:
             plan = plan_families(spec, ranges=self.ranges, old_spec=old_spec)
-        except ValueError as error:
-            raise InvalidService(list(error.args[0])) from None
+        except InvalidFamilies as error:
+            raise InvalidService(error.errors) from None
         old_ips = cluster_ips_of(old_spec)
         addresses: list[str] = []
         for family in plan.families:

@@ -10,6 +10,7 @@ import pytest
 
 from lab import endpointslices, node_objects, pod_objects
 from lab.apiserver import ApiError, ApiServer
+from lab.apiserver.endpoints_mirror import desired_endpoints as desired_v1_endpoints
 from lab.cluster import CLUSTER_CIDR, CLUSTER_CIDR6, SERVICE_CIDR, SERVICE_CIDR6, LabCluster, node_pod_cidrs
 from lab.endpointslice_controller import EndpointSliceController
 from lab.lab_pods import result_addresses
@@ -263,3 +264,17 @@ def test_status_shows_cluster_ips_and_bracketed_ipv6_endpoints(dual):
 def test_lab_shapes_it_cannot_build_are_refused_before_anything_exists(shape):
     with pytest.raises(LabError, match="ipv5|IP family|--ip-family"):
         LabCluster.create(**shape)
+
+
+def test_v1_endpoints_mirror_the_primary_family_only():
+    def slice_of(family: str, address: str) -> dict:
+        return {"addressType": family, "ports": [{"name": "http", "port": 8080}],
+                "endpoints": [{"addresses": [address], "conditions": {"ready": True}}]}
+
+    slices = [slice_of("IPv4", "10.244.1.2"), slice_of("IPv6", "fd00:10:244:1::2")]
+    for families, expected in ((["IPv4", "IPv6"], "10.244.1.2"), (["IPv6", "IPv4"], "fd00:10:244:1::2"),
+                               (None, "10.244.1.2")):
+        svc = {"metadata": {"name": "web", "namespace": "default"},
+               "spec": {"selector": {"app": "web"}, **({"ipFamilies": families} if families else {})}}
+        subsets = desired_v1_endpoints(svc, slices)["subsets"]
+        assert [a["ip"] for subset in subsets for a in subset["addresses"]] == [expected]
