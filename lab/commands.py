@@ -325,8 +325,9 @@ def _cmd_demo(args) -> int:
         pods = list(lab.state.pods.values())
         checks = [(a.name, ip, f"{b.name} on {b.node}") for a in pods for b in pods if a.node != b.node
                   for ip in b.ips or [b.ip]]
-        internet = str(physical.INTERNET6_HOST if lab.state.families == (IpFamily.V6,) else physical.INTERNET_HOST)
-        checks += [(a.name, internet, "the internet (masqueraded)") for a in pods[:1]]
+        internet = {IpFamily.V4: physical.INTERNET_HOST, IpFamily.V6: physical.INTERNET6_HOST}
+        checks += [(a.name, str(internet[family]), "the internet (masqueraded)") for a in pods[:1]
+                   for family in lab.state.families]
         failures = 0
         for source, address, what in checks:
             ok = lab.ping(source, address)

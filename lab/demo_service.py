@@ -77,7 +77,8 @@ def _connect(lab, pods: list, cluster_ip: str) -> int:
     answers = [a for a in answers if a]
     failed = sum(1 for a in answers if a.startswith("error"))
     counts = collections.Counter(a for a in answers if not a.startswith("error"))
-    print(f"  service default/demo {cluster_ip}:80 -> {len(pods)} pods; {len(answers)} connections from "
+    where = f"[{cluster_ip}]:80" if ":" in cluster_ip else f"{cluster_ip}:80"
+    print(f"  service default/demo {where} -> {len(pods)} pods; {len(answers)} connections from "
           f"{pods[0].name}:")
     for pod in pods:
         print(f"    {pod.name:<16} on {pod.node:<8} answered {counts.get(pod.name, 0)}")
