@@ -177,7 +177,8 @@ def _print_status(status: dict) -> None:
     from_host = f", {api['hostUrl']} from this host (`netagent lab kubeconfig`)" if api.get("hostUrl") else ""
     print(f"  API server {api['url']}{from_host} ({'running' if api['running'] else 'STOPPED'})")
     for node in status["nodes"]:
-        print(f"  node {node['name']:<10} {node['address']:<14} segment {node['segment']}  podCIDR "
+        address = ",".join(filter(None, (node["address"], node.get("address6"))))
+        print(f"  node {node['name']:<10} {address:<14} segment {node['segment']}  podCIDR "
               f"{','.join(node['podCIDRs']):<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
         if "bgp" in node:
             print(f"       bgp: {bgp_fabric.describe(node['bgp'])}")

@@ -9,7 +9,8 @@ the pods' life cycle apart from the nodes' and the control plane's.
 
 In the kubelet's order: the Pod object exists (scheduled, no address) before the runtime's ADD,
 which names it in `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`); the address reaches the
-Pod's status `pod_status_delay` seconds after the ADD (`lab up --pod-status-delay`: a loaded
+Pod's status (`podIPs`: one per family of the cluster, the primary first, from the ADD's result)
+`pod_status_delay` seconds after the ADD (`lab up --pod-status-delay`: a loaded
 kubelet; 0: at once), reported from a timer so `add_pod` returns as the ADD does.
 """
 from __future__ import annotations
