@@ -19,6 +19,8 @@ from lab.state import IP_FAMILIES, LabError, LabState, NodeState, PodState
 from netagent.infra.fake_clock import FakeClock
 from netagent.kernel.families import IpFamily
 from netagent.kube.resources import ENDPOINT_SLICES, SERVICES
+from tests.unit.test_lab_service_spec import refused, service
+from tests.unit.test_lab_service_spec import update as update_service
 
 DUAL = f"{SERVICE_CIDR},{SERVICE_CIDR6}"
 V4 = ipaddress.ip_network("10.96.0.0/16")
@@ -43,22 +45,8 @@ def v6_only():
         yield api
 
 
-def service(name: str = "web", **spec) -> dict:
-    spec.setdefault("ports", [{"port": 80}])
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
-
-
-def refused(server: ApiServer, obj: dict) -> str:
-    with pytest.raises(ApiError) as error:
-        server.create(obj)
-    assert error.value.code == 422 and error.value.reason == "Invalid"
-    return error.value.message
-
-
 def update(server: ApiServer, name: str, **spec) -> dict:
-    current = server.get(SERVICES, name, namespace="default")
-    current["spec"] = {**current["spec"], **spec}
-    return server.update(current)["spec"]
+    return update_service(server, name, **spec)["spec"]
 
 
 def test_the_default_is_single_stack_in_the_primary_family(dual, single, v6_only):
