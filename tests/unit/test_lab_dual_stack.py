@@ -11,6 +11,7 @@ import pytest
 from lab import endpointslices, node_objects, pod_objects
 from lab.apiserver import ApiError, ApiServer
 from lab.apiserver.endpoints_mirror import desired_endpoints as desired_v1_endpoints
+from lab.apiserver.protobuf import decode_object
 from lab.cluster import CLUSTER_CIDR, CLUSTER_CIDR6, SERVICE_CIDR, SERVICE_CIDR6, LabCluster, node_pod_cidrs
 from lab.endpointslice_controller import EndpointSliceController
 from lab.lab_pods import result_addresses
@@ -266,3 +267,26 @@ def test_v1_endpoints_mirror_the_primary_family_only():
                "spec": {"selector": {"app": "web"}, **({"ipFamilies": families} if families else {})}}
         subsets = desired_v1_endpoints(svc, slices)["subsets"]
         assert [a["ip"] for subset in subsets for a in subset["addresses"]] == [expected]
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while value > 127:
+        out += bytes([value & 127 | 128])
+        value >>= 7
+    return out + bytes([value])
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def test_a_protobuf_service_keeps_its_family_fields():
+    spec = (_field(1, b"\x18\x50") + _field(17, b"RequireDualStack") + _field(18, b"10.96.0.9")
+            + _field(18, b"fd00:10:96::9") + _field(19, b"IPv4") + _field(19, b"IPv6"))
+    raw = _field(1, _field(1, b"web")) + _field(2, spec)
+    body = b"k8s\x00" + _field(1, _field(1, b"v1") + _field(2, b"Service")) + _field(2, raw)
+    decoded = decode_object(body)
+    assert decoded["spec"] == {"ports": [{"port": 80}], "ipFamilyPolicy": "RequireDualStack",
+                               "clusterIPs": ["10.96.0.9", "fd00:10:96::9"], "ipFamilies": ["IPv4", "IPv6"]}
