@@ -192,6 +192,21 @@ def test_the_controller_writes_one_slice_per_family(dual):
         controller.detach()
 
 
+def test_a_headless_dual_stack_service_gets_a_headless_slice_per_family(dual):
+    controller = EndpointSliceController(dual.store, clock=FakeClock(start=1e9, wall_offset=0.0))
+    controller.attach()
+    try:
+        dual.create(_pod("a", ["10.244.1.2", "fd00:10:244:1::2"]))
+        dual.create(service(clusterIP="None", selector={"app": "web"}, ipFamilyPolicy="PreferDualStack"))
+        controller.run_pending()
+        slices = dual.list(ENDPOINT_SLICES, namespace="default", label_selector="kubernetes.io/service-name=web")
+        assert sorted((s["addressType"], s["endpoints"][0]["addresses"][0]) for s in slices) == [
+            ("IPv4", "10.244.1.2"), ("IPv6", "fd00:10:244:1::2")]
+        assert all(endpointslices.HEADLESS_LABEL in s["metadata"]["labels"] for s in slices)
+    finally:
+        controller.detach()
+
+
 def test_pod_ip_picks_the_family_and_services_default_to_ipv4():
     pod = _pod("a", ["10.244.1.2", "fd00:10:244:1::2"])
     assert endpointslices.pod_ip(pod, IpFamily.V4) == "10.244.1.2"
