@@ -5,7 +5,8 @@ the cluster's primary family, as kube-apiserver's `--service-cluster-ip-range`).
 Service (not ExternalName, whose family fields are cleared) this module decides, the way
 Kubernetes' registry does (read as documentation):
 
-- the policy: given, else `RequireDualStack` when the client named two families or two
+- the policy: given, else (an update) the stored one unless the client named two families of
+  a `SingleStack` Service, else `RequireDualStack` when the client named two families or two
   cluster IPs, else `SingleStack` (headless Services without a selector: `RequireDualStack`,
   since they have no address to allocate and should see every family);
 - the families: those of the given `clusterIPs` first, then the given `ipFamilies`, then the
@@ -133,11 +134,15 @@ def plan_families(spec: dict, *, ranges: dict[IpFamily, Network], old_spec: dict
     headless = ips == ["None"] or (old_ips == ["None"] and not ips)
     selectorless_headless = headless and not spec.get("selector")
     policy = spec.get("ipFamilyPolicy")
-    if policy is None:
-        if len(ips) == 2 or len(families) == 2 or selectorless_headless:
+    if policy is None:   # an update keeps its policy unless it names two families of a single-stack one
+        given_two = len(ips) == 2 or len(families) == 2
+        old_policy = old_spec.get("ipFamilyPolicy")
+        if old_policy and not (given_two and old_policy == SINGLE_STACK):
+            policy = old_policy
+        elif given_two or selectorless_headless:
             policy = REQUIRE_DUAL_STACK
         else:
-            policy = old_spec.get("ipFamilyPolicy") or SINGLE_STACK
+            policy = SINGLE_STACK
     if policy not in POLICIES:
         errors.append(f"spec.ipFamilyPolicy: Unsupported value: {policy!r}: supported values: "
                       + ", ".join(f'"{p}"' for p in POLICIES))

@@ -137,6 +137,20 @@ def test_upgrade_adds_the_secondary_and_downgrade_keeps_the_first(dual):
     assert "field is immutable" in _update_refused(dual, "web", clusterIP="10.96.99.99", clusterIPs=["10.96.99.99"])
 
 
+def test_an_update_without_a_policy_keeps_the_stored_one(dual):
+    created = dual.create(service(ipFamilyPolicy="PreferDualStack"))["spec"]
+    current = dual.get(SERVICES, "web", namespace="default")
+    del current["spec"]["ipFamilyPolicy"]
+    again = dual.update(current)["spec"]
+    assert again["ipFamilyPolicy"] == "PreferDualStack" and again["clusterIPs"] == created["clusterIPs"]
+    single = dual.create(service("single"))["spec"]
+    current = dual.get(SERVICES, "single", namespace="default")
+    del current["spec"]["ipFamilyPolicy"]
+    current["spec"]["ipFamilies"] = ["IPv4", "IPv6"]     # naming two families upgrades it
+    upgraded = dual.update(current)["spec"]
+    assert upgraded["ipFamilyPolicy"] == "RequireDualStack" and upgraded["clusterIPs"][0] == single["clusterIP"]
+
+
 def _update_refused(server: ApiServer, name: str, **spec) -> str:
     with pytest.raises(ApiError) as error:
         update(server, name, **spec)
