@@ -4,8 +4,9 @@
 - the control plane: the in-repo Kubernetes API test server (`apiserver/`), run in the
   router namespace, reachable from every node at 198.18.16.1:6443, with the lab's
   EndpointSlice controller inside it (slices for Services with selectors, from the pods);
-- the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24),
-  as kube-controller-manager's node IPAM would, Ready as its kubelet reports (`node_objects.py`);
+- the node controller: it creates each Node with its `spec.podCIDR` (10.244.<i>.0/24; with
+  `ip_family` ipv6 or dual, fd00:10:244:<i>::/64 too, `podCIDRs` one per family, the primary
+  first), as kube-controller-manager's node IPAM would, Ready as its kubelet reports (`node_objects.py`);
 - the kubelet and container runtime: pods are network namespaces wired by executing our
   CNI plugin from the node's namespace with the config the agent published, exactly as
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
@@ -16,6 +17,9 @@
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
 lab's `--proxy-mode` (iptables, ipvs, ebpf, nftables or none: always said, as the agent's default
 depends on the host).
+`ip_family` (`lab up --ip-family`: ipv4, the default, ipv6 or dual) decides the families of
+pods and Services: the agents get `--cluster-cidr`/`--service-cidr` per family, the API
+server a Service range per family (`SERVICE_CIDRS`), the wires IPv6 as well (`physical.py`).
 In ebpf mode each node has its own cgroup and bpffs (`bpf_places.py`) and its processes, pods'
 included, run inside that cgroup (`exec_prefix`). With `agent_image`, the agents are instead
 deploy/netagent.yaml's DaemonSet run by podman as the kubelet would (`agent_pods.py`).
@@ -46,17 +50,30 @@ from lab.kubeconfig import host_listener, render_kubeconfig
 from lab.lab_pods import LabPods
 from lab.processes import Processes, process_alive, tail
 from lab.service_status import summarize_services
-from lab.state import LabError, LabState, NodeState
+from lab.state import IP_FAMILIES, LabError, LabState, NodeState
 from netagent.cniserver import install as cni_install
 from netagent.kernel import namespaces, owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.noderoutes.routing.model import Mode
 from proxy.backend import PROXY_MODE_CHOICES
 
 CLUSTER_CIDR = ipaddress.ip_network("10.244.0.0/16")
 SERVICE_CIDR = ipaddress.ip_network("10.96.0.0/16")  # the lab API server's Service range (its default)
+CLUSTER_CIDR6 = ipaddress.ip_network("fd00:10:244::/56")   # node i: fd00:10:244:i::/64
+SERVICE_CIDR6 = ipaddress.ip_network("fd00:10:96::/112")
+CLUSTER_CIDRS = {IpFamily.V4: CLUSTER_CIDR, IpFamily.V6: CLUSTER_CIDR6}
+SERVICE_CIDRS = {IpFamily.V4: SERVICE_CIDR, IpFamily.V6: SERVICE_CIDR6}
 API_PORT = 6443
 MODES = tuple(mode.value for mode in Mode)  # the backends --backend accepts
+
+
+def node_pod_cidrs(index: int, families: tuple[IpFamily, ...]) -> list[str]:
+    """Node `index`'s podCIDRs, one per family in the cluster's order, as node IPAM allocates a
+    pair: the index-th /24 of the IPv4 range and the index-th /64 of the IPv6 one."""
+    cidrs = {IpFamily.V4: ipaddress.ip_network(f"10.244.{index}.0/24"),
+             IpFamily.V6: list(CLUSTER_CIDR6.subnets(new_prefix=64))[index]}
+    return [str(cidrs[family]) for family in families]
 
 
 class LabCluster(LabPods):
@@ -111,7 +128,8 @@ class LabCluster(LabPods):
                auto_encap: str = "vxlan", workdir: str | None = None, prefix: str = "na-lab",
                resync_period: float = 30.0, proxy_mode: str = "iptables",
                network_policy: bool = False, agent_image: str | None = None,
-               manifest: str | None = None, pod_status_delay: float = 0.0) -> "LabCluster":
+               manifest: str | None = None, pod_status_delay: float = 0.0,
+               ip_family: str = "ipv4") -> "LabCluster":
         if mode not in MODES:
             raise LabError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
         if proxy_mode not in PROXY_MODE_CHOICES:
@@ -120,6 +138,12 @@ class LabCluster(LabPods):
             raise LabError("segments must be 1 or 2")
         if not 1 <= nodes <= 200:
             raise LabError("nodes must be between 1 and 200")
+        if ip_family not in IP_FAMILIES:
+            raise LabError(f"IP family {ip_family!r}: choose one of {', '.join(IP_FAMILIES)}")
+        if ip_family != "ipv4" and (mode == bgp_fabric.MODE or agent_image):
+            # the ToRs' fabric is IPv4 (tor_bird.py) and the manifest's --cluster-cidr is IPv4's
+            raise LabError(f"--ip-family {ip_family}: the lab builds IPv6 with process agents outside bgp mode "
+                           "only (no --agent-image, no --mode bgp)")
         if not 0 <= pod_status_delay <= 600:
             raise LabError("the pod status delay must be between 0 and 600 seconds")
         if agent_image:
@@ -131,12 +155,13 @@ class LabCluster(LabPods):
         state = LabState(prefix=prefix, workdir=workdir, mode=mode, auto_encap=auto_encap, segments=segments,
                          resync_period=resync_period, switch=f"{prefix}-sw", router=f"{prefix}-rtr",
                          internet=f"{prefix}-inet", proxy_mode=proxy_mode, network_policy=network_policy,
-                         agent_image=agent_image, manifest=manifest, pod_status_delay=pod_status_delay)
+                         agent_image=agent_image, manifest=manifest, pod_status_delay=pod_status_delay,
+                         ip_family=ip_family)
         lab = cls(state)
         try:
             lab.save()
             physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet,
-                                    segments=segments)
+                                    segments=segments, ipv6=lab.ipv6)
             if lab.fabric:
                 lab.fabric.build(cluster_cidr=CLUSTER_CIDR)
             cni_install.install(bin_dir=lab.bin_dir, conf_dir=None, name="netagent", subnets=[],
@@ -215,10 +240,12 @@ class LabCluster(LabPods):
         with host_listener(self.state.host_api_port) as host_socket:  # served from the router namespace
             self.state.host_api_port = host_socket.getsockname()[1]
             pid = self.processes.spawn(self.state.router, [
-                sys.executable, "-m", "lab.apiserver", "--listen", f"0.0.0.0:{API_PORT}",
+                # with IPv6, one socket on both families (the IPv6-only cluster advertises that one)
+                sys.executable, "-m", "lab.apiserver", "--listen",
+                f"{'[::]' if self.ipv6 else '0.0.0.0'}:{API_PORT}",
                 "--unix", self.api_socket, "--state", os.path.join(self.workdir, "api-state.json"),
                 "--endpointslice-controller", "--endpoints-controller", "--listen-fd", str(host_socket.fileno()),
-                "--advertise", f"{physical.router_address(1)}:{API_PORT}"],
+                "--service-cidr", ",".join(self.service_cidrs), "--advertise", self._advertised],
                 os.path.join(self.workdir, "apiserver.log"), pass_fds=(host_socket.fileno(),))
         self.state.api_pid = pid
         self.save()
@@ -231,6 +258,13 @@ class LabCluster(LabPods):
             if not process_alive(pid) or time.monotonic() > deadline:
                 raise LabError("the API server did not start:\n" + tail(os.path.join(self.workdir, "apiserver.log")))
             time.sleep(0.05)
+
+    @property
+    def _advertised(self) -> str:
+        """The `default/kubernetes` Service's endpoint: the router's address of the primary family."""
+        if self.state.families[0] is IpFamily.V6:
+            return f"[{physical.router_address6(1)}]:{API_PORT}"
+        return f"{physical.router_address(1)}:{API_PORT}"
 
     @property
     def host_api_url(self) -> str | None:
@@ -251,14 +285,20 @@ class LabCluster(LabPods):
         name = name or f"node-{index}"
         if name in self.state.nodes:
             raise LabError(f"node {name} already exists")
+        pod_cidrs = node_pod_cidrs(index, self.state.families)
         node = NodeState(name=name, index=index, segment=segment, netns=f"{self.state.prefix}-n{index}",
-                         address="", pod_cidr=str(ipaddress.ip_network(f"10.244.{index}.0/24")), port=f"n{index}")
+                         address="", pod_cidr=pod_cidrs[0], port=f"n{index}", pod_cidrs=pod_cidrs)
         self.state.nodes[name] = node
         self.save()
         node.address = str(physical.plug_node(switch=self.state.switch, node=node.netns, segment=segment,
-                                              index=index, port=node.port))
+                                              index=index, port=node.port, ipv6=self.ipv6))
+        addresses = [node.address]
+        if self.ipv6:
+            node.address6 = str(physical.plug_node6(node=node.netns, segment=segment, index=index))
+            addresses = [node.address6] if self.state.families == (IpFamily.V6,) else [node.address, node.address6]
         self.api().create(node_objects.render_node(name, segment=segment, pod_cidr=node.pod_cidr,
-                                                   address=node.address))
+                                                   address=node.address, pod_cidrs=pod_cidrs,
+                                                   addresses=addresses))
         self.start_agent(name, wait=wait)
         if wait:
             self.wait_routed()
@@ -296,7 +336,8 @@ class LabCluster(LabPods):
         directory = self.node_dir(name)
         argv = [sys.executable, "-m", "netagent.cli", "--log-level", "INFO", "run",
                 "--kubeconfig", os.path.join(self.workdir, "kubeconfig"), "--node-name", name,
-                "--cluster-cidr", str(CLUSTER_CIDR), "--service-cidr", str(SERVICE_CIDR),
+                *[arg for family in self.state.families for arg in (
+                    "--cluster-cidr", str(CLUSTER_CIDRS[family]), "--service-cidr", str(SERVICE_CIDRS[family]))],
                 "--backend", self.state.mode,
                 "--auto-encap", self.state.auto_encap, "--iface", "eth0",
                 "--cni-socket", self.cni_socket(name), "--cni-conf-dir", os.path.join(directory, "net.d"),
@@ -318,6 +359,16 @@ class LabCluster(LabPods):
     def fabric(self) -> bgp_fabric.BgpFabric | None:
         """bgp mode: the ToRs (and the agents' BIRDs, which the lab reads and stops)."""
         return bgp_fabric.BgpFabric(self.state, self.processes) if self.state.mode == bgp_fabric.MODE else None
+
+    @property
+    def ipv6(self) -> bool:
+        """The wires carry IPv6 (an ipv6 or dual lab)."""
+        return IpFamily.V6 in self.state.families
+
+    @property
+    def service_cidrs(self) -> list[str]:
+        """The Service range per family of the cluster, the primary first."""
+        return [str(SERVICE_CIDRS[family]) for family in self.state.families]
 
     @property
     def ebpf(self) -> bool:
@@ -396,6 +447,8 @@ class LabCluster(LabPods):
         nodes = []
         for node in self.state.nodes.values():
             nodes.append({"name": node.name, "address": node.address, "podCIDR": node.pod_cidr,
+                          "podCIDRs": node.pod_cidrs or [node.pod_cidr],
+                          **({"address6": node.address6} if node.address6 else {}),
                           "segment": node.segment, "netns": node.netns, "mode": self.state.mode,
                           "agent": {"pid": node.agent_pid, "image": self.state.agent_image,
                                     "running": (self.agent_pods.running(node.name) if self.agent_pods
@@ -419,7 +472,8 @@ class LabCluster(LabPods):
         pods = []
         for p in self.state.pods.values():
             found = pod_objects_by_name.get((p.namespace, p.name))
-            pods.append({"name": p.name, "namespace": p.namespace, "node": p.node, "ip": p.ip, "netns": p.netns,
+            pods.append({"name": p.name, "namespace": p.namespace, "node": p.node, "ip": p.ip,
+                         "ips": p.ips or [p.ip], "netns": p.netns,
                          "labels": p.labels, "ports": p.ports,
                          "ready": None if found is None else pod_is_ready(found),
                          "terminating": None if found is None else bool(found["metadata"].get("deletionTimestamp"))})
@@ -428,8 +482,10 @@ class LabCluster(LabPods):
         if api_error:
             api_server["error"] = api_error
         return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
+                "ipFamily": self.state.ip_family,
                 "workdir": self.workdir, "apiServer": api_server,
-                "internet": {"netns": self.state.internet, "address": str(physical.INTERNET_HOST)},
+                "internet": {"netns": self.state.internet, "address": str(physical.INTERNET_HOST),
+                             **({"address6": str(physical.INTERNET6_HOST)} if self.ipv6 else {})},
                 "nodes": nodes, "pods": pods, "services": services,
                 **({"tors": self.fabric.sessions()} if self.fabric else {})}
 

@@ -2,6 +2,7 @@
 
     netagent lab                      the demo: a 3-node cluster, pods on each, cross-node pings, removed
     netagent lab up --nodes N --mode M [--segments 1|2] [--pods-per-node K] [--proxy-mode iptables|ipvs|ebpf|nftables|none]
+                    [--ip-family ipv4|ipv6|dual]   (so does the demo: `netagent lab demo --ip-family dual`)
                                       build it and leave it running (--mode bgp: a BIRD top-of-rack
                                       router per segment, every agent peering with its own)
     netagent lab status [--json]      nodes, pods, agents, services and their endpoints
@@ -29,13 +30,14 @@ import time
 
 import yaml
 
-from lab import bgp_fabric, manifests
+from lab import bgp_fabric, manifests, physical
 from lab.cluster import MODES, LabCluster
 from lab.demo_service import demo_service
 from lab.kubeconfig import render_kubeconfig
 from lab.pod_objects import PodSpecError, parse_ports
 from lab.service_status import describe_service
-from lab.state import LabError
+from lab.state import IP_FAMILIES, LabError
+from netagent.kernel.families import IpFamily
 from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
 
 DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
@@ -45,7 +47,7 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     lab.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where a running lab keeps its state")
     lab.set_defaults(func=_cmd_demo, nodes=3, mode="vxlan", segments=1, pods_per_node=2, auto_encap="vxlan",
                      proxy_mode="iptables", network_policy=False, agent_image=None, manifest=None,
-                     pod_status_delay=0.0)
+                     pod_status_delay=0.0, ip_family="ipv4")
     sub = lab.add_subparsers(dest="lab_command")
 
     def cluster_shape(p: argparse.ArgumentParser, *, pods: int) -> None:
@@ -61,6 +63,9 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
         p.add_argument("--pod-status-delay", type=float, default=0.0, metavar="SECONDS",
                        help="the lab's kubelet reports a new pod's address in its status this long after "
                             "the CNI ADD, as a loaded kubelet would (default 0: at once)")
+        p.add_argument("--ip-family", choices=list(IP_FAMILIES), default="ipv4",
+                       help="the families of pods and Services: ipv4 (the default), ipv6, or dual (IPv4 "
+                            "primary); the nodes' wires carry IPv6 too unless ipv4")
         p.add_argument("--agent-image", metavar="IMAGE",
                        help="run each node's agent from this local image (scripts/build-image) as the "
                             "DaemonSet in --manifest says, with podman, as the kubelet would")
@@ -153,7 +158,7 @@ def _create(args, *, workdir: str | None) -> LabCluster:
                              pods_per_node=args.pods_per_node, auto_encap=args.auto_encap, workdir=workdir,
                              proxy_mode=args.proxy_mode, network_policy=args.network_policy,
                              agent_image=args.agent_image, manifest=args.manifest,
-                             pod_status_delay=args.pod_status_delay)
+                             pod_status_delay=args.pod_status_delay, ip_family=args.ip_family)
 
 
 def _cmd_up(args) -> int:
@@ -172,8 +177,9 @@ def _print_status(status: dict) -> None:
     from_host = f", {api['hostUrl']} from this host (`netagent lab kubeconfig`)" if api.get("hostUrl") else ""
     print(f"  API server {api['url']}{from_host} ({'running' if api['running'] else 'STOPPED'})")
     for node in status["nodes"]:
-        print(f"  node {node['name']:<10} {node['address']:<14} segment {node['segment']}  podCIDR "
-              f"{node['podCIDR']:<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
+        address = ",".join(filter(None, (node["address"], node.get("address6"))))
+        print(f"  node {node['name']:<10} {address:<14} segment {node['segment']}  podCIDR "
+              f"{','.join(node['podCIDRs']):<15} agent {'running' if node['agent']['running'] else 'STOPPED'}")
         if "bgp" in node:
             print(f"       bgp: {bgp_fabric.describe(node['bgp'])}")
     for tor in status.get("tors") or []:
@@ -183,7 +189,7 @@ def _print_status(status: dict) -> None:
         state = {True: "", False: " NOT-READY", None: ""}[pod.get("ready")]
         state += " TERMINATING" if pod.get("terminating") else ""
         namespace = "" if pod.get("namespace", "default") == "default" else f"{pod['namespace']}/"
-        print(f"  pod  {namespace + pod['name']:<16} on {pod['node']:<10} {pod['ip']:<14} {labels}{state}")
+        print(f"  pod  {namespace + pod['name']:<16} on {pod['node']:<10} {','.join(pod['ips']):<14} {labels}{state}")
     for service in status.get("services") or []:
         print(describe_service(service))
     if status["apiServer"].get("error"):
@@ -229,7 +235,7 @@ def _cmd_down(args) -> int:
 
 def _cmd_node_add(args) -> int:
     node = _load(args).add_node(name=args.name, segment=args.segment)
-    print(f"node {node.name} {node.address} podCIDR {node.pod_cidr}")
+    print(f"node {node.name} {node.address} podCIDR {', '.join(node.pod_cidrs or [node.pod_cidr])}")
     return 0
 
 
@@ -246,7 +252,7 @@ def _cmd_pod_add(args) -> int:
         raise LabError(str(error)) from None
     pod = _load(args).add_pod(args.name, node=args.node, labels=parse_labels(args.labels), ports=ports,
                               namespace=args.namespace)
-    print(f"pod {pod.name} on {pod.node}: {pod.ip}")
+    print(f"pod {pod.name} on {pod.node}: {', '.join(pod.ips or [pod.ip])}")
     return 0
 
 
@@ -318,8 +324,11 @@ def _cmd_demo(args) -> int:
         print(f"  up in {time.monotonic() - started:.1f} s")
         _print_status(lab.status())
         pods = list(lab.state.pods.values())
-        checks = [(a.name, b.ip, f"{b.name} on {b.node}") for a in pods for b in pods if a.node != b.node]
-        checks += [(a.name, "203.0.113.2", "the internet (masqueraded)") for a in pods[:1]]
+        checks = [(a.name, ip, f"{b.name} on {b.node}") for a in pods for b in pods if a.node != b.node
+                  for ip in b.ips or [b.ip]]
+        internet = {IpFamily.V4: physical.INTERNET_HOST, IpFamily.V6: physical.INTERNET6_HOST}
+        checks += [(a.name, str(internet[family]), "the internet (masqueraded)") for a in pods[:1]
+                   for family in lab.state.families]
         failures = 0
         for source, address, what in checks:
             ok = lab.ping(source, address)

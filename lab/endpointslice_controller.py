@@ -293,11 +293,20 @@ class EndpointSliceController:
                 plan = endpointslices.SlicePlan(delete=[s["metadata"]["name"] for s in existing])
             else:
                 nodes = {node["metadata"]["name"]: node for node in store.items(NODES)}
-                desired = endpointslices.desired_endpoints(service, store.items(PODS, namespace=namespace), nodes)
-                plan = endpointslices.plan_slices(
-                    service, desired, existing, max_per_slice=self._max_per_slice,
-                    trigger_time=format_trigger_time(trigger_time) if trigger_time is not None else None,
-                )
+                pods = store.items(PODS, namespace=namespace)
+                families = endpointslices.service_families(service)
+                plan = endpointslices.SlicePlan(delete=[s["metadata"]["name"] for s in existing if s.get(
+                    "addressType") not in {family.label for family in families}])
+                for family in families:   # one set of slices per family, as Kubernetes' controller
+                    planned = endpointslices.plan_slices(
+                        service, endpointslices.desired_endpoints(service, pods, nodes, family=family),
+                        [s for s in existing if s.get("addressType") == family.label],
+                        max_per_slice=self._max_per_slice, family=family,
+                        trigger_time=format_trigger_time(trigger_time) if trigger_time is not None else None,
+                    )
+                    plan.create += planned.create
+                    plan.update += planned.update
+                    plan.delete += planned.delete
             self._apply(plan, namespace=namespace)
 
     def _apply(self, plan: endpointslices.SlicePlan, *, namespace: str) -> None:

@@ -7,9 +7,13 @@ that a plain Service manifest in the lab feeds a proxy exactly what a cluster wo
   the others are left to their users. Slices are labelled `kubernetes.io/service-name` and
   `endpointslice.kubernetes.io/managed-by: endpointslice-controller.netagent.lab`, carry
   the Service's own labels (and `service.kubernetes.io/headless` for headless ones), are
-  owned by the Service (ownerReferences), and are `addressType: IPv4`.
+  owned by the Service (ownerReferences). One set of slices per family of the Service's
+  `spec.ipFamilies` (IPv4 when it has none), each of `addressType` that family; slices of a
+  family the Service no longer has are deleted (headless Services too: their families are
+  filled by the API server like any other's).
 - Endpoints are the pods of the Service's namespace whose labels match the selector, that
-  have an IPv4 `status.podIP` and have not finished (phase Succeeded/Failed). Conditions:
+  have an address of the slice's family in `status.podIPs` (or `podIP`) and have not finished
+  (phase Succeeded/Failed). Conditions:
   `serving` = the pod's Ready condition, `terminating` = it has a deletionTimestamp,
   `ready` = serving and not terminating (or true whatever the pod says when the Service
   has `publishNotReadyAddresses`). With `nodeName`, `zone` (the node's
@@ -26,8 +30,8 @@ that a plain Service manifest in the lab feeds a proxy exactly what a cluster wo
   `forZones: [its own zone]`; PreferSameNode adds `forNodes: [its own node]`. That is what
   Kubernetes does for these values; the proportional `topology-mode: Auto` hints are not
   computed here.
-- At most `max_per_slice` (100) endpoints per slice. A Service with no endpoints keeps one
-  empty placeholder slice (no ports, no endpoints), as Kubernetes does.
+- At most `max_per_slice` (100) endpoints per slice. A Service with no endpoints of a family
+  keeps one empty placeholder slice of it (no ports, no endpoints), as Kubernetes does.
 
 `plan_slices` turns the desired endpoint groups and the existing managed slices into the
 fewest writes: endpoints stay in the slice they are in, new ones fill slices that change
@@ -43,6 +47,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from netagent.kernel.families import IpFamily
 from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
@@ -77,16 +82,31 @@ def service_of(endpoint_slice: dict) -> str | None:
     return ((endpoint_slice.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
 
 
-def pod_ipv4(pod: dict) -> str | None:
+def pod_ip(pod: dict, family: IpFamily) -> str | None:
+    """The pod's address of `family` (from `status.podIPs`, else `podIP`), or None."""
     status = pod.get("status") or {}
-    candidates = [status.get("podIP")] + [entry.get("ip") for entry in status.get("podIPs") or []]
+    candidates = [status.get("podIP")] + [entry.get("ip") for entry in status.get("podIPs") or []
+                                          if isinstance(entry, dict)]
     for candidate in candidates:
         try:
-            if candidate and ipaddress.ip_address(candidate).version == 4:
+            if isinstance(candidate, str) and candidate and IpFamily.of(ipaddress.ip_address(candidate)) is family:
                 return candidate
         except ValueError:
             continue
     return None
+
+
+def service_families(service: dict) -> list[IpFamily]:
+    """The families a Service's slices are of: its `spec.ipFamilies` (known ones), else IPv4."""
+    families: list[IpFamily] = []
+    for label in (service.get("spec") or {}).get("ipFamilies") or []:
+        try:
+            family = IpFamily.from_label(label)
+        except (TypeError, ValueError):
+            continue
+        if family not in families:
+            families.append(family)
+    return families or [IpFamily.V4]
 
 
 def pod_is_ready(pod: dict) -> bool:
@@ -96,9 +116,9 @@ def pod_is_ready(pod: dict) -> bool:
     return False
 
 
-def pod_takes_part(pod: dict) -> bool:
-    """Has an address and has not finished: such a pod is published (ready or not)."""
-    return pod_ipv4(pod) is not None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+def pod_takes_part(pod: dict, family: IpFamily = IpFamily.V4) -> bool:
+    """Has an address of `family` and has not finished: such a pod is published (ready or not)."""
+    return pod_ip(pod, family) is not None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,7 +167,7 @@ def ports_key(endpoint_slice: dict) -> PortList:
     )
 
 
-def render_endpoint(service: dict, pod: dict, *, node: dict | None) -> dict:
+def render_endpoint(service: dict, pod: dict, *, node: dict | None, family: IpFamily = IpFamily.V4) -> dict:
     spec = service.get("spec") or {}
     metadata = pod["metadata"]
     pod_spec = pod.get("spec") or {}
@@ -155,7 +175,7 @@ def render_endpoint(service: dict, pod: dict, *, node: dict | None) -> dict:
     terminating = bool(metadata.get("deletionTimestamp"))
     ready = bool(spec.get("publishNotReadyAddresses")) or (serving and not terminating)
     endpoint: dict = {
-        "addresses": [pod_ipv4(pod)],
+        "addresses": [pod_ip(pod, family)],
         "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
         "targetRef": {"kind": "Pod", "namespace": metadata.get("namespace", ""), "name": metadata["name"],
                       "uid": metadata.get("uid", "")},
@@ -179,8 +199,9 @@ def render_endpoint(service: dict, pod: dict, *, node: dict | None) -> dict:
     return endpoint
 
 
-def desired_endpoints(service: dict, pods: list[dict], nodes: dict[str, dict]) -> dict[PortList, list[dict]]:
-    """Endpoints grouped by their resolved port list; `nodes` by name."""
+def desired_endpoints(service: dict, pods: list[dict], nodes: dict[str, dict], *,
+                      family: IpFamily = IpFamily.V4) -> dict[PortList, list[dict]]:
+    """Endpoints of `family` grouped by their resolved port list; `nodes` by name."""
     selector = (service.get("spec") or {}).get("selector") or {}
     namespace = service["metadata"].get("namespace", "")
     groups: dict[PortList, list[dict]] = {}
@@ -188,10 +209,11 @@ def desired_endpoints(service: dict, pods: list[dict], nodes: dict[str, dict]) -
         metadata = pod["metadata"]
         if metadata.get("namespace", "") != namespace or not selector_matches(selector, metadata.get("labels")):
             continue
-        if not pod_takes_part(pod):
+        if not pod_takes_part(pod, family):
             continue
         node = nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        groups.setdefault(resolve_ports(service, pod), []).append(render_endpoint(service, pod, node=node))
+        groups.setdefault(resolve_ports(service, pod), []).append(
+            render_endpoint(service, pod, node=node, family=family))
     return groups
 
 
@@ -242,9 +264,9 @@ class SlicePlan:
         return not (self.create or self.update or self.delete)
 
 
-def _content(service: dict, ports: PortList, endpoints: list[dict]) -> dict:
+def _content(service: dict, ports: PortList, endpoints: list[dict], family: IpFamily) -> dict:
     return {
-        "addressType": "IPv4",
+        "addressType": family.label,
         "endpoints": _sorted_endpoints(endpoints),
         "ports": render_ports(ports),
         "labels": slice_labels(service),
@@ -279,7 +301,7 @@ def _with_content(service: dict, *, base: dict | None, content: dict, trigger_ti
     metadata["ownerReferences"] = content["ownerReferences"]
     body = {k: v for k, v in (base or {}).items() if k not in ("metadata", "endpoints", "ports", "addressType")}
     body.update({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": metadata,
-                 "addressType": "IPv4", "endpoints": content["endpoints"], "ports": content["ports"]})
+                 "addressType": content["addressType"], "endpoints": content["endpoints"], "ports": content["ports"]})
     return body
 
 
@@ -290,8 +312,10 @@ def plan_slices(
     *,
     max_per_slice: int = MAX_ENDPOINTS_PER_SLICE,
     trigger_time: str | None = None,
+    family: IpFamily = IpFamily.V4,
 ) -> SlicePlan:
-    """The writes from `existing` (this Service's managed slices) to `desired` (see module doc)."""
+    """The writes from `existing` (this Service's managed slices of `family`) to `desired`
+    (see module doc)."""
     existing = sorted(existing, key=lambda s: s["metadata"]["name"])
     if not any(desired.values()):
         desired = {(): []}  # the placeholder: no ports, no endpoints
@@ -313,7 +337,8 @@ def plan_slices(
 
     def changes(entry: tuple[dict | None, PortList, list[dict]]) -> bool:
         endpoint_slice, ports, endpoints = entry
-        return endpoint_slice is None or _existing_content(endpoint_slice) != _content(service, ports, endpoints)
+        return (endpoint_slice is None
+                or _existing_content(endpoint_slice) != _content(service, ports, endpoints, family))
 
     for ports, waiting in leftovers.items():
         # Fill slices that are written anyway, then the others with room, then new (or spare) ones.
@@ -334,13 +359,13 @@ def plan_slices(
                 plan.delete.append(planned["metadata"]["name"])
             continue
         kept_any = True
-        content = _content(service, ports, endpoints)
+        content = _content(service, ports, endpoints, family)
         if planned is None:
             plan.create.append(_with_content(service, base=None, content=content, trigger_time=trigger_time))
         elif _existing_content(planned) != content:
             plan.update.append(_with_content(service, base=planned, content=content, trigger_time=trigger_time))
     if placeholder_only and not kept_any:  # nothing existed: create the placeholder (or reuse a spare)
-        content = _content(service, (), [])
+        content = _content(service, (), [], family)
         if spares:
             plan.update.append(_with_content(service, base=spares.pop(0), content=content, trigger_time=trigger_time))
         else:

@@ -9,7 +9,8 @@ the pods' life cycle apart from the nodes' and the control plane's.
 
 In the kubelet's order: the Pod object exists (scheduled, no address) before the runtime's ADD,
 which names it in `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`); the address reaches the
-Pod's status `pod_status_delay` seconds after the ADD (`lab up --pod-status-delay`: a loaded
+Pod's status (`podIPs`: one per family of the cluster, the primary first, from the ADD's result)
+`pod_status_delay` seconds after the ADD (`lab up --pod-status-delay`: a loaded
 kubelet; 0: at once), reported from a timer so `add_pod` returns as the ADD does.
 """
 from __future__ import annotations
@@ -26,9 +27,23 @@ from lab.apiclient import LabApiClient, LabApiError
 from lab.node import exec_plugin, raise_for_failure
 from lab.state import LabError, LabState, NodeState, PodState
 from netagent.kernel import namespaces
+from netagent.kernel.families import IpFamily
 
 if TYPE_CHECKING:
     from lab.agent_pods import AgentPods
+
+
+def result_addresses(result: dict, families: tuple[IpFamily, ...]) -> list[str]:
+    """The pod's addresses from an ADD's result, one per family of the cluster in its order
+    (the primary first), as the kubelet reports `status.podIPs`."""
+    by_family: dict[IpFamily, str] = {}
+    for entry in result.get("ips") or []:
+        address = str(entry.get("address", "")).split("/")[0]
+        try:
+            by_family.setdefault(IpFamily.of(address), address)
+        except ValueError:
+            continue
+    return [by_family[family] for family in families if family in by_family]
 
 
 class LabPods:
@@ -91,7 +106,8 @@ class LabPods:
             code, out = self._exec_plugin(pod, "ADD")
             raise_for_failure(code, out, "ADD")
             wired = True
-            pod.ip = out["ips"][0]["address"].split("/")[0]
+            pod.ips = result_addresses(out, self.state.families)
+            pod.ip = pod.ips[0] if pod.ips else out["ips"][0]["address"].split("/")[0]
             if scheduled:
                 status = {"status": self._rendered(pod, ready=ready)["status"]}
                 self._report_status(pod, status, delay=self.state.pod_status_delay)
@@ -111,7 +127,8 @@ class LabPods:
 
     def _rendered(self, pod: PodState, *, ready: bool = True) -> dict:
         return pod_objects.render_pod(pod.name, namespace=pod.namespace, node=pod.node,
-                                      host_ip=self._node(pod.node).address, pod_ip=pod.ip, labels=pod.labels,
+                                      host_ip=self._node(pod.node).address, pod_ip=pod.ip, pod_ips=pod.ips or None,
+                                      labels=pod.labels,
                                       ports=pod.ports, ready=ready, container_id=pod.container_id)
 
     def create_pod_object(self, name: str) -> None:

@@ -2,7 +2,7 @@
 
 A lab pod is a network namespace wired by our CNI plugin; the API object is what the rest
 of a cluster sees of it: labels for Service selectors, `spec.nodeName`, named container
-ports for named `targetPort`s, `status.podIP(s)`, phase Running, the Ready condition and
+ports for named `targetPort`s, `status.podIP(s)` (one per family), phase Running, the Ready condition and
 the container's status as a kubelet reports it (running, started, ready, no restarts; so
 kubectl shows READY 1/1), both flipped by `lab pod ready`, and, while it terminates,
 `metadata.deletionTimestamp` (set by the API server on a graceful delete). Everything here
@@ -93,9 +93,11 @@ def render_pod(
     ports: dict[str, list],
     ready: bool = True,
     container_id: str = "",
+    pod_ips: list[str] | None = None,
 ) -> dict:
     """The Pod as the kubelet reports it once its sandbox has an address (`container_id`
-    names the sandbox, as the runtime's id in `containerStatuses[].containerID`)."""
+    names the sandbox, as the runtime's id in `containerStatuses[].containerID`; `pod_ips` one
+    per family, the primary (`pod_ip`) first, as `status.podIPs`; default [`pod_ip`])."""
     since = now_rfc3339()
     container_ports = [{"name": port_name, "containerPort": number, "protocol": protocol}
                        for port_name, (number, protocol) in ports.items()]
@@ -113,7 +115,7 @@ def render_pod(
             "hostIP": host_ip,
             "hostIPs": [{"ip": host_ip}],
             "podIP": pod_ip,
-            "podIPs": [{"ip": pod_ip}],
+            "podIPs": [{"ip": ip} for ip in pod_ips or [pod_ip]],
             "startTime": since,
             "conditions": ready_conditions(ready=ready, since=since),
             "containerStatuses": container_statuses(ready=ready, started_at=since,

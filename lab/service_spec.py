@@ -11,11 +11,12 @@ Service no cluster would store. This module owns that, for the fields a service 
 - validation (every problem found, reported together with its field path): types,
   protocols, port numbers, port names (required and unique once there are two ports),
   duplicate ports, `targetPort` numbers or IANA names, `clusterIP` `None` only for
-  ClusterIP services, an explicit cluster IP inside the service CIDR, traffic policies,
+  ClusterIP services, traffic policies,
   `sessionAffinityConfig` (1..86400 s, only with ClientIP), `healthCheckNodePort` only for
   LoadBalancer + Local, `loadBalancerSourceRanges` only for LoadBalancer, `externalIPs`
   that are plain unicast addresses, `trafficDistribution` values;
-- allocation: a cluster IP from the service CIDR, node ports from 30000-32767 and a
+- allocation: a cluster IP per family from that family's range (which families, and the
+  checks of `clusterIPs`, `ipFamilies` and `ipFamilyPolicy`: `service_families.py`), node ports from 30000-32767 and a
   `healthCheckNodePort` for LoadBalancer services with `externalTrafficPolicy: Local`.
   Node ports are one pool whatever the protocol, as in Kubernetes: two services cannot
   share a number, but one service may use a number for both TCP and UDP (and gets the same
@@ -32,6 +33,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+
+from lab.service_families import InvalidFamilies, parse_service_cidrs, plan_families
+from netagent.kernel.families import IpFamily
 
 NODE_PORT_RANGE = range(30000, 32768)
 DEFAULT_AFFINITY_TIMEOUT = 10800
@@ -183,7 +187,8 @@ def _validate_port(index: int, port: object, *, many: bool, node_ports_allowed: 
 
 
 def _validate_address(path: str, text: object, *, service_cidr) -> list[str]:
-    """A plain unicast address (service_cidr None), or one inside the service CIDR."""
+    """A plain unicast address (service_cidr None), or one inside the service CIDR (the family
+    fields, ranges per family included, are `service_families.py`'s)."""
     try:
         address = ipaddress.ip_address(text)  # type: ignore[arg-type]
     except ValueError:
@@ -197,7 +202,7 @@ def _validate_address(path: str, text: object, *, service_cidr) -> list[str]:
     return []
 
 
-def validate(spec: dict, *, service_cidr) -> None:
+def validate(spec: dict) -> None:
     """Raise InvalidService listing every rule `spec` (defaulted) breaks."""
     errors: list[str] = []
     service_type = spec.get("type")
@@ -223,10 +228,7 @@ def validate(spec: dict, *, service_cidr) -> None:
             errors.append(f"spec.clusterIP: Invalid value: \"None\": may not be set to 'None' for "
                           f"{service_type} services")
         elif cluster_ip and not headless:
-            errors.extend(_validate_address("spec.clusterIP", cluster_ip, service_cidr=service_cidr))
-        given_ips = spec.get("clusterIPs") or []
-        if given_ips and cluster_ip and given_ips[0] != cluster_ip:
-            errors.append("spec.clusterIPs[0]: Invalid value: must match spec.clusterIP")
+            errors.extend(_validate_address("spec.clusterIP", cluster_ip, service_cidr=None))
     node_ports_allowed = wants_node_ports(spec)
     seen_names: set[str] = set()
     seen_ports: set[tuple[object, object]] = set()
@@ -309,10 +311,12 @@ class ServiceAddresses:
     """The cluster IPs and node ports in use; `complete()` is the registry's create/update step."""
 
     def __init__(self, cidr: str) -> None:
-        self.network = ipaddress.ip_network(cidr)
+        """`cidr`: the Service range, or one per family comma-separated (the primary first)."""
+        self.ranges = parse_service_cidrs(cidr)
+        self.network = next(iter(self.ranges.values()))  # the primary family's
         self.used_ips: set[str] = set()
         self.used_node_ports: set[int] = set()
-        self._next_ip = 1
+        self._next_ip = dict.fromkeys(self.ranges, 1)
         self._next_port = NODE_PORT_RANGE.start
 
     def observe(self, service: dict) -> None:
@@ -326,15 +330,16 @@ class ServiceAddresses:
         self.used_ips -= cluster_ips_of(spec)
         self.used_node_ports -= node_ports_of(spec)
 
-    def _allocate_ip(self) -> str:
-        size = self.network.num_addresses
+    def _allocate_ip(self, family: IpFamily, taken: set[str]) -> str:
+        network = self.ranges[family]
+        size = network.num_addresses
         for _ in range(size):
-            offset = self._next_ip
-            self._next_ip = self._next_ip + 1 if self._next_ip + 1 < size - 1 else 1
-            candidate = str(self.network.network_address + offset)
-            if candidate not in self.used_ips:
+            offset = self._next_ip[family]
+            self._next_ip[family] = offset + 1 if offset + 1 < size - 1 else 1
+            candidate = str(network.network_address + offset)
+            if candidate not in self.used_ips and candidate not in taken:
                 return candidate
-        raise InvalidService([f"spec.clusterIP: Internal error: no free address in {self.network}"])
+        raise InvalidService([f"spec.clusterIP: Internal error: no free address in {network}"])
 
     def _allocate_node_port(self, taken: set[int]) -> int:
         for _ in NODE_PORT_RANGE:
@@ -350,7 +355,7 @@ class ServiceAddresses:
         if old_spec is not None:
             _drop_carried_over_fields(spec, old_spec)
         _apply_defaults(spec)
-        validate(spec, service_cidr=self.network)
+        validate(spec)
         old_ips = cluster_ips_of(old_spec)
         old_node_ports = node_ports_of(old_spec)
         self._complete_cluster_ip(spec, old_spec=old_spec)
@@ -361,24 +366,32 @@ class ServiceAddresses:
         return spec
 
     def _complete_cluster_ip(self, spec: dict, *, old_spec: dict | None) -> None:
+        """The family fields (`service_families.plan_families`) and an address per family."""
         if spec["type"] == "ExternalName":
-            spec.pop("clusterIP", None)
-            spec.pop("clusterIPs", None)
+            for field in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+                spec.pop(field, None)
             return
-        old_ip = (old_spec or {}).get("clusterIP") or ""
-        wanted = spec.get("clusterIP") or (spec.get("clusterIPs") or [""])[0] or ""
-        if old_ip:
-            if wanted and wanted != old_ip:
-                raise InvalidService([f"spec.clusterIP: Invalid value: {wanted!r}: field is immutable"])
-            wanted = old_ip
-        elif wanted == "":
-            wanted = self._allocate_ip()
-        elif wanted != "None" and wanted in self.used_ips:
-            raise InvalidService([f"spec.clusterIP: Invalid value: {wanted!r}: provided IP is already allocated"])
-        spec["clusterIP"] = wanted
-        spec["clusterIPs"] = [wanted]
-        spec.setdefault("ipFamilies", ["IPv4"])
-        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        try:
+            plan = plan_families(spec, ranges=self.ranges, old_spec=old_spec)
+        except InvalidFamilies as error:
+            raise InvalidService(error.errors) from None
+        old_ips = cluster_ips_of(old_spec)
+        addresses: list[str] = []
+        for family in plan.families:
+            wanted = plan.wanted.get(family)
+            if wanted == "None":
+                addresses = ["None"]
+                break
+            if wanted is None:
+                wanted = self._allocate_ip(family, set(addresses))
+            elif wanted in self.used_ips and wanted not in old_ips:
+                path = "spec.clusterIP" if not addresses else f"spec.clusterIPs[{len(addresses)}]"
+                raise InvalidService([f"{path}: Invalid value: {wanted!r}: provided IP is already allocated"])
+            addresses.append(wanted)
+        spec["clusterIP"] = addresses[0]
+        spec["clusterIPs"] = addresses
+        spec["ipFamilies"] = [family.label for family in plan.families]
+        spec["ipFamilyPolicy"] = plan.policy
 
     def _complete_node_ports(self, spec: dict, *, old_spec: dict, old_node_ports: set[int]) -> None:
         ports = spec.get("ports") or []

@@ -3,9 +3,9 @@
 Pure: it takes the Service and EndpointSlice objects (listed by the caller) and returns one
 JSON-ready dict per Service, so the CLI, tests and the text view read the same summary:
 
-    {"namespace", "name", "type", "clusterIP", "ports": [{"name", "protocol", "port",
+    {"namespace", "name", "type", "clusterIP", "clusterIPs", "ipFamilies", "ports": [{"name", "protocol", "port",
      "targetPort", "nodePort"}], "externalIPs", "loadBalancerIPs", "selector",
-     "endpoints": ["ip:port", ...],      ready endpoints (a proxy's first choice)
+     "endpoints": ["ip:port", ...],      ready endpoints (a proxy's first choice; IPv6 as [ip]:port)
      "terminating": ["ip:port", ...],    terminating ones (serving or not)
      "notReady": ["ip:port", ...]}       the rest (not ready, not terminating)
 
@@ -23,9 +23,14 @@ from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL, endpoint_condition
 def _address_order(text: str) -> tuple:
     address, _, port = text.rpartition(":")
     try:
-        return (int(ipaddress.ip_address(address)), int(port))
+        parsed = ipaddress.ip_address(address.strip("[]"))
+        return (parsed.version, int(parsed), int(port))
     except ValueError:
-        return (0, 0)
+        return (0, 0, 0)
+
+
+def _host_port(address: str, port: object) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def _endpoint_lists(slices: list[dict]) -> dict[str, list[str]]:
@@ -41,7 +46,7 @@ def _endpoint_lists(slices: list[dict]) -> dict[str, list[str]]:
             else:
                 bucket = "endpoints"
             for address in endpoint.get("addresses") or []:
-                lists[bucket].update(f"{address}:{port}" for port in ports)
+                lists[bucket].update(_host_port(str(address), port) for port in ports)
     return {bucket: sorted(entries, key=_address_order) for bucket, entries in lists.items()}
 
 
@@ -62,6 +67,8 @@ def summarize_services(services: list[dict], slices: list[dict]) -> list[dict]:
             "name": key[1],
             "type": spec.get("type", "ClusterIP"),
             "clusterIP": spec.get("clusterIP"),
+            "clusterIPs": list(spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])),
+            "ipFamilies": list(spec.get("ipFamilies") or []),
             "ports": [{"name": p.get("name", ""), "protocol": p.get("protocol", "TCP"), "port": p.get("port"),
                        "targetPort": p.get("targetPort"), "nodePort": p.get("nodePort")}
                       for p in spec.get("ports") or []],
@@ -80,8 +87,9 @@ def describe_service(summary: dict) -> str:
         f"{':' + str(p['nodePort']) if p.get('nodePort') else ''}/{p['protocol']}"
         for p in summary["ports"]
     )
+    cluster_ips = ",".join(summary["clusterIPs"]) or "-"
     line = (f"  svc  {summary['namespace']}/{summary['name']:<20} {summary['type']:<12} "
-            f"{summary['clusterIP'] or '-':<14} {ports or '-'}  -> {' '.join(summary['endpoints']) or '(none ready)'}")
+            f"{cluster_ips:<14} {ports or '-'}  -> {' '.join(summary['endpoints']) or '(none ready)'}")
     if summary["terminating"]:
         line += f"  terminating: {' '.join(summary['terminating'])}"
     if summary["notReady"]:

@@ -8,6 +8,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from netagent.kernel.families import IpFamily
+
+# `lab up --ip-family`: the families of pods and Services, the primary first (dual: IPv4 first,
+# as most dual-stack clusters are configured)
+IP_FAMILIES = {"ipv4": (IpFamily.V4,), "ipv6": (IpFamily.V6,), "dual": (IpFamily.V4, IpFamily.V6)}
+
 
 class LabError(Exception):
     """The lab could not do what was asked; the message says why."""
@@ -23,6 +29,8 @@ class NodeState:
     pod_cidr: str
     port: str                      # its cable's end in the switch namespace
     agent_pid: int | None = None
+    address6: str = ""             # its IPv6 underlay address (labs with IPv6)
+    pod_cidrs: list = field(default_factory=list)  # spec.podCIDRs, one per family (pod_cidr: the first)
 
 
 @dataclass
@@ -36,6 +44,7 @@ class PodState:
     ifname: str = "eth0"
     namespace: str = "default"
     ports: dict = field(default_factory=dict)  # container port name -> [number, protocol]
+    ips: list = field(default_factory=list)    # one address per family of the cluster (ip: the first)
 
 
 @dataclass
@@ -56,9 +65,14 @@ class LabState:
     agent_image: str | None = None  # agents run from this image as deploy/netagent.yaml says
     manifest: str | None = None     # the DaemonSet manifest they run from
     pod_status_delay: float = 0.0   # the lab's kubelet reports a pod's address this long after its ADD
+    ip_family: str = "ipv4"         # ipv4, ipv6 or dual: the families of pods and Services
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
     tors: dict = field(default_factory=dict)    # bgp mode: segment -> its ToR (bgp_fabric.TorState's fields)
+
+    @property
+    def families(self) -> tuple[IpFamily, ...]:
+        return IP_FAMILIES[self.ip_family]
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -2,7 +2,7 @@
 
 The lab starts it in the router namespace with `--listen`, `--unix`, `--state`,
 `--endpointslice-controller`, `--endpoints-controller` (v1 Endpoints mirrored from the
-slices), `--advertise` (the `default/kubernetes` Service) and `--listen-fd` (a loopback
+slices), `--service-cidr` (one range per family, comma-separated), `--advertise` (the `default/kubernetes` Service) and `--listen-fd` (a loopback
 socket `lab up` opened in its own namespace, so kubectl on the host reaches the same
 process); the tests start it the same way to kill it mid-write. It prints `listening URL`
 once it serves, serves until SIGTERM or SIGINT, then stops the controllers and then the
@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also serve this inherited, already listening TCP socket (repeatable)")
     parser.add_argument("--advertise", type=_parse_listen, metavar="ADDRESS:PORT",
                         help="publish the default/kubernetes Service with this endpoint, as a real server does")
+    parser.add_argument("--service-cidr", default="10.96.0.0/16", metavar="CIDR[,CIDR]",
+                        help="the Service range, or one per family for dual stack (the primary family first)")
     parser.add_argument("--state", metavar="FILE", help="persist objects and the resourceVersion here")
     parser.add_argument("--bookmark-interval", type=float, default=5.0, metavar="SECONDS")
     parser.add_argument("--history", type=int, default=10000, metavar="EVENTS")
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
     signal.signal(signal.SIGINT, lambda *_: stop_requested.set())
     server = ApiServer(state_file=args.state, history=args.history, bookmark_interval=args.bookmark_interval,
-                       advertise=args.advertise)
+                       advertise=args.advertise, service_cidr=args.service_cidr)
     host, port = args.listen
     controller = None
     if args.endpointslice_controller:

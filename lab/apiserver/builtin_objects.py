@@ -9,11 +9,11 @@ rewritten: the store skips writes that change nothing).
 """
 from __future__ import annotations
 
-import ipaddress
-
 from lab.apiserver.endpoints_mirror import SKIP_MIRROR
 from lab.apiserver.objects import Subresource, typed
 from lab.apiserver.store import Store
+from lab.service_families import parse_service_cidrs
+from netagent.kernel.families import IpFamily
 from netagent.kube.endpoint_slices import SERVICE_NAME_LABEL
 from netagent.kube.resources import ENDPOINT_SLICES, ENDPOINTS, SERVICES, Resource
 
@@ -31,14 +31,17 @@ def _put(store: Store, resource: Resource, obj: dict) -> None:
 
 
 def ensure_kubernetes_service(store: Store, *, address: str, port: int, service_cidr: str) -> None:
-    family = "IPv6" if ":" in address else "IPv4"
-    cluster_ip = str(ipaddress.ip_network(service_cidr).network_address + 1)
+    """`service_cidr`: one range per family, comma-separated; the Service takes the advertised
+    address's family (single stack, as the real server's own Service)."""
+    family = IpFamily.of(address)
+    ranges = parse_service_cidrs(service_cidr)
+    cluster_ip = str(ranges.get(family, next(iter(ranges.values()))).network_address + 1)
     metadata = {"name": NAME, "namespace": NAMESPACE, "labels": {"component": "apiserver", "provider": "kubernetes"}}
     with store.lock:
         existing = store.find(SERVICES, NAME, namespace=NAMESPACE)
         spec = {"type": "ClusterIP", "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}],
                 "clusterIP": (existing or {}).get("spec", {}).get("clusterIP", cluster_ip),
-                "sessionAffinity": "None"}
+                "sessionAffinity": "None", "ipFamilyPolicy": "SingleStack"}
         _put(store, SERVICES, {"metadata": metadata, "spec": spec})
         _put(store, ENDPOINTS, {
             "metadata": {**metadata, "labels": {SKIP_MIRROR: "true"}},
@@ -47,6 +50,6 @@ def ensure_kubernetes_service(store: Store, *, address: str, port: int, service_
         })
         _put(store, ENDPOINT_SLICES, {
             "metadata": {**metadata, "labels": {SERVICE_NAME_LABEL: NAME}},
-            "addressType": family, "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "addressType": family.label, "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         })

@@ -2,7 +2,8 @@
 
 A real cluster's endpoints controller keeps one Endpoints object per Service with a
 selector; the lab's EndpointSlice controller already decides which pods back a Service, so
-this one only restates its slices in the older shape: ready endpoints as `addresses`,
+this one only restates its slices (those of the Service's primary family, as Kubernetes'
+endpoints controller publishes one family) in the older shape: ready endpoints as `addresses`,
 not-ready ones that are not terminating as `notReadyAddresses` (all of them as addresses
 with `publishNotReadyAddresses`), grouped into one subset per set of ports, each address
 with its node and pod reference. The objects carry the Service's labels plus
@@ -36,8 +37,11 @@ def desired_endpoints(service: dict, slices: list[dict]) -> dict:
     """The Endpoints object a selector Service's slices make (without server-owned metadata)."""
     metadata = service["metadata"]
     publish_all = bool((service.get("spec") or {}).get("publishNotReadyAddresses"))
+    primary = ((service.get("spec") or {}).get("ipFamilies") or ["IPv4"])[0]
     groups: dict[tuple, tuple[list, list]] = {}
     for endpoint_slice in slices:
+        if endpoint_slice.get("addressType", "IPv4") != primary:  # v1 Endpoints: the primary family only
+            continue
         ports = tuple(sorted((p.get("name", ""), p["port"], p.get("protocol", "TCP"))
                              for p in endpoint_slice.get("ports") or [] if p.get("port") is not None))
         ready, not_ready = groups.setdefault(ports, ([], []))

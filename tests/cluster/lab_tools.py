@@ -125,6 +125,33 @@ def serve(lab: LabCluster, pod: str, kind: str, port: int, *, lifetime: float = 
                       ready_line="ready")
 
 
+# a TCP server on both families (one IPv6 socket, v4-mapped for IPv4): each connection's first
+# line is answered "<name> <peer address>" (IPv4 peers without their ::ffff: prefix)
+_DUAL_SERVER = r"""
+import socket, sys, threading, time
+port, name, lifetime = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+s = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=64)
+s.settimeout(0.5)
+print("ready", flush=True)
+def handle(c, peer):
+    with c, c.makefile("rwb") as f:
+        f.readline(); f.write(f"{name} {peer[0].removeprefix('::ffff:')}\n".encode()); f.flush()
+deadline = time.monotonic() + lifetime
+while time.monotonic() < deadline:
+    try:
+        c, peer = s.accept()
+    except socket.timeout:
+        continue
+    threading.Thread(target=handle, args=(c, peer), daemon=True).start()
+"""
+
+
+def serve_both_families(lab: LabCluster, pod: str, port: int, *, lifetime: float = 300) -> Background:
+    """A TCP server in `pod` on IPv4 and IPv6 at once, answering with the pod's name and the peer."""
+    return Background(lab.netns_of(pod), [sys.executable, "-c", _DUAL_SERVER, str(port), pod, str(lifetime)],
+                      ready_line="ready")
+
+
 class Capture:
     """tcpdump on one interface of a namespace, written to a pcap that scapy reads back."""
 
