@@ -9,7 +9,7 @@ programs act on every socket of that cgroup whatever its network namespace.
 
 Each backend is built for one IP family (`family`, default IPv4), as kube-proxy builds one
 proxier per family: iptables through that family's binaries, and `family=` handed to the
-nftables, IPVS (which refuses IPv6 with a clear error) and eBPF backends' constructors; a
+nftables, IPVS and eBPF backends' constructors; a
 second family's eBPF backend shares the maps the first one loaded (`first`).
 """
 from __future__ import annotations

@@ -118,6 +118,9 @@ def remove_proxy_state() -> list[str]:
         if mode is not None:
             build_backend(mode, iptables_backend=backend).cleanup()
             removed.append(f"service proxy state ({mode.value}, iptables {backend.value})")
+        if mode is ProxyMode.IPVS and not missing_binaries(IpFamily.V6, backend):   # its IPv6 half
+            build_backend(mode, iptables_backend=backend, family=IpFamily.V6).cleanup()
+            removed.append(f"IPv6 service proxy state (ipvs, ip6tables {backend.value})")
         if IpFamily.V6 in iptables_families(iptables_backend=backend):   # the IPv6 proxy's ip6tables chains
             build_backend(ProxyMode.IPTABLES, iptables_backend=backend, family=IpFamily.V6).cleanup()
             removed.append(f"IPv6 service proxy state (iptables, ip6tables {backend.value})")

@@ -57,10 +57,11 @@ def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
                     for service in build_backend(mode, iptables_backend=backend_choice, family=family).programmed()]
     else:
         services = [] if mode is None else build_backend(mode, iptables_backend=backend_choice).programmed()
-        if mode is ProxyMode.NFTABLES:
+        if mode in (ProxyMode.NFTABLES, ProxyMode.IPVS):
+            from netagent.kernel.iptables.backend import IptablesNotInstalled
             try:
                 services += build_backend(mode, iptables_backend=backend_choice, family=IpFamily.V6).programmed()
-            except BackendConfigError:   # no IPv6 form of it in this build: nothing of it programmed either
+            except (BackendConfigError, IptablesNotInstalled):   # no IPv6 form of it here: nothing of it programmed
                 pass
     return {**json.loads(services_json(mode.value if mode else None, services)), "source": "kernel"}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 # ---- iptables and ipset
 CHAIN_PREFIX = "NETAGENT-"      # every chain and every ipset of ours starts with it
 IPVS_SET_PREFIX = CHAIN_PREFIX + "IPVS-"  # the IPVS backend's sets and chains
+IPVS6_SET_PREFIX = CHAIN_PREFIX + "IPVS6-"  # its IPv6 sets (`family inet6`; ipsets are per namespace, not
+                                            # per family; the chains keep their names in ip6tables)
 MASQUERADE_MARK = 0x4000        # one bit marks packets to masquerade (kube-proxy's bit 14)
 
 # ---- nftables (--proxy-mode nftables): one table per component and family, never another's

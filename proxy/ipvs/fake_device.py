@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from netagent.kernel.families import IpFamily
 from proxy.ipvs.device import DEFAULT_DEVICE, AddressDevice
 
 
@@ -30,18 +31,19 @@ class FakeAddressDevice(AddressDevice):
         self.writes.append(DeviceWrite("create", self.name))
         return True
 
-    def addresses(self) -> frozenset[str]:
-        return frozenset(self.held)
+    def addresses(self, *, family: IpFamily = IpFamily.V4) -> frozenset[str]:
+        return frozenset(address for address in self.held if IpFamily.of(address) is family)
 
     def add_address(self, address: str) -> None:
         if not self.present:
             raise LookupError(f"device {self.name} does not exist")
-        address = str(ipaddress.IPv4Address(address))
+        address = str(ipaddress.ip_address(address))
         if address not in self.held:
             self.held.add(address)
             self.writes.append(DeviceWrite("add", address))
 
     def remove_address(self, address: str) -> None:
+        address = str(ipaddress.ip_address(address))
         if address in self.held:
             self.held.discard(address)
             self.writes.append(DeviceWrite("remove", address))

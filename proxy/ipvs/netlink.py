@@ -17,16 +17,26 @@ from doing it against Debian's 6.1 (VM tier):
   pyroute2 0.9 sockets belong to the thread that made them; so sockets are made with
   pyroute2's `netns=` argument (None: the caller's namespace) and cached per thread.
 - Dumping real servers of a missing virtual server answers nothing (not ESRCH).
+- IPv6 (AF_INET6 records, both families in one table): a record's family is its address's
+  (pyroute2 fills `af` from the address). The service netmask travels in a 32-bit attribute
+  that pyroute2 spells as an IPv4 address; for AF_INET6 the kernel reads it as a prefix length
+  in host byte order (1..128, EINVAL otherwise), so /128 is written as the address whose
+  bytes are 128 in host order (`_HOST_NETMASK`).
+- Service addresses are host addresses on the device: /32 or /128. IPv6 ones are added with
+  IFA_F_NODAD so they are never tentative (measured on 6.1: on the down dummy either form
+  gets its local route at once; nodad keeps it so wherever DAD would run).
 """
 from __future__ import annotations
 
 import errno
 import socket
+import struct
 import threading
 
 from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
 from pyroute2.netlink.exceptions import NetlinkError
 
+from netagent.kernel.families import IpFamily
 from proxy.ipvs.device import DEFAULT_DEVICE, AddressDevice
 from proxy.ipvs.table import (
     IP_PROTOCOL_NUMBERS,
@@ -46,6 +56,11 @@ from proxy.ipvs.table import (
 FLAG_PERSISTENT = 0x0001
 FORWARD_MASQUERADE = 0
 HOST_NETMASK = "255.255.255.255"
+IFA_F_NODAD = 0x02
+_ADDRESS_FAMILIES = {IpFamily.V4: socket.AF_INET, IpFamily.V6: socket.AF_INET6}
+_FAMILY_BY_AF = {af: family for family, af in _ADDRESS_FAMILIES.items()}
+_HOST_NETMASK = {IpFamily.V4: HOST_NETMASK,
+                 IpFamily.V6: socket.inet_ntoa(struct.pack("=I", IpFamily.V6.max_prefix))}
 
 
 class _PerThread:
@@ -78,25 +93,31 @@ class _PerThread:
 
 
 def _service_record(key: VirtualServerKey) -> IPVSService:
-    return IPVSService(addr=key.address, port=key.port, protocol=IP_PROTOCOL_NUMBERS[key.protocol])
+    return IPVSService(af=_ADDRESS_FAMILIES[key.family], addr=key.address, port=key.port,
+                       protocol=IP_PROTOCOL_NUMBERS[key.protocol])
 
 
 def _full_service_record(server: VirtualServer) -> IPVSService:
-    return IPVSService(addr=server.key.address, port=server.key.port,
+    family = server.key.family
+    return IPVSService(af=_ADDRESS_FAMILIES[family], addr=server.key.address, port=server.key.port,
                        protocol=IP_PROTOCOL_NUMBERS[server.key.protocol], sched_name=server.scheduler,
                        timeout=server.persistence_timeout,
                        flags={"flags": FLAG_PERSISTENT if server.persistent else 0, "mask": FLAG_PERSISTENT},
-                       netmask=HOST_NETMASK)
+                       netmask=_HOST_NETMASK[family])
 
 
 def _dest_record(real: RealServer) -> IPVSDest:
-    return IPVSDest(addr=real.destination.address, port=real.destination.port, weight=real.weight,
-                    fwd_method=FORWARD_MASQUERADE)
+    return IPVSDest(addr=real.destination.address, addr_family=_address_family(real.destination.address),
+                    port=real.destination.port, weight=real.weight, fwd_method=FORWARD_MASQUERADE)
+
+
+def _address_family(address: str) -> int:
+    return _ADDRESS_FAMILIES[IpFamily.of(address)]
 
 
 def _parse_service(message) -> VirtualServer | None:
     attrs = message.get("IPVS_CMD_ATTR_SERVICE")
-    if attrs is None or attrs.get("IPVS_SVC_ATTR_AF") != socket.AF_INET:
+    if attrs is None or attrs.get("IPVS_SVC_ATTR_AF") not in _FAMILY_BY_AF:
         return None
     protocol = PROTOCOL_BY_NUMBER.get(attrs.get("IPVS_SVC_ATTR_PROTOCOL"))
     address = attrs.get("IPVS_SVC_ATTR_ADDR")
@@ -184,7 +205,9 @@ class NetlinkIpvsTable(IpvsTable):
 
     def delete_real_server(self, key: VirtualServerKey, destination: Destination) -> None:
         self._call(f"delete {key} -> {destination}", self._sockets.get().dest, "del",
-                   service=_service_record(key), dest=IPVSDest(addr=destination.address, port=destination.port),
+                   service=_service_record(key),
+                   dest=IPVSDest(addr=destination.address, addr_family=_address_family(destination.address),
+                                 port=destination.port),
                    quiet=(errno.ESRCH, errno.ENOENT))
 
 
@@ -217,19 +240,23 @@ class NetlinkAddressDevice(AddressDevice):
             raise
         return True
 
-    def addresses(self) -> frozenset[str]:
+    def addresses(self, *, family: IpFamily = IpFamily.V4) -> frozenset[str]:
         index = self._index()
         if index is None:
             return frozenset()
-        return frozenset(message.get("IFA_ADDRESS")
-                         for message in self._sockets.get().addr("dump", index=index, family=socket.AF_INET))
+        found = self._sockets.get().addr("dump", index=index, family=_ADDRESS_FAMILIES[family])
+        # only host addresses are ours: the kernel's own link-local (fe80::/64) is never listed
+        return frozenset(str(message.get("IFA_ADDRESS")) for message in found
+                         if message.get("prefixlen") == family.max_prefix)
 
     def add_address(self, address: str) -> None:
         index = self._index()
         if index is None:
             raise LookupError(f"device {self.name} does not exist")
+        family = IpFamily.of(address)
+        extra = {"flags": IFA_F_NODAD} if family is IpFamily.V6 else {}
         try:
-            self._sockets.get().addr("add", index=index, address=address, prefixlen=32)
+            self._sockets.get().addr("add", index=index, address=address, prefixlen=family.max_prefix, **extra)
         except NetlinkError as error:
             if error.code != errno.EEXIST:
                 raise
@@ -239,7 +266,7 @@ class NetlinkAddressDevice(AddressDevice):
         if index is None:
             return
         try:
-            self._sockets.get().addr("del", index=index, address=address, prefixlen=32)
+            self._sockets.get().addr("del", index=index, address=address, prefixlen=IpFamily.of(address).max_prefix)
         except NetlinkError as error:
             if error.code not in (errno.EADDRNOTAVAIL, errno.ENOENT, errno.ESRCH):
                 raise

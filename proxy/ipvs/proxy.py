@@ -31,11 +31,13 @@ iptables backend's is (proxy/hairpin_set.py): past 7/8 of its capacity a larger 
 (`NETAGENT-IPVS-HAIRPIN-<log2 size>`) is filled by the set sync, the rule repaired to match
 it, and the old set destroyed; a partial sync that would outgrow it becomes a full one.
 
-IPv4 only: `family=IpFamily.V6` is refused with `IpvsFamilyUnsupported`, saying so, before
-anything is opened or written (IPv6 virtual servers need the v6 forms of every touchpoint:
-AF_INET6 netlink records, /128 device addresses, ip6tables rules and `inet6` ipsets under names
-of their own, which issue 22 leaves for later); a dual-stack node serves IPv6 Services with
-another mode.
+Families: one `IpvsProxy` per family (`family=IpFamily.V6`: AF_INET6 virtual servers, /128
+addresses on the same device, the same chains in ip6tables, `inet6` sets named
+NETAGENT-IPVS6-*, IPv6 forwarding), each fed its family's `ProxyState`, as kube-proxy runs a
+proxier per family. Each sees only its own family in every shared touchpoint: the virtual
+servers it lists, diffs, reads back and removes are its family's, the device addresses it
+reads and removes are its family's (`addresses(family=)`), its sets are the family's by
+name; `cleanup` deletes the device only when the other family left no address on it.
 
 Sockets: the netlink objects open sockets per thread (proxy/ipvs/netlink.py), so the backend
 may be driven from the sync runner's thread; a lock keeps sync, reap, status and cleanup apart.
@@ -48,7 +50,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from netagent.infra.clock import Clock, MonotonicClock
-from netagent.errors import NetagentError
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel.families import IpFamily
 from netagent.kernel import namespaces
@@ -82,13 +83,14 @@ from proxy.ipvs.rules import (
     HAIRPIN_SET,
     IPVS_SETS,
     NODEPORT_SETS,
-    SET_PREFIX,
     IpvsChain,
+    family_set,
     ensure_ipvs_rules,
     remove_ipvs_rules,
     render_ipvs_chains,
+    set_prefix,
 )
-from proxy.ipvs.sysctls import IPVS_SYSCTLS
+from proxy.ipvs.sysctls import ipvs_sysctls
 from proxy.ipvs.table import IpvsTable, IpvsUnavailable, RealServer, RealServerStatus, VirtualServer, VirtualServerKey
 from proxy.model import Endpoint, EntryKind, NodeContext, ProxyState, ServicePort, ServicePortName
 
@@ -98,17 +100,6 @@ READY_WEIGHT = 1
 DRAINING_WEIGHT = 0
 
 
-class IpvsFamilyUnsupported(NetagentError, ValueError):
-    """The IPVS backend was asked for a family it does not program (IPv6)."""
-
-
-def require_supported_family(family: IpFamily) -> None:
-    if family is not IpFamily.V4:
-        raise IpvsFamilyUnsupported(
-            f"the IPVS proxy programs IPv4 Services only; {family.label} Services need --proxy-mode "
-            f"iptables or nftables")
-
-
 class IpvsProxy(ProxyBackend):
     mode = ProxyMode.IPVS
 
@@ -116,8 +107,8 @@ class IpvsProxy(ProxyBackend):
                  sysctls: Sysctls, settings: IpvsSettings = IpvsSettings(),
                  clock: Clock | None = None, hairpin_minimum: int = DEFAULT_MAX_ELEMENTS,
                  family: IpFamily = IpFamily.V4):
-        require_supported_family(family)
         self.family = family
+        self._sets = {spec.name: family_set(spec, family) for spec in IPVS_SETS}
         self.table = table
         self.device = device
         self.ipset = ipset
@@ -132,7 +123,8 @@ class IpvsProxy(ProxyBackend):
         self._rendered: dict[ServicePortName, tuple[ServicePort, tuple[Endpoint, ...], ServicePortPlan]] = {}
         self._lock = threading.RLock()
         self.hairpin_minimum = hairpin_minimum
-        self.hairpin_spec = hairpin.hairpin_spec(HAIRPIN_SET.name, hairpin_minimum, minimum=hairpin_minimum)
+        self.hairpin_spec = hairpin.hairpin_spec(self._hairpin_base, hairpin_minimum, minimum=hairpin_minimum,
+                                                 family=family.ipset)
         self._hairpin_known = False
 
     @classmethod
@@ -140,15 +132,14 @@ class IpvsProxy(ProxyBackend):
                      iptables_backend: IptablesBackend | None = None,
                      clock: Clock | None = None, family: IpFamily = IpFamily.V4) -> IpvsProxy:
         """The real thing, for the namespace `netns` (None: the caller's, where the agent runs)."""
-        require_supported_family(family)   # before any socket opens
         from proxy.ipvs.netlink import NetlinkAddressDevice, NetlinkIpvsTable
         prefix = namespaces.exec_prefix(netns)
         backend = iptables_backend or detect_backend(exec_prefix=prefix)
         return cls(table=NetlinkIpvsTable(netns=netns),
                    device=NetlinkAddressDevice(name=settings.device, netns=netns),
                    ipset=IpsetRunner(exec_prefix=prefix),
-                   iptables=IptablesRunner(backend=backend, exec_prefix=prefix),
-                   sysctls=ProcSysctls(exec_prefix=prefix), settings=settings, clock=clock)
+                   iptables=IptablesRunner(backend=backend, family=family, exec_prefix=prefix),
+                   sysctls=ProcSysctls(exec_prefix=prefix), settings=settings, clock=clock, family=family)
 
     def close(self) -> None:
         for part in (self.table, self.device):
@@ -172,27 +163,47 @@ class IpvsProxy(ProxyBackend):
     def chains(self, state: ProxyState) -> tuple[IpvsChain, ...]:
         return render_ipvs_chains(cluster_cidr=state.node.cluster_cidr,
                                   ports=self.iptables.port_randomization,
-                                  mark=self.settings.masquerade_mark, hairpin_set=self.hairpin_spec.name)
+                                  mark=self.settings.masquerade_mark, hairpin_set=self.hairpin_spec.name,
+                                  family=self.family)
+
+    @property
+    def _hairpin_base(self) -> str:
+        return self._sets[HAIRPIN_SET.name].name
+
+    def _virtual_servers(self) -> list[VirtualServer]:
+        """The virtual servers of our family (the table holds both)."""
+        return [server for server in self.table.virtual_servers() if server.key.family is self.family]
+
+    def _addresses(self) -> frozenset[str]:
+        return self.device.addresses(family=self.family)
+
+    def _nodeport_entries(self, sets: dict[str, SetContents]) -> frozenset[str]:
+        """Members of our NodePort sets: the virtual servers on node addresses that are ours."""
+        names = [self._sets[spec.name].name for spec in NODEPORT_SETS]
+        return frozenset(member for name in names if name in sets for member in sets[name].members)
 
     def _choose_hairpin(self, members: int, sets: dict[str, SetContents]) -> list[str]:
         """Size the hairpin set for `members` (adopting the largest one there is the first
         time); answers the hairpin sets in `sets` that are not the chosen one."""
-        base = HAIRPIN_SET.name
+        base = self._hairpin_base
         found = sorted(name for name in sets if hairpin.is_hairpin_set(base, name))
         if not self._hairpin_known and found:
             name = max(found, key=lambda n: hairpin.capacity_of(base, n, minimum=self.hairpin_minimum))
             self.hairpin_spec = hairpin.hairpin_spec(
-                base, hairpin.capacity_of(base, name, minimum=self.hairpin_minimum), minimum=self.hairpin_minimum)
+                base, hairpin.capacity_of(base, name, minimum=self.hairpin_minimum), minimum=self.hairpin_minimum,
+                family=self.family.ipset)
         self._hairpin_known = True
-        self.hairpin_spec = hairpin.choose(base, members, current=self.hairpin_spec, minimum=self.hairpin_minimum)
+        self.hairpin_spec = hairpin.choose(base, members, current=self.hairpin_spec, minimum=self.hairpin_minimum,
+                                           family=self.family.ipset)
         return [name for name in found if name != self.hairpin_spec.name]
 
     def _wanted_sets(self, index: PlanIndex) -> dict:
-        return {(self.hairpin_spec if spec.name == HAIRPIN_SET.name else spec): index.set_members(spec.name)
-                for spec in IPVS_SETS}
+        return {(self.hairpin_spec if spec.name == HAIRPIN_SET.name else self._sets[spec.name]):
+                index.set_members(spec.name) for spec in IPVS_SETS}
 
     def _kernel_set(self, set_name: str) -> str:
-        return self.hairpin_spec.name if set_name == HAIRPIN_SET.name else set_name
+        """The kernel set of the plan's set `set_name` (plans name the IPv4 sets)."""
+        return self.hairpin_spec.name if set_name == HAIRPIN_SET.name else self._sets[set_name].name
 
     def _render(self, state: ProxyState) -> IpvsPlan:
         """render_ipvs, reusing the plans of service ports whose service and endpoints are
@@ -218,11 +229,13 @@ class IpvsProxy(ProxyBackend):
         index = plan.index()
         written: set[ServicePortName] = set()
 
-        sysctl_writes = ensure_sysctls(self.sysctls, IPVS_SYSCTLS)
+        if state.family is not self.family:   # a wiring error: every address would be of the wrong family
+            raise ValueError(f"an {state.family.label} ProxyState handed to the {self.family.label} IPVS proxy")
+        sysctl_writes = ensure_sysctls(self.sysctls, ipvs_sysctls(self.family))
         self.device.ensure()
-        addresses_before = self.device.addresses()
+        addresses_before = self._addresses()
         sets_before = self.ipset.snapshot()
-        nodeports_before = _nodeport_entries(sets_before)
+        nodeports_before = self._nodeport_entries(sets_before)
         obsolete = self._choose_hairpin(len(index.members[HAIRPIN_SET.name]), sets_before)
         counts = sync_sets(self.ipset, self._wanted_sets(index), current=sets_before)
         set_changes = sum(added + removed for added, removed in counts.values())
@@ -235,7 +248,7 @@ class IpvsProxy(ProxyBackend):
         for address in sorted(set(index.addresses) - addresses_before):
             self.device.add_address(address)
 
-        kernel = {server.key: server for server in self.table.virtual_servers()}
+        kernel = {server.key: server for server in self._virtual_servers()}
         for planned in index.all_servers():
             if self._sync_virtual_server(planned, kernel.get(planned.key), now=now):
                 written.add(planned.service)
@@ -390,10 +403,10 @@ class IpvsProxy(ProxyBackend):
 
     def programmed(self) -> list[ProgrammedService]:
         with self._lock:
-            addresses = self.device.addresses()
-            nodeports = _nodeport_entries(self.ipset.snapshot())
+            addresses = self._addresses()
+            nodeports = self._nodeport_entries(self.ipset.snapshot())
             found = []
-            for server in sorted(self.table.virtual_servers(), key=lambda s: s.key):
+            for server in sorted(self._virtual_servers(), key=lambda s: s.key):
                 if not _owned(server.key, addresses=addresses, nodeports=nodeports):
                     continue
                 planned = self._index.server(server.key) if self._index is not None else None
@@ -407,35 +420,36 @@ class IpvsProxy(ProxyBackend):
             return found
 
     def cleanup(self) -> None:
-        """Remove our virtual servers (and only ours), rules, sets and device. Idempotent; works on
-        a kernel without IPVS or a host without ipset (then there is nothing of that kind to remove)."""
+        """Remove our family's virtual servers (and only ours), rules, sets and device addresses,
+        and the device when the other family has no address left on it. Idempotent; works on a
+        kernel without IPVS or a host without ipset (then there is nothing of that kind to remove)."""
         with self._lock:
-            addresses = self.device.addresses()
+            addresses = self._addresses()
             try:
-                nodeports = _nodeport_entries(self.ipset.snapshot())
+                nodeports = self._nodeport_entries(self.ipset.snapshot())
             except IpsetNotInstalled:
                 nodeports = frozenset()
             try:
-                servers = self.table.virtual_servers()
+                servers = self._virtual_servers()
             except IpvsUnavailable:
                 servers = []
             for server in servers:
                 if _owned(server.key, addresses=addresses, nodeports=nodeports):
                     self.table.delete_virtual_server(server.key)
-            remove_ipvs_rules(self.iptables, render_ipvs_chains(cluster_cidr=None))
+            remove_ipvs_rules(self.iptables, render_ipvs_chains(cluster_cidr=None, family=self.family))
             try:
-                delete_owned_sets(self.ipset, prefix=SET_PREFIX)
+                delete_owned_sets(self.ipset, prefix=set_prefix(self.family))
             except IpsetNotInstalled:
                 pass
-            self.device.delete()
+            other = IpFamily.V6 if self.family is IpFamily.V4 else IpFamily.V4
+            if self.device.addresses(family=other):
+                for address in sorted(addresses):
+                    self.device.remove_address(address)
+            else:
+                self.device.delete()
             self._graceful.clear()
             self._plan, self._index, self._node, self._rendered = None, None, None, {}
             self._hairpin_known = False
-
-
-def _nodeport_entries(sets: dict[str, SetContents]) -> frozenset[str]:
-    """Members of our NodePort sets: the virtual servers on node addresses that are ours."""
-    return frozenset(member for spec in NODEPORT_SETS if spec.name in sets for member in sets[spec.name].members)
 
 
 def _owned(key: VirtualServerKey, *, addresses: Iterable[str], nodeports: frozenset[str]) -> bool:

@@ -18,6 +18,10 @@ All use the configured scheduler (round robin by default); ClientIP affinity is 
 with the affinity timeout. Real servers are wanted at weight 1; the ones a sync finds in the
 kernel but not in the plan are drained (proxy/ipvs/graceful.py), not cut.
 
+A plan is of one family, its node's (every address of a `ProxyState` is); its members are keyed
+by the IPv4 set names, which the backend maps to its family's sets (proxy/ipvs/rules.py,
+`family_set`).
+
 When two service ports claim one virtual server (the same external IP and port), the first
 by name wins, so the outcome does not depend on dictionary order.
 """
@@ -45,7 +49,7 @@ from proxy.ipvs.rules import (
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
 from proxy.model import Endpoint, EntryKind, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.selection import EndpointSelection
-from proxy.source_ranges import ipv4_source_ranges
+from proxy.source_ranges import source_ranges
 
 DEFAULT_GRACEFUL_TIMEOUT = 15.0
 
@@ -108,7 +112,7 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
     protocol = service.protocol
     persistence = service.affinity_timeout or 0
     external_local = service.external_policy is TrafficPolicy.LOCAL
-    sources = ipv4_source_ranges(service.load_balancer_source_ranges)
+    sources = source_ranges(service.load_balancer_source_ranges, node.family)
     servers: list[PlannedVirtualServer] = []
     members: dict[str, set[str]] = defaultdict(set)
     seen: set[tuple[EntryKind, str | None]] = set()

@@ -5,6 +5,12 @@ or filtered. Every rule matches an ipset, so the ruleset is the same ten rules a
 or ten thousand, and a sync changes set members, never rules (kube-proxy's IPVS design; the
 names and the rules are ours).
 
+IPv6 (`family=IpFamily.V6`): the same chains under the same names in ip6tables (rejecting with
+icmp6-port-unreachable), matching the same sets of `family inet6` named NETAGENT-IPVS6-<set>
+(`family_set`): ipsets are per namespace, not per family, so the two families' sets need names
+of their own, and NETAGENT-IPVS- is not a prefix of NETAGENT-IPVS6- (each family's cleanup
+deletes its own sets by prefix, `set_prefix`).
+
 Sets (hash types, `family inet`; members spelled by netagent.kernel.ipset.entry):
   CLUSTER-IP      cluster IP,proto:port of every service port
   EXTERNAL        external and load-balancer IP,proto:port, externalTrafficPolicy Cluster
@@ -47,10 +53,12 @@ restarted agent writes nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass
 
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import IpsetSpec, IpsetType
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
 from netagent.kernel.iptables.runner import (
@@ -63,6 +71,7 @@ from netagent.kernel.iptables.runner import (
 )
 
 SET_PREFIX = owned.IPVS_SET_PREFIX
+SET6_PREFIX = owned.IPVS6_SET_PREFIX
 CHAIN_PREFIX = owned.IPVS_SET_PREFIX
 MASQUERADE_MARK = owned.MASQUERADE_MARK
 
@@ -85,6 +94,20 @@ NO_ENDPOINTS_SET = IpsetSpec(f"{SET_PREFIX}NO-EP", IpsetType.HASH_IP_PORT,
 IPVS_SETS: tuple[IpsetSpec, ...] = (CLUSTER_IP_SET, EXTERNAL_SET, NODEPORT_SET, NODEPORT_LOCAL_SET, HAIRPIN_SET,
                                     LB_FIREWALL_SET, LB_SOURCES_SET, NO_ENDPOINTS_SET)
 NODEPORT_SETS = (NODEPORT_SET, NODEPORT_LOCAL_SET)
+
+
+
+def set_prefix(family: IpFamily) -> str:
+    """The prefix of every set of `family`'s backend (and of no set of the other's)."""
+    return SET_PREFIX if family is IpFamily.V4 else SET6_PREFIX
+
+
+def family_set(spec: IpsetSpec, family: IpFamily) -> IpsetSpec:
+    """The kernel set of `family` for one of the sets above (IPv4: the set itself)."""
+    if family is IpFamily.V4:
+        return spec
+    return dataclasses.replace(spec, name=SET6_PREFIX + spec.name.removeprefix(SET_PREFIX), family=family.ipset)
+
 
 SERVICES_CHAIN = f"{CHAIN_PREFIX}SVCS"
 POSTROUTING_CHAIN = f"{CHAIN_PREFIX}POSTRTG"
@@ -115,18 +138,28 @@ def _match(spec: IpsetSpec, directions: str, *, negate: bool = False) -> tuple[s
 
 
 def render_ipvs_chains(*, cluster_cidr: str | None, ports: PortRandomization = PortRandomization.FULLY,
-                       mark: int = MASQUERADE_MARK, hairpin_set: str = HAIRPIN_SET.name) -> tuple[IpvsChain, ...]:
-    """The four chains, in the form iptables-save prints them. Pure. `hairpin_set` is the
-    hairpin set of the size the state needs (proxy/hairpin_set.py: a larger one replaces it)."""
+                       mark: int = MASQUERADE_MARK, hairpin_set: str | None = None,
+                       family: IpFamily = IpFamily.V4) -> tuple[IpvsChain, ...]:
+    """The four chains, in the form (ip6)tables-save prints them. Pure. `hairpin_set` is the
+    hairpin set of the size the state needs (proxy/hairpin_set.py: a larger one replaces it;
+    None: the family's base set). `cluster_cidr` is `family`'s (ValueError for another family's)."""
+    def match(spec: IpsetSpec, directions: str, *, negate: bool = False) -> tuple[str, ...]:
+        return _match(family_set(spec, family), directions, negate=negate)
+
+    hairpin_set = hairpin_set or family_set(HAIRPIN_SET, family).name
     set_mark = ("-j", "MARK", "--set-xmark", f"{mark:#x}/{mark:#x}")
     masquerade = ("-j", *ports.target)
     from_outside: tuple[str, ...] = ()
     if cluster_cidr:
-        from_outside = ("!", "-s", str(ipaddress.IPv4Network(cluster_cidr, strict=False)))
+        network = ipaddress.ip_network(cluster_cidr, strict=False)
+        if IpFamily.of(network) is not family:
+            raise ValueError(f"cluster CIDR {network} is not {family.label}")
+        from_outside = ("!", "-s", str(network))
+    reject = "icmp-port-unreachable" if family is IpFamily.V4 else "icmp6-port-unreachable"
     services = (
-        _rule(*from_outside, *_match(CLUSTER_IP_SET, "dst,dst"), *set_mark),
-        _rule(*_match(EXTERNAL_SET, "dst,dst"), *set_mark),
-        _rule(*_match(NODEPORT_SET, "dst,dst"), *set_mark),
+        _rule(*from_outside, *match(CLUSTER_IP_SET, "dst,dst"), *set_mark),
+        _rule(*match(EXTERNAL_SET, "dst,dst"), *set_mark),
+        _rule(*match(NODEPORT_SET, "dst,dst"), *set_mark),
     )
     postrouting = (
         _rule("-m", "set", "--match-set", hairpin_set, "dst,dst,src", *masquerade),
@@ -135,9 +168,9 @@ def render_ipvs_chains(*, cluster_cidr: str | None, ports: PortRandomization = P
         _rule(*masquerade),
     )
     filtering = (
-        _rule("-m", "conntrack", "--ctstate", "NEW", *_match(NO_ENDPOINTS_SET, "dst,dst"),
-              "-j", "REJECT", "--reject-with", "icmp-port-unreachable"),
-        _rule(*_match(LB_FIREWALL_SET, "dst,dst"), *_match(LB_SOURCES_SET, "dst,dst,src", negate=True),
+        _rule("-m", "conntrack", "--ctstate", "NEW", *match(NO_ENDPOINTS_SET, "dst,dst"),
+              "-j", "REJECT", "--reject-with", reject),
+        _rule(*match(LB_FIREWALL_SET, "dst,dst"), *match(LB_SOURCES_SET, "dst,dst,src", negate=True),
               "-j", "DROP"),
     )
     forward = (

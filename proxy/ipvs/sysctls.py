@@ -1,10 +1,12 @@
 """The kernel settings the IPVS backend needs, each with the reason (set through
 `netagent.kernel.sysctl`). The IPVS ones exist only once the ip_vs module is loaded (it
-creates them per namespace).
+creates them per namespace). The `net.ipv4.vs` settings govern IPVS for both families (there is
+no `net.ipv6.vs`); forwarding is per family (`ipvs_sysctls`).
 """
 from __future__ import annotations
 
-from netagent.kernel.sysctl import IP_FORWARD, Sysctl
+from netagent.kernel.families import IpFamily
+from netagent.kernel.sysctl import IP_FORWARD, Sysctl, forwarding
 
 IPVS_SYSCTLS: tuple[Sysctl, ...] = (
     Sysctl("net.ipv4.vs.conntrack", "1",
@@ -22,3 +24,8 @@ IPVS_SYSCTLS: tuple[Sysctl, ...] = (
            "following its template to the terminating one"),
     IP_FORWARD,
 )
+
+
+def ipvs_sysctls(family: IpFamily) -> tuple[Sysctl, ...]:
+    """What `family`'s backend sets: the IPVS settings and that family's forwarding."""
+    return (*IPVS_SYSCTLS[:-1], forwarding(family.value))

@@ -12,8 +12,14 @@ gone is quiet in both, because the backend's deletes are idempotent by design.
 
 Real servers are always in NAT ("masquerading") forwarding mode: the backend balances to pod
 addresses behind the node, never direct-routing or tunnelling. Persistence (ClientIP session
-affinity) is the kernel's persistent flag with a timeout and a /32 netmask: one client
-address sticks to one real server for the timeout after its last connection.
+affinity) is the kernel's persistent flag with a timeout and a host netmask (/32, /128): one
+client address sticks to one real server for the timeout after its last connection.
+
+Both families live in one table (the kernel keys a virtual server by family too): a key's
+family is its address's (`VirtualServerKey.family`), a real server must be of its virtual
+server's family (the backend balances in NAT mode within one family; the fake refuses a mix
+with EAFNOSUPPORT as the kernel does), and each family's backend lists the table and keeps
+to its own family's virtual servers.
 
 `FakeIpvsTable.writes` records every write, so tests can say "a restart adopts with zero
 writes"; `set_connections` stands in for traffic so graceful removal can be tested.
@@ -26,6 +32,7 @@ import ipaddress
 from dataclasses import dataclass
 from enum import Enum
 
+from netagent.kernel.families import IpFamily
 from proxy.model import Protocol
 from netagent.errors import NetagentError
 
@@ -66,7 +73,11 @@ class VirtualServerKey:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port}/{self.protocol.value}"
+        return f"{_bracketed(self.address)}:{self.port}/{self.protocol.value}"
+
+    @property
+    def family(self) -> IpFamily:
+        return IpFamily.of(self.address)
 
 
 @dataclass(frozen=True, order=True)
@@ -76,7 +87,7 @@ class Destination:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port}"
+        return f"{_bracketed(self.address)}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,11 @@ class RealServerStatus:
 
 
 class IpvsTable(abc.ABC):
-    """The IPVS table of one network namespace (IPv4 services only; others are not listed)."""
+    """The IPVS table of one network namespace (address/port services of both families)."""
 
     @abc.abstractmethod
     def virtual_servers(self) -> list[VirtualServer]:
-        """Every IPv4 address/port virtual server (fwmark and IPv6 services are not listed)."""
+        """Every address/port virtual server, IPv4 and IPv6 (fwmark services are not listed)."""
 
     @abc.abstractmethod
     def virtual_server(self, key: VirtualServerKey) -> VirtualServer | None:
@@ -161,6 +172,8 @@ def check_virtual_server(server: VirtualServer) -> None:
 
 def check_real_server(key: VirtualServerKey, real: RealServer) -> None:
     _check_address(real.destination.address)
+    if IpFamily.of(real.destination.address) is not IpFamily.of(key.address):
+        raise IpvsError(f"{key} -> {real.destination}: a real server of another family", code=errno.EAFNOSUPPORT)
     if not 0 <= real.weight <= MAX_WEIGHT:
         raise IpvsError(f"{key} -> {real.destination}: weight {real.weight} out of range", code=errno.ERANGE)
     if not 0 < real.destination.port <= 65535:
@@ -169,9 +182,15 @@ def check_real_server(key: VirtualServerKey, real: RealServer) -> None:
 
 def _check_address(address: str) -> None:
     try:
-        ipaddress.IPv4Address(address)
+        parsed = ipaddress.ip_address(address)
     except ValueError:
-        raise IpvsError(f"{address!r} is not an IPv4 address", code=errno.EINVAL) from None
+        raise IpvsError(f"{address!r} is not an IP address", code=errno.EINVAL) from None
+    if str(parsed) != address:
+        raise IpvsError(f"{address!r} is not in canonical form ({parsed})", code=errno.EINVAL)
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 

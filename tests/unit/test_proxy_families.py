@@ -195,12 +195,11 @@ def test_the_ipv6_iptables_backend_writes_ip6tables_and_an_inet6_hairpin_set():
     assert "NETAGENT" not in v6_tables.save() and not ipset.snapshot()
 
 
-def test_the_factory_refuses_ipv6_for_ipvs_before_touching_the_kernel():
+def test_the_factory_builds_an_ipv6_ipvs_backend_on_ip6tables():
     from netagent.kernel.iptables.backend import IptablesBackend
     from proxy.factory import build_backend
-    from proxy.ipvs.proxy import IpvsFamilyUnsupported
-    with pytest.raises(IpvsFamilyUnsupported, match="IPv4 Services only"):
-        build_backend("ipvs", iptables_backend=IptablesBackend.LEGACY, family=V6)
+    backend = build_backend("ipvs", iptables_backend=IptablesBackend.LEGACY, family=V6)
+    assert backend.family is V6 and backend.iptables.family is V6
 
 
 # -- the daemon: one proxy per family --------------------------------------------------------------

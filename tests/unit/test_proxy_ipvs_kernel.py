@@ -4,6 +4,7 @@ the guest kernel in tests/vm/guest/test_ipvs_backend.py), sysctls are written on
 differ, and the rules are repaired only when they drift."""
 import errno
 import socket
+import sys
 
 import pytest
 from pyroute2.netlink.generic import ipvs as genl
@@ -162,3 +163,19 @@ def test_rules_are_written_once_and_repaired_on_drift():
     remove_ipvs_rules(iptables, chains)
     assert "NETAGENT" not in iptables.save()
     assert iptables.table("filter").chains["INPUT"].rules == [("-s", "192.0.2.0/24", "-j", "DROP")]
+
+
+def test_netlink_ipv6_records_are_af_inet6_with_a_128_bit_host_netmask():
+    key6 = VirtualServerKey("fd00:10:96::a", Protocol.TCP, 80)
+    record = dict(_full_service_record(VirtualServer(key6, scheduler="rr")).dump_nla()["attrs"])
+    assert (record["IPVS_SVC_ATTR_AF"], record["IPVS_SVC_ATTR_ADDR"]) == (socket.AF_INET6, "fd00:10:96::a")
+    # the kernel reads an AF_INET6 netmask as a prefix length in host byte order (1..128)
+    assert int.from_bytes(socket.inet_aton(record["IPVS_SVC_ATTR_NETMASK"]), sys.byteorder) == 128
+    dest = dict(_dest_record(RealServer(Destination("fd00:10:244:1::5", 8080))).dump_nla()["attrs"])
+    assert (dest["IPVS_DEST_ATTR_ADDR_FAMILY"], dest["IPVS_DEST_ATTR_FWD_METHOD"]) == (socket.AF_INET6, 0)
+    answered = _service_message(IPVS_SVC_ATTR_AF=socket.AF_INET6, IPVS_SVC_ATTR_PROTOCOL=6,
+                                IPVS_SVC_ATTR_ADDR="fd00:10:96::a", IPVS_SVC_ATTR_PORT=80,
+                                IPVS_SVC_ATTR_SCHED_NAME="rr", IPVS_SVC_ATTR_FLAGS={"flags": 2, "mask": 0xFFFFFFFF},
+                                IPVS_SVC_ATTR_TIMEOUT=0)
+    parsed = _parse_service(answered)
+    assert parsed == VirtualServer(key6) and parsed.key.family.value == 6

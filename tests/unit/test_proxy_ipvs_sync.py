@@ -315,15 +315,3 @@ def test_cleanup_without_ipvs_in_the_kernel(kernel):
     kernel.table = NoIpvs()
     kernel.proxy().cleanup()
     assert kernel.writes() == 0
-
-
-def test_ipv6_is_refused_with_a_reason_before_anything_is_touched(kernel):
-    from netagent.kernel.families import IpFamily
-    from proxy.ipvs.proxy import IpvsFamilyUnsupported
-    with pytest.raises(IpvsFamilyUnsupported, match="IPv4 Services only; IPv6 Services need --proxy-mode"):
-        IpvsProxy(table=kernel.table, device=kernel.device, ipset=kernel.ipset, iptables=kernel.iptables,
-                  sysctls=kernel.sysctls, family=IpFamily.V6)
-    with pytest.raises(IpvsFamilyUnsupported):
-        IpvsProxy.in_namespace(netns="na-t-never-made", family=IpFamily.V6)   # refused before any socket
-    assert kernel.writes() == 0 and not kernel.device.exists()
-    assert kernel.proxy().family is IpFamily.V4
