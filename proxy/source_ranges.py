@@ -1,6 +1,7 @@
 """`loadBalancerSourceRanges` as the backends need them: one family's networks allowed, or None.
 
-Shared by the IPVS backend (an ipset of allowed sources) and the eBPF backend (an LPM trie):
+Shared by the IPVS backend (an ipset of allowed sources), the nftables backend (an interval set)
+and the eBPF backend (an LPM trie):
 both must read the ranges the same way, as Kubernetes does.
 """
 from __future__ import annotations
@@ -9,11 +10,6 @@ import ipaddress
 from collections.abc import Iterable
 
 from netagent.kernel.families import IpFamily
-
-
-def ipv4_source_ranges(ranges: Iterable[str]) -> tuple[str, ...] | None:
-    """`source_ranges` of IPv4."""
-    return source_ranges(ranges, IpFamily.V4)
 
 
 def source_ranges(ranges: Iterable[str], family: IpFamily) -> tuple[str, ...] | None:

@@ -268,12 +268,12 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     if mode == ProxyMode.NFTABLES.value:
         from netagent.kernel.nftables.runner import NftRunner
         from netagent.policy.programmer_nft import NftPolicyProgrammer
-        from netagent.policy.render_nft import IPV4, IPV6
+        from netagent.policy.render_nft import Family
         for removed in remove_policy_state(iptables_backend, nft=False):   # a node switched from iptables
             log.info("network policy (nftables): removed the iptables dataplane's %s", removed)
         nft = NftRunner()
         for family in families:
-            dataplanes[family] = NftPolicyProgrammer(nft, family=IPV4 if family is IpFamily.V4 else IPV6)
+            dataplanes[family] = NftPolicyProgrammer(nft, family=Family.of(family))
     else:
         for removed in remove_nft_policy_state():
             log.info("network policy (iptables): removed the nftables dataplane's %s", removed)

@@ -43,14 +43,13 @@ def read_nft() -> Read | None:
     """The nft policy tables read back, by family, or None when this node has none (or no libnftables)."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from netagent.policy.readback_nft import parse_nft_policy
-    from netagent.policy.render_nft import IPV4, IPV6, TABLE
+    from netagent.policy.render_nft import TABLE, Family
     try:
         nft = NftRunner()
     except NftError:
         return None
     try:
-        found = {family: nft.list_table(table.name, TABLE) for family, table in ((IpFamily.V4, IPV4),
-                                                                                  (IpFamily.V6, IPV6))}
+        found = {family: nft.list_table(Family.of(family).name, TABLE) for family in IpFamily}
     finally:
         nft.close()
     read = {family: parse_nft_policy(objects) for family, objects in found.items() if objects is not None}

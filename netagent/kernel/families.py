@@ -26,6 +26,11 @@ class IpFamily(enum.Enum):
         return "ip" if self is IpFamily.V4 else "ip6"
 
     @property
+    def nft_address_type(self) -> str:
+        """nft's address datatype (`ipv4_addr`, `ipv6_addr`)."""
+        return "ipv4_addr" if self is IpFamily.V4 else "ipv6_addr"
+
+    @property
     def ipset(self) -> str:
         """ipset's `family` option (`inet`, `inet6`)."""
         return "inet" if self is IpFamily.V4 else "inet6"

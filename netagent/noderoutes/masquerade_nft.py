@@ -124,7 +124,7 @@ def render_masquerade_nft(wanted: MasqueradeTable) -> str:
     """One batch that replaces the table with `wanted` (the `add` first makes the `delete`
     succeed when the table is missing; the whole batch is one transaction)."""
     table = f"{wanted.family.nft} {text.name(TABLE)}"
-    address_type = "ipv4_addr" if wanted.family is IpFamily.V4 else "ipv6_addr"
+    address_type = wanted.family.nft_address_type
     lines = [f"add table {table}", f"delete table {table}", f"add table {table}"]
     for name, networks in ((CLUSTER_SET, wanted.cluster), (LOCAL_PODS_SET, wanted.local_pods)):
         lines.append(f"add set {table} {text.name(name)} {{ type {address_type}; flags interval; }}")

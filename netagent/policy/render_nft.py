@@ -47,6 +47,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
@@ -74,8 +75,13 @@ class Family:
     payload: str
 
 
-IPV4 = Family("ip", "ipv4_addr", "ip")
-IPV6 = Family("ip6", "ipv6_addr", "ip6")
+    @classmethod
+    def of(cls, family: IpFamily) -> Family:
+        return cls(family.nft, family.nft_address_type, family.nft)
+
+
+IPV4 = Family.of(IpFamily.V4)
+IPV6 = Family.of(IpFamily.V6)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class Spelling:
 
     @property
     def addr_type(self) -> str:
-        return "ipv4_addr" if self.family is IpFamily.V4 else "ipv6_addr"
+        return self.family.nft_address_type
 
     @property
     def loopback(self) -> str:
