@@ -21,7 +21,7 @@ apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
   qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 clang libclang-rt-dev \
-  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 >/dev/null
+  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 curl unzip >/dev/null
 # bird2's package enables a host-wide BIRD where systemd runs; netagent runs its own per node
 # (--backend bgp) and the tests run theirs in namespaces, so the host's is stopped.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
@@ -40,6 +40,26 @@ if [ ! -e "$modules/build/include" ]; then
     ln -sfn "$headers" "$modules/build"
     ln -sfn "${headers%-amd64}-common" "$modules/source"
   fi
+fi
+
+# scripts/build-kubernetes (the real-Kubernetes lab and test tier) needs Go at least as new as
+# k8s/go.mod's `go` line; where the machine has none or an older one (Debian 12's golang is
+# 1.19), the Go toolchain is fetched from the Go module proxy (golang.org/toolchain) into
+# /usr/local/go-<version>, linked as /usr/local/bin/go.
+want_go=$(awk '$1 == "go" { print $2; exit }' k8s/go.mod)
+have_go=$(PATH=/usr/local/go/bin:$PATH go env GOVERSION 2>/dev/null | sed 's/^go//') || have_go=""
+if [ -z "$have_go" ] || [ "$(printf '%s\n%s\n' "$want_go" "$have_go" | sort -V | head -1)" != "$want_go" ]; then
+  toolchain=$(curl -fsS "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/list" \
+    | sed -n "s/^\(v0.0.1-go${want_go%.*}\.[0-9]*\)\.linux-amd64$/\1/p" | sort -V | tail -1)
+  [ -n "$toolchain" ] || { echo "setup.sh: no Go ${want_go%.*} toolchain on the module proxy" >&2; exit 1; }
+  tmp=$(mktemp -d)
+  curl -fsS -o "$tmp/go.zip" "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/$toolchain.linux-amd64.zip"
+  (cd "$tmp" && unzip -q go.zip)
+  rm -rf "/usr/local/go-${toolchain#v0.0.1-go}"
+  mv "$tmp/golang.org/toolchain@$toolchain.linux-amd64" "/usr/local/go-${toolchain#v0.0.1-go}"
+  chmod +x "/usr/local/go-${toolchain#v0.0.1-go}"/bin/* "/usr/local/go-${toolchain#v0.0.1-go}"/pkg/tool/*/*
+  ln -sfn "/usr/local/go-${toolchain#v0.0.1-go}/bin/go" /usr/local/bin/go
+  rm -rf "$tmp"
 fi
 
 if [ ! -x .venv/bin/python ]; then
