@@ -5,6 +5,8 @@
                     [--ip-family ipv4|ipv6|dual]   (so does the demo: `netagent lab demo --ip-family dual`)
                                       build it and leave it running (--mode bgp: a BIRD top-of-rack
                                       router per segment, every agent peering with its own)
+    netagent lab up --kubernetes [--nodes N] [--mode vxlan|host-gw] [--proxy-mode iptables|nftables]
+                                      a real Kubernetes (lab/kubernetes/), netagent installed with kubectl
     netagent lab status [--json]      nodes, pods, agents, services and their endpoints
     netagent lab exec POD -- CMD...   run a command in a pod (or node, "internet", "router")
     netagent lab node add [--name N] [--segment S] | node remove NAME
@@ -22,6 +24,7 @@ every command loads it from there, so the lab survives between commands.
 from __future__ import annotations
 
 import argparse
+import typing
 import json
 import os
 import subprocess
@@ -39,6 +42,9 @@ from lab.service_status import describe_service
 from lab.state import IP_FAMILIES, LabError
 from netagent.kernel.families import IpFamily
 from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
+
+if typing.TYPE_CHECKING:
+    from lab.kubernetes.cluster import KubernetesLab
 
 DEFAULT_STATE_DIR = os.environ.get("NETAGENT_LAB_DIR", "/run/netagent-lab")
 
@@ -77,6 +83,10 @@ def add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     demo.set_defaults(func=_cmd_demo)
     up = sub.add_parser("up", help="build a cluster and leave it running")
     cluster_shape(up, pods=0)
+    up.add_argument("--kubernetes", action="store_true",
+                    help="a real Kubernetes (built by scripts/build-kubernetes): kube-apiserver, controller "
+                         "manager, scheduler, a containerd and kubelet per node, netagent applied as the "
+                         "DaemonSet, CoreDNS; drive it with kubectl (`lab kubeconfig`)")
     up.set_defaults(func=_cmd_up)
     status = sub.add_parser("status", help="show the running lab")
     status.add_argument("--json", action="store_true")
@@ -150,7 +160,23 @@ def run_lab_command(args) -> int:
 
 
 def _load(args) -> LabCluster:
-    return LabCluster.load(args.state_dir)
+    lab = _load_any(args)
+    if not isinstance(lab, LabCluster):
+        raise LabError("this lab runs a real Kubernetes: drive it with kubectl (`netagent lab kubeconfig`)")
+    return lab
+
+
+def _load_any(args) -> LabCluster | KubernetesLab:
+    lab = LabCluster.load(args.state_dir)
+    if lab.state.kubernetes is None:
+        return lab
+    from lab.kubernetes.cluster import KubernetesLab  # the real cluster's modules only when one runs
+    return KubernetesLab.load(lab.state)
+
+
+def print_kubernetes_status(status: dict) -> None:
+    from lab.kubernetes.cluster import print_status
+    print_status(status)
 
 
 def _create(args, *, workdir: str | None) -> LabCluster:
@@ -165,6 +191,14 @@ def _cmd_up(args) -> int:
     if os.path.exists(os.path.join(args.state_dir, "state.json")):
         raise LabError(f"a lab is already up in {args.state_dir}; `netagent lab down` first")
     started = time.monotonic()
+    if getattr(args, "kubernetes", False):
+        from lab.kubernetes.cluster import KubernetesLab
+        kube = KubernetesLab.create(nodes=args.nodes, mode=args.mode, proxy_mode=args.proxy_mode,
+                                    workdir=args.state_dir)
+        print(f"netagent lab: Kubernetes {kube.kube.version}, {args.nodes} node(s), {args.mode} mode, "
+              f"up in {time.monotonic() - started:.1f} s; state in {args.state_dir}")
+        print_kubernetes_status(kube.status())
+        return 0
     lab = _create(args, workdir=args.state_dir)
     print(f"netagent lab: {args.nodes} node(s), {args.mode} mode, {args.segments} segment(s), up in "
           f"{time.monotonic() - started:.1f} s; state in {args.state_dir}")
@@ -197,9 +231,12 @@ def _print_status(status: dict) -> None:
 
 
 def _cmd_status(args) -> int:
-    status = _load(args).status()
+    lab = _load_any(args)
+    status = lab.status()
     if args.json:
         print(json.dumps(status, indent=1))
+    elif not isinstance(lab, LabCluster):
+        print_kubernetes_status(status)
     else:
         _print_status(status)
     return 0
@@ -209,15 +246,20 @@ def _cmd_exec(args) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise LabError("nothing to run: lab exec POD -- CMD...")
-    return subprocess.run([*_load(args).exec_prefix(args.target), *argv]).returncode
+    return subprocess.run([*_load_any(args).exec_prefix(args.target), *argv]).returncode
 
 
 def _cmd_kubeconfig(args) -> int:
-    lab = _load(args)
-    servers = {"lab-inside": lab.api_url}
-    if lab.host_api_url is not None:
-        servers = {"lab": lab.host_api_url, **servers}
-    text = yaml.safe_dump(render_kubeconfig(servers, current="lab-inside" if args.inside else None), sort_keys=False)
+    lab = _load_any(args)
+    if not isinstance(lab, LabCluster):
+        with open(lab.admin_kubeconfig if args.inside else lab.host_kubeconfig) as f:
+            text = f.read()
+    else:
+        servers = {"lab-inside": lab.api_url}
+        if lab.host_api_url is not None:
+            servers = {"lab": lab.host_api_url, **servers}
+        text = yaml.safe_dump(render_kubeconfig(servers, current="lab-inside" if args.inside else None),
+                              sort_keys=False)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)
@@ -228,7 +270,7 @@ def _cmd_kubeconfig(args) -> int:
 
 
 def _cmd_down(args) -> int:
-    LabCluster.load(args.state_dir).down()
+    _load_any(args).down()
     print("netagent lab: removed")
     return 0
 

@@ -40,8 +40,8 @@ class Processes:
         self.cwd = cwd
         self._children: dict[int, subprocess.Popen] = {}  # processes this Python started
 
-    def spawn(self, netns: str, argv: list, log_path: str, *, pass_fds: tuple[int, ...] = ()) -> int:
-        """Start `argv` in `netns`; `pass_fds` stay open in it (a socket opened here, say)."""
+    def spawn(self, netns: str | None, argv: list, log_path: str, *, pass_fds: tuple[int, ...] = ()) -> int:
+        """Start `argv` in `netns` (None: this one); `pass_fds` stay open in it (a socket opened here, say)."""
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([*namespaces.exec_prefix(netns), *argv], stdout=log, stderr=subprocess.STDOUT,

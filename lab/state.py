@@ -69,6 +69,7 @@ class LabState:
     nodes: dict = field(default_factory=dict)   # name -> NodeState
     pods: dict = field(default_factory=dict)    # name -> PodState
     tors: dict = field(default_factory=dict)    # bgp mode: segment -> its ToR (bgp_fabric.TorState's fields)
+    kubernetes: dict | None = None  # `lab up --kubernetes`: its processes (kubernetes/cluster.py's KubernetesState)
 
     @property
     def families(self) -> tuple[IpFamily, ...]:

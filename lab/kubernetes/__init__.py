@@ -1,0 +1,1 @@
+"""A real Kubernetes in the lab: the components built from the upstream Go modules (scripts/build-kubernetes), run in the lab's namespaces."""
