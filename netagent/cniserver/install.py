@@ -134,8 +134,13 @@ def _write_atomically(path: str, content: str | bytes, mode: int) -> None:
         raise
 
 
+PORTMAP = {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}
+
+
 def render_conflist(*, name: str, subnets: list, mode: PodAttachment, bridge: str, mtu: int,
-                    socket_path: str, data_dir: str, cni_version: str = "1.0.0") -> dict:
+                    socket_path: str, data_dir: str, cni_version: str = "1.0.0", portmap: bool = False) -> dict:
+    """The network config; `portmap` chains the reference portmap plugin after ours (pods'
+    hostPorts, as flannel's and Calico's configs do)."""
     plugin = {"type": "netagent", "mode": mode.value, "bridge": bridge, "mtu": mtu,
               "agentSocket": socket_path,
               "ipam": {"type": "netagent", "ranges": [[{"subnet": s}] for s in subnets],
@@ -144,7 +149,7 @@ def render_conflist(*, name: str, subnets: list, mode: PodAttachment, bridge: st
         del plugin["bridge"]
     else:  # a pod reaching itself through a Service is DNATed back out of its own bridge port
         plugin["hairpinMode"] = True
-    return {"cniVersion": cni_version, "name": name, "plugins": [plugin]}
+    return {"cniVersion": cni_version, "name": name, "plugins": [plugin, *([dict(PORTMAP)] if portmap else [])]}
 
 
 def range_sets(subnets: list) -> list[str]:
@@ -192,7 +197,7 @@ def install(*, bin_dir: str, conf_dir: str | None, name: str, subnets: list, mod
 
 
 def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: PodAttachment, bridge: str, mtu: int,
-                   socket_path: str, data_dir: str) -> str:
+                   socket_path: str, data_dir: str, portmap: bool = False) -> str:
     """Write (atomically) the network config runtimes read; the agent calls this with its lease.
     One range set per IP family (`ranges: [[{subnet: v4}], [{subnet: v6}]]`, IPv4 first): a pod
     gets one address of each family of the node's lease."""
@@ -202,6 +207,6 @@ def write_conflist(*, conf_dir: str, name: str, subnets: list, mode: PodAttachme
     os.makedirs(conf_dir, exist_ok=True)
     path = os.path.join(conf_dir, CONFLIST_NAME)
     conflist = render_conflist(name=name, subnets=subnets, mode=mode, bridge=bridge, mtu=mtu,
-                               socket_path=socket_path, data_dir=data_dir)
+                               socket_path=socket_path, data_dir=data_dir, portmap=portmap)
     _write_atomically(path, json.dumps(conflist, indent=2) + "\n", 0o644)
     return path

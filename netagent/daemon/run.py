@@ -67,6 +67,11 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     cluster.add_argument("--cni-conf-dir", default="/etc/cni/net.d",
                          help="where to publish the network config with this node's pod CIDR ('' to skip)")
     cluster.add_argument("--cni-mode", choices=POD_ATTACHMENT_CHOICES, default=PodAttachment.BRIDGE.value)
+    cluster.add_argument("--cni-portmap", choices=["auto", "on", "off"], default="auto",
+                         help="chain the reference portmap plugin after netagent in the network config (pods' "
+                              "hostPorts); auto: when --cni-bin-dir holds it")
+    cluster.add_argument("--cni-bin-dir", default="/opt/cni/bin",
+                         help="where the runtime finds CNI plugins (--cni-portmap auto looks for portmap there)")
     cluster.add_argument("--cni-data-dir", default=DEFAULT_DATA_DIR)
     cluster.add_argument("--status-bind", default="0.0.0.0:10258",
                          help="/healthz, /livez and /readyz (the kubelet's probes; /metrics: --metrics-bind-address)")
@@ -209,13 +214,16 @@ def _cni_config_writer(args) -> Callable[[Lease], None]:
     def write(lease: Lease) -> None:
         if not args.cni_conf_dir:
             return
+        portmap = args.cni_portmap == "on" or (
+            args.cni_portmap == "auto" and os.access(os.path.join(args.cni_bin_dir, "portmap"), os.X_OK))
         from netagent.cniserver import install as cni_install
         from netagent.kernel import owned
         path = cni_install.write_conflist(
             conf_dir=args.cni_conf_dir, name="netagent", subnets=[str(c) for c in lease.pod_cidrs],
             mode=PodAttachment(args.cni_mode), bridge=owned.DEFAULT_BRIDGE, mtu=lease.mtu, socket_path=args.cni_socket,
-            data_dir=args.cni_data_dir)
-        log.info("CNI config %s: pod CIDR(s) %s, MTU %d", path, ", ".join(map(str, lease.pod_cidrs)), lease.mtu)
+            data_dir=args.cni_data_dir, portmap=portmap)
+        log.info("CNI config %s: pod CIDR(s) %s, MTU %d%s", path, ", ".join(map(str, lease.pod_cidrs)), lease.mtu,
+                 ", portmap chained" if portmap else "")
     return write
 
 

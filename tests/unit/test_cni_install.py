@@ -6,6 +6,7 @@ exercised by the netns and e2e tiers. Without a shim nothing is written.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -81,3 +82,33 @@ def test_the_python_client_is_installed_only_when_asked_for(tmp_path):
                                 plugin=cni_install.PluginBinary.PYTHON)
     assert [os.path.basename(p) for p in paths] == ["netagent", "netagent-ipam"]
     assert (tmp_path / "netagent").read_text().splitlines()[0].endswith(" -IS")
+
+
+def test_portmap_is_chained_after_netagent_when_asked(tmp_path):
+    plain = cni_install.render_conflist(name="n", subnets=["10.244.1.0/24"], mode=PodAttachment.BRIDGE, bridge="na0",
+                                    mtu=1450, socket_path="/s", data_dir="/d")
+    assert [p["type"] for p in plain["plugins"]] == ["netagent"]
+    chained = cni_install.render_conflist(name="n", subnets=["10.244.1.0/24"], mode=PodAttachment.BRIDGE, bridge="na0",
+                                      mtu=1450, socket_path="/s", data_dir="/d", portmap=True)
+    assert [p["type"] for p in chained["plugins"]] == ["netagent", "portmap"]
+    assert chained["plugins"][1]["capabilities"] == {"portMappings": True}
+
+
+@pytest.mark.parametrize("setting,present,chained", [("auto", True, True), ("auto", False, False),
+                                                     ("on", False, True), ("off", True, False)])
+def test_the_agent_chains_portmap_where_the_node_has_it(tmp_path, setting, present, chained):
+    import argparse
+    import ipaddress
+
+    from netagent.daemon.run import _cni_config_writer
+    from netagent.noderoutes.host import Lease
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if present:
+        (bin_dir / "portmap").write_text("#!/bin/sh\n")
+        (bin_dir / "portmap").chmod(0o755)
+    args = argparse.Namespace(cni_conf_dir=str(tmp_path / "net.d"), cni_portmap=setting, cni_bin_dir=str(bin_dir),
+                              cni_mode="bridge", cni_socket="/run/netagent/cni.sock", cni_data_dir="/var/lib/cni")
+    _cni_config_writer(args)(Lease(node_name="node-1", pod_cidrs=(ipaddress.ip_network("10.244.1.0/24"),), mtu=1450))
+    written = json.loads((tmp_path / "net.d" / cni_install.CONFLIST_NAME).read_text())
+    assert ("portmap" in [p["type"] for p in written["plugins"]]) is chained
