@@ -194,10 +194,7 @@ class LabCluster(LabPods):
             raise LabError(f"no lab is up (no {path}); start one with `netagent lab up`") from None
 
     def save(self) -> None:
-        path = os.path.join(self.workdir, "state.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.state.to_json(), f, indent=1)
-        os.replace(path + ".tmp", path)
+        self.state.write()
 
     def __enter__(self) -> "LabCluster":
         return self

@@ -6,6 +6,8 @@ later commands (another process) can load, drive and remove it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from dataclasses import dataclass, field
 
 from netagent.kernel.families import IpFamily
@@ -77,6 +79,13 @@ class LabState:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    def write(self) -> None:
+        """`<workdir>/state.json`, replaced atomically (a later command loads it)."""
+        path = os.path.join(self.workdir, "state.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+        os.replace(path + ".tmp", path)
 
     @classmethod
     def from_json(cls, data: dict) -> "LabState":

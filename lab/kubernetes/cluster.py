@@ -2,7 +2,8 @@
 installed the way a user installs it.
 
 The machines and wires are the lab's own (`physical.py`: switch, router, internet, a namespace
-per node); what runs on them is real: the control plane in the router namespace
+per node); what runs on them is real: the control plane on node-1's machine, as on kubeadm's
+control-plane node, so the API server reaches pods through netagent's routes
 (`control_plane.py`), and on each node a containerd and a kubelet (`node_host.py`) that
 register the Node through the API server; the controller manager allocates its podCIDR. The
 images nothing can pull are built here and imported into every node's containerd under the
@@ -78,8 +79,10 @@ class KubernetesLab:
         self.kube = KubernetesState.from_json(state.kubernetes or {"version": "unknown"})
         self.processes = Processes(cwd=cni_install.code_root())
         self.bin_dir = binaries.bin_dir()
+        # the control plane runs on the first node's machine, as on kubeadm's control-plane node: its
+        # API server reaches pods (the apiserver proxy, exec's streams) through netagent's routes
         self.control_plane = ControlPlane(directory=self.path("control-plane"), bin_dir=self.bin_dir,
-                                          netns=state.router, address=str(physical.router_address(1)),
+                                          netns=self._netns(1), address=str(physical.node_address(1, 1)),
                                           network=NETWORK, processes=self.processes)
 
     # ------------------------------------------------------------ paths
@@ -92,13 +95,16 @@ class KubernetesLab:
 
     @property
     def admin_kubeconfig(self) -> str:
-        """For kubectl inside the lab (the router namespace and the nodes reach 198.18.16.1)."""
+        """For kubectl inside the lab (the nodes and the router reach the API server on node-1)."""
         return self.control_plane.kubeconfig("admin")
 
     @property
     def host_kubeconfig(self) -> str:
         """For kubectl on this host (the loopback relay)."""
         return self.control_plane.kubeconfig("admin-host")
+
+    def _netns(self, index: int) -> str:
+        return f"{self.state.prefix}-n{index}"
 
     def node(self, name: str) -> KubeletNode:
         node = self.state.nodes[name]
@@ -132,10 +138,12 @@ class KubernetesLab:
         try:
             lab.save()
             physical.build_backbone(switch=state.switch, router=state.router, internet=state.internet, segments=1)
+            for index in range(1, nodes + 1):
+                lab.plug_node(f"node-{index}", index=index)
             lab.kube.host_port = lab.control_plane.start(lab.kube.control_plane, host_port=None)
             lab.save()
-            for index in range(1, nodes + 1):
-                lab.add_node(f"node-{index}", index=index, archives=archives)
+            for name in list(lab.state.nodes):
+                lab.start_node(name, archives=archives)
             lab.install(timeout=timeout)
         except BaseException:
             lab.down()
@@ -148,10 +156,7 @@ class KubernetesLab:
 
     def save(self) -> None:
         self.state.kubernetes = self.kube.to_json()
-        path = os.path.join(self.workdir, "state.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.state.to_json(), f, indent=1)
-        os.replace(path + ".tmp", path)
+        self.state.write()
 
     def __enter__(self) -> "KubernetesLab":
         return self
@@ -159,8 +164,9 @@ class KubernetesLab:
     def __exit__(self, *exc) -> None:
         self.down()
 
-    def add_node(self, name: str, *, index: int, archives: list) -> None:
-        node_state = NodeState(name=name, index=index, segment=1, netns=f"{self.state.prefix}-n{index}",
+    def plug_node(self, name: str, *, index: int) -> None:
+        """The node's machine: its namespace on the switch, with kubeadm's prerequisites."""
+        node_state = NodeState(name=name, index=index, segment=1, netns=self._netns(index),
                                address="", pod_cidr="", port=f"n{index}")
         self.state.nodes[name] = node_state
         self.kube.nodes[name] = NodeProcesses()
@@ -169,6 +175,10 @@ class KubernetesLab:
                                                     index=index, port=node_state.port))
         provision_node(NodeHost(name=name, netns=node_state.netns, address=node_state.address, root="/"))
         namespaces.run_in(node_state.netns, ["ip", "link", "set", "lo", "up"], check=True)
+        self.save()
+
+    def start_node(self, name: str, *, archives: list) -> None:
+        """Its mount namespace and cgroups, containerd with the images, the kubelet."""
         node = self.node(name)
         procs = self.kube.nodes[name]
         node.make_cgroups()

@@ -1,12 +1,13 @@
 """The real control plane of a Kubernetes lab: etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler, the binaries `scripts/build-kubernetes` made, run in the lab's router namespace.
+kube-scheduler, the binaries `scripts/build-kubernetes` made, run in a lab namespace (the first
+node's, as on kubeadm's control-plane node).
 
 Shaped as kubeadm's static pods and `hack/local-up-cluster.sh` configure them, with what
 matters to a network plugin switched on: TLS with client certificates (`pki.py`), ServiceAccount
 tokens, `Node,RBAC` authorization and the default admission plugins plus NodeRestriction; the
 controller manager allocates each Node's podCIDR (node IPAM), runs the EndpointSlice
 controller, signs kubelets' CSRs and issues ServiceAccount credentials per controller. The API
-server listens on 198.18.16.1:6443 for the nodes and pods; the host reaches it through
+server listens on its node's address, port 6443, for the nodes and pods; the host reaches it through
 `relay.py` on a loopback port, as it reaches the lab's own API server. Leader election is off
 (one replica of each), etcd skips fsync (a throwaway cluster on a loaded machine).
 """

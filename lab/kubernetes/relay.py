@@ -1,7 +1,7 @@
 """A TCP relay from the host's loopback into a lab namespace, for the real kube-apiserver.
 
 The lab's own API server takes the host's listening socket as a file descriptor; the real
-kube-apiserver cannot. This process is started inside the router namespace holding the
+kube-apiserver cannot. This process is started inside the API server's namespace holding the
 listening socket that `lab up` opened on the host's 127.0.0.1 (`--listen-fd`), and joins each
 accepted connection to the API server's port in its own namespace: TLS passes through
 untouched, and no route, address or iptables rule of the host changes.

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ import pytest
 from lab.kubernetes.cluster import KubernetesLab
 from lab.kubernetes.node_host import hierarchies
 from lab.state import LabState
+from tests.cluster import lab_tools
 from tests.conftest import require_root_netns
 
 PREFIX = "na-tk"  # not the other tiers': they may run at the same time
@@ -75,14 +75,8 @@ def namespace(kube_lab: KubernetesLab) -> Iterator[str]:
 
 
 def wait_for(predicate, *, what: str, timeout: float = WAIT, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+    """lab_tools.wait_for with this tier's pace: kubectl calls, a real control plane's delays."""
+    return lab_tools.wait_for(predicate, timeout=timeout, interval=interval, what=what)
 
 
 def apply(lab: KubernetesLab, namespace: str, objects: list[dict]) -> None:
