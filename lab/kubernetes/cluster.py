@@ -285,6 +285,7 @@ class KubernetesLab:
 
     def status(self) -> dict:
         nodes = {n["metadata"]["name"]: n for n in self.kubectl_json("get", "nodes", check=False).get("items", [])}
+        ready = self.ready_nodes()
         return {
             "kubernetes": self.kube.version,
             "apiServer": {"url": self.control_plane.inside_url, "running": process_alive(self.kube.control_plane.apiserver),
@@ -295,7 +296,7 @@ class KubernetesLab:
                 "podCIDRs": nodes.get(name, {}).get("spec", {}).get("podCIDRs", []),
                 "kubelet": {"running": process_alive(self.kube.nodes[name].kubelet)},
                 "containerd": {"running": process_alive(self.kube.nodes[name].containerd)},
-                "ready": name in self.ready_nodes(),
+                "ready": name in ready,
             } for name, node in self.state.nodes.items()],
             "pods": [{"namespace": p["metadata"]["namespace"], "name": p["metadata"]["name"],
                       "node": p["spec"].get("nodeName"), "ips": [i["ip"] for i in p["status"].get("podIPs", [])],
