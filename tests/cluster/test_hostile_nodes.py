@@ -10,8 +10,10 @@ changes it.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import sys
+import time
 
 import pytest
 
@@ -87,7 +89,17 @@ def assert_not_via_overlay(lab, *addresses: str) -> None:
             assert route_device(lab, node, address) != "na-vxlan", f"{node}: {address} goes into the overlay"
 
 
+def wait_past_creation_second(lab, name: str) -> None:
+    """Until the clock is past the second Node `name` was created in: creationTimestamp has
+    one-second granularity, and within one second seniority falls to the uid (random), so a Node
+    created in the same second is not younger."""
+    created = lab.api().get("v1", "Node", name)["metadata"]["creationTimestamp"]
+    second = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    time.sleep(max(0.0, second.timestamp() + 1.05 - time.time()))
+
+
 def test_a_thief_copying_node_2s_vtep_mac_is_refused(lab):
+    wait_past_creation_second(lab, "node-2")   # a younger thief (a lab comes up within a second)
     lab.api().create(hostile_node("a-thief", pod_cidr="10.244.66.0/24", public_ip="198.18.31.66",
                                   backend_data=json.dumps({"vtepMAC": vtep_mac("node-2")})))
     node_2 = lab.state.nodes["node-2"].address
