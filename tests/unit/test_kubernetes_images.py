@@ -22,7 +22,7 @@ from lab.kubernetes.images import ImagesError, LayoutImage, PodmanImage
 MANIFEST_SAMPLE = '''
 var (
 	initRegistry = RegistryList{
-		// TODO: a comment
+		// a comment the parser skips
 		PromoterE2eRegistry:      "registry.k8s.io/e2e-test-images",
 		BuildImageRegistry:       "registry.k8s.io/build-image",
 		GcRegistry:               "registry.k8s.io",
