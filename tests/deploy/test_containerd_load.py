@@ -24,7 +24,7 @@ def test_ctr_imports_the_saved_image_and_runs_it(agent_image, tmp_path):
     run_podman(["save", "--format", "docker-archive", "-o", str(archive), agent_image], timeout=300)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with ContainerdNode(cni_bin_dir=empty, cni_conf_dir=empty, image=ImageArchive(path=archive, ref=agent_image),
+    with ContainerdNode(cni_bin_dir=empty, cni_conf_dir=empty, image=ImageArchive(path=archive, refs=(agent_image,)),
                         name_prefix="na-td-ctr", timeout=300) as node:
         listed = node.ctr(["images", "ls", "--quiet"]).stdout.split()
         assert agent_image in listed, listed
