@@ -288,7 +288,8 @@ class KubernetesLab:
         ready = self.ready_nodes()
         return {
             "kubernetes": self.kube.version,
-            "apiServer": {"url": self.control_plane.inside_url, "running": process_alive(self.kube.control_plane.apiserver),
+            "apiServer": {"url": self.control_plane.inside_url,
+                          "running": process_alive(self.kube.control_plane.apiserver),
                           "hostUrl": self.control_plane.host_url(self.kube.host_port or 0),
                           "kubeconfig": self.host_kubeconfig},
             "nodes": [{

@@ -8,9 +8,9 @@ what a kubelet needs of "its machine" is a short list:
 - a private mount namespace held open by a sleeping "holder" process, in which the paths that
   a node's DaemonSets and runtime name are the node's own: copy-on-write overlays on /etc,
   /opt and /var (so `/etc/cni/net.d`, `/opt/cni/bin`, `/var/lib/cni`, `/var/log/pods` are per
-  node, the host's own CNI networks are not in it, and the host's files never change), a fresh tmpfs on /run (`/run/netns`, where
-  containerd pins pod namespaces, shared so HostToContainer mounts see new ones;
-  `/run/netagent`), and the kubelet's kernel tunables (`vm.overcommit_memory`, `kernel.panic`,
+  node, the host's own CNI networks are not in it, and the host's files never change), a fresh
+  tmpfs on /run (`/run/netns`, where containerd pins pod namespaces, shared so HostToContainer
+  mounts see new ones; `/run/netagent`), and the kubelet's kernel tunables (`vm.overcommit_memory`, `kernel.panic`,
   ...) shadowed by files holding the values it wants, so it never writes the host's sysctls;
   the reference plugins in `/opt/cni/bin` (containerd runs `loopback` for every pod), as
   kubeadm's kubernetes-cni package puts them there;

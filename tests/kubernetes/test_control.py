@@ -75,7 +75,8 @@ def received(lab: KubernetesLab, namespace: str) -> int:
     return int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
 
 
-def assert_connection_alive(lab: KubernetesLab, namespace: str, *, pods: tuple[str, ...] = ("server", "client")) -> None:
+def assert_connection_alive(lab: KubernetesLab, namespace: str, *,
+                            pods: tuple[str, ...] = ("server", "client")) -> None:
     """More lines arrive over the one connection, and neither end saw it close (`pods`: the ends
     whose kubelet answers `kubectl exec`)."""
     before = received(lab, namespace)
