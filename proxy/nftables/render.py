@@ -42,7 +42,8 @@ back as JSON with the rendered one without parsing rule expressions. Element com
 the service port and entry kind (readability and `netagent status services`; in the sets
 `SERVICE-*-NAMES`, see names.py), bounded by nft-core's `text.comment`. Every string reaching
 the text goes through `netagent.kernel.nftables.text` (addresses through `Spelling.address`,
-which also refuses one of the other family); a service port whose values it refuses is
+which also refuses one of the other family; source ranges through `Spelling.network`, before
+and after collapsing); a service port whose values it refuses is
 `UnrenderablePort` (left out and reported).
 
 IPv6: the same shape in `ip6 netagent`, written with the family's spelling (spelling.py,
@@ -328,8 +329,7 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
         b.element(names, key, None, label)
         if point.kind is EntryKind.LOAD_BALANCER and fence is not None:
             b.element(N.FIREWALL_IPS, key)
-            for network in ipaddress.collapse_addresses(ipaddress.ip_network(r) for r in fence):  # type: ignore[type-var]
-                allowed = str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)
+            for allowed in _fence_elements(fence, spell):
                 b.element(N.FIREWALL_ALLOW, f"{key} . {allowed}")
     for endpoint in selection.all_selected:
         if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
@@ -337,6 +337,20 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
             b.element(N.HAIRPIN, f"{ip} . {ip}")
     return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
                        tuple(sorted(b.chains.items())), tuple(sorted(b.sets.items())))
+
+
+def _fence_elements(fence: tuple[str, ...], spell: Spelling) -> list[str]:
+    """The allowed source ranges as interval elements, each through the gate (`Spelling.network`,
+    `Spelling.address`) before and after collapsing: a range the gate refuses (an IPv6 zone, which
+    `ipaddress` reads and collapsing would silently drop or keep) makes the port unrenderable."""
+    gated = [ipaddress.ip_network(spell.network(r)) for r in fence]
+    out = []
+    for network in ipaddress.collapse_addresses(gated):  # type: ignore[type-var]
+        if network.prefixlen == network.max_prefixlen:
+            out.append(spell.address(str(network.network_address)))
+        else:
+            out.append(spell.network(str(network)))
+    return out
 
 
 # ---- the whole table --------------------------------------------------------------------------

@@ -250,6 +250,24 @@ def test_fake_nft_lists_the_table_as_libnftables_does(netns, family):
         runner.close()
 
 
+def test_a_zoned_source_range_costs_its_port_not_the_ipv6_transaction(netns):
+    """Through libnftables: the IPv6 golden state plus a load balancer whose source ranges carry
+    IPv6 zones with a newline and `flush ruleset` (what a lax server lets through) is written in
+    one transaction the kernel takes, that port left out and reported, a table of others kept."""
+    from tests.unit.test_proxy_nftables_family import hostile_zone_state
+    runner = NftRunner(netns)
+    try:
+        runner.apply("add table ip6 other\n")
+        proxy = NftablesProxy(nft=runner, family=IpFamily.V6)
+        report = proxy.sync(hostile_zone_state(), changed=None)
+        assert [name.name for name in report.unprogrammed] == ["zoned"]
+        assert len(proxy.programmed()) == 11 and ("ip6", "other") in runner.tables()
+        allowed = relevant(runner.list_table("ip6", N.TABLE))["sets"][N.FIREWALL_ALLOW]["elements"]
+        assert allowed and "2001:db8::20" not in json.dumps(allowed)
+    finally:
+        runner.close()
+
+
 def _without_counters(ruleset: str) -> str:
     import re
     return re.sub(r"counter packets \d+ bytes \d+", "counter", ruleset)

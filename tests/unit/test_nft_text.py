@@ -111,6 +111,29 @@ def test_values_are_validated_and_canonical() -> None:
             call(value)
 
 
+ZONED = ["fe80::1%eth0", "fe80::1%eth0\nflush ruleset", "fe80::%0/64", "fe80::%eth0\nflush ruleset/64",
+         "fe80::1%eth0/128", "fe80::1%"]
+
+
+@pytest.mark.parametrize("value", ZONED)
+def test_an_ipv6_zone_is_refused_by_address_and_network(value: str) -> None:
+    call = text.network if "/" in value else text.address
+    with pytest.raises(UnsafeNftText):
+        call(value)
+
+
+@SETTINGS
+@given(st.one_of(st.sampled_from(ZONED), st.builds("{}%{}".format, st.sampled_from(["fe80::1", "fd00::", "::"]),
+                                                    STRINGS)))
+def test_whatever_ipaddress_reads_an_address_or_network_is_hex_dots_colons_or_refused(value: str) -> None:
+    for call in (text.address, text.network, lambda v: text.network(v + "/64")):
+        try:
+            rendered = call(value)
+        except UnsafeNftText:
+            continue
+        assert re.fullmatch(r"[0-9a-f.:]+(/[0-9]+)?", rendered), rendered
+
+
 def test_elements_join_with_the_spacing_the_fake_reads() -> None:
     key = text.concat([text.address("10.0.0.1"), text.protocol("tcp"), text.port(80)])
     block = text.element_block([text.element(key, text.goto("SVC-A")), text.element(key.replace("80", "81"), "drop")])

@@ -147,6 +147,39 @@ def test_ipv4_source_ranges_only_fence_every_ipv6_client_out():
     assert view.elements[N.FIREWALL_ALLOW] == {}
 
 
+ZONED_RANGES = ("fe80::%eth0\nflush ruleset/64", "fe80::1%eth0\nflush ruleset", "fe80::1%eth0/128")
+
+
+def hostile_zone_state(ranges: tuple[str, ...] = ZONED_RANGES, endpoint: str = "fd00:10:244:1::9") -> ProxyState:
+    """The IPv6 rich state plus one load balancer a lax server let through: source ranges (or an
+    endpoint) with IPv6 zones, a newline and a command in them."""
+    good = rich_state(IpFamily.V6)
+    bad = sp("zoned", "fd00:10:96::99", load_balancer_ips=("2001:db8::20",),
+             load_balancer_source_ranges=("2001:db8:5::/64", *ranges))
+    return ProxyState(good.node, {**good.services, bad.name: bad},
+                      {**good.endpoints, bad.name: (Endpoint(endpoint, 8080, node_name="node"),)})
+
+
+@pytest.mark.parametrize("ranges, endpoint", [
+    ((ZONED_RANGES[0],), "fd00:10:244:1::9"),    # a network: kept its zone through collapsing
+    ((ZONED_RANGES[1],), "fd00:10:244:1::9"),    # a host: collapsing dropped the zone silently
+    ((), "fd00:10:244:1::9%eth0\nflush ruleset"),  # an endpoint
+], ids=["zoned-network-range", "zoned-host-range", "zoned-endpoint"])
+def test_an_ipv6_zone_rejects_its_service_port_and_never_reaches_the_batch(ranges, endpoint):
+    """A zone anywhere (a source range, an endpoint) refuses that one port with a reason; the
+    rest of the IPv6 table is written in one transaction that holds no `%` and no command."""
+    nft = FakeNft()
+    proxy = NftablesProxy(nft=nft, family=IpFamily.V6)
+    report = proxy.sync(hostile_zone_state(ranges, endpoint), changed=None)
+    (bad,) = [name for name in report.unprogrammed]
+    reason = report.unprogrammed[bad]
+    assert bad.name == "zoned" and "fe80::" in reason or "fd00:10:244:1::9%" in reason
+    assert "\n" not in reason   # the value quoted (repr), never its raw newline
+    (batch,) = nft.batches
+    assert "%" not in batch and "flush" not in batch and "2001:db8::20" not in batch
+    assert len(proxy.programmed()) == 11   # the rest programmed (the rich state's 11 entry points)
+
+
 def test_affinity_chains_name_their_ipv6_endpoints_for_status():
     proxy = NftablesProxy(nft=FakeNft(), family=IpFamily.V6)
     proxy.sync(rich_state(IpFamily.V6), changed=None)

@@ -27,7 +27,9 @@ What we write:
   never the sync.
 - `interface()`: a Linux interface name (1-15 bytes, no `/`, `:`, whitespace) without `"`,
   `\\`, `*` or unsafe characters, quoted; `interface_prefix()` the same plus `*`.
-- addresses, networks, ports, protocols validated and printed canonically; `concat()`,
+- addresses, networks, ports, protocols validated and printed canonically (`address()`,
+  `network()`: the one gate every address and network of every element passes; an IPv6 zone,
+  `%` and anything after it, refused); `concat()`,
   `element()` and `element_block()` join with the spacing the fake reads.
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _UPPER = re.compile(r"[A-Z]")
 _IFNAME = re.compile(r"[!#-)+-.0-9;-[\]-~]+")   # printable ASCII but space " * / : \
 _QUOTE_OR_BACKSLASH = re.compile(r'["\\]')
+_ADDRESS_TEXT = re.compile(r"[0-9a-f.:]+(/[0-9]{1,3})?")
 
 
 class UnsafeNftText(UnsafeText):
@@ -100,19 +103,32 @@ def interface_prefix(prefix: str) -> str:
 
 
 def address(text: str) -> str:
-    """An IPv4 or IPv6 address, canonical."""
+    """An IPv4 or IPv6 address, canonical. An IPv6 zone (`fe80::1%eth0`: `ipaddress` takes any
+    text after the `%`, a newline included) is refused: nft holds none, and the zone would be
+    written into the batch as it came."""
     try:
-        return str(ipaddress.ip_address(text))
+        parsed = ipaddress.ip_address(text)
     except ValueError as error:
         raise UnsafeNftText(f"not an IP address: {str(text)[:60]!r}") from error
+    return _unscoped(str(parsed), getattr(parsed, "scope_id", None), text)
 
 
 def network(text: str) -> str:
-    """A network (`10.0.0.0/8`), canonical; host bits set are refused."""
+    """A network (`10.0.0.0/8`), canonical; host bits set are refused, and so is a zone."""
     try:
-        return str(ipaddress.ip_network(text, strict=True))
+        parsed = ipaddress.ip_network(text, strict=True)
     except (ValueError, TypeError) as error:
         raise UnsafeNftText(f"not a network: {str(text)[:60]!r}") from error
+    return _unscoped(str(parsed), getattr(parsed.network_address, "scope_id", None), text)
+
+
+def _unscoped(canonical: str, scope: str | None, given: object) -> str:
+    """`canonical` if it is an address or network with no zone and only the characters one
+    can hold (hex digits, `.`, `:`, `/`): what reaches nft text, whatever `ipaddress` allows."""
+    if scope is not None or not _ADDRESS_TEXT.fullmatch(canonical):
+        raise UnsafeNftText(f"{str(given)[:60]!r} has an IPv6 zone (or characters no address has): "
+                            f"nft text holds none")
+    return canonical
 
 
 def port(value: int) -> str:
