@@ -12,8 +12,11 @@ Every object is untrusted: each is parsed alone inside a guard, and one that can
 (`malformed`) or is above a limit (`too-large`, `proxy/limits.py`) is *rejected* through the
 proxy's `RejectionScope` and programmed as if absent; no other object loses its change, and
 `apply` itself never raises for an object's sake. A rejection is cleared (`accept`) when the
-object is fixed, fits again or is deleted. The node-wide budget of endpoint-ports admits
-Services oldest first, so a newcomer cannot push an established Service out.
+object is fixed, fits again or is deleted. One Service may cost at most
+`endpoint_ports_per_service` of the node-wide budget of endpoint-ports, and the budget is
+shared by `admission.py`: what is programmed stays programmed (an admitted Service whose update
+does not fit keeps its last admitted version), per namespace, then by age. No rejection says
+how much room is left.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.kernel.families import IpFamily
 from netagent.kube.changes import Change
+from proxy.admission import Admission
 from proxy.kube_objects import (
     MalformedObject,
     ParsedSlice,
@@ -38,6 +42,7 @@ from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServiceP
 log = logging.getLogger("netagent.proxy.catalog")
 
 SERVICE, SLICE = "Service", "EndpointSlice"
+BUDGET_FLAGS = "(--proxy-max-endpoint-ports, --proxy-max-endpoint-ports-per-namespace)"
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,7 @@ class ServiceCatalog:
         self._slices_by_service: dict[str, dict[str, ParsedSlice]] = {}
         self._slice_owner: dict[str, str] = {}   # slice key -> service key it was filed under
         self._wanted: dict[str, _Wanted] = {}
-        self._wanted_cost = 0
-        self._over_budget: set[str] = set()
+        self._admission: Admission[_Wanted] = Admission(limits.endpoint_ports, limits.endpoint_ports_per_namespace)
         self._services: dict[ServicePortName, ServicePort] = {}
         self._names_by_service: dict[str, set[ServicePortName]] = {}
         self._endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
@@ -138,10 +142,11 @@ class ServiceCatalog:
         for service_key in touched:
             self._want(service_key)
         changed: set[ServicePortName] = set()
-        for service_key in self._admit(touched):
+        for service_key in touched | self._admission.settle(self._wanted, touched):
             changed.update(self._publish(service_key))
+        waiting = self._admission.refused | self._admission.held
         self._tell({(SERVICE, key) for key in touched} | {(SLICE, key) for key in slice_changes}
-                   | {(SERVICE, key) for key in self._over_budget} | set(self._told))
+                   | {(SERVICE, key) for key in waiting} | set(self._told))
         return CatalogUpdate(state=self.state(), changed=frozenset(changed), trigger_times=tuple(trigger_times))
 
     # -- services --------------------------------------------------------------------------------
@@ -215,9 +220,7 @@ class ServiceCatalog:
 
     # -- what each service wants, and the budget ---------------------------------------------------
     def _want(self, service_key: str) -> None:
-        old = self._wanted.pop(service_key, None)
-        if old is not None:
-            self._wanted_cost -= old.cost
+        self._wanted.pop(service_key, None)
         self._size_verdicts.pop(service_key, None)
         ports = self._ports_by_service.get(service_key)
         if not ports:
@@ -237,35 +240,20 @@ class ServiceCatalog:
                 endpoints[name] = found
         cost = sum(max(1, len(endpoints.get(name, ()))) + len(port.external_ips) + len(port.load_balancer_ips)
                    + len(port.load_balancer_source_ranges) for name, port in ports.items())
+        cap = min(self.limits.endpoint_ports_per_service, self.limits.endpoint_ports)
+        if cost > cap:   # the cap, never the Service's cost: an Event must not be a size gauge
+            self._size_verdicts[service_key] = (
+                "too-large", f"its ports x (endpoints + addresses) are more than the limit of {cap} endpoint-ports "
+                             f"per Service (--proxy-max-endpoint-ports-per-service)")
+            return
         self._wanted[service_key] = _Wanted(ports=ports, endpoints=endpoints,
                                             created=self._created.get(service_key, ""), cost=cost)
-        self._wanted_cost += cost
-
-    def _admit(self, touched: set[str]) -> set[str]:
-        """Apply the node-wide budget; answers the services to publish again (touched, plus
-        every service whose admission changed)."""
-        budget = self.limits.endpoint_ports
-        if self._wanted_cost <= budget and not self._over_budget:
-            return touched
-        over: set[str] = set()
-        spent = 0
-        for key in sorted(self._wanted, key=lambda k: (self._wanted[k].created or "~", k)):
-            cost = self._wanted[key].cost
-            if spent + cost <= budget:
-                spent += cost
-            else:
-                over.add(key)
-        republish = touched | (over ^ self._over_budget)
-        self._over_budget = over
-        return republish
 
     # -- the merged view -------------------------------------------------------------------------
     def _publish(self, service_key: str) -> set[ServicePortName]:
-        """Make one service's published ports and endpoints what it wants (nothing when it is
-        rejected or over budget); answers the service ports that changed."""
-        wanted = self._wanted.get(service_key)
-        if service_key in self._over_budget:
-            wanted = None
+        """Make one service's published ports and endpoints its admitted version (nothing when it
+        is rejected or waits for room); answers the service ports that changed."""
+        wanted = self._admission.admitted.get(service_key)
         old_names = self._names_by_service.pop(service_key, set())
         ports = wanted.ports if wanted is not None else {}
         changed = set()
@@ -291,10 +279,12 @@ class ServiceCatalog:
         verdict = self._parse_verdicts.get((kind, key))
         if verdict is None and kind == SERVICE:
             verdict = self._size_verdicts.get(key)
-            if verdict is None and key in self._over_budget:
-                verdict = ("too-large", f"the node's budget of {self.limits.endpoint_ports} endpoint-ports "
-                                        f"(--proxy-max-endpoint-ports) is taken by older Services; this one "
-                                        f"needs {self._wanted[key].cost}")
+            if verdict is None and key in self._admission.refused:
+                verdict = ("too-large", f"no room for it in the node's budget of endpoint-ports now {BUDGET_FLAGS}; "
+                                        f"it is programmed when room is made")
+            elif verdict is None and key in self._admission.held:
+                verdict = ("too-large", f"its update does not fit the node's budget of endpoint-ports now "
+                                        f"{BUDGET_FLAGS}; its previous version stays programmed")
         return verdict
 
     def _tell(self, keys: set[tuple[str, str]]) -> None:

@@ -18,9 +18,22 @@ hurts a node:
   `--proxy-max-endpoints-per-port`.
 - `endpoint_ports` (1,000,000): the whole node's programmed (service port, endpoint) pairs,
   about one iptables rule each (a port's addresses count one each too, and a port without
-  endpoints one); `--proxy-max-endpoint-ports`. Above it, Services are admitted
-  oldest first (creationTimestamp, then namespace/name), so a newcomer can never push an
-  established Service out; the ones that do not fit are rejected until room is made.
+  endpoints one); `--proxy-max-endpoint-ports`. It is shared by `proxy/admission.py`: what
+  is programmed stays programmed (a newcomer, another namespace's flood or an update of an
+  admitted Service never evicts it), and room goes to the namespace that holds least, oldest
+  Service first; the ones that do not fit are rejected until room is made.
+- `endpoint_ports_per_service` (50,000): what one Service may cost of that budget (ports x
+  (endpoints + addresses)), so no single object can take it: without it the per-object limits
+  allowed 1,000 ports x 1,000 external IPs, the whole budget. Kubernetes' scalability envelope
+  is 10,000 Services, 5,000 backends per Service, about 250 endpoints per Service on average
+  (kube-proxy bounds nothing); 50,000 holds the envelope's largest Service with 10 ports (or
+  a 20,000-endpoint port and room to spare), is 5% of the budget, and at the cap 20 Services
+  would be needed to fill a node. `--proxy-max-endpoint-ports-per-service`.
+- `endpoint_ports_per_namespace` (250,000): what one namespace's Services may hold of the
+  budget together, so one tenant flooding its namespace leaves three quarters to the others;
+  the envelope's 5,000 Services per namespace fit at 50 endpoint-ports each (a cluster that
+  keeps everything in one namespace raises it). `--proxy-max-endpoint-ports-per-namespace`.
+  Both are clamped to the budget.
 - `endpoints_per_slice` and `ports_per_slice` (1,000 and 100): the API server's own
   validation limits for one EndpointSlice, enforced here for a lax server; not flags.
 """
@@ -36,6 +49,8 @@ class ProxyLimits:
     addresses_per_service: int = 1000
     endpoints_per_service_port: int = 20000
     endpoint_ports: int = 1_000_000
+    endpoint_ports_per_service: int = 50_000
+    endpoint_ports_per_namespace: int = 250_000
     endpoints_per_slice: int = 1000
     ports_per_slice: int = 100
 
@@ -71,8 +86,14 @@ def add_limit_arguments(group) -> None:
                        default=DEFAULT_LIMITS.endpoints_per_service_port,
                        help="a Service one of whose ports has more endpoints (all slices together) is rejected")
     group.add_argument("--proxy-max-endpoint-ports", type=positive_int, default=DEFAULT_LIMITS.endpoint_ports,
-                       help="the node's budget of (service port, endpoint) pairs; Services beyond it, newest "
-                            "first, are rejected until it has room")
+                       help="the node's budget of (service port, endpoint) pairs; Services beyond it are rejected "
+                            "until it has room (what is programmed is never pushed out)")
+    group.add_argument("--proxy-max-endpoint-ports-per-service", type=positive_int,
+                       default=DEFAULT_LIMITS.endpoint_ports_per_service,
+                       help="a Service whose ports x (endpoints + addresses) are more is rejected (too-large)")
+    group.add_argument("--proxy-max-endpoint-ports-per-namespace", type=positive_int,
+                       default=DEFAULT_LIMITS.endpoint_ports_per_namespace,
+                       help="the share of the node's budget one namespace's Services may hold together")
 
 
 def limits_from_args(args) -> ProxyLimits:
@@ -81,4 +102,8 @@ def limits_from_args(args) -> ProxyLimits:
         addresses_per_service=getattr(args, "proxy_max_addresses_per_service", DEFAULT_LIMITS.addresses_per_service),
         endpoints_per_service_port=getattr(args, "proxy_max_endpoints_per_port",
                                            DEFAULT_LIMITS.endpoints_per_service_port),
-        endpoint_ports=getattr(args, "proxy_max_endpoint_ports", DEFAULT_LIMITS.endpoint_ports))
+        endpoint_ports=getattr(args, "proxy_max_endpoint_ports", DEFAULT_LIMITS.endpoint_ports),
+        endpoint_ports_per_service=getattr(args, "proxy_max_endpoint_ports_per_service",
+                                           DEFAULT_LIMITS.endpoint_ports_per_service),
+        endpoint_ports_per_namespace=getattr(args, "proxy_max_endpoint_ports_per_namespace",
+                                             DEFAULT_LIMITS.endpoint_ports_per_namespace))

@@ -159,21 +159,22 @@ def test_a_service_port_above_the_endpoint_limit_is_rejected_until_it_shrinks():
     assert len(update.state.endpoints_of(http("web"))) == 3 and rejections.snapshot() == []
 
 
-def test_the_node_budget_admits_the_oldest_services_and_a_newcomer_cannot_push_them_out():
+def test_the_node_budget_admits_the_oldest_services_and_never_pushes_a_programmed_one_out():
     cat, rejections = catalog(endpoint_ports=8)
     old = many_ports("old", 5)
     old["metadata"]["creationTimestamp"] = "2024-01-01T00:00:00Z"
     new = many_ports("new", 5, "10.96.0.11")
     new["metadata"]["creationTimestamp"] = "2025-01-01T00:00:00Z"
-    update = cat.apply({"default/new": (None, new)}, {})
-    assert len(update.state.services) == 5
-    update = cat.apply({"default/old": (None, old)}, {})   # older: it wins the budget
-    assert {n.name for n in update.state.services} == {"old"}
-    assert update.changed == {ServicePortName("default", name, f"p{i}") for name in ("old", "new") for i in range(5)}
+    both = cat.apply({"default/new": (None, new), "default/old": (None, old)}, {})   # together: the older wins
+    assert {n.name for n in both.state.services} == {"old"}
     [record] = rejections.snapshot()
     assert (record.ref.key, record.reason) == ("default/new", "too-large") and "budget" in record.detail
     update = cat.apply({"default/old": (old, None)}, {})     # room again: the newcomer is admitted
     assert {n.name for n in update.state.services} == {"new"} and rejections.snapshot() == []
+    update = cat.apply({"default/old": (None, old)}, {})     # programmed stays programmed, whatever its age
+    assert {n.name for n in update.state.services} == {"new"} and update.changed == set()
+    [record] = rejections.snapshot()
+    assert (record.ref.key, record.reason) == ("default/old", "too-large")
 
 
 def test_catalog_does_not_keep_a_reference_to_the_callers_objects():
