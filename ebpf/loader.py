@@ -92,6 +92,17 @@ def check_bpf_root(bpf_root: str) -> None:
         raise EbpfError(f"--bpf-root {bpf_root}: not a bpffs mount (mount -t bpf bpf {bpf_root})")
 
 
+def cgroup2_directory(path: str) -> str:
+    """The cgroup v2 directory `--cgroup-root` names: `path` itself, or on a hybrid host (v1
+    controllers under /sys/fs/cgroup, v2 at /sys/fs/cgroup/unified) its `unified` directory, so
+    one manifest's `--cgroup-root=<the host's /sys/fs/cgroup>` serves both layouts."""
+    unified = os.path.join(path, "unified")
+    if (os.path.isdir(path) and syscall.fs_magic(path) != syscall.CGROUP2_SUPER_MAGIC and os.path.isdir(unified)
+            and syscall.fs_magic(unified) == syscall.CGROUP2_SUPER_MAGIC):
+        return unified
+    return path
+
+
 def check_cgroup(cgroup: str) -> None:
     if not os.path.isdir(cgroup):
         raise EbpfError(f"--cgroup-root {cgroup}: not a directory")

@@ -67,10 +67,13 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
                             "(loopback: pass the node's or 0.0.0.0:10249 to expose it); repeatable; '' for none")
     proxy.add_argument("--ipvs-scheduler", default="rr", help="IPVS scheduler (rr, wrr, lc, sh, ...)")
     proxy.add_argument("--bpf-root", help="ebpf mode: a bpffs mount where the maps are pinned (kept across restarts)")
-    proxy.add_argument("--cgroup-root", help="ebpf mode: the cgroup v2 directory whose sockets are load balanced")
+    proxy.add_argument("--cgroup-root", help="ebpf mode: the cgroup v2 directory whose sockets are load balanced "
+                                             "(a hybrid host's /sys/fs/cgroup stands for its unified directory)")
     proxy.add_argument("--bpf-nodeport-device",
                        help="ebpf mode: the underlay device whose traffic from outside the node is translated "
-                            "(NodePorts, external and load-balancer IPs); none: only this node's sockets are served")
+                            "(NodePorts, external and load-balancer IPs); auto: the underlay interface, chosen as "
+                            "for routing (--iface, --iface-regex or the default route's); none: only this node's "
+                            "sockets are served")
     proxy.add_argument("--bpf-map-max", action="append", default=[], metavar="MAP=N",
                        help="ebpf mode: a map's capacity (max_entries), e.g. na_svc=524288 (repeatable; "
                             "defaults and maps in ebpf/sizes.py); a pinned map of another size is recreated")
@@ -80,15 +83,34 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     add_limit_arguments(proxy)
 
 
-def ebpf_paths(args):
+def ebpf_paths(args, families: tuple[IpFamily, ...] = (IpFamily.V4,)):
     """The eBPF backend's places from the flags, or None when neither was given."""
+    from ebpf.loader import cgroup2_directory
     from ebpf.sizes import MapSizes
     from proxy.ebpf.backend import EbpfPaths
     bpf_root, cgroup = getattr(args, "bpf_root", None), getattr(args, "cgroup_root", None)
-    return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup or "",
-                     tc_device=getattr(args, "bpf_nodeport_device", None),
-                     pod_veths=bool(getattr(args, "bpf_pod_veths", False)),
-                     map_sizes=MapSizes.parse(getattr(args, "bpf_map_max", None) or [])) if bpf_root or cgroup else None
+    if not (bpf_root or cgroup):
+        return None
+    tc_device = getattr(args, "bpf_nodeport_device", None)
+    if tc_device == "auto":
+        tc_device = underlay_device(args, families)
+    return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup2_directory(cgroup) if cgroup else "",
+                     tc_device=tc_device, pod_veths=bool(getattr(args, "bpf_pod_veths", False)),
+                     map_sizes=MapSizes.parse(getattr(args, "bpf_map_max", None) or []))
+
+
+def underlay_device(args, families: tuple[IpFamily, ...]) -> str:
+    """`--bpf-nodeport-device auto`: the interface routing would choose as this node's underlay."""
+    from pyroute2 import IPRoute
+
+    from netagent.noderoutes.underlay import UnderlayError, choose_underlay, read_underlay_snapshot
+    with IPRoute() as ipr:
+        snapshot = read_underlay_snapshot(ipr)
+    try:
+        return choose_underlay(snapshot, iface=getattr(args, "iface", None),
+                               iface_regex=getattr(args, "iface_regex", None), families=families).ifname
+    except UnderlayError as error:
+        raise ProxyStartError(f"--bpf-nodeport-device auto: {error}") from None
 
 
 class ProxyStartError(NetagentError):
@@ -174,7 +196,8 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
     min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
     try:
         limits = limits_from_args(args)
-    except ValueError as error:
+        ebpf = ebpf_paths(args, families)
+    except ValueError as error:   # a bad limit or --bpf-map-max
         raise ProxyStartError(str(error)) from None
     scope = rejections if rejections is not None else standalone("proxy")
     metrics: ProxyMetrics | None = None
@@ -191,10 +214,10 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
             # the eBPF backend's map-full records: a scope of their own, so the catalog accepting a
             # Service never clears them (and they never overwrite the catalog's)
             backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend,
-                                    scheduler=args.ipvs_scheduler, ebpf=ebpf_paths(args), family=family,
+                                    scheduler=args.ipvs_scheduler, ebpf=ebpf, family=family,
                                     first=proxies[0].backend if proxies else None,
                                     rejections=scope.rejections.scope(name.replace("proxy", "proxy-ebpf", 1)))
-        except (BackendConfigError, ValueError, IptablesNotInstalled) as error:   # ValueError: a bad --bpf-map-max
+        except (BackendConfigError, ValueError, IptablesNotInstalled) as error:
             raise ProxyStartError(str(error)) from None
         _log_load_report(backend)
         if metrics is None:

@@ -377,8 +377,10 @@ def test_containerfile_base_is_an_argument_defaulting_to_debian_12_slim():
 def test_containerfile_final_stage_has_the_kernel_tools_and_no_build_tools():
     build, final = containerfile_stages()
     assert {"python3", "python3-venv", "musl-tools"} <= apt_installed(build)
-    assert apt_installed(final) == {"python3", "iproute2", "iptables", "ipset", "conntrack",
-                                    "nftables", "python3-nftables", "bird2"}   # the nftables dataplane, BGP
+    assert apt_installed(final) == {"python3", "iproute2", "iptables", "ipset", "conntrack", "nftables",
+                                    "python3-nftables", "bird2",   # the nftables dataplane, BGP
+                                    "${EBPF_PACKAGES}"}   # bcc in the eBPF image (build-image --ebpf) only
+    assert ("ARG", "EBPF_PACKAGES=") in final
     assert ("COPY", "--from=build /opt/netagent /opt/netagent") in final
     runs = " ".join(rest for keyword, rest in final if keyword == "RUN")
     assert "rm -rf /var/lib/apt/lists/*" in runs and "apt-get clean" in runs

@@ -224,3 +224,20 @@ def test_the_agent_flag_reaches_the_backend_paths_and_a_bad_one_is_refused():
     assert (sizes[M.SVC_MAP], sizes[M.CT_MAP], sizes[M.CT_NEW_MAP]) == (1024, 2048, 512)
     with pytest.raises(MapSizeError):
         ebpf_paths(parser.parse_args(["--bpf-root", "/b", "--cgroup-root", "/c", "--bpf-map-max", "na_svc=1"]))
+
+
+def test_a_hybrid_hosts_cgroup_root_stands_for_its_unified_hierarchy(tmp_path):
+    import os
+
+    from ebpf import syscall
+    from ebpf.loader import cgroup2_directory
+    assert cgroup2_directory(str(tmp_path)) == str(tmp_path)   # not cgroup v2: left for check_cgroup to refuse
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if not os.path.isdir(root):
+            continue
+        resolved = cgroup2_directory(root)
+        if syscall.fs_magic(root) == syscall.CGROUP2_SUPER_MAGIC:
+            assert resolved == root                               # a v2-only host, or the v2 mount itself
+        else:
+            assert resolved == os.path.join(root, "unified")      # this machine's hybrid layout
+            assert syscall.fs_magic(resolved) == syscall.CGROUP2_SUPER_MAGIC
