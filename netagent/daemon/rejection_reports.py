@@ -7,10 +7,12 @@ that record to the cluster and to the status server, and nothing else:
 - `build_rejections` makes the process's `Rejections`, registered in the metrics registry,
   whose notify posts a Warning Event (reason `NetagentRejected`) on the refused object
   through `kube/events.py`'s bounded poster;
-- `with_rejections` adds the current rejections to a health report's details (the agent's
-  /healthz lists every component's; the proxy's 10256 its own). A refused object does not
-  make the node unhealthy (the others are programmed); it is listed so an operator sees which
-  object is not served and why.
+- `with_rejections` adds the current rejections to a health report's details (every
+  component's in the agent's health, the proxy's own in the proxy's). A refused object does
+  not make the node unhealthy (the others are programmed); it is listed so an operator sees
+  which object is not served and why. The details are served on loopback only (/healthz on
+  the metrics address, 127.0.0.1:10249); 10258 and the proxy's 10256, which every pod and
+  load balancer reaches, say healthy or not (`infra/status_server.py`).
 """
 from __future__ import annotations
 

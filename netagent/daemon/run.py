@@ -3,7 +3,9 @@
 Two shapes: `--cni-only` serves the CNI plugin alone (plain containerd or podman hosts);
 the default cluster mode adds the node agent (Kubernetes watch, node routes, masquerade),
 the status server (/healthz, /livez, /readyz on `--status-bind`, what the kubelet probes) and
-/metrics on `--metrics-bind-address` (loopback by default; the proxy's server when it runs). The CNI server starts only once the node
+/metrics on `--metrics-bind-address` (loopback by default; the proxy's server when it runs),
+whose /healthz alone carries the details (rejected objects, runner errors: status_server.py
+serves them on loopback only). The CNI server starts only once the node
 agent has its lease and has programmed the routes: until then the CNI shim finds no socket
 and answers "try again later" (code 11; the runtime retries) and journals DELs, which the
 agent adopts before it serves; the Python client (the lab's) works in-process instead.
@@ -283,7 +285,10 @@ def _run_cluster_mode(args) -> int:
     health = with_rejections(
         with_policy_health(agent_health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
         rejections)
-    status = StatusServer(bind=args.status_bind, registry=None, health=health)
+    status = StatusServer(bind=args.status_bind, registry=None, health=health)   # off loopback: no details
+    for server in proxy.servers if proxy is not None else ():
+        if server.registry is not None:   # the metrics server (loopback): the whole agent's details
+            server.serve_health(health)
     started = _Started()
     started.add(event_poster.stop)
     if bgp_config is not None:

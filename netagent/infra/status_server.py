@@ -1,15 +1,20 @@
 """The agent's HTTP face: /healthz, /livez, /readyz and /metrics on a background thread.
 
 The server only reads: each request calls a health function or reads a snapshot, and neither
-waits for a sync, so a slow or stuck scrape can never hold up the agent (handlers run on
-their own threads, with a socket timeout). It is the stdlib's ThreadingHTTPServer because the
-load is a probe every few seconds and a scrape every 15 s or so. It binds without
-HTTPServer's name lookup (`getfqdn`), so starting it never waits on DNS.
+waits for a sync, so a slow or stuck scrape can never hold up the agent. It listens where every
+pod can reach it (0.0.0.0:10258, the proxy's 0.0.0.0:10256), so a client holds no thread:
+`http_listener.py` reads request heads in one thread (a bound on connections waiting for their
+head, the oldest dropped past it; a 2 s head deadline) and a few workers answer whole requests.
+It binds without a name lookup, so starting it never waits on DNS.
 
 Endpoints:
 - `/livez`: 200 while the process serves HTTP (the kubelet's liveness probe);
 - `/healthz`: the health function's `HealthReport` as JSON, 200 when healthy, else 503;
 - `/readyz`: the same from a separate readiness function (defaults to the health one);
+- details (rejected objects of every namespace, runner errors, the reasons that name them) only
+  on a LOOPBACK address (the metrics one, 127.0.0.1:10249 by default): elsewhere /healthz and
+  /readyz say healthy or not and nothing else (`{"healthy": ..., "reason": "ok" | "unhealthy",
+  "details": {}}`, the same keys, the status code as before), as kube-proxy's 10256 does;
 - `/metrics`: the registry in Prometheus text format 0.0.4, only when the server is given one
   (the agent serves metrics on a loopback address by default and health on the node's);
 - extra read-only `pages` an owner adds (the proxy's `/proxyMode` and `/services`).
@@ -30,24 +35,24 @@ runner thread that stopped running is noticed even when no events arrive).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
-import socket
 import socketserver
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Mapping, Sequence
 
 from netagent.infra.clock import Clock, MonotonicClock
+from netagent.infra.http_listener import BoundedHttpListener, WholeRequestHandler
 from netagent.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from netagent.infra.metrics import Registry
 from netagent.infra.sync_runner import SyncRunner
 
 log = logging.getLogger("netagent.infra.status_server")
 
-REQUEST_TIMEOUT_SECONDS = 10.0
 SNAPSHOT_MAX_AGE_SECONDS = 1.0
 SNAPSHOT_WAIT_SECONDS = 30.0  # a reader waits this long for a refresh in flight, then gives up
 
@@ -61,6 +66,10 @@ class HealthReport:
     def to_json(self) -> str:
         return json.dumps({"healthy": self.healthy, "reason": self.reason, "details": self.details},
                           sort_keys=True, default=str)
+
+    def public(self) -> HealthReport:
+        """Healthy or not, nothing else: what a non-loopback address answers."""
+        return HealthReport(self.healthy, "ok" if self.healthy else "unhealthy")
 
 
 HealthFunction = Callable[[], HealthReport]
@@ -212,26 +221,20 @@ class NoLookupHTTPServer(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
-class _Server(NoLookupHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
-    request_queue_size = 128  # a burst of scrapes waits in the backlog, not in SYN retries (the default is 5)
-
-    def __init__(self, address: tuple[str, int], owner: "StatusServer") -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.owner = owner
-        super().__init__(address, _Handler)
+def serves_details(host: str) -> bool:
+    """Whether a listener bound to `host` answers health with its details: loopback only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = REQUEST_TIMEOUT_SECONDS
-    protocol_version = "HTTP/1.1"
+class _Handler(WholeRequestHandler):
+    server: BoundedHttpListener  # type: ignore[assignment]
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        owner = self.server.owner
+        owner: StatusServer = self.server.owner  # type: ignore[assignment]
         if path == "/livez":
             self._send(200, "text/plain; charset=utf-8", "ok\n")
         elif path == "/healthz":
@@ -256,6 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:
             log.exception("health check raised")
             report = HealthReport(healthy=False, reason=f"health check raised {type(e).__name__}: {e}")
+        if not serves_details(str(self.server.server_address[0])):
+            report = report.public()
         self._send(200 if report.healthy else 503, "application/json", report.to_json() + "\n")
 
     def _send(self, status: int, content_type: str, body: str) -> None:
@@ -264,6 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Connection", "close")   # one request per connection (http_listener.py)
         self.end_headers()
         self.wfile.write(data)
 
@@ -292,8 +298,7 @@ class StatusServer:
         self.registry = registry
         self.health = health
         self.ready = ready if ready is not None else health
-        self._servers: list[_Server] = []
-        self._threads: list[threading.Thread] = []
+        self._servers: list[BoundedHttpListener] = []
 
     @property
     def port(self) -> int:
@@ -313,25 +318,26 @@ class StatusServer:
             raise RuntimeError("status server already started")
         try:
             for address in self.addresses:
-                self._servers.append(_Server(address, self))
+                self._servers.append(BoundedHttpListener(address, _Handler, owner=self, name="status-server"))
         except BaseException:
             for server in self._servers:
-                server.server_close()
+                server.close()
             self._servers = []
             raise
         for server in self._servers:
-            thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                      name="status-server", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-            log.info("status server listening on %s:%d (%s)", server.server_address[0], server.server_address[1],
-                     ", ".join(["/healthz", *sorted(self.pages)]))
+            server.start()
+            host, port = server.server_address
+            log.info("status server listening on %s:%d (%s%s)", host, port, ", ".join(["/healthz", *sorted(self.pages)]),
+                     "" if serves_details(host) else "; health without details")
+
+    def serve_health(self, health: HealthFunction, ready: HealthFunction | None = None) -> None:
+        """Answer /healthz (and /readyz) from `health` from now on (the daemon hands the metrics
+        server the whole agent's, details included, where the proxy built it with its own)."""
+        self.health = health
+        self.ready = ready if ready is not None else health
 
     def stop(self, timeout: float = 5.0) -> None:
-        servers, threads = self._servers, self._threads
-        self._servers, self._threads = [], []
+        servers = self._servers
+        self._servers = []
         for server in servers:
-            server.shutdown()
-            server.server_close()
-        for thread in threads:
-            thread.join(timeout)
+            server.stop(timeout)

@@ -56,7 +56,9 @@ def test_metrics_and_health_are_served(lab):
     fetch = ("import urllib.request,sys;"
              "print(urllib.request.urlopen('http://127.0.0.1:' + sys.argv[1], timeout=30).read().decode())")
     health = lab.exec("node-1", [sys.executable, "-c", fetch, "10258/healthz"], check=True, timeout=60).stdout
-    assert json.loads(health)["healthy"] is True
+    assert json.loads(health) == {"healthy": True, "reason": "ok", "details": {}}   # every pod reaches 10258
+    health = lab.exec("node-1", [sys.executable, "-c", fetch, "10249/healthz"], check=True, timeout=60).stdout
+    assert json.loads(health)["healthy"] is True   # the details: on the loopback metrics address only
     assert json.loads(health)["details"]["cni-deferred-delete"]["healthy"] is True   # the DEL journal's runner
 
     def peered() -> str:   # node-1's agent may have started (and synced first) before node-2 had its lease

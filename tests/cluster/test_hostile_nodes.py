@@ -2,11 +2,11 @@
 
 One 2-node vxlan lab for the module; each test adds one hostile Node and then checks, from the
 real agents and kernels: cross-node pod pings still work, no route to the Node's prefixes goes
-via the overlay, and node-1's /healthz names the Node as rejected with its reason. The last
-test adds a new node with every hostile Node still present: its agent's first full sync must
-succeed (on the old code a deep-JSON Node made it raise, and the node never got routes) and its
-pod must reach the others. Plus: the agent restores its own announcement when another writer
-changes it.
+via the overlay, and node-1's /healthz (its loopback metrics address's) names the Node as
+rejected with its reason. The last test adds a new node with every hostile Node still present:
+its agent's first full sync must succeed (on the old code a deep-JSON Node made it raise, and
+the node never got routes) and its pod must reach the others. Plus: the agent restores its own
+announcement when another writer changes it.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from tests.cluster.lab_tools import lab_cluster, pods_by_node, wait_for
 
 # The deep-JSON Node comes last but one: on the old code it failed every sync after it, which
 # would hide what the old code did with the other Nodes.
-FETCH = ("import urllib.request,sys;"
-         "print(urllib.request.urlopen('http://127.0.0.1:10258/' + sys.argv[1], timeout=30).read().decode())")
+FETCH = ("import urllib.request,sys;"   # the loopback metrics address: where /healthz has its details
+         "print(urllib.request.urlopen('http://127.0.0.1:10249/' + sys.argv[1], timeout=30).read().decode())")
 
 
 @pytest.fixture(scope="module")

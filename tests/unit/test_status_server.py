@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from netagent.infra.fake_clock import FakeClock
+from netagent.infra.http_listener import WORKERS
 from netagent.infra.metrics import Registry
 from netagent.infra.status_server import (
     HealthReport,
@@ -372,7 +373,9 @@ def test_concurrent_scrapes_share_one_iptables_save_a_second_and_values_still_up
         for scrape in scrapes:
             scrape.start()
         snapshot = server.snapshot("/metrics")
-        wait_until(lambda: len(saves) == 1 and snapshot.waiting == 15, what="15 scrapes waiting on the one refresh")
+        # every worker but the refreshing one waits on it; the other scrapes wait in the queue
+        wait_until(lambda: len(saves) == 1 and snapshot.waiting == WORKERS - 1,
+                   what="the other workers' scrapes waiting on the one refresh")
         release.set()
         for scrape in scrapes:
             scrape.join(SETTLE)
