@@ -22,7 +22,7 @@ terminal can observe of a real server:
   gets an ERROR event with a 410 Expired Status, one from a revision not reached yet 504.
   resourceVersion "" or "0" first sends ADDED for every current object. Selectors apply to
   events (an object that stops matching arrives as DELETED, one that starts as ADDED).
-  BOOKMARKs every `bookmark_interval` seconds when asked for.
+  BOOKMARKs every `bookmark_interval` seconds when asked for, and 2 s before the timeout.
 - What kubectl needs: Table answers with Kubernetes' printer columns (`tables.py`, `-o wide`
   and `get --watch` too); OpenAPI v2 and v3 generated from the client's models
   (`openapi.py`: `explain`, apply's patch strategies, `fieldValidation`/`dryRun` support);

@@ -2,7 +2,8 @@
 
 Anything below HTTP (selectors, patches, the store, routing) raises `ApiError`; the request
 handler answers it as the Kubernetes `Status` object a client expects (404 NotFound,
-409 AlreadyExists/Conflict, 400 BadRequest, 422 Invalid, 410 Expired, ...). The helpers
+409 AlreadyExists/Conflict, 400 BadRequest, 422 Invalid, 410 Expired, ...), a reason left
+out where the real server leaves it out. The helpers
 build the common ones with the real server's wording and `details`, so every layer says
 "not found" the same way. A leaf module: it imports nothing of the package.
 """
@@ -29,6 +30,8 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:  # the real server's bare 500s (a watch from an unparsable resourceVersion) have none
+            del status["reason"]
         if self.details:
             status["details"] = self.details
         return status
@@ -89,6 +92,22 @@ def invalid(resource: Resource, name: str, errors: str | list[str]) -> ApiError:
     message = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
     details = {**_details(resource, name), "kind": resource.kind, "causes": [_cause(e) for e in errors]}
     return ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {message}', details=details)
+
+
+def invalid_list_options(error: str) -> ApiError:
+    """422 Invalid for request options the real server validates as `ListOptions` (the
+    `resourceVersionMatch` rules), one StatusCause, in its wording."""
+    details = {"group": "meta.k8s.io", "kind": "ListOptions", "causes": [_cause(error)]}
+    return ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {error}', details=details)
+
+
+def invalid_resource_version(text: str, *, watch: bool) -> ApiError:
+    """A resourceVersion that is not a number, as the real server answers it: a list 400
+    BadRequest, a watch a bare 500 (its storage layer's parse error, no reason)."""
+    parse_error = f'resourceVersion: Invalid value: "{text}": strconv.ParseUint: parsing "{text}": invalid syntax'
+    if watch:
+        return ApiError(500, "", parse_error)
+    return ApiError(400, "BadRequest", f"invalid resource version: {parse_error}")
 
 
 def expired(message: str) -> ApiError:

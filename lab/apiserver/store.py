@@ -13,7 +13,9 @@ check, nothing written, address allocations given back), its field validation, i
 
 Reads: `list` serves pages (`limit`/`continue`) from a consistent snapshot kept for the
 continue token (an unknown or evicted token is 410 Expired), at a resourceVersion when asked
-(`Exact` is rebuilt from the history). A watch starts from the history (`open_watch`): a
+(`Exact` is rebuilt from the history; `remainingItemCount` only without selectors; misused
+`resourceVersionMatch` is the real 422 on ListOptions, an unparsable resourceVersion its 400
+for a list and bare 500 for a watch). A watch starts from the history (`open_watch`): a
 resourceVersion older than the history is 410 Expired, one newer than the counter 504
 (ResourceVersionTooLarge); "" or "0" (or sendInitialEvents) starts with ADDED for every
 current object. Deleting a namespace deletes what is in it at once (no Terminating phase).
@@ -40,6 +42,8 @@ from lab.apiserver.errors import (
     bad_request,
     expired,
     invalid,
+    invalid_list_options,
+    invalid_resource_version,
     not_found,
     too_large_resource_version,
 )
@@ -343,7 +347,9 @@ class Store:
                     while len(self.snapshots) > SNAPSHOTS_KEPT:
                         self.snapshots.popitem(last=False)
                 metadata["continue"] = self._encode_token(snapshot_id, offset + limit)
-                metadata["remainingItemCount"] = len(items) - offset - limit
+                if not selection.labels.requirements and not selection.fields.requirements:
+                    # the real server counts what is left only when no selector filters the pages
+                    metadata["remainingItemCount"] = len(items) - offset - limit
                 page = items[offset : offset + limit]
             else:
                 page = items[offset:]
@@ -351,15 +357,18 @@ class Store:
 
     def _table_at(self, resource: Resource, resource_version: str | None, match: str | None) -> tuple[int, dict]:
         if match and not resource_version:
-            raise bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")
+            raise invalid_list_options("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
+                                       "resourceVersion is provided")
         if match not in (None, "", "NotOlderThan", "Exact"):
-            raise bad_request(f'resourceVersionMatch "{match}" is not one of NotOlderThan, Exact')
+            raise invalid_list_options(f'resourceVersionMatch: Unsupported value: "{match}": supported values: '
+                                       '"Exact", "NotOlderThan", ""')
+        if match == "Exact" and resource_version == "0":  # (sic: the real message's lower case)
+            raise invalid_list_options('resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden '
+                                       'for resourceVersion "0"')
         table = self.objects[resource]
         if resource_version in (None, ""):
             return self.revision, table
         wanted = self._revision_number(resource_version)
-        if match == "Exact" and wanted == 0:
-            raise bad_request('resourceVersionMatch "Exact" is forbidden for resourceVersion "0"')
         if wanted > self.revision:
             raise too_large_resource_version(wanted, self.revision)
         if match != "Exact" or wanted == self.revision:
@@ -379,11 +388,10 @@ class Store:
         return wanted, past
 
     @staticmethod
-    def _revision_number(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise bad_request(f"invalid resourceVersion {text!r}") from None
+    def _revision_number(text: str, *, watch: bool = False) -> int:
+        if not (text.isascii() and text.isdigit()):  # what Go's ParseUint takes: no sign, no spaces
+            raise invalid_resource_version(text, watch=watch)
+        return int(text)
 
     @staticmethod
     def _encode_token(snapshot_id: str, offset: int) -> str:
@@ -412,11 +420,11 @@ class Store:
                     if selection.matches(table[k])
                 ]
             else:
-                since = self._revision_number(resource_version)
+                since = self._revision_number(resource_version, watch=True)
                 if since > self.revision:
                     raise too_large_resource_version(since, self.revision)
-                if since < self.floor:
-                    raise expired(f"too old resource version: {since} (oldest kept: {self.floor + 1})")
+                if since < self.floor:  # the real watch cache's wording: the oldest revision it can start at
+                    raise expired(f"too old resource version: {since} ({self.floor})")
                 initial = []
                 for event in self.history:
                     if event.revision > since and event.resource is resource:

@@ -11,9 +11,10 @@ ERROR event carrying the Expired Status, which is what clients expect; a revisio
 has not reached is the real server's HTTP 504 (ResourceVersionTooLarge). Asked for Tables
 (`kubectl get --watch`), each event carries its object as a one-row Table. Idle streams wake
 every `liveness_poll` seconds to notice a closed client and to send BOOKMARKs every
-`bookmark_interval` seconds when asked for (never promising a revision while events are
-queued). Kept apart from `handler.py` because it is the one response with its own loop
-and clock; it needs of the request only its socket and `send_response`/`send_header`.
+`bookmark_interval` seconds when asked for, and one 2 s before the timeout as the real watch
+cache does (never promising a revision while events are queued). Kept apart from
+`handler.py` because it is the one response with its own loop and clock; it needs of the
+request only its socket and `send_response`/`send_header`.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from netagent.kube.resources import Resource
 
 if TYPE_CHECKING:
     from lab.apiserver.server import ApiServer
+
+BOOKMARK_BEFORE_TIMEOUT = 2.0  # seconds: the real cacher's bookmark just before a watch times out
 
 
 class WatchResponse:
@@ -109,7 +112,7 @@ class WatchResponse:
         api = self.api
         now = time.monotonic()
         deadline = now + timeout
-        next_bookmark = now + api.bookmark_interval if bookmarks else float("inf")
+        next_bookmark = _next_bookmark(now, deadline, api.bookmark_interval) if bookmarks else float("inf")
         while not api.stopping.is_set():
             now = time.monotonic()
             if now >= deadline:
@@ -133,4 +136,15 @@ class WatchResponse:
                 revision = api.store.progress(watch)
                 if revision is not None:
                     self._write_chunk(bookmark_line(watch.resource, revision, initial_events_end=False))
-                    next_bookmark = time.monotonic() + api.bookmark_interval
+                    next_bookmark = _next_bookmark(time.monotonic(), deadline, api.bookmark_interval)
+
+
+def _next_bookmark(now: float, deadline: float, interval: float) -> float:
+    """When the next BOOKMARK is due, as the real watch cache decides: every `interval`, but
+    never later than `BOOKMARK_BEFORE_TIMEOUT` before the watch's deadline, so that a client
+    resumes from a recent revision; once that moment has passed, no more (inf)."""
+    due = now + interval
+    before_timeout = deadline - BOOKMARK_BEFORE_TIMEOUT
+    if before_timeout < due:
+        due = before_timeout
+    return due if due >= now else float("inf")

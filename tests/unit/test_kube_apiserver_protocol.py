@@ -116,7 +116,7 @@ def test_list_resource_version_semantics(server):
     assert [s["metadata"]["name"] for s in latest["items"]] == ["b"]
     status, too_new = http(server, "GET", f"{path}?resourceVersion={server.resource_version + 10}")
     assert (status, too_new["details"]["causes"][0]["reason"]) == (504, "ResourceVersionTooLarge")
-    assert http(server, "GET", f"{path}?resourceVersionMatch=Exact")[0] == 400
+    assert http(server, "GET", f"{path}?resourceVersionMatch=Exact")[0] == 422  # ListOptions invalid, as the real one
     server.compact()
     assert http(server, "GET", f"{path}?resourceVersion={between}&resourceVersionMatch=Exact")[0] == 410
 
@@ -270,3 +270,38 @@ def test_endpoints_mirror_restates_a_selector_services_slices(server):
         assert [e["metadata"]["name"] for e in server.list(ENDPOINTS)] == ["manual"]  # hand-written: kept
     finally:
         mirror.stop()
+
+
+def test_list_option_errors_are_the_real_servers(server):
+    """What tests/kubernetes/test_api_parity.py found the real kube-apiserver answers."""
+    path = "/api/v1/nodes"
+    for query, cause in (("resourceVersionMatch=NotOlderThan", "FieldValueForbidden"),
+                         ("resourceVersion=0&resourceVersionMatch=Exact", "FieldValueForbidden"),
+                         ("resourceVersion=1&resourceVersionMatch=Sometime", "FieldValueNotSupported")):
+        status, refused = http(server, "GET", f"{path}?{query}")
+        assert (status, refused["reason"], refused["details"]["kind"]) == (422, "Invalid", "ListOptions")
+        assert [(c["field"], c["reason"]) for c in refused["details"]["causes"]] == [("resourceVersionMatch", cause)]
+    status, refused = http(server, "GET", f"{path}?resourceVersion=abc")
+    assert (status, refused["reason"]) == (400, "BadRequest") and 'Invalid value: "abc"' in refused["message"]
+    status, refused = http(server, "GET", f"{path}?watch=true&resourceVersion=abc")
+    assert status == 500 and "reason" not in refused and 'Invalid value: "abc"' in refused["message"]
+
+
+def test_remaining_item_count_only_without_selectors(server):
+    for name in ("a", "b", "c"):
+        server.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"x": "y"}}})
+    _, plain = http(server, "GET", "/api/v1/nodes?limit=1")
+    assert plain["metadata"]["remainingItemCount"] == 2
+    _, selected = http(server, "GET", "/api/v1/nodes?limit=1&labelSelector=x%3Dy")
+    assert selected["metadata"]["continue"] and "remainingItemCount" not in selected["metadata"]
+
+
+def test_a_bookmark_comes_two_seconds_before_a_watch_times_out(lab_api_servers):
+    server = lab_api_servers(bookmark_interval=60.0)
+    started = time.monotonic()
+    with urllib.request.urlopen(f"{server.url}/api/v1/nodes?watch=true&allowWatchBookmarks=true&timeoutSeconds=3"
+                                f"&resourceVersion={server.resource_version}", timeout=30) as response:
+        first = response.readline()
+        arrived = time.monotonic() - started
+        rest = response.read()
+    assert json.loads(first)["type"] == "BOOKMARK" and 0.5 < arrived < 2.9 and rest == b""
