@@ -16,18 +16,23 @@ object is fixed, fits again or is deleted. One Service may cost at most
 `endpoint_ports_per_service` of the node-wide budget of endpoint-ports, and the budget is
 shared by `admission.py`: what is programmed stays programmed (an admitted Service whose update
 does not fit keeps its last admitted version), per namespace, then by age. No rejection says
-how much room is left.
+how much room is left. Each external and load-balancer IP is screened (`external_ips.py`): one
+that would hijack (the API server's, this node's, inside the pod or Service network) is left out
+and the Service rejected `forbidden-address` naming it, its other addresses programmed; every
+Service is screened again when what the screen knows changes (the node's addresses, the
+`default/kubernetes` EndpointSlices that name the API servers).
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.kernel.families import IpFamily
 from netagent.kube.changes import Change
 from proxy.admission import Admission
+from proxy.external_ips import AddressGuard, log_unknown_service_range
 from proxy.kube_objects import (
     MalformedObject,
     ParsedSlice,
@@ -42,6 +47,7 @@ from proxy.model import Endpoint, NodeContext, ProxyState, ServicePort, ServiceP
 log = logging.getLogger("netagent.proxy.catalog")
 
 SERVICE, SLICE = "Service", "EndpointSlice"
+API_SERVICE = "default/kubernetes"   # its EndpointSlices name the API servers
 BUDGET_FLAGS = "(--proxy-max-endpoint-ports, --proxy-max-endpoint-ports-per-namespace)"
 
 
@@ -84,7 +90,7 @@ class ServiceCatalog:
     they add up to (sync thread only). The other family's Services and slices are absent."""
 
     def __init__(self, node: NodeContext, *, family: IpFamily = IpFamily.V4, limits: ProxyLimits = DEFAULT_LIMITS,
-                 rejections: RejectionScope | None = None) -> None:
+                 rejections: RejectionScope | None = None, api_servers: Iterable[str] = ()) -> None:
         self.family = family
         self._node = self._of_family(node)
         self.limits = limits
@@ -103,6 +109,10 @@ class ServiceCatalog:
         self._parse_verdicts: dict[tuple[str, str], tuple[str, str]] = {}   # (kind, key) -> (reason, detail)
         self._size_verdicts: dict[str, tuple[str, str]] = {}                # service key -> (reason, detail)
         self._told: dict[tuple[str, str], tuple[str, str]] = {}              # what the scope holds now
+        self._address_verdicts: dict[str, tuple[str, str]] = {}             # service key -> (reason, detail)
+        self._api_servers = tuple(api_servers)   # the agent's own view: its client's host, the env
+        self._guard = AddressGuard.of(limits.external_ips, self._node, self._api_servers)
+        log_unknown_service_range(limits.external_ips, family)
 
     @property
     def node(self) -> NodeContext:
@@ -139,6 +149,11 @@ class ServiceCatalog:
                 parsed = self._slices_by_service.get(self._slice_owner.get(key, ""), {}).get(key)
                 if parsed is not None and parsed.trigger_time is not None:
                     trigger_times.append(parsed.trigger_time)
+        guard = AddressGuard.of(self.limits.external_ips, self._node,
+                                self._api_servers + self._api_endpoint_addresses())
+        if guard != self._guard:   # what may be claimed changed: screen every Service again
+            self._guard = guard
+            touched.update(self._ports_by_service)
         for service_key in touched:
             self._want(service_key)
         changed: set[ServicePortName] = set()
@@ -219,12 +234,22 @@ class ServiceCatalog:
         return touched
 
     # -- what each service wants, and the budget ---------------------------------------------------
+    def _api_endpoint_addresses(self) -> tuple[str, ...]:
+        slices = self._slices_by_service.get(API_SERVICE, {})
+        return tuple(sorted({endpoint.ip for parsed in slices.values() for endpoints in parsed.endpoints.values()
+                             for endpoint in endpoints}))
+
     def _want(self, service_key: str) -> None:
         self._wanted.pop(service_key, None)
         self._size_verdicts.pop(service_key, None)
+        self._address_verdicts.pop(service_key, None)
         ports = self._ports_by_service.get(service_key)
         if not ports:
             return
+        ports, refused = self._guard.screen(ports)
+        if refused:
+            self._address_verdicts[service_key] = (
+                "forbidden-address", "; ".join(refused) + ": not programmed (the rest of the Service is)")
         by_name = self._slices_by_service.get(service_key, {})
         slices = [by_name[k] for k in sorted(by_name)]
         endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
@@ -285,6 +310,8 @@ class ServiceCatalog:
             elif verdict is None and key in self._admission.held:
                 verdict = ("too-large", f"its update does not fit the node's budget of endpoint-ports now "
                                         f"{BUDGET_FLAGS}; its previous version stays programmed")
+            if verdict is None:
+                verdict = self._address_verdicts.get(key)
         return verdict
 
     def _tell(self, keys: set[tuple[str, str]]) -> None:

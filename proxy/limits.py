@@ -22,25 +22,29 @@ hurts a node:
   is programmed stays programmed (a newcomer, another namespace's flood or an update of an
   admitted Service never evicts it), and room goes to the namespace that holds least, oldest
   Service first; the ones that do not fit are rejected until room is made.
-- `endpoint_ports_per_service` (50,000): what one Service may cost of that budget (ports x
+- `endpoint_ports_per_service` (100,000): what one Service may cost of that budget (ports x
   (endpoints + addresses)), so no single object can take it: without it the per-object limits
-  allowed 1,000 ports x 1,000 external IPs, the whole budget. Kubernetes' scalability envelope
-  is 10,000 Services, 5,000 backends per Service, about 250 endpoints per Service on average
-  (kube-proxy bounds nothing); 50,000 holds the envelope's largest Service with 10 ports (or
-  a 20,000-endpoint port and room to spare), is 5% of the budget, and at the cap 20 Services
-  would be needed to fill a node. `--proxy-max-endpoint-ports-per-service`.
-- `endpoint_ports_per_namespace` (250,000): what one namespace's Services may hold of the
-  budget together, so one tenant flooding its namespace leaves three quarters to the others;
-  the envelope's 5,000 Services per namespace fit at 50 endpoint-ports each (a cluster that
+  allowed 1,000 ports x 1,000 external IPs, the whole budget. kube-proxy bounds nothing;
+  Kubernetes' scalability envelope is 10,000 Services and 5,000 backends per Service (about 250
+  endpoints per Service on average). 100,000 holds the envelope's largest Service with 20 ports
+  (and tests/cluster's legal 100 ports x 1,000 endpoints), is a tenth of the budget, so ten
+  Services at the cap are needed to fill a node. `--proxy-max-endpoint-ports-per-service`.
+- `endpoint_ports_per_namespace` (500,000): what one namespace's Services may hold of the budget
+  together, so a tenant flooding its namespace leaves at least half to the others; the envelope
+  allows 5,000 Services per namespace, half its 10,000, hence half the budget (a cluster that
   keeps everything in one namespace raises it). `--proxy-max-endpoint-ports-per-namespace`.
   Both are clamped to the budget.
+- `external_ips`: which external and load-balancer IPs a Service may claim at all
+  (`proxy/external_ips.py`: `--deny-external-ips`, and the node agent's `--service-cidr`).
 - `endpoints_per_slice` and `ports_per_slice` (1,000 and 100): the API server's own
   validation limits for one EndpointSlice, enforced here for a lax server; not flags.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from proxy.external_ips import ExternalIpPolicy, add_external_ip_arguments, external_ip_policy_from_args
 
 
 @dataclass(frozen=True)
@@ -49,13 +53,16 @@ class ProxyLimits:
     addresses_per_service: int = 1000
     endpoints_per_service_port: int = 20000
     endpoint_ports: int = 1_000_000
-    endpoint_ports_per_service: int = 50_000
-    endpoint_ports_per_namespace: int = 250_000
+    endpoint_ports_per_service: int = 100_000
+    endpoint_ports_per_namespace: int = 500_000
     endpoints_per_slice: int = 1000
     ports_per_slice: int = 100
+    external_ips: ExternalIpPolicy = field(default_factory=ExternalIpPolicy)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
+            if name == "external_ips":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"proxy limit {name} must be a positive integer, not {value!r}")
 
@@ -94,6 +101,7 @@ def add_limit_arguments(group) -> None:
     group.add_argument("--proxy-max-endpoint-ports-per-namespace", type=positive_int,
                        default=DEFAULT_LIMITS.endpoint_ports_per_namespace,
                        help="the share of the node's budget one namespace's Services may hold together")
+    add_external_ip_arguments(group)
 
 
 def limits_from_args(args) -> ProxyLimits:
@@ -106,4 +114,5 @@ def limits_from_args(args) -> ProxyLimits:
         endpoint_ports_per_service=getattr(args, "proxy_max_endpoint_ports_per_service",
                                            DEFAULT_LIMITS.endpoint_ports_per_service),
         endpoint_ports_per_namespace=getattr(args, "proxy_max_endpoint_ports_per_namespace",
-                                             DEFAULT_LIMITS.endpoint_ports_per_namespace))
+                                             DEFAULT_LIMITS.endpoint_ports_per_namespace),
+        external_ips=external_ip_policy_from_args(args))

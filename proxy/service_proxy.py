@@ -51,6 +51,7 @@ from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from proxy.backend import BackendSyncReport, ProxyBackend
 from proxy.catalog import ServiceCatalog
 from proxy.conntrack import Conntrack, stale_flows
+from proxy.external_ips import api_server_addresses
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
 from proxy.limits import DEFAULT_LIMITS, ProxyLimits
@@ -134,7 +135,8 @@ class ServiceProxy:
         self.rejections = rejections if rejections is not None else standalone("proxy")
         self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr,
                                                   family=self.family),
-                                      family=self.family, limits=settings.limits, rejections=self.rejections)
+                                      family=self.family, limits=settings.limits, rejections=self.rejections,
+                                      api_servers=api_server_addresses(api_client))
         self._unprogrammable: dict[str, str] = {}   # service key -> why the backend could not program it
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed

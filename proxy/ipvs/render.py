@@ -14,6 +14,8 @@ once per sync by `ProxyState.selection`):
   cluster IP:port                                  -> the cluster set of endpoints
   each external IP, each load-balancer IP :port    -> the external set
   each NodePort address (NodeContext.nodeport_targets) :nodePort -> the external set
+The service addresses are members of ADDRESSES and each (address, port) of CLUSTER-IP, EXTERNAL or
+EXTERNAL-LOCAL, so the filter drops what reaches a service address on any other port.
 All use the configured scheduler (round robin by default); ClientIP affinity is persistence
 with the affinity timeout. Real servers are wanted at weight 1; the ones a sync finds in the
 kernel but not in the plan are drained (proxy/ipvs/graceful.py), not cut.
@@ -36,6 +38,7 @@ from netagent.kernel.ipset import entry
 from proxy.ipvs.device import DEFAULT_DEVICE
 from proxy.ipvs.rules import (
     CLUSTER_IP_SET,
+    EXTERNAL_LOCAL_SET,
     EXTERNAL_SET,
     HAIRPIN_SET,
     IPVS_SETS,
@@ -45,6 +48,7 @@ from proxy.ipvs.rules import (
     NO_ENDPOINTS_SET,
     NODEPORT_LOCAL_SET,
     NODEPORT_SET,
+    SERVICE_ADDRESSES_SET,
 )
 from proxy.ipvs.table import Destination, Scheduler, VirtualServer, VirtualServerKey
 from proxy.model import Endpoint, EntryKind, NodeContext, ProxyState, ServicePort, ServicePortName, TrafficPolicy
@@ -134,14 +138,15 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
             members[CLUSTER_IP_SET.name].add(entry_member)
         elif point.kind is EntryKind.NODE_PORT:
             members[(NODEPORT_LOCAL_SET if external_local else NODEPORT_SET).name].add(entry_member)
-        elif not external_local:
-            members[EXTERNAL_SET.name].add(entry_member)
+        else:
+            members[(EXTERNAL_LOCAL_SET if external_local else EXTERNAL_SET).name].add(entry_member)
         if point.kind is EntryKind.LOAD_BALANCER and sources is not None:
             members[LB_FIREWALL_SET.name].add(entry_member)
             members[LB_SOURCES_SET.name].update(entry(address, protocol, point.port, extra_ip=source)
                                                 for source in sources)
         if point.kind is not EntryKind.NODE_PORT:
             addresses.add(address)
+    members[SERVICE_ADDRESSES_SET.name].update(addresses)   # other ports of these are dropped (rules.py)
     hairpin = cluster if not external or external is cluster else _destinations(selection.all_selected)
     members[HAIRPIN_SET.name].update(entry(d.address, protocol, d.port, extra_ip=d.address) for d in hairpin)
     if not selection.has_endpoints:

@@ -14,6 +14,8 @@ deletes its own sets by prefix, `set_prefix`).
 Sets (hash types, `family inet`; members spelled by netagent.kernel.ipset.entry):
   CLUSTER-IP      cluster IP,proto:port of every service port
   EXTERNAL        external and load-balancer IP,proto:port, externalTrafficPolicy Cluster
+  EXTERNAL-LOCAL  external and load-balancer IP,proto:port, externalTrafficPolicy Local
+  ADDRESSES       every service address na-ipvs0 holds (hash:ip): the addresses IPVS makes local
   NODEPORT        node address,proto:nodePort, externalTrafficPolicy Cluster
   NODEPORT-LOCAL  node address,proto:nodePort, externalTrafficPolicy Local. No rule matches it:
                   it records which virtual servers on the node's own addresses are ours (those
@@ -40,6 +42,11 @@ Chains (filter):
                         Only NEW ones: a connection draining to a weight-0 real server after its
                         endpoint was deleted keeps going. Load-balancer traffic from sources
                         outside loadBalancerSourceRanges is dropped (Kubernetes' behaviour).
+                        A new connection to a service address (ADDRESSES) on a port that is not
+                        one of its service ports (CLUSTER-IP, EXTERNAL, EXTERNAL-LOCAL) is dropped:
+                        the address is local on na-ipvs0, so without this every socket of the node
+                        listening on a wildcard address (sshd, the kubelet) would answer on a
+                        Service's address (kube-proxy's KUBE-IPVS-IPS filter; issue 29, item 4).
                         filter INPUT runs before IPVS's LOCAL_IN hook, so these rules see the
                         service address, not the endpoint.
   NETAGENT-IPVS-FORWARD <- FORWARD. Accepts packets of established connections: an endpoint's
@@ -89,10 +96,15 @@ LB_FIREWALL_SET = IpsetSpec(f"{SET_PREFIX}LB-FW", IpsetType.HASH_IP_PORT,
                             "load-balancer IP,proto:port with loadBalancerSourceRanges")
 LB_SOURCES_SET = IpsetSpec(f"{SET_PREFIX}LB-SRC", IpsetType.HASH_IP_PORT_NET,
                            "load-balancer IP,proto:port,allowed source range")
+EXTERNAL_LOCAL_SET = IpsetSpec(f"{SET_PREFIX}EXTERNAL-LOCAL", IpsetType.HASH_IP_PORT,
+                               "external and load-balancer IP,proto:port under externalTrafficPolicy Local")
+SERVICE_ADDRESSES_SET = IpsetSpec(f"{SET_PREFIX}ADDRESSES", IpsetType.HASH_IP,
+                                  "every service address on the IPVS device (other ports dropped)")
 NO_ENDPOINTS_SET = IpsetSpec(f"{SET_PREFIX}NO-EP", IpsetType.HASH_IP_PORT,
                              "address,proto:port of service ports without endpoints (rejected)")
 IPVS_SETS: tuple[IpsetSpec, ...] = (CLUSTER_IP_SET, EXTERNAL_SET, NODEPORT_SET, NODEPORT_LOCAL_SET, HAIRPIN_SET,
-                                    LB_FIREWALL_SET, LB_SOURCES_SET, NO_ENDPOINTS_SET)
+                                    LB_FIREWALL_SET, LB_SOURCES_SET, NO_ENDPOINTS_SET, EXTERNAL_LOCAL_SET,
+                                    SERVICE_ADDRESSES_SET)
 NODEPORT_SETS = (NODEPORT_SET, NODEPORT_LOCAL_SET)
 
 
@@ -172,6 +184,9 @@ def render_ipvs_chains(*, cluster_cidr: str | None, ports: PortRandomization = P
               "-j", "REJECT", "--reject-with", reject),
         _rule(*match(LB_FIREWALL_SET, "dst,dst"), *match(LB_SOURCES_SET, "dst,dst,src", negate=True),
               "-j", "DROP"),
+        _rule("-m", "conntrack", "--ctstate", "NEW", *match(SERVICE_ADDRESSES_SET, "dst"),
+              *match(CLUSTER_IP_SET, "dst,dst", negate=True), *match(EXTERNAL_SET, "dst,dst", negate=True),
+              *match(EXTERNAL_LOCAL_SET, "dst,dst", negate=True), "-j", "DROP"),
     )
     forward = (
         _rule("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"),

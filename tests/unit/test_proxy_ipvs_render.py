@@ -41,6 +41,7 @@ def test_cluster_ip_service():
     assert server.destinations == (Destination("10.244.0.7", 8080), Destination("10.244.1.5", 8080))
     assert plan.addresses == {"10.96.0.10"}
     assert sets_of(plan) == {
+        "NETAGENT-IPVS-ADDRESSES": {"10.96.0.10"},
         "NETAGENT-IPVS-CLUSTER-IP": {"10.96.0.10,tcp:80"},
         "NETAGENT-IPVS-HAIRPIN": {"10.244.0.7,tcp:8080,10.244.0.7", "10.244.1.5,tcp:8080,10.244.1.5"},
     }
@@ -179,6 +180,9 @@ GOLDEN_CHAINS = [
     ("filter", "NETAGENT-IPVS-FILTER", ("INPUT", "OUTPUT", "FORWARD"), [
         "-m conntrack --ctstate NEW -m set --match-set NETAGENT-IPVS-NO-EP dst,dst -j REJECT --reject-with icmp-port-unreachable",
         "-m set --match-set NETAGENT-IPVS-LB-FW dst,dst -m set ! --match-set NETAGENT-IPVS-LB-SRC dst,dst,src -j DROP",
+        "-m conntrack --ctstate NEW -m set --match-set NETAGENT-IPVS-ADDRESSES dst "
+        "-m set ! --match-set NETAGENT-IPVS-CLUSTER-IP dst,dst -m set ! --match-set NETAGENT-IPVS-EXTERNAL dst,dst "
+        "-m set ! --match-set NETAGENT-IPVS-EXTERNAL-LOCAL dst,dst -j DROP",
     ]),
 ]
 
