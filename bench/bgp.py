@@ -51,7 +51,12 @@ from netagent.kube.resources import CONFIG_MAPS  # noqa: E402
 from netagent.noderoutes import node_objects as nodes_api  # noqa: E402
 from netagent.noderoutes.bgp.bird_config import render_bird_config  # noqa: E402
 from netagent.noderoutes.bgp.model import Bfd, BgpNodeConfig, Timers  # noqa: E402
-from netagent.noderoutes.bgp.topology import BgpNode, TopologySettings, compose_node_config  # noqa: E402
+from netagent.noderoutes.bgp.topology import (  # noqa: E402
+    REFLECTOR_LABEL,
+    BgpNode,
+    TopologySettings,
+    compose_node_config,
+)
 
 ASN = 64512
 REFLECTORS = 2
@@ -254,7 +259,7 @@ class AgentBench:
                                        address=str(self.address(index)))
         obj["metadata"]["annotations"] = {**self.template, nodes_api.PUBLIC_IP: str(self.address(index))}
         if self.reflector(index):
-            obj["metadata"]["labels"]["netagent.io/route-reflector"] = "true"
+            obj["metadata"]["labels"][REFLECTOR_LABEL] = "true"  # the operator's label (NodeRestriction)
         return obj
 
     def close(self) -> None:

@@ -21,8 +21,9 @@ def add_bgp_flags(group) -> None:
     group.add_argument("--bgp-as", type=int, default=64512, help="the cluster's AS number (default 64512)")
     group.add_argument("--bgp-mesh", choices=["on", "off"], default="on", help="node-to-node full mesh")
     group.add_argument("--bgp-bfd", choices=["on", "off"], default="off", help="BFD on every session")
-    group.add_argument("--bgp-reflector-label", default="netagent.io/route-reflector",
-                       help='Nodes with this label set to "true" are route reflectors')
+    group.add_argument("--bgp-reflector-label", default="node-restriction.kubernetes.io/netagent-route-reflector",
+                       help='Nodes with this label set to "true" are route reflectors (a key under '
+                            'node-restriction.kubernetes.io/, which no kubelet may set on its Node)')
     group.add_argument("--bgp-config", default=DEFAULT_CONFIG,
                        help="namespace/name of the topology ConfigMap (overrides the --bgp-* defaults)")
 

@@ -12,6 +12,7 @@ import pytest
 from netagent.noderoutes.bgp.control import BirdError
 from netagent.noderoutes.bgp.fake_control import FakeBird
 from netagent.noderoutes.bgp.fake_learnt import FakeLearntRoutes
+from netagent.noderoutes.bgp.mirror import LearntTable
 from netagent.noderoutes.bgp.model import PeerRole
 from netagent.noderoutes.bgp.speaker import BgpSpeaker
 from netagent.noderoutes.bgp.status import parse_protocols
@@ -86,10 +87,10 @@ def test_external_peers_by_subnet_and_by_node_accept_only_admitted_cidrs():
         ExternalPeer(IPv4Address("198.51.100.1"), 65002, subnet=N("198.51.100.0/24"))))
     config = compose_node_config(node(1), [node(1), node(2), node(3)], topology, local_network=UNDERLAY,
                                  node_peers=(ExternalPeer(IPv4Address("203.0.113.9"), 65003, password="k"),))
-    assert [(str(p.address), p.asn, p.multihop) for p in config.peers] == [
-        ("203.0.113.9", 65003, 255), ("192.0.2.254", 65001, None)]
+    assert [(str(p.address), p.asn, p.multihop) for p in config.peers] == [  # the operator's first
+        ("192.0.2.254", 65001, None), ("203.0.113.9", 65003, 255)]
     assert all(set(p.accept) == {N("10.244.2.0/24"), N("10.244.3.0/24")} for p in config.peers)
-    assert config.peers[0].password == "k"
+    assert config.peers[1].password == "k"
 
 
 def test_our_own_cidr_is_never_accepted_even_when_another_node_claims_it():
@@ -116,8 +117,9 @@ def test_auto_uses_a_learnt_route_across_subnets_and_encapsulation_only_without_
     settings = RoutingSettings(mode=Mode.AUTO)
     without = render_plan(local_node(), [far], settings, bounds=BOUNDS, learnt={})
     assert "node7" not in without.peers or without.peers["node7"].mode is Mode.VXLAN
-    route = learnt("10.244.7.0/24", "192.0.2.254")
-    plan = render_plan(local_node(), [far], settings, bounds=BOUNDS, learnt={route.dst: route})
+    route = learnt("10.244.7.0/24", "192.0.2.254")  # through the operator's router (an external peer)
+    plan = render_plan(local_node(), [far], settings, bounds=BOUNDS,
+                       learnt=LearntTable({route.dst: route}, trusted_next_hops=[route.gateway]))
     assert plan.peers["node7"].mode is Mode.BGP and plan.peers["node7"].routes == (route,)
 
 

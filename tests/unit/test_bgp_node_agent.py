@@ -17,7 +17,7 @@ from netagent.noderoutes.bgp.cluster_config import PEERS_ANNOTATION, parse_node_
 from netagent.noderoutes.bgp.fake_control import FakeBird
 from netagent.noderoutes.bgp.fake_learnt import FakeLearntRoutes
 from netagent.noderoutes.bgp.speaker import BgpSpeaker
-from netagent.noderoutes.bgp.topology import TopologySettings
+from netagent.noderoutes.bgp.topology import REFLECTOR_LABEL, TopologySettings
 from netagent.noderoutes.routing.model import Mode, Route
 from tests.unit.node_agent_support import LOCAL_NAME, AgentWorld, node
 
@@ -127,7 +127,7 @@ def test_hostile_peer_annotations_are_refused(text):
 def test_topology_parser_keeps_defaults_for_refused_values():
     settings, refusals = parse_topology({"asNumber": "4294967296", "bfd": "true", "reflectorLabel": "bad label!"},
                                         TopologySettings())
-    assert settings.asn == 64512 and settings.bfd is True and settings.reflector_label == "netagent.io/route-reflector"
+    assert settings.asn == 64512 and settings.bfd is True and settings.reflector_label == REFLECTOR_LABEL
     assert len(refusals) == 2
 
 

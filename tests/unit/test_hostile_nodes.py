@@ -6,7 +6,8 @@ A case is two good peers (node-2, node-3, the oldest Nodes), then one to five ho
 each a good-looking Node with several fields replaced: by any JSON value, huge strings, deep
 JSON (up to 20,000 levels), or adversarial values (IPv6, host routes, 0.0.0.0/0, the metadata
 address, the service range, the node subnet, our own or a good peer's pod CIDR, public IP or
-VTEP MAC), or the whole object, its metadata or its spec by junk. Hostile Nodes are always
+VTEP MAC, the top-of-rack router's or the gateway's address), labels a kubelet may set (the old
+reflector label among them), or the whole object, its metadata or its spec by junk. Hostile Nodes are always
 younger than the good ones (creationTimestamp is set by the API server: a Node cannot backdate
 itself) or undated. After every sync, partial and full:
 
@@ -17,12 +18,18 @@ itself) or undated. After every sync, partial and full:
   and of every good peer's; no FDB entry but a good peer's points at a good peer's address;
 - a good node added afterwards (the youngest) is routed.
 
+In `bgp` mode (the agent's speaker over `FakeBird`, a top-of-rack router in the topology
+ConfigMap), after every sync: the router's session keeps its AS and password, no node is a
+reflector, every Node's session accepts its own CIDR only (never a good peer's), and the good
+peers' learnt routes reach main through their owners.
+
 Budget: 150 cases per mode in CI; `NETAGENT_FUZZ_EXAMPLES=N` runs N.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import datetime, timezone
 from ipaddress import IPv4Address, IPv4Network
 
@@ -50,7 +57,8 @@ ODD_CIDRS = ["169.254.169.254/32", "0.0.0.0/0", "10.96.0.0/16", "10.96.0.10/32",
              "10.244.2.0", "300.1.1.1/24", "10.244.2.0/24\n", "", "10.244.2.1/24", "127.0.0.0/8"]
 ODD_IPS = ["198.18.16.12", "198.18.16.13", "198.18.16.11", "0.0.0.0", "127.0.0.1", "255.255.255.255",
            "224.0.0.1", "10.244.2.1", "10.96.0.1", "::1", "198.18.16.77", "198.18.16.78", " 198.18.16.77", "",
-           "198.18.16.77\n", "240.0.0.1"]
+           "198.18.16.77\n", "240.0.0.1", "198.18.16.2", "198.18.16.1"]  # the ToR's, the gateway's (bgp)
+OLD_REFLECTOR_LABEL = "netagent.io/route-reflector"
 ODD_MACS = [vtep_mac("node-2"), vtep_mac("node-3"), vtep_mac("node-1"), vtep_mac("node-2").upper(),
             vtep_mac("node-2").replace(":", "-"), "ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "00:00:00:00:00:00",
             "zz:zz:zz:zz:zz:zz", "0e:00:00:00:00:77", "0e:00:00:00:00:78", ""]
@@ -82,6 +90,10 @@ FIELDS = {
     "created": st.one_of(st.sampled_from(["2026-03-01T00:00:00Z", "2026-05-05T05:05:05.123456Z",
                                           "2026-02-01T00:00:00+00:00"]), junk).filter(_younger_or_undated),
     "uid": junk,
+    "labels": st.one_of(junk, st.dictionaries(
+        st.sampled_from([OLD_REFLECTOR_LABEL, "node-role.kubernetes.io/route-reflector", "kubernetes.io/hostname",
+                         OLD_REFLECTOR_LABEL.upper(), "route-reflector"]) | st.text(max_size=40),
+        st.sampled_from(["true", "True", "", "yes"]) | junk, max_size=4)),
     "backend_type": junk,
     "annotations": junk,
     "metadata": junk,
@@ -103,8 +115,9 @@ def _apply(obj, field: str, value):
                "backend_type": nodes.BACKEND_TYPE}[field]] = value
     elif field in ("pod_cidr", "pod_cidrs") and isinstance(spec, dict):
         spec["podCIDR" if field == "pod_cidr" else "podCIDRs"] = value
-    elif field in ("created", "uid", "annotations") and isinstance(metadata, dict):
-        metadata[{"created": "creationTimestamp", "uid": "uid", "annotations": "annotations"}[field]] = value
+    elif field in ("created", "uid", "annotations", "labels") and isinstance(metadata, dict):
+        metadata[{"created": "creationTimestamp", "uid": "uid", "annotations": "annotations",
+                  "labels": "labels"}[field]] = value
     elif field == "metadata":
         obj["metadata"] = value
     elif field == "spec":
@@ -184,5 +197,58 @@ def test_hostile_nodes_never_cost_good_peers_their_routes(mode):
         harness.sync(SyncKind.PARTIAL if recorded else SyncKind.FULL)  # every hostile Node gone
         assert harness.rejected() == {}
         assert set(harness.overlay_routes()) == GOOD_CIDRS | {IPv4Network("10.244.4.0/24")}
+
+    case()
+
+
+TOR_IP = IPv4Address("198.18.16.2")
+TOR_CONFIG = {"metadata": {"name": "netagent-bgp", "namespace": "kube-system"},
+              "data": {"externalPeers": '[{"address": "198.18.16.2", "as": 65000, "password": "tor key"}]'}}
+_SESSION = re.compile(r"protocol bgp (peer4_\S+) \{\n  local \S+ as \d+;\n  neighbor (\S+) as (\d+);")
+_IMPORT = re.compile(r"filter import4_(peer4_\S+) \{\n(?:  if net ~ \[ (.*?) \] then accept;\n)?  reject;")
+
+
+def check_bgp(world) -> None:
+    """The router's session intact, no reflector, every Node's session its own CIDRs only."""
+    text = world.bird.text
+    sessions = {name: (IPv4Address(address), int(asn)) for name, address, asn in _SESSION.findall(text)}
+    accepts = {name: {IPv4Network(c) for c in (cidrs.split(", ") if cidrs else ())}
+               for name, cidrs in _IMPORT.findall(text)}
+    by_address = {address: (name, asn) for name, (address, asn) in sessions.items()}
+    assert by_address[TOR_IP][1] == 65000 and 'password "tor key";' in text, text
+    assert "rr client" not in text and "rr cluster id" not in text, text
+    for address, cidr in zip(sorted(GOOD_IPS), sorted(GOOD_CIDRS)):
+        assert accepts[by_address[address][0]] == {cidr}, text
+    for name, (address, asn) in sessions.items():
+        if address != TOR_IP:
+            assert asn == 64512 and LOCAL_CIDR not in accepts[name], text
+            if address not in GOOD_IPS:
+                assert not accepts[name] & GOOD_CIDRS, text
+    routes = world.overlay_routes()
+    for index, name in enumerate(GOOD_NAMES, start=2):
+        assert routes[IPv4Network(f"10.244.{index}.0/24")].gateway == IPv4Address(f"198.18.16.{10 + index}")
+
+
+def test_hostile_nodes_take_no_bgp_session_nor_route():
+    from netagent.noderoutes.routing.model import Route
+    from tests.unit.test_bgp_node_agent import BgpWorld
+
+    @settings(max_examples=max(CASES // 3, 10), deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(hostile=hostile_nodes())
+    def case(hostile):
+        world = BgpWorld(config_map=TOR_CONFIG, peers=())
+        world.table.main_gateways = (IPv4Address("198.18.16.1"),)
+        for index, name in enumerate(GOOD_NAMES, start=2):
+            world.put(node(name, index, created=OLDEST))
+            world.table.learn(Route(dst=IPv4Network(f"10.244.{index}.0/24"),
+                                    gateway=IPv4Address(f"198.18.16.{10 + index}"), ifname="eth0"))
+        world.sync(SyncKind.FULL)
+        check_bgp(world)
+        for index, obj in enumerate(hostile):
+            recorded = world.put(obj, key=f"h-{index}")
+            world.sync(SyncKind.PARTIAL if recorded else SyncKind.FULL)
+            check_bgp(world)
+        world.sync(SyncKind.FULL)
+        check_bgp(world)
 
     case()

@@ -7,6 +7,10 @@
 - `parse_node_peers(text)`: a Node's `netagent.io/bgp-peers` annotation, a JSON list of
   `{address, as, password?}` (at most `MAX_EXTERNAL_PEERS`); each entry judged alone.
 - `is_reflector(node, label)`: whether a raw Node object carries the reflector label as "true".
+  The label must lie under `node-restriction.kubernetes.io/` (`topology.TRUSTED_LABEL_PREFIX`),
+  which the NodeRestriction admission plugin forbids a kubelet to set on its own Node: any other
+  key (`reflectorLabel`, `--bgp-reflector-label`) is refused, and `is_reflector` is False for it,
+  so no node can make itself everyone's route reflector.
 
 Nothing here raises on input: a refusal is a (key, reason) pair the caller records through its
 `RejectionScope` (scope `bgp`), and every accepted value is one of `model.py`'s types, which the
@@ -20,7 +24,7 @@ import re
 from ipaddress import IPv4Address, IPv4Network
 
 from netagent.noderoutes.bgp.model import BgpConfigError, check_as_number, check_password
-from netagent.noderoutes.bgp.topology import ExternalPeer, TopologySettings
+from netagent.noderoutes.bgp.topology import TRUSTED_LABEL_PREFIX, ExternalPeer, TopologySettings
 
 PEERS_ANNOTATION = "netagent.io/bgp-peers"
 MAX_EXTERNAL_PEERS = 16
@@ -119,13 +123,18 @@ def parse_topology(data: object, defaults: TopologySettings) -> tuple[TopologySe
 
 
 def check_label(value: object) -> str:
-    """A label key (the reflector label), or `BgpConfigError`."""
+    """A label key under `node-restriction.kubernetes.io/` (the reflector label), or `BgpConfigError`."""
     if not isinstance(value, str) or len(value) > 316 or not _LABEL.match(value):
         raise BgpConfigError("reflectorLabel must be a label key")
+    if not value.startswith(TRUSTED_LABEL_PREFIX) or value == TRUSTED_LABEL_PREFIX:
+        raise BgpConfigError(f"reflectorLabel must lie under {TRUSTED_LABEL_PREFIX} (a kubelet may set any "
+                             f"other label on its own Node)")
     return value
 
 
 def is_reflector(node: object, label: str) -> bool:
+    if not label.startswith(TRUSTED_LABEL_PREFIX):
+        return False  # a label its own kubelet could set makes no node a reflector
     metadata = node.get("metadata") if isinstance(node, dict) else None
     labels = metadata.get("labels") if isinstance(metadata, dict) else None
     return isinstance(labels, dict) and labels.get(label) == "true"

@@ -1,4 +1,5 @@
-"""`FakeLearntRoutes`: our BGP table in memory; `learn`/`forget` play BIRD writing it."""
+"""`FakeLearntRoutes`: our BGP table in memory; `learn`/`forget` play BIRD writing it; `main_gateways`
+the next hops of main's routes that are not ours."""
 from __future__ import annotations
 
 from typing import Callable
@@ -11,6 +12,7 @@ class FakeLearntRoutes(LearntRoutes):
     def __init__(self) -> None:
         self.routes: dict = {}
         self.blackholes: set = set()
+        self.main_gateways: tuple = ()
         self._callbacks: list[Callable[[], None]] = []
 
     def dump(self) -> dict:
@@ -18,6 +20,9 @@ class FakeLearntRoutes(LearntRoutes):
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
+
+    def gateways(self) -> tuple:
+        return tuple(sorted(self.main_gateways))
 
     def ensure_blackholes(self, cidrs: tuple) -> None:
         self.blackholes = {c for c in cidrs if c.version == 4}

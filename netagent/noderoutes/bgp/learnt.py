@@ -42,6 +42,10 @@ class LearntRoutes(abc.ABC):
     def ensure_blackholes(self, cidrs: tuple) -> None:
         """Exactly these IPv4 networks as our blackholes in main (idempotent; others of ours removed)."""
 
+    def gateways(self) -> tuple:
+        """The IPv4 next hops of main's routes that are not ours (protocol 78), sorted."""
+        return ()
+
     @abc.abstractmethod
     def flush(self) -> list[str]:
         """Delete every route in our table and our blackholes (`netagent cleanup`); a line per route."""
@@ -83,6 +87,17 @@ class NetlinkLearntRoutes(LearntRoutes):
             dst = IPv4Network(f"{msg.get_attr('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}")
             found[dst] = Route(dst=dst, gateway=IPv4Address(gateway), ifname=names[oif])
         return found
+
+    @namespaces.in_own_netns
+    def gateways(self) -> tuple:
+        found = set()
+        for msg in self._ipr.route("dump", family=socket.AF_INET, table=MAIN_TABLE):
+            if self._table_of(msg) != MAIN_TABLE or msg["proto"] == owned.ROUTE_PROTOCOL:
+                continue
+            gateway = msg.get_attr("RTA_GATEWAY")
+            if gateway:
+                found.add(IPv4Address(gateway))
+        return tuple(sorted(found))
 
     def _blackholes(self) -> dict:
         found = {}

@@ -13,6 +13,11 @@ against the cluster CIDR and reserved ranges of that family only.
   subnets); its public IP must be a unicast address outside the cluster CIDR (a tunnel
   endpoint inside the overlay would loop). A peer claiming `169.254.169.254/32`, the
   service range or the node subnet is refused, never routed;
+- **addresses that are not a node's**: a public IP equal to one of this node's own addresses
+  (`PeerBounds.reserved`'s host entries), to an external BGP peer of the operator's or to one of
+  this node's gateways (`reserved_addresses`, handed over by the BGP speaker through
+  `bgp/mirror.LearntTable`) is refused: a Node announcing the top-of-rack router's address must
+  not replace the router's session (`bgp/topology.py` never lets it) nor be routed through;
 - **claims**: a pod CIDR overlapping this node's or another accepted peer's, a public IP
   or a VTEP MAC equal to ours or another accepted peer's, is a conflict. Peers are
   admitted in seniority order (`Peer.seniority`: the older Node by creationTimestamp, then
@@ -112,7 +117,8 @@ class Admission:
     """One render's claims; `check` before a peer's backend render, `check_macs` and `admit` after."""
 
     def __init__(self, local: LocalNode, peers: Iterable[Peer], *, bounds: PeerBounds,
-                 devices: tuple) -> None:
+                 devices: tuple, reserved_addresses: Iterable = ()) -> None:
+        """`reserved_addresses`: (address, what it is), ...: no peer's public IP."""
         self.local = local
         self.family = family = local.family
         self.bounds = bounds
@@ -123,6 +129,13 @@ class Admission:
             if cidr.version == family.value:
                 self.claims.claim(cidr, ours)
         self.public_ips: dict = {local.public_ip: ours}
+        self.reserved: dict = {}
+        for address, what in reserved_addresses:  # the first name of an address is its name
+            if address.version == family.value:
+                self.reserved.setdefault(address, what)
+        for network, what in bounds.reserved:  # this node's own addresses (host entries)
+            if network.version == family.value and network.prefixlen == network.max_prefixlen:
+                self.reserved.setdefault(network.network_address, what)
         self.macs = {device.mac: ours for device in devices if isinstance(device, VxlanDevice)}
 
     def check(self, peer: Peer, cidrs: tuple) -> Refused | None:
@@ -134,6 +147,10 @@ class Admission:
             if peer.public_ip in cluster:
                 return Refused(f"public IP {peer.public_ip} lies inside the cluster CIDR {cluster}: "
                                f"tunnel packets to it would enter the overlay", RefusalReason.RESERVED)
+        what = self.reserved.get(peer.public_ip)
+        if what is not None and peer.public_ip != self.local.public_ip:
+            return Refused(f"announces public IP {peer.public_ip}, which is {what}, not a node's",
+                           RefusalReason.RESERVED)
         holder = self.public_ips.get(peer.public_ip)
         if holder is not None:
             return Refused(f"announces public IP {peer.public_ip}, which is "

@@ -3,7 +3,8 @@
 Like flannel's DirectRouting / CrossSubnet: a peer whose public IP is inside our
 underlay's connected prefix is reached directly (no overhead), any other peer through the
 configured encapsulation (`auto_encap`: vxlan or ipip), unless BGP is on and BIRD learnt a route
-to every one of its pod CIDRs (`learnt`): then that route, with no encapsulation. The choice is made per peer on
+to every one of its pod CIDRs through an allowed next hop (`learnt`, `bgp/mirror.py`: the peer
+itself or an operator's external peer): then that route, with no encapsulation. The choice is made per peer on
 every render, so a peer that moves subnet switches mode with one route replace. The
 encapsulation device always exists in this mode, even when every peer is local, because
 the next peer may need it at any moment and its VTEP MAC must be announced up front.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from netagent.noderoutes.bgp.mirror import learnt_for, render_bgp_peer
+from netagent.noderoutes.bgp.mirror import render_bgp_peer, usable_for
 from netagent.noderoutes.routing.hostgw import on_underlay_subnet, render_host_gw_peer
 from netagent.noderoutes.routing.ipip import render_ipip_peer
 from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerPlan, Pending, Refused, RoutingSettings
@@ -23,7 +24,7 @@ def choose_mode(local: LocalNode, peer: Peer, settings: RoutingSettings, *, lear
                 cidrs: tuple = ()) -> Mode:
     if on_underlay_subnet(local, peer):
         return Mode.HOST_GW
-    if learnt and cidrs and len(learnt_for(cidrs, learnt)) == len(cidrs):
+    if learnt and cidrs and len(usable_for(peer, cidrs, learnt)) == len(cidrs):
         return Mode.BGP
     return settings.auto_encap
 

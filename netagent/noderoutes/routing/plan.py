@@ -25,7 +25,7 @@ from ipaddress import IPv4Address
 from typing import Iterable, Mapping
 
 from netagent.kernel.families import IpFamily
-from netagent.noderoutes.bgp.mirror import render_bgp_peer
+from netagent.noderoutes.bgp.mirror import render_bgp_peer, reserved_addresses
 
 from netagent.noderoutes.routing.admission import Admission
 from netagent.noderoutes.routing.auto import render_auto_peer
@@ -96,12 +96,14 @@ def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettin
     """Everything the kernel should hold for `peers` (a peer named like the local node is skipped);
     only peers inside `bounds` and holding their claims (`admission.py`) get objects. `learnt`:
     the routes BIRD learnt over BGP (destination -> Route, `noderoutes/bgp/learnt.py`), which
-    `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only.
+    `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only; the
+    speaker's `LearntTable` also names the addresses no peer may hold (external BGP peers, gateways).
     Only `local.family` is planned: `ignored_ipv6` lists the IPv6 CIDRs an IPv4 plan skipped."""
     devices = render_devices(local, settings)
     family = local.family
     by_name = {peer.name: peer for peer in peers if peer.name != local.name}
-    admission = Admission(local, by_name.values(), bounds=bounds, devices=devices)
+    admission = Admission(local, by_name.values(), bounds=bounds, devices=devices,
+                          reserved_addresses=reserved_addresses(learnt))
     planned, refused, pending = {}, {}, {}
     ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4] \
         if family is IpFamily.V4 else []
