@@ -104,18 +104,25 @@ class ParsedSlice:
 
 
 def _address_of(text: object) -> tuple[IpFamily, str] | None:
-    """An IP address's family and canonical text; None when `text` is not an address."""
+    """An IP address's family and canonical text; None when `text` is not an address, or is
+    one with an IPv6 zone (`fe80::1%eth0`: `ipaddress` keeps any text after the `%`, a newline
+    included, and no Service, endpoint or client range has one; Kubernetes refuses them)."""
     try:
         address = ipaddress.ip_address(str(text).strip())
     except ValueError:
+        return None
+    if getattr(address, "scope_id", None) is not None:
         return None
     return IpFamily(address.version), str(address)
 
 
 def _cidr_of(text: object) -> tuple[IpFamily, str] | None:
+    """A network's family and canonical text; None when it is not one or has an IPv6 zone."""
     try:
         network = ipaddress.ip_network(str(text).strip(), strict=False)
     except ValueError:
+        return None
+    if getattr(network.network_address, "scope_id", None) is not None:
         return None
     return IpFamily(network.version), str(network)
 

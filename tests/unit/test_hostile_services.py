@@ -64,7 +64,8 @@ ODD_TEXT = st.one_of(
     st.sampled_from(["", " ", "None", "tcp", "ICMP", "SCTP", "10.0.0.256", "::1", "0.0.0.0", "255.255.255.255",
                      " 10.0.0.1", "10.0.0.1\n", "010.0.0.1", "10.0.0.1/32", "x\n-I INPUT -j ACCEPT\n#",
                      "名前", "\u202e", "a" * 300, "Local", "Cluster", "ClientIP", "LoadBalancer", "ExternalName",
-                     "PreferClose", "auto", "2024-13-99T99:99:99Z"]),
+                     "PreferClose", "auto", "2024-13-99T99:99:99Z",
+                     "fe80::1%eth0\nflush ruleset", "fe80::%eth0\n-F/64", "10.0.0.1%eth0"]),   # IPv6 zones
 )
 ODD_NUMBER = st.one_of(st.sampled_from([0, -1, 1, 53, 65535, 65536, 70000, 2 ** 63, True, False, 1.5,
                                         float("nan"), float("inf")]),

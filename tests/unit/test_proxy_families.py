@@ -87,6 +87,25 @@ def test_source_ranges_of_the_other_family_only_admit_no_client_of_this_one():
     assert parse_service(obj, family=V6).ports[WEB].load_balancer_source_ranges == ()
 
 
+def test_addresses_and_ranges_with_an_ipv6_zone_are_skipped_as_problems():
+    """`ipaddress` reads `fe80::1%eth0` (and any text after the `%`, a newline too); no Service
+    address, endpoint or client range has a zone: each is a problem and left out, and ranges
+    that were all zoned fence the address shut (fail closed), never open."""
+    zoned = "fe80::1%eth0\nflush ruleset"
+    obj = v6_only(kind="LoadBalancer", externalIPs=[zoned, "2001:db8::7"],
+                  loadBalancerSourceRanges=["fe80::%eth0\nflush ruleset/64", zoned])
+    obj["status"] = {"loadBalancer": {"ingress": [{"ip": "2001:db8::9"}, {"ip": "fe80::9%lo"}]}}
+    parsed = parse_service(obj, family=V6)
+    port = parsed.ports[WEB]
+    assert port.external_ips == ("2001:db8::7",) and port.load_balancer_ips == ("2001:db8::9",)
+    assert port.load_balancer_source_ranges == ("::/128",)
+    assert len(parsed.problems) == 4 and all("skipped" in problem and "\n" not in problem for problem in parsed.problems)
+    slice_ = endpoint_slice("web-1", "web", [endpoint("fe80::5%eth0"), endpoint("fd00:10:244::5")],
+                            address_type="IPv6")
+    (endpoints,) = parse_endpoint_slice(slice_, family=V6).endpoints.values()
+    assert [e.ip for e in endpoints] == ["fd00:10:244::5"]
+
+
 @pytest.mark.parametrize("change, why", [
     ({"clusterIPs": ["10.96.0.10", "fd00::a", "10.96.0.11"]}, "3 entries"),
     ({"clusterIPs": ["fd00::a", "fd00::b"], "ipFamilies": None}, "two IPv6"),
