@@ -164,8 +164,8 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
     The proxies' Node events are shared (`NodeSource.SHARED`): the caller feeds
     `parts.node_listeners` from the Node reflector it already runs. Services and EndpointSlices
     a proxy refuses are recorded in `rejections` (a private scope when None; the IPv6 proxy's
-    in a scope of its own beside it) and listed in /healthz's details (`rejected`) without
-    making the node unhealthy."""
+    in a scope of its own beside it) and listed in /healthz's details (on the loopback metrics
+    server only; 10256 says healthy or not) without making the node unhealthy."""
     if args.proxy_mode == NO_PROXY:
         return None
     from netagent.daemon.rejection_reports import with_rejections
