@@ -5,8 +5,9 @@ real server streams them: first the lines `Store.open_watch` returned (ADDED for
 objects, or the history since the requested resourceVersion), then, with
 `sendInitialEvents` and bookmarks, a BOOKMARK marking the end of those, then what the
 store queues until the timeout (`timeoutSeconds`, else the server's watch timeout times a
-random 1-2 so that many clients do not reconnect together), the server stopping, or the
-client going away. A 410 from `open_watch` is not an HTTP error here: it is a 200 with one
+random 1-2 so that many clients do not reconnect together: the chunked body's end), the
+server stopping (the connection closed with no end of the body, as a real server's shutdown
+does: the client sees a broken stream), or the client going away. A 410 from `open_watch` is not an HTTP error here: it is a 200 with one
 ERROR event carrying the Expired Status, which is what clients expect; a revision the server
 has not reached is the real server's HTTP 504 (ResourceVersionTooLarge). Asked for Tables
 (`kubectl get --watch`), each event carries its object as a one-row Table. Idle streams wake
@@ -78,8 +79,9 @@ class WatchResponse:
             if initial_events and bookmarks:
                 self._write_chunk(bookmark_line(resource, initial_revision, initial_events_end=True))
             self._stream_events(watch, timeout=timeout, bookmarks=bookmarks)
-            if api.stopping.is_set():
+            if api.stopping.is_set():  # as the real server going down: the connection closes mid-body
                 self.request.close_connection = True
+                return
             self.request.wfile.write(b"0\r\n\r\n")
         except OSError:
             self.request.close_connection = True
