@@ -7,8 +7,9 @@ objects, or the history since the requested resourceVersion), then, with
 store queues until the timeout (`timeoutSeconds`, else the server's watch timeout times a
 random 1-2 so that many clients do not reconnect together: the chunked body's end), the
 server stopping (the connection closed with no end of the body, as a real server's shutdown
-does: the client sees a broken stream), or the client going away. A 410 from `open_watch` is not an HTTP error here: it is a 200 with one
-ERROR event carrying the Expired Status, which is what clients expect; a revision the server
+does: the client sees a broken stream), or the client going away. A 410 from `open_watch`
+is not an HTTP error here: it is a 200 with one ERROR event carrying the Expired Status,
+which is what clients expect; a revision the server
 has not reached is the real server's HTTP 504 (ResourceVersionTooLarge). Asked for Tables
 (`kubectl get --watch`), each event carries its object as a one-row Table. Idle streams wake
 every `liveness_poll` seconds to notice a closed client and to send BOOKMARKs every
