@@ -419,6 +419,7 @@ class Store:
                     for k in sorted(table)
                     if selection.matches(table[k])
                 ]
+                watch.sent_revision = self.revision
             else:
                 since = self._revision_number(resource_version, watch=True)
                 if since > self.revision:
@@ -426,11 +427,13 @@ class Store:
                 if since < self.floor:  # the real watch cache's wording: the oldest revision it can start at
                     raise expired(f"too old resource version: {since} ({self.floor})")
                 initial = []
+                watch.sent_revision = since
                 for event in self.history:
                     if event.revision > since and event.resource is resource:
                         line = watch.render(event)
                         if line is not None:
                             initial.append(line)
+                            watch.sent_revision = event.revision
             self.watches[resource].add(watch)
             return watch, initial, self.revision
 

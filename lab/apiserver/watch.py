@@ -6,7 +6,8 @@ resource into its queue, and `render` decides what that watcher's client sees. A
 that selects everything gets the event's line, rendered once and shared by all of them;
 with selectors, an update of an object that starts matching arrives as ADDED and one that
 stops matching as DELETED (previous content, new resourceVersion), as the real server
-does. Lines are the wire format itself (one JSON event per line, ready for a chunk), so the
+does; `sent_revision` is what its client already has, which a BOOKMARK must exceed, as on
+the real server. Lines are the wire format itself (one JSON event per line, ready for a chunk), so the
 HTTP side only writes bytes. No locks here: the store registers and feeds streams under its
 own lock, and each stream is read by the one request thread serving it.
 """
@@ -59,6 +60,7 @@ class WatchStream:
         self.resource = resource
         self.selection = selection
         self.queue: queue.SimpleQueue[StoreEvent | None] = queue.SimpleQueue()
+        self.sent_revision = 0  # the newest revision its client has (an event's, or where it started)
 
     def render(self, event: StoreEvent) -> bytes | None:
         """The line this watcher must see for `event`, or None; selectors turn updates into adds/deletes."""

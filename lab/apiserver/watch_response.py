@@ -14,7 +14,8 @@ has not reached is the real server's HTTP 504 (ResourceVersionTooLarge). Asked f
 (`kubectl get --watch`), each event carries its object as a one-row Table. Idle streams wake
 every `liveness_poll` seconds to notice a closed client and to send BOOKMARKs every
 `bookmark_interval` seconds when asked for, and one 2 s before the timeout as the real watch
-cache does (never promising a revision while events are queued). Kept apart from
+cache does (never promising a revision while events are queued, nor one its client has
+already seen). Kept apart from
 `handler.py` because it is the one response with its own loop and clock; it needs of the
 request only its socket and `send_response`/`send_header`.
 """
@@ -131,6 +132,7 @@ class WatchResponse:
                 line = watch.render(event)
                 if line is not None:
                     self._write_chunk(line)
+                    watch.sent_revision = event.revision
                 continue
             if self._client_gone():
                 self.request.close_connection = True
@@ -138,7 +140,8 @@ class WatchResponse:
             if time.monotonic() >= next_bookmark:
                 revision = api.store.progress(watch)
                 if revision is not None:
-                    self._write_chunk(bookmark_line(watch.resource, revision, initial_events_end=False))
+                    if revision > watch.sent_revision:  # the real one sends none that tells nothing new
+                        self._write_chunk(bookmark_line(watch.resource, revision, initial_events_end=False))
                     next_bookmark = _next_bookmark(time.monotonic(), deadline, api.bookmark_interval)
 
 

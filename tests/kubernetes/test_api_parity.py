@@ -143,6 +143,16 @@ def test_a_bookmark_carries_only_a_resource_version_and_comes_before_the_timeout
     assert int(bookmarks[-1]["metadata"]["resourceVersion"]) >= int(filtered[0]["metadata"]["resourceVersion"])
 
 
+def test_no_bookmark_repeats_what_the_watcher_has(api):
+    """A bookmark no newer than the last event sent tells nothing: the real server sends none
+    (the lab sent its revision every interval and before the timeout all the same)."""
+    listed = api.list_rv("parity=quiet")
+    api.create_node("quiet-a", parity="quiet")
+    status, events, ended = api.watch([("resourceVersion", listed), ("labelSelector", "parity=quiet"),
+                                       ("allowWatchBookmarks", "true"), ("timeoutSeconds", 4)])
+    assert (status, ended) == (200, "end") and names(events) == [("ADDED", "quiet-a")]
+
+
 def test_initial_events_end_with_an_annotated_bookmark(api):
     api.create_node("initial-a", parity="initial")
     api.create_node("initial-b", parity="initial")

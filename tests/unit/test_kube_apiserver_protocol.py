@@ -298,10 +298,21 @@ def test_remaining_item_count_only_without_selectors(server):
 
 def test_a_bookmark_comes_two_seconds_before_a_watch_times_out(lab_api_servers):
     server = lab_api_servers(bookmark_interval=60.0)
+    start = server.resource_version
+    server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "elsewhere"}})  # news for it
     started = time.monotonic()
     with urllib.request.urlopen(f"{server.url}/api/v1/nodes?watch=true&allowWatchBookmarks=true&timeoutSeconds=3"
-                                f"&resourceVersion={server.resource_version}", timeout=30) as response:
+                                f"&resourceVersion={start}", timeout=30) as response:
         first = response.readline()
         arrived = time.monotonic() - started
         rest = response.read()
     assert json.loads(first)["type"] == "BOOKMARK" and 0.5 < arrived < 2.9 and rest == b""
+
+
+def test_no_bookmark_repeats_the_revision_a_watcher_has(lab_api_servers):
+    server = lab_api_servers(bookmark_interval=0.2)
+    start = server.resource_version
+    server.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}})
+    with urllib.request.urlopen(f"{server.url}/api/v1/nodes?watch=true&allowWatchBookmarks=true&timeoutSeconds=1"
+                                f"&resourceVersion={start}", timeout=30) as response:
+        assert [json.loads(line)["type"] for line in response.read().splitlines()] == ["ADDED"]
