@@ -42,6 +42,10 @@ NODE = NodeContext(name="node-a", cluster_cidr="10.244.0.0/16", local_addresses=
 LIMITS = ProxyLimits(ports_per_service=20, addresses_per_service=20, endpoints_per_service_port=40,
                      endpoint_ports=400, endpoints_per_slice=30, ports_per_slice=10)
 
+# addresses no Service may claim on NODE (issue 29 item 4): its own, its pods', none a client reaches
+HIJACKED = ["192.168.1.10", "10.244.1.5", "10.244.0.1", "127.0.0.1", "0.0.0.0", "224.0.0.1", "169.254.169.254",
+            "255.255.255.255"]
+
 # ---- the good objects ----------------------------------------------------------------------------
 
 GOOD_SERVICES = {
@@ -128,13 +132,19 @@ def hostile_template(kind: str, index: int) -> dict:
 def hostile_batch(draw):
     services, slices = {}, {}
     for index in range(draw(st.integers(1, 5))):
-        choice = draw(st.sampled_from(["mutated", "mutated", "junk", "null-annotation", "many-ports"]))
+        choice = draw(st.sampled_from(["mutated", "mutated", "junk", "null-annotation", "many-ports", "hijacking"]))
         key = f"evil/evil{index}"
         template = hostile_template("Service", index)
         if choice == "junk":
             services[key] = draw(JUNK)
         elif choice == "null-annotation":
             template["metadata"]["annotations"] = {k: None for k in template["metadata"]["annotations"]}
+            services[key] = template
+        elif choice == "hijacking":   # addresses of the node, its pods, or none a client can reach
+            template["spec"]["externalIPs"] = draw(st.lists(st.sampled_from([*HIJACKED, "192.0.2.9"]), min_size=1,
+                                                            max_size=4))
+            template["status"]["loadBalancer"]["ingress"] = [
+                {"ip": ip} for ip in draw(st.lists(st.sampled_from([*HIJACKED, "192.0.2.1"]), max_size=3))]
             services[key] = template
         elif choice == "many-ports":
             template["spec"]["ports"] = [{"name": f"p{i}", "port": i + 1, "protocol": draw(ODD_TEXT)}
@@ -203,10 +213,15 @@ def test_hostile_objects_cost_the_good_ones_nothing(batch, good_first):
     rejected = {(r.ref.kind, r.ref.key) for r in rejections.snapshot()}
     assert not {key for _, key in rejected if key.startswith("default/")}
     for record in rejections.snapshot():
-        assert record.reason in ("malformed", "too-large") and record.detail and "\n" not in record.detail
-    for key, obj in hostile_services.items():   # anything in the state came from an object not rejected
+        assert record.reason in ("malformed", "too-large", "forbidden-address") and record.detail
+        assert "\n" not in record.detail
+    for port in state.services.values():
+        assert not set(port.external_ips + port.load_balancer_ips) & set(HIJACKED), port
+    # anything in the state came from an object not rejected (a refused address costs only itself)
+    refused_whole = {(r.ref.kind, r.ref.key) for r in rejections.snapshot() if r.reason != "forbidden-address"}
+    for key, obj in hostile_services.items():
         if any(f"{n.namespace}/{n.name}" == key for n in state.services):
-            assert ("Service", key) not in rejected
+            assert ("Service", key) not in refused_whole
     for name, port in state.services.items():
         select_endpoints(port, state.endpoints_of(name), state.node)
     render_ruleset(state, settings=IptablesProxySettings())

@@ -331,6 +331,30 @@ def test_no_endpoints_refuses_at_once(lab, where, address, port):
     assert retransmits <= (1 if ":" in address else 0)
 
 
+@FAMILIES
+def test_a_service_address_answers_only_on_its_service_ports(lab, family):
+    """Issue 29 item 4: na-ipvs0 makes every service address local, so a socket of the node on a
+    wildcard address would answer on it; the filter drops every port that is not the Service's,
+    while the service port keeps working from a pod and from the node itself (replies pass)."""
+    _, _, node_ip, _, web, _, _ = ADDRESSES[family]
+    inet, port = (socket.AF_INET6, 2223) if family is V6 else (socket.AF_INET, 2222)   # a thread keeps each
+    listener = socket_in(lab.ns["node"], socket.SOCK_STREAM, inet)
+    if family is V6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("::" if family is V6 else "0.0.0.0", port))
+    listener.listen(8)
+    threading.Thread(target=serve_tcp, args=(listener, "node-sshd"), daemon=True).start()
+    try:
+        assert ask_once(lab.ns["client"], node_ip, port)[0] == "node-sshd"   # the node's own address: answered
+        for where in ("client", "node"):
+            with pytest.raises(TimeoutError):   # dropped: never an answer or a refusal
+                Connection(lab.ns[where], web, port, timeout=3)
+            assert ask_once(lab.ns[where], web, 80)[0] in PODS
+    finally:
+        listener.close()
+
+
 def test_no_endpoints_refuses_udp_at_once(lab):
     client = socket_in(lab.ns["client"], socket.SOCK_DGRAM)
     client.settimeout(2)
