@@ -5,7 +5,7 @@
                     [--ip-family ipv4|ipv6|dual]   (so does the demo: `netagent lab demo --ip-family dual`)
                                       build it and leave it running (--mode bgp: a BIRD top-of-rack
                                       router per segment, every agent peering with its own)
-    netagent lab up --kubernetes [--nodes N] [--mode vxlan|host-gw] [--proxy-mode iptables|nftables]
+    netagent lab up --kubernetes [--nodes N] [--mode vxlan|host-gw|bgp] [--proxy-mode iptables|nftables|ebpf]
                                       a real Kubernetes (lab/kubernetes/), netagent installed with kubectl
     netagent lab status [--json]      nodes, pods, agents, services and their endpoints
     netagent lab exec POD -- CMD...   run a command in a pod (or node, "internet", "router")

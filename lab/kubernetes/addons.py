@@ -1,9 +1,11 @@
 """What the Kubernetes lab applies with kubectl once its nodes exist: deploy/netagent.yaml with
 the operator's edits, and CoreDNS. Pure: manifests in, YAML text out.
 
-netagent's manifest is the user's file; the lab changes only what an operator would edit for
-the lab's choices (`--backend`, `--proxy-mode`), through the same `with_flag` the image lab
-uses, and leaves everything else (RBAC, mounts, capabilities, probes) as shipped, so the real
+netagent's manifest is the user's file (for the eBPF proxy, the user's overlay `deploy/ebpf/`,
+built by `kubectl kustomize` as `kubectl apply -k` does); the lab changes only what an operator
+would edit for the lab's choices (`--backend`, `--proxy-mode`, and for bgp the capability
+NET_BIND_SERVICE that deploy/README.md says BIRD needs), through the same `with_flag` the
+image lab uses, and leaves everything else (RBAC, mounts, capabilities, probes) as shipped, so the real
 authorizer and kubelet judge the real thing. CoreDNS is kubeadm's shape (its ClusterRole, a
 two-replica Deployment, the `kube-dns` Service at the cluster's DNS address) with one change:
 no `forward` to an upstream resolver, since the lab has no DNS beyond the cluster.
@@ -19,14 +21,20 @@ from lab.state import LabError
 from netagent.cniserver import install as cni_install
 
 MANIFEST = os.path.join(cni_install.code_root(), "deploy", "netagent.yaml")
+# the proxy modes a user installs with `kubectl apply -k <overlay>` instead of the manifest
+OVERLAYS = {"ebpf": os.path.join(cni_install.code_root(), "deploy", "ebpf")}
 AGENT_CONTAINER = "netagent"
 
 
-def netagent_manifest(*, mode: str, proxy_mode: str, path: str = MANIFEST) -> str:
-    """deploy/netagent.yaml with the agent's `--backend` and `--proxy-mode` set."""
+def netagent_manifest(*, mode: str, proxy_mode: str, path: str = MANIFEST, built: str | None = None) -> str:
+    """deploy/netagent.yaml (or `built`: the YAML `kubectl kustomize` made of the proxy mode's
+    overlay) with the agent's `--backend` and `--proxy-mode` set."""
     try:
-        with open(path) as f:
-            documents = [doc for doc in yaml.safe_load_all(f) if doc]
+        if built is not None:
+            documents = [doc for doc in yaml.safe_load_all(built) if doc]
+        else:
+            with open(path) as f:
+                documents = [doc for doc in yaml.safe_load_all(f) if doc]
     except (OSError, yaml.YAMLError) as error:
         raise LabError(f"cannot read the manifest {path}: {error}") from None
     daemonsets = [d for d in documents if d.get("kind") == "DaemonSet"]
@@ -38,6 +46,9 @@ def netagent_manifest(*, mode: str, proxy_mode: str, path: str = MANIFEST) -> st
         raise LabError(f"{path}: the DaemonSet has no container named {AGENT_CONTAINER}")
     args = with_flag(list(agent.get("args", [])), "--backend", mode)
     agent["args"] = with_flag(args, "--proxy-mode", proxy_mode)
+    capabilities = agent.get("securityContext", {}).get("capabilities")
+    if mode == "bgp" and capabilities is not None:   # deploy/README.md: BIRD binds port 179
+        capabilities["add"] = [*capabilities.get("add", []), "NET_BIND_SERVICE"]
     return yaml.safe_dump_all(documents, sort_keys=False)
 
 

@@ -41,8 +41,8 @@ from netagent.kernel import namespaces
 
 NETWORK = ClusterNetwork(cluster_cidr=ipaddress.IPv4Network("10.244.0.0/16"),
                          service_cidr=ipaddress.IPv4Network("10.96.0.0/16"))
-MODES = ("vxlan", "host-gw")
-PROXY_MODES = ("iptables", "nftables")
+MODES = ("vxlan", "host-gw", "bgp")   # bgp: a full mesh of the nodes' BIRDs (no ToR)
+PROXY_MODES = ("iptables", "nftables", "ebpf")
 _FORBIDDEN_STATE_ROOTS = ("/etc/", "/opt/", "/var/")  # overlaid in every node's mount namespace
 
 
@@ -122,8 +122,11 @@ class KubernetesLab:
             raise LabError(f"--kubernetes: proxy mode {proxy_mode!r}: choose one of {', '.join(PROXY_MODES)}")
         if not 1 <= nodes <= 10:
             raise LabError("--kubernetes: nodes must be between 1 and 10")
+        if proxy_mode == "ebpf" and not any(h.endswith("/unified") for h in hierarchies()):
+            raise LabError("--kubernetes --proxy-mode ebpf: needs this machine's hybrid cgroup layout (a v2 "
+                           "hierarchy at /sys/fs/cgroup/unified, where each node's subtree is its own)")
         bin_dir = binaries.ensure_built()
-        archives = images.build_all(bin_dir=bin_dir)
+        archives = images.build_all(bin_dir=bin_dir, ebpf=proxy_mode == "ebpf")
         prefix = namespaces.unique_name(prefix)
         workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix=f"{prefix}-"))
         if workdir.startswith(_FORBIDDEN_STATE_ROOTS):
@@ -208,8 +211,10 @@ class KubernetesLab:
         self.kubectl("-n", "kube-system", "create", "configmap", "netagent-apiserver",
                      f"--from-literal=KUBERNETES_SERVICE_HOST={address}",
                      "--from-literal=KUBERNETES_SERVICE_PORT=6443")
+        overlay = addons.OVERLAYS.get(self.state.proxy_mode)
+        built = self.kubectl("kustomize", overlay).stdout if overlay else None
         self.kubectl("apply", "-f", "-", input=addons.netagent_manifest(
-            mode=self.state.mode, proxy_mode=self.state.proxy_mode))
+            mode=self.state.mode, proxy_mode=self.state.proxy_mode, built=built))
         self.kubectl("apply", "-f", "-", input=addons.coredns_manifest(
             dns_ip=NETWORK.dns_service_ip, domain=DNS_DOMAIN, image=images.COREDNS_IMAGE))
         self.wait_up(timeout=timeout)

@@ -361,14 +361,15 @@ def build_image(image: Image, cache_dir: Path = CACHE_DIR) -> ImageArchive:
     return ImageArchive(path=final, refs=image.refs)
 
 
-def netagent_archive(cache_dir: Path = CACHE_DIR) -> ImageArchive:
-    """The agent's image (scripts/build-image, rebuilt there only when stale), saved once per
-    image ID."""
-    out = _run([str(REPO / "scripts" / "build-image"), "--if-stale"], timeout=1800, what="scripts/build-image")
+def netagent_archive(cache_dir: Path = CACHE_DIR, *, ebpf: bool = False) -> ImageArchive:
+    """The agent's image (scripts/build-image, rebuilt there only when stale; with `ebpf`, its
+    eBPF variant), saved once per image ID."""
+    out = _run([str(REPO / "scripts" / "build-image"), "--if-stale", *(["--ebpf"] if ebpf else [])],
+               timeout=1800, what="scripts/build-image")
     tag = out.strip().splitlines()[-1]
     image_id = _podman("image", "inspect", "--format", "{{.Id}}", tag).strip()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    final = archive_path(cache_dir, "netagent", image_id[:16])
+    final = archive_path(cache_dir, "netagent-ebpf" if ebpf else "netagent", image_id[:16])
     if not final.is_file():
         tmp = cache_dir / f".{final.name}.{os.getpid()}.tmp"
         try:
@@ -380,14 +381,15 @@ def netagent_archive(cache_dir: Path = CACHE_DIR) -> ImageArchive:
 
 
 def build_all(cache_dir: StrPath = CACHE_DIR, *, bin_dir: StrPath = BIN_DIR,
-              netagent: bool = True) -> list[ImageArchive]:
-    """Every image the cluster needs (and the agent's, with `netagent`), as archives in
-    `cache_dir`, built or found there; `bin_dir`: scripts/build-kubernetes' output."""
+              netagent: bool = True, ebpf: bool = False) -> list[ImageArchive]:
+    """Every image the cluster needs (and the agent's, with `netagent`; its eBPF variant with
+    `ebpf`), as archives in `cache_dir`, built or found there; `bin_dir`: scripts/build-kubernetes'
+    output."""
     source = upstream_source()
     check_pins(source)
     images = cluster_images(source=source, bin_dir=Path(bin_dir))
     archives = [build_image(image, Path(cache_dir)) for image in images]
-    return [*archives, netagent_archive(Path(cache_dir))] if netagent else archives
+    return [*archives, netagent_archive(Path(cache_dir), ebpf=ebpf)] if netagent else archives
 
 
 # ---------------------------------------------------------------- into a containerd

@@ -17,7 +17,10 @@ what a kubelet needs of "its machine" is a short list:
   the lab's own state directory is moved back in place on top of all that;
 - a cgroup subtree `/<lab prefix>/<node>` in every hierarchy: the kubelet's `cgroupRoot`
   (two kubelets sharing a root kill each other's pods), with the node's own daemons in
-  `system/` below it, so stopping the node kills exactly what is in the subtree.
+  `system/` below it, so stopping the node kills exactly what is in the subtree; in the
+  node's mount namespace its v2 subtree is bound over `/sys/fs/cgroup/unified` and a bpffs of
+  its own is mounted at `/sys/fs/bpf`, so a DaemonSet's hostPath mounts of them (the eBPF
+  proxy's `--cgroup-root`, `--bpf-root`) reach this node's alone, never the host's.
 containerd keeps its root, state, sockets and runc root in the node's directory (the overlayfs
 snapshotter cannot sit on an overlay), and the kubelet runs with `failCgroupV1: false` (this
 machine's controllers are in cgroup v1), the cgroupfs driver, image garbage collection off
@@ -42,10 +45,11 @@ KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/
                    "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
                    "kernel/keys/root_maxbytes": "25000000"}
 
-# Run by the holder in its new mount namespace: $1 node dir, $2 lab state dir.
+# Run by the holder in its new mount namespace: $1 node dir, $2 lab state dir, $3 the node's
+# cgroup v2 directory (host path; empty without a v2 hierarchy).
 _HOLDER_SCRIPT = r"""
 set -e
-node=$1 state=$2
+node=$1 state=$2 unified=$3
 mount --make-rslave /
 mount --bind "$state" /mnt
 for d in etc opt var; do
@@ -59,6 +63,10 @@ mount --make-rshared /run
 for f in "$node"/tunables/*; do
   mount --bind "$f" "/proc/sys/$(basename "$f" | tr . /)"
 done
+# the node's own eBPF places, as a machine has them: a bpffs at /sys/fs/bpf, and its cgroup v2
+# subtree as the root of the v2 hierarchy (what a DaemonSet's hostPath /sys/fs/cgroup shows)
+mount -t bpf bpf /sys/fs/bpf
+if [ -n "$unified" ]; then mount --bind "$unified" /sys/fs/cgroup/unified; fi
 rm -rf /etc/cni/net.d  # the host's networks (podman's) are not the node's: whited out in the overlay
 mkdir -p /opt/cni/bin /etc/cni/net.d /var/lib/cni /var/log/pods /var/log/containers
 cp -a /usr/lib/cni/. /opt/cni/bin/  # the reference plugins, as kubeadm's kubernetes-cni package installs them
@@ -123,10 +131,17 @@ class KubeletNode:
         return f"{self.cgroup}/system"
 
     def enter(self, holder: int) -> list[str]:
-        """argv prefix: run in this node's network and mount namespaces and its system cgroup."""
+        """argv prefix: run in this node's system cgroup (joined by host path, before the node's
+        mount namespace rebases the v2 hierarchy) and its network and mount namespaces."""
         procs = [os.path.join(h, self.system_cgroup.strip("/"), "cgroup.procs") for h in hierarchies()]
-        join = "; ".join(f"echo $$ > {shlex.quote(p)}" for p in procs)
-        return ["nsenter", "-t", str(holder), "-m", "-n", "--", "sh", "-c", f'{join}; exec "$@"', "node"]
+        join = " && ".join(f"echo $$ > {shlex.quote(p)}" for p in procs)
+        return ["sh", "-c", f'{join} && exec nsenter -t {holder} -m -n -- "$@"', "node"]
+
+    @property
+    def unified_cgroup(self) -> str:
+        """The node's subtree in the cgroup v2 hierarchy (host path), "" when none is mounted."""
+        unified = next((h for h in hierarchies() if h.endswith("/unified") or h == CGROUP_ROOT), "")
+        return os.path.join(unified, self.cgroup.strip("/")) if unified else ""
 
     def ctr(self, holder: int) -> list[str]:
         """argv prefix of `ctr` against this node's containerd, namespace k8s.io."""
@@ -191,7 +206,8 @@ class KubeletNode:
             os.unlink(self.path("holder.ready"))
         pid = self.processes.spawn(None, [
             "nsenter", f"--net=/run/netns/{self.netns}", "--", "unshare", "--mount", "--propagation",
-            "unchanged", "--", "sh", "-c", _HOLDER_SCRIPT, "holder", self.directory, self.state_dir],
+            "unchanged", "--", "sh", "-c", _HOLDER_SCRIPT, "holder", self.directory, self.state_dir,
+            self.unified_cgroup],
             self.log("holder"))
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.path("holder.ready")):

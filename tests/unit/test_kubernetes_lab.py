@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lab.kubernetes import addons, pki
-from lab.kubernetes.cluster import NETWORK, KubernetesState, NodeProcesses
+from lab.kubernetes.cluster import NETWORK, KubernetesState, NodeProcesses, kubectl_binary
 from lab.kubernetes.control_plane import ControlPlane, ControlPlanePids
 from lab.kubernetes.node_host import KERNEL_TUNABLES, KubeletNode
 from lab.processes import Processes
@@ -100,6 +100,22 @@ def test_netagent_manifest_keeps_the_users_file_but_the_operators_edits():
     assert "--backend=host-gw" in agent["args"] and "--proxy-mode=nftables" in agent["args"]
     assert "--backend=vxlan" not in agent["args"]
     assert [d for d in documents if d["kind"] == "ClusterRole"] == [d for d in shipped if d["kind"] == "ClusterRole"]
+    assert "NET_BIND_SERVICE" not in agent["securityContext"]["capabilities"]["add"]
+
+
+def test_bgp_adds_the_capability_bird_needs_and_ebpf_takes_the_overlay():
+    def agent_of(text: str) -> dict:
+        return next(c for d in yaml.safe_load_all(text) if d and d["kind"] == "DaemonSet"
+                    for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "netagent")
+    bgp = agent_of(addons.netagent_manifest(mode="bgp", proxy_mode="iptables"))
+    assert "--backend=bgp" in bgp["args"]
+    assert bgp["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "NET_BIND_SERVICE"]
+    overlay = subprocess.run([kubectl_binary(), "kustomize", addons.OVERLAYS["ebpf"]], capture_output=True,
+                             text=True, check=True).stdout
+    ebpf = agent_of(addons.netagent_manifest(mode="bgp", proxy_mode="ebpf", built=overlay))
+    assert ebpf["securityContext"] == {"privileged": True}   # privileged: no capability list to edit
+    assert [a for a in ebpf["args"] if a.startswith(("--proxy-mode", "--backend"))] == \
+        ["--backend=bgp", "--proxy-mode=ebpf"]
 
 
 def test_coredns_manifest_serves_the_kube_dns_address():
