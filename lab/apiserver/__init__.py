@@ -19,7 +19,7 @@ terminal can observe of a real server:
   has per kind (pods' status.podIP, spec.nodeName, ...; events' involvedObject.*).
 - watch (`?watch=true` or `/watch/` paths): newline-delimited JSON events over chunked
   encoding, one chunk per event, from a bounded history; a watch from a compacted revision
-  gets an ERROR event with a 410 Expired Status, one from a revision not reached yet 504.
+  gets an ERROR event with a 410 Expired Status, one from a revision not reached yet waits.
   resourceVersion "" or "0" first sends ADDED for every current object. Selectors apply to
   events (an object that stops matching arrives as DELETED, one that starts as ADDED).
   BOOKMARKs every `bookmark_interval` seconds when asked for, and 2 s before the timeout.

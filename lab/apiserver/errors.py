@@ -94,11 +94,13 @@ def invalid(resource: Resource, name: str, errors: str | list[str]) -> ApiError:
     return ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {message}', details=details)
 
 
-def invalid_list_options(error: str) -> ApiError:
+def invalid_list_options(errors: str | list[str]) -> ApiError:
     """422 Invalid for request options the real server validates as `ListOptions` (the
-    `resourceVersionMatch` rules), one StatusCause, in its wording."""
-    details = {"group": "meta.k8s.io", "kind": "ListOptions", "causes": [_cause(error)]}
-    return ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {error}', details=details)
+    `resourceVersionMatch` and `sendInitialEvents` rules), one StatusCause each, in its wording."""
+    errors = [errors] if isinstance(errors, str) else errors
+    message = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    details = {"group": "meta.k8s.io", "kind": "ListOptions", "causes": [_cause(e) for e in errors]}
+    return ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {message}', details=details)
 
 
 def invalid_resource_version(text: str, *, watch: bool) -> ApiError:

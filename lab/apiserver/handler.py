@@ -26,7 +26,7 @@ from lab.apiserver.discovery import VERSION_INFO, discovery
 from lab.apiserver.errors import ApiError
 from lab.apiserver.objects import Subresource, typed
 from lab.apiserver.openapi import OPENAPI_V2_PROTOBUF, openapi_document, openapi_v2_protobuf
-from lab.apiserver.routing import Target, grace_period, parse_target, truthy
+from lab.apiserver.routing import Target, check_list_options, grace_period, parse_target, truthy
 from lab.apiserver.selectors import FieldSelector, Filter, LabelSelector, integer
 from lab.apiserver.tables import render_table
 from lab.apiserver.validation import FieldValidation
@@ -170,9 +170,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 FieldSelector.parse(query.get("fieldSelector"), resource=resource),
             )
             if method == "GET" and (target.watch_path or truthy(query.get("watch"))):
+                check_list_options(query, watch=True)
                 WatchResponse(self, api).serve(resource, selection, query, table=table)
                 return None
             if method == "GET":
+                check_list_options(query, watch=False)
                 listed = store.list(
                     resource, selection, limit=integer(query.get("limit")) or 0, token=query.get("continue"),
                     resource_version=query.get("resourceVersion"), match=query.get("resourceVersionMatch"),

@@ -5,7 +5,8 @@ otherwise, an optional `watch/` segment (the old watch paths), `namespaces/NS/` 
 namespaced resource, then the resource, the name, and `status` for the resources that have
 that subresource. `parse_target` answers None for anything else, which the handler then
 tries as a discovery path before answering 404. The query helpers read the parameters the
-way the real server does (`gracePeriodSeconds` also from a DeleteOptions body). No state:
+way the real server does (`gracePeriodSeconds` also from a DeleteOptions body;
+`check_list_options`: the ListOptions rules of a list or watch). No state:
 the handler calls these and hands the results to the store.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from lab.apiserver.errors import bad_request
+from lab.apiserver.errors import bad_request, invalid_list_options
 from lab.apiserver.kinds import RESOURCES
 from lab.apiserver.objects import STATUS_SUBRESOURCE, Subresource
 from lab.apiserver.selectors import integer
@@ -76,3 +77,39 @@ def grace_period(query: dict[str, str], body: object) -> int | None:
 
 def truthy(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
+
+
+def check_list_options(query: dict[str, str], *, watch: bool) -> None:
+    """The real server's ListOptions rules for `resourceVersionMatch` and `sendInitialEvents`
+    (apimachinery's ValidateListOptions), all errors at once: 422 Invalid."""
+    match = query.get("resourceVersionMatch") or ""
+    initial = "sendInitialEvents" in query  # given at all, as Go's pointer: "false" counts
+    errors = []
+    if watch:
+        if initial and match != "NotOlderThan":
+            errors.append("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch "
+                          "to NotOlderThan")
+        if match:
+            if not initial:
+                errors.append("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless "
+                              "sendInitialEvents is provided")
+            if match != "NotOlderThan":
+                errors.append(f'resourceVersionMatch: Unsupported value: "{match}": supported values: "NotOlderThan"')
+    else:
+        if match:
+            if not query.get("resourceVersion"):
+                errors.append("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
+                              "resourceVersion is provided")
+            if query.get("continue"):
+                errors.append("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is "
+                              "provided")
+            if match == "Exact" and query.get("resourceVersion") == "0":  # (sic: the real message's lower case)
+                errors.append('resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden for '
+                              'resourceVersion "0"')
+            elif match not in ("Exact", "NotOlderThan"):
+                errors.append(f'resourceVersionMatch: Unsupported value: "{match}": supported values: "Exact", '
+                              '"NotOlderThan", ""')
+        if initial:
+            errors.append("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list")
+    if errors:
+        raise invalid_list_options(errors)

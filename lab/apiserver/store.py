@@ -13,11 +13,12 @@ check, nothing written, address allocations given back), its field validation, i
 
 Reads: `list` serves pages (`limit`/`continue`) from a consistent snapshot kept for the
 continue token (an unknown or evicted token is 410 Expired), at a resourceVersion when asked
-(`Exact` is rebuilt from the history; `remainingItemCount` only without selectors; misused
+(`Exact` is rebuilt from the history; "0" ignores `limit`; `remainingItemCount` only without
+selectors; misused
 `resourceVersionMatch` is the real 422 on ListOptions, an unparsable resourceVersion its 400
 for a list and bare 500 for a watch). A watch starts from the history (`open_watch`): a
-resourceVersion older than the history is 410 Expired, one newer than the counter 504
-(ResourceVersionTooLarge); "" or "0" (or sendInitialEvents) starts with ADDED for every
+resourceVersion older than the history is 410 Expired, one newer than the counter waits for
+it (no error, as the real server); "" or "0" (or sendInitialEvents) starts with ADDED for every
 current object. Deleting a namespace deletes what is in it at once (no Terminating phase).
 `items`/`find` hand in-process callers the stored objects themselves (read-only).
 """
@@ -325,6 +326,8 @@ class Store:
     ) -> dict:
         """A page of the list; `resource_version`/`match` as the real server reads them (unset: the
         latest; "0" or NotOlderThan: the latest, which is never older; Exact: rebuilt from the history)."""
+        if resource_version == "0" and not token:
+            limit = 0  # "any version" comes whole from the real server's watch cache: no pages
         with self.lock:
             if token and resource_version not in (None, "", "0"):
                 raise bad_request("specifying resource version is not allowed when using continue")
@@ -422,12 +425,10 @@ class Store:
                 watch.sent_revision = self.revision
             else:
                 since = self._revision_number(resource_version, watch=True)
-                if since > self.revision:
-                    raise too_large_resource_version(since, self.revision)
                 if since < self.floor:  # the real watch cache's wording: the oldest revision it can start at
                     raise expired(f"too old resource version: {since} ({self.floor})")
                 initial = []
-                watch.sent_revision = since
+                watch.sent_revision = since  # one not reached yet: the stream waits for it, as the real one
                 for event in self.history:
                     if event.revision > since and event.resource is resource:
                         line = watch.render(event)

@@ -9,8 +9,8 @@ random 1-2 so that many clients do not reconnect together: the chunked body's en
 server stopping (the connection closed with no end of the body, as a real server's shutdown
 does: the client sees a broken stream), or the client going away. A 410 from `open_watch`
 is not an HTTP error here: it is a 200 with one ERROR event carrying the Expired Status,
-which is what clients expect; a revision the server
-has not reached is the real server's HTTP 504 (ResourceVersionTooLarge). Asked for Tables
+which is what clients expect; a watch from a revision the
+server has not reached waits for it, quiet, as the real one does. Asked for Tables
 (`kubectl get --watch`), each event carries its object as a one-row Table. Idle streams wake
 every `liveness_poll` seconds to notice a closed client and to send BOOKMARKs every
 `bookmark_interval` seconds when asked for, and one 2 s before the timeout as the real watch
@@ -129,6 +129,8 @@ class WatchResponse:
             else:
                 if event is None:  # the server is stopping
                     return
+                if event.revision <= watch.sent_revision:  # a watch from a revision not reached yet waits
+                    continue
                 line = watch.render(event)
                 if line is not None:
                     self._write_chunk(line)

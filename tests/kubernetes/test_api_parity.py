@@ -179,6 +179,8 @@ def test_list_resource_version_rules(api):
         listed = api.ok("GET", query=[("resourceVersion", version), ("labelSelector", "parity=rv")])
         assert int(listed["metadata"]["resourceVersion"]) >= int(latest)
         assert sorted(i["metadata"]["name"] for i in listed["items"]) == ["rv-a", "rv-b"]
+    whole = api.ok("GET", query=[("resourceVersion", "0"), ("limit", 1), ("labelSelector", "parity=rv")])
+    assert len(whole["items"]) == 2 and not whole["metadata"].get("continue")  # "0" is not paged (the lab paged)
     exact = api.ok("GET", query=[("resourceVersion", before), ("resourceVersionMatch", "Exact"),
                                  ("labelSelector", "parity=rv")])
     assert exact["metadata"]["resourceVersion"] == before
@@ -197,6 +199,27 @@ def test_list_resource_version_rules(api):
     status, too_new = api.request("GET", query=[("resourceVersion", str(int(latest) + 100000))])
     assert (status, too_new["reason"]) == (504, "Timeout")
     assert too_new["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
+
+
+def test_watch_option_rules(api):
+    """resourceVersionMatch on a watch needs sendInitialEvents and the reverse; a list takes no
+    sendInitialEvents: 422 Invalid on ListOptions (the lab took them all)."""
+    for watch, query, field, cause in (
+            (True, [("resourceVersionMatch", "NotOlderThan"), ("resourceVersion", "0")], "resourceVersionMatch",
+             "FieldValueForbidden"),
+            (True, [("sendInitialEvents", "true")], "resourceVersionMatch", "FieldValueForbidden"),
+            (False, [("sendInitialEvents", "true")], "sendInitialEvents", "FieldValueForbidden")):
+        status, refused = api.request("GET", query=[("watch", "true"), *query] if watch else query)
+        assert (status, refused["reason"], refused["details"]["kind"]) == (422, "Invalid", "ListOptions"), refused
+        assert [(c["field"], c["reason"]) for c in refused["details"]["causes"]] == [(field, cause)]
+
+
+def test_a_watch_from_a_version_not_reached_yet_waits(api):
+    """The real server holds the stream open for a revision it has not reached (the lab said 504)."""
+    ahead = str(int(api.list_rv("parity=ahead")) + 100000)
+    status, events, ended = api.watch([("resourceVersion", ahead), ("allowWatchBookmarks", "true"),
+                                       ("timeoutSeconds", 2)])
+    assert (status, events, ended) == (200, [], "end")
 
 
 def test_an_unparsable_resource_version(api):
