@@ -281,6 +281,12 @@ def test_list_option_errors_are_the_real_servers(server):
         status, refused = http(server, "GET", f"{path}?{query}")
         assert (status, refused["reason"], refused["details"]["kind"]) == (422, "Invalid", "ListOptions")
         assert [(c["field"], c["reason"]) for c in refused["details"]["causes"]] == [("resourceVersionMatch", cause)]
+    for query, field in (("watch=true&resourceVersion=0&resourceVersionMatch=NotOlderThan", "resourceVersionMatch"),
+                         ("watch=true&sendInitialEvents=true", "resourceVersionMatch"),
+                         ("sendInitialEvents=true", "sendInitialEvents")):
+        status, refused = http(server, "GET", f"{path}?{query}")
+        assert (status, refused["reason"]) == (422, "Invalid")
+        assert [c["field"] for c in refused["details"]["causes"]] == [field]
     status, refused = http(server, "GET", f"{path}?resourceVersion=abc")
     assert (status, refused["reason"]) == (400, "BadRequest") and 'Invalid value: "abc"' in refused["message"]
     status, refused = http(server, "GET", f"{path}?watch=true&resourceVersion=abc")
@@ -294,6 +300,8 @@ def test_remaining_item_count_only_without_selectors(server):
     assert plain["metadata"]["remainingItemCount"] == 2
     _, selected = http(server, "GET", "/api/v1/nodes?limit=1&labelSelector=x%3Dy")
     assert selected["metadata"]["continue"] and "remainingItemCount" not in selected["metadata"]
+    _, whole = http(server, "GET", "/api/v1/nodes?limit=1&resourceVersion=0")  # "0": the real one's cache, unpaged
+    assert len(whole["items"]) == 3 and "continue" not in whole["metadata"]
 
 
 def test_a_bookmark_comes_two_seconds_before_a_watch_times_out(lab_api_servers):
