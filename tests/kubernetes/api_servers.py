@@ -191,7 +191,11 @@ class RealApi(ApiEndpoint):
 
 def start(name: str) -> ApiEndpoint:
     directory = tempfile.mkdtemp(prefix=f"na-parity-{name}-", dir="/tmp")
-    return LabApi(directory) if name == "lab" else RealApi(directory)
+    try:
+        return LabApi(directory) if name == "lab" else RealApi(directory)
+    except BaseException:  # (RealApi stopped what it started)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
 
 
 def remove(endpoint: ApiEndpoint) -> None:
