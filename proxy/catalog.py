@@ -21,6 +21,11 @@ that would hijack (the API server's, this node's, inside the pod or Service netw
 and the Service rejected `forbidden-address` naming it, its other addresses programmed; every
 Service is screened again when what the screen knows changes (the node's addresses, the
 `default/kubernetes` EndpointSlices that name the API servers).
+
+A good Service is not lost to a bad update (issue 29, item 11): an update that cannot be read,
+names another Service or is above a per-object limit is rejected (reason, Event) while the ports
+of its last good version (`_last_good`, same uid) stay programmed with the current endpoints, as
+kube-proxy keeps its last good view; deleting the Service (or recreating it: a new uid) drops it.
 """
 from __future__ import annotations
 
@@ -100,6 +105,8 @@ class ServiceCatalog:
         self._slices_by_service: dict[str, dict[str, ParsedSlice]] = {}
         self._slice_owner: dict[str, str] = {}   # slice key -> service key it was filed under
         self._wanted: dict[str, _Wanted] = {}
+        self._last_good: dict[str, tuple[str, dict[ServicePortName, ServicePort]]] = {}   # key -> (uid, ports)
+        self._kept: set[str] = set()   # service keys rejected while their last good version is programmed
         self._admission: Admission[_Wanted] = Admission(limits.endpoint_ports, limits.endpoint_ports_per_namespace)
         self._services: dict[ServicePortName, ServicePort] = {}
         self._names_by_service: dict[str, set[ServicePortName]] = {}
@@ -172,8 +179,12 @@ class ServiceCatalog:
             self._created.pop(key, None)
             self.problems.pop(key, None)
             self._refs.pop((SERVICE, key), None)
+            self._last_good.pop(key, None)
             return
         self._refs[(SERVICE, key)] = _ref(SERVICE, current, key=key)
+        good = self._last_good.get(key)
+        if good is not None and good[0] != self._refs[(SERVICE, key)].uid:   # another object of that name
+            del self._last_good[key]
         try:
             parsed = parse_service(current, family=self.family, max_ports=self.limits.ports_per_service,
                                    max_addresses=self.limits.addresses_per_service)
@@ -243,13 +254,33 @@ class ServiceCatalog:
         self._wanted.pop(service_key, None)
         self._size_verdicts.pop(service_key, None)
         self._address_verdicts.pop(service_key, None)
+        self._kept.discard(service_key)
+        good = self._last_good.get(service_key)
+        if (SERVICE, service_key) in self._parse_verdicts:   # a bad update: its last good version, if any
+            if good is not None and self._want_ports(service_key, good[1]) is None:
+                self._kept.add(service_key)
+            return
         ports = self._ports_by_service.get(service_key)
         if not ports:
+            self._last_good.pop(service_key, None)
             return
+        verdict = self._want_ports(service_key, ports)
+        if verdict is None:
+            uid = self._refs[(SERVICE, service_key)].uid if (SERVICE, service_key) in self._refs else ""
+            self._last_good[service_key] = (uid, ports)
+            return
+        self._size_verdicts[service_key] = verdict
+        if good is not None and good[1] != ports and self._want_ports(service_key, good[1]) is None:
+            self._kept.add(service_key)
+
+    def _want_ports(self, service_key: str, ports: Mapping[ServicePortName, ServicePort]) -> tuple[str, str] | None:
+        """Want `ports` with the current endpoints; the size verdict when they are over a limit."""
         ports, refused = self._guard.screen(ports)
         if refused:
             self._address_verdicts[service_key] = (
                 "forbidden-address", "; ".join(refused) + ": not programmed (the rest of the Service is)")
+        else:
+            self._address_verdicts.pop(service_key, None)
         by_name = self._slices_by_service.get(service_key, {})
         slices = [by_name[k] for k in sorted(by_name)]
         endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
@@ -257,22 +288,19 @@ class ServiceCatalog:
         for name, port in ports.items():
             found = merge_endpoints(port, slices)
             if len(found) > limit:
-                self._size_verdicts[service_key] = (
-                    "too-large", f"port {name.port or '(unnamed)'} has {len(found)} endpoints, more than the "
-                                 f"limit of {limit} per service port (--proxy-max-endpoints-per-port)")
-                return
+                return ("too-large", f"port {name.port or '(unnamed)'} has {len(found)} endpoints, more than the "
+                                     f"limit of {limit} per service port (--proxy-max-endpoints-per-port)")
             if found:
                 endpoints[name] = found
         cost = sum(max(1, len(endpoints.get(name, ()))) + len(port.external_ips) + len(port.load_balancer_ips)
                    + len(port.load_balancer_source_ranges) for name, port in ports.items())
         cap = min(self.limits.endpoint_ports_per_service, self.limits.endpoint_ports)
         if cost > cap:   # the cap, never the Service's cost: an Event must not be a size gauge
-            self._size_verdicts[service_key] = (
-                "too-large", f"its ports x (endpoints + addresses) are more than the limit of {cap} endpoint-ports "
-                             f"per Service (--proxy-max-endpoint-ports-per-service)")
-            return
+            return ("too-large", f"its ports x (endpoints + addresses) are more than the limit of {cap} "
+                                 f"endpoint-ports per Service (--proxy-max-endpoint-ports-per-service)")
         self._wanted[service_key] = _Wanted(ports=ports, endpoints=endpoints,
                                             created=self._created.get(service_key, ""), cost=cost)
+        return None
 
     # -- the merged view -------------------------------------------------------------------------
     def _publish(self, service_key: str) -> set[ServicePortName]:
@@ -304,6 +332,9 @@ class ServiceCatalog:
         verdict = self._parse_verdicts.get((kind, key))
         if verdict is None and kind == SERVICE:
             verdict = self._size_verdicts.get(key)
+        if verdict is not None and kind == SERVICE and key in self._kept:
+            return verdict[0], f"{verdict[1]}; its last good version stays programmed"
+        if verdict is None and kind == SERVICE:
             if verdict is None and key in self._admission.refused:
                 verdict = ("too-large", f"no room for it in the node's budget of endpoint-ports now {BUDGET_FLAGS}; "
                                         f"it is programmed when room is made")
