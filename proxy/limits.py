@@ -34,6 +34,11 @@ hurts a node:
   allows 5,000 Services per namespace, half its 10,000, hence half the budget (a cluster that
   keeps everything in one namespace raises it). `--proxy-max-endpoint-ports-per-namespace`.
   Both are clamped to the budget.
+- `health_check_ports` (2,768): the health-check node ports this node listens on (one
+  descriptor each, all served by one thread: `proxy/healthcheck.py`). Every healthCheckNodePort
+  is allocated from the NodePort range, whose default (30000-32767) holds 2,768 ports, so a
+  cluster with the default range never asks for more; a wider range raises it.
+  `--proxy-max-health-check-ports`.
 - `external_ips`: which external and load-balancer IPs a Service may claim at all
   (`proxy/external_ips.py`: `--deny-external-ips`, and the node agent's `--service-cidr`).
 - `endpoints_per_slice` and `ports_per_slice` (1,000 and 100): the API server's own
@@ -57,6 +62,7 @@ class ProxyLimits:
     endpoint_ports_per_namespace: int = 500_000
     endpoints_per_slice: int = 1000
     ports_per_slice: int = 100
+    health_check_ports: int = 2768
     external_ips: ExternalIpPolicy = field(default_factory=ExternalIpPolicy)
 
     def __post_init__(self) -> None:
@@ -101,6 +107,10 @@ def add_limit_arguments(group) -> None:
     group.add_argument("--proxy-max-endpoint-ports-per-namespace", type=positive_int,
                        default=DEFAULT_LIMITS.endpoint_ports_per_namespace,
                        help="the share of the node's budget one namespace's Services may hold together")
+    group.add_argument("--proxy-max-health-check-ports", type=positive_int,
+                       default=DEFAULT_LIMITS.health_check_ports,
+                       help="the health-check node ports listened on at most (default: the default NodePort "
+                            "range's size); the ones beyond are logged and not served")
     add_external_ip_arguments(group)
 
 
@@ -115,4 +125,5 @@ def limits_from_args(args) -> ProxyLimits:
                                            DEFAULT_LIMITS.endpoint_ports_per_service),
         endpoint_ports_per_namespace=getattr(args, "proxy_max_endpoint_ports_per_namespace",
                                              DEFAULT_LIMITS.endpoint_ports_per_namespace),
+        health_check_ports=getattr(args, "proxy_max_health_check_ports", DEFAULT_LIMITS.health_check_ports),
         external_ips=external_ip_policy_from_args(args))

@@ -203,7 +203,7 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
     metrics: ProxyMetrics | None = None
     proxies: list[ServiceProxy] = []
     healths: dict[str, HealthFunction] = {}
-    health_checks = HealthCheckPorts()
+    health_checks = HealthCheckPorts(max_ports=limits.health_check_ports)
     for family in families:
         settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidrs.get(family),
                                  nodeport_cidrs=cidrs, min_sync_period=min_sync, sync_period=args.sync_period,
