@@ -38,6 +38,13 @@ Dual-stack: one dataplane per family of this node's pod CIDRs (`policy_families`
 is IPv4), built with that family (ip6tables and `inet6` sets, or the `ip6 netagent-policy`
 table), under one `FamilyDataplanes` (policy/families.py), which gives each the plan as its
 family sees it. Removal and cleanup take both families.
+
+Pod anti-spoofing (policy/antispoof.py: a pod's packets must carry its own source address) is
+not NetworkPolicy, so it has its own flag, `--pod-anti-spoofing on|off` (on by default), and
+its own `AntiSpoofParts` (`build_anti_spoofing`): a `SyncRunner` that writes the rules at
+start and, in bridge mode, rescans the IPAM store every `ANTISPOOF_RESCAN` seconds. Off
+removes what a previous run left. The flavour follows the proxy mode as the policy's does.
+With `--network-policy` the policy parts start and stop it (`PolicyParts.anti_spoofing`).
 """
 from __future__ import annotations
 
@@ -72,6 +79,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                             "before returning with the pod closed (programmed when the Pod arrives)")
     group.add_argument("--policy-sync-period", type=float, default=30.0,
                        help="seconds between full policy syncs (drift repair)")
+    group.add_argument("--pod-anti-spoofing", choices=["on", "off"], default="on",
+                       help="drop packets a pod sends with a source address that is not its own "
+                            "(both families; off removes the rules a previous run left)")
     from netagent.policy.kube_objects import DEFAULT_LIMITS
     for field, what in LIMIT_FLAGS:
         group.add_argument(f"--policy-max-{field.replace('_', '-')}", type=positive_int, metavar="N",
@@ -121,12 +131,74 @@ def ipam_interface_lookup(data_dir: str, network: str):
 
 
 @dataclass
+class AntiSpoofParts:
+    """Pod anti-spoofing's runner: rules written at start, the IPAM store rescanned (bridge
+    mode) every ANTISPOOF_RESCAN seconds. Stopping leaves the rules: a restarting agent keeps
+    its pods unable to spoof."""
+    runner: SyncRunner
+
+    def start(self) -> None:
+        self.runner.start()
+
+    def stop(self) -> None:
+        self.runner.stop()
+
+
+def build_anti_spoofing(args, *, iptables_backend, pod_cidrs: Sequence[str]) -> AntiSpoofParts | None:
+    """`--pod-anti-spoofing on`: the runner, not started; off: None, leftovers removed."""
+    from functools import partial
+
+    from cni.wiring import host_veth_name
+    from netagent.infra.sync_runner import SyncRunner
+    from netagent.kernel.iptables.backend import missing_binaries
+    from netagent.kernel.iptables.runner import IptablesRunner
+    from netagent.kernel.pod_attachment import PodAttachment
+    from netagent.policy.antispoof import ANTISPOOF_RESCAN, AntiSpoofing, ports_from_ipam
+    from proxy.backend import ProxyMode
+
+    network = getattr(args, "cni_network_name", "netagent")
+    ports = partial(ports_from_ipam, os.path.join(args.cni_data_dir, network), partial(host_veth_name, network))
+    mode = PodAttachment(args.cni_mode)
+    on = getattr(args, "pod_anti_spoofing", "on") == "on"
+    use_nft = getattr(args, "proxy_mode", None) == ProxyMode.NFTABLES.value or iptables_backend is None
+    iptables = [] if iptables_backend is None else [
+        IptablesRunner(backend=iptables_backend, family=family) for family in policy_families(pod_cidrs)
+        if not missing_binaries(family, iptables_backend)]
+    nft = None
+    if use_nft or not on:
+        from netagent.kernel.nftables.runner import NftError, NftRunner
+        try:
+            nft = NftRunner()
+        except NftError:
+            if use_nft and on:
+                raise
+    stale = [AntiSpoofing(mode=mode, ports=ports, iptables=[runner]) for runner in iptables if use_nft or not on]
+    if nft is not None and not on:
+        stale.append(AntiSpoofing(mode=mode, ports=ports, nft=nft))
+    for leftover in stale:            # off: every flavour's rules; on: the other flavour's (a node switched)
+        for item in leftover.remove():
+            log.info("pod anti-spoofing: removed %s", item)
+    if not on:
+        if nft is not None:
+            nft.close()
+        return None
+    guard = (AntiSpoofing(mode=mode, ports=ports, nft=nft) if use_nft and nft is not None
+             else AntiSpoofing(mode=mode, ports=ports, iptables=iptables))
+    log.info("pod anti-spoofing on (%s mode, %s)", mode.value, "nftables" if guard.nft is not None else "iptables")
+    return AntiSpoofParts(SyncRunner(name="pod-anti-spoofing", sync=guard.sync, min_interval=0.0,
+                                     max_interval=ANTISPOOF_RESCAN, retry_interval=1.0))
+
+
+@dataclass
 class PolicyParts:
     engine: PolicyEngine
     runner: SyncRunner
     reflectors: list[Reflector]
+    anti_spoofing: AntiSpoofParts | None = None
 
     def start(self) -> None:
+        if self.anti_spoofing is not None:
+            self.anti_spoofing.start()
         self.runner.start()
         for reflector in self.reflectors:
             reflector.start()
@@ -145,6 +217,8 @@ class PolicyParts:
         for reflector in self.reflectors:
             reflector.stop()
         self.runner.stop()
+        if self.anti_spoofing is not None:
+            self.anti_spoofing.stop()
 
     def health(self, stale_after: float) -> HealthFunction:
         from netagent.infra.status_server import health_from_sync_runner
@@ -300,4 +374,5 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),
                   Reflector(api_client=api_client, resource=NAMESPACES, handler=engine.namespaces)]
-    return PolicyParts(engine, runner, reflectors)
+    return PolicyParts(engine, runner, reflectors,
+                       anti_spoofing=build_anti_spoofing(args, iptables_backend=iptables_backend, pod_cidrs=pod_cidrs))

@@ -1,0 +1,227 @@
+"""Anti-spoofing on pod interfaces: a packet a pod sends must carry that pod's own address.
+
+Without it a pod (NET_RAW is a default capability) could send with an allowed pod's source
+address and pass another pod's ingress NetworkPolicy, which matches by source address. It is
+not NetworkPolicy: the daemon runs it whether `--network-policy` is on or not
+(`--pod-anti-spoofing`, on by default; off removes it). Both families, both attachments, both
+flavours (nftables with `--proxy-mode nftables`, iptables otherwise); nothing per pod in
+routed mode.
+
+- routed mode (the host veth stands alone, a /32 (/128) route to the pod through it): the
+  kernel's reverse-path lookup, strict, on packets that come in on a host veth `na<hex>`:
+  nft `fib saddr . iif oif missing drop` (table `inet netagent-antispoof`, prerouting at
+  priority raw), iptables `-m rpfilter --invert -j DROP` (raw PREROUTING, chain
+  `NETAGENT-ANTISPOOF`). Only the pod's own address routes back through its veth, so another
+  local pod's (its route is another veth), a remote pod's (the tunnel or gateway) or anyone
+  else's (the default route) is dropped, with no rule or element per pod. The lookup ignores
+  the destination, and raw prerouting runs before DNAT, so packets to Services pass as any.
+- bridge mode (the host veth is a port of `na0`): the bridge holds the whole pod subnet, so a
+  reverse-path lookup cannot tell one pod from another; the port can. nftables: table
+  `bridge netagent-antispoof` (no br_netfilter needed), prerouting: a port in the set of
+  guarded ports must send from an element of `port . address` (`ifname . ipv4_addr`, one
+  lookup per packet). iptables: br_netfilter hands bridged packets to raw PREROUTING with the
+  port as physdev: one rule per pod and family, `-m physdev --physdev-in <veth> ! -s <its
+  address> -j DROP` (a port is one rule to walk, about 110 at most per node). The pod's
+  ports and addresses come from the CNI plugin's IPAM store (a reservation file per address
+  names its container and interface, whence the host veth's name): the node's own truth,
+  nothing the API says. A port the store does not name yet (a pod between its ADD and the
+  next rescan, at most `ANTISPOOF_RESCAN` seconds) is not guarded: fail-open for that window.
+
+What always passes: IPv6 from `::` and link-local `fe80::/10` (NDP, MLD: a link-local source
+cannot be routed off the link, and no pod is reached by one through the node's routes),
+everything that does not come in on a pod's host veth (tunnels, the underlay, the node),
+and ARP (not IP; see the report of issue 29 for what remains).
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
+from netagent.kernel.iptables.runner import FlushMode, IptablesRunner
+from netagent.kernel.nftables.runner import Nft
+from netagent.kernel.pod_attachment import PodAttachment
+
+log = logging.getLogger("netagent.policy.antispoof")
+
+NFT_TABLE = owned.NFT_TABLE_PREFIX + "-antispoof"    # `inet` (routed) or `bridge` (bridge mode)
+CHAIN = owned.CHAIN_PREFIX + "ANTISPOOF"             # raw PREROUTING jumps here (iptables)
+NFT_CHAIN = "PREROUTING"
+PORTS_SET = "PORTS"                                  # bridge mode: ports guarded
+ALLOWED = {IpFamily.V4: "PODS4", IpFamily.V6: "PODS6"}
+COMMENT = "netagent: pod anti-spoofing"
+ANTISPOOF_RESCAN = 1.0                               # seconds between rescans of the IPAM store
+_LINK_LOCAL = ("::/128", "fe80::/10")
+_OTHER_DEVICES = (owned.DEVICE_PREFIX + "*", owned.DEFAULT_BRIDGE)   # na-vxlan, na-ipip, na0...
+_VETH_WILDCARD = owned.HOST_VETH_PREFIX + "*"
+
+
+@dataclass(frozen=True, order=True)
+class PodPort:
+    """A pod's host veth and the addresses the pod may send from (one per family)."""
+    interface: str
+    addresses: tuple[str, ...]
+
+    def of(self, family: IpFamily) -> tuple[str, ...]:
+        return tuple(a for a in self.addresses if IpFamily.of(a) is family)
+
+
+def ports_from_ipam(directory: str, host_veth_name: Callable[[str, str], str]) -> list[PodPort]:
+    """Every pod port the IPAM store (one network's directory) names: a file per reserved
+    address holding `container-id` and `ifname`; `host_veth_name(container, ifname)` is the
+    CNI plugin's naming. Other files (the last reserved address, the lock) are skipped."""
+    found: dict[str, list[str]] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        try:
+            address = str(ipaddress.ip_address(name))
+        except ValueError:
+            continue
+        try:
+            with open(os.path.join(directory, name), newline="") as reservation:
+                lines = reservation.read().split()
+        except OSError:
+            continue                 # released while we read
+        if lines:
+            interface = host_veth_name(lines[0], lines[1] if len(lines) > 1 else "eth0")
+            found.setdefault(interface, []).append(address)
+    return sorted(PodPort(interface, tuple(sorted(addresses))) for interface, addresses in found.items())
+
+
+def _valid_port(port: PodPort) -> bool:
+    """A host veth name and addresses that can reach rule text (the store is ours, but a
+    rule is only ever written from a name and addresses checked here)."""
+    name = port.interface
+    return (name.startswith(owned.HOST_VETH_PREFIX) and len(name) <= 15
+            and all(c in "0123456789abcdef" for c in name[len(owned.HOST_VETH_PREFIX):]))
+
+
+# ------------------------------------------------------------------- nftables
+
+def render_nft(mode: PodAttachment, ports: Iterable[PodPort]) -> str:
+    """One transaction replacing the table whole (so what the kernel holds is exactly this)."""
+    family = "inet" if mode is PodAttachment.ROUTED else "bridge"
+    other = "bridge" if family == "inet" else "inet"
+    lines = [f"table {family} {NFT_TABLE}", f"delete table {family} {NFT_TABLE}",
+             f"table {other} {NFT_TABLE}", f"delete table {other} {NFT_TABLE}",   # a node switched modes
+             f"table {family} {NFT_TABLE} {{"]
+    head = [f'    iifname != "{_VETH_WILDCARD}" accept', *(f'    iifname "{d}" accept' for d in _OTHER_DEVICES)]
+    if mode is PodAttachment.ROUTED:
+        lines += [f"  chain {NFT_CHAIN} {{", "    type filter hook prerouting priority raw; policy accept;",
+                  *head, f"    ip6 saddr {{ {', '.join(_LINK_LOCAL)} }} accept",
+                  f'    fib saddr . iif oif missing counter drop comment "{COMMENT}"', "  }", "}"]
+        return "\n".join(lines) + "\n"
+    guarded = [p for p in ports if _valid_port(p)]
+    lines += [f"  set {PORTS_SET} {{ type ifname; {_elements(repr_ifname(p.interface) for p in guarded)}}}"]
+    for ip_family, name in ALLOWED.items():
+        pairs = [f"{repr_ifname(p.interface)} . {a}" for p in guarded for a in p.of(ip_family)]
+        lines += [f"  set {name} {{ type ifname . {ip_family.nft_address_type}; {_elements(pairs)}}}"]
+    lines += [f"  chain {NFT_CHAIN} {{", "    type filter hook prerouting priority -300; policy accept;",
+              *head, f"    iifname != @{PORTS_SET} accept",
+              f'    meta protocol ip iifname . ip saddr != @{ALLOWED[IpFamily.V4]} counter drop comment "{COMMENT}"',
+              f"    meta protocol ip6 ip6 saddr {{ {', '.join(_LINK_LOCAL)} }} accept",
+              f'    meta protocol ip6 iifname . ip6 saddr != @{ALLOWED[IpFamily.V6]} counter drop comment "{COMMENT}"',
+              "  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def repr_ifname(name: str) -> str:
+    return f'"{name}"'
+
+
+def _elements(items: Iterable[str]) -> str:
+    items = list(items)
+    return f"elements = {{ {', '.join(items)} }}; " if items else ""
+
+
+def remove_nft(nft: Nft) -> list[str]:
+    """Delete the table in whichever family it is; what was removed."""
+    removed = []
+    for family in ("inet", "bridge"):
+        if nft.list_table(family, NFT_TABLE) is not None:
+            nft.apply(f"delete table {family} {NFT_TABLE}\n")
+            removed.append(f"nft table {family} {NFT_TABLE}")
+    return removed
+
+
+# ------------------------------------------------------------------- iptables
+
+def render_iptables(mode: PodAttachment, family: IpFamily, ports: Iterable[PodPort]) -> str:
+    """`iptables-restore --noflush` text for the raw table: our chain, flushed and refilled."""
+    rules = [f"-A {CHAIN} -i {owned.DEVICE_PREFIX}+ -j RETURN", f"-A {CHAIN} -i {owned.DEFAULT_BRIDGE} -j RETURN"]
+    if family is IpFamily.V6:
+        rules += [f"-A {CHAIN} -s {network} -j RETURN" for network in _LINK_LOCAL]
+    if mode is PodAttachment.ROUTED:
+        rules.append(f"-A {CHAIN} -i {owned.HOST_VETH_PREFIX}+ -m rpfilter --invert -j DROP")
+    else:
+        rules = rules[2:]            # bridged packets come in on na0: the port is the physdev
+        for port in (p for p in ports if _valid_port(p)):
+            own = port.of(family)
+            source = ["!", "-s", own[0]] if len(own) == 1 else []
+            if len(own) > 1:         # not one address per family: allow each, then drop the rest
+                rules += [f"-A {CHAIN} -m physdev --physdev-in {port.interface} -s {a} -j RETURN" for a in own]
+            rules.append(" ".join([f"-A {CHAIN} -m physdev --physdev-in {port.interface}", *source, "-j DROP"]))
+    return "\n".join(["*raw", f":{CHAIN} - [0:0]", *rules, "COMMIT"]) + "\n"
+
+
+def apply_iptables(runner: IptablesRunner, text: str) -> None:
+    runner.restore(text, flush=FlushMode.NO_FLUSH)
+    runner.ensure_jump("raw", "PREROUTING", CHAIN, comment=COMMENT)
+
+
+def remove_iptables(runner: IptablesRunner) -> list[str]:
+    return [f"{runner.family.command} raw {CHAIN}"] if runner.delete_chains("raw", [CHAIN]) else []
+
+
+# ------------------------------------------------------------------- the sync
+
+class AntiSpoofing:
+    """Keeps the kernel's anti-spoofing rules for this node's pods: `sync` rescans the IPAM
+    store (bridge mode) and writes only when the wanted text changed, or every `reassert`
+    syncs (drift repair: someone flushed our table or chain)."""
+
+    def __init__(self, *, mode: PodAttachment, ports: Callable[[], Sequence[PodPort]],
+                 nft: Nft | None = None, iptables: Sequence[IptablesRunner] = (), reassert: int = 30) -> None:
+        if (nft is None) == (not iptables):
+            raise ValueError("anti-spoofing needs exactly one flavour: an Nft or iptables runners")
+        self.mode = mode
+        self.ports = ports
+        self.nft = nft
+        self.iptables = tuple(iptables)
+        self.reassert = reassert
+        self._written: tuple[str, ...] | None = None
+        self._syncs = 0
+
+    def wanted(self) -> tuple[str, ...]:
+        ports = self.ports() if self.mode is PodAttachment.BRIDGE else ()
+        if self.nft is not None:
+            return (render_nft(self.mode, ports),)
+        return tuple(render_iptables(self.mode, runner.family, ports) for runner in self.iptables)
+
+    def sync(self, *_: object) -> None:
+        wanted = self.wanted()
+        self._syncs += 1
+        if wanted == self._written and self._syncs % self.reassert:
+            return
+        if self.nft is not None:
+            self.nft.apply(wanted[0])
+        else:
+            for runner, text in zip(self.iptables, wanted):
+                apply_iptables(runner, text)
+        if wanted != self._written:
+            log.info("pod anti-spoofing: rules written (%s mode)", self.mode.value)
+        self._written = wanted
+
+    def remove(self) -> list[str]:
+        removed = remove_nft(self.nft) if self.nft is not None else []
+        for runner in self.iptables:
+            removed += remove_iptables(runner)
+        self._written = None
+        return removed
