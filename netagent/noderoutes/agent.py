@@ -155,7 +155,7 @@ class NodeAgent:
                  underlay.reason, underlay.mtu)
         self._enable_forwarding()
         for family in self.families():
-            self.route_managers[family], masquerade = self._build_managers(underlay, family)
+            self.route_managers[family], masquerade = self._build_managers(underlay, family, own)
             if masquerade is not None:
                 self.masquerades[family] = masquerade
         for family, manager in self.route_managers.items():
@@ -250,7 +250,7 @@ class NodeAgent:
         """Pods' traffic is routed through this node: forwarding must be on in its namespace (per family)."""
         ensure_sysctls(self.host.sysctls, [forwarding(family.value) for family in self.families()])
 
-    def _build_managers(self, underlay: Underlay, family: IpFamily = IpFamily.V4) \
+    def _build_managers(self, underlay: Underlay, family: IpFamily = IpFamily.V4, own: dict | None = None) \
             -> tuple[RouteManager, MasqueradeManager | NftMasqueradeManager | None]:
         """`family`'s route manager and, when masquerading is on, its masquerade manager."""
         from netagent.noderoutes.masquerade import MasqueradeManager
@@ -260,7 +260,8 @@ class NodeAgent:
         local = LocalNode(name=self.settings.node_name, public_ip=address[0],
                           underlay_ifname=underlay.ifname, underlay_network=address[1],
                           underlay_mtu=underlay.mtu,
-                          pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == family.value))
+                          pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == family.value),
+                          vtep_mac=self._vtep_mac(own, family))
         routing = dataclasses.replace(self.settings.routing,
                                       vxlan_checksum_offload=self._checksum_offload(underlay))
         bgp = self.host.bgp
@@ -287,6 +288,18 @@ class NodeAgent:
                 raise AgentStartError(f"masquerade is on but no {family.command} runner was given")
             masquerade = MasqueradeManager(runner=iptables, cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
         return route_manager, masquerade
+
+    def _vtep_mac(self, own: dict | None, family: IpFamily) -> str | None:
+        """Our `family` VTEP MAC (vxlan): the device's, else our Node's announced one, never another
+        Node's (`routes.choose_vtep_mac`); random on a new node, so no Node can squat it in advance."""
+        from netagent.noderoutes.routing.routes import choose_vtep_mac
+        from netagent.noderoutes.routing.vxlan import vxlan_ifname
+        if self.settings.routing.encap is not Mode.VXLAN or self.reflector is None:
+            return None
+        store, v6 = self.reflector.store, family is IpFamily.V6
+        taken = {nodes.announced_vtep_mac(store.get(n), ipv6=v6) for n in store.keys() if n != self.settings.node_name}
+        return choose_vtep_mac(self.host.kernel, vxlan_ifname(self.settings.routing, family),
+                               announced=nodes.announced_vtep_mac(own, ipv6=v6), taken=taken)
 
     def _checksum_offload(self, underlay: Underlay) -> ChecksumOffload:
         policy = self.settings.checksum_offload

@@ -287,3 +287,12 @@ def read_peer(node: object) -> Peer | NotYet | Unusable:
         return Unusable(bad.reason, bad.detail)
     except Exception as exc:  # a case the checks above missed must still cost only this Node
         return Unusable(RefusalReason.MALFORMED, f"unreadable: {type(exc).__name__}: {exc}")
+
+
+def announced_vtep_mac(node: object, *, ipv6: bool = False) -> str:
+    """The VTEP MAC a Node announces (`vtepMAC`, or `vtepMAC6` with `ipv6`), normalized; "" when
+    none or unreadable. Total, as `read_peer`."""
+    from netagent.noderoutes.routing.vxlan import normalize_mac
+    found = read_peer(node)
+    mac = getattr(found, "vtep_mac6" if ipv6 else "vtep_mac", None)
+    return (normalize_mac(mac) or "") if isinstance(mac, str) else ""

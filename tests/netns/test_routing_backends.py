@@ -104,10 +104,10 @@ class Node:
 
     def local(self, family: IpFamily = IpFamily.V4) -> LocalNode:
         if family is IpFamily.V6:
-            return LocalNode(name=self.name, public_ip=self.public_ip6, underlay_ifname="eth0",
+            return LocalNode(name=self.name, vtep_mac=vtep_mac(self.name, IpFamily.V6), public_ip=self.public_ip6, underlay_ifname="eth0",
                              underlay_network=SEGMENTS6[self.segment], underlay_mtu=1500,
                              pod_cidrs=self.pod_cidrs())
-        return LocalNode(name=self.name, public_ip=self.public_ip, underlay_ifname="eth0",
+        return LocalNode(name=self.name, vtep_mac=vtep_mac(self.name), public_ip=self.public_ip, underlay_ifname="eth0",
                          underlay_network=SEGMENTS[self.segment], underlay_mtu=1500, pod_cidrs=self.pod_cidrs())
 
     def pod_cidrs(self) -> tuple:
@@ -514,7 +514,7 @@ def test_thousand_peers_timings(lab, mode, capsys):
     netns = lab.new_namespace("big")
     ip_batch(netns, ["link add eth0 type veth peer name eth1", "addr add 172.31.0.1/16 dev eth0",
                      "link set eth0 up", "link set eth1 up"])
-    local = LocalNode(name="big", public_ip=IPv4Address("172.31.0.1"), underlay_ifname="eth0",
+    local = LocalNode(name="big", vtep_mac=vtep_mac("big"), public_ip=IPv4Address("172.31.0.1"), underlay_ifname="eth0",
                       underlay_network=IPv4Network("172.31.0.0/16"), underlay_mtu=1500,
                       pod_cidrs=(IPv4Network("10.99.0.0/24"),))
     peers = [Peer(name=f"n{i:04}", public_ip=IPv4Address(f"172.31.{4 + i // 250}.{i % 250 + 1}"),

@@ -42,7 +42,7 @@ def node(i: int, *, reflector: bool = False) -> BgpNode:
 
 
 def local_node(i: int = 1) -> LocalNode:
-    return LocalNode(name=f"node{i}", public_ip=IPv4Address(f"192.0.2.{i}"), underlay_ifname="eth0",
+    return LocalNode(name=f"node{i}", vtep_mac=f"02:00:00:00:00:{i:02x}", public_ip=IPv4Address(f"192.0.2.{i}"), underlay_ifname="eth0",
                      underlay_network=UNDERLAY, underlay_mtu=1500, pod_cidrs=(N(f"10.244.{i}.0/24"),))
 
 

@@ -162,7 +162,7 @@ def test_compose_adds_the_operators_external_peers_first_and_leaves_a_node_on_th
 
 
 def test_admission_refuses_a_reserved_public_ip_in_every_mode():
-    me = LocalNode(name="node1", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
+    me = LocalNode(name="node1", vtep_mac="0e:00:00:00:00:01", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                    underlay_network=N("192.0.2.0/24"), underlay_mtu=1500, pod_cidrs=(N("10.244.1.0/24"),))
     peers = [Peer("tor-thief", IPv4Address("192.0.2.254"), (N("10.244.9.0/24"),)),
              Peer("node2", IPv4Address("192.0.2.2"), (N("10.244.2.0/24"),), vtep_mac="0e:00:00:00:00:02")]

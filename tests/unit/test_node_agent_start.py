@@ -63,7 +63,8 @@ def test_start_takes_the_lease_announces_and_programs_everything_before_returnin
     assert world.sysctls.writes == [(IP_FORWARD.key, "1")]
     (patch,) = world.api.patches
     assert patch[0] == LOCAL_NAME and patch[1][nodes.PUBLIC_IP] == str(LOCAL_IP)
-    assert vtep_mac(LOCAL_NAME) in patch[1][nodes.BACKEND_DATA]
+    own_mac = world.kernel.links["na-vxlan"].mac   # random per node (issue 29, item 11), announced
+    assert own_mac is not None and own_mac != vtep_mac(LOCAL_NAME) and own_mac in patch[1][nodes.BACKEND_DATA]
     assert nodes.node_annotations(world.api.store.get(LOCAL_NAME)) == patch[1]  # our write came back
     assert set(world.overlay_routes()) == {NET_2, NET_3}
     assert {entry.mac for entry in world.kernel.dump_fdb("na-vxlan")} == {vtep_mac("node-2"), vtep_mac("node-3")}

@@ -10,7 +10,7 @@ from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerBounds,
 from netagent.noderoutes.routing.plan import render_plan
 from netagent.noderoutes.routing.vxlan import vtep_mac
 
-LOCAL = LocalNode(name="node-1", public_ip=IPv4Address("198.18.16.11"), underlay_ifname="eth0",
+LOCAL = LocalNode(name="node-1", vtep_mac=vtep_mac("node-1"), public_ip=IPv4Address("198.18.16.11"), underlay_ifname="eth0",
                   underlay_network=IPv4Network("198.18.16.0/20"), underlay_mtu=1500,
                   pod_cidrs=(IPv4Network("10.244.1.0/24"),))
 BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"),),

@@ -114,7 +114,7 @@ def test_an_ipv4_announcement_stays_as_it_was():
 
 # ---------------------------------------------------------------- one plan per family
 
-LOCAL6 = LocalNode(name="node-1", public_ip=IPv6Address("2001:db8:16::11"), underlay_ifname="eth0",
+LOCAL6 = LocalNode(name="node-1", vtep_mac=vtep_mac("node-1", IpFamily.V6), public_ip=IPv6Address("2001:db8:16::11"), underlay_ifname="eth0",
                    underlay_network=UNDERLAY6, underlay_mtu=1500,
                    pod_cidrs=(ip_network("10.244.1.0/24"), ip_network("fd00:10:244:1::/64")))
 BOUNDS = PeerBounds(cluster_cidrs=(CLUSTER4, CLUSTER6),
@@ -264,8 +264,10 @@ def test_a_dual_stack_agent_routes_announces_masquerades_and_leases_both_familie
     agent.prepare()
     notes = nodes.node_annotations(api.store.get("node-1"))
     assert notes[nodes.PUBLIC_IP] == "198.18.16.11" and notes[nodes.PUBLIC_IPV6] == "2001:db8:16::11"
-    assert json.loads(notes[nodes.BACKEND_DATA]) == {"vtepMAC": vtep_mac("node-1"),
-                                                     "vtepMAC6": vtep_mac("node-1", IpFamily.V6)}
+    # random per node (issue 29, item 11), announced as the devices hold them
+    assert json.loads(notes[nodes.BACKEND_DATA]) == {"vtepMAC": kernel.links["na-vxlan"].mac,
+                                                     "vtepMAC6": kernel.links["na-vxlan6"].mac}
+    assert kernel.links["na-vxlan"].mac not in (vtep_mac("node-1"), kernel.links["na-vxlan6"].mac)
     assert set(kernel.links_with_prefix("na-")) == {"na-vxlan", "na-vxlan6"}
     assert (kernel.links["na-vxlan"].mtu, kernel.links["na-vxlan6"].mtu) == (1450, 1430)
     assert agent.host.sysctls.read(IP_FORWARD.key) == "1" and agent.host.sysctls.read(IPV6_FORWARD.key) == "1"

@@ -28,7 +28,7 @@ from netagent.noderoutes.routing.model import (
 from netagent.noderoutes.routing.routes import RouteManager
 from netagent.noderoutes.routing.vxlan import vtep_mac
 
-LOCAL = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
+LOCAL = LocalNode(name="node-a", vtep_mac=vtep_mac("node-a"), public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                   underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,
                   pod_cidrs=(IPv4Network("10.244.1.0/24"),))
 MAC_B, MAC_C = vtep_mac("node-b"), vtep_mac("node-c")

@@ -30,7 +30,7 @@ from netagent.noderoutes.routing.model import (
 from netagent.noderoutes.routing.plan import describe_plan, device_drift, diff_objects, render_devices, render_plan
 from netagent.noderoutes.routing.vxlan import normalize_mac, vtep_mac
 
-LOCAL = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
+LOCAL = LocalNode(name="node-a", vtep_mac=vtep_mac("node-a"), public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                   underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,
                   pod_cidrs=(IPv4Network("10.244.1.0/24"),))
 BOUNDS = PeerBounds(cluster_cidrs=(IPv4Network("10.0.0.0/8"),))
@@ -141,7 +141,7 @@ def test_render_is_deterministic_whatever_the_input_order():
 
 def test_vxlan_device_settings_are_honoured():
     settings = RoutingSettings(mode=Mode.VXLAN, vxlan_vni=42, vxlan_port=8472, vxlan_ifname="na-vx42")
-    local = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="ens3",
+    local = LocalNode(name="node-a", vtep_mac=vtep_mac("node-a"), public_ip=IPv4Address("192.0.2.1"), underlay_ifname="ens3",
                       underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=9000,
                       pod_cidrs=(ip_network("fd00:1::/64"), IPv4Network("10.244.7.0/24")))
     (device,) = render_devices(local, settings)
@@ -154,7 +154,7 @@ def test_vxlan_device_settings_are_honoured():
 
 
 def test_encapsulation_needs_an_ipv4_pod_cidr_but_host_gw_does_not():
-    v6_only = LocalNode(name="node-a", public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
+    v6_only = LocalNode(name="node-a", vtep_mac=vtep_mac("node-a"), public_ip=IPv4Address("192.0.2.1"), underlay_ifname="eth0",
                         underlay_network=IPv4Network("192.0.2.0/24"), underlay_mtu=1500,
                         pod_cidrs=(ip_network("fd00:1::/64"),))
     for mode in (Mode.VXLAN, Mode.IPIP, Mode.AUTO):

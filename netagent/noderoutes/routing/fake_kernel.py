@@ -86,6 +86,9 @@ class FakeKernel(RoutingKernel):
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         return {name: link.kind for name, link in self.links.items() if name.startswith(prefix)}
 
+    def observe(self, ifname: str) -> ObservedDevice | None:
+        return self.links.get(ifname)
+
     def delete_link(self, ifname: str) -> None:
         if self.links.pop(ifname, None) is None:
             return

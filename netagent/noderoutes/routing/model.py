@@ -77,6 +77,7 @@ class LocalNode:
     underlay_network: Network  # connected prefix of the underlay address ("same subnet")
     underlay_mtu: int
     pod_cidrs: tuple  # IPv4Network | IPv6Network, ...; only the family's are routed
+    vtep_mac: str | None = None  # the family's VXLAN device's MAC: random per node (`RouteManager` chooses)
 
     @property
     def family(self) -> IpFamily:
@@ -358,6 +359,10 @@ class RoutingKernel(abc.ABC):
 
     @abc.abstractmethod
     def delete_link(self, ifname: str) -> None: ...
+
+    @abc.abstractmethod
+    def observe(self, ifname: str) -> ObservedDevice | None:
+        """The link as the kernel reports it, or None when there is none."""
 
     @abc.abstractmethod
     def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange: ...

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Container, Iterable, Mapping
 
 from netagent.kernel.errors import KernelError
 from netagent.kernel.families import IpFamily
@@ -50,6 +50,7 @@ from netagent.noderoutes.routing.model import (
     VxlanDevice,
 )
 from netagent.noderoutes.routing.plan import ObjectChanges, describe, diff_objects, render_devices, render_plan
+from netagent.noderoutes.routing.vxlan import is_vtep_mac, normalize_mac, random_vtep_mac, vxlan_ifname
 
 _log = logging.getLogger("netagent.noderoutes.routing")
 _CONCRETE_MODES = (Mode.HOST_GW, Mode.VXLAN, Mode.IPIP)  # always reported; bgp where it may occur
@@ -63,6 +64,8 @@ class RouteManager:
         self.kernel = kernel
         self.learnt = learnt
         self.settings = settings
+        if settings.encap is Mode.VXLAN and local.vtep_mac is None:
+            local = dataclasses.replace(local, vtep_mac=choose_vtep_mac(kernel, vxlan_ifname(settings, local.family)))
         self.local = local
         self.bounds = bounds
         self.log = log
@@ -238,6 +241,20 @@ class RouteManager:
             self._ipv6_logged = True
             shown = ", ".join(plan.ignored_ipv6[:3]) + (" ..." if len(plan.ignored_ipv6) > 3 else "")
             self.log.warning("IPv6 pod CIDRs are not routed: no IPv6 --cluster-cidr; ignoring %s", shown)
+
+
+def choose_vtep_mac(kernel: RoutingKernel, ifname: str, *, announced: str | None = None,
+                    taken: Container[str] = ()) -> str:
+    """This node's VTEP MAC for `ifname` (`vxlan.py` says why random): the MAC of our device
+    already there (a restarted agent keeps what its peers' FDBs hold), else the one our Node
+    announces (`announced`: after a reboot), else a fresh random one; never one in `taken`
+    (another Node's announced MAC, which an older Node would win)."""
+    observed = kernel.observe(ifname)
+    for candidate in (observed.mac if observed is not None and observed.kind == "vxlan" else None, announced):
+        mac = normalize_mac(candidate) if candidate and is_vtep_mac(candidate) else None
+        if mac is not None and mac not in taken:
+            return mac
+    return random_vtep_mac()
 
 
 def remove_owned_routing(kernel) -> list[str]:

@@ -14,10 +14,16 @@ MAC resolves to an underlay destination: the first packet is never dropped. The 
 is the peer CIDR's network address, which is also the address the peer puts on its own
 VXLAN device; `onlink` because no connected prefix on na-vxlan contains it.
 
-The VTEP MAC is derived from the node name (a hash, locally administered, unicast), so a
-restart or a recreated device keeps the MAC the peers already have in their FDBs and no
-re-announcement is needed. A peer that has not announced its MAC yet is pending; one
-whose announced MAC is malformed is refused.
+The VTEP MAC is random per node (`random_vtep_mac`: locally administered, unicast, from the
+system's CSPRNG), chosen by the `RouteManager` when it is built: the MAC of our device already
+in the kernel when there is one (a restarted agent keeps what the peers have in their FDBs: the
+node's state is the device itself), a fresh one otherwise (first start, after a reboot: it is
+announced on the Node as before and peers follow). It used to be a hash of the node name, so an
+older Node could compute a future node's MAC, announce it first and, older Node winning a
+conflict, keep the newcomer out of every FDB (issue 29, item 11); a random MAC cannot be known
+before its node announces it. `vtep_mac(name)` stays as a name-derived MAC for tests and tools.
+A peer that has not announced its MAC yet is pending; one whose announced MAC is malformed is
+refused.
 
 MTU is the underlay's less 50 bytes (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14).
 
@@ -28,8 +34,7 @@ with the same VNI and port (the kernel tells the two sockets apart by family). W
 IPv6 pods inside the IPv4 device: an IPv6-only cluster has no IPv4 underlay at all, and one
 rule ("a family's overlay rides that family's underlay") serves dual-stack and IPv6-only
 alike, with per-family neighbour (NDP), FDB and route entries. Its MTU is 20 bytes lower
-(the outer IPv6 header is 40 bytes: underlay - 70), its VTEP MAC another stable hash of the
-node name, announced as `vtepMAC6` in the backend data, and its address the IPv6 pod CIDR's
+(the outer IPv6 header is 40 bytes: underlay - 70), its VTEP MAC chosen the same way, announced as `vtepMAC6` in the backend data, and its address the IPv6 pod CIDR's
 network address /128.
 """
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import secrets
 
 from netagent.kernel.families import IpFamily
 from netagent.noderoutes.routing.model import (
@@ -59,12 +65,27 @@ from netagent.noderoutes.routing.model import (
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
-def vtep_mac(node_name: str, family: IpFamily = IpFamily.V4) -> str:
-    """The node's VTEP MAC of `family`'s device: stable across restarts, locally administered, unicast."""
-    salt = b"netagent-vtep\0" if family is IpFamily.V4 else b"netagent-vtep6\0"
-    raw = bytearray(hashlib.sha256(salt + node_name.encode()).digest()[:6])
-    raw[0] = (raw[0] & 0xFC) | 0x02
+def _unicast_local(raw: bytearray) -> str:
+    raw[0] = (raw[0] & 0xFC) | 0x02   # locally administered, unicast
     return ":".join(f"{b:02x}" for b in raw)
+
+
+def vtep_mac(node_name: str, family: IpFamily = IpFamily.V4) -> str:
+    """A MAC derived from a name (tests and tools): never a node's own, which is random."""
+    salt = b"netagent-vtep\0" if family is IpFamily.V4 else b"netagent-vtep6\0"
+    return _unicast_local(bytearray(hashlib.sha256(salt + node_name.encode()).digest()[:6]))
+
+
+def random_vtep_mac() -> str:
+    """A fresh VTEP MAC no other node can know in advance: locally administered, unicast."""
+    return _unicast_local(bytearray(secrets.token_bytes(6)))
+
+
+def is_vtep_mac(text: str | None) -> bool:
+    """`text` is a MAC we could have chosen: unicast and locally administered (a device of ours
+    whose MAC is otherwise, e.g. set by hand, gets a fresh one)."""
+    mac = normalize_mac(text) if text else None
+    return mac is not None and bool(int(mac[:2], 16) & 0x02)
 
 
 @functools.lru_cache(maxsize=8192)  # called for every peer on every render; strings hash cheaply
@@ -81,12 +102,18 @@ def vxlan_ifname(settings: RoutingSettings, family: IpFamily) -> str:
 
 
 def render_vxlan_device(local: LocalNode, settings: RoutingSettings) -> VxlanDevice:
-    family = local.family
+    family, address = local.family, local.tunnel_address   # no pod CIDR of the family: said first
     return VxlanDevice(ifname=vxlan_ifname(settings, family), vni=settings.vxlan_vni, port=settings.vxlan_port,
                        local=local.public_ip, underlay_ifname=local.underlay_ifname,
-                       mac=vtep_mac(local.name, family), mtu=local.underlay_mtu - encap_overhead(Mode.VXLAN, family),
-                       address=local.tunnel_address,
+                       mac=_own_mac(local), mtu=local.underlay_mtu - encap_overhead(Mode.VXLAN, family),
+                       address=address,
                        tx_checksum=settings.vxlan_checksum_offload is ChecksumOffload.ON)
+
+
+def _own_mac(local: LocalNode) -> str:
+    if local.vtep_mac is None:
+        raise ValueError("no VTEP MAC chosen for this node (RouteManager chooses one)")
+    return local.vtep_mac
 
 
 def render_vxlan_peer(peer: Peer, cidrs: tuple, settings: RoutingSettings) -> PeerPlan | Pending | Refused:
