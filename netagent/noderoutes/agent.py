@@ -63,6 +63,7 @@ from netagent.noderoutes.agent_inputs import (  # noqa: F401  (re-exported: the 
     node_changes,
     own_networks,
     parse_cluster_cidrs,
+    peer_bounds,
     parse_service_cidrs,
     routing_inputs_differ,
 )
@@ -119,7 +120,7 @@ class NodeAgent:
         self.last_report: SyncReport | None = None
         self._runner_health: HealthFunction | None = None
         self.rejections = rejections if rejections is not None else standalone("noderoutes")
-        self.host_networks: tuple = ()  # (network, what): this node's own, read with the underlay
+        self.host_networks: tuple = ()  # (network, what): this node's own, read again at every sync
         self._unusable: dict[str, nodes.Unusable] = {}  # Nodes read_peer refused, by name
         self._rejected: set[str] = set()  # Node names currently rejected in self.rejections
         self._announcement: dict[str, str] = {}  # what start() announced; re-asserted when changed
@@ -308,17 +309,18 @@ class NodeAgent:
         return ChecksumOffload.ON if policy is ChecksumOffloadPolicy.ON else ChecksumOffload.OFF
 
     def bounds(self, family: IpFamily = IpFamily.V4) -> PeerBounds:
-        """Where peers' pod CIDRs of `family` may lie: its cluster CIDR, clear of the service range and
-        of this node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
-        cluster = tuple(c for c in self.settings.cluster_cidrs if c.version == family.value)
-        reserved = [(c, "the service range (--service-cidr)") for c in self.settings.service_cidrs
-                    if c.version == family.value]
-        ours = [c for c in self.pod_cidrs if c.version == family.value]  # claimed as this node's by the planner
-        reserved += [(network, what) for network, what in self.host_networks
-                     if network.version == family.value and not any(network.subnet_of(c) for c in ours)
-                     and (network.prefixlen == network.max_prefixlen
-                          or not any(c.subnet_of(network) for c in cluster))]
-        return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved))
+        """Where peers' pod CIDRs of `family` may lie (`agent_inputs.peer_bounds`)."""
+        return peer_bounds(self.settings, family, pod_cidrs=self.pod_cidrs, host_networks=self.host_networks)
+
+    def _refresh_own_networks(self) -> None:
+        """Read this node's own addresses again (each sync): one added after start is no peer's either."""
+        networks = own_networks(self.host.kernel.underlay_snapshot())
+        if networks != self.host_networks:
+            if self.host_networks:
+                log.info("this node's own addresses changed: %s", ", ".join(sorted({str(n) for n, _ in networks})))
+            self.host_networks = networks
+            for family, manager in self.route_managers.items():
+                manager.bounds = self.bounds(family)
 
     def _announce(self, own: dict, backend_data: dict, underlay: Underlay) -> None:
         self._announcement = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
@@ -417,6 +419,7 @@ class NodeAgent:
         assert route_manager is not None, "start() builds the managers before the runner that syncs"
         started = time.monotonic()
         try:
+            self._refresh_own_networks()
             if kind is SyncKind.FULL:
                 self.tracker.drain()
                 self._reassert_announcement()

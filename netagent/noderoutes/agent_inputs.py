@@ -1,7 +1,9 @@
 """What the node agent is given and reads before it routes: its settings (`AgentSettings`, parsed
 from `netagent run`'s flags: `--cluster-cidr` once per IP family, `--service-cidr`), which Node
 changes matter to it (`node_changes`), the checksum offload choice by kernel release, and this
-node's own networks that no peer may claim (`own_networks`, every family).
+node's own networks that no peer may claim (`own_networks`, every family; read again at every
+sync, so an address added after start is refused to peers too) and the bounds they make
+(`peer_bounds`).
 
 Kept apart from `agent.py` (the start-up and the sync loop), which re-exports these names.
 """
@@ -16,7 +18,7 @@ from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.kube.changes import ChangeRecorder
 from netagent.noderoutes.host import ChecksumOffloadPolicy, Masquerade
-from netagent.noderoutes.routing.model import ChecksumOffload, RoutingSettings
+from netagent.noderoutes.routing.model import ChecksumOffload, PeerBounds, RoutingSettings
 from netagent.noderoutes.underlay import UnderlaySnapshot
 
 DEFAULT_SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"),)  # kubeadm's --service-cidr default
@@ -96,6 +98,20 @@ def own_networks(snapshot: UnderlaySnapshot) -> tuple:
             reserved.append((ipaddress.ip_network(address.ip), f"this node's address on {info.name}"))
             reserved.append((address.network, f"this node's network on {info.name}"))
     return tuple(reserved)
+
+
+def peer_bounds(settings: AgentSettings, family: IpFamily, *, pod_cidrs: tuple, host_networks: tuple) -> PeerBounds:
+    """Where peers' pod CIDRs of `family` may lie: its cluster CIDR, clear of the service range and
+    of this node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
+    cluster = tuple(c for c in settings.cluster_cidrs if c.version == family.value)
+    reserved = [(c, "the service range (--service-cidr)") for c in settings.service_cidrs
+                if c.version == family.value]
+    ours = [c for c in pod_cidrs if c.version == family.value]  # claimed as this node's by the planner
+    reserved += [(network, what) for network, what in host_networks
+                 if network.version == family.value and not any(network.subnet_of(c) for c in ours)
+                 and (network.prefixlen == network.max_prefixlen
+                      or not any(c.subnet_of(network) for c in cluster))]
+    return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved))
 
 
 def parse_cluster_cidrs(values) -> tuple:

@@ -125,9 +125,7 @@ def test_a_node_announcing_the_tors_address_is_refused_and_the_tor_session_kept(
 def test_a_node_announcing_a_gateway_or_another_address_of_this_node_is_refused():
     world = BgpWorld()
     world.table.main_gateways = (IPv4Address("198.18.16.1"),)
-    world.agent.host_networks += ((N("198.18.30.5/32"), "this node's address on eth1"),)  # as read at start
-    for manager in world.agent.route_managers.values():
-        manager.bounds = world.agent.bounds()
+    world.kernel.add_link("eth1", addresses=("198.18.30.5/32",))   # read again at every sync
     world.put(node("node-5", 5, public_ip="198.18.16.1"))
     world.put(node("node-6", 6, public_ip="198.18.30.5"))
     world.sync(SyncKind.FULL)
