@@ -15,6 +15,7 @@ median per cell is printed with on/off ratios.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -59,7 +60,8 @@ while True:
 def guard_for(node: LabNode, mode: PodAttachment, flavour: str, extra: int, nft: NftRunner | None) -> AntiSpoofing:
     network = os.listdir(node.data_dir)[0]
     real = partial(ports_from_ipam, os.path.join(node.data_dir, network), partial(host_veth_name, network))
-    padding = [PodPort(f"na{index:012x}", (f"10.244.9.{index % 250 + 1}",)) for index in range(extra)]
+    padding = [PodPort("na" + hashlib.sha256(str(index).encode()).hexdigest()[:12], (f"10.244.9.{index % 250 + 1}",))
+               for index in range(extra)]          # names spread over the digits as the plugin's hashes are
     ports = lambda: [*padding, *real()]   # noqa: E731  (the real pods last: the worst place in a rule list)
     if flavour == "nftables":
         return AntiSpoofing(mode=mode, ports=ports, nft=nft)

@@ -55,6 +55,9 @@ def test_bridge_mode_binds_each_port_to_its_addresses_and_skips_what_is_not_a_ve
     assert "-m physdev --physdev-in na0123456789ab ! -s fd00::5 -j DROP" in v6
     assert "-m physdev --physdev-in na0123456789ac -j DROP" in v6    # an IPv4-only pod sends no IPv6
     assert "eth0" not in v4 + v6 and "10.244.1.8" not in v4
+    assert "-A NETAGENT-ANTISPOOF -m physdev --physdev-in na0+ -j NETAGENT-ANTISPOOF-0" in v4   # buckets by digit
+    assert "-A NETAGENT-ANTISPOOF-0 -m physdev --physdev-in na0123456789ab ! -s 10.244.1.5 -j DROP" in v4
+    assert ":NETAGENT-ANTISPOOF-f - [0:0]" in v4                  # every bucket flushed, used or not
 
 
 def test_ports_from_ipam_reads_reservations_and_skips_other_files(tmp_path) -> None:
