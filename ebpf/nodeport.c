@@ -1,7 +1,8 @@
 /* netagent packet path for traffic from outside the node (tc clsact SCHED_CLS programs).
  *
  * Compiled by bcc with sock_lb.c's map declarations (ebpf/loader.py puts this after them),
- * so `na_svc`, `na_slots` and `na_affinity` are the very maps the socket load balancer uses.
+ * so `na_svc`, `na_slots`, `na_affinity` and `na_lbsrc` are the very maps the socket load balancer
+ * uses (`na_lbsrc` and its key are declared there, since both paths check source ranges).
  *
  * na_tc_ingress (underlay ingress): a packet to a NodePort, external IP or load-balancer IP
  *   (an `na_svc` entry whose kind is not ClusterIP) is DNATed to a backend of the entry's
@@ -75,12 +76,6 @@ struct na_ct_value {
     __u64 created_ns;
 };
 
-struct na_lbsrc_key {
-    __u32 prefixlen;   /* 32 (the set id) + the source range's prefix length */
-    __u32 set_id;
-    __be32 addr;
-};
-
 #define NA_CONFIG_SNAT 1   /* SNAT for remote backends here; without it the node's masquerade
                               (NETAGENT-POSTRTG: outside -> remote pods) does it, and the reply
                               is reverse-translated at the underlay's egress */
@@ -96,15 +91,10 @@ struct na_config {
 #ifndef NA_MAX_CT_NEW
 #define NA_MAX_CT_NEW 65536
 #endif
-#ifndef NA_MAX_LBSRC
-#define NA_MAX_LBSRC 65536
-#endif
 
 BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct, NA_MAX_CT, NA_PIN_DIR "/na_ct");
 BPF_TABLE_PINNED("lru_hash", struct na_ct_key, struct na_ct_value, na_ct_new, NA_MAX_CT_NEW,
                  NA_PIN_DIR "/na_ct_new");
-BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key, __u8, na_lbsrc, NA_MAX_LBSRC, NA_PIN_DIR "/na_lbsrc",
-                  BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("array", __u32, struct na_config, na_config, 1, NA_PIN_DIR "/na_config");
 
 #define ETH_HLEN_ 14
@@ -264,7 +254,6 @@ static __always_inline int reset_syn(struct __sk_buff *skb, struct na_flow *flow
 
 /* what ebpf/nodeport_flow.c needs of an IPv4 address */
 typedef __be32 na_addr;
-#define NA_LBSRC_HOST 64   /* an LPM key's prefix length for one client: 32 (set id) + 32 */
 
 static __always_inline int na_addr_eq(__be32 a, __be32 b)
 {

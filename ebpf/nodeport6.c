@@ -6,7 +6,7 @@
  * (ebpf/nodeport_progs.c) hand IPv6 packets to it. What the path does is ebpf/nodeport.c's
  * (NodePorts, external and load-balancer IPs from outside, pods outside the cgroup, two-map
  * connection tracking, SNAT to `na_config6`'s node address when asked, `na_lbsrc6` source
- * ranges, a RST for a SYN to a service without endpoints), over IPv6 headers:
+ * ranges (declared in sock_lb6.c, which checks them too), a RST for a SYN to a service without endpoints), over IPv6 headers:
  * - only a TCP or UDP header right after the fixed header is handled; extension headers
  *   (fragments among them) are left to the stack, untranslated;
  * - IPv6 has no header checksum: an address rewrite fixes the L4 checksum alone (its
@@ -35,12 +35,6 @@ struct na_ct_value6 {
     __u64 created_ns;
 };
 
-struct na_lbsrc_key6 {
-    __u32 prefixlen;   /* 32 (the set id) + the source range's prefix length */
-    __u32 set_id;
-    struct na_in6 addr;
-};
-
 struct na_config6 {
     struct na_in6 node_addr;   /* the SNAT address for external and load-balancer IPs */
     __u32 flags;
@@ -52,15 +46,10 @@ struct na_config6 {
 #ifndef NA_MAX_CT_NEW6
 #define NA_MAX_CT_NEW6 65536
 #endif
-#ifndef NA_MAX_LBSRC6
-#define NA_MAX_LBSRC6 65536
-#endif
 
 BPF_TABLE_PINNED("lru_hash", struct na_ct_key6, struct na_ct_value6, na_ct6, NA_MAX_CT6, NA_PIN_DIR "/na_ct6");
 BPF_TABLE_PINNED("lru_hash", struct na_ct_key6, struct na_ct_value6, na_ct_new6, NA_MAX_CT_NEW6,
                  NA_PIN_DIR "/na_ct_new6");
-BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key6, __u8, na_lbsrc6, NA_MAX_LBSRC6, NA_PIN_DIR "/na_lbsrc6",
-                  BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("array", __u32, struct na_config6, na_config6, 1, NA_PIN_DIR "/na_config6");
 
 #define IP6_SRC_OFF (ETH_HLEN_ + 8)
@@ -68,7 +57,6 @@ BPF_TABLE_PINNED("array", __u32, struct na_config6, na_config6, 1, NA_PIN_DIR "/
 #define IP6_HLEN 40
 
 typedef struct na_in6 na_addr6;
-#define NA_LBSRC_HOST6 160   /* 32 (set id) + 128 */
 
 static __always_inline int na_addr_zero6(struct na_in6 a)
 {

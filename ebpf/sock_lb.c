@@ -16,10 +16,25 @@
  *               change writes O(1) entries
  *   na_setname  set id -> the service port's name (for read-back and adoption; unused here)
  *   na_affinity (netns cookie, set id) -> backend and last use (ClientIP affinity, LRU)
+ *   na_lbsrc    (set id, client address) LPM trie: loadBalancerSourceRanges, shared with the tc
+ *               path (ebpf/nodeport.c), which checks them with the same key
  *   na_sock_revnat  per socket (socket storage): up to NA_REVNAT_WAYS backend address/port ->
  *               service address/port (an unconnected UDP socket may send to several services;
  *               beyond that many backends at once, the oldest way is reused)
  * Addresses and ports are kept in network byte order, as the socket context holds them.
+ *
+ * loadBalancerSourceRanges (NA_F_SOURCE_RANGES, set on load-balancer IP entries) are enforced here
+ * as on the tc path: the client's address must be in `na_lbsrc` under the entry's external set
+ * (`fenced()`). The client's address is the one the kernel will put on the packets, when the hook
+ * can know it: for connect(), the socket's bound address (`sk->src_ip4`: bind(), or an earlier
+ * connect of a UDP socket); for an unconnected sendmsg(), the IP_PKTINFO source (`msg_src_ip4`),
+ * else the bound address. A socket whose source is not chosen yet (unbound: the kernel picks it by
+ * the route *after* this hook, and a CGROUP_SOCK_ADDR program has no route lookup) is not
+ * translated: its packets go to the load-balancer IP itself, and the packet path judges them by
+ * their real source, as the tc path does for any packet (na_tc_from_pod on the pod's veth, or the
+ * load balancer outside). So the socket LB never serves a fenced address it cannot vouch for.
+ * A known source outside the ranges: the call is refused with EPERM, which is what a local socket
+ * sees of a packet dropped on its way out (iptables DROP in OUTPUT; the tc path drops it too).
  *
  * IPv6 has maps and programs of its own beside these: ebpf/sock_lb6.c, compiled after this file.
  */
@@ -109,6 +124,18 @@ struct na_sock_revnat {
 #ifndef NA_MAX_AFFINITY
 #define NA_MAX_AFFINITY 65536
 #endif
+#ifndef NA_MAX_LBSRC
+#define NA_MAX_LBSRC 65536
+#endif
+
+struct na_lbsrc_key {
+    __u32 prefixlen;   /* 32 (the set id) + the source range's prefix length */
+    __u32 set_id;
+    __be32 addr;
+};
+
+#define NA_LBSRC_HOST 64   /* an LPM key's prefix length for one client: 32 (set id) + 32 */
+#define NA_EPERM 1
 
 BPF_TABLE_PINNED7("hash", struct na_svc_key, struct na_svc_value, na_svc, NA_MAX_SVC,
                   NA_PIN_DIR "/na_svc", BPF_F_NO_PREALLOC);
@@ -118,6 +145,8 @@ BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname, NA_MAX_SETNAME,
                   NA_PIN_DIR "/na_setname", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value, na_affinity, NA_MAX_AFFINITY,
                  NA_PIN_DIR "/na_affinity");
+BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key, __u8, na_lbsrc, NA_MAX_LBSRC, NA_PIN_DIR "/na_lbsrc",
+                  BPF_F_NO_PREALLOC);
 /* bcc's BPF_SK_STORAGE, pinned (bcc reads a pin path after the map type in the section name) */
 struct na_sock_revnat_table_t {
     int key;
@@ -204,14 +233,30 @@ static __always_inline int pick_backend(__u64 who, __u32 set_id, __u32 count, __
     return 1;
 }
 
-/* The service at `key` (an IPv4 one: na_svc) picks one of its backends into `out`: 1 picked,
- * 0 not a service (untouched), -errno when the call must be refused with it. */
-static __always_inline int choose(void *ctx, struct na_svc_key *key, struct na_backend *out)
+/* loadBalancerSourceRanges (see the top of this file): 0 the client `src` may use `svc`,
+ * 1 its source is not known yet (leave the call untranslated), -NA_EPERM it is outside them */
+static __always_inline int fenced(struct na_svc_value *svc, __be32 src)
+{
+    if (!(svc->flags & NA_F_SOURCE_RANGES))
+        return 0;
+    if (!src)
+        return 1;
+    struct na_lbsrc_key client = {.prefixlen = NA_LBSRC_HOST, .set_id = svc->ext_set_id, .addr = src};
+    return na_lbsrc.lookup(&client) ? 0 : -NA_EPERM;
+}
+
+/* The service at `key` (an IPv4 one: na_svc) picks one of its backends into `out` for a client
+ * whose source address is `src` (0: not known yet): 1 picked, 0 not a service or not ours to
+ * translate (untouched), -errno when the call must be refused with it. */
+static __always_inline int choose(void *ctx, struct na_svc_key *key, __be32 src, struct na_backend *out)
 {
     struct na_svc_value *svc = na_svc.lookup(key);
 
     if (!svc)
         return 0;
+    int fence = fenced(svc, src);
+    if (fence)
+        return fence > 0 ? 0 : fence;
     if (svc->count == 0)
         return -(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
     __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
@@ -220,12 +265,13 @@ static __always_inline int choose(void *ctx, struct na_svc_key *key, struct na_b
     return 1;
 }
 
-/* 1: rewritten (or not a service: untouched); 0: refuse the call */
-static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto, int remember)
+/* 1: rewritten (or not a service: untouched); 0: refuse the call. `src`: the client's address
+ * as far as it is chosen (0 when not) */
+static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto, int remember, __be32 src)
 {
     struct na_svc_key key = {.addr = ctx->user_ip4, .port = (__be16)ctx->user_port, .proto = proto};
     struct na_backend backend = {};
-    int chosen = choose(ctx, &key, &backend);
+    int chosen = choose(ctx, &key, src, &backend);
 
     if (chosen <= 0)
         return chosen == 0 ? 1 : refuse(-chosen);
@@ -249,14 +295,17 @@ int na_connect4(struct bpf_sock_addr *ctx)
     __u8 proto = ctx->protocol;   /* IPPROTO_TCP, IPPROTO_UDP or IPPROTO_SCTP */
     if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
         return 1;
-    return translate(ctx, proto, 1);
+    return translate(ctx, proto, 1, ctx->sk ? ctx->sk->src_ip4 : 0);   /* the bound address */
 }
 
 int na_sendmsg4(struct bpf_sock_addr *ctx)   /* unconnected UDP: every datagram */
 {
     if (ctx->protocol != IPPROTO_UDP)
         return 1;
-    return translate(ctx, IPPROTO_UDP, 1);
+    __be32 src = ctx->msg_src_ip4;   /* IP_PKTINFO's source, else the bound address */
+    if (!src && ctx->sk)
+        src = ctx->sk->src_ip4;
+    return translate(ctx, IPPROTO_UDP, 1, src);
 }
 
 static __always_inline void untranslate(struct bpf_sock_addr *ctx)

@@ -12,6 +12,10 @@
  * getpeername6 also look in the IPv4 socket storage for a mapped address, since the kernel hands
  * an AF_INET6 socket's unconnected v4-mapped datagram to the IPv4 hook (sendmsg4) but its replies
  * to recvmsg6.
+ * loadBalancerSourceRanges are enforced as connect4 does (sock_lb.c says how the client's address
+ * is known: the bound address, sendmsg's IP_PKTINFO source; unbound: not translated), against
+ * `na_lbsrc6` (shared with the tc path, ebpf/nodeport6.c), or `na_lbsrc` for a v4-mapped service
+ * (the client's mapped source address, its last word).
  */
 
 struct na_in6 {   /* an IPv6 address, assignable as a whole */
@@ -64,6 +68,17 @@ struct na_sock_revnat6 {
 #ifndef NA_MAX_AFFINITY6
 #define NA_MAX_AFFINITY6 65536
 #endif
+#ifndef NA_MAX_LBSRC6
+#define NA_MAX_LBSRC6 65536
+#endif
+
+struct na_lbsrc_key6 {
+    __u32 prefixlen;   /* 32 (the set id) + the source range's prefix length */
+    __u32 set_id;
+    struct na_in6 addr;
+};
+
+#define NA_LBSRC_HOST6 160   /* 32 (set id) + 128 */
 
 BPF_TABLE_PINNED7("hash", struct na_svc_key6, struct na_svc_value, na_svc6, NA_MAX_SVC6,
                   NA_PIN_DIR "/na_svc6", BPF_F_NO_PREALLOC);
@@ -73,6 +88,8 @@ BPF_TABLE_PINNED7("hash", __u32, struct na_set_name, na_setname6, NA_MAX_SETNAME
                   NA_PIN_DIR "/na_setname6", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("lru_hash", struct na_affinity_key, struct na_affinity_value6, na_affinity6, NA_MAX_AFFINITY6,
                  NA_PIN_DIR "/na_affinity6");
+BPF_TABLE_PINNED7("lpm_trie", struct na_lbsrc_key6, __u8, na_lbsrc6, NA_MAX_LBSRC6, NA_PIN_DIR "/na_lbsrc6",
+                  BPF_F_NO_PREALLOC);
 struct na_sock_revnat6_table_t {
     int key;
     struct na_sock_revnat6 leaf;
@@ -171,13 +188,25 @@ static __always_inline int pick_backend6(__u64 who, __u32 set_id, __u32 count, _
     return 1;
 }
 
+/* fenced() for an IPv6 service: 0 allowed, 1 the source is not known yet, -NA_EPERM outside */
+static __always_inline int fenced6(struct na_svc_value *svc, struct na_in6 src)
+{
+    if (!(svc->flags & NA_F_SOURCE_RANGES))
+        return 0;
+    if (!(src.w[0] | src.w[1] | src.w[2] | src.w[3]))
+        return 1;
+    struct na_lbsrc_key6 client = {.prefixlen = NA_LBSRC_HOST6, .set_id = svc->ext_set_id, .addr = src};
+    return na_lbsrc6.lookup(&client) ? 0 : -NA_EPERM;
+}
+
 /* A v4-mapped destination (`key`, an IPv4 service's address in its last word): translated
- * through the IPv4 maps, as connect4 does, and written back mapped. */
-static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na_svc_key6 *key)
+ * through the IPv4 maps, as connect4 does, and written back mapped. `src`: the socket's
+ * source (v4-mapped when chosen; anything else is no IPv4 source: not known). */
+static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na_svc_key6 *key, struct na_in6 src)
 {
     struct na_svc_key key4 = {.addr = key->addr.w[3], .port = key->port, .proto = key->proto};
     struct na_backend backend = {};
-    int chosen = choose(ctx, &key4, &backend);
+    int chosen = choose(ctx, &key4, na_v4_mapped(src) ? src.w[3] : 0, &backend);
 
     if (chosen <= 0)
         return chosen == 0 ? 1 : refuse(-chosen);
@@ -188,8 +217,9 @@ static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na
     return 1;
 }
 
-/* translate() for an AF_INET6 socket: 1 rewritten (or untouched), 0 refuse the call */
-static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto)
+/* translate() for an AF_INET6 socket: 1 rewritten (or untouched), 0 refuse the call; `src` the
+ * client's address as far as it is chosen (zero when not) */
+static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto, struct na_in6 src)
 {
     struct na_svc_key6 key = {.port = (__be16)ctx->user_port, .proto = proto};
     struct na_svc_value *svc;
@@ -200,10 +230,13 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto)
     key.addr.w[2] = ctx->user_ip6[2];
     key.addr.w[3] = ctx->user_ip6[3];
     if (na_v4_mapped(key.addr))
-        return translate_mapped(ctx, &key);
+        return translate_mapped(ctx, &key, src);
     svc = na_svc6.lookup(&key);
     if (!svc)
         return 1;
+    int fence = fenced6(svc, src);
+    if (fence)
+        return fence > 0 ? 1 : refuse(-fence);
     if (svc->count == 0)
         return refuse(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
     __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
@@ -223,14 +256,29 @@ int na_connect6(struct bpf_sock_addr *ctx)
     __u8 proto = ctx->protocol;
     if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
         return 1;
-    return translate6(ctx, proto);
+    struct na_in6 src = {};   /* the bound address */
+    if (ctx->sk) {
+        src.w[0] = ctx->sk->src_ip6[0];
+        src.w[1] = ctx->sk->src_ip6[1];
+        src.w[2] = ctx->sk->src_ip6[2];
+        src.w[3] = ctx->sk->src_ip6[3];
+    }
+    return translate6(ctx, proto, src);
 }
 
 int na_sendmsg6(struct bpf_sock_addr *ctx)
 {
     if (ctx->protocol != IPPROTO_UDP)
         return 1;
-    return translate6(ctx, IPPROTO_UDP);
+    struct na_in6 src = {.w = {ctx->msg_src_ip6[0], ctx->msg_src_ip6[1], ctx->msg_src_ip6[2],
+                               ctx->msg_src_ip6[3]}};   /* IP_PKTINFO's source, else the bound address */
+    if (!(src.w[0] | src.w[1] | src.w[2] | src.w[3]) && ctx->sk) {
+        src.w[0] = ctx->sk->src_ip6[0];
+        src.w[1] = ctx->sk->src_ip6[1];
+        src.w[2] = ctx->sk->src_ip6[2];
+        src.w[3] = ctx->sk->src_ip6[3];
+    }
+    return translate6(ctx, IPPROTO_UDP, src);
 }
 
 static __always_inline void untranslate6(struct bpf_sock_addr *ctx)
