@@ -2,12 +2,19 @@
 
 The flags are the topology's defaults (`TopologySettings`); the ConfigMap `--bgp-config`
 (namespace/name, default kube-system/netagent-bgp) overrides them value by value, through a
-reflector on that one object (a field selector on its name) whose changes ask the agent for a
-sync. BIRD runs as the agent's child with its files under `--bgp-state-dir`.
+reflector on that one object whose changes ask the agent for a sync (`config_reflector`: in its
+namespace, a field selector on its name, since the manifest's Role grants list and watch on that
+name alone and RBAC honours `resourceNames` for a list or watch only so). BIRD runs as the
+agent's child with its files under `--bgp-state-dir`.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from netagent.kernel import owned
+
+if TYPE_CHECKING:
+    from netagent.kube.reflector import EventHandler, Reflector
 
 DEFAULT_CONFIG = "kube-system/netagent-bgp"
 
@@ -33,32 +40,45 @@ def bgp_wanted(args) -> bool:
     return args.backend == "bgp" or (args.backend == "auto" and args.auto_bgp == "on")
 
 
+def config_reflector(*, api_client, config: str, handler: EventHandler) -> Reflector:
+    """The reflector on the topology ConfigMap `config` ("namespace/name", no namespace: default),
+    not started: that one object, in its namespace. Its key in the reflector's store is
+    "namespace/name"."""
+    from netagent.kube.reflector import Reflector
+    from netagent.kube.resources import CONFIG_MAPS
+    namespace, _, name = config.rpartition("/")
+    return Reflector(api_client=api_client, resource=CONFIG_MAPS, handler=handler,
+                     namespace=namespace or "default", field_selector=f"metadata.name={name}")
+
+
+def config_key(config: str) -> str:
+    """The store key of the ConfigMap `config` names."""
+    namespace, _, name = config.rpartition("/")
+    return f"{namespace or 'default'}/{name}"
+
+
 def build_bgp(args, *, api_client, rejections):
     """(speaker, config reflector) when `bgp_wanted`, else (None, None). The reflector is started
     here; the caller stops it on shutdown."""
     if not bgp_wanted(args):
         return None, None
     from netagent.kube.changes import ChangeRecorder
-    from netagent.kube.reflector import Reflector
-    from netagent.kube.resources import CONFIG_MAPS
     from netagent.noderoutes.bgp.cluster_config import check_label
     from netagent.noderoutes.bgp.learnt import NetlinkLearntRoutes
     from netagent.noderoutes.bgp.model import check_as_number
     from netagent.noderoutes.bgp.speaker import BgpSpeaker
     from netagent.noderoutes.bgp.supervisor import BirdSupervisor
     from netagent.noderoutes.bgp.topology import TopologySettings
-    namespace, _, name = args.bgp_config.rpartition("/")
     defaults = TopologySettings(asn=check_as_number(args.bgp_as, what="--bgp-as"), mesh=args.bgp_mesh == "on",
                                 bfd=args.bgp_bfd == "on", reflector_label=check_label(args.bgp_reflector_label))
-    key = f"{namespace or 'default'}/{name}"
+    key = config_key(args.bgp_config)
     speaker: BgpSpeaker
 
     def changed() -> None:
         speaker.poke()
 
     recorder = ChangeRecorder("bgp-config", on_change=changed)
-    reflector = Reflector(api_client=api_client, resource=CONFIG_MAPS, handler=recorder,
-                          namespace=namespace or "default", field_selector=f"metadata.name={name}")
+    reflector = config_reflector(api_client=api_client, config=args.bgp_config, handler=recorder)
     speaker = BgpSpeaker(bird=BirdSupervisor(args.bgp_state_dir), learnt=NetlinkLearntRoutes(), topology=defaults,
                          rejections=rejections, topology_source=lambda: reflector.store.get(key))
     reflector.start()

@@ -14,6 +14,10 @@ so the list is derived from the code rather than copied: every Python file the D
 
 A call site this cannot classify raises `UnclassifiedCall`, so a new kind of API call fails
 the test until this reader (and the ClusterRole) learn it, instead of being missed.
+
+A Reflector given a `namespace` and a `field_selector` that starts `metadata.name=` reads one
+object in one namespace: RBAC can grant that on the object alone (a Role with `resourceNames`),
+so `permissions_by_scope` sets apart the permissions used only by such call sites.
 """
 from __future__ import annotations
 
@@ -81,9 +85,21 @@ def _function_name(call: ast.Call) -> str:
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
-def permissions_in(source: str, *, where: str) -> set[Permission]:
-    """The permissions the API calls in one module's source need."""
-    found: set[Permission] = set()
+def _selects_one_name(given: dict[str | None, ast.expr]) -> bool:
+    """A Reflector's keywords name a namespace and select one object by its name."""
+    selector = given.get("field_selector")
+    if "namespace" not in given or selector is None:
+        return False
+    parts = selector.values if isinstance(selector, ast.JoinedStr) else [selector]
+    constants = [str(part.value) for part in parts if isinstance(part, ast.Constant)]
+    return (bool(parts) and isinstance(parts[0], ast.Constant) and str(parts[0].value).startswith("metadata.name=")
+            and not any("," in text for text in constants))
+
+
+def call_sites(source: str, *, where: str) -> list[tuple[Permission, bool]]:
+    """Each permission one module's API calls need, with whether that call site reads one named
+    object in one namespace (a Reflector selecting `metadata.name=`)."""
+    found: list[tuple[Permission, bool]] = []
     for call in (node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)):
         name = _function_name(call)
         line = f"{where}:{call.lineno}"
@@ -92,7 +108,8 @@ def permissions_in(source: str, *, where: str) -> set[Permission]:
             resource = _resource_named(given["resource"]) if "resource" in given else None
             if resource is None:
                 raise UnclassifiedCall(f"{line}: Reflector without a resource of netagent.kube.resources")
-            found |= {(resource.group, resource.plural, "list"), (resource.group, resource.plural, "watch")}
+            one = _selects_one_name(given)
+            found += [((resource.group, resource.plural, verb), one) for verb in ("list", "watch")]
         elif name in REQUEST_FUNCTIONS:
             if len(call.args) < 3 or not isinstance(call.args[1], ast.Constant):
                 raise UnclassifiedCall(f"{line}: {name} without a literal method and a path")
@@ -100,8 +117,13 @@ def permissions_in(source: str, *, where: str) -> set[Permission]:
             target = _target(call.args[2])
             if target is None or (method, target[2]) not in _VERBS:
                 raise UnclassifiedCall(f"{line}: {name} {method} {ast.unparse(call.args[2])}")
-            found.add((target[0], target[1], _VERBS[(method, target[2])]))
+            found.append(((target[0], target[1], _VERBS[(method, target[2])]), False))
     return found
+
+
+def permissions_in(source: str, *, where: str) -> set[Permission]:
+    """The permissions the API calls in one module's source need."""
+    return {permission for permission, _ in call_sites(source, where=where)}
 
 
 def shipped_modules() -> list[Path]:
@@ -110,9 +132,21 @@ def shipped_modules() -> list[Path]:
             if not any(p.relative_to(REPO).as_posix().startswith(prefix) for prefix in NOT_SHIPPED + MECHANISM)]
 
 
+def _all_call_sites() -> list[tuple[Permission, bool]]:
+    sites: list[tuple[Permission, bool]] = []
+    for path in shipped_modules():
+        sites += call_sites(path.read_text(), where=path.relative_to(REPO).as_posix())
+    return sites
+
+
 def permissions_used() -> set[Permission]:
     """Every permission the shipped code's API calls need."""
-    used: set[Permission] = set()
-    for path in shipped_modules():
-        used |= permissions_in(path.read_text(), where=path.relative_to(REPO).as_posix())
-    return used
+    return {permission for permission, _ in _all_call_sites()}
+
+
+def permissions_by_scope() -> tuple[set[Permission], set[Permission]]:
+    """(permissions some call site needs beyond one named object, permissions only call sites
+    reading one named object in one namespace need)."""
+    sites = _all_call_sites()
+    wide = {permission for permission, one in sites if not one}
+    return wide, {permission for permission, _ in sites} - wide

@@ -8,7 +8,12 @@ offline, against the real code rather than against copies of it:
   breaks this test instead of a rollout;
 - the paths the agent writes into the network config (socket, IPAM data directory) are
   mounted at the same path on the host, where the runtime's plugin reads them;
-- RBAC grants exactly what the agent's API calls need, read from the code (`api_calls.py`);
+- RBAC grants exactly what the agent's API calls need, read from the code (`api_calls.py`):
+  cluster-wide in the ClusterRole, and what the code reads as one named object (the topology
+  ConfigMap) in a Role of its namespace naming it alone;
+- the ValidatingAdmissionPolicy that keeps each agent to its own Node is bound, denies, fails
+  closed and keys on the node name Kubernetes puts in a pod-bound token (the real API server
+  judges it in tests/kubernetes/test_least_privilege.py);
 - the Containerfile copies every package folder pyproject.toml declares but the lab, installs
   them into a venv and ends in the `netagent` console script.
 The Vagrant lab's agreement with the manifest: tests/unit/test_vagrant.py.
@@ -20,6 +25,7 @@ import copy
 import functools
 import re
 import shlex
+import threading
 import tomllib
 from pathlib import Path, PurePosixPath
 
@@ -27,13 +33,19 @@ import pytest
 import yaml
 
 from netagent.cli import build_parser
-from netagent.kube.resources import NODES
-from tests.unit.api_calls import UnclassifiedCall, permissions_in, permissions_used
+from netagent.daemon.bgp_start import DEFAULT_CONFIG
+from netagent.kube.resources import CONFIG_MAPS, NODES
+from tests.unit.api_calls import UnclassifiedCall, call_sites, permissions_by_scope, permissions_in, permissions_used
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "netagent.yaml"
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
 SAMPLE_NODE_NAME = "node-a"
+# k8s.io/apiserver pkg/authentication/serviceaccount/util.go, NodeNameKey: the extra info a
+# pod-bound ServiceAccount token carries (ServiceAccountTokenPodNodeInfo, Kubernetes >= 1.32)
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+KINDS = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 # ------------------------------------------------------------------ manifest helpers
@@ -111,13 +123,13 @@ def round_trip_through_api_models(obj: dict) -> dict:
 # ------------------------------------------------------------------ manifest: objects
 def test_manifest_holds_the_agent_objects_in_kube_system():
     kinds = sorted(doc["kind"] for doc in load_manifest())
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert kinds == KINDS
     for doc in load_manifest():
-        if doc["kind"] in ("ServiceAccount", "DaemonSet"):
+        if doc["kind"] in ("ServiceAccount", "DaemonSet", "Role", "RoleBinding"):
             assert doc["metadata"]["namespace"] == "kube-system"
 
 
-@pytest.mark.parametrize("kind", ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_field_is_known_to_the_api_models(kind):
     (obj,) = objects_of_kind(kind)
     assert round_trip_through_api_models(obj) == obj
@@ -129,22 +141,27 @@ def test_the_round_trip_reveals_a_misspelled_field():
     assert round_trip_through_api_models(daemonset) != daemonset
 
 
-def test_the_binding_gives_the_role_to_the_daemonsets_service_account():
-    (binding,) = objects_of_kind("ClusterRoleBinding")
-    (role,) = objects_of_kind("ClusterRole")
+@pytest.mark.parametrize("role_kind", ["ClusterRole", "Role"])
+def test_the_binding_gives_the_role_to_the_daemonsets_service_account(role_kind):
+    (binding,) = objects_of_kind(f"{role_kind}Binding")
+    (role,) = objects_of_kind(role_kind)
     (account,) = objects_of_kind("ServiceAccount")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
                                   "name": role["metadata"]["name"]}
-    assert {"kind": "ServiceAccount", "name": account["metadata"]["name"],
-            "namespace": account["metadata"]["namespace"]} in binding["subjects"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": account["metadata"]["namespace"]}]
+    assert binding["metadata"].get("namespace") == role["metadata"].get("namespace")
     assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
 
 
-def granted_permissions() -> set[tuple[str, str, str]]:
-    (role,) = objects_of_kind("ClusterRole")
+def permissions_of(role: dict) -> set[tuple[str, str, str]]:
     return {(group, resource, verb)
             for rule in role["rules"]
             for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def granted_permissions() -> set[tuple[str, str, str]]:
+    return set().union(*(permissions_of(role) for role in objects_of_kind("ClusterRole") + objects_of_kind("Role")))
 
 
 def test_rbac_grants_exactly_what_the_code_calls():
@@ -152,6 +169,75 @@ def test_rbac_grants_exactly_what_the_code_calls():
     used, granted = permissions_used(), granted_permissions()
     assert not used - granted, f"called but not granted: {sorted(used - granted)}"
     assert not granted - used, f"granted but never called: {sorted(granted - used)}"
+
+
+def test_what_the_code_reads_as_one_object_is_granted_on_that_object_alone():
+    wide, one_object = permissions_by_scope()
+    (cluster_role,) = objects_of_kind("ClusterRole")
+    (role,) = objects_of_kind("Role")
+    assert permissions_of(cluster_role) == wide
+    assert permissions_of(role) == one_object == {("", CONFIG_MAPS.plural, "list"), ("", CONFIG_MAPS.plural, "watch")}
+    namespace, name = DEFAULT_CONFIG.split("/")     # the ConfigMap --bgp-config names by default
+    assert role["metadata"]["namespace"] == namespace
+    assert all(rule["resourceNames"] == [name] for rule in role["rules"])
+    assert not any(resource == CONFIG_MAPS.plural for _, resource, _ in permissions_of(cluster_role))
+
+
+def test_the_topology_config_reflector_asks_for_its_one_object_in_its_namespace(monkeypatch):
+    # RBAC honours the Role's resourceNames for a list or watch only when the request selects that
+    # one name: what the agent's reflector sends is recorded at the HTTP seam
+    from netagent.daemon.bgp_start import config_reflector
+    from netagent.kube import reflector as reflector_module
+    sent: list[tuple[str, str, list]] = []
+    asked = threading.Event()
+
+    def recording_open(api_client, method, path, *, query=None, **_):
+        sent.append((method, path, list(query or [])))
+        asked.set()
+        raise OSError("recorded")     # the reflector backs off and retries
+    monkeypatch.setattr(reflector_module, "open_request", recording_open)
+    reflector = config_reflector(api_client=object(), config=DEFAULT_CONFIG, handler=lambda *a: None)
+    reflector.start()
+    try:
+        assert asked.wait(10)
+    finally:
+        reflector.stop()
+    namespace, name = DEFAULT_CONFIG.split("/")
+    method, path, query = sent[0]
+    assert (method, path) == ("GET", f"/api/v1/namespaces/{namespace}/configmaps")
+    assert [(k, v) for k, v in query if k.endswith("Selector")] == [("fieldSelector", f"metadata.name={name}")]
+
+
+def the_policy() -> tuple[dict, dict]:
+    (policy,) = objects_of_kind("ValidatingAdmissionPolicy")
+    (binding,) = objects_of_kind("ValidatingAdmissionPolicyBinding")
+    return policy, binding
+
+
+def test_the_own_node_policy_is_bound_denies_and_fails_closed():
+    policy, binding = the_policy()
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]          # every namespace: Nodes have none
+    assert policy["spec"]["failurePolicy"] == "Fail"
+
+
+def test_the_own_node_policy_judges_every_node_write_of_the_agent_alone():
+    policy, _ = the_policy()
+    (account,) = objects_of_kind("ServiceAccount")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [NODES.group] and rule["apiVersions"] == [NODES.version]
+    assert set(rule["resources"]) == {NODES.plural, f"{NODES.plural}/status"}
+    assert {"UPDATE", "DELETE"} <= set(rule["operations"])   # a PATCH is an UPDATE in admission
+    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username == "{user}"'
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["tokenNode"] == f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"
+    validations = policy["spec"]["validations"]
+    assert [v["expression"] for v in validations] == ['variables.tokenNode != ""',
+                                                      "variables.tokenNode == variables.targetNode"]
+    assert {v["reason"] for v in validations} == {"Forbidden"}      # 403, not the default 422 Invalid
 
 
 def test_the_agent_cannot_patch_nodes_only_annotate_through_status():
@@ -170,6 +256,19 @@ def test_the_agent_cannot_patch_nodes_only_annotate_through_status():
 ])
 def test_the_call_reader_classifies_each_shape(source, permissions):
     assert permissions_in(source, where="example") == permissions
+
+
+@pytest.mark.parametrize("keywords, one_object", [
+    ('namespace=ns, field_selector=f"metadata.name={name}"', True),
+    ('namespace=ns, field_selector="metadata.name=netagent-bgp"', True),
+    ('field_selector=f"metadata.name={name}"', False),                        # every namespace
+    ('namespace=ns', False),
+    ('namespace=ns, field_selector=f"metadata.name={a},spec.x={b}"', False),
+    ('namespace=ns, field_selector=f"spec.nodeName={name}"', False),
+])
+def test_the_call_reader_tells_one_object_reads_apart(keywords, one_object):
+    sites = call_sites(f"Reflector(api_client=c, resource=CONFIG_MAPS, handler=h, {keywords})", where="example")
+    assert {one for _, one in sites} == {one_object}
 
 
 @pytest.mark.parametrize("source", ['request_json(c, method, path)', 'request_json(c, "GET", some_path)',
