@@ -162,6 +162,34 @@ def test_an_ingress_policy_admitting_x_a_is_not_passable_by_x_b_spoofing_x_a(lab
         lab.apply()
 
 
+SERVICE = {IpFamily.V4: ("10.96.0.10", "ip", "{}"), IpFamily.V6: ("fd00:96::10", "ip6", "[{}]")}
+CONNECT = """
+import socket, sys
+socket.create_connection((sys.argv[1], 80), timeout=10).close()
+"""
+
+
+@pytest.mark.parametrize("family", list(IpFamily), ids=lambda f: f.label)
+def test_a_pods_connection_to_a_service_address_passes_before_its_dnat(lab, family):
+    """A Service's address is DNATed at prerouting's dstnat, after the raw-priority check: a pod
+    reaches a Service backed by another pod (a DNAT rule in the node as a proxy writes one),
+    with the rules in force."""
+    service, nft_family, backend = SERVICE[family]
+    table = f"{nft_family} svctest"
+    rule = (f"{nft_family} daddr {service} tcp dport 80 dnat to "
+            f"{backend.format(lab.by_family[family]['z/b'])}:80")
+    namespaces.run_in(lab.node.node, ["nft", f"add table {table}; add chain {table} pre "
+                                      f"{{ type nat hook prerouting priority dstnat; }}; add rule {table} pre {rule}"],
+                      check=True)
+    guard = anti_spoofing(lab)
+    try:
+        guard.sync()
+        namespaces.run_in(lab.netns_of["x/a"], [sys.executable, "-c", CONNECT, service], check=True, timeout=30)
+    finally:
+        guard.remove()
+        namespaces.run_in(lab.node.node, ["nft", f"delete table {table}"], check=True)
+
+
 def test_ports_from_the_ipam_store_are_every_pods_veth_and_addresses(lab):
     """What the bridge mode's elements are made of: every pod's host veth with both its addresses."""
     network = os.listdir(lab.node.data_dir)[0]
