@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import HealthFunction
     from netagent.infra.sync_runner import SyncRunner
+    from netagent.kernel.nftables.runner import NftRunner
     from netagent.kube.reflector import Reflector
     from netagent.policy.engine import PolicyEngine
     from netagent.policy.semantics import PodPlan
@@ -136,12 +137,17 @@ class AntiSpoofParts:
     mode) every ANTISPOOF_RESCAN seconds. Stopping leaves the rules: a restarting agent keeps
     its pods unable to spoof."""
     runner: SyncRunner
+    nft: NftRunner | None = None      # its own libnftables worker (nftables flavour), closed on stop
 
     def start(self) -> None:
+        from netagent.infra.sync_runner import SyncKind
         self.runner.start()
+        self.runner.request(SyncKind.FULL)      # a runner runs nothing before its first request
 
     def stop(self) -> None:
         self.runner.stop()
+        if self.nft is not None:
+            self.nft.close()
 
 
 def build_anti_spoofing(args, *, iptables_backend, pod_cidrs: Sequence[str]) -> AntiSpoofParts | None:
@@ -185,8 +191,10 @@ def build_anti_spoofing(args, *, iptables_backend, pod_cidrs: Sequence[str]) -> 
     guard = (AntiSpoofing(mode=mode, ports=ports, nft=nft) if use_nft and nft is not None
              else AntiSpoofing(mode=mode, ports=ports, iptables=iptables))
     log.info("pod anti-spoofing on (%s mode, %s)", mode.value, "nftables" if guard.nft is not None else "iptables")
+    if guard.nft is None and nft is not None:
+        nft.close()
     return AntiSpoofParts(SyncRunner(name="pod-anti-spoofing", sync=guard.sync, min_interval=0.0,
-                                     max_interval=ANTISPOOF_RESCAN, retry_interval=1.0))
+                                     max_interval=ANTISPOOF_RESCAN, retry_interval=1.0), nft=nft if guard.nft else None)
 
 
 @dataclass

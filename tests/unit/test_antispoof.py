@@ -91,3 +91,22 @@ def test_flag_is_on_by_default() -> None:
     add_policy_arguments(parser)
     assert parser.parse_args([]).pod_anti_spoofing == "on"
     assert parser.parse_args(["--pod-anti-spoofing", "off"]).pod_anti_spoofing == "off"
+
+
+def test_started_parts_ask_their_runner_for_the_first_run() -> None:
+    """A SyncRunner runs nothing before a request: the rules must not wait for a policy sync."""
+    from netagent.daemon.policy_start import AntiSpoofParts
+    from netagent.infra.sync_runner import SyncKind
+
+    class Runner:
+        calls: list[str] = []
+
+        def start(self) -> None:
+            self.calls.append("start")
+
+        def request(self, kind: SyncKind) -> None:
+            self.calls.append(kind.value)
+
+    runner = Runner()
+    AntiSpoofParts(runner).start()    # type: ignore[arg-type]
+    assert runner.calls == ["start", SyncKind.FULL.value]
