@@ -43,18 +43,13 @@ def bgp_ebpf() -> Iterator[KubernetesLab]:
     assert not leftovers(lab.state.prefix)
 
 
-def test_host_gw_routes_and_nftables_services_and_policy(host_gw_nftables: KubernetesLab):
-    lab = host_gw_nftables
-    namespace = "modes"
+def web_behind_a_service(lab: KubernetesLab, namespace: str, kind: str = "ClusterIP") -> list[dict]:
+    """Two web pods behind Service `web` and a client on node-1, until the client has been
+    answered through the Service by both; the web pods."""
     lab.kubectl("create", "namespace", namespace)
-    apply(lab, namespace, [web_deployment(replicas=2), web_service(), client_pod("client", "node-1")])
+    apply(lab, namespace, [web_deployment(replicas=2), web_service(kind), client_pod("client", "node-1")])
     web = running(lab, namespace, "app=web", 2)
     running(lab, namespace, "app=client", 1)
-    remote = next(p for p in web if p["spec"]["nodeName"] == "node-2")
-    # host-gw: node-1 routes node-2's podCIDR via node-2's address, no tunnel device
-    routes = namespaces.run_in(lab.state.nodes["node-1"].netns, ["ip", "route", "show", "proto", "78"]).stdout
-    node2 = lab.kubectl_json("get", "node", "node-2")
-    assert f"{node2['spec']['podCIDR']} via {lab.state.nodes['node-2'].address} dev eth0" in routes, routes
     names = {p["metadata"]["name"] for p in web}
     seen: set[str] = set()
 
@@ -64,6 +59,18 @@ def test_host_gw_routes_and_nftables_services_and_policy(host_gw_nftables: Kuber
             seen.add(answer)
         return seen == names
     wait_for(both_answered, what=f"the Service answered by both endpoints (so far {sorted(seen)})", interval=0.2)
+    return web
+
+
+def test_host_gw_routes_and_nftables_services_and_policy(host_gw_nftables: KubernetesLab):
+    lab = host_gw_nftables
+    namespace = "modes"
+    web = web_behind_a_service(lab, namespace)
+    remote = next(p for p in web if p["spec"]["nodeName"] == "node-2")
+    # host-gw: node-1 routes node-2's podCIDR via node-2's address, no tunnel device
+    routes = namespaces.run_in(lab.state.nodes["node-1"].netns, ["ip", "route", "show", "proto", "78"]).stdout
+    node2 = lab.kubectl_json("get", "node", "node-2")
+    assert f"{node2['spec']['podCIDR']} via {lab.state.nodes['node-2'].address} dev eth0" in routes, routes
     for node in lab.state.nodes.values():
         tables = namespaces.run_in(node.netns, ["nft", "list", "tables"]).stdout
         assert "ip netagent" in tables, tables
@@ -91,19 +98,7 @@ def test_bgp_routes_and_the_ebpf_proxy_from_the_overlay(bgp_ebpf: KubernetesLab)
             route = namespaces.run_in(lab.state.nodes[here].netns, ["ip", "route", "show", cidr]).stdout
             return f"via {address} dev eth0" in route
         wait_for(routed, what=f"{here} routing {cidr} via {there} (learnt over BGP)")
-    lab.kubectl("create", "namespace", namespace)
-    apply(lab, namespace, [web_deployment(replicas=2), web_service("NodePort"), client_pod("client", "node-1")])
-    web = running(lab, namespace, "app=web", 2)
-    running(lab, namespace, "app=client", 1)
-    names = {p["metadata"]["name"] for p in web}
-    seen: set[str] = set()
-
-    def both_answered() -> bool:
-        answer = curl(lab, namespace, "client", "http://web/hostname")
-        if answer:
-            seen.add(answer)
-        return seen == names
-    wait_for(both_answered, what=f"the Service answered by both endpoints (so far {sorted(seen)})", interval=0.2)
+    names = {p["metadata"]["name"] for p in web_behind_a_service(lab, namespace, "NodePort")}
     port = lab.kubectl_json("-n", namespace, "get", "service", "web")["spec"]["ports"][0]["nodePort"]
     for node in lab.state.nodes.values():
         def answers(node=node) -> str | None:
