@@ -21,7 +21,9 @@ removed before compiling (bcc then creates and pins the new one), its entries ar
 the new map when they fit (an LRU map takes what it can; a hash map that would overflow is
 left empty for the backend's first full sync, which writes what fits and rejects the rest),
 and the programs are re-attached even when their code is unchanged, since the old ones use
-the old maps. `LoadReport.resized` says what was recreated.
+the old maps. A pinned map whose key or value size differs from ebpf/maps.py's layout (an
+earlier version's struct, e.g. `na_ct` before it tracked sequence numbers) is recreated the same
+way, empty: its entries cannot be copied. `LoadReport.resized` says what was recreated.
 
 Safety: the bpf root must be a bpffs mount and the cgroup a cgroup v2 directory, both named
 by the caller (`--bpf-root`, `--cgroup-root`); nothing is guessed, and programs are found by
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebpf import syscall
-from ebpf.maps import LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
+from ebpf.maps import LAYOUTS, LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
 from ebpf.mapset import MapSet
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
 from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
@@ -291,17 +293,26 @@ class SocketLbLoader:
             if not os.path.exists(path):
                 continue
             fd = syscall.obj_get(path)
-            before = syscall.map_info(fd).max_entries
-            if before == wanted:
+            info = syscall.map_info(fd)
+            before = info.max_entries
+            if before == wanted and self._same_layout(name, info):
                 os.close(fd)
                 continue
             os.unlink(path)
             old[name] = (fd, before)
         return old
 
+    @staticmethod
+    def _same_layout(name: str, info: syscall.MapInfo) -> bool:
+        """The pinned map's key and value sizes are today's (maps without a layout: assumed so)."""
+        layout = LAYOUTS.get(name)
+        return layout is None or (info.key_size, info.value_size) == (layout.key_size, layout.value_size)
+
     def _refill(self, name: str, old_fd: int, before: int) -> str:
         """Copy the old map's entries into the new pinned one, when they fit; one line for the log."""
         info = syscall.map_info(old_fd)
+        if not self._same_layout(name, info):
+            return f"{name}: its entries' layout changed ({info.key_size}+{info.value_size} bytes), recreated empty"
         entries = syscall.map_read_all(old_fd, info.key_size, info.value_size)
         wanted = self.sizes[name]
         if len(entries) > wanted and name not in LRU_MAPS:

@@ -11,7 +11,10 @@ IPv6 (ebpf/sock_lb6.c) has its own maps, named as the IPv4 ones with a `6` (`na_
 the same entries with 16-byte addresses (SvcKey6, Backend6, AffinityValue6), the others
 (values, slot keys, set names) shared. The encoders take either family's address text and
 pack the width it has; the decoders tell the family by the entry's size. The tc path has
-IPv6 maps too (ebpf/nodeport6.c: `na_ct6`, `na_ct_new6`, `na_lbsrc6`, `na_config6`).
+IPv6 maps too (ebpf/nodeport6.c: `na_ct6`, `na_ct_new6`, `na_config6`; `na_lbsrc6` is declared in
+ebpf/sock_lb6.c, as `na_lbsrc` in sock_lb.c, since the socket load balancer checks source ranges too).
+A conntrack value keeps, per direction, its sender's next sequence number and last acknowledgement
+(`seq_end`, `ack`, valid under CT_F_SEQ / CT_F_ACKED): the tc path's RST check.
 """
 from __future__ import annotations
 
@@ -59,6 +62,8 @@ CT_F_HAIRPIN = 1        # na_ct_value.flags (ebpf/nodeport.c's NA_CT_F_*)
 CT_F_REPLIED = 2
 CT_F_FIN = 4
 CT_F_CLOSED = 8
+CT_F_SEQ = 16          # seq_end holds the next sequence number of this direction's sender
+CT_F_ACKED = 32        # ack holds the last acknowledgement this direction's sender sent
 
 
 class AddressKind(IntEnum):
@@ -136,7 +141,8 @@ class CtKey6(ctypes.Structure):
 
 class CtValue6(ctypes.Structure):
     _fields_ = [("saddr", Addr6), ("daddr", Addr6), ("sport", ctypes.c_uint16), ("dport", ctypes.c_uint16),
-                ("flags", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+                ("flags", ctypes.c_uint32), ("seq_end", ctypes.c_uint32), ("ack", ctypes.c_uint32),
+                ("created_ns", ctypes.c_uint64)]
 
 
 class LbSrcKey6(ctypes.Structure):
@@ -155,7 +161,8 @@ class CtKey(ctypes.Structure):
 
 class CtValue(ctypes.Structure):
     _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),
-                ("dport", ctypes.c_uint16), ("flags", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
+                ("dport", ctypes.c_uint16), ("flags", ctypes.c_uint32), ("seq_end", ctypes.c_uint32),
+                ("ack", ctypes.c_uint32), ("created_ns", ctypes.c_uint64)]
 
 
 class LbSrcKey(ctypes.Structure):
@@ -193,7 +200,7 @@ SET_NAME = struct.Struct(f"={NAME_BYTES}sI")
 AFFINITY_KEY = struct.Struct("=QII")
 AFFINITY_VALUE = struct.Struct("=QI4s2sHI")
 CT_KEY = struct.Struct("=4s4s2s2sBBH")
-CT_VALUE = struct.Struct("=4s4s2s2s4xQ")
+CT_VALUE = struct.Struct("=4s4s2s2s12xQ")   # flags, seq_end, ack skipped
 LBSRC_KEY = struct.Struct("=II4s")
 LBSRC_VALUE = struct.Struct("=B")
 CONFIG = struct.Struct("=4sI")
@@ -201,7 +208,7 @@ SVC6_KEY = struct.Struct("!16sHBB")
 BACKEND6 = struct.Struct("=16s2sH")
 AFFINITY6_VALUE = struct.Struct("=QI16s2sH")
 CT6_KEY = struct.Struct("=16s16s2s2sBBH")
-CT6_VALUE = struct.Struct("=16s16s2s2s4xQ")
+CT6_VALUE = struct.Struct("=16s16s2s2s12xQ")
 LBSRC6_KEY = struct.Struct("=II16s")
 CONFIG6 = struct.Struct("=16sI")
 

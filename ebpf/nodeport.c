@@ -17,9 +17,19 @@
  * without end): a new flow's two entries go into the small LRU `na_ct_new`, and only a
  * confirmed flow moves to `na_ct` (TCP: the client's first packet without SYN after a reply
  * was seen, i.e. the handshake's last ACK; UDP: the first reply), so unconfirmed flows can
- * only evict each other. A RST (either way) deletes both entries; once a FIN has been seen
+ * only evict each other. A RST (either way) deletes both entries only when its sequence number
+ * is the one the flow expects of its sender (see below); once a FIN has been seen
  * both ways the flow moves back to `na_ct_new` and the last ACK deletes it. Every lookup is
  * of `na_ct` first, then `na_ct_new`: O(1), two lookups at most.
+ * RST and sequence numbers: each direction's entry keeps the next sequence number its sender
+ * will use (`seq_end`: the highest seq + length, SYN and FIN counting one, of its segments) and
+ * the last acknowledgement it sent (`ack`). A RST ends the flow only when its sequence number is
+ * exactly the sender's next one, or exactly what the receiver last acknowledged (its rcv_nxt:
+ * the answer to a challenge ACK), or, from a side that has sent nothing yet, when it
+ * acknowledges everything the other side sent (a refused SYN) - the kernel's own acceptance rule
+ * for a RST (RFC 5961's exact match, not the whole window), so an off-path RST must guess 32 bits.
+ * Any other RST is passed on, translated, and changes nothing here: the endpoint's own TCP
+ * checks it again (and answers a challenge ACK, whose reply RST then matches).
  * na_tc_egress (underlay egress, and pod host veths' egress): a reply from a local backend
  *   leaving the node, or any reply towards a pod served by na_tc_from_pod, gets the service
  *   address back as its source.
@@ -48,6 +58,8 @@
 #define NA_CT_F_REPLIED 2 /* (a reply-direction entry) a reply has passed: the flow may be confirmed */
 #define NA_CT_F_FIN 4     /* a FIN has passed in this entry's direction */
 #define NA_CT_F_CLOSED 8  /* FINs both ways: the next ACK ends the flow */
+#define NA_CT_F_SEQ 16    /* seq_end is known: a TCP segment of this direction has passed */
+#define NA_CT_F_ACKED 32  /* ack is known: an ACK of this direction has passed */
 #define NA_TCP_FIN 0x01
 #define NA_TCP_SYN 0x02
 #define NA_TCP_RST 0x04
@@ -73,6 +85,8 @@ struct na_ct_value {
     __be16 sport;
     __be16 dport;
     __u32 flags;    /* NA_CT_F_* */
+    __u32 seq_end;  /* TCP: the next sequence number of this direction's sender (host order) */
+    __u32 ack;      /* TCP: the last acknowledgement number this direction's sender sent */
     __u64 created_ns;
 };
 
@@ -109,7 +123,27 @@ struct na_flow {
     __u8 tcp_flags;
     __u32 l4_off;
     __u32 csum_off;
+    __u32 seq, ack_seq;   /* TCP, host order */
+    __u32 seg_len;        /* TCP: the sequence space the segment takes (payload, SYN and FIN one each) */
 };
+
+/* Both families: a TCP segment's sequence and acknowledgement numbers and the sequence space it
+ * takes (`l4_len`: its length, header included) */
+static __always_inline int parse_seq(struct __sk_buff *skb, __u32 l4_off, __u32 l4_len, __u8 tcp_flags, __u32 *seq,
+                                     __u32 *ack_seq, __u32 *seg_len)
+{
+    __be32 numbers[2];
+    __u8 doff;
+
+    if (bpf_skb_load_bytes(skb, l4_off + 4, numbers, sizeof(numbers)) < 0
+        || bpf_skb_load_bytes(skb, l4_off + 12, &doff, 1) < 0)
+        return 0;
+    __u32 header = (doff >> 4) * 4;
+    *seq = __builtin_bswap32(numbers[0]);
+    *ack_seq = __builtin_bswap32(numbers[1]);
+    *seg_len = (l4_len > header ? l4_len - header : 0) + !!(tcp_flags & NA_TCP_SYN) + !!(tcp_flags & NA_TCP_FIN);
+    return 1;
+}
 
 /* Both families: a TCP or UDP header at `l4_off`: its ports, TCP flags, where its checksum is */
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 l4_off, __u8 proto, __be16 *sport, __be16 *dport,
@@ -154,7 +188,11 @@ static __always_inline int parse(struct __sk_buff *skb, struct na_flow *flow)
     flow->daddr = ip->daddr;
     flow->proto = ip->protocol;
     flow->l4_off = ETH_HLEN_ + 20;
-    return parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off);
+    __u32 l4_len = (__u32)NA_HTONS(ip->tot_len) - 20;
+    if (!parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off))
+        return 0;
+    return flow->proto != IPPROTO_TCP
+           || parse_seq(skb, flow->l4_off, l4_len, flow->tcp_flags, &flow->seq, &flow->ack_seq, &flow->seg_len);
 }
 
 static __always_inline void rewrite(struct __sk_buff *skb, struct na_flow *flow, __be32 saddr, __be16 sport,

@@ -32,6 +32,8 @@ struct na_ct_value6 {
     __be16 sport;
     __be16 dport;
     __u32 flags;
+    __u32 seq_end;   /* as na_ct_value's */
+    __u32 ack;
     __u64 created_ns;
 };
 
@@ -75,6 +77,7 @@ struct na_flow6 {
     __u8 tcp_flags;
     __u32 l4_off;
     __u32 csum_off;
+    __u32 seq, ack_seq, seg_len;   /* as na_flow's */
 };
 
 static __always_inline int parse6(struct __sk_buff *skb, struct na_flow6 *flow)
@@ -92,7 +95,11 @@ static __always_inline int parse6(struct __sk_buff *skb, struct na_flow6 *flow)
     __builtin_memcpy(&flow->daddr, &ip->daddr, sizeof(flow->daddr));
     flow->proto = ip->nexthdr;
     flow->l4_off = ETH_HLEN_ + IP6_HLEN;
-    return parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off);
+    __u32 l4_len = NA_HTONS(ip->payload_len);
+    if (!parse_l4(skb, flow->l4_off, flow->proto, &flow->sport, &flow->dport, &flow->tcp_flags, &flow->csum_off))
+        return 0;
+    return flow->proto != IPPROTO_TCP
+           || parse_seq(skb, flow->l4_off, l4_len, flow->tcp_flags, &flow->seq, &flow->ack_seq, &flow->seg_len);
 }
 
 /* the L4 checksum after an address of the pseudo-header changed from `from` to `to` */

@@ -50,8 +50,11 @@ static __always_inline void ct_move__F(struct na_ct_key__F *key, struct na_ct_va
 
     ct_peer__F(key, &self, &peer_key, &peer);
     old_peer = to_main ? na_ct_new__F.lookup(&peer_key) : na_ct__F.lookup(&peer_key);
-    if (old_peer)
+    if (old_peer) {
         peer.flags = old_peer->flags;
+        peer.seq_end = old_peer->seq_end;
+        peer.ack = old_peer->ack;
+    }
     self.flags |= set;
     peer.flags |= set;
     if (to_main) {
@@ -67,10 +70,43 @@ static __always_inline void ct_move__F(struct na_ct_key__F *key, struct na_ct_va
     }
 }
 
-/* The flow's state after this packet (`nat` is its entry, in na_ct_new when `fresh`):
- * confirmation, FIN both ways, RST, the last ACK (see the top of this file). */
-static __always_inline void ct_track__F(struct na_ct_key__F *key, struct na_ct_value__F *nat, int fresh, __u8 tcp_flags)
+/* A TCP segment of `nat`'s direction has passed: its sender's next sequence number and its
+ * acknowledgement (the highest seen, in sequence-number order) */
+static __always_inline void ct_seen__F(struct na_ct_value__F *nat, struct na_flow__F *flow)
 {
+    __u32 end = flow->seq + flow->seg_len;
+
+    if (!(nat->flags & NA_CT_F_SEQ) || (__s32)(end - nat->seq_end) > 0) {
+        nat->seq_end = end;
+        nat->flags |= NA_CT_F_SEQ;
+    }
+    if ((flow->tcp_flags & NA_TCP_ACK) && (!(nat->flags & NA_CT_F_ACKED) || (__s32)(flow->ack_seq - nat->ack) > 0)) {
+        nat->ack = flow->ack_seq;
+        nat->flags |= NA_CT_F_ACKED;
+    }
+}
+
+/* May this RST (of `nat`'s direction, the other's entry at `peer_key`) end the flow? Its sequence
+ * number must be exactly its sender's next, or the receiver's last acknowledgement; a side that
+ * has sent nothing yet may refuse (RST+ACK) by acknowledging all the other side sent. */
+static __always_inline int ct_rst_ok__F(struct na_ct_key__F *peer_key, struct na_ct_value__F *nat,
+                                        struct na_flow__F *flow)
+{
+    struct na_ct_value__F *other = na_ct__F.lookup(peer_key);
+
+    if (!other)
+        other = na_ct_new__F.lookup(peer_key);
+    if (nat->flags & NA_CT_F_SEQ)
+        return flow->seq == nat->seq_end || (other && (other->flags & NA_CT_F_ACKED) && flow->seq == other->ack);
+    return other && (other->flags & NA_CT_F_SEQ) && (flow->tcp_flags & NA_TCP_ACK) && flow->ack_seq == other->seq_end;
+}
+
+/* The flow's state after this packet (`nat` is its entry, in na_ct_new when `fresh`):
+ * sequence numbers, confirmation, FIN both ways, RST, the last ACK (see the top of this file). */
+static __always_inline void ct_track__F(struct na_ct_key__F *key, struct na_ct_value__F *nat, int fresh,
+                                        struct na_flow__F *flow)
+{
+    __u8 tcp_flags = flow->tcp_flags;
     struct na_ct_key__F peer_key = {};
     struct na_ct_value__F peer = {};
     struct na_ct_value__F *other;
@@ -82,9 +118,11 @@ static __always_inline void ct_track__F(struct na_ct_key__F *key, struct na_ct_v
     }
     ct_peer__F(key, nat, &peer_key, &peer);
     if (tcp_flags & NA_TCP_RST) {
-        ct_forget__F(key, &peer_key);
-        return;
+        if (ct_rst_ok__F(&peer_key, nat, flow))
+            ct_forget__F(key, &peer_key);
+        return;   /* else passed on, changing nothing: the endpoint judges it too */
     }
+    ct_seen__F(nat, flow);
     if (tcp_flags & NA_TCP_FIN) {
         if (nat->flags & NA_CT_F_CLOSED)
             return;
@@ -134,7 +172,7 @@ static __always_inline int known__F(struct __sk_buff *skb, struct na_flow__F *fl
     if (!nat)
         return 0;
     struct na_ct_value__F entry = *nat;
-    ct_track__F(&key, nat, fresh, flow->tcp_flags);   /* may delete or move the entry: `nat` is dead after */
+    ct_track__F(&key, nat, fresh, flow);   /* may delete or move the entry: `nat` is dead after */
     rewrite__F(skb, flow, entry.saddr, entry.sport, entry.daddr, entry.dport);
     return (entry.flags & NA_CT_F_HAIRPIN) ? 2 : 1;
 }
@@ -208,6 +246,8 @@ static __always_inline int translate_new__F(struct __sk_buff *skb, int from_pod)
                             .proto = flow.proto, .dir = hairpin ? NA_CT_HAIRPIN : NA_CT_REPLY};
     struct na_ct_value__F to_client = {.saddr = flow.daddr, .daddr = flow.saddr, .sport = flow.dport,
                                     .dport = flow.sport, .flags = flags, .created_ns = now};
+    if (flow.proto == IPPROTO_TCP)
+        ct_seen__F(&to_backend, &flow);   /* the client's first segment (its SYN) */
     /* a new flow goes into na_ct_new: until confirmed it can only evict other new flows */
     if (na_ct__F.lookup(&rev) || na_ct_new__F.insert(&rev, &to_client) != 0)
         return TC_ACT_SHOT;   /* that SNAT port is taken: the client's retransmission picks another */
