@@ -98,13 +98,22 @@ def wait_past_creation_second(lab, name: str) -> None:
     time.sleep(max(0.0, second.timestamp() + 1.05 - time.time()))
 
 
+def announced_vtep_mac(lab, name: str) -> str:
+    """The VTEP MAC Node `name` announces (random per node: read, not derived from the name)."""
+    def announced() -> str | None:
+        data = lab.api().get("v1", "Node", name)["metadata"].get("annotations", {}).get(nodes.BACKEND_DATA)
+        return json.loads(data).get("vtepMAC") if data else None
+    return wait_for(announced, what=f"Node {name}'s VTEP MAC announced")
+
+
 def test_a_thief_copying_node_2s_vtep_mac_is_refused(lab):
     wait_past_creation_second(lab, "node-2")   # a younger thief (a lab comes up within a second)
+    mac = announced_vtep_mac(lab, "node-2")
     lab.api().create(hostile_node("a-thief", pod_cidr="10.244.66.0/24", public_ip="198.18.31.66",
-                                  backend_data=json.dumps({"vtepMAC": vtep_mac("node-2")})))
+                                  backend_data=json.dumps({"vtepMAC": mac})))
     node_2 = lab.state.nodes["node-2"].address
     wait_rejected(lab, "a-thief", "conflict",
-                  hijacked=lambda node: node != "node-2" and vtep_destinations(lab, node, vtep_mac("node-2")) != [node_2])
+                  hijacked=lambda node: node != "node-2" and vtep_destinations(lab, node, mac) != [node_2])
     assert_cross_node_pings(lab)
     assert_not_via_overlay(lab, "10.244.66.1")
 
