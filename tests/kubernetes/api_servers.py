@@ -6,14 +6,13 @@ runs the built etcd and kube-apiserver (`build/kubernetes/bin`, what `lab up --k
 runs) on free loopback ports of the root namespace, TLS with the certificates of
 `lab.kubernetes.pki`, the admin identity (`system:masters`) for every request, RBAC on. Both
 answer the same `ApiEndpoint` surface: a kubeconfig for the agent's own client
-(`netagent.kube.config.load_api_client`), `restart()` (the API server process only: etcd, like
-the lab's state file, survives) and `expire_history()` (make every resourceVersion older than
-now too old to watch from: the lab compacts; the real server's watch cache starts at its
-start, so "1" is already too old and nothing is needed). Nothing here changes the root
+(`netagent.kube.config.load_api_client`), and `restart()` (the API server process only: etcd, like
+the lab's state file, survives). Nothing here changes the root
 namespace beyond listening on loopback ports; every process started is stopped by its pid.
 """
 from __future__ import annotations
 
+import abc
 import ipaddress
 import json
 import os
@@ -38,20 +37,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class ApiEndpoint:
+class ApiEndpoint(abc.ABC):
     """What a parity test needs of a server; `name` is the test id ("lab" or "kube-apiserver")."""
 
     name = ""
     kubeconfig = ""
 
+    @abc.abstractmethod
     def restart(self) -> None:
-        raise NotImplementedError
+        """Stop and start the API server process (its storage survives)."""
 
-    def expire_history(self) -> None:
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Stop every process of the server."""
 
 
 class LabApi(ApiEndpoint):
@@ -80,9 +78,6 @@ class LabApi(ApiEndpoint):
     def restart(self) -> None:
         self.server.stop()
         self.server = self._start()
-
-    def expire_history(self) -> None:
-        self.server.compact()
 
     def close(self) -> None:
         self.server.stop()
@@ -180,9 +175,6 @@ class RealApi(ApiEndpoint):
         self._stop(self.apiserver)
         self.apiserver = self._spawn(self.apiserver_argv(), "kube-apiserver")
         self.wait_ready()
-
-    def expire_history(self) -> None:
-        pass  # the watch cache began at the server's start: resourceVersion "1" is older
 
     def close(self) -> None:
         self._stop(self.apiserver)
