@@ -88,7 +88,7 @@ class RealApi(ApiEndpoint):
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self.bin_dir = binaries.bin_dir()
+        self.bin_dir = binaries.ensure_built()
         self.pki = pki.Pki(os.path.join(directory, "pki"))
         self.pki.ensure_ca()
         self.pki.server("apiserver", dns=["localhost"], ips=[ipaddress.ip_address("127.0.0.1")])
