@@ -62,7 +62,8 @@ class BgpNodeRunner:
         self.me = BgpNode(f"node{i}", world.node_address(i), (pod_cidr(i),), reflector=i in world.reflectors)
         self.network = world.underlay(i)
         local = LocalNode(name=self.me.name, public_ip=self.me.address, underlay_ifname="u0",
-                          underlay_network=self.network, underlay_mtu=1500, pod_cidrs=self.me.cidrs)
+                          underlay_network=self.network, underlay_mtu=1500, pod_cidrs=self.me.cidrs,
+                          vtep_mac=vtep_mac(self.me.name))  # what the peers' `Peer`s announce for it
         self.routes = RouteManager(kernel=self.kernel, settings=RoutingSettings(mode=world.mode), local=local,
                                    bounds=BOUNDS, learnt=self.speaker.learnt)
         self.routes.ensure_local()

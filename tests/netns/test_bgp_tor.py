@@ -102,8 +102,6 @@ def test_bgp_mode_across_a_tor_router_needs_no_tunnel():
         assert "vxlan" not in links and "ipip" not in links
 
 
-@pytest.mark.xfail(strict=True, reason="regression from this stop's issue-29 commits, not yet bisected: after the "
-                   "BGP route is withdrawn, pod 0 no longer reaches pod 1 through VXLAN (next session: fix it)")
 def test_auto_prefers_the_learnt_route_and_falls_back_to_vxlan_without_one():
     with TorWorld(Mode.AUTO) as world:
         world.start()
