@@ -53,3 +53,4 @@ POLICY_SET_PREFIX = POLICY_PREFIX + "S-"         # selector, except and named-po
 POLICY_KNOWN_SET = POLICY_PREFIX + "-KNOWN"      # addresses of the local pods already programmed
 POLICY_SET6_PREFIX = POLICY_PREFIX + "S6-"       # the same sets' IPv6 (`family inet6`) halves: + 16 hex digits
 POLICY_KNOWN_SET6 = POLICY_KNOWN_SET + "6"       # KNOWN's IPv6 half
+TUNNEL_FILTER_CHAIN = CHAIN_PREFIX + "TUNNEL-IN"  # filter INPUT: tunnel packets only from admitted peers

@@ -9,8 +9,8 @@ Start-up, in order, each step failing loudly rather than guessing:
    when they differ, so a restart writes nothing;
 5. report the lease (pod CIDRs and the pods' MTU) to `on_lease` (the daemon writes the CNI
    network config from it, so pods get addresses from the lease with no per-node configuration);
-6. program masquerade (iptables, or nftables when `HostAccess.nft` is given) and every peer's
-   routes, then serve.
+6. program masquerade (iptables, or nftables when `HostAccess.nft` is given), every peer's routes
+   and, in a tunnel mode, the tunnel source filter (`tunnel_filter.py`), then serve.
 
 Dual-stack and IPv6-only: `--cluster-cidr` once per family; the node's `spec.podCIDRs` holds at
 most one CIDR per family, and each family with both a cluster CIDR and a pod CIDR is routed by
@@ -59,6 +59,7 @@ from netagent.noderoutes.agent_inputs import (  # noqa: F401  (re-exported: the 
     AgentSettings,
     AgentStartError,
     auto_checksum_offload,
+    checksum_offload,
     kernel_release_at_least,
     node_changes,
     own_networks,
@@ -67,9 +68,8 @@ from netagent.noderoutes.agent_inputs import (  # noqa: F401  (re-exported: the 
     parse_service_cidrs,
     routing_inputs_differ,
 )
-from netagent.noderoutes.host import ChecksumOffloadPolicy, HostAccess, Lease, Masquerade, NodeApi, NodeWatch
+from netagent.noderoutes.host import HostAccess, Lease, Masquerade, NodeApi, NodeWatch
 from netagent.noderoutes.routing.model import (
-    ChecksumOffload,
     LocalNode,
     Mode,
     PeerBounds,
@@ -77,6 +77,7 @@ from netagent.noderoutes.routing.model import (
     Refused,
     pod_mtu,
 )
+from netagent.noderoutes.tunnel_filter import sync_tunnel_filters
 from netagent.noderoutes.underlay import Underlay, choose_underlay
 
 if TYPE_CHECKING:  # imported where used, at start-up
@@ -114,6 +115,7 @@ class NodeAgent:
         self.route_managers: dict[IpFamily, RouteManager] = {}  # one per routed family
         self.masquerade: MasqueradeManager | NftMasqueradeManager | None = None  # the first family's
         self.masquerades: dict[IpFamily, MasqueradeManager | NftMasqueradeManager] = {}
+        self.tunnel_filters: dict = {}  # IpFamily -> TunnelFilter, built at the first sync
         self.runner: SyncRunner | None = None
         self.underlay: Underlay | None = None
         self.pod_cidrs: tuple = ()
@@ -263,8 +265,8 @@ class NodeAgent:
                           underlay_mtu=underlay.mtu,
                           pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == family.value),
                           vtep_mac=self._vtep_mac(own, family))
-        routing = dataclasses.replace(self.settings.routing,
-                                      vxlan_checksum_offload=self._checksum_offload(underlay))
+        routing = dataclasses.replace(self.settings.routing, vxlan_checksum_offload=checksum_offload(
+            self.settings.checksum_offload, kernel_release=self.host.kernel_release, behind_nat=underlay.behind_nat))
         bgp = self.host.bgp
         if IpFamily.V6 in self.families() and (routing.mode is Mode.BGP or bgp is not None):
             raise AgentStartError("--backend bgp (and --auto-bgp) route IPv4 only: BIRD's configuration here has no "
@@ -301,12 +303,6 @@ class NodeAgent:
         taken = {nodes.announced_vtep_mac(store.get(n), ipv6=v6) for n in store.keys() if n != self.settings.node_name}
         return choose_vtep_mac(self.host.kernel, vxlan_ifname(self.settings.routing, family),
                                announced=nodes.announced_vtep_mac(own, ipv6=v6), taken=taken)
-
-    def _checksum_offload(self, underlay: Underlay) -> ChecksumOffload:
-        policy = self.settings.checksum_offload
-        if policy is ChecksumOffloadPolicy.AUTO:
-            return auto_checksum_offload(kernel_release=self.host.kernel_release, behind_nat=underlay.behind_nat)
-        return ChecksumOffload.ON if policy is ChecksumOffloadPolicy.ON else ChecksumOffload.OFF
 
     def bounds(self, family: IpFamily = IpFamily.V4) -> PeerBounds:
         """Where peers' pod CIDRs of `family` may lie (`agent_inputs.peer_bounds`)."""
@@ -443,6 +439,7 @@ class NodeAgent:
             raise
         self._record_rejections(report)
         self._configure_bgp(route_manager, report)
+        sync_tunnel_filters(self.tunnel_filters, self.host, self.route_managers, report)
         self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
 

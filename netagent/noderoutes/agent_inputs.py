@@ -60,6 +60,13 @@ def auto_checksum_offload(*, kernel_release: str, behind_nat: bool) -> ChecksumO
     return ChecksumOffload.ON
 
 
+def checksum_offload(policy: ChecksumOffloadPolicy, *, kernel_release: str, behind_nat: bool) -> ChecksumOffload:
+    """The VXLAN device's checksum offload under `policy` (auto: `auto_checksum_offload`)."""
+    if policy is ChecksumOffloadPolicy.AUTO:
+        return auto_checksum_offload(kernel_release=kernel_release, behind_nat=behind_nat)
+    return ChecksumOffload.ON if policy is ChecksumOffloadPolicy.ON else ChecksumOffload.OFF
+
+
 def node_changes(*, on_change: Callable[[], None] = lambda: None) -> ChangeRecorder:
     """The Nodes whose routing inputs changed since the last sync (status heartbeats are not changes)."""
     return ChangeRecorder("nodes", on_change=on_change, relevant=routing_inputs_differ)
