@@ -19,6 +19,7 @@ NFT_TABLE_PREFIX = "netagent"       # every nft table of ours starts with it
 NFT_PROXY_TABLE = "netagent"        # Services: `ip netagent` (and `ip6 netagent`), as kube-proxy's `kube-proxy`
 NFT_MASQUERADE_TABLE = "netagent-masq"    # the node's pod egress masquerade and forward accept
 NFT_POLICY_TABLE = "netagent-policy"      # NetworkPolicy
+NFT_TUNNEL_TABLE = "netagent-tunnel"      # tunnel packets only from admitted peers (noderoutes)
 
 # ---- pod interfaces (the CNI plugin)
 DEFAULT_BRIDGE = "na0"          # the pods' bridge in bridge mode

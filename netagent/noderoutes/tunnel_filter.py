@@ -22,9 +22,8 @@ peer: an ipset is the step up for large clusters).
 when drifted), `cleanup()`; `update(peers)` sets the wanted peers of this sync. The agent calls
 `sync_tunnel_filters` after every sync (full and partial), so a peer added or removed changes the
 chain in the same sync, and a full sync repairs drift. `netagent cleanup` removes the chain with
-every other `NETAGENT-` chain. The filter is written through the host's iptables of the family;
-in nftables mode (`HostAccess.nft`), where no iptables rule of ours may exist, there is no filter
-yet: its nftables flavour is still to be written.
+every other `NETAGENT-` chain. In nftables mode (`HostAccess.nft`), where no iptables rule of
+ours may exist, the same filter is the table of `tunnel_filter_nft.py`.
 """
 from __future__ import annotations
 
@@ -138,13 +137,17 @@ def _numbered(rule: tuple[str, ...]) -> tuple[str, ...]:
 
 def sync_tunnel_filters(filters: dict, host, route_managers: dict, report) -> None:
     """The agent's hook, at every sync: each routed family's filter (built at the first call, over
-    the host's iptables of the family; none without one, or in nftables mode) given the peers its route manager
+    the host's iptables of the family, or its nftables table in nftables mode) given the peers its route manager
     admitted (known, neither refused nor pending, projected onto the family), then ensured."""
     left_out = set(report.refused) | set(report.pending)
     for family, manager in route_managers.items():
-        runner = None if host.nft is not None else host.iptables if family is IpFamily.V4 else host.iptables6
-        if family not in filters and runner is not None:
-            filters[family] = TunnelFilter(runner=runner, settings=manager.settings, own=(manager.local.public_ip,))
+        runner = host.iptables if family is IpFamily.V4 else host.iptables6
+        own = (manager.local.public_ip,)
+        if family not in filters and host.nft is not None:
+            from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter
+            filters[family] = NftTunnelFilter(nft=host.nft, settings=manager.settings, own=own, family=family)
+        elif family not in filters and runner is not None:
+            filters[family] = TunnelFilter(runner=runner, settings=manager.settings, own=own)
         if family not in filters:
             continue
         projected = [p.in_family(family) for p in manager.known_peers() if p.name not in left_out]

@@ -6,7 +6,8 @@ and removed afterwards; the root namespace is untouched). node-1's filter admits
 node-3 plays an underlay host that is no admitted peer: it knows node-1's VTEP and encapsulates
 to it, its inner packet carrying node-2's pod address (a pod node-1 admits). Without the filter
 (the control) that packet reaches node-1's pod; with it, it is dropped before decapsulation,
-while node-2's own encapsulated traffic still passes. Both iptables backends.
+while node-2's own encapsulated traffic still passes. Both iptables backends, and the nftables
+table (`tunnel_filter_nft.py`).
 """
 import subprocess
 import sys
@@ -17,8 +18,10 @@ import pytest
 from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.nftables.runner import NftRunner
 from netagent.noderoutes.routing.model import Mode, RoutingSettings
 from netagent.noderoutes.tunnel_filter import TunnelFilter
+from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter
 from tests.netns.test_routing_backends import Lab, ping
 
 PORT = 7788
@@ -136,3 +139,37 @@ def test_what_the_kernel_saves_is_what_every_mode_renders(netns, backend, mode, 
     assert tunnel_filter.check() == [] and tunnel_filter.ensure() == []
     tunnel_filter.cleanup()
     assert "NETAGENT-TUNNEL-IN" not in runner.table("filter").chains
+
+
+def test_the_nft_flavour_drops_a_non_peer_vxlan_packet_and_passes_the_peers(lab):
+    n1, n2, n3 = lab.nodes
+    spoofed = n2.pod_ip
+    namespaces.run_in(n3.pod_netns, ["ip", "addr", "add", f"{spoofed}/32", "dev", "eth0"], check=True)
+    for setting in ("net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.pod0.rp_filter=0"):
+        namespaces.run_in(n3.netns, ["sysctl", "-qw", setting], check=True)
+    sends = [(n2, n2.pod_ip, "peer"), (n3, spoofed, "spoofed")]
+    assert received(lab, sends) == [(spoofed, "peer"), (spoofed, "spoofed")]  # the control
+    with NftRunner(n1.netns) as nft:
+        tunnel_filter = NftTunnelFilter(nft=nft, settings=RoutingSettings(mode=Mode.VXLAN), own=(n1.public_ip,))
+        tunnel_filter.update([n2.public_ip])
+        assert tunnel_filter.ensure()
+        assert tunnel_filter.check() == [] and tunnel_filter.ensure() == []  # the kernel reads back as rendered
+        assert received(lab, sends) == [(spoofed, "peer")]
+        assert ping(n2, n1)
+        tunnel_filter.cleanup()
+        assert nft.list_table("ip", "netagent-tunnel") is None
+
+
+@pytest.mark.parametrize("mode, family", [(Mode.IPIP, IpFamily.V4), (Mode.IPIP, IpFamily.V6),
+                                          (Mode.VXLAN, IpFamily.V6), (Mode.AUTO, IpFamily.V4)],
+                         ids=["ipip", "ipip6", "vxlan6", "auto"])
+def test_the_nft_table_reads_back_as_every_mode_renders(netns, mode, family):
+    own, peer = (("192.0.2.1", "192.0.2.2") if family is IpFamily.V4 else ("2001:db8::1", "2001:db8::2"))
+    with NftRunner(netns) as nft:
+        tunnel_filter = NftTunnelFilter(nft=nft, settings=RoutingSettings(mode=mode), own=(ip_address(own),),
+                                        family=family)
+        tunnel_filter.update([ip_address(peer)])
+        assert tunnel_filter.ensure()
+        assert tunnel_filter.check() == [] and tunnel_filter.ensure() == []
+        tunnel_filter.cleanup()
+        assert nft.list_table(family.nft, "netagent-tunnel") is None

@@ -103,3 +103,46 @@ def test_the_agent_keeps_no_filter_in_host_gw_mode():
     harness.put(node("node-2", 2))
     harness.sync(SyncKind.FULL)
     assert CHAIN not in harness.iptables.table("filter").chains
+
+
+def test_the_nft_flavour_writes_once_repairs_drift_and_follows_the_peers():
+    from netagent.kernel.nftables.fake import FakeNft
+    from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter, nft_tunnel_rules
+
+    assert [s for s, _ in nft_tunnel_rules(RoutingSettings(mode=Mode.VXLAN), IpFamily.V6)] == [
+        "ip6 saddr @ADMITTED return", "udp dport 4789 drop"]
+    assert [s for s, _ in nft_tunnel_rules(RoutingSettings(mode=Mode.IPIP), IpFamily.V4)][1:] == [
+        "meta l4proto 4 drop"]
+    assert nft_tunnel_rules(RoutingSettings(mode=Mode.HOST_GW), IpFamily.V4) == ()
+    nft = FakeNft()
+    tunnel_filter = NftTunnelFilter(nft=nft, settings=RoutingSettings(mode=Mode.VXLAN),
+                                    own=(IPv4Address("192.0.2.1"),))
+    tunnel_filter.update([IPv4Address("192.0.2.2")])
+    assert tunnel_filter.ensure() and tunnel_filter.check() == [] and tunnel_filter.ensure() == []
+    writes = len(nft.batches)
+    tunnel_filter.update([])
+    assert tunnel_filter.check() and tunnel_filter.ensure() and len(nft.batches) == writes + 1
+    nft.apply("delete table ip netagent-tunnel")
+    assert tunnel_filter.ensure() == ["table ip netagent-tunnel missing"] and tunnel_filter.check() == []
+    tunnel_filter.cleanup()
+    assert nft.list_table("ip", "netagent-tunnel") is None
+
+
+def test_the_agent_in_nftables_mode_writes_no_iptables_rule_for_the_filter():
+    import dataclasses
+
+    from netagent.infra.metrics import Registry
+    from netagent.kernel.nftables.fake import FakeNft
+    from netagent.noderoutes.agent import NodeAgent
+    from tests.unit.node_agent_support import AgentWorld
+
+    world = AgentWorld()
+    world.api.put(node("node-2", 2))
+    nft = FakeNft()
+    agent = NodeAgent(world.agent.settings, api=world.api, host=dataclasses.replace(world.agent.host, nft=nft),
+                      registry=Registry())
+    agent.prepare()
+    agent._sync(SyncKind.FULL)
+    assert "NETAGENT" not in world.iptables.save()
+    assert agent.tunnel_filters[IpFamily.V4].check() == []
+    assert [str(a) for a in agent.tunnel_filters[IpFamily.V4].admitted] == [str(LOCAL_IP), "198.18.16.12"]
