@@ -44,7 +44,8 @@ not NetworkPolicy, so it has its own flag, `--pod-anti-spoofing on|off` (on by d
 its own `AntiSpoofParts` (`build_anti_spoofing`): a `SyncRunner` that writes the rules at
 start and, in bridge mode, rescans the IPAM store every `ANTISPOOF_RESCAN` seconds. Off
 removes what a previous run left. The flavour follows the proxy mode as the policy's does.
-With `--network-policy` the policy parts start and stop it (`PolicyParts.anti_spoofing`).
+With `--network-policy` the policy parts start and stop it (`PolicyParts.anti_spoofing`);
+without, `run.py` does.
 """
 from __future__ import annotations
 

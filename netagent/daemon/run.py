@@ -313,6 +313,9 @@ def _run_cluster_mode(args) -> int:
         if policy is not None:
             started_policy.append(policy)
             started.add(policy.stop)
+        else:
+            _start_anti_spoofing_alone(args, backend=backend, pod_cidrs=[str(c) for c in agent.pod_cidrs],
+                                       started=started)
         started.add(_start_cni_server(args, runners=cni_runners, policy=policy))
     except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
         log.error("%s", exc)
@@ -334,6 +337,16 @@ def _metrics_server(args, *, registry, health):
     from netagent.infra.status_server import StatusServer
     binds = metrics_binds(args)
     return StatusServer(bind=binds, registry=registry, health=health) if binds else None
+
+
+def _start_anti_spoofing_alone(args, *, backend, pod_cidrs: list[str], started: "_Started") -> None:
+    """Pod anti-spoofing is not NetworkPolicy: with the policy off it runs on its own (its flag
+    decides; `build_anti_spoofing` removes a previous run's rules when it is off)."""
+    from netagent.daemon.policy_start import build_anti_spoofing
+    guard = build_anti_spoofing(args, iptables_backend=backend, pod_cidrs=pod_cidrs)
+    if guard is not None:
+        started.add(guard.stop)
+        guard.start()
 
 
 def _start_policy(args, *, api_client, backend, registry, rejections, pod_cidrs, timeout: float):

@@ -6,14 +6,18 @@ pods on different nodes (the server sees the client pod's own address: no NAT be
 pods), the underlay capture shows the encapsulation each mode promises, and packets of the
 full pod MTU pass with the don't-fragment bit set. IPIP runs the same checks in the VM tier.
 """
+import ipaddress
 import json
 import os
+import sys
+import time
 
 import pytest
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.vxlan import VXLAN
 
-from tests.cluster.lab_tools import capture_ping, lab_cluster, pods_by_node, serve, traffic
+from tests.cluster.lab_tools import Background, capture_ping, lab_cluster, pods_by_node, serve, traffic
+from tests.netns.test_anti_spoofing import RECEIVER, SENDER
 
 VXLAN_PORT = 4789
 
@@ -37,6 +41,24 @@ def test_tcp_and_udp_between_pods_on_different_nodes(two_nodes):
         udp = traffic(two_nodes, a.name, "ask-udp", b.ip, "8081", "--payload", "over-udp")
     assert tcp.stdout.split() == [a.ip, "over-tcp"], tcp.stderr
     assert udp.stdout.split() == [a.ip, "over-udp"], udp.stderr
+
+
+def test_a_pod_cannot_send_with_another_address_with_network_policy_off(two_nodes):
+    """Pod anti-spoofing is on by default and is not NetworkPolicy: these labs run without
+    `--network-policy`, and a UDP packet pod a sends with its neighbour's address (built on a
+    raw socket) is dropped at its node, while the one with its own address arrives."""
+    a, b = pods_on_two_nodes(two_nodes)
+    neighbour = str(ipaddress.ip_address(a.ip) + 1)
+    receiver = Background(two_nodes.netns_of(b.name), [sys.executable, "-c", RECEIVER, "9999", "60"],
+                          ready_line="ready")
+    try:
+        two_nodes.exec(a.name, [sys.executable, "-c", SENDER, "9999", a.ip, b.ip, "own", neighbour, b.ip, "spoofed"],
+                       timeout=60, check=True)
+        time.sleep(1.5)              # what is in flight arrives; a dropped packet never does
+    finally:
+        out, err = receiver.stop()
+    arrived = {tuple(line.split()) for line in out.splitlines() if line.strip()}
+    assert arrived == {("own", a.ip)}, (out, err)
 
 
 def test_underlay_shows_the_mode(two_nodes, tmp_path):
