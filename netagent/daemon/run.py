@@ -14,6 +14,7 @@ This module only wires; each part owns its behaviour.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -237,7 +238,7 @@ def _run_cluster_mode(args) -> int:
     from netagent.kernel.iptables.backend import IptablesNotInstalled, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kernel.sysctl import ProcSysctls
-    from netagent.kube.config import KubeConfigError, load_api_client
+    from netagent.kube.config import KubeConfigError, api_server_addresses, load_api_client
     from netagent.noderoutes.agent import AgentStartError, NodeAgent
     from netagent.noderoutes.host import HostAccess, KubeNodeApi
     from netagent.noderoutes.routing.kernel import NetlinkKernel
@@ -247,6 +248,7 @@ def _run_cluster_mode(args) -> int:
     try:
         settings = _settings_from(args)
         api_client = load_api_client(kubeconfig=args.kubeconfig)
+        settings = dataclasses.replace(settings, api_server_addresses=api_server_addresses(api_client))
         dataplane = resolve_dataplane(args.proxy_mode)
         args.proxy_mode = dataplane.proxy_mode
         log.info("dataplane: %s", dataplane.reason)

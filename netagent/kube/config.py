@@ -3,6 +3,7 @@
 `load_api_client` builds the official client's `ApiClient` from a kubeconfig (given, or
 $KUBECONFIG) or else from the pod's service account, and fails with `KubeConfigError`
 naming what is missing. It never touches the client's process-wide default configuration.
+`api_server_addresses` says where that client reaches the API server (no Node's pod CIDR may).
 
 `request_json` and `open_request` send a request through that client's connection pool
 (so TLS, bearer tokens and token refresh are the official client's) but return plain dicts
@@ -17,9 +18,15 @@ and the CNI-side commands that import this package never talk to the API server.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
+import logging
 import os
+import socket
+import urllib.parse
 from netagent.errors import NetagentError
+
+log = logging.getLogger("netagent.kube.config")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 JSON = "application/json"
@@ -69,6 +76,26 @@ def load_api_client(*, kubeconfig: str | None):
     else:
         _load_in_cluster(configuration)
     return ApiClient(configuration=configuration)
+
+
+def api_server_addresses(api_client) -> tuple:
+    """The addresses this client reaches the API server at: the URL's host when it is an address,
+    else what it resolves to now (nothing, logged, when it does not resolve). No Node may claim
+    them: a peer at the API server's address would take the agents' own path to it."""
+    host = urllib.parse.urlsplit(str(api_client.configuration.host or "")).hostname
+    if not host:
+        return ()
+    try:
+        return (ipaddress.ip_address(host),)
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as error:
+        log.warning("API server host %s does not resolve (%s): no Node is refused for holding its address",
+                    host, error)
+        return ()
+    return tuple(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found))
 
 
 def _load_kubeconfig(source: str, configuration) -> None:

@@ -35,6 +35,7 @@ class AgentSettings:
     cluster_cidrs: tuple
     routing: RoutingSettings
     service_cidrs: tuple = DEFAULT_SERVICE_CIDRS  # --service-cidr: no peer may claim it
+    api_server_addresses: tuple = ()   # where this agent reaches the API server: no peer may be it
     iface: str | None = None
     iface_regex: str | None = None
     lease_timeout: float = 60.0
@@ -108,8 +109,8 @@ def own_networks(snapshot: UnderlaySnapshot) -> tuple:
 
 
 def peer_bounds(settings: AgentSettings, family: IpFamily, *, pod_cidrs: tuple, host_networks: tuple) -> PeerBounds:
-    """Where peers' pod CIDRs of `family` may lie: its cluster CIDR, clear of the service range and
-    of this node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
+    """Where peers' pod CIDRs of `family` may lie: its cluster CIDR, clear of the service range, the
+    API server's addresses and of this node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
     cluster = tuple(c for c in settings.cluster_cidrs if c.version == family.value)
     reserved = [(c, "the service range (--service-cidr)") for c in settings.service_cidrs
                 if c.version == family.value]
@@ -118,7 +119,9 @@ def peer_bounds(settings: AgentSettings, family: IpFamily, *, pod_cidrs: tuple, 
                  if network.version == family.value and not any(network.subnet_of(c) for c in ours)
                  and (network.prefixlen == network.max_prefixlen
                       or not any(c.subnet_of(network) for c in cluster))]
-    return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved))
+    api_server = tuple((ipaddress.ip_network(a), "the API server's address") for a in settings.api_server_addresses
+                       if a.version == family.value)
+    return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved), outside_pod_cidrs=api_server)
 
 
 def parse_cluster_cidrs(values) -> tuple:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from ipaddress import IPv4Interface, IPv4Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address
 
 import pytest
 
@@ -204,3 +204,33 @@ def test_a_writer_that_keeps_fighting_is_answered_at_most_every_few_seconds():
     harness.sync(SyncKind.FULL)
     assert len(harness.api.patches) == 2 and harness.api.patches[1] == ("node-1", {nodes.PUBLIC_IP: str(LOCAL_IP)})
     assert nodes.node_annotations(harness.api.store.get("node-1"))[nodes.PUBLIC_IP] == str(LOCAL_IP)
+
+
+def test_no_pod_cidr_may_hold_the_api_servers_address_though_its_node_may_announce_it():
+    """A Node claiming a pod CIDR around the API server's address would draw every agent's and
+    kubelet's API traffic into the overlay: refused. The node the API server runs on rightly
+    announces that address as its public IP: accepted."""
+    harness = AgentHarness()
+    harness.agent.settings = dataclasses.replace(harness.agent.settings,
+                                                 api_server_addresses=(IPv4Address("10.244.77.10"),
+                                                                       IPv4Address("198.18.16.12")))
+    harness.agent.route_manager.bounds = harness.agent.bounds()
+    harness.put(node("node-2", 2))                              # public IP 198.18.16.12: the API server's host
+    harness.put(node("evil", 77, created="2025-01-01T00:00:00Z"))   # 10.244.77.0/24 holds the API server
+    harness.sync(SyncKind.FULL)
+    assert set(harness.overlay_routes()) == {IPv4Network("10.244.2.0/24")}
+    assert harness.rejected() == {"evil": "reserved"}
+
+
+def test_the_api_server_address_is_what_the_client_reaches():
+    from types import SimpleNamespace
+
+    from netagent.kube.config import api_server_addresses
+    client = lambda host: SimpleNamespace(configuration=SimpleNamespace(host=host))   # noqa: E731
+    assert api_server_addresses(client("https://192.0.2.7:6443")) == (IPv4Address("192.0.2.7"),)
+    assert api_server_addresses(client("https://[2001:db8::7]:6443")) == (IPv6Address("2001:db8::7"),)
+    assert api_server_addresses(client("https://localhost:6443")) in {(IPv4Address("127.0.0.1"),),
+                                                                     (IPv4Address("127.0.0.1"), IPv6Address("::1")),
+                                                                     (IPv6Address("::1"), IPv4Address("127.0.0.1"))}
+    assert api_server_addresses(client("https://no-such-host.invalid:6443")) == ()
+    assert api_server_addresses(client("")) == ()

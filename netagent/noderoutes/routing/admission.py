@@ -10,7 +10,8 @@ against the cluster CIDR and reserved ranges of that family only.
 
 - **bounds**: each of its pod CIDRs must lie inside `--cluster-cidr` of its family and overlap no
   reserved range (`PeerBounds.reserved`: the service range, this node's own underlay
-  subnets); its public IP must be a unicast address outside the cluster CIDR (a tunnel
+  subnets; `PeerBounds.outside_pod_cidrs`: the API server's addresses, which a Node's public
+  IP may be, as the API server may run on a node); its public IP must be a unicast address outside the cluster CIDR (a tunnel
   endpoint inside the overlay would loop). A peer claiming `169.254.169.254/32`, the
   service range or the node subnet is refused, never routed;
 - **addresses that are not a node's**: a public IP equal to one of this node's own addresses
@@ -161,7 +162,7 @@ class Admission:
                 inside = ", ".join(map(str, self.cluster)) or f"none configured for {self.family.label}"
                 return Refused(f"pod CIDR {cidr} is outside the cluster CIDR ({inside}, --cluster-cidr)",
                                RefusalReason.OUTSIDE_CLUSTER_CIDR)
-            for reserved, what in self.bounds.reserved:
+            for reserved, what in (*self.bounds.reserved, *self.bounds.outside_pod_cidrs):
                 if reserved.version == cidr.version and cidr.overlaps(reserved):
                     return Refused(f"pod CIDR {cidr} overlaps {what} {reserved}", RefusalReason.RESERVED)
             if any(cidr.overlaps(other) for other in cidrs[:index]):

@@ -152,6 +152,9 @@ class PeerBounds:
     the metadata service, Services or the node's own neighbours."""
     cluster_cidrs: tuple  # IPv4Network | IPv6Network, ...: the planner uses its own family's
     reserved: tuple = ()  # (network, "what it is"), ...
+    # (network, "what it is"), ... no pod CIDR may hold, though a Node's public IP may be it: the
+    # API server's addresses (it may run on a node, whose Node then rightly announces it)
+    outside_pod_cidrs: tuple = ()
 
 
 class ChecksumOffload(enum.Enum):
