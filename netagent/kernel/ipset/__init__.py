@@ -5,8 +5,9 @@ Modules, one job each (the same split as `netagent.kernel.iptables`):
   member (`canonical_member`, `entry`); pure;
 - `restore`: the text: `ipset restore` input netagent writes, `ipset save` / `ipset list -t`
   output it reads; pure;
-- `runner`: the `Ipset` interface (an ABC), `sync_set`, `sync_sets` and `delete_owned_sets`
-  built on it, and `IpsetRunner`, which runs the `ipset` binary, optionally in a namespace;
+- `runner`: the `Ipset` interface (an ABC), `sync_set`, `sync_sets`, `replace_set` and
+  `delete_owned_sets` built on it, and `IpsetRunner`, which runs the `ipset` binary,
+  optionally in a namespace;
 - `fake`: `FakeIpset`, in-memory sets that refuse what the kernel refuses, and
   `iptables_references` to make a fake iptables' `--match-set` rules hold sets.
 
@@ -30,6 +31,7 @@ from netagent.kernel.ipset.runner import (
     Ipset,
     IpsetRunner,
     delete_owned_sets,
+    replace_set,
     sync_set,
     sync_sets,
 )
@@ -37,5 +39,5 @@ from netagent.kernel.ipset.runner import (
 __all__ = [
     "FakeIpset", "Ipset", "IpsetError", "IpsetInfo", "IpsetNotInstalled", "IpsetRunner", "IpsetSpec", "IpsetType",
     "IpsetWrite", "SetContents", "canonical_member", "create_arguments", "delete_owned_sets", "entry",
-    "iptables_references", "parse_header", "parse_save", "sync_set", "sync_sets",
+    "iptables_references", "parse_header", "parse_save", "replace_set", "sync_set", "sync_sets",
 ]

@@ -9,12 +9,13 @@ applied), and a set in use cannot be destroyed. "In use" is either counted by ha
 (`reference`/`release`) or asked of a callable such as `iptables_references(fake_iptables)`,
 so a fake iptables' `--match-set` rules hold sets the way the kernel's do.
 
-Each write is recorded in `writes` (an `IpsetWrite` per create, update or destroy), so tests
+Each write is recorded in `writes` (an `IpsetWrite` per create, update, swap or destroy), so tests
 can assert "no writes" after a sync that should find the kernel in agreement.
 `tests/netns/test_ipset_runner.py` checks that it and the real tool agree.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,21 @@ class FakeIpset(Ipset):
     def snapshot(self) -> dict[str, SetContents]:
         return {name: SetContents(name, held.spec.type, spec_family(held.spec), frozenset(held.members))
                 for name, held in self.sets.items()}
+
+    def swap(self, first: str, second: str) -> None:
+        require_owned_name(first)
+        require_owned_name(second)
+        for name in (first, second):
+            if name not in self.sets:
+                raise IpsetError(f"ipset swap {first} {second}: The set with the given name does not exist")
+        one, other = self.sets[first].spec, self.sets[second].spec
+        if (one.type, spec_family(one)) != (other.type, spec_family(other)):
+            raise IpsetError(f"ipset swap {first} {second}: The sets cannot be swapped: their type does not match")
+        held = self.sets[first]
+        self.sets[first] = _FakeSet(dataclasses.replace(self.sets[second].spec, name=first),
+                                    self.sets[second].members)
+        self.sets[second] = _FakeSet(dataclasses.replace(held.spec, name=second), held.members)
+        self.writes.append(IpsetWrite("swap", first, removed=(second,)))
 
     def _apply(self, *, create: Sequence[IpsetSpec] = (),
                changes: Mapping[str, tuple[Sequence[str], Sequence[str]]] = MappingProxyType({})) -> None:

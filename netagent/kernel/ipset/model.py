@@ -106,7 +106,7 @@ class SetContents:
 @dataclass(frozen=True)
 class IpsetWrite:
     """One write, as `FakeIpset.writes` records it."""
-    kind: str                      # "create", "update", "destroy"
+    kind: str                      # "create", "update", "swap" (`removed`: the other set), "destroy"
     name: str
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()

@@ -11,8 +11,10 @@ For many sets at once, `sync_sets` reads everything with one `ipset save` (`snap
 writes every difference, creates included, with one restore; `update_many` is `update` for
 several sets in one exec. That is two execs per full sync of a backend's sets instead of a few
 per set (each exec costs milliseconds on a host, a fifth of a second under the VM tier's TCG).
+`replace_set` refills a set whose `maxelem` must change while rules match it: a scratch set
+filled, then `swap`ped in (the rules keep the name and see the new contents at once).
 
-`Ipset` is an ABC with a few primitives (list, describe, members, destroy, snapshot, and
+`Ipset` is an ABC with a few primitives (list, describe, members, destroy, snapshot, swap, and
 `_apply`: creates and member changes in one call); `ensure_set`, `update`, `update_many` and
 the functions below it are written once on those, so `FakeIpset` (fake.py) runs the same
 decisions as the runner. Both validate every member with `model.canonical_member` BEFORE
@@ -90,6 +92,12 @@ class Ipset(abc.ABC):
     @abc.abstractmethod
     def snapshot(self) -> dict[str, SetContents]:
         """Every set with its type and members, in one read."""
+
+    @abc.abstractmethod
+    def swap(self, first: str, second: str) -> None:
+        """Exchange two of our sets (`ipset swap`): names and the rules' references stay, the
+        contents, `maxelem` included, trade places. IpsetError when either is missing or their
+        type or family differ."""
 
     @abc.abstractmethod
     def _apply(self, *, create: Sequence[IpsetSpec] = (),
@@ -193,6 +201,24 @@ def sync_set(ipset: Ipset, spec: IpsetSpec, desired: Iterable[str]) -> tuple[int
     return len(to_add), len(to_remove)
 
 
+def replace_set(ipset: Ipset, spec: IpsetSpec, members: Iterable[str], *, scratch: str) -> None:
+    """Make set `spec.name` hold exactly `members`, as `spec` is (its `maxelem` included, which
+    the kernel cannot change in place), atomically for the rules that match it: a missing set is
+    created filled by one restore; a held one gets a `scratch` set created and filled, swapped
+    in (`swap`: a packet sees the old members or the new, never an empty set), and destroyed
+    (it then holds the old ones). The held set must have `spec`'s type and family (IpsetError)."""
+    require_owned_name(scratch)
+    wanted = sorted({canonical_member(spec.type, member) for member in members})
+    if ipset.describe(spec.name) is None:
+        ipset._apply(create=[spec], changes={spec.name: (wanted, [])})
+        return
+    ipset.destroy(scratch)     # a leftover of an interrupted replace
+    fresh = IpsetSpec(scratch, spec.type, spec.comment, spec.max_elements, spec.family)
+    ipset._apply(create=[fresh], changes={scratch: (wanted, [])})
+    ipset.swap(spec.name, scratch)
+    ipset.destroy(scratch)
+
+
 def delete_owned_sets(ipset: Ipset, *, prefix: str = OWNED_PREFIX) -> list[str]:
     """Destroy every set named with `prefix`; returns their names. Remove the iptables rules
     that use them first: a set in use raises IpsetError (after the others are destroyed)."""
@@ -263,6 +289,11 @@ class IpsetRunner(Ipset):
         done = self._run("save")
         self._check(done, "ipset save")
         return parse_save(done.stdout)
+
+    def swap(self, first: str, second: str) -> None:
+        require_owned_name(first)
+        require_owned_name(second)
+        self._check(self._run("swap", first, second), f"ipset swap {first} {second}")
 
     def _apply(self, *, create: Sequence[IpsetSpec] = (),
                changes: Mapping[str, tuple[Sequence[str], Sequence[str]]] = MappingProxyType({})) -> None:
