@@ -55,3 +55,6 @@ POLICY_KNOWN_SET = POLICY_PREFIX + "-KNOWN"      # addresses of the local pods a
 POLICY_SET6_PREFIX = POLICY_PREFIX + "S6-"       # the same sets' IPv6 (`family inet6`) halves: + 16 hex digits
 POLICY_KNOWN_SET6 = POLICY_KNOWN_SET + "6"       # KNOWN's IPv6 half
 TUNNEL_FILTER_CHAIN = CHAIN_PREFIX + "TUNNEL-IN"  # filter INPUT: tunnel packets only from admitted peers
+TUNNEL_FILTER_SET = CHAIN_PREFIX + "TUNNEL-PEERS"  # its ipset (hash:ip, family inet): admitted underlay addresses
+TUNNEL_FILTER_SET6 = TUNNEL_FILTER_SET + "6"       # the IPv6 underlay's (family inet6); both names (and a
+                                                   # refill's scratch sets, + "-NEW") start with TUNNEL_FILTER_SET

@@ -5,25 +5,29 @@ A VXLAN socket or an IPIP/ip6tnl device accepts an encapsulated packet from any 
 the inner packet then enters the node as if it came from a peer, any pod source address
 included, and passes another namespace's ingress policy. So in iptables filter INPUT (before
 the UDP socket or the tunnel handler decapsulates: both run after the local-in hook) one chain
-of ours, `NETAGENT-TUNNEL-IN` (`owned.TUNNEL_FILTER_CHAIN`), jumped to first:
+of ours, `NETAGENT-TUNNEL-IN` (`owned.TUNNEL_FILTER_CHAIN`), jumped to first, drops the mode's
+encapsulated packets whose source is not in our ipset of admitted underlay addresses:
 
-  -s <admitted peer's underlay address> -j RETURN     one rule per peer of the family
-  -s <this node's own underlay address> -j RETURN
-  -p udp --dport <VXLAN port> -j DROP                  vxlan, auto
-  -p <4 | 41> -j DROP                                  ipip, auto over IPIP (IPv4: IPIP; IPv6: ip6ip6, 41)
+  -p udp --dport <VXLAN port> -m set ! --match-set <set> src -j DROP    vxlan, auto
+  -p <4 | 41> -m set ! --match-set <set> src -j DROP                    ipip, auto over IPIP (IPv6: ip6ip6, 41)
 
-One chain per family (ip6tables for the IPv6 underlay of `na-vxlan6`, `na-ipip6`). Modes without
-a tunnel (host-gw, bgp) keep no chain: `tunnel_protocols` is empty and the manager removes it.
-Per-peer RETURN rules (no ipset) keep the chain readable by `iptables-save` and its drift
-a plain comparison, as masquerade's; every packet reaching INPUT walks them (one rule per
-peer: an ipset is the step up for large clusters).
+The set (`owned.TUNNEL_FILTER_SET`, hash:ip family inet; `TUNNEL_FILTER_SET6`, family inet6, for
+ip6tables and the IPv6 underlay of `na-vxlan6`, `na-ipip6`) holds every admitted peer's and this
+node's own underlay address. So a packet that is no tunnel packet walks one or two protocol
+matches, a tunnel packet adds one hash lookup, whatever the number of peers (5,000 nodes), and
+the chain's rules are constant for a mode: a peer change adds or deletes set members (one
+`ipset restore`). `maxelem` leaves room to double (`set_capacity`); a set that outgrows it is
+refilled at its new size and swapped in (`ipset.replace_set`), so no rule ever changes for it.
+Modes without a tunnel (host-gw, bgp) keep neither chain nor set (`tunnel_protocols` is empty).
+The sets live beside the runner's iptables (`ipset_beside`: `HostAccess` carries no `Ipset`).
 
-`TunnelFilter` has `MasqueradeManager`'s contract: `check()`, `ensure()` (one restore, only
-when drifted), `cleanup()`; `update(peers)` sets the wanted peers of this sync. The agent calls
+`TunnelFilter` has `MasqueradeManager`'s contract: `check()`, `ensure()` (writes only what
+drifted: members, chain, jump), `cleanup()` (chain and jump, then the set no rule names any
+more); `update(peers)` sets the wanted peers of this sync. The agent calls
 `sync_tunnel_filters` after every sync (full and partial), so a peer added or removed changes the
-chain in the same sync, and a full sync repairs drift. `netagent cleanup` removes the chain with
-every other `NETAGENT-` chain. In nftables mode (`HostAccess.nft`), where no iptables rule of
-ours may exist, the same filter is the table of `tunnel_filter_nft.py`.
+set in the same sync, and a full sync repairs drift. `netagent cleanup` removes the chain with
+every other `NETAGENT-` chain, then the sets. In nftables mode (`HostAccess.nft`), where no
+iptables rule of ours may exist, the same filter is the table of `tunnel_filter_nft.py`.
 """
 from __future__ import annotations
 
@@ -32,17 +36,29 @@ from collections.abc import Iterable
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
+from netagent.kernel.ipset.model import IpsetInfo, IpsetNotInstalled, IpsetSpec, IpsetType
+from netagent.kernel.ipset.runner import Ipset, IpsetRunner, replace_set
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec
-from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_drift
+from netagent.kernel.iptables.runner import (
+    Iptables,
+    IptablesRunner,
+    JumpPosition,
+    add_jump_repair,
+    jump_drift,
+)
 from netagent.noderoutes.masquerade import OwnedChain
 from netagent.noderoutes.routing.model import Mode, Peer, RoutingSettings
 
 TABLE, PARENT = "filter", "INPUT"
 JUMP_COMMENT = "netagent: tunnel packets only from admitted peers"
+DROP_COMMENT = "netagent: tunnel packet from a non-peer"
 IP_IN_IP = {IpFamily.V4: "4", IpFamily.V6: "41"}  # IPv4-in-IPv4; IPv6-in-IPv6 (ip6tnl ip6ip6)
 # iptables-save names a protocol number by /etc/protocols when it lists it; we write numbers (a
 # minimal image may have no /etc/protocols) and read both spellings back as the number
 SAVED_PROTOCOL_NAMES = {"ipencap": "4", "ipv6": "41"}
+SETS = {IpFamily.V4: owned.TUNNEL_FILTER_SET, IpFamily.V6: owned.TUNNEL_FILTER_SET6}
+SCRATCH_SUFFIX = "-NEW"            # `replace_set`'s scratch set: the set's name + this
+MIN_CAPACITY = 1024
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -58,43 +74,78 @@ def tunnel_protocols(settings: RoutingSettings, family: IpFamily) -> tuple[tuple
     return tuple(matches)
 
 
-def tunnel_chain(*, family: IpFamily, protocols: tuple[tuple[str, ...], ...], own: Iterable[Address],
-                 peers: Iterable[Address]) -> OwnedChain:
-    """The wanted chain: own and peers' addresses (deduplicated, sorted) return, the rest of
-    `protocols` is dropped."""
-    sources = sorted({ipaddress.ip_address(a) for a in (*own, *peers)
-                      if ipaddress.ip_address(a).version == family.value}, key=int)
-    rules = [canonical_spec(("-s", str(source), "-m", "comment", "--comment", "netagent: admitted tunnel source",
-                             "-j", "RETURN")) for source in sources]
-    rules += [canonical_spec((*match, "-m", "comment", "--comment", "netagent: tunnel packet from a non-peer",
-                              "-j", "DROP")) for match in protocols]
-    return OwnedChain(TABLE, owned.TUNNEL_FILTER_CHAIN, PARENT, JUMP_COMMENT, tuple(rules))
+def tunnel_chain(*, family: IpFamily, protocols: tuple[tuple[str, ...], ...]) -> OwnedChain:
+    """The wanted chain: each of `protocols` dropped unless its source is in the family's set."""
+    rules = tuple(canonical_spec((*match, "-m", "set", "!", "--match-set", SETS[family], "src",
+                                  "-m", "comment", "--comment", DROP_COMMENT, "-j", "DROP")) for match in protocols)
+    return OwnedChain(TABLE, owned.TUNNEL_FILTER_CHAIN, PARENT, JUMP_COMMENT, rules)
+
+
+def admitted_members(family: IpFamily, addresses: Iterable[Address]) -> frozenset[str]:
+    """The set's members: `addresses` of `family`, spelled as `ipset save` prints them."""
+    return frozenset(str(a) for a in map(ipaddress.ip_address, addresses) if a.version == family.value)
+
+
+def set_capacity(members: int) -> int:
+    """The set's `maxelem` for `members` addresses: a power of two leaving room to double."""
+    capacity = MIN_CAPACITY
+    while capacity < 2 * members:
+        capacity *= 2
+    return capacity
+
+
+def ipset_beside(runner: Iptables) -> Ipset:
+    """The sets of the namespace `runner` writes: the `ipset` tool, run like the runner's
+    binaries (its `exec_prefix`); beside an in-memory iptables (a test's `FakeIptables`),
+    in-memory sets that its `--match-set` rules hold."""
+    if isinstance(runner, IptablesRunner):
+        return IpsetRunner(exec_prefix=runner.exec_prefix, timeout=runner.timeout)
+    from netagent.kernel.ipset.fake import FakeIpset, iptables_references
+    return FakeIpset(in_use=iptables_references(runner))
 
 
 class TunnelFilter:
-    """Keeps one family's tunnel source chain and its jump as wanted, through an `Iptables`."""
+    """Keeps one family's tunnel source chain, its jump and its set as wanted, through an
+    `Iptables` and an `Ipset` (by default `ipset_beside(runner)`)."""
 
-    def __init__(self, *, runner: Iptables, settings: RoutingSettings, own: Iterable[Address]) -> None:
+    def __init__(self, *, runner: Iptables, settings: RoutingSettings, own: Iterable[Address],
+                 ipset: Ipset | None = None) -> None:
         self.runner = runner
         self.family = runner.family
+        self.ipset = ipset if ipset is not None else ipset_beside(runner)
         self.protocols = tunnel_protocols(settings, self.family)
         self.own = tuple(own)
-        self.chain = tunnel_chain(family=self.family, protocols=self.protocols, own=self.own, peers=())
+        self.chain = tunnel_chain(family=self.family, protocols=self.protocols)
+        self.set_name = SETS[self.family]
+        self.admitted = admitted_members(self.family, self.own)
 
     def update(self, peers: Iterable[Address]) -> None:
         """The admitted peers' underlay addresses of this sync."""
-        self.chain = tunnel_chain(family=self.family, protocols=self.protocols, own=self.own, peers=peers)
+        self.admitted = admitted_members(self.family, (*self.own, *peers))
+
+    @property
+    def set_spec(self) -> IpsetSpec:
+        return IpsetSpec(self.set_name, IpsetType.HASH_IP, comment="admitted tunnel sources",
+                         max_elements=set_capacity(len(self.admitted)), family=self.family.ipset)
 
     def check(self) -> list[str]:
         """What differs from the wanted state, one sentence per problem (empty: in sync)."""
-        return self._drift(self.runner.table(TABLE))
+        if not self.protocols:
+            return self._leftovers()
+        table = self.runner.table(TABLE)
+        return (self._set_drift(self._describe())[0] + self._chain_drift(table)
+                + jump_drift(table, PARENT, self.chain.jump, position=JumpPosition.FIRST))
 
     def ensure(self) -> list[str]:
-        """Repair whatever drifted; return what was repaired. Writes nothing when in sync; with
-        no tunnel in use, removes the chain instead."""
+        """Repair whatever drifted (the set first, so a rewritten rule never names a missing
+        or empty set); return what was repaired. Writes nothing when in sync; with no tunnel in
+        use, removes the chain and the set instead."""
         if not self.protocols:
-            return ["tunnel filter removed: no tunnel in use"] if self.runner.delete_chains(
-                TABLE, [self.chain.name]) else []
+            problems = self._leftovers()
+            if problems:
+                self.cleanup()
+            return problems
+        set_problems = self._ensure_set()
         current = self.runner.table(TABLE)
         chain_problems = self._chain_drift(current)
         jump_problems = jump_drift(current, PARENT, self.chain.jump, position=JumpPosition.FIRST)
@@ -107,17 +158,61 @@ class TunnelFilter:
             add_jump_repair(builder, current, PARENT, self.chain.jump, position=JumpPosition.FIRST)
         if builder:
             self.runner.restore(builder.text())
-        return chain_problems + jump_problems
+        return set_problems + chain_problems + jump_problems
 
     def cleanup(self) -> None:
-        """Remove the chain and the jump to it; quiet when already gone."""
+        """Remove the chain and the jump to it, then the set (and a refill's leftover scratch
+        set); quiet when already gone, or when there is no `ipset` tool (so no set of ours)."""
         self.runner.delete_chains(TABLE, [self.chain.name])
+        try:
+            for name in (self.set_name, self.set_name + SCRATCH_SUFFIX):
+                self.ipset.destroy(name)
+        except IpsetNotInstalled:
+            pass
 
-    def _drift(self, table: Table) -> list[str]:
-        if not self.protocols:
-            held = table.chains.get(self.chain.name)
-            return [] if held is None else [f"{TABLE} {self.chain.name} present with no tunnel in use"]
-        return self._chain_drift(table) + jump_drift(table, PARENT, self.chain.jump, position=JumpPosition.FIRST)
+    def _describe(self) -> IpsetInfo | None:
+        return self.ipset.describe(self.set_name)
+
+    def _leftovers(self) -> list[str]:
+        """With no tunnel in use: what of ours is still there."""
+        problems = []
+        if self.chain.name in self.runner.table(TABLE).chains:
+            problems.append(f"{TABLE} {self.chain.name} present with no tunnel in use")
+        try:
+            held = self._describe() is not None
+        except IpsetNotInstalled:
+            held = False
+        return problems + ([f"ipset {self.set_name} present with no tunnel in use"] if held else [])
+
+    def _set_drift(self, info: IpsetInfo | None) -> tuple[list[str], str, frozenset[str]]:
+        """(problems, repair, members held): `repair` is "" (in sync, or members to add and
+        delete), "fill" (missing or too small: `replace_set`) or "recreate" (wrong type or family)."""
+        name, nothing = self.set_name, frozenset[str]()
+        if info is None:
+            return [f"ipset {name} missing"], "fill", nothing
+        if info.type != IpsetType.HASH_IP or info.family != self.family.ipset:
+            held_type = getattr(info.type, "value", info.type)
+            return [f"ipset {name} is {held_type} family {info.family}, not hash:ip family "
+                    f"{self.family.ipset}"], "recreate", nothing
+        if info.max_elements is not None and info.max_elements < len(self.admitted):
+            return [f"ipset {name}: maxelem {info.max_elements} is below the {len(self.admitted)} admitted"], \
+                "fill", nothing
+        held = self.ipset.members(name)
+        missing, extra = self.admitted - held, held - self.admitted
+        problems = [f"ipset {name}: {len(missing)} admitted address(es) missing"] if missing else []
+        problems += [f"ipset {name}: {len(extra)} address(es) no longer admitted"] if extra else []
+        return problems, "", held
+
+    def _ensure_set(self) -> list[str]:
+        problems, repair, held = self._set_drift(self._describe())
+        if repair == "recreate":   # `ipset swap` needs the same type: the rules naming it go first
+            self.runner.delete_chains(TABLE, [self.chain.name])
+            self.ipset.destroy(self.set_name)
+        if repair:
+            replace_set(self.ipset, self.set_spec, self.admitted, scratch=self.set_name + SCRATCH_SUFFIX)
+        elif problems:
+            self.ipset.update(self.set_name, add=self.admitted - held, remove=held - self.admitted)
+        return problems
 
     def _chain_drift(self, table: Table) -> list[str]:
         held = table.chains.get(self.chain.name)
@@ -137,8 +232,9 @@ def _numbered(rule: tuple[str, ...]) -> tuple[str, ...]:
 
 def sync_tunnel_filters(filters: dict, host, route_managers: dict, report) -> None:
     """The agent's hook, at every sync: each routed family's filter (built at the first call, over
-    the host's iptables of the family, or its nftables table in nftables mode) given the peers its route manager
-    admitted (known, neither refused nor pending, projected onto the family), then ensured."""
+    the host's iptables of the family and the ipsets beside it, or its nftables table in
+    nftables mode) given the peers its route manager admitted (known, neither refused nor
+    pending, projected onto the family), then ensured."""
     left_out = set(report.refused) | set(report.pending)
     for family, manager in route_managers.items():
         runner = host.iptables if family is IpFamily.V4 else host.iptables6

@@ -6,8 +6,9 @@ and removed afterwards; the root namespace is untouched). node-1's filter admits
 node-3 plays an underlay host that is no admitted peer: it knows node-1's VTEP and encapsulates
 to it, its inner packet carrying node-2's pod address (a pod node-1 admits). Without the filter
 (the control) that packet reaches node-1's pod; with it, it is dropped before decapsulation,
-while node-2's own encapsulated traffic still passes. Both iptables backends, and the nftables
-table (`tunnel_filter_nft.py`).
+while node-2's own encapsulated traffic still passes; admitting node-3 later changes only the
+set's members. Both iptables backends (the set: the real `ipset`, in node-1's namespace), and the
+nftables table (`tunnel_filter_nft.py`).
 """
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
+from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.nftables.runner import NftRunner
 from netagent.noderoutes.routing.model import Mode, RoutingSettings
@@ -25,6 +27,7 @@ from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter
 from tests.netns.test_routing_backends import Lab, ping
 
 PORT = 7788
+SET = "NETAGENT-TUNNEL-PEERS"
 
 LISTEN = r"""
 import socket, sys
@@ -92,19 +95,24 @@ def test_vxlan_from_a_non_peer_underlay_host_never_reaches_the_pod(lab, backend)
 
     runner = IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(n1.netns), timeout=120,
                             lock_wait_seconds=60)
-    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=Mode.VXLAN), own=(n1.public_ip,))
+    ipset = IpsetRunner(exec_prefix=namespaces.exec_prefix(n1.netns))
+    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=Mode.VXLAN), own=(n1.public_ip,),
+                                 ipset=ipset)
     tunnel_filter.update([n2.public_ip])
     assert tunnel_filter.ensure()
     assert tunnel_filter.check() == [] and tunnel_filter.ensure() == []  # what the kernel saves is what we render
+    assert ipset.members(SET) == {str(n1.public_ip), str(n2.public_ip)}
     assert received(lab, sends) == [(spoofed, "peer")]
     assert ping(n2, n1)
 
+    rules = runner.table("filter").chains["NETAGENT-TUNNEL-IN"].rules
     tunnel_filter.update([n2.public_ip, n3.public_ip])  # node-3 admitted at a later sync
-    assert tunnel_filter.ensure()
+    assert tunnel_filter.ensure() == [f"ipset {SET}: 1 admitted address(es) missing"]  # the set alone changes
+    assert runner.table("filter").chains["NETAGENT-TUNNEL-IN"].rules == rules
     assert received(lab, sends) == [(spoofed, "peer"), (spoofed, "spoofed")]
 
     tunnel_filter.cleanup()
-    assert "NETAGENT-TUNNEL-IN" not in runner.table("filter").chains
+    assert "NETAGENT-TUNNEL-IN" not in runner.table("filter").chains and ipset.list_names() == []
     assert ping(n3, n1)
 
 
@@ -112,9 +120,14 @@ def test_ensure_repairs_a_flushed_chain_and_a_deleted_jump(lab, backend):
     n1, n2, _ = lab.nodes
     runner = IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(n1.netns), timeout=120,
                             lock_wait_seconds=60)
-    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=Mode.VXLAN), own=(n1.public_ip,))
+    ipset = IpsetRunner(exec_prefix=namespaces.exec_prefix(n1.netns))
+    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=Mode.VXLAN), own=(n1.public_ip,),
+                                 ipset=ipset)
     tunnel_filter.update([n2.public_ip])
     tunnel_filter.ensure()
+    ipset.update(SET, remove=[str(n2.public_ip)])  # a member lost: repaired by member
+    assert tunnel_filter.check() == [f"ipset {SET}: 1 admitted address(es) missing"]
+    assert tunnel_filter.ensure() and ipset.members(SET) == {str(n1.public_ip), str(n2.public_ip)}
     runner.restore("*filter\n-F NETAGENT-TUNNEL-IN\nCOMMIT\n")
     assert tunnel_filter.check()
     assert tunnel_filter.ensure() and tunnel_filter.check() == []
@@ -132,13 +145,33 @@ def test_ensure_repairs_a_flushed_chain_and_a_deleted_jump(lab, backend):
 def test_what_the_kernel_saves_is_what_every_mode_renders(netns, backend, mode, family):
     runner = IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=120,
                             lock_wait_seconds=60, family=family)
+    ipset = IpsetRunner(exec_prefix=namespaces.exec_prefix(netns))
     own, peer = (("192.0.2.1", "192.0.2.2") if family is IpFamily.V4 else ("2001:db8::1", "2001:db8::2"))
-    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=mode), own=(ip_address(own),))
+    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=mode), own=(ip_address(own),),
+                                 ipset=ipset)
     tunnel_filter.update([ip_address(peer)])
     assert tunnel_filter.ensure()
     assert tunnel_filter.check() == [] and tunnel_filter.ensure() == []
+    assert ipset.members(SET if family is IpFamily.V4 else SET + "6") == {own, peer}
     tunnel_filter.cleanup()
-    assert "NETAGENT-TUNNEL-IN" not in runner.table("filter").chains
+    assert "NETAGENT-TUNNEL-IN" not in runner.table("filter").chains and ipset.list_names() == []
+
+
+def test_a_set_outgrowing_its_maxelem_is_swapped_in_while_the_rule_names_it(netns, backend):
+    runner = IptablesRunner(backend=backend, exec_prefix=namespaces.exec_prefix(netns), timeout=120,
+                            lock_wait_seconds=60)
+    ipset = IpsetRunner(exec_prefix=namespaces.exec_prefix(netns))
+    tunnel_filter = TunnelFilter(runner=runner, settings=RoutingSettings(mode=Mode.VXLAN),
+                                 own=(ip_address("192.0.2.1"),), ipset=ipset)
+    tunnel_filter.ensure()
+    many = [ip_address("10.0.0.0") + i for i in range(1500)]
+    tunnel_filter.update(many)
+    assert tunnel_filter.ensure() == [f"ipset {SET}: maxelem 1024 is below the 1501 admitted"]
+    info = ipset.describe(SET)
+    assert info is not None and info.max_elements == 4096 and info.entries == 1501 and info.references == 1
+    assert ipset.list_names() == [SET] and tunnel_filter.check() == []
+    tunnel_filter.cleanup()
+    assert ipset.list_names() == []
 
 
 def test_the_nft_flavour_drops_a_non_peer_vxlan_packet_and_passes_the_peers(lab):
