@@ -4,10 +4,11 @@ owned.NFT_TUNNEL_TABLE), no iptables rule at all.
 
 The table holds one set and one base chain:
 - `ADMITTED` (`ipv4_addr` / `ipv6_addr`): this node's and every admitted peer's underlay address;
-- `INPUT`: type filter, hook input, priority `filter - 10` (-10): `saddr @ADMITTED return`, then
-  the mode's encapsulation dropped (UDP to the VXLAN port; protocol 4, or 41 for ip6ip6).
-  A drop is final whatever another table's input chain accepts; our `return` decides nothing
-  for the others.
+- `INPUT`: type filter, hook input, priority `filter - 10` (-10): the mode's encapsulation
+  (UDP to the VXLAN port; protocol 4, or 41 for ip6ip6) dropped unless its source is in
+  `ADMITTED`, e.g. `udp dport 4789 ip saddr != @ADMITTED drop`: the protocol is matched first,
+  so only tunnel packets look the set up. A drop is final whatever another table's input chain
+  accepts; what we let through is left to the others.
 
 `NftTunnelFilter` has `TunnelFilter`'s contract (`update`, `check`, `ensure`, `cleanup`): the
 table read back (chain hook/type/priority/policy, set elements, rule comments carrying a hash of
@@ -37,14 +38,12 @@ PRIORITY = ("filter - 10", -10)
 def nft_tunnel_rules(settings: RoutingSettings, family: IpFamily) -> tuple[tuple[str, str], ...]:
     """(statements, comment) of the chain; empty when no tunnel is in use."""
     modes = {settings.mode} | ({settings.auto_encap} if settings.mode is Mode.AUTO else set())
-    drops = []
+    matches = []
     if Mode.VXLAN in modes:
-        drops.append(f"udp dport {text.port(settings.vxlan_port)} drop")
+        matches.append(f"udp dport {text.port(settings.vxlan_port)}")
     if Mode.IPIP in modes:
-        drops.append(f"meta l4proto {IP_IN_IP[family]} drop")
-    if not drops:
-        return ()
-    statements = [f"{family.nft} saddr @{text.name(ADMITTED_SET)} return", *drops]
+        matches.append(f"meta l4proto {IP_IN_IP[family]}")
+    statements = [f"{match} {family.nft} saddr != @{text.name(ADMITTED_SET)} drop" for match in matches]
     return tuple((s, _comment(s)) for s in statements)
 
 

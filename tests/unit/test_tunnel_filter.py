@@ -227,9 +227,9 @@ def test_the_nft_flavour_writes_once_repairs_drift_and_follows_the_peers():
     from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter, nft_tunnel_rules
 
     assert [s for s, _ in nft_tunnel_rules(RoutingSettings(mode=Mode.VXLAN), IpFamily.V6)] == [
-        "ip6 saddr @ADMITTED return", "udp dport 4789 drop"]
-    assert [s for s, _ in nft_tunnel_rules(RoutingSettings(mode=Mode.IPIP), IpFamily.V4)][1:] == [
-        "meta l4proto 4 drop"]
+        "udp dport 4789 ip6 saddr != @ADMITTED drop"]  # the protocol first: only tunnel packets look the set up
+    assert [s for s, _ in nft_tunnel_rules(RoutingSettings(mode=Mode.IPIP), IpFamily.V4)] == [
+        "meta l4proto 4 ip saddr != @ADMITTED drop"]
     assert nft_tunnel_rules(RoutingSettings(mode=Mode.HOST_GW), IpFamily.V4) == ()
     nft = FakeNft()
     tunnel_filter = NftTunnelFilter(nft=nft, settings=RoutingSettings(mode=Mode.VXLAN),
