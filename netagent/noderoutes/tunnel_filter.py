@@ -133,7 +133,7 @@ class TunnelFilter:
         if not self.protocols:
             return self._leftovers()
         table = self.runner.table(TABLE)
-        return (self._set_drift(self._describe())[0] + self._chain_drift(table)
+        return (self._set_drift(self.ipset.read(self.set_name))[0] + self._chain_drift(table)
                 + jump_drift(table, PARENT, self.chain.jump, position=JumpPosition.FIRST))
 
     def ensure(self) -> list[str]:
@@ -170,48 +170,49 @@ class TunnelFilter:
         except IpsetNotInstalled:
             pass
 
-    def _describe(self) -> IpsetInfo | None:
-        return self.ipset.describe(self.set_name)
-
     def _leftovers(self) -> list[str]:
         """With no tunnel in use: what of ours is still there."""
         problems = []
         if self.chain.name in self.runner.table(TABLE).chains:
             problems.append(f"{TABLE} {self.chain.name} present with no tunnel in use")
         try:
-            held = self._describe() is not None
+            held = self.ipset.describe(self.set_name) is not None
         except IpsetNotInstalled:
             held = False
         return problems + ([f"ipset {self.set_name} present with no tunnel in use"] if held else [])
 
-    def _set_drift(self, info: IpsetInfo | None) -> tuple[list[str], str, frozenset[str]]:
-        """(problems, repair, members held): `repair` is "" (in sync, or members to add and
-        delete), "fill" (missing or too small: `replace_set`) or "recreate" (wrong type or family)."""
-        name, nothing = self.set_name, frozenset[str]()
-        if info is None:
-            return [f"ipset {name} missing"], "fill", nothing
+    def _set_drift(self, read: tuple[IpsetInfo, frozenset[str]] | None) -> tuple[list[str], str, frozenset[str]]:
+        """(problems, repair, members held) of what `Ipset.read` found: `repair` is "" (in sync,
+        or members to add and delete), "fill" (missing or too small: `replace_set`) or
+        "recreate" (wrong type or family)."""
+        name = self.set_name
+        if read is None:
+            return [f"ipset {name} missing"], "fill", frozenset()
+        info, held = read
         if info.type != IpsetType.HASH_IP or info.family != self.family.ipset:
             held_type = getattr(info.type, "value", info.type)
             return [f"ipset {name} is {held_type} family {info.family}, not hash:ip family "
-                    f"{self.family.ipset}"], "recreate", nothing
+                    f"{self.family.ipset}"], "recreate", held
         if info.max_elements is not None and info.max_elements < len(self.admitted):
             return [f"ipset {name}: maxelem {info.max_elements} is below the {len(self.admitted)} admitted"], \
-                "fill", nothing
-        held = self.ipset.members(name)
+                "fill", held
         missing, extra = self.admitted - held, held - self.admitted
         problems = [f"ipset {name}: {len(missing)} admitted address(es) missing"] if missing else []
         problems += [f"ipset {name}: {len(extra)} address(es) no longer admitted"] if extra else []
         return problems, "", held
 
     def _ensure_set(self) -> list[str]:
-        problems, repair, held = self._set_drift(self._describe())
+        """Members added and deleted in place (one `ipset restore`); a missing or too small set
+        filled whole (`replace_set`); one of another kind recreated once no rule names it."""
+        problems, repair, held = self._set_drift(self.ipset.read(self.set_name))
         if repair == "recreate":   # `ipset swap` needs the same type: the rules naming it go first
             self.runner.delete_chains(TABLE, [self.chain.name])
             self.ipset.destroy(self.set_name)
         if repair:
             replace_set(self.ipset, self.set_spec, self.admitted, scratch=self.set_name + SCRATCH_SUFFIX)
         elif problems:
-            self.ipset.update(self.set_name, add=self.admitted - held, remove=held - self.admitted)
+            self.ipset.update_many({self.set_name: (self.admitted - held, held - self.admitted)},
+                                   types={self.set_name: IpsetType.HASH_IP})
         return problems
 
     def _chain_drift(self, table: Table) -> list[str]:

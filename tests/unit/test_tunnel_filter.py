@@ -162,6 +162,29 @@ def test_replace_set_refuses_to_swap_in_a_set_of_another_type():
         replace_set(ipset, IpsetSpec(SET, IpsetType.HASH_IP), ["192.0.2.1"], scratch=SET + "-NEW")
 
 
+LISTED = """Name: NETAGENT-TUNNEL-PEERS6
+Type: hash:ip
+Revision: 6
+Header: family inet6 hashsize 1024 maxelem 2048 bucketsize 12 initval 0x6a034ce8
+Size in memory: 296
+References: 1
+Number of entries: 2
+Members:
+2001:db8::2
+2001:db8::1
+"""
+
+
+def test_one_ipset_list_reads_the_header_and_the_members():
+    from netagent.kernel.ipset.restore import parse_list
+    info, members = parse_list(LISTED)
+    assert (info.name, info.type, info.family, info.max_elements, info.references, info.entries) == \
+        (SET6, IpsetType.HASH_IP, "inet6", 2048, 1, 2)
+    assert members == {"2001:db8::1", "2001:db8::2"}
+    empty = LISTED.replace("Number of entries: 2", "Number of entries: 0").split("Members:")[0] + "Members:\n"
+    assert parse_list(empty)[1] == frozenset()
+
+
 def test_without_a_tunnel_no_chain_or_set_is_kept_and_left_ones_are_removed():
     iptables, ipset, tunnel_filter = world(own=())
     tunnel_filter.ensure()

@@ -26,7 +26,7 @@ from netagent.kernel.ipset.model import (
     canonical_member,
     entry,
 )
-from netagent.kernel.ipset.restore import create_arguments, parse_header, parse_save
+from netagent.kernel.ipset.restore import create_arguments, parse_header, parse_list, parse_save
 from netagent.kernel.ipset.runner import (
     Ipset,
     IpsetRunner,
@@ -39,5 +39,5 @@ from netagent.kernel.ipset.runner import (
 __all__ = [
     "FakeIpset", "Ipset", "IpsetError", "IpsetInfo", "IpsetNotInstalled", "IpsetRunner", "IpsetSpec", "IpsetType",
     "IpsetWrite", "SetContents", "canonical_member", "create_arguments", "delete_owned_sets", "entry",
-    "iptables_references", "parse_header", "parse_save", "replace_set", "sync_set", "sync_sets",
+    "iptables_references", "parse_header", "parse_list", "parse_save", "replace_set", "sync_set", "sync_sets",
 ]

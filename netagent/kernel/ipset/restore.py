@@ -7,6 +7,8 @@ runner sends `restore_lines` to `ipset restore -exist`, and `FakeIpset` applies 
 full set is reported at the same line by both. Parsing is kept here so it is unit-tested on captured
 output without root.
 
+`parse_list` reads a set's header and members from one `ipset list NAME`.
+
 The restore input is every `create` first, then per set its `del` lines before its `add`
 lines, so removals free room before the adds count against `maxelem`. `create` takes
 `family` (the spec's, `inet` or `inet6`) and `maxelem` for hash types; bitmap:port takes the full port range instead.
@@ -79,6 +81,13 @@ def parse_save(text: str) -> dict[str, SetContents]:
             members.setdefault(words[1], set()).add(words[2])
     return {name: SetContents(name, set_type, family, frozenset(members.get(name, ())))
             for name, (set_type, family) in headers.items()}
+
+
+def parse_list(text: str) -> tuple[IpsetInfo, frozenset[str]]:
+    """(header, members) from `ipset list NAME` output: the header's fields, then one member
+    per line after `Members:` (its first word: the spelling `ipset save` prints)."""
+    head, _, members = text.partition("\nMembers:\n")
+    return parse_header(head), frozenset(line.split()[0] for line in members.splitlines() if line.strip())
 
 
 def parse_header(text: str) -> IpsetInfo:

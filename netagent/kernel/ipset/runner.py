@@ -15,9 +15,9 @@ per set (each exec costs milliseconds on a host, a fifth of a second under the V
 filled, then `swap`ped in (the rules keep the name and see the new contents at once).
 
 `Ipset` is an ABC with a few primitives (list, describe, members, destroy, snapshot, swap, and
-`_apply`: creates and member changes in one call); `ensure_set`, `update`, `update_many` and
-the functions below it are written once on those, so `FakeIpset` (fake.py) runs the same
-decisions as the runner. Both validate every member with `model.canonical_member` BEFORE
+`_apply`: creates and member changes in one call; `read`, header and members at once, is one
+exec in the runner); `ensure_set`, `update`, `update_many` and the functions below it are
+written once on those, so `FakeIpset` (fake.py) runs the same decisions as the runner. Both validate every member with `model.canonical_member` BEFORE
 writing, so a bad member fails the whole `update` with nothing applied (the real
 `ipset restore` applies the lines before a bad one and stops there; measured on ipset 7.17).
 The kernel errors left mid-restore are a full set, which both stop at in the same place, and
@@ -58,6 +58,7 @@ from netagent.kernel.ipset.model import (
 )
 from netagent.kernel.ipset.restore import (
     parse_header,
+    parse_list,
     parse_members,
     parse_save,
     restore_lines,
@@ -104,6 +105,12 @@ class Ipset(abc.ABC):
                changes: Mapping[str, tuple[Sequence[str], Sequence[str]]] = MappingProxyType({})) -> None:
         """In one call: create the sets in `create` (absent ones), then for each set in
         `changes` (name -> (add, remove), canonical members) remove, then add."""
+
+    def read(self, name: str) -> tuple[IpsetInfo, frozenset[str]] | None:
+        """The set's header and canonical members (`describe` and `members` at once), or None
+        when it does not exist."""
+        info = self.describe(name)
+        return None if info is None else (info, self.members(name))
 
     def _create(self, spec: IpsetSpec) -> None:
         self._apply(create=[spec])
@@ -272,6 +279,13 @@ class IpsetRunner(Ipset):
             return None
         self._check(done, f"ipset list -t {name}")
         return parse_header(done.stdout)
+
+    def read(self, name: str) -> tuple[IpsetInfo, frozenset[str]] | None:
+        done = self._run("list", name)     # one exec for both
+        if done.returncode != 0 and _ABSENT in done.stderr:
+            return None
+        self._check(done, f"ipset list {name}")
+        return parse_list(done.stdout)
 
     def members(self, name: str) -> frozenset[str]:
         done = self._run("save", name)
