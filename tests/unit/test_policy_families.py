@@ -29,8 +29,9 @@ from netagent.policy.model import IpBlock
 from netagent.policy.pod_binding import bound_addresses
 from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.programmer_nft import NftPolicyProgrammer
-from netagent.policy.render import RenderSettings, render_chains, render_wanted
-from netagent.policy.render_nft import IPV6
+from netagent.policy.readback import Packet, trace
+from netagent.policy.render import NDP_TYPES, RenderSettings, ndp_rules, render_chains, render_wanted
+from netagent.policy.render_nft import IPV4, IPV6, NDP_NAMES, render_nft
 from netagent.policy.semantics import CidrMatch, SetKind, SetRef, plan_node
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_semantics import view_of
@@ -208,6 +209,53 @@ def test_ipv6_nft_golden():
     assert nft.tables() == [("ip6", owned.NFT_POLICY_TABLE)]
     assert not programmer.apply(programmer.render(plan_for_family(plan(WEB), IpFamily.V6), settings=settings,
                                                   interface_of=lambda p: VETH), full=True).wrote
+
+
+# ---- neighbour discovery: never filtered (as ARP), whatever a pod's policies ----
+
+@pytest.mark.parametrize("mode", list(PodAttachment), ids=lambda m: m.value)
+def test_ipv6_neighbour_discovery_returns_in_the_hook_chain_before_any_pod_chain(mode):
+    """ICMPv6 NDP and MLD RETURN right after the replies, before the KNOWN guard and every hook
+    into a pod chain (once per node, not per pod or rule); IPv4 has no such rule (ARP is not IP)."""
+    hook = wanted6(mode).chains[owned.POLICY_CHAIN]
+    ndp = [rule for rule in hook if "ipv6-icmp" in rule]
+    assert list(hook[1:1 + len(NDP_TYPES)]) == ndp == ndp_rules(IpFamily.V6)
+    assert [rule[rule.index("--icmpv6-type") + 1] for rule in ndp] == [str(kind) for kind in NDP_TYPES]
+    assert {"133", "134", "135", "136", "137"} <= {rule[rule.index("--icmpv6-type") + 1] for rule in ndp}
+    assert all(rule[:4] == ("-p", "ipv6-icmp", "-m", "icmp6") and rule[-1] == "RETURN" for rule in ndp)
+    assert not any("icmp6" in rule for name, rules in wanted6(mode).chains.items() if name != owned.POLICY_CHAIN
+                   for rule in rules)
+    v4 = render_wanted(plan_for_family(plan(WEB), IpFamily.V4), interface_of=lambda p: VETH,
+                       settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",)))
+    assert not any("icmp6" in rule or "ipv6-icmp" in rule for rules in v4.chains.values() for rule in rules)
+    assert ndp_rules(IpFamily.V4) == []
+
+
+def test_nft_neighbour_discovery_is_one_base_rule_of_the_ip6_table_only():
+    settings = RenderSettings(PodAttachment.BRIDGE, local_cidrs=("fd00:0:0:1::/64",), family=IpFamily.V6)
+    base = render_nft(plan_for_family(plan(WEB), IpFamily.V6), settings=settings, interface_of=lambda p: VETH,
+                      family=IPV6).base
+    assert base[1].body == "icmpv6 type { " + ", ".join(NDP_NAMES) + " } return" and base[1].verdict == "return"
+    assert len(NDP_NAMES) == len(NDP_TYPES)            # the same nine types as the iptables flavour's
+    v4 = render_nft(plan_for_family(plan(WEB), IpFamily.V4), settings=RenderSettings(PodAttachment.BRIDGE),
+                    interface_of=lambda p: VETH, family=IPV4)
+    assert not any("icmpv6" in rule.body for rule in v4.base)
+
+
+def test_the_ipv6_read_back_ignores_neighbour_discovery_and_still_traces():
+    """The NDP RETURNs are neither guard nor allow rules: the read-back's guard is the KNOWN
+    DROPs, and its tracer (which does not read icmp6) judges a connection as before."""
+    iptables, ipset = FakeIptables(family=IpFamily.V6), FakeIpset()
+    programmer = PolicyProgrammer(iptables=iptables, ipset=ipset, family=IpFamily.V6)
+    state = wanted6(PodAttachment.BRIDGE)
+    programmer.apply(state, full=True)
+    assert not programmer.apply(wanted6(PodAttachment.BRIDGE), full=True).wrote      # read back: no drift
+    kernel = programmer.read_policy()
+    assert len(kernel.guard) == 2 and all(rule.target == "DROP" for rule in kernel.guard)
+    assert not any("icmp6" in rule.spec for pod_chain in kernel.pods for rule in pod_chain.allows)
+    sets = programmer.read_sets()
+    assert trace(kernel, sets, Packet("fd00:0:0:1::3", "fd00:0:0:1::2", "tcp", 80))[0]        # x/b -> x/a serve
+    assert not trace(kernel, sets, Packet("fd00:0:0:1::3", "fd00:0:0:1::2", "tcp", 81))[0]
 
 
 # ---- a dual-stack engine over the fakes ----
