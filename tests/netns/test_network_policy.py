@@ -160,6 +160,13 @@ def np_nft(request, labs):
     yield from _clean(labs(request.param, ProxyMode.NFTABLES))
 
 
+@pytest.fixture(params=DATAPLANES, ids=lambda d: d.value)
+def np_bridge6(request, labs):
+    """Bridge mode probed over IPv6 (a dual-stack bridge lab): pods on the bridge resolve each
+    other with neighbour discovery, which br_netfilter hands to FORWARD like any bridged packet."""
+    yield from _clean(labs(PodAttachment.BRIDGE, request.param, IpFamily.V6))
+
+
 def test_no_policy_everything_reaches_everything(np):
     np.check(Expect(True), [TCP80, UDP81])
 
@@ -565,3 +572,29 @@ def test_status_shows_both_families_and_traces_an_ipv6_packet(np_dual):
     assert allowed.startswith(f"{v6['x/b']} -> {v6['x/a']} tcp/80: ALLOWED"), allowed
     assert ": DENIED" in status("--trace", v6["y/b"], "x/a", "80")
     assert ": DENIED" in status("--trace", v4["y/b"], "x/a", "80")
+
+
+# ---- IPv6 in bridge mode: neighbour discovery passes the pod chains, as ARP does ----
+
+def test_bridge_mode_ipv6_ports_only_policies_still_let_neighbour_discovery_through(np_bridge6):
+    """x/a admits UDP 80 only, y/a may send TCP 80 only. Bridged neighbour solicitations (to a
+    solicited-node group) and advertisements pass FORWARD through br_netfilter, into the pod
+    chains (physdev-out / physdev-in; nft: y/a's source address): fails before the hook chain's
+    NDP RETURNs (x/a and y/a unresolvable, nothing allowed gets through over IPv6). Neighbour
+    caches are flushed first, so every probe needs a fresh resolution; then a restarted engine's
+    FULL sync adopts the ip6tables / ip6 rules with no write (what the kernel lists compares
+    equal with what is rendered)."""
+    lab = np_bridge6
+    lab.apply(policy("x", "udp-80-only", {"podSelector": pods(pod="a"), "policyTypes": ["Ingress"],
+                                          "ingress": [{"ports": [{"protocol": "UDP", "port": 80}]}]}),
+              policy("y", "tcp-80-out-only", {"podSelector": pods(pod="a"), "policyTypes": ["Egress"],
+                                              "egress": [{"ports": [{"protocol": "TCP", "port": 80}]}]}))
+    for netns in lab.netns_of.values():
+        namespaces.run_in(netns, ["ip", "-6", "neigh", "flush", "all"], check=True)
+    expect = Expect(True).deny(targets=["x/a"], probes=[TCP80]).deny(sources=["y/a"], probes=[UDP80])
+    where = {"sources": ["x/a", "x/b", "y/a", "z/c", "ext"], "targets": ["x/a", "y/a", "y/b", "ext"]}
+    lab.check(expect, [UDP80, TCP80], **where)
+    engine = lab.restart_engine()
+    lab.sync(SyncKind.FULL)
+    assert engine.last_report is not None and not engine.last_report.wrote, engine.last_report
+    lab.check(expect, [UDP80, TCP80], **where)
