@@ -5,8 +5,7 @@ filter FORWARD -> NETAGENT-NP-FORWARD (the first rule of FORWARD), in order:
   1. conntrack RELATED,ESTABLISHED: RETURN. Replies and related packets (ICMP errors) of any
      connection that was allowed when it started pass untouched, and per-pod chains are only
      walked by a connection's first packet.
-     IPv6: ICMPv6 neighbour discovery and MLD (130-137, 143) RETURN, as ARP never meets iptables
-     (NetworkPolicy does not filter them; br_netfilter hands bridged solicitations to pod chains).
+     IPv6: neighbour discovery and MLD RETURN (`ndp.py`: never filtered, as ARP, when not routed).
   2. for each local pod CIDR: from / to an address in it that is not in NETAGENT-NP-KNOWN:
      DROP. KNOWN holds the local pods already programmed, so a new pod is closed from its
      first packet until the sync that covers it has written its chains (then it joins KNOWN).
@@ -62,6 +61,7 @@ from dataclasses import dataclass
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
+from netagent.policy import ndp
 from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
@@ -292,17 +292,6 @@ def set_spec(ref: SetRef) -> IpsetSpec:
                      family=ref.family.ipset)
 
 
-NDP_TYPES = (130, 131, 132, 133, 134, 135, 136, 137, 143)   # MLD queries/reports/done, RS, RA, NS, NA, redirect, MLDv2
-NDP_COMMENT = "netagent policy: IPv6 neighbour discovery and MLD (never filtered)"
-
-
-def ndp_rules(family: IpFamily) -> list[tuple[str, ...]]:
-    """The hook chain's RETURNs of neighbour discovery and MLD (IPv6 only), after the replies':
-    pod chains and the KNOWN guard never see them."""
-    return [_rule("-p", "ipv6-icmp", "-m", "icmp6", "--icmpv6-type", str(kind), comment=NDP_COMMENT, target="RETURN")
-            for kind in NDP_TYPES] if family is IpFamily.V6 else []
-
-
 def _heads(settings: RenderSettings, loose: Sequence[tuple[str, ...]], buckets: Sequence[str]) -> dict[str, Rules]:
     """The hook chain(s): replies, (IPv6) neighbour discovery, the KNOWN guard, hooks outside any
     bucket (sorted: each pod's hooks match only its own interface or address, so their order
@@ -316,7 +305,7 @@ def _heads(settings: RenderSettings, loose: Sequence[tuple[str, ...]], buckets: 
         guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", settings.known_set, "dst",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
     ordered = _ordered(buckets)
-    hook = [replies, *ndp_rules(settings.family), *guard, *sorted(loose)]
+    hook = [replies, *ndp.iptables_rules(settings.family), *guard, *sorted(loose)]
     hook.extend(_bucket_entry(bucket, settings) for bucket in ordered if bucket[len(BUCKET_PREFIX)] in "EIR")
     heads = {owned.POLICY_CHAIN: tuple(hook)}
     if settings.ipvs:
@@ -418,7 +407,7 @@ def removable_chains(pod: PodPlan, chains: Mapping[str, object], known: Containe
 def _rehead(chains: dict[str, Rules], previous: WantedState, settings: RenderSettings) -> None:
     """The hook chain(s) again, for the buckets `chains` now has (one came or went)."""
     head = previous.chains[owned.POLICY_CHAIN]
-    fixed = 1 + len(ndp_rules(settings.family)) + 2 * len(settings.local_cidrs)   # replies, NDP, the KNOWN guard
+    fixed = 1 + len(ndp.iptables_rules(settings.family)) + 2 * len(settings.local_cidrs)   # replies, NDP, the KNOWN guard
     loose = [rule for rule in head[fixed:] if not _is_bucket(jump_target(rule) or "")]
     chains.update(_heads(settings, loose, [name for name in chains if _is_bucket(name)]))
 

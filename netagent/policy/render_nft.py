@@ -4,8 +4,8 @@ which every object is ours.
 
     chain NETAGENT-NP-FORWARD    type filter hook forward priority filter - 5; policy accept;
       ct state established,related return        replies and ICMP errors of allowed connections
-      icmpv6 type { nd-neighbor-solicit, ... } return    ip6 only: neighbour discovery and MLD, as ARP,
-                                                 never filtered (render.py's NDP_TYPES)
+      icmpv6 type { nd-neighbor-solicit, ... } ip6 hoplimit 255 return   ip6 only: neighbour discovery
+      icmpv6 type { mld-listener-query, ... } ip6 hoplimit 1 return      and MLD (`ndp.py`)
       ip saddr <pod CIDR> ip saddr != @NETAGENT-NP-KNOWN drop     (and daddr): new pods closed
       ip saddr vmap @NETAGENT-NP-EGRESS          bridge mode; routed mode: iifname vmap
       ip daddr vmap @NETAGENT-NP-INGRESS         bridge mode; routed mode: oifname vmap
@@ -53,6 +53,7 @@ from netagent.kernel.families import IpFamily
 from netagent.kernel import owned
 from netagent.kernel.nftables import text as nft_text
 from netagent.kernel.pod_attachment import PodAttachment
+from netagent.policy import ndp
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
@@ -84,9 +85,6 @@ class Family:
 
 IPV4 = Family.of(IpFamily.V4)
 IPV6 = Family.of(IpFamily.V6)
-NDP_NAMES = ("mld-listener-query", "mld-listener-report", "mld-listener-done", "nd-router-solicit",   # NDP_TYPES'
-             "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert", "nd-redirect", "mld2-listener-report")
-
 
 @dataclass(frozen=True)
 class NftRule:
@@ -231,8 +229,7 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool,
 def _base_rules(settings: RenderSettings, family: Family) -> tuple[NftRule, ...]:
     rules = [_rule("ct state established,related return", "replies of allowed connections", "return")]
     if family.name == IPV6.name:
-        rules.append(_rule(f"icmpv6 type {{ {', '.join(NDP_NAMES)} }} return", "IPv6 neighbour discovery and MLD",
-                           "return"))
+        rules += [_rule(body, "IPv6 neighbour discovery and MLD", "return") for body in ndp.nft_bodies(IpFamily.V6)]
     for cidr in settings.local_cidrs:
         network = nft_text.network(str(ipaddress.ip_network(cidr, strict=False)))
         for side in ("saddr", "daddr"):

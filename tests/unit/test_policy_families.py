@@ -30,8 +30,9 @@ from netagent.policy.pod_binding import bound_addresses
 from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.programmer_nft import NftPolicyProgrammer
 from netagent.policy.readback import Packet, trace
-from netagent.policy.render import NDP_TYPES, RenderSettings, ndp_rules, render_chains, render_wanted
-from netagent.policy.render_nft import IPV4, IPV6, NDP_NAMES, render_nft
+from netagent.policy.ndp import NDP_TYPES, iptables_rules as ndp_rules
+from netagent.policy.render import RenderSettings, render_chains, render_wanted
+from netagent.policy.render_nft import IPV4, IPV6, render_nft
 from netagent.policy.semantics import CidrMatch, SetKind, SetRef, plan_node
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_semantics import view_of
@@ -222,6 +223,9 @@ def test_ipv6_neighbour_discovery_returns_in_the_hook_chain_before_any_pod_chain
     assert list(hook[1:1 + len(NDP_TYPES)]) == ndp == ndp_rules(IpFamily.V6)
     assert [rule[rule.index("--icmpv6-type") + 1] for rule in ndp] == [str(kind) for kind in NDP_TYPES]
     assert {"133", "134", "135", "136", "137"} <= {rule[rule.index("--icmpv6-type") + 1] for rule in ndp}
+    hop_limits = {rule[rule.index("--icmpv6-type") + 1]: rule[rule.index("--hl-eq") + 1] for rule in ndp}
+    assert hop_limits == {"130": "1", "131": "1", "132": "1", "133": "255", "134": "255", "135": "255",
+                          "136": "255", "137": "255", "143": "1"}     # only what was never routed
     assert all(rule[:4] == ("-p", "ipv6-icmp", "-m", "icmp6") and rule[-1] == "RETURN" for rule in ndp)
     assert not any("icmp6" in rule for name, rules in wanted6(mode).chains.items() if name != owned.POLICY_CHAIN
                    for rule in rules)
@@ -235,8 +239,12 @@ def test_nft_neighbour_discovery_is_one_base_rule_of_the_ip6_table_only():
     settings = RenderSettings(PodAttachment.BRIDGE, local_cidrs=("fd00:0:0:1::/64",), family=IpFamily.V6)
     base = render_nft(plan_for_family(plan(WEB), IpFamily.V6), settings=settings, interface_of=lambda p: VETH,
                       family=IPV6).base
-    assert base[1].body == "icmpv6 type { " + ", ".join(NDP_NAMES) + " } return" and base[1].verdict == "return"
-    assert len(NDP_NAMES) == len(NDP_TYPES)            # the same nine types as the iptables flavour's
+    assert [rule.body for rule in base[1:3]] == [
+        "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }"
+        " ip6 hoplimit 255 return",
+        "icmpv6 type { mld-listener-query, mld-listener-report, mld-listener-done, mld2-listener-report }"
+        " ip6 hoplimit 1 return"]
+    assert {rule.verdict for rule in base[1:3]} == {"return"}      # the same nine types as the iptables flavour's
     v4 = render_nft(plan_for_family(plan(WEB), IpFamily.V4), settings=RenderSettings(PodAttachment.BRIDGE),
                     interface_of=lambda p: VETH, family=IPV4)
     assert not any("icmpv6" in rule.body for rule in v4.base)
