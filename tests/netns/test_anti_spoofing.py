@@ -22,7 +22,6 @@ from cni.wiring import host_veth_name
 from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import IptablesRunner
-from netagent.kernel.nftables.runner import NftRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.antispoof import AntiSpoofing, ports_from_ipam
 from proxy.backend import ProxyMode

@@ -9,14 +9,12 @@ and ipsets, and the nft table `netagent run --proxy-mode nftables` programs.
 
 IPv6 (issue 22): the cases taking `npf` also run on a dual-stack lab probed over IPv6 (routed
 mode, both dataplanes: ip6tables with `inet6` sets, and `ip6 netagent-policy`), a
-representative subset of the table; the dual-stack cases check both families at once.
+representative subset of the table; the dual-stack cases are test_network_policy_dual.py's.
+The labs and fixtures are policy_cases.py's.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -27,144 +25,10 @@ from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.render import pod_chain
 from proxy.backend import ProxyMode
-from tests.conftest import require_root_netns
-from tests.netns.policy_lab import Expect, PolicyLab
-
-X = [f"x/{p}" for p in "abc"]
-Y = [f"y/{p}" for p in "abc"]
-Z = [f"z/{p}" for p in "abc"]
-TCP80, TCP81, UDP80, UDP81 = ("tcp", 80), ("tcp", 81), ("udp", 80), ("udp", 81)
-
-
-def policy(namespace: str, name: str, spec: dict) -> dict:
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"namespace": namespace, "name": name}, "spec": spec}
-
-
-def pods(**labels) -> dict:
-    return {"matchLabels": labels}
-
-
-@pytest.fixture(autouse=True)
-def _root_and_no_leaks():
-    """Replaces netns/conftest.py's per-test check of every `na-t` namespace on the machine:
-    the lab here lives for the module, and other suites running at the same time make their
-    own; the lab fixture checks that none of ITS namespaces outlive it."""
-    require_root_netns()
-    yield
-
-
-DATAPLANES = (ProxyMode.IPTABLES, ProxyMode.NFTABLES)
-MODES = (PodAttachment.BRIDGE, PodAttachment.ROUTED)
-
-
-@pytest.fixture(scope="module")
-def labs():
-    """The labs of this module, built when first asked for, one per (mode, dataplane) and, for
-    the IPv6 cases, one dual-stack lab per (mode, dataplane)."""
-    require_root_netns()
-    built: dict[tuple[PodAttachment, ProxyMode, bool], PolicyLab] = {}
-    with contextlib.ExitStack() as stack:
-        def lab(mode: PodAttachment, dataplane: ProxyMode, family: IpFamily = IpFamily.V4) -> PolicyLab:
-            dual = family is IpFamily.V6
-            if (mode, dataplane, dual) not in built:
-                built[(mode, dataplane, dual)] = stack.enter_context(PolicyLab(mode=mode, dataplane=dataplane,
-                                                                               dual=dual))
-            built[(mode, dataplane, dual)].family = family
-            return built[(mode, dataplane, dual)]
-        yield lab
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    left = [name for name in listed for lab in built.values() if name.startswith(lab.node.prefix)]
-    assert not left, f"namespaces leaked: {left}"
-
-
-def _clean(lab):
-    lab.apply()
-    yield lab
-    lab.apply()
-
-
-def _ids(pair) -> str:
-    return "-".join(item.label if isinstance(item, IpFamily) else item.value for item in pair)
-
-
-@pytest.fixture(params=[(m, d) for d in DATAPLANES for m in MODES], ids=_ids)
-def np(request, labs):
-    """Either mode on either dataplane (the cases where the hooks differ by mode), with no
-    policy before and after."""
-    yield from _clean(labs(*request.param))
-
-
-FAMILY_CASES = [(m, d, IpFamily.V4) for d in DATAPLANES for m in MODES] + \
-    [(PodAttachment.ROUTED, d, IpFamily.V6) for d in DATAPLANES]
-
-
-@pytest.fixture(params=FAMILY_CASES, ids=_ids)
-def npf(request, labs):
-    """`np`'s cases, and IPv6 in routed mode on both dataplanes (a dual-stack lab probed over
-    IPv6): the representative subset of the table run for IPv6."""
-    yield from _clean(labs(*request.param))
-
-
-@pytest.fixture(params=[case for case in FAMILY_CASES if case[1:] != (ProxyMode.NFTABLES, IpFamily.V6)], ids=_ids)
-def npf_iptables6(request, labs):
-    """`npf` but IPv6 on nftables: what costs most and whose IPv6 KNOWN set the other IPv6 cases
-    already need (a pod not in it is dropped), within the suite's time budget."""
-    yield from _clean(labs(*request.param))
-
-
-@pytest.fixture(params=DATAPLANES, ids=lambda d: d.value)
-def np_dual(request, labs):
-    """The dual-stack lab (routed mode), probed over either family by the case itself."""
-    lab = labs(PodAttachment.ROUTED, request.param, IpFamily.V6)
-    yield from _clean(lab)
-    lab.family = IpFamily.V6
-
-
-def status_of(lab, *args: str) -> str:
-    """`netagent status policy ARGS` run on the lab's node."""
-    done = namespaces.run_in(lab.netns_of["node"], [sys.executable, "-m", "netagent.cli", "status", "policy",
-                                                    "--iptables-backend", "legacy", *args])
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def cluster_block(lab) -> str:
-    """A block holding every pod address of the probed family (and the node's pod CIDR)."""
-    return "10.244.0.0/16" if lab.family is IpFamily.V4 else "fd00:10:244::/48"
-
-
-def outside_block(lab) -> str:
-    """The block of `ext`, outside the cluster, in the probed family."""
-    return "192.0.2.0/24" if lab.family is IpFamily.V4 else "2001:db8:2::/64"
-
-
-def host(lab, key: str) -> str:
-    return f"{lab.addresses[key]}/{lab.family.max_prefix}"
-
-
-@pytest.fixture(params=DATAPLANES, ids=lambda d: d.value)
-def np_bridge(request, labs):
-    """Semantics that do not depend on how pods attach (the plan is the same; only the hooks on
-    the interfaces differ, and the `np` cases cover those in both modes): bridge mode only."""
-    yield from _clean(labs(PodAttachment.BRIDGE, request.param))
-
-
-@pytest.fixture(params=MODES, ids=lambda m: m.value)
-def np_iptables(request, labs):
-    yield from _clean(labs(request.param, ProxyMode.IPTABLES))
-
-
-@pytest.fixture(params=MODES, ids=lambda m: m.value)
-def np_nft(request, labs):
-    yield from _clean(labs(request.param, ProxyMode.NFTABLES))
-
-
-@pytest.fixture(params=DATAPLANES, ids=lambda d: d.value)
-def np_bridge6(request, labs):
-    """Bridge mode probed over IPv6 (a dual-stack bridge lab): pods on the bridge resolve each
-    other with neighbour discovery, which br_netfilter hands to FORWARD like any bridged packet."""
-    yield from _clean(labs(PodAttachment.BRIDGE, request.param, IpFamily.V6))
+from tests.netns.policy_cases import (  # noqa: F401 (fixtures)
+    TCP80, TCP81, UDP80, UDP81, X, Y, Z, _root_and_no_leaks, cluster_block, host, labs, np, np_bridge,
+    np_iptables, np_nft, npf, npf_iptables6, outside_block, pods, policy, status_of)
+from tests.netns.policy_lab import Expect
 
 
 def test_no_policy_everything_reaches_everything(np):
@@ -523,78 +387,3 @@ def test_ip_blocks_without_except_are_one_hash_net_set(np):
     assert plan.ingress is not None and len(plan.ingress) == 1
     np.check(Expect(True).deny(targets=["x/a"]).allow(sources=["z/c", "ext"], targets=["x/a"]), [TCP80],
              sources=["z/c", "ext", "y/c", "x/b"], targets=["x/a", "x/b"])
-
-
-# ---- dual-stack (issue 22): one pod, two families, the same policy ----
-
-def test_a_dual_stack_pod_is_denied_and_allowed_alike_on_both_families(np_dual):
-    lab = np_dual
-    lab.apply(policy("x", "from-b", {"podSelector": pods(pod="a"), "ingress": [
-        {"from": [{"podSelector": pods(pod="b")}, {"namespaceSelector": {"matchLabels": {"ns": "z"}}}],
-         "ports": [{"port": 80}, {"port": "serve-udp", "protocol": "UDP"}]}]}),
-              policy("y", "no-egress", {"podSelector": pods(pod="c"), "policyTypes": ["Egress"]}))
-    expect = (Expect(True).deny(targets=["x/a"]).allow(sources=["x/b", *Z], targets=["x/a"], probes=[TCP80, UDP80])
-              .deny(sources=["y/c"]))
-    for family in IpFamily:
-        lab.family = family
-        lab.check(expect, [TCP80, TCP81, UDP80], sources=["x/b", "x/c", "y/c", "z/a", "ext"],
-                  targets=["x/a", "x/b", "y/a"])
-
-
-def test_ipv4_ip_blocks_allow_no_ipv6_peer_and_ipv6_blocks_no_ipv4_peer(np_dual):
-    lab = np_dual
-    lab.family = IpFamily.V6
-    lab.apply(policy("x", "v4-blocks", {"podSelector": pods(pod="a"), "ingress": [
-        {"from": [{"ipBlock": {"cidr": "10.244.0.0/16"}}, {"ipBlock": {"cidr": "192.0.2.0/24"}}]}]}),
-              policy("x", "v6-block", {"podSelector": pods(pod="b"), "ingress": [
-                  {"from": [{"ipBlock": {"cidr": "fd00:10:244::/48", "except": [host(lab, "y/a")]}}]}]}))
-    where = {"sources": ["y/a", "y/b", "ext"], "targets": ["x/a", "x/b"]}
-    lab.check(Expect(True).deny(targets=["x/a"]).deny(targets=["x/b"], sources=["y/a", "ext"]), [TCP80], **where)
-    lab.family = IpFamily.V4
-    lab.check(Expect(True).deny(targets=["x/b"]), [TCP80], **where)
-
-
-def test_status_shows_both_families_and_traces_an_ipv6_packet(np_dual):
-    lab = np_dual
-    lab.apply(policy("x", "from-b", {"podSelector": pods(pod="a"), "ingress": [
-        {"from": [{"podSelector": pods(pod="b")}], "ports": [{"port": 80}]}]}))
-    lab.check(Expect(True).deny(sources=["y/b"], targets=["x/a"]), [TCP80], sources=["x/b", "y/b"], targets=["x/a"])
-
-    def status(*args: str) -> str:
-        return status_of(lab, *args)
-
-    listing = json.loads(status("x/a", "--json"))
-    v4, v6 = lab.by_family[IpFamily.V4], lab.by_family[IpFamily.V6]
-    assert sorted((c["ip"], c["direction"]) for c in listing) == sorted([(v4["x/a"], "ingress"),
-                                                                         (v6["x/a"], "ingress")])
-    assert next(c for c in listing if c["ip"] == v6["x/a"])["denied_packets"] >= 1
-    allowed = status("--trace", v6["x/b"], v6["x/a"], "80")
-    assert allowed.startswith(f"{v6['x/b']} -> {v6['x/a']} tcp/80: ALLOWED"), allowed
-    assert ": DENIED" in status("--trace", v6["y/b"], "x/a", "80")
-    assert ": DENIED" in status("--trace", v4["y/b"], "x/a", "80")
-
-
-# ---- IPv6 in bridge mode: neighbour discovery passes the pod chains, as ARP does ----
-
-def test_bridge_mode_ipv6_ports_only_policies_still_let_neighbour_discovery_through(np_bridge6):
-    """x/a admits UDP 80 only, y/a may send TCP 80 only. Bridged neighbour solicitations (to a
-    solicited-node group) and advertisements pass FORWARD through br_netfilter, into the pod
-    chains (physdev-out / physdev-in; nft: y/a's source address): fails before the hook chain's
-    NDP RETURNs (x/a and y/a unresolvable, nothing allowed gets through over IPv6). Neighbour
-    caches are flushed first, so every probe needs a fresh resolution; then a restarted engine's
-    FULL sync adopts the ip6tables / ip6 rules with no write (what the kernel lists compares
-    equal with what is rendered)."""
-    lab = np_bridge6
-    lab.apply(policy("x", "udp-80-only", {"podSelector": pods(pod="a"), "policyTypes": ["Ingress"],
-                                          "ingress": [{"ports": [{"protocol": "UDP", "port": 80}]}]}),
-              policy("y", "tcp-80-out-only", {"podSelector": pods(pod="a"), "policyTypes": ["Egress"],
-                                              "egress": [{"ports": [{"protocol": "TCP", "port": 80}]}]}))
-    for netns in lab.netns_of.values():
-        namespaces.run_in(netns, ["ip", "-6", "neigh", "flush", "all"], check=True)
-    expect = Expect(True).deny(targets=["x/a"], probes=[TCP80]).deny(sources=["y/a"], probes=[UDP80])
-    where = {"sources": ["x/a", "x/b", "y/a", "z/c", "ext"], "targets": ["x/a", "y/a", "y/b", "ext"]}
-    lab.check(expect, [UDP80, TCP80], **where)
-    engine = lab.restart_engine()
-    lab.sync(SyncKind.FULL)
-    assert engine.last_report is not None and not engine.last_report.wrote, engine.last_report
-    lab.check(expect, [UDP80, TCP80], **where)
