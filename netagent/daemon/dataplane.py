@@ -12,18 +12,27 @@ answer is a clear error rather than a crash loop.
 
 `iptables_usable()` probes (binaries of either backend, a kernel with xtables), pure
 `choose_proxy_mode()` decides; both take their readers as arguments so the unit tests decide
-with fakes.
+with fakes. The decision is made once, by `resolve_dataplane` at start, and handed on as a
+`Dataplane`: the proxy mode that runs (a `ProxyMode`, or `NO_PROXY`) and the `Netfilter`
+dataplane every part programs (the proxy's, masquerade's, NetworkPolicy's and anti-spoofing's
+rules).
 """
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from netagent.daemon.config import NoProxy
 from netagent.errors import NetagentError
+from proxy.backend import ProxyMode
 
-NFTABLES = "nftables"
-IPTABLES_DEFAULT = "iptables"
+
+class Netfilter(enum.Enum):
+    """The netfilter dataplane of this run: iptables (and ipset) rules, or our nftables tables."""
+    IPTABLES = "iptables"
+    NFTABLES = "nftables"
 
 
 class DataplaneError(NetagentError, RuntimeError):
@@ -70,45 +79,55 @@ def iptables_usable(*, missing: Callable[[], list[list[str]]] | None = None,
     return (True, why) if has else (False, why)
 
 
-def choose_proxy_mode(requested: str | None, *, iptables: tuple[bool, str],
-                      nftables: tuple[bool, str]) -> tuple[str, str]:
+def choose_proxy_mode(requested: ProxyMode | NoProxy | None, *, iptables: tuple[bool, str],
+                      nftables: tuple[bool, str]) -> tuple[ProxyMode | NoProxy, str]:
     """The proxy mode to run and a sentence for the log; DataplaneError when the requested
     mode (None: not given) cannot work here. Pure."""
     iptables_ok, iptables_why = iptables
     nftables_ok, nftables_why = nftables
     if requested is None:
         if iptables_ok:
-            return IPTABLES_DEFAULT, "--proxy-mode not given: iptables (the default)"
+            return ProxyMode.IPTABLES, "--proxy-mode not given: iptables (the default)"
         if nftables_ok:
-            return NFTABLES, f"--proxy-mode not given and iptables cannot work here ({iptables_why}): nftables"
+            return ProxyMode.NFTABLES, f"--proxy-mode not given and iptables cannot work here ({iptables_why}): nftables"
         raise DataplaneError(f"neither iptables ({iptables_why}) nor nftables ({nftables_why}) works here")
-    if requested == NFTABLES:
+    if requested is ProxyMode.NFTABLES:
         if not nftables_ok:
             raise DataplaneError(f"--proxy-mode nftables: nftables cannot be used here: {nftables_why}")
-        return NFTABLES, "--proxy-mode nftables"
+        return ProxyMode.NFTABLES, "--proxy-mode nftables"
     if not iptables_ok:
         hint = "; --proxy-mode nftables works here" if nftables_ok else ""
-        raise DataplaneError(f"--proxy-mode {requested} needs iptables (its masquerade and network policy are "
+        raise DataplaneError(f"--proxy-mode {requested.value} needs iptables (its masquerade and network policy are "
                              f"iptables rules) and iptables cannot work here: {iptables_why}{hint}")
-    return requested, f"--proxy-mode {requested}"
+    return requested, f"--proxy-mode {requested.value}"
 
 
 @dataclass(frozen=True)
 class Dataplane:
-    proxy_mode: str
+    proxy_mode: ProxyMode | NoProxy   # the mode that runs (NO_PROXY: --proxy-mode none)
     reason: str            # for the log
     iptables: bool         # iptables works here (nftables mode then keeps a forward accept in it while FORWARD drops)
 
     @property
+    def netfilter(self) -> Netfilter:
+        """nftables with `--proxy-mode nftables` (or chosen for it), iptables with every other mode."""
+        return Netfilter.NFTABLES if self.proxy_mode is ProxyMode.NFTABLES else Netfilter.IPTABLES
+
+    @property
     def nftables(self) -> bool:
-        return self.proxy_mode == NFTABLES
+        return self.netfilter is Netfilter.NFTABLES
+
+    @property
+    def proxy(self) -> ProxyMode | None:
+        """The proxy's backend; None with `--proxy-mode none`."""
+        return self.proxy_mode if isinstance(self.proxy_mode, ProxyMode) else None
 
 
-def resolve_dataplane(requested: str | None) -> Dataplane:
+def resolve_dataplane(requested: ProxyMode | NoProxy | None) -> Dataplane:
     """`choose_proxy_mode` with this host's probes (nftables probed only when it matters)."""
     iptables = iptables_usable()
     nftables: tuple[bool, str] = (False, "not probed")
-    if requested == NFTABLES or (requested is None and not iptables[0]):
+    if requested is ProxyMode.NFTABLES or (requested is None and not iptables[0]):
         from netagent.kernel.nftables.runner import nftables_usable
         nftables = nftables_usable()
     mode, reason = choose_proxy_mode(requested, iptables=iptables, nftables=nftables)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from netagent import __version__
 from netagent.errors import NetagentError
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
+from netagent.daemon.config import CniConfig, ClusterConfig, StatusConfig, parse_run_config
 from netagent.kernel.pod_attachment import POD_ATTACHMENT_CHOICES, PodAttachment
 from netagent.noderoutes.routing.model import Mode
 
@@ -98,23 +99,25 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
-def _start_cni_server(args, *, not_ready=lambda: None, runners: list | None = None, policy=None):
+def _start_cni_server(cni: CniConfig, *, not_ready=lambda: None, runners: list | None = None, policy=None,
+                      add_wait: float = 0.0):
     """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz).
-    With `policy` (the started engine) an ADD programs its pod before replying (policy_start.py)."""
+    With `policy` (the started engine) an ADD programs its pod before replying, waiting at most
+    `add_wait` seconds for its Pod (policy_start.py)."""
     from cni.dispatch import Handlers
     from cni.handlers import PluginHandlers
     from netagent.cniserver.deferred_delete import DeferredDeleter, journal_dir_for
     from netagent.cniserver.server import CniServer
 
     handlers = PluginHandlers()
-    deferred = DeferredDeleter(journal_dir_for(args.cni_socket), delete_now=handlers.delete_now)
+    deferred = DeferredDeleter(journal_dir_for(cni.socket), delete_now=handlers.delete_now)
     handlers.deferred = deferred
     deferred.start()
     served: Handlers = handlers
     if policy is not None:
         from netagent.cniserver.policy_binding import PolicyBoundHandlers
-        served = PolicyBoundHandlers(handlers, policy.engine, wait=args.policy_add_wait)
-    server = CniServer(args.cni_socket, handlers=served, workers=args.workers, not_ready=not_ready)
+        served = PolicyBoundHandlers(handlers, policy.engine, wait=add_wait)
+    server = CniServer(cni.socket, handlers=served, workers=cni.workers, not_ready=not_ready)
     try:
         server.start(before_serving=lambda: deferred.adopt_shim_records(handlers))
     except BaseException:
@@ -179,58 +182,40 @@ def _background_runners(proxy, cni_runners: list) -> Callable[[], list]:
 
 
 def run_agent(args) -> int:
-    if args.cni_only:
+    config = parse_run_config(args)
+    if config.cluster is None:
         try:
-            stop_cni = _start_cni_server(args)
+            stop_cni = _start_cni_server(config.cni)
         except (OSError, RuntimeError) as exc:
             print(f"netagent run: {exc}", file=sys.stderr)
             return 1
-        print(f"netagent {__version__}: serving CNI on {args.cni_socket}", flush=True)
+        print(f"netagent {__version__}: serving CNI on {config.cni.socket}", flush=True)
         _wait_for_signal()
         stop_cni()
         return 0
-    return _run_cluster_mode(args)
+    return _run_cluster_mode(config.cni, config.cluster, args)
 
 
-def _settings_from(args):
-    from netagent.noderoutes.agent import AgentSettings, AgentStartError, parse_cluster_cidrs, parse_service_cidrs
-    from netagent.noderoutes.host import ChecksumOffloadPolicy, Masquerade
-    from netagent.noderoutes.routing.model import Mode, RoutingSettings
-    if not args.node_name:
-        raise AgentStartError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it "
-                              "from spec.nodeName)")
-    if not args.cluster_cidr:
-        raise AgentStartError("--cluster-cidr is required in cluster mode (the cluster's pod network)")
-    routing = RoutingSettings(mode=Mode(args.backend), auto_encap=Mode(args.auto_encap),
-                              vxlan_vni=args.vxlan_vni, vxlan_port=args.vxlan_port)
-    return AgentSettings(node_name=args.node_name, cluster_cidrs=parse_cluster_cidrs(args.cluster_cidr),
-                         service_cidrs=parse_service_cidrs(args.service_cidr),
-                         routing=routing, iface=args.iface, iface_regex=args.iface_regex,
-                         lease_timeout=args.lease_timeout, masquerade=Masquerade(args.masquerade),
-                         checksum_offload=ChecksumOffloadPolicy(args.vxlan_checksum_offload),
-                         min_sync_interval=args.min_sync_period, resync_interval=args.resync_period)
-
-
-def _cni_config_writer(args) -> Callable[[Lease], None]:
+def _cni_config_writer(cni: CniConfig) -> Callable[[Lease], None]:
     """The node agent's `on_lease`: publish the network config with this node's pod CIDRs and
     MTU (`--cni-conf-dir`; '' skips it)."""
     def write(lease: Lease) -> None:
-        if not args.cni_conf_dir:
+        if not cni.conf_dir:
             return
-        portmap = args.cni_portmap == "on" or (
-            args.cni_portmap == "auto" and os.access(os.path.join(args.cni_bin_dir, "portmap"), os.X_OK))
+        portmap = cni.portmap if cni.portmap is not None else os.access(os.path.join(cni.bin_dir, "portmap"),
+                                                                          os.X_OK)
         from netagent.cniserver import install as cni_install
         from netagent.kernel import owned
         path = cni_install.write_conflist(
-            conf_dir=args.cni_conf_dir, name="netagent", subnets=[str(c) for c in lease.pod_cidrs],
-            mode=PodAttachment(args.cni_mode), bridge=owned.DEFAULT_BRIDGE, mtu=lease.mtu, socket_path=args.cni_socket,
-            data_dir=args.cni_data_dir, portmap=portmap)
+            conf_dir=cni.conf_dir, name=cni.network, subnets=[str(c) for c in lease.pod_cidrs],
+            mode=cni.attachment, bridge=owned.DEFAULT_BRIDGE, mtu=lease.mtu, socket_path=cni.socket,
+            data_dir=cni.data_dir, portmap=portmap)
         log.info("CNI config %s: pod CIDR(s) %s, MTU %d%s", path, ", ".join(map(str, lease.pod_cidrs)), lease.mtu,
                  ", portmap chained" if portmap else "")
     return write
 
 
-def _run_cluster_mode(args) -> int:
+def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
     from netagent.daemon.proxy_start import ProxyStartError, build_proxy
     from netagent.infra.metrics import Registry
     from netagent.infra.status_server import StatusServer
@@ -239,23 +224,22 @@ def _run_cluster_mode(args) -> int:
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kernel.sysctl import ProcSysctls
     from netagent.kube.config import KubeConfigError, api_server_addresses, load_api_client
-    from netagent.noderoutes.agent import AgentStartError, NodeAgent
+    from netagent.noderoutes.agent import NodeAgent
     from netagent.noderoutes.host import HostAccess, KubeNodeApi
     from netagent.noderoutes.routing.kernel import NetlinkKernel
 
     from netagent.daemon.dataplane import DataplaneError, resolve_dataplane
     from netagent.kernel.nftables.runner import NftError, NftRunner
     try:
-        settings = _settings_from(args)
-        api_client = load_api_client(kubeconfig=args.kubeconfig)
-        settings = dataclasses.replace(settings, api_server_addresses=api_server_addresses(api_client))
-        dataplane = resolve_dataplane(args.proxy_mode)
-        args.proxy_mode = dataplane.proxy_mode
+        api_client = load_api_client(kubeconfig=cluster.kubeconfig)
+        settings = dataclasses.replace(cluster.routing, api_server_addresses=api_server_addresses(api_client))
+        dataplane = resolve_dataplane(cluster.proxy.requested)
+        args.proxy_mode = dataplane.proxy_mode.value     # TRANSITIONAL: the parts not yet on the config
         log.info("dataplane: %s", dataplane.reason)
         # nftables mode needs no iptables; it uses the host's only for the FORWARD-drop case
-        backend = resolve_backend(args.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
+        backend = resolve_backend(cluster.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
         nft = NftRunner() if dataplane.nftables else None
-    except (AgentStartError, KubeConfigError, IptablesNotInstalled, DataplaneError, NftError) as exc:
+    except (KubeConfigError, IptablesNotInstalled, DataplaneError, NftError) as exc:
         print(f"netagent run: {exc}", file=sys.stderr)
         return 1
     registry = Registry()
@@ -279,15 +263,15 @@ def _run_cluster_mode(args) -> int:
                       nft=nft, kernel_release=os.uname().release, bgp=bgp)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=proxy.node_listeners if proxy is not None else [],
-                      rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(args))
+                      rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(cni))
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
     cni_runners: list = []
     agent_health = _with_runner_health(agent.health, _background_runners(proxy, cni_runners), stale_after=60.0)
     health = with_rejections(
-        with_policy_health(agent_health, started_policy, stale_after=max(2 * args.policy_sync_period, 60.0)),
+        with_policy_health(agent_health, started_policy, stale_after=max(2 * cluster.policy.sync_period, 60.0)),
         rejections)
-    status = StatusServer(bind=args.status_bind, registry=None, health=health)   # off loopback: no details
+    status = StatusServer(bind=cluster.status.status_bind, registry=None, health=health)   # off loopback: no details
     for server in proxy.servers if proxy is not None else ():
         if server.registry is not None:   # the metrics server (loopback): the whole agent's details
             server.serve_health(health)
@@ -298,7 +282,7 @@ def _run_cluster_mode(args) -> int:
     status.start()
     started.add(status.stop)
     policy = None
-    metrics = _metrics_server(args, registry=registry, health=health) if proxy is None else None
+    metrics = _metrics_server(cluster.status, registry=registry, health=health) if proxy is None else None
     try:
         started.add(agent.stop)   # before start: a start that fails half-way is stopped too
         agent.start()
@@ -318,26 +302,25 @@ def _run_cluster_mode(args) -> int:
         else:
             _start_anti_spoofing_alone(args, backend=backend, pod_cidrs=[str(c) for c in agent.pod_cidrs],
                                        started=started)
-        started.add(_start_cni_server(args, runners=cni_runners, policy=policy))
+        started.add(_start_cni_server(cni, runners=cni_runners, policy=policy, add_wait=cluster.policy.add_wait))
     except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
         log.error("%s", exc)
         print(f"netagent run: {exc}", file=sys.stderr)
         started.stop_all()
         return 1
     print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
-          f"iptables {backend.value if backend is not None else 'unused'}, proxy {args.proxy_mode}, network policy "
-          f"{'on' if policy is not None else 'off'}); serving CNI on {args.cni_socket}, "
-          f"status on {args.status_bind}", flush=True)
+          f"iptables {backend.value if backend is not None else 'unused'}, proxy {dataplane.proxy_mode.value}, "
+          f"network policy {'on' if policy is not None else 'off'}); serving CNI on {cni.socket}, "
+          f"status on {cluster.status.status_bind}", flush=True)
     _wait_for_signal()
     started.stop_all()
     return 0
 
 
-def _metrics_server(args, *, registry, health):
+def _metrics_server(status: StatusConfig, *, registry, health):
     """/metrics on `--metrics-bind-address` when no proxy serves it (the proxy's server does)."""
-    from netagent.daemon.proxy_start import metrics_binds
     from netagent.infra.status_server import StatusServer
-    binds = metrics_binds(args)
+    binds = list(status.metrics_binds)
     return StatusServer(bind=binds, registry=registry, health=health) if binds else None
 
 

@@ -97,9 +97,9 @@ def test_portmap_is_chained_after_netagent_when_asked(tmp_path):
 @pytest.mark.parametrize("setting,present,chained", [("auto", True, True), ("auto", False, False),
                                                      ("on", False, True), ("off", True, False)])
 def test_the_agent_chains_portmap_where_the_node_has_it(tmp_path, setting, present, chained):
-    import argparse
     import ipaddress
 
+    from netagent.daemon.config import CniConfig
     from netagent.daemon.run import _cni_config_writer
     from netagent.noderoutes.host import Lease
     bin_dir = tmp_path / "bin"
@@ -107,8 +107,9 @@ def test_the_agent_chains_portmap_where_the_node_has_it(tmp_path, setting, prese
     if present:
         (bin_dir / "portmap").write_text("#!/bin/sh\n")
         (bin_dir / "portmap").chmod(0o755)
-    args = argparse.Namespace(cni_conf_dir=str(tmp_path / "net.d"), cni_portmap=setting, cni_bin_dir=str(bin_dir),
-                              cni_mode="bridge", cni_socket="/run/netagent/cni.sock", cni_data_dir="/var/lib/cni")
-    _cni_config_writer(args)(Lease(node_name="node-1", pod_cidrs=(ipaddress.ip_network("10.244.1.0/24"),), mtu=1450))
+    cni = CniConfig(socket="/run/netagent/cni.sock", workers=1, conf_dir=str(tmp_path / "net.d"),
+                    attachment=PodAttachment.BRIDGE, portmap={"auto": None, "on": True, "off": False}[setting],
+                    bin_dir=str(bin_dir), data_dir="/var/lib/cni")
+    _cni_config_writer(cni)(Lease(node_name="node-1", pod_cidrs=(ipaddress.ip_network("10.244.1.0/24"),), mtu=1450))
     written = json.loads((tmp_path / "net.d" / cni_install.CONFLIST_NAME).read_text())
     assert ("portmap" in [p["type"] for p in written["plugins"]]) is chained

@@ -9,14 +9,15 @@ import pytest
 
 from netagent.cli import build_parser
 from netagent.cniserver.install import CONFLIST_NAME
-from netagent.daemon.run import _cni_config_writer, _settings_from
+from netagent.daemon.config import parse_run_config
+from netagent.daemon.run import _cni_config_writer
 from netagent.noderoutes.host import ChecksumOffloadPolicy, Lease, Masquerade
 
 CLUSTER = ["--node-name", "node-1", "--cluster-cidr", "10.244.0.0/16"]
 
 
-def run_args(*argv: str):
-    return build_parser().parse_args(["run", *CLUSTER, *argv])
+def run_config(*argv: str):
+    return parse_run_config(build_parser().parse_args(["run", *CLUSTER, *argv]))
 
 
 @pytest.mark.parametrize("argv, masquerade, offload", [
@@ -25,14 +26,16 @@ def run_args(*argv: str):
     (("--vxlan-checksum-offload", "off"), Masquerade.ON, ChecksumOffloadPolicy.OFF),
 ])
 def test_the_flags_become_the_agents_modes(argv, masquerade, offload):
-    settings = _settings_from(run_args(*argv))
+    cluster = run_config(*argv).cluster
+    assert cluster is not None
+    settings = cluster.routing
     assert (settings.masquerade, settings.checksum_offload) == (masquerade, offload)
 
 
 def test_the_lease_becomes_the_network_config(tmp_path):
-    args = run_args("--cni-conf-dir", str(tmp_path), "--cni-mode", "routed", "--cni-socket", "/run/na/cni.sock",
-                    "--cni-data-dir", "/var/lib/na")
-    _cni_config_writer(args)(Lease(node_name="node-1", pod_cidrs=(IPv4Network("10.244.1.0/24"),), mtu=1450))
+    cni = run_config("--cni-conf-dir", str(tmp_path), "--cni-mode", "routed", "--cni-socket", "/run/na/cni.sock",
+                     "--cni-data-dir", "/var/lib/na").cni
+    _cni_config_writer(cni)(Lease(node_name="node-1", pod_cidrs=(IPv4Network("10.244.1.0/24"),), mtu=1450))
     (plugin,) = json.loads((tmp_path / CONFLIST_NAME).read_text())["plugins"]
     assert (plugin["mode"], plugin["mtu"], plugin["agentSocket"]) == ("routed", 1450, "/run/na/cni.sock")
     assert plugin["ipam"]["ranges"] == [[{"subnet": "10.244.1.0/24"}]] and plugin["ipam"]["dataDir"] == "/var/lib/na"
@@ -40,6 +43,6 @@ def test_the_lease_becomes_the_network_config(tmp_path):
 
 def test_an_empty_conf_dir_publishes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _cni_config_writer(run_args("--cni-conf-dir", ""))(
+    _cni_config_writer(run_config("--cni-conf-dir", "").cni)(
         Lease(node_name="node-1", pod_cidrs=(IPv4Network("10.244.1.0/24"),), mtu=1450))
     assert list(tmp_path.iterdir()) == []
