@@ -34,144 +34,73 @@ through the others, while `drop` anywhere is final.
   DROP period is removed. Our forward priority is after iptables' (filter, 0): nothing of
   ours drops, so the order only decides who counts the packet first.
 
-`render_masquerade_nft` is pure: the batch that (re)creates the table. `NftMasqueradeManager`
-has `MasqueradeManager`'s contract: `check()` lists the drift, `ensure()` compares the table
-read back (chains with hook/type/priority/policy, set elements, each chain's rule comments)
-with the rendering and writes only when it drifted, in one transaction (the table deleted and
-recreated: conntrack keeps the NAT bindings of existing connections); `cleanup()` deletes the
-table. Every rule's comment ends with a hash of its text, so a changed rendering (another
-version of netagent) is drift too.
+`masquerade_table` is pure: the table as `kernel/nftables/model.py` values, which render
+(`model.render_table`), read back, diff and digest it: every rule's comment ends with a hash of
+its text, so a changed rendering (another version of netagent) is drift too.
+`NftMasqueradeManager` has `MasqueradeManager`'s contract: `check()` lists the drift,
+`ensure()` compares the table read back (chains with hook/type/priority/policy, set elements,
+each chain's rule comments) with the wanted one and writes only when it drifted, in one
+transaction (the table deleted and recreated: conntrack keeps the NAT bindings of existing
+connections); `cleanup()` deletes the table.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import Iptables, IptablesError
-from netagent.kernel.nftables import listing, text
+from netagent.kernel.nftables import model, tables, text
 from netagent.kernel.nftables.runner import Nft
 from netagent.noderoutes.masquerade import MULTICAST, IpNetwork, MasqueradeManager, validated_networks
 
 log = logging.getLogger("netagent.noderoutes.masquerade")
 
-FAMILY = IpFamily.V4.nft  # the IPv4 table's; `MasqueradeTable.family` says each table's
+FAMILY = IpFamily.V4.nft  # the IPv4 table's; a table's `family` says each table's
 TABLE = owned.NFT_MASQUERADE_TABLE
 POSTROUTING_CHAIN = "POSTROUTING"
 FORWARD_CHAIN = "FORWARD"
 CLUSTER_SET = "CLUSTER-CIDRS"
 LOCAL_PODS_SET = "LOCAL-POD-CIDRS"
-POSTROUTING_PRIORITY = ("srcnat + 10", 110)
-FORWARD_PRIORITY = ("filter + 10", 10)
-
-
-@dataclass(frozen=True)
-class NftChain:
-    name: str
-    type: str
-    hook: str
-    priority: tuple[str, int]
-    rules: tuple[tuple[str, str], ...]     # (statements, comment), comment already safe
-
-    def spec(self) -> dict[str, Any]:
-        return {"type": self.type, "hook": self.hook, "prio": self.priority[1], "policy": "accept"}
-
-
-@dataclass(frozen=True)
-class MasqueradeTable:
-    """What `ip netagent-masq` must hold."""
-    cluster: tuple[IpNetwork, ...]
-    local_pods: tuple[IpNetwork, ...]
-    chains: tuple[NftChain, NftChain]
-    family: IpFamily = IpFamily.V4
-
-
-def _rule(statements: str, purpose: str) -> tuple[str, str]:
-    digest = hashlib.sha256(statements.encode()).hexdigest()[:8]
-    return statements, text.safe_comment_text(f"netagent: {purpose} [{digest}]")
+POSTROUTING = model.BaseChain("nat", "postrouting", 110, "srcnat + 10")
+FORWARD = model.BaseChain("filter", "forward", 10, "filter + 10")
 
 
 def masquerade_table(*, cluster_cidrs: Iterable[IpNetwork | str],
-                     pod_cidrs: Iterable[IpNetwork | str], family: IpFamily = IpFamily.V4) -> MasqueradeTable:
+                     pod_cidrs: Iterable[IpNetwork | str], family: IpFamily = IpFamily.V4) -> model.Table:
     """The wanted table; the CIDRs checked as the iptables rendering checks them
     (`masquerade.validated_networks`)."""
-    cluster_list, pods_list = validated_networks(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
-    cluster, pods = tuple(cluster_list), tuple(pods_list)
+    cluster, pods = validated_networks(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
     if cluster[0].version != family.value:
         raise ValueError(f"the nftables masquerade table of {family.label} is table {family.nft} {TABLE}; "
                          f"{cluster[0]} is not {family.label}")
-    cluster_set, pods_set = f"@{text.name(CLUSTER_SET)}", f"@{text.name(LOCAL_PODS_SET)}"
+    cluster_set, pods_set = model.ref(CLUSTER_SET), model.ref(LOCAL_PODS_SET)
     multicast = text.network(str(MULTICAST[family.value]))
     ip = family.nft  # the address match: `ip saddr`, `ip6 saddr`
-    postrouting = NftChain(POSTROUTING_CHAIN, "nat", "postrouting", POSTROUTING_PRIORITY, (
-        _rule(f"{ip} saddr {cluster_set} {ip} daddr {cluster_set} return", "pod to pod keeps the pod address"),
-        _rule(f"{ip} saddr {cluster_set} {ip} daddr != {multicast} masquerade fully-random",
-              "pods leaving the cluster use the node address"),
-        _rule(f"{ip} daddr {pods_set} return", "outside to local pods keeps the client address"),
-        _rule(f"{ip} daddr {cluster_set} masquerade fully-random",
-              "outside to remote pods is masqueraded for the return path")))
-    forward = NftChain(FORWARD_CHAIN, "filter", "forward", FORWARD_PRIORITY, (
-        _rule(f"{ip} saddr {cluster_set} accept", "forward from pods"),
-        _rule(f"{ip} daddr {cluster_set} accept", "forward to pods")))
-    return MasqueradeTable(cluster=cluster, local_pods=pods, chains=(postrouting, forward), family=family)
+    cluster_only, pods_only = (CLUSTER_SET,), (LOCAL_PODS_SET,)
+    postrouting = model.Chain(POSTROUTING_CHAIN, (
+        model.digested_rule(f"{ip} saddr {cluster_set} {ip} daddr {cluster_set} return",
+                            "pod to pod keeps the pod address", sets=cluster_only),
+        model.digested_rule(f"{ip} saddr {cluster_set} {ip} daddr != {multicast} masquerade fully-random",
+                            "pods leaving the cluster use the node address", sets=cluster_only),
+        model.digested_rule(f"{ip} daddr {pods_set} return", "outside to local pods keeps the client address",
+                            sets=pods_only),
+        model.digested_rule(f"{ip} daddr {cluster_set} masquerade fully-random",
+                            "outside to remote pods is masqueraded for the return path", sets=cluster_only)),
+        POSTROUTING)
+    forward = model.Chain(FORWARD_CHAIN, (
+        model.digested_rule(f"{ip} saddr {cluster_set} accept", "forward from pods", sets=cluster_only),
+        model.digested_rule(f"{ip} daddr {cluster_set} accept", "forward to pods", sets=cluster_only)), FORWARD)
+    sets = tuple(model.Set(name, (family.nft_address_type,), ("interval",),
+                           tuple(model.Element((text.network(str(n)),)) for n in networks))
+                 for name, networks in ((CLUSTER_SET, cluster), (LOCAL_PODS_SET, pods)))
+    return model.Table(family.nft, TABLE, (postrouting, forward), sets)
 
 
-def render_masquerade_nft(wanted: MasqueradeTable) -> str:
-    """One batch that replaces the table with `wanted` (the `add` first makes the `delete`
-    succeed when the table is missing; the whole batch is one transaction)."""
-    table = f"{wanted.family.nft} {text.name(TABLE)}"
-    address_type = wanted.family.nft_address_type
-    lines = [f"add table {table}", f"delete table {table}", f"add table {table}"]
-    for name, networks in ((CLUSTER_SET, wanted.cluster), (LOCAL_PODS_SET, wanted.local_pods)):
-        lines.append(f"add set {table} {text.name(name)} {{ type {address_type}; flags interval; }}")
-        if networks:
-            lines.append(f"add element {table} {text.name(name)} "
-                         f"{text.element_block(text.network(str(n)) for n in networks)}")
-    for chain in wanted.chains:
-        lines.append(f"add chain {table} {text.name(chain.name)} {{ type {chain.type} hook {chain.hook} "
-                     f"priority {chain.priority[0]}; policy accept; }}")
-        for statements, comment in chain.rules:
-            lines.append(f"add rule {table} {chain.name} {statements} comment {text.comment(comment)}")
-    return "\n".join(lines) + "\n"
-
-
-def table_drift(objects: list[dict[str, Any]] | None, wanted: MasqueradeTable) -> list[str]:
-    """What differs between the table read back and `wanted`, one sentence per problem."""
-    if objects is None:
-        return [f"table {wanted.family.nft} {TABLE} missing"]
-    problems = []
-    chains, sets = listing.chains(objects), listing.sets(objects)
-    for name, networks in ((CLUSTER_SET, wanted.cluster), (LOCAL_PODS_SET, wanted.local_pods)):
-        held = sets.get(name)
-        want = sorted(listing.key_text(_network_json(n)) for n in networks)
-        if held is None:
-            problems.append(f"set {name} missing")
-        elif sorted(listing.key_text(key) for key, _ in listing.elements(held)) != want:
-            problems.append(f"set {name} holds other networks than {[str(n) for n in networks]}")
-    for chain in wanted.chains:
-        held_chain = chains.get(chain.name)
-        if held_chain is None:
-            problems.append(f"chain {chain.name} missing")
-            continue
-        if {key: held_chain.get(key) for key in ("type", "hook", "prio", "policy")} != chain.spec():
-            problems.append(f"chain {chain.name} is not {chain.spec()}")
-        comments = [rule.get("comment") for rule in listing.rules(objects, chain.name)]
-        if comments != [comment for _, comment in chain.rules]:
-            problems.append(f"chain {chain.name}: {len(comments)} rule(s) differ from the {len(chain.rules)} wanted")
-    extra = set(chains) - {chain.name for chain in wanted.chains}
-    if extra:
-        problems.append(f"chains not ours to keep: {sorted(extra)}")
-    return problems
-
-
-def _network_json(network: IpNetwork) -> Any:
-    if network.prefixlen == network.max_prefixlen:
-        return str(network.network_address)
-    return {"prefix": {"addr": str(network.network_address), "len": network.prefixlen}}
+def render_masquerade_nft(wanted: model.Table) -> str:
+    """One batch that replaces the table with `wanted` (`model.render_table`)."""
+    return model.render_table(wanted)
 
 
 class NftMasqueradeManager:
@@ -193,7 +122,7 @@ class NftMasqueradeManager:
 
     def check(self) -> list[str]:
         """What differs from the wanted state, one sentence per problem (empty: in sync)."""
-        problems = table_drift(self.nft.list_table(self.family.nft, TABLE), self.wanted)
+        problems = tables.table_drift(self.nft, self.wanted)
         if self.forward_accept is not None:
             if self._iptables_forward_drops():
                 problems += self.forward_accept.check()
@@ -203,9 +132,7 @@ class NftMasqueradeManager:
 
     def ensure(self) -> list[str]:
         """Repair whatever drifted; return what was repaired. Writes nothing when in sync."""
-        problems = table_drift(self.nft.list_table(self.family.nft, TABLE), self.wanted)
-        if problems:
-            self.nft.apply(render_masquerade_nft(self.wanted))
+        problems = tables.ensure_table(self.nft, self.wanted)
         if self.forward_accept is not None and self._iptables_nat_chain is not None:
             leftover, self._iptables_nat_chain = self._iptables_nat_chain, None
             if self.forward_accept.runner.delete_chains(leftover.table, [leftover.name]):
@@ -225,8 +152,7 @@ class NftMasqueradeManager:
 
     def cleanup(self) -> None:
         """Delete the table (and an iptables forward accept of ours); quiet when gone."""
-        if self.nft.list_table(self.family.nft, TABLE) is not None:
-            self.nft.apply(f"delete table {self.family.nft} {text.name(TABLE)}\n")
+        tables.remove_table(self.nft, self.family.nft, TABLE)
         if self.forward_accept is not None:
             self.forward_accept.cleanup()
 

@@ -5,6 +5,8 @@
   caller's choosing, never another), `NftError`, `nftables_usable()`.
 - `text.py`: the one place a string becomes nft text (names, interface names, comments,
   addresses, ports, element lists).
+- `model.py`: the typed table model (tables, chains, sets, maps, elements, rules), its
+  renderer and digest; `tables.py`: a table read back into it, the differ, `ensure_table`.
 - `fake.py`: `FakeNft`, the stateful fake of the seam for the subset of nft text netagent
   writes (the parsing of that subset in `fake_parse.py`).
 

@@ -1,0 +1,209 @@
+"""The one typed model of an nftables table of ours, and its one renderer and digest.
+
+Every component that owns a table (kernel/owned.py's `NFT_*_TABLE`) builds a `Table` of frozen
+values and nothing else; this module turns it into the batch that (re)creates it in one
+transaction, and `tables.py` reads a table back from its JSON listing into the same values,
+says whether it drifted and writes it. Moved onto it so far: masquerade
+(`noderoutes/masquerade_nft.py`); the others still render their own text.
+
+- `Table` (family, name, chains, sets and maps), `Chain` (a regular chain, or a base chain
+  when it carries a `BaseChain`: type, hook, priority, policy), `Set` and `Map` (key type as a
+  tuple of datatypes, concatenations included; flags such as `interval`; a map's value type,
+  `verdict` for a verdict map), `Element` (its key parts as a tuple, each already nft text,
+  never a joined string; a map element's value), `Rule` (its statements, its comment, and the
+  sets and maps it references as a field, checked against the table when rendered).
+- Every piece of text comes from `text.py`'s gates: names through `text.name`, comments
+  through `text.comment`, elements through `text.concat`/`text.element`/`text.element_block`;
+  a rule's statements are built by the component from those gates and `ref()`.
+- The digest (`digest_comment`): a rule is recognised when read back by its comment, which
+  ends with the first 8 hex digits of the SHA-256 of its statements, so a rule whose text
+  changed (another version of netagent) reads back as another rule.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from netagent.kernel.nftables import text
+
+
+class ModelError(text.UnsafeNftText):
+    """A table that cannot be rendered as it is (a rule naming a set the table lacks, two
+    chains or sets of one name, an element of the wrong arity)."""
+
+
+@dataclass(frozen=True)
+class BaseChain:
+    """What makes a chain a base chain: `type nat hook postrouting priority srcnat + 10;
+    policy accept;`. `priority` is the number the kernel lists (`prio`); `priority_text` what
+    the batch says (`srcnat + 10`, `raw`), the number's spelling when empty."""
+    type: str
+    hook: str
+    priority: int
+    priority_text: str = ""
+    policy: str = "accept"
+
+    def spec(self) -> dict[str, object]:
+        """As the kernel lists it: type, hook, prio, policy."""
+        return {"type": self.type, "hook": self.hook, "prio": self.priority, "policy": self.policy}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: `statements` (nft text built from `text.py`'s gates and `ref()`), its
+    `comment` (the text the kernel will hold, already `text.safe_comment_text`; None for
+    none), and `sets`: every set or map whose `@name` the statements use."""
+    statements: str
+    comment: str | None = None
+    sets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Chain:
+    name: str
+    rules: tuple[Rule, ...] = ()
+    base: BaseChain | None = None
+
+
+@dataclass(frozen=True)
+class Element:
+    """A set element (`key` only) or a map element (`key : value`). `key` holds one rendered
+    part per datatype of the key (`('"na0"', '10.0.0.1')` for `ifname . ipv4_addr`); `value`
+    is the rendered value (an address, `goto CHAIN`, `drop`)."""
+    key: tuple[str, ...]
+    value: str | None = None
+
+    def render(self) -> str:
+        return text.element(text.concat(self.key), self.value)
+
+
+@dataclass(frozen=True)
+class Set:
+    """A named set: `key_type` one datatype per key part; `flags` as nft spells them."""
+    name: str
+    key_type: tuple[str, ...]
+    flags: tuple[str, ...] = ()
+    elements: tuple[Element, ...] = ()
+
+    @property
+    def value_type(self) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Map:
+    """A named map: a set whose elements carry a `value_type` value (`verdict`: a vmap)."""
+    name: str
+    key_type: tuple[str, ...]
+    value_type: str
+    flags: tuple[str, ...] = ()
+    elements: tuple[Element, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    """A whole table of ours: what the kernel must hold, nothing more."""
+    family: str
+    name: str
+    chains: tuple[Chain, ...] = ()
+    sets: tuple[Set | Map, ...] = ()
+
+    @property
+    def where(self) -> str:
+        return f"{self.family} {text.name(self.name)}"
+
+    def chain(self, name: str) -> Chain | None:
+        return next((c for c in self.chains if c.name == name), None)
+
+    def set(self, name: str) -> Set | Map | None:
+        return next((s for s in self.sets if s.name == name), None)
+
+
+def ref(name: str) -> str:
+    """A set or map named in a rule's statements: `@NAME` (list it in `Rule.sets` too)."""
+    return "@" + text.name(name)
+
+
+def digest(statements: str) -> str:
+    """The first 8 hex digits of the SHA-256 of a rule's statements."""
+    return hashlib.sha256(statements.encode()).hexdigest()[:8]
+
+
+def digest_comment(purpose: str, statements: str) -> str:
+    """The comment a rule is recognised by: `netagent: <purpose> [<digest>]`, as the kernel
+    will hold it (`text.safe_comment_text`: an adversarial purpose costs its comment only)."""
+    return text.safe_comment_text(f"netagent: {purpose} [{digest(statements)}]")
+
+
+def digested_rule(statements: str, purpose: str, *, sets: Iterable[str] = ()) -> Rule:
+    """A rule whose comment carries the digest of its statements."""
+    return Rule(statements, digest_comment(purpose, statements), tuple(sets))
+
+
+def render_table(table: Table) -> str:
+    """One batch that replaces the table with `table` in one transaction: the `add` first
+    makes the `delete` succeed when the table is missing, so what the kernel holds after it
+    is exactly `table` (conntrack keeps the NAT bindings of existing connections).
+
+    Order, so every name exists before it is used: regular chains declared first (a rule or a
+    verdict may jump to them), then each set or map with its elements, then each base chain
+    and each chain's rules, then the elements of verdict maps (they name chains)."""
+    _check(table)
+    where = table.where
+    lines = [f"add table {where}", f"delete table {where}", f"add table {where}"]
+    lines += [f"add chain {where} {text.name(c.name)}" for c in table.chains if c.base is None]
+    verdicts: list[str] = []
+    for entry in table.sets:
+        lines.append(f"add {_kind(entry)} {where} {text.name(entry.name)} {{ {_set_spec(entry)} }}")
+        if entry.elements:
+            add = (f"add element {where} {text.name(entry.name)} "
+                   f"{text.element_block(e.render() for e in entry.elements)}")
+            (verdicts if entry.value_type == "verdict" else lines).append(add)
+    for chain in table.chains:
+        if chain.base is not None:
+            base = chain.base
+            lines.append(f"add chain {where} {text.name(chain.name)} {{ type {base.type} hook {base.hook} "
+                         f"priority {base.priority_text or base.priority}; policy {base.policy}; }}")
+        for rule in chain.rules:
+            line = f"add rule {where} {chain.name} {rule.statements}"
+            if rule.comment is not None:
+                line += f" comment {text.comment(rule.comment)}"
+            lines.append(line)
+    return "\n".join(lines + verdicts) + "\n"
+
+
+def render_delete(family: str, name: str) -> str:
+    """The batch that deletes a table (which must exist)."""
+    return f"delete table {family} {text.name(name)}\n"
+
+
+def _kind(entry: Set | Map) -> str:
+    return "map" if isinstance(entry, Map) else "set"
+
+
+def _set_spec(entry: Set | Map) -> str:
+    key = " . ".join(entry.key_type)
+    spec = f"type {key} : {entry.value_type};" if isinstance(entry, Map) else f"type {key};"
+    if entry.flags:
+        spec += f" flags {','.join(entry.flags)};"
+    return spec
+
+
+def _check(table: Table) -> None:
+    """Refuse a table the kernel would refuse for its shape (before any text is sent)."""
+    names = [c.name for c in table.chains]
+    set_names = [s.name for s in table.sets]
+    for found, what in ((names, "chain"), (set_names, "set or map")):
+        if len(set(found)) != len(found):
+            raise ModelError(f"table {table.name}: a {what} named twice in {found}")
+    for entry in table.sets:
+        for element in entry.elements:
+            if len(element.key) != len(entry.key_type) or (element.value is None) != isinstance(entry, Set):
+                raise ModelError(f"{_kind(entry)} {entry.name}: element {element} does not fit "
+                                 f"{' . '.join(entry.key_type)}")
+    for chain in table.chains:
+        for rule in chain.rules:
+            missing = [name for name in rule.sets if name not in set_names]
+            if missing:
+                raise ModelError(f"chain {chain.name}: a rule references {missing}, not in table {table.name}")
