@@ -5,7 +5,8 @@ The flags are the topology's defaults (`TopologySettings`); the ConfigMap `--bgp
 reflector on that one object whose changes ask the agent for a sync (`config_reflector`: in its
 namespace, a field selector on its name, since the manifest's Role grants list and watch on that
 name alone and RBAC honours `resourceNames` for a list or watch only so). BIRD runs as the
-agent's child with its files under `--bgp-state-dir`.
+agent's child with its files under `--bgp-state-dir`. The flags reach `build_bgp` parsed, as
+config.py's `BgpConfig` (whether BIRD runs, `BgpConfig.wanted`, decided there too).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from netagent.kernel import owned
 
 if TYPE_CHECKING:
+    from netagent.daemon.config import BgpConfig
     from netagent.kube.reflector import EventHandler, Reflector
 
 DEFAULT_CONFIG = "kube-system/netagent-bgp"
@@ -35,11 +37,6 @@ def add_bgp_flags(group) -> None:
                        help="namespace/name of the topology ConfigMap (overrides the --bgp-* defaults)")
 
 
-def bgp_wanted(args) -> bool:
-    """BIRD runs with --backend bgp, and with --backend auto --auto-bgp on."""
-    return args.backend == "bgp" or (args.backend == "auto" and args.auto_bgp == "on")
-
-
 def config_reflector(*, api_client, config: str, handler: EventHandler) -> Reflector:
     """The reflector on the topology ConfigMap `config` ("namespace/name", no namespace: default),
     not started: that one object, in its namespace. Its key in the reflector's store is
@@ -57,29 +54,27 @@ def config_key(config: str) -> str:
     return f"{namespace or 'default'}/{name}"
 
 
-def build_bgp(args, *, api_client, rejections):
-    """(speaker, config reflector) when `bgp_wanted`, else (None, None). The reflector is started
-    here; the caller stops it on shutdown."""
-    if not bgp_wanted(args):
+def build_bgp(bgp: BgpConfig, *, api_client, rejections):
+    """(speaker, config reflector) when BIRD runs (`bgp.wanted`: --backend bgp, or auto with
+    --auto-bgp on), else (None, None). The reflector is started here; the caller stops it on
+    shutdown."""
+    if not bgp.wanted:
         return None, None
     from netagent.kube.changes import ChangeRecorder
-    from netagent.noderoutes.bgp.cluster_config import check_label
     from netagent.noderoutes.bgp.learnt import NetlinkLearntRoutes
-    from netagent.noderoutes.bgp.model import check_as_number
     from netagent.noderoutes.bgp.speaker import BgpSpeaker
     from netagent.noderoutes.bgp.supervisor import BirdSupervisor
     from netagent.noderoutes.bgp.topology import TopologySettings
-    defaults = TopologySettings(asn=check_as_number(args.bgp_as, what="--bgp-as"), mesh=args.bgp_mesh == "on",
-                                bfd=args.bgp_bfd == "on", reflector_label=check_label(args.bgp_reflector_label))
-    key = config_key(args.bgp_config)
+    defaults = TopologySettings(asn=bgp.asn, mesh=bgp.mesh, bfd=bgp.bfd, reflector_label=bgp.reflector_label)
+    key = config_key(bgp.config_map)
     speaker: BgpSpeaker
 
     def changed() -> None:
         speaker.poke()
 
     recorder = ChangeRecorder("bgp-config", on_change=changed)
-    reflector = config_reflector(api_client=api_client, config=args.bgp_config, handler=recorder)
-    speaker = BgpSpeaker(bird=BirdSupervisor(args.bgp_state_dir), learnt=NetlinkLearntRoutes(), topology=defaults,
+    reflector = config_reflector(api_client=api_client, config=bgp.config_map, handler=recorder)
+    speaker = BgpSpeaker(bird=BirdSupervisor(bgp.state_dir), learnt=NetlinkLearntRoutes(), topology=defaults,
                          rejections=rejections, topology_source=lambda: reflector.store.get(key))
     reflector.start()
     return speaker, reflector

@@ -254,7 +254,7 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
         return 1
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     from netagent.daemon.bgp_start import build_bgp
-    bgp, bgp_config = build_bgp(args, api_client=api_client, rejections=rejections.scope("bgp"))
+    bgp, bgp_config = build_bgp(cluster.bgp, api_client=api_client, rejections=rejections.scope("bgp"))
     ipv6 = any(c.version == 6 for c in settings.cluster_cidrs)  # the IPv6 masquerade's ip6tables
     host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
                       iptables=IptablesRunner(backend=backend, family=IpFamily.V4) if backend is not None else None,

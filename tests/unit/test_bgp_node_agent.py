@@ -136,10 +136,10 @@ def test_topology_parser_keeps_defaults_for_refused_values():
     (["run", "--backend", "auto", "--auto-bgp", "on"], True), (["run", "--backend", "vxlan", "--auto-bgp", "on"], False)])
 def test_bird_runs_with_bgp_and_with_auto_when_asked(argv, wanted):
     from netagent.cli import build_parser
-    from netagent.daemon.bgp_start import bgp_wanted
-    args = build_parser().parse_args(argv)
-    assert bgp_wanted(args) is wanted
-    assert args.bgp_as == 64512 and args.bgp_config == "kube-system/netagent-bgp"
+    from netagent.daemon.config import parse_run_config
+    cluster = parse_run_config(build_parser().parse_args([*argv, "--node-name", "n", "--cluster-cidr", "10.244.0.0/16"])).cluster
+    assert cluster is not None and cluster.bgp.wanted is wanted
+    assert cluster.bgp.asn == 64512 and cluster.bgp.config_map == "kube-system/netagent-bgp"
 
 
 def test_status_bgp_and_cleanup_take_the_state_dir():
