@@ -10,21 +10,20 @@ The table holds one set and one base chain:
   so only tunnel packets look the set up. A drop is final whatever another table's input chain
   accepts; what we let through is left to the others.
 
-`NftTunnelFilter` has `TunnelFilter`'s contract (`update`, `check`, `ensure`, `cleanup`): the
-table read back (chain hook/type/priority/policy, set elements, rule comments carrying a hash of
-their text) is compared with the rendering and the table replaced in one transaction only when
-it drifted; with no tunnel in use the table is removed.
+`NftTunnelFilter` has `TunnelFilter`'s contract (`update`, `check`, `ensure`, `cleanup`); it
+only builds the table (`tunnel_table`, `kernel/nftables/model.py` values): the model renders it,
+reads it back (chain hook/type/priority/policy, set elements, rule comments carrying a hash of
+their text) and compares, and the table is replaced in one transaction only when it drifted;
+with no tunnel in use the table is removed.
 """
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 from collections.abc import Iterable
-from typing import Any
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
-from netagent.kernel.nftables import listing, text
+from netagent.kernel.nftables import model, tables, text
 from netagent.kernel.nftables.runner import Nft
 from netagent.noderoutes.routing.model import Mode, RoutingSettings
 from netagent.noderoutes.tunnel_filter import IP_IN_IP, Address
@@ -32,39 +31,37 @@ from netagent.noderoutes.tunnel_filter import IP_IN_IP, Address
 TABLE = owned.NFT_TUNNEL_TABLE
 CHAIN = "INPUT"
 ADMITTED_SET = "ADMITTED"
-PRIORITY = ("filter - 10", -10)
+INPUT = model.BaseChain("filter", "input", -10, "filter - 10")
+PURPOSE = "tunnel packets only from admitted peers"
 
 
-def nft_tunnel_rules(settings: RoutingSettings, family: IpFamily) -> tuple[tuple[str, str], ...]:
-    """(statements, comment) of the chain; empty when no tunnel is in use."""
+def nft_tunnel_rules(settings: RoutingSettings, family: IpFamily) -> tuple[tuple[str, str | None], ...]:
+    """(statements, comment) of the chain's rules; empty when no tunnel is in use."""
+    return tuple((rule.statements, rule.comment) for rule in tunnel_rules(settings, family))
+
+
+def tunnel_rules(settings: RoutingSettings, family: IpFamily) -> tuple[model.Rule, ...]:
+    """The chain's rules; none when no tunnel is in use."""
     modes = {settings.mode} | ({settings.auto_encap} if settings.mode is Mode.AUTO else set())
     matches = []
     if Mode.VXLAN in modes:
         matches.append(f"udp dport {text.port(settings.vxlan_port)}")
     if Mode.IPIP in modes:
         matches.append(f"meta l4proto {IP_IN_IP[family]}")
-    statements = [f"{match} {family.nft} saddr != @{text.name(ADMITTED_SET)} drop" for match in matches]
-    return tuple((s, _comment(s)) for s in statements)
+    return tuple(model.digested_rule(f"{match} {family.nft} saddr != {model.ref(ADMITTED_SET)} drop", PURPOSE,
+                                     sets=(ADMITTED_SET,)) for match in matches)
 
 
-def _comment(statements: str) -> str:
-    digest = hashlib.sha256(statements.encode()).hexdigest()[:8]
-    return text.safe_comment_text(f"netagent: tunnel packets only from admitted peers [{digest}]")
+def tunnel_table(family: IpFamily, rules: tuple[model.Rule, ...], admitted: Iterable[Address]) -> model.Table:
+    """The wanted table: the `ADMITTED` set and the `INPUT` chain."""
+    elements = tuple(model.Element((text.address(str(a)),)) for a in admitted)
+    return model.Table(family.nft, TABLE, (model.Chain(CHAIN, rules, INPUT),),
+                       (model.Set(ADMITTED_SET, (family.nft_address_type,), (), elements),))
 
 
-def render_tunnel_nft(family: IpFamily, rules: tuple[tuple[str, str], ...], admitted: Iterable[Address]) -> str:
-    """One batch replacing the table (the `add` first makes the `delete` succeed when missing)."""
-    table = f"{family.nft} {text.name(TABLE)}"
-    lines = [f"add table {table}", f"delete table {table}", f"add table {table}",
-             f"add set {table} {text.name(ADMITTED_SET)} {{ type {family.nft_address_type}; }}"]
-    addresses = [text.address(str(a)) for a in admitted]
-    if addresses:
-        lines.append(f"add element {table} {text.name(ADMITTED_SET)} {text.element_block(addresses)}")
-    lines.append(f"add chain {table} {text.name(CHAIN)} {{ type filter hook input priority {PRIORITY[0]}; "
-                 f"policy accept; }}")
-    for statements, comment in rules:
-        lines.append(f"add rule {table} {CHAIN} {statements} comment {text.comment(comment)}")
-    return "\n".join(lines) + "\n"
+def render_tunnel_nft(family: IpFamily, rules: tuple[model.Rule, ...], admitted: Iterable[Address]) -> str:
+    """One batch replacing the table (`model.render_table`)."""
+    return model.render_table(tunnel_table(family, rules, admitted))
 
 
 class NftTunnelFilter:
@@ -74,7 +71,7 @@ class NftTunnelFilter:
                  family: IpFamily = IpFamily.V4) -> None:
         self.nft = nft
         self.family = family
-        self.rules = nft_tunnel_rules(settings, family)
+        self.rules = tunnel_rules(settings, family)
         self.own = tuple(own)
         self.admitted: tuple[Address, ...] = ()
         self.update(())
@@ -84,48 +81,24 @@ class NftTunnelFilter:
         self.admitted = tuple(sorted({ipaddress.ip_address(a) for a in (*self.own, *peers)
                                       if ipaddress.ip_address(a).version == self.family.value}, key=int))
 
+    def wanted(self) -> model.Table:
+        return tunnel_table(self.family, self.rules, self.admitted)
+
     def check(self) -> list[str]:
         """What differs from the wanted state, one sentence per problem (empty: in sync)."""
-        return self._drift(self.nft.list_table(self.family.nft, TABLE))
+        if not self.rules:
+            held = self.nft.list_table(self.family.nft, TABLE)
+            return [] if held is None else [f"table {self.family.nft} {TABLE} present with no tunnel in use"]
+        return tables.table_drift(self.nft, self.wanted())
 
     def ensure(self) -> list[str]:
         """Repair whatever drifted; return what was repaired. Writes nothing when in sync."""
-        problems = self.check()
-        if problems and not self.rules:
+        if not self.rules:
+            problems = self.check()
             self.cleanup()
-        elif problems:
-            self.nft.apply(render_tunnel_nft(self.family, self.rules, self.admitted))
-        return problems
+            return problems
+        return tables.ensure_table(self.nft, self.wanted())
 
     def cleanup(self) -> None:
         """Delete the table; quiet when gone."""
-        if self.nft.list_table(self.family.nft, TABLE) is not None:
-            self.nft.apply(f"delete table {self.family.nft} {text.name(TABLE)}\n")
-
-    def _drift(self, objects: list[dict[str, Any]] | None) -> list[str]:
-        where = f"table {self.family.nft} {TABLE}"
-        if not self.rules:
-            return [] if objects is None else [f"{where} present with no tunnel in use"]
-        if objects is None:
-            return [f"{where} missing"]
-        problems = []
-        held_set = listing.sets(objects).get(ADMITTED_SET)
-        if held_set is None:
-            problems.append(f"set {ADMITTED_SET} missing")
-        elif sorted(listing.key_text(key) for key, _ in listing.elements(held_set)) != \
-                sorted(listing.key_text(str(a)) for a in self.admitted):
-            problems.append(f"set {ADMITTED_SET} holds other addresses than {[str(a) for a in self.admitted]}")
-        chains = listing.chains(objects)
-        chain = chains.get(CHAIN)
-        spec = {"type": "filter", "hook": "input", "prio": PRIORITY[1], "policy": "accept"}
-        if chain is None:
-            problems.append(f"chain {CHAIN} missing")
-        else:
-            if {key: chain.get(key) for key in spec} != spec:
-                problems.append(f"chain {CHAIN} is not {spec}")
-            comments = [rule.get("comment") for rule in listing.rules(objects, CHAIN)]
-            if comments != [comment for _, comment in self.rules]:
-                problems.append(f"chain {CHAIN}: {len(comments)} rule(s) differ from the {len(self.rules)} wanted")
-        if set(chains) - {CHAIN}:
-            problems.append(f"chains not ours to keep: {sorted(set(chains) - {CHAIN})}")
-        return problems
+        tables.remove_table(self.nft, self.family.nft, TABLE)

@@ -286,3 +286,28 @@ def test_the_agent_in_nftables_mode_writes_no_iptables_rule_for_the_filter():
     assert "NETAGENT" not in world.iptables.save()
     assert agent.tunnel_filters[IpFamily.V4].check() == []
     assert [str(a) for a in agent.tunnel_filters[IpFamily.V4].admitted] == [str(LOCAL_IP), "198.18.16.12"]
+
+
+NFT_GOLDEN = """\
+add table ip netagent-tunnel
+delete table ip netagent-tunnel
+add table ip netagent-tunnel
+add set ip netagent-tunnel ADMITTED { type ipv4_addr; }
+add element ip netagent-tunnel ADMITTED { 192.0.2.1, 192.0.2.2 }
+add chain ip netagent-tunnel INPUT { type filter hook input priority filter - 10; policy accept; }
+add rule ip netagent-tunnel INPUT udp dport 4789 ip saddr != @ADMITTED drop \
+comment "netagent: tunnel packets only from admitted peers [113a40b0]"
+"""
+
+
+def test_the_nft_batch_is_pinned_and_its_rules_name_their_set():
+    """The batch the table model renders for the filter (byte-identical to the renderer it
+    replaced), and the set each rule uses is a field of the rule, not found in its text."""
+    from netagent.kernel.nftables.fake import FakeNft
+    from netagent.noderoutes.tunnel_filter_nft import ADMITTED_SET, render_tunnel_nft, tunnel_rules
+
+    rules = tunnel_rules(RoutingSettings(mode=Mode.AUTO), IpFamily.V4)
+    assert [rule.sets for rule in rules] == [(ADMITTED_SET,)]
+    batch = render_tunnel_nft(IpFamily.V4, rules, [IPv4Address("192.0.2.1"), IPv4Address("192.0.2.2")])
+    assert batch == NFT_GOLDEN
+    FakeNft().apply(batch)

@@ -4,7 +4,8 @@ Every component that owns a table (kernel/owned.py's `NFT_*_TABLE`) builds a `Ta
 values and nothing else; this module turns it into the batch that (re)creates it in one
 transaction, and `tables.py` reads a table back from its JSON listing into the same values,
 says whether it drifted and writes it. Moved onto it so far: masquerade
-(`noderoutes/masquerade_nft.py`); the others still render their own text.
+(`noderoutes/masquerade_nft.py`) and the tunnel source filter (`noderoutes/tunnel_filter_nft.py`);
+the others still render their own text.
 
 - `Table` (family, name, chains, sets and maps), `Chain` (a regular chain, or a base chain
   when it carries a `BaseChain`: type, hook, priority, policy), `Set` and `Map` (key type as a
