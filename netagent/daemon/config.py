@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # imported when parsing: `netagent run --help` stays light
     from proxy.backend import ProxyMode
     from proxy.limits import ProxyLimits
 
-CNI_NETWORK = "netagent"   # the network config's name, the IPAM store's directory under --cni-data-dir
+CNI_NETWORK = "netagent"
+DEFAULT_METRICS_BIND = "127.0.0.1:10249"   # --metrics-bind-address, as kube-proxy's: loopback   # the network config's name, the IPAM store's directory under --cni-data-dir
 
 
 class ConfigError(NetagentError, ValueError):
@@ -79,7 +80,7 @@ class EbpfConfig:
 @dataclass(frozen=True)
 class ProxyConfig:
     requested: ProxyMode | NoProxy | None   # --proxy-mode; None: not given (dataplane.py decides)
-    node_name: str | None
+    node_name: str
     nodeport_cidrs: tuple[str, ...]  # --nodeport-addresses, each a CIDR
     sync_period: float               # --sync-period
     min_sync_period: float           # --min-sync-period (the proxy uses at least 1 s)
@@ -94,7 +95,7 @@ class ProxyConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     enabled: bool                    # --network-policy
-    node_name: str | None
+    node_name: str
     attachment: PodAttachment        # --cni-mode: what the hooks match
     add_wait: float                  # --policy-add-wait
     sync_period: float               # --policy-sync-period
@@ -173,7 +174,6 @@ def _bind(value: str, flag: str) -> str:
 def metrics_binds(given) -> tuple[str, ...]:
     """The addresses /metrics is served on: `--metrics-bind-address` (each time given), default
     loopback; an empty one turns metrics off."""
-    from netagent.daemon.proxy_start import DEFAULT_METRICS_BIND
     values = list(given or [DEFAULT_METRICS_BIND])
     return () if "" in values else tuple(values)
 
@@ -224,7 +224,7 @@ def _routing(args: argparse.Namespace) -> AgentSettings:
                          resync_interval=_positive(args.resync_period, "--resync-period"))
 
 
-def _proxy(args: argparse.Namespace) -> ProxyConfig:
+def _proxy(args: argparse.Namespace, node_name: str) -> ProxyConfig:
     from ebpf.sizes import MapSizes
     from proxy.limits import limits_from_args
     from proxy.nodeport_addresses import NodePortAddressError, parse_nodeport_cidrs
@@ -242,7 +242,7 @@ def _proxy(args: argparse.Namespace) -> ProxyConfig:
         raise ConfigError(f"--bpf-map-max: {error}") from None
     ebpf = EbpfConfig(bpf_root=args.bpf_root, cgroup_root=args.cgroup_root, nodeport_device=args.bpf_nodeport_device,
                       map_sizes=map_sizes, pod_veths=bool(args.bpf_pod_veths))
-    return ProxyConfig(requested=proxy_mode(args.proxy_mode), node_name=args.node_name,
+    return ProxyConfig(requested=proxy_mode(args.proxy_mode), node_name=node_name,
                        nodeport_cidrs=nodeport_cidrs, sync_period=_positive(args.sync_period, "--sync-period"),
                        min_sync_period=_positive(args.min_sync_period, "--min-sync-period", zero=True),
                        healthz_bind=_bind(args.healthz_bind_address, "--healthz-bind-address"),
@@ -250,14 +250,14 @@ def _proxy(args: argparse.Namespace) -> ProxyConfig:
                        iface=args.iface, iface_regex=args.iface_regex)
 
 
-def _policy(args: argparse.Namespace) -> PolicyConfig:
+def _policy(args: argparse.Namespace, node_name: str) -> PolicyConfig:
     from netagent.daemon.policy_start import LIMIT_FLAGS
     from netagent.policy.kube_objects import PolicyLimits
     try:
         limits = PolicyLimits(**{field: getattr(args, f"policy_max_{field}") for field, _ in LIMIT_FLAGS})
     except ValueError as error:
         raise ConfigError(f"--policy-max-*: {error}") from None
-    return PolicyConfig(enabled=bool(args.network_policy), node_name=args.node_name,
+    return PolicyConfig(enabled=bool(args.network_policy), node_name=node_name,
                         attachment=_enum(PodAttachment, args.cni_mode, "--cni-mode"),
                         add_wait=_positive(args.policy_add_wait, "--policy-add-wait", zero=True),
                         sync_period=_positive(args.policy_sync_period, "--policy-sync-period"),
@@ -299,4 +299,4 @@ def parse_run_config(args: argparse.Namespace) -> DaemonConfig:
     return DaemonConfig(cni=cni, cluster=ClusterConfig(
         kubeconfig=args.kubeconfig, routing=routing,
         iptables_backend=_enum(BackendChoice, args.iptables_backend, "--iptables-backend"),
-        proxy=_proxy(args), policy=_policy(args), bgp=_bgp(args, routing.routing.mode), status=_status(args)))
+        proxy=_proxy(args, routing.node_name), policy=_policy(args, routing.node_name), bgp=_bgp(args, routing.routing.mode), status=_status(args)))

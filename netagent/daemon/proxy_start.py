@@ -19,22 +19,28 @@ scope (`proxy`, `proxy-ipv6`), sharing one `ProxyMetrics` (kube-proxy's names, n
 and the two servers. /healthz is healthy when every family's proxy is: a single-stack node's
 report keeps today's shape, a dual-stack node's lists each family's under its runner's name
 (`all_healthy`). An IPv4-only cluster builds exactly the one IPv4 proxy of before.
+
+The flags are declared here and parsed once by config.py: `build_proxy` takes its
+`ProxyConfig` (limits, nodeport CIDRs, periods, the eBPF flags as `EbpfConfig`), the proxy
+mode dataplane.py chose (a `ProxyMode`; None for `none`) and the metrics addresses.
 """
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from netagent.kernel.families import IpFamily
 
-from proxy.backend import NO_PROXY, PROXY_MODE_CHOICES
-from proxy.limits import add_limit_arguments, limits_from_args
+from netagent.daemon.config import DEFAULT_METRICS_BIND
+from proxy.backend import PROXY_MODE_CHOICES, ProxyMode
+from proxy.limits import add_limit_arguments
 from netagent.errors import NetagentError
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.daemon.config import ProxyConfig
     from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import HealthFunction, StatusServer
     from proxy.service_proxy import ServiceProxy
@@ -42,14 +48,6 @@ if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
 log = logging.getLogger("netagent.daemon.proxy_start")
 
 DEFAULT_MIN_SYNC_PERIOD = 1.0
-DEFAULT_METRICS_BIND = "127.0.0.1:10249"
-
-
-def metrics_binds(args) -> list[str]:
-    """The addresses /metrics is served on: `--metrics-bind-address` (each time given), default
-    loopback; an empty one turns metrics off."""
-    given = getattr(args, "metrics_bind_address", None) or [DEFAULT_METRICS_BIND]
-    return [] if "" in given else list(given)
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,23 +81,21 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     add_limit_arguments(proxy)
 
 
-def ebpf_paths(args, families: tuple[IpFamily, ...] = (IpFamily.V4,)):
+def ebpf_paths(config: ProxyConfig, families: tuple[IpFamily, ...] = (IpFamily.V4,)):
     """The eBPF backend's places from the flags, or None when neither was given."""
     from ebpf.loader import cgroup2_directory
-    from ebpf.sizes import MapSizes
     from proxy.ebpf.backend import EbpfPaths
-    bpf_root, cgroup = getattr(args, "bpf_root", None), getattr(args, "cgroup_root", None)
-    if not (bpf_root or cgroup):
+    ebpf = config.ebpf
+    if not ebpf.given:
         return None
-    tc_device = getattr(args, "bpf_nodeport_device", None)
+    tc_device = ebpf.nodeport_device
     if tc_device == "auto":
-        tc_device = underlay_device(args, families)
-    return EbpfPaths(bpf_root=bpf_root or "", cgroup=cgroup2_directory(cgroup) if cgroup else "",
-                     tc_device=tc_device, pod_veths=bool(getattr(args, "bpf_pod_veths", False)),
-                     map_sizes=MapSizes.parse(getattr(args, "bpf_map_max", None) or []))
+        tc_device = underlay_device(config, families)
+    cgroup = cgroup2_directory(ebpf.cgroup_root) if ebpf.cgroup_root else ""
+    return EbpfPaths(bpf_root=ebpf.bpf_root or "", cgroup=cgroup, tc_device=tc_device, pod_veths=ebpf.pod_veths, map_sizes=ebpf.map_sizes)
 
 
-def underlay_device(args, families: tuple[IpFamily, ...]) -> str:
+def underlay_device(config: ProxyConfig, families: tuple[IpFamily, ...]) -> str:
     """`--bpf-nodeport-device auto`: the interface routing would choose as this node's underlay."""
     from pyroute2 import IPRoute
 
@@ -107,8 +103,8 @@ def underlay_device(args, families: tuple[IpFamily, ...]) -> str:
     with IPRoute() as ipr:
         snapshot = read_underlay_snapshot(ipr)
     try:
-        return choose_underlay(snapshot, iface=getattr(args, "iface", None),
-                               iface_regex=getattr(args, "iface_regex", None), families=families).ifname
+        return choose_underlay(snapshot, iface=config.iface, iface_regex=config.iface_regex,
+                               families=families).ifname
     except UnderlayError as error:
         raise ProxyStartError(f"--bpf-nodeport-device auto: {error}") from None
 
@@ -156,18 +152,22 @@ def proxy_families(cluster_cidrs: Mapping[IpFamily, str]) -> tuple[IpFamily, ...
     return tuple(family for family in IpFamily if family in cluster_cidrs) or (IpFamily.V4,)
 
 
-def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: Mapping[IpFamily, str],
+def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: Sequence[str], api_client,
+                iptables_backend, registry, cluster_cidrs: Mapping[IpFamily, str],
                 rejections: RejectionScope | None = None) -> ProxyParts | None:
-    """Check the flags and build the proxies (one per family of `cluster_cidrs`: family -> that
-    family's cluster CIDR) and their servers; None with --proxy-mode none.
+    """Build the proxies of `mode` (one per family of `cluster_cidrs`: family -> that family's
+    cluster CIDR) and their servers, /metrics on `metrics_binds`; None when `mode` is None
+    (--proxy-mode none). What depends on the node (local addresses inside
+    --nodeport-addresses, the eBPF places) is checked here.
 
     The proxies' Node events are shared (`NodeSource.SHARED`): the caller feeds
     `parts.node_listeners` from the Node reflector it already runs. Services and EndpointSlices
     a proxy refuses are recorded in `rejections` (a private scope when None; the IPv6 proxy's
     in a scope of its own beside it) and listed in /healthz's details (on the loopback metrics
     server only; 10256 says healthy or not) without making the node unhealthy."""
-    if args.proxy_mode == NO_PROXY:
+    if mode is None:
         return None
+    running: ProxyMode = mode   # for the pages' lambdas
     from netagent.daemon.rejection_reports import with_rejections
     from netagent.daemon.status_services import services_json
     from netagent.infra.rejections import standalone
@@ -178,13 +178,10 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
     from proxy.healthcheck import HealthCheckPorts
     from proxy.local_addresses import NetlinkLocalAddresses
     from proxy.metrics import ProxyMetrics
-    from proxy.nodeport_addresses import NodePortAddressError, nodeport_addresses, of_family, parse_nodeport_cidrs
+    from proxy.nodeport_addresses import nodeport_addresses, of_family
     from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy, runner_name
 
-    try:
-        cidrs = parse_nodeport_cidrs(args.nodeport_addresses)
-    except NodePortAddressError as error:
-        raise ProxyStartError(str(error)) from None
+    cidrs = config.nodeport_cidrs
     families = proxy_families(cluster_cidrs)
     local_addresses = NetlinkLocalAddresses()
     for family in families:
@@ -193,28 +190,25 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
         if wanted and not nodeport_addresses(local, wanted):
             raise ProxyStartError(f"--nodeport-addresses {','.join(wanted)}: no local address is inside them "
                                   f"(local: {', '.join(local) or 'none'})")
-    min_sync = args.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
-    try:
-        limits = limits_from_args(args)
-        ebpf = ebpf_paths(args, families)
-    except ValueError as error:   # a bad limit or --bpf-map-max
-        raise ProxyStartError(str(error)) from None
+    min_sync = config.min_sync_period or DEFAULT_MIN_SYNC_PERIOD
+    limits = config.limits
+    ebpf = ebpf_paths(config, families)
     scope = rejections if rejections is not None else standalone("proxy")
     metrics: ProxyMetrics | None = None
     proxies: list[ServiceProxy] = []
     healths: dict[str, HealthFunction] = {}
     health_checks = HealthCheckPorts(max_ports=limits.health_check_ports)
     for family in families:
-        settings = ProxySettings(node_name=args.node_name, cluster_cidr=cluster_cidrs.get(family),
-                                 nodeport_cidrs=cidrs, min_sync_period=min_sync, sync_period=args.sync_period,
+        settings = ProxySettings(node_name=config.node_name, cluster_cidr=cluster_cidrs.get(family),
+                                 nodeport_cidrs=cidrs, min_sync_period=min_sync, sync_period=config.sync_period,
                                  limits=limits, family=family)
         name = runner_name(family)
         family_scope = scope if not proxies else scope.rejections.scope(name)
         try:
             # the eBPF backend's map-full records: a scope of their own, so the catalog accepting a
             # Service never clears them (and they never overwrite the catalog's)
-            backend = build_backend(args.proxy_mode, iptables_backend=iptables_backend,
-                                    scheduler=args.ipvs_scheduler, ebpf=ebpf, family=family,
+            backend = build_backend(mode, iptables_backend=iptables_backend,
+                                    scheduler=config.ipvs_scheduler, ebpf=ebpf, family=family,
                                     first=proxies[0].backend if proxies else None,
                                     rejections=scope.rejections.scope(name.replace("proxy", "proxy-ebpf", 1)))
         except (BackendConfigError, ValueError, IptablesNotInstalled) as error:
@@ -232,17 +226,17 @@ def build_proxy(args, *, api_client, iptables_backend, registry, cluster_cidrs: 
         proxies.append(proxy)
         # a change left unprogrammed for longer than this makes the proxy unhealthy
         healths[name] = with_rejections(
-            health_from_sync_runner(proxy.runner, stale_after=max(2 * args.sync_period, 60.0)), family_scope)
+            health_from_sync_runner(proxy.runner, stale_after=max(2 * config.sync_period, 60.0)), family_scope)
     # one family: its health as before; two: each under its runner's name (`proxy`, `proxy-ipv6`)
     health = next(iter(healths.values())) if len(healths) == 1 else all_healthy(healths)
     health_checks.proxy_healthy = lambda: health().healthy
 
-    healthz = StatusServer(bind=args.healthz_bind_address, registry=None, health=health)
-    binds = metrics_binds(args)
+    healthz = StatusServer(bind=config.healthz_bind, registry=None, health=health)
+    binds = list(metrics_binds)
     metrics_server = StatusServer(bind=binds, registry=registry, health=health, pages={
-        "/proxyMode": ("text/plain; charset=utf-8", lambda: args.proxy_mode),
+        "/proxyMode": ("text/plain; charset=utf-8", lambda: running.value),
         "/services": ("application/json",
-                      lambda: services_json(args.proxy_mode, [s for p in proxies for s in p.backend.programmed()])),
+                      lambda: services_json(running, [s for p in proxies for s in p.backend.programmed()])),
     }) if binds else None
     servers = (healthz, metrics_server) if metrics_server is not None else (healthz,)
     return ProxyParts(proxies=tuple(proxies), servers=servers)

@@ -247,7 +247,8 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
     rejections, event_poster = build_rejections(registry, api_client=api_client, node_name=settings.node_name)
     cluster_cidrs = {IpFamily.of(c): str(c) for c in reversed(settings.cluster_cidrs)}   # the first per family
     try:
-        proxy = build_proxy(args, api_client=api_client, iptables_backend=backend, registry=registry,
+        proxy = build_proxy(cluster.proxy, mode=dataplane.proxy, metrics_binds=cluster.status.metrics_binds,
+                            api_client=api_client, iptables_backend=backend, registry=registry,
                             cluster_cidrs=cluster_cidrs, rejections=rejections.scope("proxy"))
     except ProxyStartError as exc:
         print(f"netagent run: {exc}", file=sys.stderr)

@@ -19,13 +19,17 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.backend import ProxyMode
 
 AGENT_URL = "http://127.0.0.1:10249/services"
 
 
-def services_json(mode: str | None, services) -> str:
+def services_json(mode: ProxyMode | None, services) -> str:
     """The `/services` page: the proxy mode (None when nothing is programmed) and its services."""
-    return json.dumps({"mode": mode, "services": [asdict(s) for s in services]})
+    return json.dumps({"mode": mode.value if mode is not None else None, "services": [asdict(s) for s in services]})
 
 
 def _from_agent(url: str) -> dict | None:
@@ -63,7 +67,7 @@ def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
                 services += build_backend(mode, iptables_backend=backend_choice, family=IpFamily.V6).programmed()
             except (BackendConfigError, IptablesNotInstalled):   # no IPv6 form of it here: nothing of it programmed
                 pass
-    return {**json.loads(services_json(mode.value if mode else None, services)), "source": "kernel"}
+    return {**json.loads(services_json(mode, services)), "source": "kernel"}
 
 
 def status_services(*, iptables_backend: str = "auto", as_json: bool = False, agent_url: str = AGENT_URL,

@@ -364,11 +364,11 @@ def test_probes_point_at_the_status_bind_port():
 def test_metrics_are_served_on_loopback_only():
     import ipaddress
 
-    from netagent.daemon.proxy_start import metrics_binds
+    from netagent.daemon.config import metrics_binds
     from netagent.infra.status_server import parse_bind
-    binds = metrics_binds(parsed_agent_args())
+    binds = metrics_binds(parsed_agent_args().metrics_bind_address)
     assert binds and all(ipaddress.ip_address(parse_bind(bind)[0]).is_loopback for bind in binds), binds
-    assert metrics_binds(build_parser().parse_args(["run"])) == ["127.0.0.1:10249"]   # the default too
+    assert metrics_binds(build_parser().parse_args(["run"]).metrics_bind_address) == ("127.0.0.1:10249",)   # the default too
 
 
 def test_init_container_installs_only_the_binaries_into_the_hosts_cni_bin_dir():

@@ -213,17 +213,21 @@ def test_bad_map_sizes_are_refused_with_a_clear_error(value, message):
 
 
 def test_the_agent_flag_reaches_the_backend_paths_and_a_bad_one_is_refused():
-    import argparse
+    from netagent.cli import build_parser
+    from netagent.daemon.config import ConfigError, parse_run_config
+    from netagent.daemon.proxy_start import ebpf_paths
 
-    from netagent.daemon.proxy_start import add_proxy_arguments, ebpf_paths
-    parser = argparse.ArgumentParser()
-    add_proxy_arguments(parser)
-    args = parser.parse_args(["--bpf-root", "/b", "--cgroup-root", "/c", "--bpf-map-max", "na_svc=1024",
-                              "--bpf-map-max", "na_ct=2048,na_ct_new=512"])
-    sizes = ebpf_paths(args).map_sizes
+    def proxy_config(*argv: str):
+        parsed = parse_run_config(build_parser().parse_args(["run", "--node-name", "n", "--cluster-cidr",
+                                                             "10.244.0.0/16", "--bpf-root", "/b", "--cgroup-root",
+                                                             "/c", *argv])).cluster
+        assert parsed is not None
+        return parsed.proxy
+    sizes = ebpf_paths(proxy_config("--bpf-map-max", "na_svc=1024", "--bpf-map-max", "na_ct=2048,na_ct_new=512")).map_sizes
     assert (sizes[M.SVC_MAP], sizes[M.CT_MAP], sizes[M.CT_NEW_MAP]) == (1024, 2048, 512)
-    with pytest.raises(MapSizeError):
-        ebpf_paths(parser.parse_args(["--bpf-root", "/b", "--cgroup-root", "/c", "--bpf-map-max", "na_svc=1"]))
+    with pytest.raises(ConfigError, match="--bpf-map-max") as refused:
+        proxy_config("--bpf-map-max", "na_svc=1")
+    assert isinstance(refused.value.__context__ or refused.value, (MapSizeError, ConfigError))
 
 
 def test_a_hybrid_hosts_cgroup_root_stands_for_its_unified_hierarchy(tmp_path):

@@ -222,14 +222,14 @@ def test_the_factory_builds_an_ipv6_ipvs_backend_on_ip6tables():
 
 
 # -- the daemon: one proxy per family --------------------------------------------------------------
-def _run_args(*extra: str):
-    import argparse
-
-    from netagent.daemon.run import add_run_arguments
-    parser = argparse.ArgumentParser()
-    add_run_arguments(parser)
-    return parser.parse_args(["--node-name", "node-a", "--proxy-mode", "iptables", "--metrics-bind-address", "",
-                              "--healthz-bind-address", "127.0.0.1:0", *extra])
+def _proxy_config(*extra: str):
+    from netagent.cli import build_parser
+    from netagent.daemon.config import parse_run_config
+    cluster = parse_run_config(build_parser().parse_args([
+        "run", "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16", "--proxy-mode", "iptables",
+        "--metrics-bind-address", "", "--healthz-bind-address", "127.0.0.1:0", *extra])).cluster
+    assert cluster is not None
+    return cluster.proxy
 
 
 @pytest.mark.parametrize("cidrs, runners", [
@@ -240,8 +240,9 @@ def _run_args(*extra: str):
 def test_build_proxy_builds_one_proxy_per_cluster_family(cidrs, runners):
     from netagent.daemon.proxy_start import build_proxy
     from netagent.kernel.iptables.backend import IptablesBackend
+    from proxy.backend import ProxyMode
     registry = Registry()
-    parts = build_proxy(_run_args(), api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
+    parts = build_proxy(_proxy_config(), mode=ProxyMode.IPTABLES, metrics_binds=(), api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
                         cluster_cidrs=cidrs)
     assert [p.runner.name for p in parts.proxies] == runners
     assert [p.backend.iptables.family for p in parts.proxies] == [IpFamily.from_label(

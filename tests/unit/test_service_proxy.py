@@ -258,7 +258,7 @@ def test_status_services_asks_the_running_agent_first():
     listing = [ProgrammedService(name="default/web:http", address="10.96.0.10:80/TCP", kind="ClusterIP",
                                  backends=("10.244.1.5:8080",))]
     server = StatusServer(bind="127.0.0.1:0", registry=Registry(), health=lambda: HealthReport(True, "ok"),
-                          pages={"/services": ("application/json", lambda: services_json("iptables", listing))})
+                          pages={"/services": ("application/json", lambda: services_json(ProxyMode.IPTABLES, listing))})
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/services"

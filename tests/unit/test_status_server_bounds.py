@@ -119,18 +119,24 @@ def test_health_off_loopback_says_healthy_or_not_and_nothing_else(serve):
 def test_the_proxy_healthz_server_carries_no_rejection_and_the_loopback_metrics_one_does():
     """`build_proxy`'s two servers as the daemon binds them: 10256 on every address, metrics on
     loopback; a rejected Service shows on the latter only."""
+    from netagent.daemon.config import parse_run_config
     from netagent.daemon.proxy_start import build_proxy
     from netagent.daemon.run import add_run_arguments
     from netagent.infra.rejections import ObjectRef, Rejections
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.backend import IptablesBackend
+    from proxy.backend import ProxyMode
     parser = argparse.ArgumentParser()
+    parser.set_defaults(cni_only=False)
     add_run_arguments(parser)
-    args = parser.parse_args(["--node-name", "node-a", "--proxy-mode", "iptables",
-                              "--healthz-bind-address", "0.0.0.0:0", "--metrics-bind-address", "127.0.0.1:0"])
+    cluster = parse_run_config(parser.parse_args([
+        "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16", "--proxy-mode", "iptables",
+        "--healthz-bind-address", "0.0.0.0:0", "--metrics-bind-address", "127.0.0.1:0"])).cluster
+    assert cluster is not None
     scope = Rejections().scope("proxy")
     scope.reject(ObjectRef("Service", "tenant-a", "secret-name"), reason="malformed", detail="spec.ports is str")
-    parts = build_proxy(args, api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=Registry(),
+    parts = build_proxy(cluster.proxy, mode=ProxyMode.IPTABLES, metrics_binds=cluster.status.metrics_binds,
+                        api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=Registry(),
                         cluster_cidrs={IpFamily.V4: "10.244.0.0/16"}, rejections=scope)
     healthz, metrics = parts.servers
     for server in parts.servers:
