@@ -35,8 +35,8 @@ if TYPE_CHECKING:  # imported when parsing: `netagent run --help` stays light
     from proxy.backend import ProxyMode
     from proxy.limits import ProxyLimits
 
-CNI_NETWORK = "netagent"
-DEFAULT_METRICS_BIND = "127.0.0.1:10249"   # --metrics-bind-address, as kube-proxy's: loopback   # the network config's name, the IPAM store's directory under --cni-data-dir
+CNI_NETWORK = "netagent"   # the network config's name, the IPAM store's directory under --cni-data-dir
+DEFAULT_METRICS_BIND = "127.0.0.1:10249"   # --metrics-bind-address, as kube-proxy's: loopback
 
 
 class ConfigError(NetagentError, ValueError):
@@ -299,4 +299,5 @@ def parse_run_config(args: argparse.Namespace) -> DaemonConfig:
     return DaemonConfig(cni=cni, cluster=ClusterConfig(
         kubeconfig=args.kubeconfig, routing=routing,
         iptables_backend=_enum(BackendChoice, args.iptables_backend, "--iptables-backend"),
-        proxy=_proxy(args, routing.node_name), policy=_policy(args, routing.node_name), bgp=_bgp(args, routing.routing.mode), status=_status(args)))
+        proxy=_proxy(args, routing.node_name), policy=_policy(args, routing.node_name),
+        bgp=_bgp(args, routing.routing.mode), status=_status(args)))

@@ -43,9 +43,13 @@ Pod anti-spoofing (policy/antispoof.py: a pod's packets must carry its own sourc
 not NetworkPolicy, so it has its own flag, `--pod-anti-spoofing on|off` (on by default), and
 its own `AntiSpoofParts` (`build_anti_spoofing`): a `SyncRunner` that writes the rules at
 start and, in bridge mode, rescans the IPAM store every `ANTISPOOF_RESCAN` seconds. Off
-removes what a previous run left. The flavour follows the proxy mode as the policy's does.
-With `--network-policy` the policy parts start and stop it (`PolicyParts.anti_spoofing`);
+removes what a previous run left. The flavour follows the netfilter dataplane as the policy's
+does. With `--network-policy` the policy parts start and stop it (`PolicyParts.anti_spoofing`);
 without, `run.py` does.
+
+The flags are declared here and parsed once by config.py: `build_policy` and
+`build_anti_spoofing` take its `PolicyConfig` and the `Dataplane` dataplane.py chose (its
+`Netfilter` picks the dataplane; `--proxy-mode ipvs` also hooks OUTPUT).
 """
 from __future__ import annotations
 
@@ -60,6 +64,8 @@ from typing import TYPE_CHECKING
 from proxy.limits import positive_int
 
 if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
+    from netagent.daemon.config import PolicyConfig
+    from netagent.daemon.dataplane import Dataplane, Netfilter
     from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import HealthFunction
     from netagent.infra.sync_runner import SyncRunner
@@ -109,13 +115,6 @@ LIMIT_FLAGS = (("rules", "ingress + egress rules"), ("peers", "from/to peers, ov
                ("pairs", "(peer x port) pairs, summed over its rules"))
 
 
-def policy_limits(args):
-    """The `PolicyLimits` the `--policy-max-*` flags ask for (defaults when absent)."""
-    from netagent.policy.kube_objects import DEFAULT_LIMITS, PolicyLimits
-    return PolicyLimits(**{field: getattr(args, f"policy_max_{field}", getattr(DEFAULT_LIMITS, field))
-                           for field, _ in LIMIT_FLAGS})
-
-
 def ipam_interface_lookup(data_dir: str, network: str):
     """PodPlan -> host veth name, from the CNI IPAM reservation of the pod's address."""
     from cni.wiring import host_veth_name
@@ -151,23 +150,24 @@ class AntiSpoofParts:
             self.nft.close()
 
 
-def build_anti_spoofing(args, *, iptables_backend, pod_cidrs: Sequence[str]) -> AntiSpoofParts | None:
-    """`--pod-anti-spoofing on`: the runner, not started; off: None, leftovers removed."""
+def build_anti_spoofing(config: PolicyConfig, *, netfilter: Netfilter, iptables_backend,
+                        pod_cidrs: Sequence[str]) -> AntiSpoofParts | None:
+    """`--pod-anti-spoofing on`: the runner, not started, of `netfilter`'s flavour (nftables too
+    where iptables cannot work: `iptables_backend` None); off: None, leftovers removed."""
     from functools import partial
 
     from cni.wiring import host_veth_name
     from netagent.infra.sync_runner import SyncRunner
     from netagent.kernel.iptables.backend import missing_binaries
+    from netagent.daemon.dataplane import Netfilter
     from netagent.kernel.iptables.runner import IptablesRunner
-    from netagent.kernel.pod_attachment import PodAttachment
     from netagent.policy.antispoof import ANTISPOOF_RESCAN, AntiSpoofing, ports_from_ipam
-    from proxy.backend import ProxyMode
 
-    network = getattr(args, "cni_network_name", "netagent")
-    ports = partial(ports_from_ipam, os.path.join(args.cni_data_dir, network), partial(host_veth_name, network))
-    mode = PodAttachment(args.cni_mode)
-    on = getattr(args, "pod_anti_spoofing", "on") == "on"
-    use_nft = getattr(args, "proxy_mode", None) == ProxyMode.NFTABLES.value or iptables_backend is None
+    network = config.cni_network
+    ports = partial(ports_from_ipam, os.path.join(config.cni_data_dir, network), partial(host_veth_name, network))
+    mode = config.attachment
+    on = config.anti_spoofing
+    use_nft = netfilter is Netfilter.NFTABLES or iptables_backend is None
     iptables = [] if iptables_backend is None else [
         IptablesRunner(backend=iptables_backend, family=family) for family in policy_families(pod_cidrs)
         if not missing_binaries(family, iptables_backend)]
@@ -327,14 +327,15 @@ def _denied(chains) -> dict[tuple[str, ...], float]:
     return found
 
 
-def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Sequence[str],
-                 rejections: RejectionScope | None = None) -> PolicyParts:
+def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, iptables_backend, registry,
+                 pod_cidrs: Sequence[str], rejections: RejectionScope | None = None) -> PolicyParts:
+    """The engine, its runner and watches (not started) on `dataplane`'s netfilter, one
+    dataplane per family of `pod_cidrs`; anti-spoofing's runner beside them."""
     from netagent.infra.metrics import CallbackGauge
     from netagent.infra.sync_runner import SyncKind, SyncRunner
     from netagent.kernel.ipset.runner import IpsetRunner
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.runner import IptablesRunner
-    from netagent.kernel.pod_attachment import PodAttachment
     from netagent.kube.reflector import Reflector
     from netagent.kube.resources import NAMESPACES, NETWORK_POLICIES, PODS
     from netagent.policy.engine import PolicyEngine, PolicySettings
@@ -342,13 +343,13 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
     from netagent.policy.render import RenderSettings
     from proxy.backend import ProxyMode
 
+    from netagent.daemon.dataplane import Netfilter
     from netagent.policy.dataplane import PolicyDataplane
     from netagent.policy.families import FamilyDataplanes
 
     families = policy_families(pod_cidrs)
     dataplanes: dict[IpFamily, PolicyDataplane] = {}
-    mode = getattr(args, "proxy_mode", None)
-    if mode == ProxyMode.NFTABLES.value:
+    if dataplane.netfilter is Netfilter.NFTABLES:
         from netagent.kernel.nftables.runner import NftRunner
         from netagent.policy.programmer_nft import NftPolicyProgrammer
         from netagent.policy.render_nft import Family
@@ -365,15 +366,14 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
             dataplanes[family] = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=family),
                                                   ipset=ipset, family=family)
     programmer = FamilyDataplanes(dataplanes)
-    ipvs = mode == ProxyMode.IPVS.value   # IPVS forwards past FORWARD: hook OUTPUT
-    settings = PolicySettings(args.node_name, RenderSettings(PodAttachment(args.cni_mode),
-                                                            local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
-                              limits=policy_limits(args))
-    network = getattr(args, "cni_network_name", "netagent")
+    ipvs = dataplane.proxy is ProxyMode.IPVS   # IPVS forwards past FORWARD: hook OUTPUT
+    settings = PolicySettings(config.node_name, RenderSettings(config.attachment,
+                                                              local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
+                              limits=config.limits)
     engine = PolicyEngine(settings, programmer=programmer, registry=registry, rejections=rejections,
-                          interface_of=ipam_interface_lookup(args.cni_data_dir, network))
-    runner = SyncRunner(name="network-policy", sync=engine.sync, min_interval=args.min_sync_period,
-                        max_interval=args.policy_sync_period, retry_interval=1.0)
+                          interface_of=ipam_interface_lookup(config.cni_data_dir, config.cni_network))
+    runner = SyncRunner(name="network-policy", sync=engine.sync, min_interval=config.min_sync_period,
+                        max_interval=config.sync_period, retry_interval=1.0)
     engine.set_requester(lambda: runner.request(SyncKind.PARTIAL))
     registry.register(CallbackGauge(
         "netagent_policy_denied_packets", "packets dropped by network policy, per pod and direction "
@@ -384,4 +384,5 @@ def build_policy(args, *, api_client, iptables_backend, registry, pod_cidrs: Seq
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),
                   Reflector(api_client=api_client, resource=NAMESPACES, handler=engine.namespaces)]
     return PolicyParts(engine, runner, reflectors,
-                       anti_spoofing=build_anti_spoofing(args, iptables_backend=iptables_backend, pod_cidrs=pod_cidrs))
+                       anti_spoofing=build_anti_spoofing(config, netfilter=dataplane.netfilter,
+                                                         iptables_backend=iptables_backend, pod_cidrs=pod_cidrs))

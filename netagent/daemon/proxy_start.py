@@ -92,7 +92,8 @@ def ebpf_paths(config: ProxyConfig, families: tuple[IpFamily, ...] = (IpFamily.V
     if tc_device == "auto":
         tc_device = underlay_device(config, families)
     cgroup = cgroup2_directory(ebpf.cgroup_root) if ebpf.cgroup_root else ""
-    return EbpfPaths(bpf_root=ebpf.bpf_root or "", cgroup=cgroup, tc_device=tc_device, pod_veths=ebpf.pod_veths, map_sizes=ebpf.map_sizes)
+    return EbpfPaths(bpf_root=ebpf.bpf_root or "", cgroup=cgroup, tc_device=tc_device, pod_veths=ebpf.pod_veths,
+                     map_sizes=ebpf.map_sizes)
 
 
 def underlay_device(config: ProxyConfig, families: tuple[IpFamily, ...]) -> str:

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 from netagent import __version__
 from netagent.errors import NetagentError
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
-from netagent.daemon.config import CniConfig, ClusterConfig, StatusConfig, parse_run_config
+from netagent.daemon.config import CniConfig, ClusterConfig, PolicyConfig, StatusConfig, parse_run_config
 from netagent.kernel.pod_attachment import POD_ATTACHMENT_CHOICES, PodAttachment
 from netagent.noderoutes.routing.model import Mode
 
 if TYPE_CHECKING:
+    from netagent.daemon.dataplane import Dataplane
     from netagent.noderoutes.host import Lease
 
 log = logging.getLogger("netagent")
@@ -193,7 +194,7 @@ def run_agent(args) -> int:
         _wait_for_signal()
         stop_cni()
         return 0
-    return _run_cluster_mode(config.cni, config.cluster, args)
+    return _run_cluster_mode(config.cni, config.cluster)
 
 
 def _cni_config_writer(cni: CniConfig) -> Callable[[Lease], None]:
@@ -215,7 +216,7 @@ def _cni_config_writer(cni: CniConfig) -> Callable[[Lease], None]:
     return write
 
 
-def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
+def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     from netagent.daemon.proxy_start import ProxyStartError, build_proxy
     from netagent.infra.metrics import Registry
     from netagent.infra.status_server import StatusServer
@@ -234,7 +235,6 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
         api_client = load_api_client(kubeconfig=cluster.kubeconfig)
         settings = dataclasses.replace(cluster.routing, api_server_addresses=api_server_addresses(api_client))
         dataplane = resolve_dataplane(cluster.proxy.requested)
-        args.proxy_mode = dataplane.proxy_mode.value     # TRANSITIONAL: the parts not yet on the config
         log.info("dataplane: %s", dataplane.reason)
         # nftables mode needs no iptables; it uses the host's only for the FORWARD-drop case
         backend = resolve_backend(cluster.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
@@ -293,7 +293,8 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
         if metrics is not None:
             started.add(metrics.stop)
             metrics.start()
-        policy = _start_policy(args, api_client=api_client, backend=backend, registry=registry,
+        policy = _start_policy(cluster.policy, dataplane=dataplane, api_client=api_client, backend=backend,
+                               registry=registry,
                                rejections=rejections.scope("policy"),
                                pod_cidrs=[str(c) for c in agent.pod_cidrs],   # both families: one dataplane each
                                timeout=settings.lease_timeout)
@@ -301,7 +302,8 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig, args) -> int:
             started_policy.append(policy)
             started.add(policy.stop)
         else:
-            _start_anti_spoofing_alone(args, backend=backend, pod_cidrs=[str(c) for c in agent.pod_cidrs],
+            _start_anti_spoofing_alone(cluster.policy, dataplane=dataplane, backend=backend,
+                                       pod_cidrs=[str(c) for c in agent.pod_cidrs],
                                        started=started)
         started.add(_start_cni_server(cni, runners=cni_runners, policy=policy, add_wait=cluster.policy.add_wait))
     except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
@@ -325,27 +327,28 @@ def _metrics_server(status: StatusConfig, *, registry, health):
     return StatusServer(bind=binds, registry=registry, health=health) if binds else None
 
 
-def _start_anti_spoofing_alone(args, *, backend, pod_cidrs: list[str], started: "_Started") -> None:
+def _start_anti_spoofing_alone(config: PolicyConfig, *, dataplane: Dataplane, backend, pod_cidrs: list[str],
+                               started: _Started) -> None:
     """Pod anti-spoofing is not NetworkPolicy: with the policy off it runs on its own (its flag
     decides; `build_anti_spoofing` removes a previous run's rules when it is off)."""
     from netagent.daemon.policy_start import build_anti_spoofing
-    guard = build_anti_spoofing(args, iptables_backend=backend, pod_cidrs=pod_cidrs)
+    guard = build_anti_spoofing(config, netfilter=dataplane.netfilter, iptables_backend=backend, pod_cidrs=pod_cidrs)
     if guard is not None:
         started.add(guard.stop)
         guard.start()
 
 
-def _start_policy(args, *, api_client, backend, registry, rejections, pod_cidrs, timeout: float):
+def _start_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, backend, registry, rejections,
+                  pod_cidrs, timeout: float):
     """Start NetworkPolicy enforcement and wait for its first sync, BEFORE the CNI server
     serves (policy_start.py says why); with the flag off, remove what a previous run left."""
     from netagent.daemon.policy_start import build_policy, remove_policy_state
-    if not args.network_policy:
+    if not config.enabled:
         for removed in remove_policy_state(backend):   # backend None: iptables cannot work here
             log.info("network policy off: removed %s", removed)
         return None
-    policy = build_policy(args, api_client=api_client, iptables_backend=backend, registry=registry,
-                          rejections=rejections,
-                          pod_cidrs=pod_cidrs)
+    policy = build_policy(config, dataplane=dataplane, api_client=api_client, iptables_backend=backend,
+                          registry=registry, rejections=rejections, pod_cidrs=pod_cidrs)
     policy.start()
     if not policy.wait_first_sync(timeout):
         policy.stop()

@@ -137,7 +137,8 @@ def test_topology_parser_keeps_defaults_for_refused_values():
 def test_bird_runs_with_bgp_and_with_auto_when_asked(argv, wanted):
     from netagent.cli import build_parser
     from netagent.daemon.config import parse_run_config
-    cluster = parse_run_config(build_parser().parse_args([*argv, "--node-name", "n", "--cluster-cidr", "10.244.0.0/16"])).cluster
+    argv = [*argv, "--node-name", "n", "--cluster-cidr", "10.244.0.0/16"]
+    cluster = parse_run_config(build_parser().parse_args(argv)).cluster
     assert cluster is not None and cluster.bgp.wanted is wanted
     assert cluster.bgp.asn == 64512 and cluster.bgp.config_map == "kube-system/netagent-bgp"
 

@@ -368,7 +368,8 @@ def test_metrics_are_served_on_loopback_only():
     from netagent.infra.status_server import parse_bind
     binds = metrics_binds(parsed_agent_args().metrics_bind_address)
     assert binds and all(ipaddress.ip_address(parse_bind(bind)[0]).is_loopback for bind in binds), binds
-    assert metrics_binds(build_parser().parse_args(["run"]).metrics_bind_address) == ("127.0.0.1:10249",)   # the default too
+    default = build_parser().parse_args(["run"]).metrics_bind_address
+    assert metrics_binds(default) == ("127.0.0.1:10249",)   # the default too
 
 
 def test_init_container_installs_only_the_binaries_into_the_hosts_cni_bin_dir():

@@ -60,7 +60,8 @@ def test_health_turns_unhealthy_when_a_policy_change_waits_too_long():
 def test_health_lists_unprogrammed_pods_and_the_limit_flags_reach_the_engine():
     from types import SimpleNamespace
 
-    from netagent.daemon.policy_start import PolicyParts, policy_limits, with_policy_health
+    from netagent.daemon.config import parse_run_config
+    from netagent.daemon.policy_start import PolicyParts, with_policy_health
     from netagent.infra.rejections import ObjectRef, standalone
     from netagent.infra.status_server import HealthReport
     from netagent.infra.sync_runner import SyncRunner
@@ -75,7 +76,9 @@ def test_health_lists_unprogrammed_pods_and_the_limit_flags_reach_the_engine():
         "network_policy"]
     assert "rejected" not in section  # the daemon lists every component's rejections once (rejection_reports.py)
     assert section["unprogrammed"] == ["pod x/a: cannot be rendered"]
-    args = build_parser().parse_args(["run", "--node-name", "n", "--cluster-cidr", "10.244.0.0/16",
-                                      "--policy-max-ip-blocks", "5", "--policy-max-pairs", "7"])
-    limits = policy_limits(args)
+    cluster = parse_run_config(build_parser().parse_args([
+        "run", "--node-name", "n", "--cluster-cidr", "10.244.0.0/16", "--policy-max-ip-blocks", "5",
+        "--policy-max-pairs", "7"])).cluster
+    assert cluster is not None
+    limits = cluster.policy.limits
     assert (limits.ip_blocks, limits.pairs, limits.rules) == (5, 7, 500)

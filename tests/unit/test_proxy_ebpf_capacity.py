@@ -223,11 +223,12 @@ def test_the_agent_flag_reaches_the_backend_paths_and_a_bad_one_is_refused():
                                                              "/c", *argv])).cluster
         assert parsed is not None
         return parsed.proxy
-    sizes = ebpf_paths(proxy_config("--bpf-map-max", "na_svc=1024", "--bpf-map-max", "na_ct=2048,na_ct_new=512")).map_sizes
+    paths = ebpf_paths(proxy_config("--bpf-map-max", "na_svc=1024", "--bpf-map-max", "na_ct=2048,na_ct_new=512"))
+    sizes = paths.map_sizes
     assert (sizes[M.SVC_MAP], sizes[M.CT_MAP], sizes[M.CT_NEW_MAP]) == (1024, 2048, 512)
     with pytest.raises(ConfigError, match="--bpf-map-max") as refused:
         proxy_config("--bpf-map-max", "na_svc=1")
-    assert isinstance(refused.value.__context__ or refused.value, (MapSizeError, ConfigError))
+    assert "na_svc" in str(refused.value)
 
 
 def test_a_hybrid_hosts_cgroup_root_stands_for_its_unified_hierarchy(tmp_path):

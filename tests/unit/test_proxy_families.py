@@ -242,7 +242,8 @@ def test_build_proxy_builds_one_proxy_per_cluster_family(cidrs, runners):
     from netagent.kernel.iptables.backend import IptablesBackend
     from proxy.backend import ProxyMode
     registry = Registry()
-    parts = build_proxy(_proxy_config(), mode=ProxyMode.IPTABLES, metrics_binds=(), api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
+    parts = build_proxy(_proxy_config(), mode=ProxyMode.IPTABLES, metrics_binds=(), api_client=None,
+                        iptables_backend=IptablesBackend.LEGACY, registry=registry,
                         cluster_cidrs=cidrs)
     assert [p.runner.name for p in parts.proxies] == runners
     assert [p.backend.iptables.family for p in parts.proxies] == [IpFamily.from_label(

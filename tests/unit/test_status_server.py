@@ -345,9 +345,11 @@ def test_concurrent_scrapes_share_one_iptables_save_a_second_and_values_still_up
     `iptables-save -c` at scrape time: 16 concurrent scrapes run it once, the next second's
     scrape runs it again and shows the new counter. The save is counted at the runner seam
     (`IptablesRunner.save`) and held until every other scrape waits on it; time is a FakeClock."""
-    import argparse
-
     from netagent.daemon import policy_start
+    from netagent.daemon.config import NO_PROXY, PolicyConfig
+    from netagent.daemon.dataplane import Dataplane
+    from netagent.kernel.pod_attachment import PodAttachment
+    from netagent.policy.kube_objects import DEFAULT_LIMITS
     from netagent.kernel.iptables.backend import IptablesBackend
     from netagent.kernel.iptables.runner import IptablesRunner
     saves: list[tuple[str | None, bool]] = []
@@ -360,9 +362,11 @@ def test_concurrent_scrapes_share_one_iptables_save_a_second_and_values_still_up
         return policy_save_text(denied["packets"])
     monkeypatch.setattr(IptablesRunner, "save", save)
     registry = Registry()
-    args = argparse.Namespace(node_name="node-a", cni_mode="bridge", cni_data_dir=str(tmp_path), proxy_mode="none",
-                              min_sync_period=0.0, policy_sync_period=30.0)
-    policy_start.build_policy(args, api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
+    config = PolicyConfig(enabled=True, node_name="node-a", attachment=PodAttachment.BRIDGE, add_wait=2.0,
+                          sync_period=30.0, min_sync_period=0.0, anti_spoofing=True, limits=DEFAULT_LIMITS,
+                          cni_data_dir=str(tmp_path))
+    policy_start.build_policy(config, dataplane=Dataplane(proxy_mode=NO_PROXY, reason="", iptables=True),
+                              api_client=None, iptables_backend=IptablesBackend.LEGACY, registry=registry,
                               pod_cidrs=["10.0.0.0/24"])
     clock = FakeClock()
     server = StatusServer(bind="127.0.0.1:0", registry=registry, health=healthy, clock=clock)
