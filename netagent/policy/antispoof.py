@@ -29,6 +29,10 @@ routed mode.
   nothing the API says. A port the store does not name yet (a pod between its ADD and the
   next rescan, at most `ANTISPOOF_RESCAN` seconds) is not guarded: fail-open for that window.
 
+The nftables flavour only builds its table (`nft_table`: `kernel/nftables/model.py` values,
+every rule's comment carrying the digest of its text); rendering, read-back and the differ are
+the model's (`render_nft`, `AntiSpoofing.check`).
+
 What always passes: IPv6 from `::` and link-local `fe80::/10` (NDP, MLD: a link-local source
 cannot be routed off the link, and no pod is reached by one through the node's routes),
 everything that does not come in on a pod's host veth (tunnels, the underlay, the node),
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import FlushMode, IptablesRunner
+from netagent.kernel.nftables import model, tables, text
 from netagent.kernel.nftables.runner import Nft
 from netagent.kernel.pod_attachment import PodAttachment
 
@@ -56,11 +61,10 @@ BUCKETS = tuple(f"{CHAIN}-{digit}" for digit in "0123456789abcdef")   # bridge m
 NFT_CHAIN = "PREROUTING"
 PORTS_SET = "PORTS"                                  # bridge mode: ports guarded
 ALLOWED = {IpFamily.V4: "PODS4", IpFamily.V6: "PODS6"}
-COMMENT = "netagent: pod anti-spoofing"
+PURPOSE = "pod anti-spoofing"
+COMMENT = "netagent: " + PURPOSE                     # iptables' rules and jump
 ANTISPOOF_RESCAN = 1.0                               # seconds between rescans of the IPAM store
 _LINK_LOCAL = ("::/128", "fe80::/10")
-_OTHER_DEVICES = (owned.DEVICE_PREFIX + "*", owned.DEFAULT_BRIDGE)   # na-vxlan, na-ipip, na0...
-_VETH_WILDCARD = owned.HOST_VETH_PREFIX + "*"
 
 
 @dataclass(frozen=True, order=True)
@@ -108,50 +112,50 @@ def _valid_port(port: PodPort) -> bool:
 
 # ------------------------------------------------------------------- nftables
 
-def render_nft(mode: PodAttachment, ports: Iterable[PodPort]) -> str:
-    """One transaction replacing the table whole (so what the kernel holds is exactly this)."""
-    family = "inet" if mode is PodAttachment.ROUTED else "bridge"
-    other = "bridge" if family == "inet" else "inet"
-    lines = [f"table {family} {NFT_TABLE}", f"delete table {family} {NFT_TABLE}",
-             f"table {other} {NFT_TABLE}", f"delete table {other} {NFT_TABLE}",   # a node switched modes
-             f"table {family} {NFT_TABLE} {{"]
-    head = [f'    iifname != "{_VETH_WILDCARD}" accept', *(f'    iifname "{d}" accept' for d in _OTHER_DEVICES)]
+def nft_table(mode: PodAttachment, ports: Iterable[PodPort]) -> model.Table:
+    """The wanted table (`kernel/nftables/model.py` values): `inet` in routed mode, `bridge`
+    in bridge mode. Every rule carries a comment with the digest of its text, so the table
+    read back is compared rule by rule (`check`)."""
+    def rule(statements: str, purpose: str, *, sets: tuple[str, ...] = ()) -> model.Rule:
+        return model.digested_rule(statements, purpose, sets=sets)
+
+    link_local = text.element_block(text.network(n) for n in _LINK_LOCAL)
+    head = (rule(f"iifname != {text.interface_prefix(owned.HOST_VETH_PREFIX)} accept", "not from a pod"),
+            rule(f"iifname {text.interface_prefix(owned.DEVICE_PREFIX)} accept", "not from a pod: our devices"),
+            rule(f"iifname {text.interface(owned.DEFAULT_BRIDGE)} accept", "not from a pod: the bridge"))
     if mode is PodAttachment.ROUTED:
-        lines += [f"  chain {NFT_CHAIN} {{", "    type filter hook prerouting priority raw; policy accept;",
-                  *head, f"    ip6 saddr {{ {', '.join(_LINK_LOCAL)} }} accept",
-                  f'    fib saddr . iif oif missing counter drop comment "{COMMENT}"', "  }", "}"]
-        return "\n".join(lines) + "\n"
+        chain = model.Chain(NFT_CHAIN, (*head, rule(f"ip6 saddr {link_local} accept", "IPv6 link-local"),
+                                        rule("fib saddr . iif oif missing counter drop", PURPOSE)),
+                            model.BaseChain("filter", "prerouting", -300, "raw"))
+        return model.Table("inet", NFT_TABLE, (chain,))
     guarded = [p for p in ports if _valid_port(p)]
-    lines += [f"  set {PORTS_SET} {{ type ifname; {_elements(repr_ifname(p.interface) for p in guarded)}}}"]
+    sets = [model.Set(PORTS_SET, ("ifname",), (), tuple(model.Element((text.interface(p.interface),))
+                                                        for p in guarded))]
     for ip_family, name in ALLOWED.items():
-        pairs = [f"{repr_ifname(p.interface)} . {a}" for p in guarded for a in p.of(ip_family)]
-        lines += [f"  set {name} {{ type ifname . {ip_family.nft_address_type}; {_elements(pairs)}}}"]
-    lines += [f"  chain {NFT_CHAIN} {{", "    type filter hook prerouting priority -300; policy accept;",
-              *head, f"    iifname != @{PORTS_SET} accept",
-              f'    meta protocol ip iifname . ip saddr != @{ALLOWED[IpFamily.V4]} counter drop comment "{COMMENT}"',
-              f"    meta protocol ip6 ip6 saddr {{ {', '.join(_LINK_LOCAL)} }} accept",
-              f'    meta protocol ip6 iifname . ip6 saddr != @{ALLOWED[IpFamily.V6]} counter drop comment "{COMMENT}"',
-              "  }", "}"]
-    return "\n".join(lines) + "\n"
+        sets.append(model.Set(name, ("ifname", ip_family.nft_address_type), (),
+                              tuple(model.Element((text.interface(p.interface), text.address(a)))
+                                    for p in guarded for a in p.of(ip_family))))
+    v4, v6 = ALLOWED[IpFamily.V4], ALLOWED[IpFamily.V6]
+    chain = model.Chain(NFT_CHAIN, (
+        *head, rule(f"iifname != {model.ref(PORTS_SET)} accept", "not a guarded port", sets=(PORTS_SET,)),
+        rule(f"meta protocol ip iifname . ip saddr != {model.ref(v4)} counter drop", PURPOSE, sets=(v4,)),
+        rule(f"meta protocol ip6 ip6 saddr {link_local} accept", "IPv6 link-local"),
+        rule(f"meta protocol ip6 iifname . ip6 saddr != {model.ref(v6)} counter drop", PURPOSE, sets=(v6,))),
+        model.BaseChain("filter", "prerouting", -300))
+    return model.Table("bridge", NFT_TABLE, (chain,), tuple(sets))
 
 
-def repr_ifname(name: str) -> str:
-    return f'"{name}"'
-
-
-def _elements(items: Iterable[str]) -> str:
-    items = list(items)
-    return f"elements = {{ {', '.join(items)} }}; " if items else ""
+def render_nft(mode: PodAttachment, ports: Iterable[PodPort]) -> str:
+    """One transaction replacing the table whole (so what the kernel holds is exactly this),
+    and removing the table of the other attachment's family (a node that switched modes)."""
+    table = nft_table(mode, ports)
+    return model.render_absent("bridge" if table.family == "inet" else "inet", NFT_TABLE) + model.render_table(table)
 
 
 def remove_nft(nft: Nft) -> list[str]:
     """Delete the table in whichever family it is; what was removed."""
-    removed = []
-    for family in ("inet", "bridge"):
-        if nft.list_table(family, NFT_TABLE) is not None:
-            nft.apply(f"delete table {family} {NFT_TABLE}\n")
-            removed.append(f"nft table {family} {NFT_TABLE}")
-    return removed
+    return [f"nft table {family} {NFT_TABLE}" for family in ("inet", "bridge")
+            if tables.remove_table(nft, family, NFT_TABLE)]
 
 
 # ------------------------------------------------------------------- iptables
@@ -198,7 +202,8 @@ def remove_iptables(runner: IptablesRunner) -> list[str]:
 class AntiSpoofing:
     """Keeps the kernel's anti-spoofing rules for this node's pods: `sync` rescans the IPAM
     store (bridge mode) and writes only when the wanted text changed, or every `reassert`
-    syncs (drift repair: someone flushed our table or chain)."""
+    syncs (drift repair: someone flushed our table or chain; nftables: only when the table
+    read back drifted, `check`)."""
 
     def __init__(self, *, mode: PodAttachment, ports: Callable[[], Sequence[PodPort]],
                  nft: Nft | None = None, iptables: Sequence[IptablesRunner] = (), reassert: int = 30) -> None:
@@ -224,13 +229,24 @@ class AntiSpoofing:
         if wanted == self._written and self._syncs % self.reassert:
             return
         if self.nft is not None:
-            self.nft.apply(wanted[0])
+            if wanted != self._written or self.check():       # a reassert writes only what drifted
+                self.nft.apply(wanted[0])
         else:
             for runner, text in zip(self.iptables, wanted):
                 apply_iptables(runner, text)
         if wanted != self._written:
             log.info("pod anti-spoofing: rules written (%s mode)", self.mode.value)
         self._written = wanted
+
+    def check(self) -> list[str]:
+        """The nftables flavour's drift: the table read back against the wanted one, and the
+        other attachment's table still present (one sentence per difference; [] for iptables)."""
+        if self.nft is None:
+            return []
+        wanted = nft_table(self.mode, self.ports() if self.mode is PodAttachment.BRIDGE else ())
+        other = "bridge" if wanted.family == "inet" else "inet"
+        stale = [f"table {other} {NFT_TABLE} present"] if self.nft.list_table(other, NFT_TABLE) is not None else []
+        return tables.table_drift(self.nft, wanted) + stale
 
     def remove(self) -> list[str]:
         removed = remove_nft(self.nft) if self.nft is not None else []

@@ -30,10 +30,21 @@ class RecordingNft(Nft):
         return []
 
 
+ROUTED_START = """\
+add table bridge netagent-antispoof
+delete table bridge netagent-antispoof
+add table inet netagent-antispoof
+delete table inet netagent-antispoof
+add table inet netagent-antispoof
+add chain inet netagent-antispoof PREROUTING { type filter hook prerouting priority raw; policy accept; }
+add rule inet netagent-antispoof PREROUTING iifname != "na*" accept comment "netagent: not from a pod [c48ef6bf]"
+"""
+
+
 def test_routed_is_one_reverse_path_check_with_nothing_per_pod() -> None:
     text = render_nft(PodAttachment.ROUTED, PORTS)
     assert "fib saddr . iif oif missing counter drop" in text
-    assert "10.244.1.5" not in text and "table inet netagent-antispoof {" in text
+    assert "10.244.1.5" not in text and text.startswith(ROUTED_START)
     for family in IpFamily:
         rules = render_iptables(PodAttachment.ROUTED, family, PORTS)
         assert "-A NETAGENT-ANTISPOOF -i na+ -m rpfilter --invert -j DROP" in rules
@@ -43,7 +54,7 @@ def test_routed_is_one_reverse_path_check_with_nothing_per_pod() -> None:
 
 def test_bridge_mode_binds_each_port_to_its_addresses_and_skips_what_is_not_a_veth() -> None:
     text = render_nft(PodAttachment.BRIDGE, PORTS)
-    assert "table bridge netagent-antispoof {" in text
+    assert "add table bridge netagent-antispoof\n" in text and "delete table inet netagent-antispoof\n" in text
     assert '"na0123456789ab" . 10.244.1.5' in text and '"na0123456789ab" . fd00::5' in text
     assert '"na0123456789ac" . 10.244.1.6' in text
     assert "eth0" not in text and "accept\"" not in text and "10.244.1.8" not in text
@@ -110,3 +121,27 @@ def test_started_parts_ask_their_runner_for_the_first_run() -> None:
     runner = Runner()
     AntiSpoofParts(runner).start()    # type: ignore[arg-type]
     assert runner.calls == ["start", SyncKind.FULL.value]
+
+
+def test_the_nft_table_reads_back_and_a_reassert_writes_only_what_drifted() -> None:
+    """The table is the nftables model's (`nft_table`): through `FakeNft` it reads back in sync,
+    the set each rule uses is a field of the rule, and a reassert writes only when the table
+    read back drifted (or the other attachment's table is present)."""
+    from netagent.kernel.nftables.fake import FakeNft
+    from netagent.policy.antispoof import nft_table
+
+    table = nft_table(PodAttachment.BRIDGE, PORTS)
+    assert [rule.sets for rule in table.chains[0].rules if rule.sets] == [("PORTS",), ("PODS4",), ("PODS6",)]
+    nft = FakeNft()
+    nft.apply("add table inet netagent-antispoof\n")            # left from routed mode
+    guard = AntiSpoofing(mode=PodAttachment.BRIDGE, ports=lambda: PORTS, nft=nft, reassert=2)
+    assert guard.check()
+    guard.sync()
+    assert guard.check() == [] and nft.tables() == [("bridge", "netagent-antispoof")]
+    guard.sync()                                                  # a reassert, in sync: nothing written
+    assert len(nft.batches) == 2
+    nft.apply("flush chain bridge netagent-antispoof PREROUTING\n")
+    assert guard.check() == ["chain PREROUTING: 0 rule(s) differ from the 7 wanted"]
+    guard.sync()
+    guard.sync()                                                  # the reassert repairs it
+    assert guard.check() == [] and len(nft.batches) == 4

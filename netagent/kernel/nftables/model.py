@@ -4,8 +4,9 @@ Every component that owns a table (kernel/owned.py's `NFT_*_TABLE`) builds a `Ta
 values and nothing else; this module turns it into the batch that (re)creates it in one
 transaction, and `tables.py` reads a table back from its JSON listing into the same values,
 says whether it drifted and writes it. Moved onto it so far: masquerade
-(`noderoutes/masquerade_nft.py`) and the tunnel source filter (`noderoutes/tunnel_filter_nft.py`);
-the others still render their own text.
+(`noderoutes/masquerade_nft.py`), the tunnel source filter (`noderoutes/tunnel_filter_nft.py`)
+and pod anti-spoofing's nft flavour (`policy/antispoof.py`); the policy and proxy tables still
+render their own text.
 
 - `Table` (family, name, chains, sets and maps), `Chain` (a regular chain, or a base chain
   when it carries a `BaseChain`: type, hook, priority, policy), `Set` and `Map` (key type as a
@@ -177,6 +178,12 @@ def render_table(table: Table) -> str:
 def render_delete(family: str, name: str) -> str:
     """The batch that deletes a table (which must exist)."""
     return f"delete table {family} {text.name(name)}\n"
+
+
+def render_absent(family: str, name: str) -> str:
+    """The batch lines that delete a table whether or not it exists (the `add` first), for a
+    component whose table moved to another family (anti-spoofing's `inet` and `bridge`)."""
+    return f"add table {family} {text.name(name)}\ndelete table {family} {text.name(name)}\n"
 
 
 def _kind(entry: Set | Map) -> str:
