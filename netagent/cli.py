@@ -28,8 +28,11 @@ COMMAND_ERRORS = (NetagentError, OSError)
 
 
 def _cmd_run(args) -> int:
+    """`netagent run`: its flags parsed once into the daemon's configuration (a bad value is a
+    `ConfigError` naming its flag, reported by `main`), then nothing reads `args` again."""
+    from netagent.daemon.config import parse_run_config
     from netagent.daemon.run import run_agent
-    return run_agent(args)
+    return run_agent(parse_run_config(args))
 
 
 def _subnet(text: str) -> str:
@@ -76,7 +79,8 @@ def _cmd_cleanup(args) -> int:
 
 def _cmd_status_services(args) -> int:
     from netagent.daemon.status_services import status_services
-    print(status_services(iptables_backend=args.iptables_backend, as_json=args.json, bpf_root=args.bpf_root))
+    from netagent.kernel.iptables.backend import BackendChoice
+    print(status_services(iptables_backend=BackendChoice(args.iptables_backend), as_json=args.json, bpf_root=args.bpf_root))
     return 0
 
 
@@ -94,7 +98,8 @@ def _cmd_status_bpf(args) -> int:
 
 def _cmd_status_policy(args) -> int:
     from netagent.daemon.status_policy import status_policy
-    print(status_policy(pod=args.pod, trace_args=args.trace, iptables_backend=args.iptables_backend,
+    from netagent.kernel.iptables.backend import BackendChoice
+    print(status_policy(pod=args.pod, trace_args=args.trace, iptables_backend=BackendChoice(args.iptables_backend),
                         as_json=args.json))
     return 0
 

@@ -9,7 +9,11 @@ serves them on loopback only). The CNI server starts only once the node
 agent has its lease and has programmed the routes: until then the CNI shim finds no socket
 and answers "try again later" (code 11; the runtime retries) and journals DELs, which the
 agent adopts before it serves; the Python client (the lab's) works in-process instead.
-This module only wires; each part owns its behaviour.
+This module only wires; each part owns its behaviour. It is handed the `DaemonConfig`
+config.py parsed from the flags once (cli.py does it), and hands each part its typed piece:
+`CniConfig` to the CNI server and the conflist writer, `AgentSettings` to the node agent,
+`ProxyConfig`, `PolicyConfig`, `BgpConfig` and `StatusConfig` to theirs, with the `Dataplane`
+dataplane.py resolves once at start (the proxy mode that runs, iptables or nftables).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING
 from netagent import __version__
 from netagent.errors import NetagentError
 from netagent.cniserver.defaults import DEFAULT_DATA_DIR, DEFAULT_SOCKET
-from netagent.daemon.config import CniConfig, ClusterConfig, PolicyConfig, StatusConfig, parse_run_config
+from netagent.daemon.config import CniConfig, ClusterConfig, DaemonConfig, PolicyConfig, StatusConfig
 from netagent.kernel.pod_attachment import POD_ATTACHMENT_CHOICES, PodAttachment
 from netagent.noderoutes.routing.model import Mode
 
@@ -182,8 +186,9 @@ def _background_runners(proxy, cni_runners: list) -> Callable[[], list]:
     return runners
 
 
-def run_agent(args) -> int:
-    config = parse_run_config(args)
+def run_agent(config: DaemonConfig) -> int:
+    """Run until SIGTERM: the CNI server alone (`--cni-only`: no `config.cluster`) or the
+    whole cluster mode. 0 on a clean stop, 1 when something could not start."""
     if config.cluster is None:
         try:
             stop_cni = _start_cni_server(config.cni)

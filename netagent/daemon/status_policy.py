@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from netagent.errors import NetagentError
 from netagent.kernel.families import IpFamily
+from netagent.kernel.iptables.backend import BackendChoice
 from netagent.policy.readback import KernelPolicy, Packet, parse_kernel_policy, trace
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def read_nft() -> Read | None:
     return read or None
 
 
-def read_kernel(iptables_backend: str) -> Read:
+def read_kernel(iptables_backend: BackendChoice) -> Read:
     found = read_nft()
     if found is not None:
         return found
@@ -113,7 +114,7 @@ def _parse_port(text: str) -> tuple[str, int]:
     return protocol, int(port)
 
 
-def status_policy(*, pod: str | None, trace_args: list[str] | None, iptables_backend: str = "auto",
+def status_policy(*, pod: str | None, trace_args: list[str] | None, iptables_backend: BackendChoice = BackendChoice.AUTO,
                   as_json: bool = False) -> str:
     read = read_kernel(iptables_backend)
     kernel = _merged(read)

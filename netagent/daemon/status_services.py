@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from netagent.kernel.iptables.backend import BackendChoice
+
 if TYPE_CHECKING:
     from proxy.backend import ProxyMode
 
@@ -40,7 +42,7 @@ def _from_agent(url: str) -> dict | None:
         return None
 
 
-def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
+def _from_kernel(iptables_backend: BackendChoice, bpf_root: str | None = None) -> dict:
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.backend import resolve_backend
     from proxy.backend import ProxyMode
@@ -70,7 +72,7 @@ def _from_kernel(iptables_backend: str, bpf_root: str | None = None) -> dict:
     return {**json.loads(services_json(mode, services)), "source": "kernel"}
 
 
-def status_services(*, iptables_backend: str = "auto", as_json: bool = False, agent_url: str = AGENT_URL,
+def status_services(*, iptables_backend: BackendChoice = BackendChoice.AUTO, as_json: bool = False, agent_url: str = AGENT_URL,
                     bpf_root: str | None = None) -> str:
     listing = _from_agent(agent_url) or _from_kernel(iptables_backend, bpf_root)
     if as_json:
