@@ -179,3 +179,25 @@ def test_cluster_mode_needs_a_node_name_and_a_cluster_cidr(argv, message, monkey
     args.node_name = args.node_name if "--node-name" in argv else None
     with pytest.raises(ConfigError, match=message):
         parse_run_config(args)
+
+
+def test_the_cli_reports_a_bad_value_once_naming_its_flag(capsys, monkeypatch):
+    from netagent.cli import main
+    from netagent.daemon import run
+
+    def not_reached(config):
+        raise AssertionError("run_agent must not start with a bad flag")
+    monkeypatch.setattr(run, "run_agent", not_reached)
+    assert main(["run", *CLUSTER, "--vxlan-port", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "netagent run: --vxlan-port: 0 is not a port"
+
+
+def test_the_cli_hands_run_agent_the_parsed_config(monkeypatch):
+    from netagent.cli import main
+    from netagent.daemon import run
+    handed: list = []
+    monkeypatch.setattr(run, "run_agent", lambda config: handed.append(config) or 0)
+    assert main(["run", *CLUSTER, "--proxy-mode", "ipvs", "--auto-bgp", "on", "--backend", "auto"]) == 0
+    (parsed,) = handed
+    assert isinstance(parsed, DaemonConfig) and parsed.cluster is not None
+    assert parsed.cluster.proxy.requested is ProxyMode.IPVS and parsed.cluster.bgp.wanted is True
