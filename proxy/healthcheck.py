@@ -92,6 +92,8 @@ class HealthCheckPorts:
         self.proxy_healthy = proxy_healthy  # read at every request; the agent sets it once it has one
         self.max_ports, self.max_connections, self.head_deadline = max_ports, max_connections, head_deadline
         self._lock = threading.Lock()
+        self._closed = threading.Condition(self._lock)   # the serving thread has closed a batch
+        self._queued = self._done = 0                    # batches of sockets handed over / closed
         self._answers: dict[int, HealthCheckAnswer] = {}
         self._sockets: dict[int, socket.socket] = {}     # port -> listening socket (owned by sync)
         self._closing: list[socket.socket] = []          # handed to the serving thread to close
@@ -112,10 +114,16 @@ class HealthCheckPorts:
         return int(self._thread is not None and self._thread.is_alive())
 
     def sync(self, wanted: Mapping[int, HealthCheckAnswer]) -> None:
+        """Serve `wanted`; a port no longer wanted is closed when this returns (the serving
+        thread closes it, as its selector holds it: sync waits for that, at most 5 s)."""
         with self._lock:
-            for port in set(self._sockets) - set(wanted):
+            gone = set(self._sockets) - set(wanted)
+            for port in gone:
                 self._closing.append(self._sockets.pop(port))
                 self._answers.pop(port, None)
+            if gone:
+                self._queued += 1
+            batch = self._queued if gone else 0
             for port, answer in wanted.items():
                 if port in self._sockets:
                     self._answers[port] = answer
@@ -133,7 +141,11 @@ class HealthCheckPorts:
             if self._thread is None and self._sockets:
                 self._thread = threading.Thread(target=self._serve, name="healthcheck-ports", daemon=True)
                 self._thread.start()
+            thread = self._thread
         self._wake()
+        if batch and thread is not None:
+            with self._closed:
+                self._closed.wait_for(lambda: self._done >= batch or not thread.is_alive(), timeout=5.0)
 
     def close(self) -> None:
         with self._lock:
@@ -190,12 +202,16 @@ class HealthCheckPorts:
             while not self._stopping.is_set():
                 with self._lock:
                     current = {sock: port for port, sock in self._sockets.items()}
-                    closing, self._closing = self._closing, []
+                    closing, self._closing, handed = self._closing, [], self._queued
                 for sock in closing:
                     if sock in listening:
                         selector.unregister(sock)
                         del listening[sock]
                     sock.close()
+                if closing:
+                    with self._closed:
+                        self._done = handed
+                        self._closed.notify_all()
                 for sock, port in current.items():
                     if sock not in listening:
                         selector.register(sock, selectors.EVENT_READ, "listen")
