@@ -6,9 +6,10 @@ A tenant naming the API server's address cut every kubelet and agent off it (iss
 naming a node's address, a pod's or a cluster IP steals that traffic the same way. So before a
 Service is programmed, `AddressGuard.screen` refuses each external or load-balancer IP that is:
 
-- the API server's address: the host of the agent's kubeconfig (when it is an IP literal),
-  `$KUBERNETES_SERVICE_HOST`, and the addresses of the `default/kubernetes` EndpointSlices (the
-  API servers themselves, as the cluster publishes them; the catalog passes them in);
+- the API server's address: where the agent reaches it (`kube/config.api_server_addresses`:
+  its client's host, resolved, and `$KUBERNETES_SERVICE_HOST`), and the addresses of the
+  `default/kubernetes` EndpointSlices (the API servers themselves, as the cluster publishes
+  them; the catalog passes them in);
 - an address of this node (`NodeContext.local_addresses`; other nodes' addresses are not known to
   the proxy, so a Service can still name one of them: see the closing note of issue 29);
 - inside the pod network (`--cluster-cidr`) or the Service network (`--service-cidr`, the
@@ -29,10 +30,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from urllib.parse import urlsplit
 
 from netagent.kernel.families import IpFamily
 from proxy.model import NodeContext, ServicePort, ServicePortName
@@ -74,25 +73,6 @@ def _address(text: object) -> str | None:
         return str(ipaddress.ip_address(str(text).strip().strip("[]")))
     except ValueError:
         return None
-
-
-def api_server_addresses(api_client: object = None, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """The API server addresses the agent knows itself: its client's host (an IP literal; a name is
-    not resolved here) and `$KUBERNETES_SERVICE_HOST`. Read defensively: a test's client has none."""
-    found: list[str] = []
-    configuration = getattr(api_client, "configuration", None)
-    host = getattr(configuration, "host", None)
-    if isinstance(host, str) and host:
-        try:
-            address = _address(urlsplit(host if "//" in host else f"//{host}").hostname or "")
-        except ValueError:
-            address = None
-        if address:
-            found.append(address)
-    address = _address(environ.get("KUBERNETES_SERVICE_HOST", "")) if environ.get("KUBERNETES_SERVICE_HOST") else None
-    if address:
-        found.append(address)
-    return tuple(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)

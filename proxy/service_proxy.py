@@ -46,12 +46,12 @@ from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.infra.sync_runner import SyncKind, SyncRunner
 from netagent.kernel.families import IpFamily
 from netagent.kube.changes import ChangeRecorder
+from netagent.kube.config import api_server_addresses
 from netagent.kube.reflector import Reflector
 from netagent.kube.resources import ENDPOINT_SLICES, NODES, SERVICES
 from proxy.backend import BackendSyncReport, ProxyBackend
 from proxy.catalog import ServiceCatalog
 from proxy.conntrack import Conntrack, stale_flows
-from proxy.external_ips import api_server_addresses
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.kube_objects import node_zone
 from proxy.limits import DEFAULT_LIMITS, ProxyLimits
@@ -136,7 +136,7 @@ class ServiceProxy:
         self.catalog = ServiceCatalog(NodeContext(name=settings.node_name, cluster_cidr=settings.cluster_cidr,
                                                   family=self.family),
                                       family=self.family, limits=settings.limits, rejections=self.rejections,
-                                      api_servers=api_server_addresses(api_client))
+                                      api_servers=[str(a) for a in api_server_addresses(api_client)])
         self._unprogrammable: dict[str, str] = {}   # service key -> why the backend could not program it
         self._programmed = self.catalog.state()  # what the kernel holds, as far as we know
         self._trigger_times: list[float] = []    # of slice changes not yet programmed

@@ -3,7 +3,8 @@
 `load_api_client` builds the official client's `ApiClient` from a kubeconfig (given, or
 $KUBECONFIG) or else from the pod's service account, and fails with `KubeConfigError`
 naming what is missing. It never touches the client's process-wide default configuration.
-`api_server_addresses` says where that client reaches the API server (no Node's pod CIDR may).
+`api_server_addresses` says where the agent reaches the API server (the routing and the
+service proxy both keep those addresses from Nodes and Services).
 
 `request_json` and `open_request` send a request through that client's connection pool
 (so TLS, bearer tokens and token refresh are the official client's) but return plain dicts
@@ -24,6 +25,7 @@ import logging
 import os
 import socket
 import urllib.parse
+from collections.abc import Mapping
 from netagent.errors import NetagentError
 
 log = logging.getLogger("netagent.kube.config")
@@ -78,24 +80,36 @@ def load_api_client(*, kubeconfig: str | None):
     return ApiClient(configuration=configuration)
 
 
-def api_server_addresses(api_client) -> tuple:
-    """The addresses this client reaches the API server at: the URL's host when it is an address,
-    else what it resolves to now (nothing, logged, when it does not resolve). No Node may claim
-    them: a peer at the API server's address would take the agents' own path to it."""
-    host = urllib.parse.urlsplit(str(api_client.configuration.host or "")).hostname
+def api_server_addresses(api_client: object = None, environ: Mapping[str, str] = os.environ) -> tuple:
+    """The addresses this agent reaches the API server at: its client's host (an address, or what
+    the name resolves to now; nothing, logged, when it does not resolve) and
+    `$KUBERNETES_SERVICE_HOST`. Read defensively: a test's client may have no configuration.
+    No Node's pod CIDR may hold them (a peer there would take the agents' own path to the API
+    server) and no Service's external IP may be one of them."""
+    found = []
+    host = getattr(getattr(api_client, "configuration", None), "host", None)
+    if isinstance(host, str) and host:
+        found += _resolved(urllib.parse.urlsplit(host if "//" in host else f"//{host}").hostname or "")
+    service_host = environ.get("KUBERNETES_SERVICE_HOST", "").strip().strip("[]")
+    if service_host:
+        found += _resolved(service_host, resolve=False)
+    return tuple(dict.fromkeys(found))
+
+
+def _resolved(host: str, *, resolve: bool = True) -> list:
     if not host:
-        return ()
+        return []
     try:
-        return (ipaddress.ip_address(host),)
+        return [ipaddress.ip_address(host)]
     except ValueError:
-        pass
+        if not resolve:
+            return []
     try:
         found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError) as error:
-        log.warning("API server host %s does not resolve (%s): no Node is refused for holding its address",
-                    host, error)
-        return ()
-    return tuple(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found))
+        log.warning("API server host %s does not resolve (%s): its address is not protected", host, error)
+        return []
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
 
 
 def _load_kubeconfig(source: str, configuration) -> None:
