@@ -3,7 +3,9 @@
 Dual-stack is two independent dataplanes side by side, as kube-proxy runs one proxier per
 family: each component is built once per family of the cluster and handed its `IpFamily`.
 This enum is the only place the per-family spellings live (iptables' binary, nft's table
-family, ipset's family, the address width), so no module compares `version == 4` on its own.
+family, ipset's family, the address width), so no module compares `version == 4` on its own:
+`IpFamily.of(x)` names the family of an address or network (text included: never guessed from
+a `":"`), `family.holds(x)` says whether `x` is of this family.
 """
 from __future__ import annotations
 
@@ -55,6 +57,14 @@ class IpFamily(enum.Enum):
             except ValueError:
                 value = ipaddress.ip_network(value, strict=False)
         return cls(value.version)
+
+    def holds(self, value: str | ipaddress.IPv4Address | ipaddress.IPv6Address
+              | ipaddress.IPv4Network | ipaddress.IPv6Network | ipaddress.IPv4Interface
+              | ipaddress.IPv6Interface) -> bool:
+        """Whether the address or network `value` is of this family (text as for `of`)."""
+        if isinstance(value, str):
+            return IpFamily.of(value) is self
+        return value.version == self.value
 
     @classmethod
     def from_label(cls, label: str) -> IpFamily:
