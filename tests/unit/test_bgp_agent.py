@@ -12,7 +12,7 @@ import pytest
 from netagent.noderoutes.bgp.control import BirdError
 from netagent.noderoutes.bgp.fake_control import FakeBird
 from netagent.noderoutes.bgp.fake_learnt import FakeLearntRoutes
-from netagent.noderoutes.bgp.mirror import LearntTable
+from netagent.noderoutes.routing.bgp import LearntTable
 from netagent.noderoutes.bgp.model import PeerRole
 from netagent.noderoutes.bgp.speaker import BgpSpeaker
 from netagent.noderoutes.bgp.status import parse_protocols

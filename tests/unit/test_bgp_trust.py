@@ -21,7 +21,7 @@ import pytest
 
 from netagent.infra.sync_runner import SyncKind
 from netagent.noderoutes.bgp.cluster_config import check_label, is_reflector
-from netagent.noderoutes.bgp.mirror import LearntTable, render_bgp_peer, skipped_routes
+from netagent.noderoutes.routing.bgp import LearntTable, render_bgp_peer, skipped_routes
 from netagent.noderoutes.bgp.model import BgpConfigError, PeerRole
 from netagent.noderoutes.bgp.topology import (
     REFLECTOR_LABEL,

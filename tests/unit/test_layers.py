@@ -42,6 +42,11 @@ ALLOWED: dict[str, set[str]] = {
     "netagent.errors": set(),  # NetagentError, the exceptions' one root
 }
 EVERY_LAYER_MAY_IMPORT = "netagent.errors"
+# inside a layer: package -> the packages of its own layer it must not import
+NOT_SIDEWAYS: dict[str, set[str]] = {
+    # routing renders every mode (bgp's too, `routing/bgp.py`); the BGP speaker fills its input
+    "netagent.noderoutes.routing": {"netagent.noderoutes.bgp"},
+}
 
 
 def layer_of(module: str) -> str:
@@ -98,6 +103,19 @@ def test_imports_only_go_down_the_layers():
             if target not in (source, EVERY_LAYER_MAY_IMPORT) and target not in ALLOWED.get(source, set()):
                 violations.append(f"{path.relative_to(ROOT)}:{line}: {source} imports {imported}")
     assert violations == [], "imports against the layering:\n" + "\n".join(violations)
+
+
+def test_no_package_imports_sideways_inside_its_layer():
+    """`grep -rn noderoutes.bgp netagent/noderoutes/routing` finds nothing: bgp/ imports routing/."""
+    violations = []
+    for module, path in source_modules():
+        for package, forbidden in NOT_SIDEWAYS.items():
+            if module != package and not module.startswith(package + "."):
+                continue
+            violations += [f"{path.relative_to(ROOT)}:{line}: {module} imports {imported}"
+                           for line, imported in imported_modules(path)
+                           if any(imported == f or imported.startswith(f + ".") for f in forbidden)]
+    assert violations == [], "imports sideways inside a layer:\n" + "\n".join(violations)
 
 
 def test_the_errors_module_imports_nothing_of_ours():

@@ -7,7 +7,10 @@
                      `fake_control.py` (in memory)
     learnt.py        the routes BIRD learnt, read from our kernel table, and their changes
                      (+ `fake_learnt.py`)
-    mirror.py        which learnt routes the plan copies into main (admitted peers' own CIDRs)
     status.py        `show protocols all` parsed into sessions (pure)
     speaker.py       `BgpSpeaker`: the agent's side of all of the above
+
+Which learnt routes the plan copies into main is the routing mode's rule, in
+`noderoutes/routing/bgp.py` (the speaker fills its `LearntTable`): this package imports
+`routing/`, `routing/` never imports this package.
 """

@@ -10,7 +10,7 @@ one sync, and its announced CIDR a route in main in the sync its arrival in our 
 
 Trust comes from the operator: the reflector label is read only under
 `node-restriction.kubernetes.io/` (`cluster_config.is_reflector`); `learnt()` hands the planner a
-`mirror.LearntTable` naming the operator's external peers (trusted next hops) and the addresses no
+`routing/bgp.LearntTable` naming the operator's external peers (trusted next hops) and the addresses no
 Node may hold (external peers, this node's gateways, `reserved()`), so `routing/admission.py`
 refuses such a Node in the plan (an Event through the agent's rejections) and `topology.py`
 never gives it a session; a learnt route through any other next hop than its owner is skipped,
@@ -33,7 +33,7 @@ from netagent.noderoutes.bgp.cluster_config import (
 )
 from netagent.noderoutes.bgp.control import BirdControl, BirdError, BirdHealth
 from netagent.noderoutes.bgp.learnt import LearntRoutes
-from netagent.noderoutes.bgp.mirror import LearntTable, skipped_routes
+from netagent.noderoutes.routing.bgp import LearntTable, skipped_routes
 from netagent.noderoutes.bgp.status import SessionStatus, parse_protocols
 from netagent.noderoutes.bgp.topology import BgpNode, TopologySettings, compose_node_config, screen_nodes
 from netagent.noderoutes.bgp.topology import reserved_addresses as topology_reserved
@@ -135,7 +135,7 @@ class BgpSpeaker:
 
     def note_skipped(self, admitted: Iterable, learnt: LearntTable) -> int:
         """Count and log (once each) the learnt routes to admitted peers' CIDRs whose next hop is not
-        their owner's address nor trusted (`mirror.skipped_routes`): never copied into main."""
+        their owner's address nor trusted (`routing/bgp.skipped_routes`): never copied into main."""
         now = {}
         for peer in admitted:
             for route in skipped_routes(peer, tuple(peer.pod_cidrs), learnt):

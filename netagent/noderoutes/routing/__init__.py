@@ -10,7 +10,10 @@ seams of ARCHITECTURE.md:
     hostgw.py       host-gw: per peer a route via the peer's underlay address
     ipip.py         IPIP: one NBMA tunnel device, per peer an onlink route via the peer; IPv6:
                     an external ip6tnl, per peer an `encap ip6 dst <peer>` route
-    auto.py         per peer: host-gw on the same underlay subnet, encapsulation otherwise
+    bgp.py          BGP: per admitted peer a copy of the routes BIRD learnt to its own CIDRs
+                    (through the peer or a trusted next hop); `noderoutes/bgp/` runs BIRD
+    auto.py         per peer: host-gw on the same underlay subnet, BGP-learnt routes or
+                    encapsulation otherwise
     admission.py    which peers may be routed: pod CIDRs inside the cluster CIDR and clear of
                     reserved ranges, claims (CIDR, public IP, VTEP MAC) kept by the older Node
     plan.py         `render_plan` (pure: local node + peers + settings + bounds -> Plan), the

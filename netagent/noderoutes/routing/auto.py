@@ -3,7 +3,7 @@
 Like flannel's DirectRouting / CrossSubnet: a peer whose public IP is inside our
 underlay's connected prefix is reached directly (no overhead), any other peer through the
 configured encapsulation (`auto_encap`: vxlan or ipip), unless BGP is on and BIRD learnt a route
-to every one of its pod CIDRs through an allowed next hop (`learnt`, `bgp/mirror.py`: the peer
+to every one of its pod CIDRs through an allowed next hop (`learnt`, `bgp.py`: the peer
 itself or an operator's external peer): then that route, with no encapsulation. The choice is made per peer on
 every render, so a peer that moves subnet switches mode with one route replace. The
 encapsulation device always exists in this mode, even when every peer is local, because
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from netagent.noderoutes.bgp.mirror import render_bgp_peer, usable_for
+from netagent.noderoutes.routing.bgp import render_bgp_peer, usable_for
 from netagent.noderoutes.routing.hostgw import on_underlay_subnet, render_host_gw_peer
 from netagent.noderoutes.routing.ipip import render_ipip_peer
 from netagent.noderoutes.routing.model import LocalNode, Mode, Peer, PeerPlan, Pending, Refused, RoutingSettings

@@ -25,10 +25,9 @@ from ipaddress import IPv4Address
 from typing import Iterable, Mapping
 
 from netagent.kernel.families import IpFamily
-from netagent.noderoutes.bgp.mirror import render_bgp_peer, reserved_addresses
-
 from netagent.noderoutes.routing.admission import Admission
 from netagent.noderoutes.routing.auto import render_auto_peer
+from netagent.noderoutes.routing.bgp import render_bgp_peer, reserved_addresses
 from netagent.noderoutes.routing.hostgw import render_host_gw_peer
 from netagent.noderoutes.routing.ipip import render_ipip_device, render_ipip_peer
 from netagent.noderoutes.routing.model import (
@@ -97,7 +96,7 @@ def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettin
     only peers inside `bounds` and holding their claims (`admission.py`) get objects. `learnt`:
     the routes BIRD learnt over BGP (destination -> Route, `noderoutes/bgp/learnt.py`), which
     `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only; the
-    speaker's `LearntTable` also names the addresses no peer may hold (external BGP peers, gateways).
+    speaker's `LearntTable` (`bgp.py`) also names the addresses no peer may hold (external BGP peers, gateways).
     Only `local.family` is planned: `ignored_ipv6` lists the IPv6 CIDRs an IPv4 plan skipped."""
     devices = render_devices(local, settings)
     family = local.family

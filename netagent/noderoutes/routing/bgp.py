@@ -1,12 +1,18 @@
-"""Which BGP-learnt routes reach the main table: the admitted peers' own pod CIDRs, through the
-peer itself, nothing else.
+"""bgp mode's routing: which BGP-learnt routes reach the main table (the admitted peers' own pod
+CIDRs, through the peer itself or a trusted next hop, nothing else).
+
+It lives here, beside `hostgw.py`, `vxlan.py` and `ipip.py`, because it is a routing mode like
+them: the planner (`plan.py`, `auto.py`) renders a peer's routes from it and never imports
+`noderoutes/bgp/`; the BGP speaker (`bgp/speaker.py`) fills its input, `LearntTable`, and reads
+`skipped_routes` to count and log what was not copied. So `bgp/` depends on `routing/`, never
+the other way round.
 
 BIRD 2's kernel protocol writes routes with its own route protocol (`bird`, 12) and has no option
 to write another, so it exports to a table of ours (`owned.BGP_ROUTE_TABLE`) and the agent copies
 from there into main with route protocol 78 (`owned.ROUTE_PROTOCOL`), through the same diffing
-reconciler as every other mode (`routing/routes.py`), so `netagent cleanup` and drift repair find
+reconciler as every other mode (`routes.py`), so `netagent cleanup` and drift repair find
 them like any other route of ours. The copy is a second filter after BIRD's import filters: only
-a route whose destination is exactly a pod CIDR of a peer that `routing/admission.py` admitted
+a route whose destination is exactly a pod CIDR of a peer that `admission.py` admitted
 is copied (`render_bgp_peer`), and only when its next hop is that peer's own address (a mesh
 peer's `next hop self`; a route reflector passes the originator's next hop on unchanged) or one
 of the operator's external peers (a top-of-rack router, `LearntTable.trusted_next_hops`). So a
@@ -16,7 +22,7 @@ speaker counts and logs them).
 
 `LearntTable` is what `BgpSpeaker.learnt()` hands the planner: the table's routes plus the
 operator's trust (`trusted_next_hops`) and the addresses no Node may announce as its public IP
-(`reserved`: external peers, this node's gateways; `routing/admission.py` refuses such a Node).
+(`reserved`: external peers, this node's gateways; `admission.py` refuses such a Node).
 
 Graceful restart: the table's routes stay while BIRD is down (`persist`; kill -9 removes nothing)
 and while a restarted BIRD re-converges (`-R`), so the copies in main stay too.
