@@ -63,6 +63,25 @@ def element_text(value: Any) -> str:
     return str(value)
 
 
+def comment(element: Any) -> str | None:
+    """An element's comment (its `{"elem": {"val": ..., "comment": ...}}` wrapper), or None."""
+    if isinstance(element, dict) and "elem" in element:
+        found = element["elem"].get("comment")
+        return None if found is None else str(found)
+    return None
+
+
+def commented_elements(body: dict[str, Any]) -> list[tuple[Any, Any, str | None]]:
+    """(key, value, comment) of every element of a set (value None) or map body."""
+    found = []
+    for element in body.get("elem", []):
+        if "map" in body:
+            found.append((unwrap(element[0]), element[1], comment(element[0])))
+        else:
+            found.append((unwrap(element), None, comment(element)))
+    return found
+
+
 def elements(body: dict[str, Any]) -> list[tuple[Any, Any]]:
     """(key, value) of every element of a set (value None) or map body."""
     found = []

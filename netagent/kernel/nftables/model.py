@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from netagent.kernel.nftables import text
 
 
+ELEMENTS_PER_COMMAND = 5000   # elements per `add element` line: libnftables takes any length
+
+
 class ModelError(text.UnsafeNftText):
     """A table that cannot be rendered as it is (a rule naming a set the table lacks, two
     chains or sets of one name, an element of the wrong arity)."""
@@ -50,6 +53,12 @@ class BaseChain:
         """As the kernel lists it: type, hook, prio, policy."""
         return {"type": self.type, "hook": self.hook, "prio": self.priority, "policy": self.policy}
 
+    @property
+    def declaration(self) -> str:
+        """`type nat hook postrouting priority srcnat + 10; policy accept;`"""
+        return (f"type {self.type} hook {self.hook} priority {self.priority_text or self.priority}; "
+                f"policy {self.policy};")
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -59,6 +68,13 @@ class Rule:
     statements: str
     comment: str | None = None
     sets: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The rule as an `add rule` line ends: its statements and its comment."""
+        if self.comment is None:
+            return self.statements
+        return f"{self.statements} comment {text.comment(self.comment)}"
 
 
 @dataclass(frozen=True)
@@ -72,12 +88,17 @@ class Chain:
 class Element:
     """A set element (`key` only) or a map element (`key : value`). `key` holds one rendered
     part per datatype of the key (`('"na0"', '10.0.0.1')` for `ifname . ipv4_addr`); `value`
-    is the rendered value (an address, `goto CHAIN`, `drop`)."""
+    is the rendered value (an address, `goto CHAIN`, `drop`); `comment` the element's comment
+    as the kernel will hold it (`text.safe_comment_text`), None for none."""
     key: tuple[str, ...]
     value: str | None = None
+    comment: str | None = None
 
     def render(self) -> str:
-        return text.element(text.concat(self.key), self.value)
+        key = text.concat(self.key)
+        if self.comment is not None:
+            key += f" comment {text.comment(self.comment)}"
+        return text.element(key, self.value)
 
 
 @dataclass(frozen=True)
@@ -132,10 +153,21 @@ def digest(statements: str) -> str:
     return hashlib.sha256(statements.encode()).hexdigest()[:8]
 
 
+DIGEST_ROOM = len(" [01234567]")
+
+
 def digest_comment(purpose: str, statements: str) -> str:
     """The comment a rule is recognised by: `netagent: <purpose> [<digest>]`, as the kernel
-    will hold it (`text.safe_comment_text`: an adversarial purpose costs its comment only)."""
-    return text.safe_comment_text(f"netagent: {purpose} [{digest(statements)}]")
+    will hold it (`text.safe_comment_text`: an adversarial purpose costs its comment only; a
+    long one is cut so the digest always survives)."""
+    shown = text.safe_comment_text(f"netagent: {purpose}", room=text.COMMENT_MAX_BYTES - DIGEST_ROOM)
+    return f"{shown} [{digest(statements)}]"
+
+
+def purpose_of(comment: str) -> str:
+    """A digest comment without `netagent: ` and its digest (what a status command shows)."""
+    shown = comment.removeprefix("netagent: ")
+    return shown[:-DIGEST_ROOM] if shown.endswith("]") and shown[-DIGEST_ROOM:].startswith(" [") else shown
 
 
 def digested_rule(statements: str, purpose: str, *, sets: Iterable[str] = ()) -> Rule:
@@ -157,21 +189,17 @@ def render_table(table: Table) -> str:
     lines += [f"add chain {where} {text.name(c.name)}" for c in table.chains if c.base is None]
     verdicts: list[str] = []
     for entry in table.sets:
-        lines.append(f"add {_kind(entry)} {where} {text.name(entry.name)} {{ {_set_spec(entry)} }}")
-        if entry.elements:
+        lines.append(f"add {_kind(entry)} {where} {text.name(entry.name)} {{ {set_spec(entry)} }}")
+        rendered = [e.render() for e in entry.elements]
+        for start in range(0, len(rendered), ELEMENTS_PER_COMMAND):
             add = (f"add element {where} {text.name(entry.name)} "
-                   f"{text.element_block(e.render() for e in entry.elements)}")
+                   f"{text.element_block(rendered[start:start + ELEMENTS_PER_COMMAND])}")
             (verdicts if entry.value_type == "verdict" else lines).append(add)
     for chain in table.chains:
         if chain.base is not None:
             base = chain.base
-            lines.append(f"add chain {where} {text.name(chain.name)} {{ type {base.type} hook {base.hook} "
-                         f"priority {base.priority_text or base.priority}; policy {base.policy}; }}")
-        for rule in chain.rules:
-            line = f"add rule {where} {chain.name} {rule.statements}"
-            if rule.comment is not None:
-                line += f" comment {text.comment(rule.comment)}"
-            lines.append(line)
+            lines.append(f"add chain {where} {text.name(chain.name)} {{ {base.declaration} }}")
+        lines.extend(f"add rule {where} {chain.name} {rule.text}" for rule in chain.rules)
     return "\n".join(lines + verdicts) + "\n"
 
 
@@ -190,7 +218,8 @@ def _kind(entry: Set | Map) -> str:
     return "map" if isinstance(entry, Map) else "set"
 
 
-def _set_spec(entry: Set | Map) -> str:
+def set_spec(entry: Set | Map) -> str:
+    """The body of a set's or map's declaration: `type ipv4_addr; flags interval;`."""
     key = " . ".join(entry.key_type)
     spec = f"type {key} : {entry.value_type};" if isinstance(entry, Map) else f"type {key};"
     if entry.flags:

@@ -4,7 +4,7 @@
   `model.Table` values, enough to compare: base chains' type, hook, priority and policy, rules
   in order by their comment (the kernel lists statements as `expr`, which we never parse: the
   comment's digest, `model.digest_comment`, stands for the statements), sets' and maps' types,
-  flags and elements, each key as its parts.
+  flags and elements, each key as its parts, with its comment.
 - `drift`: the one differ, one sentence per difference between the wanted table and the
   table read back (empty: in sync). Elements are compared as sets (the kernel lists them in
   hash order) in one canonical spelling (`canonical_part`).
@@ -37,8 +37,8 @@ def read_table(family: str, name: str, objects: list[dict[str, Any]] | None) -> 
         key_type = tuple(body["type"]) if isinstance(body.get("type"), list) else (str(body.get("type")),)
         flags = body.get("flags", ())
         flags = (flags,) if isinstance(flags, str) else tuple(flags)
-        elements = tuple(Element(_parts(key), None if value is None else listing.element_text(value))
-                         for key, value in listing.elements(body))
+        elements = tuple(Element(_parts(key), None if value is None else listing.element_text(value), comment)
+                         for key, value, comment in listing.commented_elements(body))
         if "map" in body:
             sets.append(Map(set_name, key_type, str(body["map"]), flags, elements))
         else:

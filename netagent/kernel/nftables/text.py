@@ -74,10 +74,11 @@ def name_for_listing(text: str) -> str:
     return name(text)
 
 
-def safe_comment_text(text: str) -> str:
+def safe_comment_text(text: str, room: int = COMMENT_MAX_BYTES) -> str:
     """What the kernel will hold for a comment `text`: `"`, `\\` and unsafe characters
-    replaced with U+FFFD, cut to 128 bytes on a character boundary. Idempotent."""
-    return comment_text(_QUOTE_OR_BACKSLASH.sub(REPLACEMENT, text), max_bytes=COMMENT_MAX_BYTES)
+    replaced with U+FFFD, cut to `room` bytes (128, nft's most) on a character boundary.
+    Idempotent."""
+    return comment_text(_QUOTE_OR_BACKSLASH.sub(REPLACEMENT, text), max_bytes=min(room, COMMENT_MAX_BYTES))
 
 
 def comment(text: str) -> str:

@@ -1,0 +1,233 @@
+"""The one differ of our nftables tables, and the one batch that writes a difference.
+
+A component that keeps a large table (the service proxy's, the policy's) does not rewrite it
+on every sync: it writes what changed, in one transaction. `Changes` is that difference in
+the model's values (`model.py`): chains to flush, add, fill or delete, sets and maps to add or
+delete, elements (keys as tuples of parts) to delete and add; `Changes.text` renders it in the
+one order in which every name exists when used and nothing is deleted while referenced:
+
+  1. chains to rewrite or delete are flushed (their rules reference nothing after this),
+  2. stale and changed elements deleted (no verdict names a chain about to go),
+  3. stale chains, then stale sets and maps, deleted,
+  4. new sets and maps, then new chains, then the rules of new and rewritten chains,
+  5. new and changed elements added (a verdict may name a chain added in 4).
+
+Deleting chains in any order after the flush was measured to work (nft 1.0.6: a flushed
+chain no longer holds references in the same transaction).
+
+`table_changes(wanted, held)` is the differ: `held` is the table read back from the kernel
+(`tables.read_table`: a full sync, which adopts a predecessor's table and repairs drift) or
+the table this process last applied (a partial sync); both are `model.Table`s. Rules are
+compared by their comments (each carries the digest of its statements, `model.digest_comment`),
+elements by their canonical spelling (`tables.canonical_part`) and comment. What cannot be
+changed in place (a base chain's hook, type or priority; a table that is missing; an object
+read back whose name or element our text gates refuse to write again) makes the whole table
+rebuilt in the same transaction (`Changes.rebuild`: `model.render_table`). A set or map whose
+type or flags changed is deleted and added again, and every kept chain whose rules reference
+it (`Rule.sets`) rewritten.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from netagent.kernel.nftables import text
+from netagent.kernel.nftables.model import BaseChain, Element, Map, Rule, Set, Table, render_table, set_spec
+from netagent.kernel.nftables.tables import canonical_part
+
+ELEMENTS_PER_COMMAND = 5000   # elements per `add`/`delete element` line: libnftables takes any length
+Key = tuple[str, ...]
+
+
+@dataclass
+class Changes:
+    """What one transaction changes in the table `family name` (empty: nothing to write)."""
+    family: str
+    table: str
+    rebuild: Table | None = None   # the whole table, written over whatever the kernel holds
+    flush: set[str] = field(default_factory=set)
+    delete_elements: dict[str, set[Key]] = field(default_factory=dict)
+    delete_chains: set[str] = field(default_factory=set)
+    delete_sets: dict[str, str] = field(default_factory=dict)        # name -> "set" or "map"
+    add_sets: dict[str, Set | Map] = field(default_factory=dict)   # declarations; elements below
+    add_chains: dict[str, BaseChain | None] = field(default_factory=dict)
+    rules: dict[str, tuple[Rule, ...]] = field(default_factory=dict)
+    add_elements: dict[str, dict[Key, Element]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.rebuild or self.flush or any(self.delete_elements.values()) or self.delete_chains
+                    or self.delete_sets or self.add_sets or self.add_chains or self.rules
+                    or any(self.add_elements.values()))
+
+    @property
+    def writes(self) -> int:
+        """Elements, rules, chains and sets written or removed: the size of the transaction."""
+        if self.rebuild is not None:
+            table = self.rebuild
+            return (len(table.chains) + len(table.sets) + sum(len(c.rules) for c in table.chains)
+                    + sum(len(s.elements) for s in table.sets))
+        return (sum(map(len, self.delete_elements.values())) + sum(map(len, self.add_elements.values()))
+                + sum(map(len, self.rules.values())) + len(self.delete_chains) + len(self.add_chains)
+                + len(self.delete_sets) + len(self.add_sets) + len(self.flush))
+
+    def delete_element(self, holder: str, key: Key) -> None:
+        self.delete_elements.setdefault(holder, set()).add(key)
+
+    def add_element(self, holder: str, element: Element) -> None:
+        self.add_elements.setdefault(holder, {})[element.key] = element
+
+    def rewrite(self, chain: str, rules: tuple[Rule, ...]) -> None:
+        """Flush a kept chain and write `rules` into it."""
+        self.flush.add(chain)
+        self.rules[chain] = rules
+
+    def text(self) -> str:
+        """The batch, in the order of the module docstring ("" when there is nothing to do)."""
+        if self.rebuild is not None:
+            return render_table(self.rebuild)
+        where = f"{self.family} {text.name(self.table)}"
+        out = [f"flush chain {where} {text.name(chain)}" for chain in sorted(self.flush)]
+        for holder, keys in sorted(self.delete_elements.items()):
+            out.extend(f"delete element {where} {text.name(holder)} {text.element_block(chunk)}"
+                       for chunk in _chunks([text.concat(key) for key in sorted(keys)]))
+        out.extend(f"delete chain {where} {text.name(chain)}" for chain in sorted(self.delete_chains))
+        out.extend(f"delete {kind} {where} {text.name(name)}" for name, kind in sorted(self.delete_sets.items()))
+        out.extend(f"add {'map' if isinstance(entry, Map) else 'set'} {where} {text.name(name)} "
+                   f"{{ {set_spec(entry)} }}" for name, entry in sorted(self.add_sets.items()))
+        for chain, base in sorted(self.add_chains.items()):
+            out.append(f"add chain {where} {text.name(chain)}" + ("" if base is None else f" {{ {base.declaration} }}"))
+        for chain, rules in sorted(self.rules.items()):
+            out.extend(f"add rule {where} {text.name(chain)} {rule.text}" for rule in rules)
+        for holder, elements in sorted(self.add_elements.items()):
+            items = [element.render() for _, element in sorted(elements.items())]
+            out.extend(f"add element {where} {text.name(holder)} {text.element_block(chunk)}"
+                       for chunk in _chunks(items))
+        return "\n".join(out) + "\n" if out else ""
+
+
+def _chunks(items: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(items), ELEMENTS_PER_COMMAND):
+        yield items[start:start + ELEMENTS_PER_COMMAND]
+
+
+def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) -> Changes:
+    """What makes the table that reads back as `held` (None: missing) hold exactly `wanted`.
+    `read_back`: `held` came from the kernel, so its names and keys are checked before they
+    are written again; False for the table this process applied last (rendered here)."""
+    changes = Changes(wanted.family, wanted.name)
+    if held is None or not _adoptable(wanted, held, read_back):
+        changes.rebuild = wanted
+        return changes
+    recreated: set[str] = set()
+    for entry in wanted.sets:
+        found = held.set(entry.name)
+        if found is None or _shape(found) != _shape(entry):
+            if found is not None:
+                recreated.add(entry.name)
+                changes.delete_sets[entry.name] = _kind(found)
+            changes.add_sets[entry.name] = replace(entry, elements=())
+            for element in entry.elements:
+                changes.add_element(entry.name, element)
+            continue
+        _element_changes(changes, found, entry, read_back)
+    for entry in held.sets:
+        if wanted.set(entry.name) is None:
+            changes.delete_sets[entry.name] = _kind(entry)
+    for chain in wanted.chains:
+        held_chain = held.chain(chain.name)
+        if held_chain is None:
+            changes.add_chains[chain.name] = chain.base
+            changes.rules[chain.name] = chain.rules
+        elif (_comments(held_chain.rules) != _comments(chain.rules)
+              or any(name in recreated for rule in chain.rules for name in rule.sets)):
+            changes.rewrite(chain.name, chain.rules)
+    for chain in held.chains:
+        if wanted.chain(chain.name) is None:
+            changes.flush.add(chain.name)
+            changes.delete_chains.add(chain.name)
+    return changes
+
+
+def _adoptable(wanted: Table, held: Table, read_back: bool) -> bool:
+    """Whether `held` can be changed in place: every base chain in both has the spec wanted,
+    and (`read_back`) every name and element key read back can be written again through
+    `text`'s gates."""
+    for chain in wanted.chains:
+        found = held.chain(chain.name)
+        if found is not None and _spec(found.base) != _spec(chain.base):
+            return False
+    if not read_back:
+        return True
+    try:
+        for name in [*(c.name for c in held.chains), *(s.name for s in held.sets)]:
+            text.name(name)
+        for entry in held.sets:
+            for element in entry.elements:
+                written(entry, element.key)
+    except text.UnsafeNftText:
+        return False
+    return True
+
+
+def _spec(base: BaseChain | None) -> dict[str, object] | None:
+    return None if base is None else base.spec()
+
+
+def written(entry: Set | Map, key: Key) -> Key:
+    """A key read back, spelt again through `text`'s gates by its datatype (so it can be
+    deleted); UnsafeNftText when one of its parts cannot be."""
+    if len(key) != len(entry.key_type):
+        raise text.UnsafeNftText(f"{entry.name}: key {key} does not fit {entry.key_type}")
+    return tuple(_part(datatype, part, "interval" in entry.flags) for datatype, part in zip(entry.key_type, key))
+
+
+def _part(datatype: str, part: str, interval: bool) -> str:
+    if datatype in ("ipv4_addr", "ipv6_addr"):
+        return text.network(part) if interval or "/" in part or "-" in part else text.address(part)
+    if datatype == "ifname":
+        return text.interface(part[1:-1] if part.startswith('"') else part)
+    if datatype == "inet_proto":
+        return text.protocol(part)
+    if datatype in ("inet_service", "mark"):
+        try:
+            return text.number(int(part, 0))
+        except ValueError as exc:
+            raise text.UnsafeNftText(f"{datatype} {part!r} is not a number") from exc
+    raise text.UnsafeNftText(f"no gate spells a {datatype} read back")
+
+
+def _element_changes(changes: Changes, held: Set | Map, wanted: Set | Map, read_back: bool) -> None:
+    present = {_canonical_key(e.key): e for e in held.elements}
+    want = {_canonical_key(e.key): e for e in wanted.elements}
+    for key, element in present.items():
+        new = want.get(key)
+        if new is not None and _canonical_value(new) == _canonical_value(element):
+            continue
+        if new is not None:
+            changes.delete_element(held.name, new.key)
+        else:
+            changes.delete_element(held.name, written(held, element.key) if read_back else element.key)
+    for key, element in want.items():
+        old = present.get(key)
+        if old is None or _canonical_value(old) != _canonical_value(element):
+            changes.add_element(held.name, element)
+
+
+def _canonical_key(key: Key) -> Key:
+    return tuple(canonical_part(part) for part in key)
+
+
+def _canonical_value(element: Element) -> tuple[str | None, str | None]:
+    return (None if element.value is None else canonical_part(element.value), element.comment)
+
+
+def _comments(rules: tuple[Rule, ...]) -> list[str | None]:
+    return [rule.comment for rule in rules]
+
+
+def _kind(entry: Set | Map) -> str:
+    return "map" if isinstance(entry, Map) else "set"
+
+
+def _shape(entry: Set | Map) -> tuple[object, ...]:
+    return (isinstance(entry, Map), entry.key_type, getattr(entry, "value_type", None), frozenset(entry.flags))
