@@ -261,11 +261,11 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     from netagent.daemon.bgp_start import build_bgp
     bgp, bgp_config = build_bgp(cluster.bgp, api_client=api_client, rejections=rejections.scope("bgp"))
-    ipv6 = any(c.version == 6 for c in settings.cluster_cidrs)  # the IPv6 masquerade's ip6tables
+    # IPv4's iptables, and ip6tables with an IPv6 cluster CIDR (the IPv6 masquerade's)
+    families = {IpFamily.V4} | {IpFamily.of(c) for c in settings.cluster_cidrs}
     host = HostAccess(kernel=NetlinkKernel(), sysctls=ProcSysctls(),
-                      iptables=IptablesRunner(backend=backend, family=IpFamily.V4) if backend is not None else None,
-                      iptables6=IptablesRunner(backend=backend, family=IpFamily.V6)
-                      if backend is not None and ipv6 else None,
+                      iptables={family: IptablesRunner(backend=backend, family=family) for family in IpFamily
+                                if family in families} if backend is not None else {},
                       nft=nft, kernel_release=os.uname().release, bgp=bgp)
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=proxy.node_listeners if proxy is not None else [],

@@ -14,9 +14,9 @@ Start-up, in order, each step failing loudly rather than guessing:
 
 Dual-stack and IPv6-only: `--cluster-cidr` once per family; the node's `spec.podCIDRs` holds at
 most one CIDR per family, and each family with both a cluster CIDR and a pod CIDR is routed by
-its own `RouteManager` (`route_managers`, as kube-proxy runs one proxier per family), masqueraded
-by its own manager (ip6tables through `HostAccess.iptables6`, or `ip6 netagent-masq`), with its
-forwarding sysctl on. The underlay interface carries both families' addresses (announced as
+its own `RoutedFamily` (`routed`, as kube-proxy runs one proxier per family): its `RouteManager`
+(which holds the family's peer bounds) and its masquerade manager (the family's iptables runner
+from `HostAccess.iptables[family]`, or `ip6 netagent-masq`), with its forwarding sysctl on. The underlay interface carries both families' addresses (announced as
 `public-ip` and `public-ipv6`); the lease reports every pod CIDR. `--backend bgp` routes IPv4
 only: with an IPv6 cluster CIDR it refuses to start, saying so (ipip's IPv6 form is `na-ipip6`).
 
@@ -44,6 +44,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
@@ -92,6 +93,14 @@ log = logging.getLogger("netagent.node")
 NODE = "Node"  # the rejected objects' kind
 REASSERT_MIN_INTERVAL = 5.0  # seconds between two restorations of our announcement (see _reassert_announcement)
 
+
+@dataclass(frozen=True)
+class RoutedFamily:
+    """One routed family's managers: its routes (and the bounds its peers must keep) and its masquerade."""
+    routes: RouteManager
+    masquerade: MasqueradeManager | NftMasqueradeManager | None = None  # None with Masquerade.OFF
+
+
 class NodeAgent:
     """Owns the node-routing half of the agent; the CLI composes it with the CNI server."""
 
@@ -111,10 +120,7 @@ class NodeAgent:
         self.tracker = node_changes(on_change=self._request_partial)
         self.node_listeners = tuple(node_listeners)
         self.reflector: NodeWatch | None = None
-        self.route_manager: RouteManager | None = None  # the first family's (IPv4 on a dual-stack node)
-        self.route_managers: dict[IpFamily, RouteManager] = {}  # one per routed family
-        self.masquerade: MasqueradeManager | NftMasqueradeManager | None = None  # the first family's
-        self.masquerades: dict[IpFamily, MasqueradeManager | NftMasqueradeManager] = {}
+        self.routed: dict[IpFamily, RoutedFamily] = {}  # one per routed family, IPv4 first
         self.tunnel_filters: dict = {}  # IpFamily -> TunnelFilter, built at the first sync
         self.runner: SyncRunner | None = None
         self.underlay: Underlay | None = None
@@ -157,22 +163,17 @@ class NodeAgent:
         log.info("underlay: %s %s (%s), MTU %d", underlay.ifname, underlay.public_ip,
                  underlay.reason, underlay.mtu)
         self._enable_forwarding()
-        for family in self.families():
-            self.route_managers[family], masquerade = self._build_managers(underlay, family, own)
-            if masquerade is not None:
-                self.masquerades[family] = masquerade
-        for family, manager in self.route_managers.items():
-            manager.keep_devices = frozenset(device.ifname for other, peer in self.route_managers.items()
-                                             if other is not family for device in peer.devices)
-            manager.ipv6_routed = IpFamily.V6 in self.route_managers
-        self.route_manager = next(iter(self.route_managers.values()))
-        self.masquerade = next(iter(self.masquerades.values()), None)
+        self.routed = {family: self._build_managers(underlay, family, own) for family in self.families()}
+        for family, routed in self.routed.items():
+            routed.routes.keep_devices = frozenset(device.ifname for other, peer in self.routed.items()
+                                                   if other is not family for device in peer.routes.devices)
+            routed.routes.ipv6_routed = IpFamily.V6 in self.routed
         if self.host.bgp is not None:  # BIRD's writes to our table poke the runner (event-driven)
             self.host.bgp.watch_learnt(self._request_partial)
             self.host.bgp.register_metrics(self.metrics.registry)
         backend_data: dict[str, str] = {}
-        for manager in self.route_managers.values():
-            backend_data.update(manager.ensure_local())
+        for routed in self.routed.values():
+            backend_data.update(routed.routes.ensure_local())
         self._announce(own, backend_data, underlay)
         self._report_lease(underlay)
 
@@ -205,7 +206,7 @@ class NodeAgent:
         """The families this node routes: those with a cluster CIDR and a pod CIDR (IPv4 first)."""
         cluster = {IpFamily.of(c) for c in self.settings.cluster_cidrs}
         return tuple(family for family in IpFamily
-                     if family in cluster and any(c.version == family.value for c in self.pod_cidrs))
+                     if family in cluster and any(family.holds(c) for c in self.pod_cidrs))
 
     def _wait_for_lease(self, reflector: NodeWatch) -> dict:
         name = self.settings.node_name
@@ -254,7 +255,7 @@ class NodeAgent:
         ensure_sysctls(self.host.sysctls, [forwarding(family.value) for family in self.families()])
 
     def _build_managers(self, underlay: Underlay, family: IpFamily = IpFamily.V4, own: dict | None = None) \
-            -> tuple[RouteManager, MasqueradeManager | NftMasqueradeManager | None]:
+            -> RoutedFamily:
         """`family`'s route manager and, when masquerading is on, its masquerade manager."""
         from netagent.noderoutes.masquerade import MasqueradeManager
         from netagent.noderoutes.routing.routes import RouteManager
@@ -263,7 +264,7 @@ class NodeAgent:
         local = LocalNode(name=self.settings.node_name, public_ip=address[0],
                           underlay_ifname=underlay.ifname, underlay_network=address[1],
                           underlay_mtu=underlay.mtu,
-                          pod_cidrs=tuple(c for c in self.pod_cidrs if c.version == family.value),
+                          pod_cidrs=tuple(c for c in self.pod_cidrs if family.holds(c)),
                           vtep_mac=self._vtep_mac(own, family))
         routing = dataclasses.replace(self.settings.routing, vxlan_checksum_offload=checksum_offload(
             self.settings.checksum_offload, kernel_release=self.host.kernel_release, behind_nat=underlay.behind_nat))
@@ -279,9 +280,9 @@ class NodeAgent:
         except ValueError as exc:  # e.g. an encapsulation device without a pod CIDR of its family
             raise AgentStartError(f"{family.label} pod CIDR {', '.join(map(str, local.pod_cidrs))}: {exc}") from None
         masquerade: MasqueradeManager | NftMasqueradeManager | None = None
-        cluster_cidrs = [c for c in self.settings.cluster_cidrs if c.version == family.value]
+        cluster_cidrs = [c for c in self.settings.cluster_cidrs if family.holds(c)]
         pod_cidrs = list(local.pod_cidrs)
-        iptables = self.host.iptables if family is IpFamily.V4 else self.host.iptables6
+        iptables = self.host.iptables.get(family)
         if self.settings.masquerade is Masquerade.ON and self.host.nft is not None:
             from netagent.noderoutes.masquerade_nft import NftMasqueradeManager
             masquerade = NftMasqueradeManager(nft=self.host.nft, forward_iptables=iptables,
@@ -290,7 +291,7 @@ class NodeAgent:
             if iptables is None:
                 raise AgentStartError(f"masquerade is on but no {family.command} runner was given")
             masquerade = MasqueradeManager(runner=iptables, cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
-        return route_manager, masquerade
+        return RoutedFamily(route_manager, masquerade)
 
     def _vtep_mac(self, own: dict | None, family: IpFamily) -> str | None:
         """Our `family` VTEP MAC (vxlan): the device's, else our Node's announced one, never another
@@ -315,8 +316,8 @@ class NodeAgent:
             if self.host_networks:
                 log.info("this node's own addresses changed: %s", ", ".join(sorted({str(n) for n, _ in networks})))
             self.host_networks = networks
-            for family, manager in self.route_managers.items():
-                manager.bounds = self.bounds(family)
+            for family, routed in self.routed.items():
+                routed.routes.bounds = self.bounds(family)
 
     def _announce(self, own: dict, backend_data: dict, underlay: Underlay) -> None:
         self._announcement = nodes.render_announcement(backend_type=self.settings.routing.mode.value,
@@ -411,20 +412,20 @@ class NodeAgent:
         return peers, removed
 
     def _sync(self, kind: SyncKind) -> None:
-        route_manager = self.route_manager
-        assert route_manager is not None, "start() builds the managers before the runner that syncs"
+        assert self.routed, "start() builds the managers before the runner that syncs"
         started = time.monotonic()
         try:
             self._refresh_own_networks()
             if kind is SyncKind.FULL:
                 self.tracker.drain()
                 self._reassert_announcement()
-                for manager in self.route_managers.values():
-                    manager.ensure_local()
+                for routed in self.routed.values():
+                    routed.routes.ensure_local()
                 peers, _ = self.peers()
                 report = self._each_family(lambda manager: manager.sync_all(peers))
-                for masquerade in self.masquerades.values():
-                    masquerade.ensure()
+                for routed in self.routed.values():
+                    if routed.masquerade is not None:
+                        routed.masquerade.ensure()
             else:
                 changed = set(self.tracker.drain())
                 if self.settings.node_name in changed:
@@ -438,19 +439,19 @@ class NodeAgent:
                 self._record_rejections(partial)
             raise
         self._record_rejections(report)
-        self._configure_bgp(route_manager, report)
-        sync_tunnel_filters(self.tunnel_filters, self.host, self.route_managers, report)
+        self._configure_bgp(report)
+        sync_tunnel_filters(self.tunnel_filters, self.host, {f: r.routes for f, r in self.routed.items()}, report)
         self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
 
     def _each_family(self, sync: Callable[[RouteManager], SyncReport]) -> SyncReport:
         """Run `sync` on every family's manager (each even when another failed) and merge the reports:
-        counts add up, a peer refused in any family is refused (an IPv6 refusal's reason says so)."""
+        counts add up, a peer refused in any family is refused (the first family's refusal, carrying its family)."""
         from netagent.noderoutes.routing.model import RoutingApplyError, SyncReport
         merged, failures = SyncReport(), dict[str, str]()
-        for family, manager in self.route_managers.items():
+        for family, routed in self.routed.items():
             try:
-                report = sync(manager)
+                report = sync(routed.routes)
             except RoutingApplyError as exc:
                 report = exc.report
                 failures.update((f"{family.label} {what}", why) for what, why in exc.failures.items())
@@ -458,8 +459,8 @@ class NodeAgent:
             merged.removed += report.removed
             merged.unchanged += report.unchanged
             for name, refused in report.refused.items():
-                merged.refused.setdefault(name, refused if family is IpFamily.V4 or refused.reason.startswith("IPv6")
-                                          else Refused(f"IPv6: {refused.reason}", refused.label))
+                merged.refused.setdefault(name, refused if refused.family is not None
+                                          else dataclasses.replace(refused, family=family))
             merged.pending = sorted(set(merged.pending) | set(report.pending))
             for mode, count in report.peers_by_mode.items():
                 merged.peers_by_mode[mode] = merged.peers_by_mode.get(mode, 0) + count
@@ -467,15 +468,15 @@ class NodeAgent:
             raise RoutingApplyError(failures, merged)
         return merged
 
-    def _configure_bgp(self, route_manager: RouteManager, report: SyncReport) -> None:
-        """BIRD's configuration from this sync's view: the peers the plan admitted (`noderoutes/bgp/`)."""
-        bgp, underlay, reflector = self.host.bgp, self.underlay, self.reflector
-        if bgp is None or underlay is None or reflector is None:
+    def _configure_bgp(self, report: SyncReport) -> None:
+        """BIRD's configuration from this sync's view: the peers the IPv4 plan admitted (`noderoutes/bgp/`)."""
+        bgp, underlay, reflector, routed = self.host.bgp, self.underlay, self.reflector, self.routed.get(IpFamily.V4)
+        if bgp is None or underlay is None or reflector is None or routed is None:
             return
         if not isinstance(underlay.public_ip, ipaddress.IPv4Address) or \
                 not isinstance(underlay.network, ipaddress.IPv4Network):
             return  # BGP is IPv4 only (refused at start with an IPv6 cluster CIDR)
-        admitted = [p for p in route_manager.known_peers() if p.name not in report.refused and p.pod_cidrs]
+        admitted = [p for p in routed.routes.known_peers() if p.name not in report.refused and p.pod_cidrs]
         bgp.configure_from_cluster(node_name=self.settings.node_name, address=underlay.public_ip,
                                    pod_cidrs=self.pod_cidrs, admitted=admitted, nodes=reflector.store.get,
                                    local_network=underlay.network)
@@ -486,7 +487,7 @@ class NodeAgent:
         assert self.reflector is not None, "the reflector exists before any sync"
         store = self.reflector.store
         report.refused.update((name, Refused(bad.detail, bad.reason)) for name, bad in self._unusable.items())
-        now = {name: (refused.label.value, refused.reason) for name, refused in report.refused.items()}
+        now = {name: (refused.label.value, refused.detail) for name, refused in report.refused.items()}
         for name, (reason, detail) in now.items():
             ref = dataclasses.replace(ObjectRef.of(NODE, store.get(name), key=name), namespace="", name=name)
             self.rejections.reject(ref, reason=reason, detail=detail)

@@ -111,16 +111,16 @@ def own_networks(snapshot: UnderlaySnapshot) -> tuple:
 def peer_bounds(settings: AgentSettings, family: IpFamily, *, pod_cidrs: tuple, host_networks: tuple) -> PeerBounds:
     """Where peers' pod CIDRs of `family` may lie: its cluster CIDR, clear of the service range, the
     API server's addresses and of this node's own networks (except one that holds a whole cluster CIDR: see `own_networks`)."""
-    cluster = tuple(c for c in settings.cluster_cidrs if c.version == family.value)
+    cluster = tuple(c for c in settings.cluster_cidrs if family.holds(c))
     reserved = [(c, "the service range (--service-cidr)") for c in settings.service_cidrs
-                if c.version == family.value]
-    ours = [c for c in pod_cidrs if c.version == family.value]  # claimed as this node's by the planner
+                if family.holds(c)]
+    ours = [c for c in pod_cidrs if family.holds(c)]  # claimed as this node's by the planner
     reserved += [(network, what) for network, what in host_networks
-                 if network.version == family.value and not any(network.subnet_of(c) for c in ours)
+                 if family.holds(network) and not any(network.subnet_of(c) for c in ours)
                  and (network.prefixlen == network.max_prefixlen
                       or not any(c.subnet_of(network) for c in cluster))]
     api_server = tuple((ipaddress.ip_network(a), "the API server's address") for a in settings.api_server_addresses
-                       if a.version == family.value)
+                       if family.holds(a))
     return PeerBounds(cluster_cidrs=cluster, reserved=tuple(reserved), outside_pod_cidrs=api_server)
 
 
@@ -131,7 +131,7 @@ def parse_cluster_cidrs(values) -> tuple:
     except ValueError as exc:
         raise AgentStartError(f"--cluster-cidr: {exc}") from None
     for family in IpFamily:
-        same = [str(c) for c in cidrs if c.version == family.value]
+        same = [str(c) for c in cidrs if family.holds(c)]
         if len(same) > 1:
             raise AgentStartError(f"--cluster-cidr is given once per IP family; {family.label} has "
                                   f"{len(same)}: {', '.join(same)}")

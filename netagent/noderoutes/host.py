@@ -2,8 +2,8 @@
 
 - `HostAccess`: the node's kernel. Netlink through the `RoutingKernel` (devices, routes,
   neighbours, FDB, and the links/addresses/default routes the underlay is chosen from),
-  sysctls, the iptables runners masquerade writes through (`iptables`, and `iptables6` for
-  ip6tables with an IPv6 cluster CIDR; or, in nftables mode, the `Nft`
+  sysctls, the iptables runners masquerade writes through (`iptables`, one per family: the
+  `IpFamily.V6` one, ip6tables, with an IPv6 cluster CIDR; or, in nftables mode, the `Nft`
   it writes through instead), and the kernel release that
   `ChecksumOffloadPolicy.AUTO` decides by.
 - `NodeApi`: the API server as the agent uses it: one Node watch, and annotating its own
@@ -23,10 +23,11 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 from typing import TYPE_CHECKING, Protocol
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import Iptables
 from netagent.kernel.nftables.runner import Nft
 from netagent.kernel.sysctl import Sysctls
@@ -62,8 +63,9 @@ class Lease:
 class HostAccess:
     kernel: RoutingKernel  # netlink: devices, routes, neighbours, FDB, and the underlay snapshot
     sysctls: Sysctls
-    iptables: Iptables | None = None  # masquerade's runner; only None with Masquerade.OFF or with `nft`
-    iptables6: Iptables | None = None  # the IPv6 masquerade's (ip6tables) runner, with an IPv6 cluster CIDR
+    # masquerade's (and the tunnel filter's) runner of each routed family; empty only with
+    # Masquerade.OFF or with `nft`
+    iptables: Mapping[IpFamily, Iptables] = field(default_factory=dict)
     nft: Nft | None = None            # nftables mode: masquerade in our nft table (masquerade_nft.py)
     kernel_release: str = ""          # `os.uname().release`; read by ChecksumOffloadPolicy.AUTO only
     bgp: BgpSpeaker | None = None     # --backend bgp: BIRD and the routes it learnt (noderoutes/bgp/)

@@ -83,7 +83,7 @@ def tunnel_chain(*, family: IpFamily, protocols: tuple[tuple[str, ...], ...]) ->
 
 def admitted_members(family: IpFamily, addresses: Iterable[Address]) -> frozenset[str]:
     """The set's members: `addresses` of `family`, spelled as `ipset save` prints them."""
-    return frozenset(str(a) for a in map(ipaddress.ip_address, addresses) if a.version == family.value)
+    return frozenset(str(a) for a in map(ipaddress.ip_address, addresses) if family.holds(a))
 
 
 def set_capacity(members: int) -> int:
@@ -238,7 +238,7 @@ def sync_tunnel_filters(filters: dict, host, route_managers: dict, report) -> No
     pending, projected onto the family), then ensured."""
     left_out = set(report.refused) | set(report.pending)
     for family, manager in route_managers.items():
-        runner = host.iptables if family is IpFamily.V4 else host.iptables6
+        runner = host.iptables.get(family)
         own = (manager.local.public_ip,)
         if family not in filters and host.nft is not None:
             from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter
@@ -249,5 +249,5 @@ def sync_tunnel_filters(filters: dict, host, route_managers: dict, report) -> No
             continue
         projected = [p.in_family(family) for p in manager.known_peers() if p.name not in left_out]
         filters[family].update(p.public_ip for p in projected
-                               if isinstance(p, Peer) and p.public_ip.version == family.value)
+                               if isinstance(p, Peer) and family.holds(p.public_ip))
         filters[family].ensure()

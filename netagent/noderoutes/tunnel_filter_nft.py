@@ -79,7 +79,7 @@ class NftTunnelFilter:
     def update(self, peers: Iterable[Address]) -> None:
         """The admitted peers' underlay addresses of this sync."""
         self.admitted = tuple(sorted({ipaddress.ip_address(a) for a in (*self.own, *peers)
-                                      if ipaddress.ip_address(a).version == self.family.value}, key=int))
+                                      if self.family.holds(ipaddress.ip_address(a))}, key=int))
 
     def wanted(self) -> model.Table:
         return tunnel_table(self.family, self.rules, self.admitted)

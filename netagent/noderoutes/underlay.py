@@ -72,7 +72,7 @@ class Underlay:
         """(address, connected prefix) of `family`, or None when the underlay has none."""
         if family is IpFamily.V6 and self.public_ipv6 is not None:
             return self.public_ipv6, self.network6
-        if self.public_ip.version == family.value:
+        if family.holds(self.public_ip):
             return self.public_ip, self.network
         return None
 

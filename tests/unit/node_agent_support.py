@@ -15,6 +15,7 @@ from ipaddress import IPv4Address, IPv4Network
 from netagent.infra.metrics import Registry
 from netagent.infra.rejections import RejectionScope, Rejections
 from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.families import IpFamily
 from netagent.kernel.fake_sysctl import FakeSysctls
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.sysctl import IP_FORWARD
@@ -71,7 +72,7 @@ class AgentWorld:
         for obj in (node(LOCAL_NAME, 1),) if nodes is None else nodes:
             self.api.put(obj)
         self.leases: list[Lease] = []
-        host = HostAccess(kernel=self.kernel, sysctls=self.sysctls, iptables=self.iptables,
+        host = HostAccess(kernel=self.kernel, sysctls=self.sysctls, iptables={IpFamily.V4: self.iptables},
                           kernel_release="6.12.0-1-amd64")
         self.agent = NodeAgent(settings, api=self.api, host=host, registry=Registry(), rejections=self.rejections,
                                on_lease=self.leases.append)

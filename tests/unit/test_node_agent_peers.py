@@ -13,6 +13,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address
 import pytest
 
 from netagent.infra.sync_runner import SyncKind, SyncResult, SyncRunner
+from netagent.kernel.families import IpFamily
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.routing.vxlan import vtep_mac
 from netagent.noderoutes.agent import REASSERT_MIN_INTERVAL, own_networks
@@ -99,7 +100,7 @@ def test_the_service_range_is_reserved_even_inside_the_cluster_cidr():
     harness = AgentHarness()
     harness.agent.settings = dataclasses.replace(harness.agent.settings,
                                                  service_cidrs=(IPv4Network("10.244.200.0/24"),))
-    harness.agent.route_manager.bounds = harness.agent.bounds()
+    harness.agent.routed[IpFamily.V4].routes.bounds = harness.agent.bounds()
     harness.put(node("evil", 50, cidr="10.244.200.0/24"))
     harness.sync(SyncKind.FULL)
     assert harness.overlay_routes() == {} and harness.rejected() == {"evil": "reserved"}
@@ -214,7 +215,7 @@ def test_no_pod_cidr_may_hold_the_api_servers_address_though_its_node_may_announ
     harness.agent.settings = dataclasses.replace(harness.agent.settings,
                                                  api_server_addresses=(IPv4Address("10.244.77.10"),
                                                                        IPv4Address("198.18.16.12")))
-    harness.agent.route_manager.bounds = harness.agent.bounds()
+    harness.agent.routed[IpFamily.V4].routes.bounds = harness.agent.bounds()
     harness.put(node("node-2", 2))                              # public IP 198.18.16.12: the API server's host
     harness.put(node("evil", 77, created="2025-01-01T00:00:00Z"))   # 10.244.77.0/24 holds the API server
     harness.sync(SyncKind.FULL)

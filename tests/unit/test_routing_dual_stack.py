@@ -91,7 +91,7 @@ def test_a_hostile_public_ipv6_makes_only_ipv6_unroutable(value, why):
     assert why in peer.ipv6_problem and peer.public_ipv6 is None
     assert isinstance(peer.in_family(IpFamily.V4), Peer)
     refused = peer.in_family(IpFamily.V6)
-    assert not isinstance(refused, Peer) and refused.reason.startswith("IPv6: ")
+    assert not isinstance(refused, Peer) and refused.family is IpFamily.V6 and refused.detail.startswith("IPv6: ")
 
 
 def test_an_ipv6_only_node_announces_public_ipv6_alone():
@@ -238,7 +238,7 @@ def world(*, cluster: tuple, cidrs: tuple, mode: Mode = Mode.VXLAN, v4: bool = T
                              routing=RoutingSettings(mode=mode), masquerade=masquerade, lease_timeout=0.0,
                              resync_interval=3600.0)
     host = HostAccess(kernel=kernel, sysctls=FakeSysctls({IP_FORWARD.key: "0", IPV6_FORWARD.key: "0"}),
-                      iptables=iptables, iptables6=iptables6, nft=fake_nft, kernel_release="6.12.0")
+                      iptables={IpFamily.V4: iptables, IpFamily.V6: iptables6}, nft=fake_nft, kernel_release="6.12.0")
     agent = NodeAgent(settings, api=api, host=host, registry=Registry(), rejections=Rejections().scope("noderoutes"),
                       on_lease=leases.append)
     return agent, api, kernel, leases, (iptables, iptables6, fake_nft)

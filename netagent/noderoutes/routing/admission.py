@@ -96,7 +96,7 @@ def _claims_for(local: LocalNode, peers: Iterable[Peer], family: IpFamily) -> _C
     """One sort and sweep over every CIDR of `family`: only when some overlap is the lookup table needed."""
     nodes: tuple[LocalNode | Peer, ...] = (local, *peers)
     spans = sorted((int(c.network_address), int(c.broadcast_address))
-                   for node in nodes for c in node.pod_cidrs if c.version == family.value)
+                   for node in nodes for c in node.pod_cidrs if family.holds(c))
     reach = -1
     for start, end in spans:
         if start <= reach:
@@ -106,7 +106,7 @@ def _claims_for(local: LocalNode, peers: Iterable[Peer], family: IpFamily) -> _C
 
 
 def _unicast_problem(address, family: IpFamily) -> str:
-    if address.version != family.value:
+    if not family.holds(address):
         return f"public IP {address} is not an {family.label} address"
     if address.is_unspecified or address.is_loopback or address.is_multicast or address == _BROADCAST \
             or address.is_reserved or (family is IpFamily.V6 and address.is_link_local):
@@ -123,19 +123,19 @@ class Admission:
         self.local = local
         self.family = family = local.family
         self.bounds = bounds
-        self.cluster = tuple(c for c in bounds.cluster_cidrs if c.version == family.value)
+        self.cluster = tuple(c for c in bounds.cluster_cidrs if family.holds(c))
         self.claims = _claims_for(local, peers, family)
         ours = f"this node ({local.name})"
         for cidr in local.pod_cidrs:
-            if cidr.version == family.value:
+            if family.holds(cidr):
                 self.claims.claim(cidr, ours)
         self.public_ips: dict = {local.public_ip: ours}
         self.reserved: dict = {}
         for address, what in reserved_addresses:  # the first name of an address is its name
-            if address.version == family.value:
+            if family.holds(address):
                 self.reserved.setdefault(address, what)
         for network, what in bounds.reserved:  # this node's own addresses (host entries)
-            if network.version == family.value and network.prefixlen == network.max_prefixlen:
+            if family.holds(network) and network.prefixlen == network.max_prefixlen:
                 self.reserved.setdefault(network.network_address, what)
         self.macs = {device.mac: ours for device in devices if isinstance(device, VxlanDevice)}
 

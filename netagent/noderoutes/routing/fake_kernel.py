@@ -79,7 +79,7 @@ class FakeKernel(RoutingKernel):
 
         def defaults(family: IpFamily) -> tuple:
             return tuple(indexes[route.ifname] for route, _ in self.routes.values()
-                         if route.dst.prefixlen == 0 and route.dst.version == family.value and route.ifname in indexes)
+                         if route.dst.prefixlen == 0 and family.holds(route.dst) and route.ifname in indexes)
         return UnderlaySnapshot(interfaces=interfaces, default_route_ifindexes=defaults(IpFamily.V4),
                                 default_route6_ifindexes=defaults(IpFamily.V6))
 
@@ -151,7 +151,7 @@ class FakeKernel(RoutingKernel):
     # ------------------------------------------------------------ routes
     def dump_routes(self, family: IpFamily = IpFamily.V4) -> list[Route]:
         return [route for route, protocol in self.routes.values()
-                if protocol == self.protocol and route.dst.version == family.value]
+                if protocol == self.protocol and family.holds(route.dst)]
 
     def replace_route(self, route: Route) -> None:
         what = describe(route)
@@ -175,7 +175,7 @@ class FakeKernel(RoutingKernel):
 
     # ------------------------------------------------------------ neighbours
     def dump_neighbours(self, ifname: str, family: IpFamily = IpFamily.V4) -> list[Neighbour]:
-        return [n for (dev, address), n in self.neighbours.items() if dev == ifname and address.version == family.value]
+        return [n for (dev, address), n in self.neighbours.items() if dev == ifname and family.holds(address)]
 
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         self._require_link(neighbour.ifname, describe(neighbour))

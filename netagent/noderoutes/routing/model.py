@@ -93,7 +93,7 @@ class LocalNode:
         pod-network source address, so replies come back through the tunnel.
         """
         for cidr in self.pod_cidrs:
-            if cidr.version == self.family.value:
+            if self.family.holds(cidr):
                 return ip_interface(f"{cidr.network_address}/{cidr.max_prefixlen}")
         raise ValueError(f"node {self.name} has no {self.family.label} pod CIDR: an encapsulation device "
                          f"needs one for its address")
@@ -114,20 +114,20 @@ class Peer:
     ipv6_problem: str = ""           # why its IPv6 announcement is unusable (IPv6 unroutable)
 
     def cidrs_of(self, family: IpFamily) -> tuple:
-        return tuple(c for c in self.pod_cidrs if c.version == family.value)
+        return tuple(c for c in self.pod_cidrs if family.holds(c))
 
     def in_family(self, family: IpFamily) -> Peer | Refused | Pending:
         """This peer as `family`'s planner routes it (its address, CIDRs and VTEP MAC of that
         family), or why it cannot be: refused (a malformed announcement) or pending."""
         if family is IpFamily.V4:
-            if self.public_ip.version != 4:
+            if not family.holds(self.public_ip):
                 return Pending("no IPv4 public IP announced")
-            return self if all(c.version == 4 for c in self.pod_cidrs) else \
+            return self if all(family.holds(c) for c in self.pod_cidrs) else \
                 dataclasses.replace(self, pod_cidrs=self.cidrs_of(family))
         if self.ipv6_problem:
-            return Refused(f"IPv6: {self.ipv6_problem}", RefusalReason.MALFORMED)
+            return Refused(self.ipv6_problem, RefusalReason.MALFORMED, family=IpFamily.V6)
         address = self.public_ipv6 if self.public_ipv6 is not None else \
-            (self.public_ip if self.public_ip.version == 6 else None)
+            (self.public_ip if family.holds(self.public_ip) else None)
         if address is None:
             return Pending("no IPv6 public IP announced (netagent.io/public-ipv6)")
         return dataclasses.replace(self, public_ip=address, pod_cidrs=self.cidrs_of(family),
@@ -230,7 +230,7 @@ class IpipDevice:
 
     @property
     def kind(self) -> str:
-        return "ipip" if self.local.version == 4 else "ip6tnl"
+        return "ipip" if IpFamily.V4.holds(self.local) else "ip6tnl"
 
 
 @dataclass(frozen=True)
@@ -276,9 +276,17 @@ class RefusalReason(enum.Enum):
 
 @dataclass(frozen=True)
 class Refused:
-    """The peer must not be programmed (e.g. host-gw across subnets); an operator should look."""
+    """The peer must not be programmed (e.g. host-gw across subnets); an operator should look.
+    `family`: the family whose planner refused it (None: the Node as a whole, or not yet known:
+    the agent sets it when merging its families' reports)."""
     reason: str
     label: RefusalReason = RefusalReason.UNROUTABLE
+    family: IpFamily | None = None
+
+    @property
+    def detail(self) -> str:
+        """The reason as an operator reads it: an IPv6 refusal says so (IPv4 is the default)."""
+        return f"{self.family.label}: {self.reason}" if self.family is IpFamily.V6 else self.reason
 
 
 @dataclass(frozen=True)

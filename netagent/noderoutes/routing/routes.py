@@ -231,7 +231,7 @@ class RouteManager:
     def _log_status(self, plan: Plan) -> None:
         """Log a peer's pending or refused reason when it first appears or changes, not every sync."""
         status = {name: f"pending: {why}" for name, why in plan.pending.items()}
-        status.update((name, f"refused: {why.reason}") for name, why in plan.refused.items())
+        status.update((name, f"refused: {why.detail}") for name, why in plan.refused.items())
         for name, text in status.items():
             if self._logged_status.get(name) != text:
                 level = logging.WARNING if text.startswith("refused") else logging.INFO
