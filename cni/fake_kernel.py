@@ -139,7 +139,7 @@ class FakeCniKernel(CniKernel):
         self.namespaces: dict[str, FakeNamespace] = {}
         self.add_netns(NODE)
         self.open_handles: dict[int, str] = {}  # fd -> namespace path
-        self.sysctls = FakeSysctls({forwarding(4).key: "0", forwarding(6).key: "0"})
+        self.sysctls = FakeSysctls({forwarding(f.value).key: "0" for f in IpFamily})
         self.node.settings = self.sysctls.values  # the node's sysctls are one store
         self.ensured: dict[tuple[str, tuple[str, ...]], Bridge] = {}
         self.calls: list[str] = []
@@ -361,9 +361,9 @@ class FakeCniKernel(CniKernel):
         self._add_neighbours(space, device, setup.neighbours)
         self._end(fault)
 
-    def enable_forwarding(self, family: int) -> None:
+    def enable_forwarding(self, family: IpFamily) -> None:
         fault = self._begin("enable_forwarding")
-        ensure_sysctls(self.sysctls, [forwarding(family)])
+        ensure_sysctls(self.sysctls, [forwarding(family.value)])
         self._end(fault)
 
     def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:

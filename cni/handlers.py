@@ -170,7 +170,7 @@ class PluginHandlers:
             bridge_gateways = wiring.bridge_gateways(addresses, gateways)
             bridge = kernel.ensure_bridge(BridgeSpec(name=conf.bridge, mtu=conf.mtu, gateways=bridge_gateways,
                                                      settings=wiring.bridge_settings(bridge_gateways)))
-            for family in sorted({g.version for g in bridge_gateways}):
+            for family in sorted(wiring.families_of(bridge_gateways), key=lambda f: f.value):
                 kernel.enable_forwarding(family)
             interfaces.append({"name": conf.bridge, "mac": bridge.mac})
         host_settings = wiring.host_veth_settings(conf.mode, families)
@@ -194,7 +194,7 @@ class PluginHandlers:
                 raise CniError(ErrorCode.TRY_AGAIN_LATER, f"bridge {conf.bridge} changed during ADD",
                                str(exc)) from None
         else:
-            for family in sorted(f.value for f in families):
+            for family in sorted(families, key=lambda f: f.value):
                 kernel.enable_forwarding(family)
             try:
                 kernel.route_to_pod(wiring.plan_node_routes(host_name=host_name, addresses=addresses,

@@ -207,8 +207,8 @@ class CniKernel(abc.ABC):
 
     # ------------------------------------------------------------ the node side (routed mode)
     @abc.abstractmethod
-    def enable_forwarding(self, family: int) -> None:
-        """IP forwarding (family 4 or 6) in the node's namespace."""
+    def enable_forwarding(self, family: IpFamily) -> None:
+        """IP forwarding of `family` in the node's namespace."""
 
     @abc.abstractmethod
     def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:

@@ -48,6 +48,7 @@ from cni.kernel import (
 from cni.wiring import DEFAULT_DST, random_mac
 from netagent.kernel import owned, sysctl
 from netagent.kernel.errors import KernelError
+from netagent.kernel.families import IpFamily
 from netagent.kernel.sysctl import ProcSysctls, ensure_sysctls
 
 LOOPBACK_INDEX = 1  # the kernel registers lo first in every namespace
@@ -129,7 +130,7 @@ class NetlinkCniKernel(CniKernel):
         # (name, gateways) -> Bridge, for bridges this object has ensured
         self._bridges: dict[tuple[str, tuple[str, ...]], Bridge] = {}
         self._bridges_lock = threading.Lock()
-        self._forwarding_enabled: set[int] = set()
+        self._forwarding_enabled: set[IpFamily] = set()
 
     # ------------------------------------------------------------ the pod's namespace
     def open_netns(self, path: str) -> PodNetns:
@@ -264,11 +265,11 @@ class NetlinkCniKernel(CniKernel):
             _wait_until_running(pod_rtnl, index, setup.ifname)
 
     # ------------------------------------------------------------ the node side
-    def enable_forwarding(self, family: int) -> None:
+    def enable_forwarding(self, family: IpFamily) -> None:
         """Once per family and process: a warm agent does not even read the sysctl again."""
         if family in self._forwarding_enabled:
             return
-        ensure_sysctls(ProcSysctls(), [sysctl.forwarding(family)])
+        ensure_sysctls(ProcSysctls(), [sysctl.forwarding(family.value)])
         self._forwarding_enabled.add(family)
 
     def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:

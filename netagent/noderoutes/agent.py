@@ -15,8 +15,9 @@ Start-up, in order, each step failing loudly rather than guessing:
 Dual-stack and IPv6-only: `--cluster-cidr` once per family; the node's `spec.podCIDRs` holds at
 most one CIDR per family, and each family with both a cluster CIDR and a pod CIDR is routed by
 its own `RoutedFamily` (`routed`, as kube-proxy runs one proxier per family): its `RouteManager`
-(which holds the family's peer bounds) and its masquerade manager (the family's iptables runner
-from `HostAccess.iptables[family]`, or `ip6 netagent-masq`), with its forwarding sysctl on. The underlay interface carries both families' addresses (announced as
+(which holds the family's peer bounds) and its masquerade manager (through the family's runner
+`HostAccess.iptables[family]`, or `ip6 netagent-masq`), with its forwarding sysctl on. The
+underlay interface carries both families' addresses (announced as
 `public-ip` and `public-ipv6`); the lease reports every pod CIDR. `--backend bgp` routes IPv4
 only: with an IPv6 cluster CIDR it refuses to start, saying so (ipip's IPv6 form is `na-ipip6`).
 
