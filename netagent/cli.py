@@ -29,7 +29,8 @@ COMMAND_ERRORS = (NetagentError, OSError)
 
 def _cmd_run(args) -> int:
     """`netagent run`: its flags parsed once into the daemon's configuration (a bad value is a
-    `ConfigError` naming its flag, reported by `main`), then nothing reads `args` again."""
+    `ConfigError` naming its flag), then nothing reads `args` again. What cannot start is raised
+    by run.py (what had started stopped first) and, like a bad value, reported by `main`."""
     from netagent.daemon.config import parse_run_config
     from netagent.daemon.run import run_agent
     return run_agent(parse_run_config(args))

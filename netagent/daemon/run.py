@@ -14,6 +14,10 @@ config.py parsed from the flags once (cli.py does it), and hands each part its t
 `CniConfig` to the CNI server and the conflist writer, `AgentSettings` to the node agent,
 `ProxyConfig`, `PolicyConfig`, `BgpConfig` and `StatusConfig` to theirs, with the `Dataplane`
 dataplane.py resolves once at start (the proxy mode that runs, iptables or nftables).
+What cannot start is raised, never printed here: errors of ours (`NetagentError`) and the
+system's (`OSError`) as they are, another `RuntimeError` as a `StartupError` with its message;
+the CLI reports it once (`netagent run: <message>`, exit code 1), after what had started is
+stopped (`_Started`, in a `finally`).
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -39,6 +42,11 @@ if TYPE_CHECKING:
     from netagent.noderoutes.host import Lease
 
 log = logging.getLogger("netagent")
+
+
+class StartupError(NetagentError, RuntimeError):
+    """Something `netagent run` needs could not start (the message says what); cli.py reports
+    it as every error of ours: `netagent run: <message>` on stderr, exit code 1."""
 
 
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
@@ -188,13 +196,15 @@ def _background_runners(proxy, cni_runners: list) -> Callable[[], list]:
 
 def run_agent(config: DaemonConfig) -> int:
     """Run until SIGTERM: the CNI server alone (`--cni-only`: no `config.cluster`) or the
-    whole cluster mode. 0 on a clean stop, 1 when something could not start."""
+    whole cluster mode. 0 on a clean stop; what could not start is raised (`NetagentError`,
+    `OSError`), what had started stopped first."""
     if config.cluster is None:
         try:
             stop_cni = _start_cni_server(config.cni)
-        except (OSError, RuntimeError) as exc:
-            print(f"netagent run: {exc}", file=sys.stderr)
-            return 1
+        except NetagentError:
+            raise
+        except RuntimeError as exc:   # the system's (the socket is another agent's, ...)
+            raise StartupError(str(exc)) from exc
         print(f"netagent {__version__}: serving CNI on {config.cni.socket}", flush=True)
         _wait_for_signal()
         stop_cni()
@@ -222,42 +232,35 @@ def _cni_config_writer(cni: CniConfig) -> Callable[[Lease], None]:
 
 
 def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
-    from netagent.daemon.proxy_start import ProxyStartError, build_proxy
+    from netagent.daemon.proxy_start import build_proxy
     from netagent.infra.metrics import Registry
     from netagent.infra.status_server import StatusServer
     from netagent.kernel.families import IpFamily
-    from netagent.kernel.iptables.backend import IptablesNotInstalled, resolve_backend
+    from netagent.kernel.iptables.backend import resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kernel.sysctl import ProcSysctls
-    from netagent.kube.config import KubeConfigError, api_server_addresses, load_api_client
+    from netagent.kube.config import api_server_addresses, load_api_client
     from netagent.noderoutes.agent import NodeAgent
     from netagent.noderoutes.host import HostAccess, KubeNodeApi
     from netagent.noderoutes.routing.kernel import NetlinkKernel
 
-    from netagent.daemon.dataplane import DataplaneError, resolve_dataplane
-    from netagent.kernel.nftables.runner import NftError, NftRunner
-    try:
-        api_client = load_api_client(kubeconfig=cluster.kubeconfig)
-        settings = dataclasses.replace(cluster.routing, api_server_addresses=api_server_addresses(api_client))
-        dataplane = resolve_dataplane(cluster.proxy.requested)
-        log.info("dataplane: %s", dataplane.reason)
-        # nftables mode needs no iptables; it uses the host's only for the FORWARD-drop case
-        backend = resolve_backend(cluster.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
-        nft = NftRunner() if dataplane.nftables else None
-    except (KubeConfigError, IptablesNotInstalled, DataplaneError, NftError) as exc:
-        print(f"netagent run: {exc}", file=sys.stderr)
-        return 1
+    from netagent.daemon.dataplane import resolve_dataplane
+    from netagent.kernel.nftables.runner import NftRunner
+    # each raises an error of ours (KubeConfigError, DataplaneError, IptablesNotInstalled, NftError)
+    api_client = load_api_client(kubeconfig=cluster.kubeconfig)
+    settings = dataclasses.replace(cluster.routing, api_server_addresses=api_server_addresses(api_client))
+    dataplane = resolve_dataplane(cluster.proxy.requested)
+    log.info("dataplane: %s", dataplane.reason)
+    # nftables mode needs no iptables; it uses the host's only for the FORWARD-drop case
+    backend = resolve_backend(cluster.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
+    nft = NftRunner() if dataplane.nftables else None
     registry = Registry()
     from netagent.daemon.rejection_reports import build_rejections, with_rejections
     rejections, event_poster = build_rejections(registry, api_client=api_client, node_name=settings.node_name)
     cluster_cidrs = {IpFamily.of(c): str(c) for c in reversed(settings.cluster_cidrs)}   # the first per family
-    try:
-        proxy = build_proxy(cluster.proxy, mode=dataplane.proxy, metrics_binds=cluster.status.metrics_binds,
-                            api_client=api_client, iptables_backend=backend, registry=registry,
-                            cluster_cidrs=cluster_cidrs, rejections=rejections.scope("proxy"))
-    except ProxyStartError as exc:
-        print(f"netagent run: {exc}", file=sys.stderr)
-        return 1
+    proxy = build_proxy(cluster.proxy, mode=dataplane.proxy, metrics_binds=cluster.status.metrics_binds,
+                        api_client=api_client, iptables_backend=backend, registry=registry,
+                        cluster_cidrs=cluster_cidrs, rejections=rejections.scope("proxy"))   # or ProxyStartError
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     from netagent.daemon.bgp_start import build_bgp
     bgp, bgp_config = build_bgp(cluster.bgp, api_client=api_client, rejections=rejections.scope("bgp"))
@@ -282,46 +285,50 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
         if server.registry is not None:   # the metrics server (loopback): the whole agent's details
             server.serve_health(health)
     started = _Started()
-    started.add(event_poster.stop)
-    if bgp_config is not None:
-        started.add(bgp_config.stop)
-    status.start()
-    started.add(status.stop)
-    policy = None
-    metrics = _metrics_server(cluster.status, registry=registry, health=health) if proxy is None else None
-    try:
-        started.add(agent.stop)   # before start: a start that fails half-way is stopped too
-        agent.start()
-        if proxy is not None:
-            started.add(proxy.stop)
-            proxy.start()
-        if metrics is not None:
-            started.add(metrics.stop)
-            metrics.start()
-        policy = _start_policy(cluster.policy, dataplane=dataplane, api_client=api_client, backend=backend,
-                               registry=registry,
-                               rejections=rejections.scope("policy"),
-                               pod_cidrs=[str(c) for c in agent.pod_cidrs],   # both families: one dataplane each
-                               timeout=settings.lease_timeout)
-        if policy is not None:
-            started_policy.append(policy)
-            started.add(policy.stop)
-        else:
-            _start_anti_spoofing_alone(cluster.policy, dataplane=dataplane, backend=backend,
-                                       pod_cidrs=[str(c) for c in agent.pod_cidrs],
-                                       started=started)
-        started.add(_start_cni_server(cni, runners=cni_runners, policy=policy, add_wait=cluster.policy.add_wait))
-    except (NetagentError, OSError, RuntimeError) as exc:   # ours (AgentStartError, ...) or the system's
-        log.error("%s", exc)
-        print(f"netagent run: {exc}", file=sys.stderr)
+    try:   # whatever has started is stopped, on SIGTERM and when something else cannot start
+        started.add(event_poster.stop)
+        if bgp_config is not None:
+            started.add(bgp_config.stop)
+        status.start()
+        started.add(status.stop)
+        policy = None
+        metrics = _metrics_server(cluster.status, registry=registry, health=health) if proxy is None else None
+        try:
+            started.add(agent.stop)   # before start: a start that fails half-way is stopped too
+            agent.start()
+            if proxy is not None:
+                started.add(proxy.stop)
+                proxy.start()
+            if metrics is not None:
+                started.add(metrics.stop)
+                metrics.start()
+            policy = _start_policy(cluster.policy, dataplane=dataplane, api_client=api_client, backend=backend,
+                                   registry=registry,
+                                   rejections=rejections.scope("policy"),
+                                   pod_cidrs=[str(c) for c in agent.pod_cidrs],   # both families: one dataplane each
+                                   timeout=settings.lease_timeout)
+            if policy is not None:
+                started_policy.append(policy)
+                started.add(policy.stop)
+            else:
+                _start_anti_spoofing_alone(cluster.policy, dataplane=dataplane, backend=backend,
+                                           pod_cidrs=[str(c) for c in agent.pod_cidrs],
+                                           started=started)
+            started.add(_start_cni_server(cni, runners=cni_runners, policy=policy,
+                                          add_wait=cluster.policy.add_wait))
+        except (NetagentError, OSError) as exc:   # ours (AgentStartError, ...) or the system's
+            log.error("%s", exc)
+            raise
+        except RuntimeError as exc:   # the system's, reported as ours
+            log.error("%s", exc)
+            raise StartupError(str(exc)) from exc
+        print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
+              f"iptables {backend.value if backend is not None else 'unused'}, proxy {dataplane.proxy_mode.value}, "
+              f"network policy {'on' if policy is not None else 'off'}); serving CNI on {cni.socket}, "
+              f"status on {cluster.status.status_bind}", flush=True)
+        _wait_for_signal()
+    finally:
         started.stop_all()
-        return 1
-    print(f"netagent {__version__}: node {settings.node_name} ready ({settings.routing.mode.value}, "
-          f"iptables {backend.value if backend is not None else 'unused'}, proxy {dataplane.proxy_mode.value}, "
-          f"network policy {'on' if policy is not None else 'off'}); serving CNI on {cni.socket}, "
-          f"status on {cluster.status.status_bind}", flush=True)
-    _wait_for_signal()
-    started.stop_all()
     return 0
 
 
@@ -357,6 +364,6 @@ def _start_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, bac
     policy.start()
     if not policy.wait_first_sync(timeout):
         policy.stop()
-        raise RuntimeError(f"network policy: no first sync within {timeout:.0f} s (the NetworkPolicy, "
+        raise StartupError(f"network policy: no first sync within {timeout:.0f} s (the NetworkPolicy, "
                            f"Pod and Namespace watches must list; see the log)")
     return policy
