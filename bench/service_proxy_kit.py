@@ -220,15 +220,16 @@ def connect_latency(netns: str, cgroup: str | None, address: str, count: int) ->
 
 def make_backend(mode: str, netns: str, *, bpf_root: str | None, cgroup: str | None,
                  family: IpFamily = IpFamily.V4):
-    from proxy.factory import build_backend
+    from proxy.backend import ProxyMode
+    from proxy.factory import EbpfSpec, build_backend, spec_for
     if mode == "ebpf":
         from proxy.ebpf.backend import EbpfPaths
-        from proxy.factory import build_ebpf_backend
-        return build_ebpf_backend(EbpfPaths(bpf_root=bpf_root, cgroup=cgroup), family=family)
+        return build_backend(EbpfSpec(EbpfPaths(bpf_root=bpf_root, cgroup=cgroup)), family=family)
     if mode in ("ipvs", "nftables"):
-        return build_backend(mode, iptables_backend=IptablesBackend.LEGACY, netns=netns, family=family)
-    return build_backend("iptables", iptables_backend=IptablesBackend(mode.split("-")[1]), netns=netns,
-                         family=family)
+        return build_backend(spec_for(ProxyMode(mode), iptables_backend=IptablesBackend.LEGACY), netns=netns,
+                             family=family)
+    return build_backend(spec_for(ProxyMode.IPTABLES, iptables_backend=IptablesBackend(mode.split("-")[1])),
+                         netns=netns, family=family)
 
 
 def bench_backend(mode: str, services: int, samples: int, connects: int = 0, family: str = "ipv4") -> dict:

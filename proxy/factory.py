@@ -1,7 +1,10 @@
 """Building a proxy backend on the real kernel, for the agent, `status services` and `cleanup`.
 
 The one place that knows each backend's constructor and its kernel parts (iptables
-runner, ipset, IPVS netlink table, dummy device, sysctls), so callers only name a mode.
+runner, ipset, IPVS netlink table, dummy device, sysctls). A caller names a backend by its
+spec, one frozen value per backend holding only that backend's choices (`IptablesSpec`,
+`IpvsSpec`, `NftablesSpec`, `EbpfSpec`; `spec_for` a mode's defaults), so no option of one
+backend travels through another's path.
 Everything runs in the caller's network namespace unless `netns` names another (tests and
 benchmarks program a namespace they created, from the root namespace). The eBPF backend is
 placed by a cgroup and a bpffs directory instead (`EbpfPaths`), never by a default: its
@@ -15,6 +18,8 @@ second family's eBPF backend shares the maps the first one loaded (`first`).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import ClassVar
 
 from netagent.kernel.ipset import IpsetRunner
 from netagent.infra.rejections import RejectionScope
@@ -31,32 +36,83 @@ class BackendConfigError(NetagentError):
     pass
 
 
-def build_backend(mode: str | ProxyMode, *, iptables_backend: IptablesBackend, scheduler: str = "rr",
-                  netns: str | None = None, ebpf: EbpfPaths | None = None,
-                  rejections: RejectionScope | None = None, family: IpFamily = IpFamily.V4,
-                  first: ProxyBackend | None = None) -> ProxyBackend:
-    """`rejections`: where the eBPF backend records the Services its maps have no room for.
-    `first`: the backend already built for the node's first family; the eBPF programs are loaded
-    once for both families, so a second family's eBPF backend writes the maps `first` pinned."""
-    if ProxyMode(mode) is ProxyMode.EBPF:
-        from proxy.ebpf.backend import EbpfProxy
-        if isinstance(first, EbpfProxy) and family is not first.family:
-            return EbpfProxy(maps=first.root_maps, paths=first.paths, tc_snat=first.tc_snat,
-                             rejections=rejections, family=family)
-        return build_ebpf_backend(ebpf, rejections=rejections, family=family)
-    if ProxyMode(mode) is ProxyMode.NFTABLES:
+@dataclass(frozen=True)
+class IptablesSpec:
+    """The iptables backend: through `iptables_backend`'s restore tools (legacy or nft)."""
+    iptables_backend: IptablesBackend
+    mode: ClassVar[ProxyMode] = ProxyMode.IPTABLES
+
+
+@dataclass(frozen=True)
+class IpvsSpec:
+    """The IPVS backend: its helper rules through `iptables_backend`, `scheduler` for every
+    virtual server."""
+    iptables_backend: IptablesBackend
+    scheduler: str = "rr"
+    mode: ClassVar[ProxyMode] = ProxyMode.IPVS
+
+
+@dataclass(frozen=True)
+class NftablesSpec:
+    """The nftables backend: libnftables, nothing to choose."""
+    mode: ClassVar[ProxyMode] = ProxyMode.NFTABLES
+
+
+@dataclass(frozen=True)
+class EbpfSpec:
+    """The eBPF backend: where its programs act (`paths`, never defaulted); `rejections`:
+    where it records the Services its maps have no room for; `first`: the backend already
+    built for the node's first family (the programs are loaded once for both families, so a
+    second family's backend writes the maps `first` pinned); `load` False only opens what an
+    agent pinned (status, cleanup: no compiler needed)."""
+    paths: EbpfPaths | None
+    rejections: RejectionScope | None = None
+    first: ProxyBackend | None = None
+    load: bool = True
+    mode: ClassVar[ProxyMode] = ProxyMode.EBPF
+
+
+BackendSpec = IptablesSpec | IpvsSpec | NftablesSpec | EbpfSpec
+
+
+def spec_for(mode: ProxyMode, *, iptables_backend: IptablesBackend) -> BackendSpec:
+    """The spec of `mode` with every choice at its default (status, cleanup, benchmarks); the
+    eBPF backend has no default place, so its spec is built by the caller."""
+    if mode is ProxyMode.IPTABLES:
+        return IptablesSpec(iptables_backend)
+    if mode is ProxyMode.IPVS:
+        return IpvsSpec(iptables_backend)
+    if mode is ProxyMode.NFTABLES:
+        return NftablesSpec()
+    raise BackendConfigError("the eBPF backend is placed by a cgroup and a bpffs: build its EbpfSpec")
+
+
+def build_backend(spec: BackendSpec, *, family: IpFamily = IpFamily.V4, netns: str | None = None) -> ProxyBackend:
+    """The backend `spec` names, for `family`, programming `netns` (None: this namespace;
+    the eBPF backend is placed by its paths instead)."""
+    if isinstance(spec, EbpfSpec):
+        return _build_ebpf(spec, family)
+    if isinstance(spec, NftablesSpec):
         return build_nftables_backend(netns=netns, family=family)
-    if ProxyMode(mode) is ProxyMode.IPTABLES:
+    if isinstance(spec, IptablesSpec):
         from proxy.iptables.backend import IptablesProxy
-        return IptablesProxy(iptables=IptablesRunner(backend=iptables_backend, family=family,
+        return IptablesProxy(iptables=IptablesRunner(backend=spec.iptables_backend, family=family,
                                                      exec_prefix=exec_prefix(netns)),
                              ipset=IpsetRunner(exec_prefix=exec_prefix(netns)))
     from proxy.ipvs.proxy import IpvsProxy
     from proxy.ipvs.render import IpvsSettings
     from proxy.ipvs.table import Scheduler
-    return IpvsProxy.in_namespace(netns=netns, iptables_backend=iptables_backend,
-                                  settings=IpvsSettings(scheduler=Scheduler(scheduler)),
-                                  family=family)
+    return IpvsProxy.in_namespace(netns=netns, iptables_backend=spec.iptables_backend,
+                                  settings=IpvsSettings(scheduler=Scheduler(spec.scheduler)), family=family)
+
+
+def _build_ebpf(spec: EbpfSpec, family: IpFamily) -> ProxyBackend:
+    from proxy.ebpf.backend import EbpfProxy
+    first = spec.first
+    if isinstance(first, EbpfProxy) and family is not first.family:
+        return EbpfProxy(maps=first.root_maps, paths=first.paths, tc_snat=first.tc_snat,
+                         rejections=spec.rejections, family=family)
+    return build_ebpf_backend(spec.paths, load=spec.load, rejections=spec.rejections, family=family)
 
 
 def build_nftables_backend(*, netns: str | None = None, family: IpFamily = IpFamily.V4) -> ProxyBackend:

@@ -130,19 +130,19 @@ def remove_proxy_state() -> list[str]:
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
     from proxy.backend import ProxyMode
-    from proxy.factory import build_backend, iptables_families, programmed_mode
+    from proxy.factory import build_backend, iptables_families, programmed_mode, spec_for
     removed = []
     for backend in IptablesBackend:
         if missing_binaries(IpFamily.V4, backend):
             continue
         mode = programmed_mode(iptables_backend=backend)
         if mode is not None:
-            build_backend(mode, iptables_backend=backend).cleanup()
+            build_backend(spec_for(mode, iptables_backend=backend)).cleanup()
             removed.append(f"service proxy state ({mode.value}, iptables {backend.value})")
         if mode is ProxyMode.IPVS and not missing_binaries(IpFamily.V6, backend):   # its IPv6 half
-            build_backend(mode, iptables_backend=backend, family=IpFamily.V6).cleanup()
+            build_backend(spec_for(mode, iptables_backend=backend), family=IpFamily.V6).cleanup()
             removed.append(f"IPv6 service proxy state (ipvs, ip6tables {backend.value})")
         if IpFamily.V6 in iptables_families(iptables_backend=backend):   # the IPv6 proxy's ip6tables chains
-            build_backend(ProxyMode.IPTABLES, iptables_backend=backend, family=IpFamily.V6).cleanup()
+            build_backend(spec_for(ProxyMode.IPTABLES, iptables_backend=backend), family=IpFamily.V6).cleanup()
             removed.append(f"IPv6 service proxy state (iptables, ip6tables {backend.value})")
     return removed

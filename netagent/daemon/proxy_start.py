@@ -175,7 +175,7 @@ def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: S
     from netagent.infra.status_server import StatusServer, all_healthy, health_from_sync_runner
     from netagent.kernel.iptables.backend import IptablesNotInstalled
     from proxy.conntrack import ConntrackCommand
-    from proxy.factory import BackendConfigError, build_backend
+    from proxy.factory import BackendConfigError, BackendSpec, EbpfSpec, IpvsSpec, build_backend, spec_for
     from proxy.healthcheck import HealthCheckPorts
     from proxy.local_addresses import NetlinkLocalAddresses
     from proxy.metrics import ProxyMetrics
@@ -208,10 +208,14 @@ def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: S
         try:
             # the eBPF backend's map-full records: a scope of their own, so the catalog accepting a
             # Service never clears them (and they never overwrite the catalog's)
-            backend = build_backend(mode, iptables_backend=iptables_backend,
-                                    scheduler=config.ipvs_scheduler, ebpf=ebpf, family=family,
-                                    first=proxies[0].backend if proxies else None,
-                                    rejections=scope.rejections.scope(name.replace("proxy", "proxy-ebpf", 1)))
+            if mode is ProxyMode.EBPF:
+                spec: BackendSpec = EbpfSpec(ebpf, first=proxies[0].backend if proxies else None,
+                                             rejections=scope.rejections.scope(name.replace("proxy", "proxy-ebpf", 1)))
+            elif mode is ProxyMode.IPVS:
+                spec = IpvsSpec(iptables_backend, scheduler=config.ipvs_scheduler)
+            else:
+                spec = spec_for(mode, iptables_backend=iptables_backend)
+            backend = build_backend(spec, family=family)
         except (BackendConfigError, ValueError, IptablesNotInstalled) as error:
             raise ProxyStartError(str(error)) from None
         _log_load_report(backend)

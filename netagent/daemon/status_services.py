@@ -47,7 +47,7 @@ def _from_kernel(iptables_backend: BackendChoice, bpf_root: str | None = None) -
     from netagent.kernel.iptables.backend import resolve_backend
     from proxy.backend import ProxyMode
     from proxy.ebpf.backend import EbpfPaths
-    from proxy.factory import BackendConfigError, build_backend, build_ebpf_backend, iptables_families, programmed_mode
+    from proxy.factory import BackendConfigError, build_backend, build_ebpf_backend, iptables_families, programmed_mode, spec_for
     backend_choice = resolve_backend(iptables_backend, family=IpFamily.V4)
     mode = programmed_mode(iptables_backend=backend_choice, bpf_root=bpf_root)
     if mode is ProxyMode.EBPF and bpf_root:
@@ -60,13 +60,13 @@ def _from_kernel(iptables_backend: BackendChoice, bpf_root: str | None = None) -
                 pass
     elif mode is ProxyMode.IPTABLES:
         services = [service for family in iptables_families(iptables_backend=backend_choice)
-                    for service in build_backend(mode, iptables_backend=backend_choice, family=family).programmed()]
+                    for service in build_backend(spec_for(mode, iptables_backend=backend_choice), family=family).programmed()]
     else:
-        services = [] if mode is None else build_backend(mode, iptables_backend=backend_choice).programmed()
+        services = [] if mode is None else build_backend(spec_for(mode, iptables_backend=backend_choice)).programmed()
         if mode in (ProxyMode.NFTABLES, ProxyMode.IPVS):
             from netagent.kernel.iptables.backend import IptablesNotInstalled
             try:
-                services += build_backend(mode, iptables_backend=backend_choice, family=IpFamily.V6).programmed()
+                services += build_backend(spec_for(mode, iptables_backend=backend_choice), family=IpFamily.V6).programmed()
             except (BackendConfigError, IptablesNotInstalled):   # no IPv6 form of it here: nothing of it programmed
                 pass
     return {**json.loads(services_json(mode, services)), "source": "kernel"}

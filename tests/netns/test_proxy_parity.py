@@ -24,7 +24,7 @@ from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from proxy.backend import ProxyBackend
 from proxy.ebpf.backend import EbpfPaths
-from proxy.factory import build_backend, build_ebpf_backend
+from proxy.factory import IptablesSpec, NftablesSpec, build_backend, build_ebpf_backend
 from proxy.model import Endpoint, NodeContext, ProxyState
 from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
 from tests.netns.test_ebpf_socket_lb import (BACKENDS, BACKENDS6, CLIENT6, DNS, EMPTY, EMPTY_UDP, WEB,
@@ -166,10 +166,9 @@ def programmed(request, addressing):
             namespaces.run_in(client_ns, ["ip", "route", "add", addressing.service_cidr, "dev",
                                           f"na-e{client_ns[-6:]}"], check=True)
             if request.param == "nftables":
-                backend = build_backend("nftables", iptables_backend=IptablesBackend.NFT, netns=client_ns,
-                                        family=family)
+                backend = build_backend(NftablesSpec(), netns=client_ns, family=family)
             else:
-                backend = build_backend("iptables", iptables_backend=IptablesBackend(request.param.split("-")[1]),
+                backend = build_backend(IptablesSpec(IptablesBackend(request.param.split("-")[1])),
                                         netns=client_ns, family=family)
             run = client_in(client_ns, addressing)
         with programmed_by(backend, run, addressing) as programmed_run:

@@ -153,14 +153,12 @@ def test_the_loader_instantiates_the_tc_flow_once_per_family_and_sizes_each_fami
 def test_second_family_backend_shares_the_first_ones_maps_without_loading_again(maps):
     """A dual-stack node loads the programs once: the IPv6 backend `build_backend` makes after
     the IPv4 one writes the maps the IPv4 one holds (no compiler, no second attacher)."""
-    from netagent.kernel.iptables.backend import IptablesBackend
-    from proxy.factory import build_backend
+    from proxy.factory import EbpfSpec, build_backend
     first = EbpfProxy(maps=maps)
-    second = build_backend("ebpf", iptables_backend=IptablesBackend.LEGACY, ebpf=None, family=IpFamily.V6,
-                           first=first)
+    second = build_backend(EbpfSpec(None, first=first), family=IpFamily.V6)
     assert isinstance(second, EbpfProxy) and second.family is IpFamily.V6
     assert second.maps is maps.of(IpFamily.V6) and second.pod_veths is None
     second.sync(state([web6()], {WEB6: eps("fd00:10:244:2::5")}), changed=None)
     assert entry(maps.of(IpFamily.V6), "fd00:10:96::10", 80) is not None
     with pytest.raises(Exception, match="--bpf-root"):   # without a first backend it must load
-        build_backend("ebpf", iptables_backend=IptablesBackend.LEGACY, ebpf=None, family=IpFamily.V6)
+        build_backend(EbpfSpec(None), family=IpFamily.V6)

@@ -216,8 +216,8 @@ def test_the_ipv6_iptables_backend_writes_ip6tables_and_an_inet6_hairpin_set():
 
 def test_the_factory_builds_an_ipv6_ipvs_backend_on_ip6tables():
     from netagent.kernel.iptables.backend import IptablesBackend
-    from proxy.factory import build_backend
-    backend = build_backend("ipvs", iptables_backend=IptablesBackend.LEGACY, family=V6)
+    from proxy.factory import IpvsSpec, build_backend
+    backend = build_backend(IpvsSpec(IptablesBackend.LEGACY), family=V6)
     assert backend.family is V6 and backend.iptables.family is V6
 
 

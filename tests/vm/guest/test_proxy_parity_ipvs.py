@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from netagent.kernel.iptables.backend import IptablesBackend
-from proxy.factory import build_backend
+from proxy.factory import IpvsSpec, build_backend
 from tests.netns.test_ebpf_socket_lb import ClientAndBackends
 from tests.netns.test_proxy_parity import V4, V6, Addressing, assert_same_behaviour, client_in, programmed_by
 
@@ -22,7 +22,6 @@ def test_ipvs_balances_answers_from_the_service_and_refuses_an_empty_one(modprob
     modprobe("ip_vs", "ip_vs_rr", "nf_conntrack")
     with ClientAndBackends() as topology:
         client_ns = topology.names["cli"]
-        backend = build_backend("ipvs", iptables_backend=IptablesBackend.NFT, netns=client_ns,
-                                family=addressing.family)
+        backend = build_backend(IpvsSpec(IptablesBackend.NFT), netns=client_ns, family=addressing.family)
         with programmed_by(backend, client_in(client_ns, addressing), addressing) as run:
             assert_same_behaviour(run(), addressing)
