@@ -1,15 +1,21 @@
-"""The one interface every service-proxy backend (iptables, IPVS, eBPF) implements.
+"""The contract between the service proxy's core and its backends (iptables, nftables, IPVS,
+eBPF), and the proxy-mode names the daemon, the factory and the lab share.
 
-The proxy core owns the watch, the trackers and the sync runner; a backend only turns a
-`ProxyState` snapshot into kernel state. Each sync hands it the whole desired state plus
-`changed`: the service ports that differ from the last state the backend programmed
-successfully (`None` asks for a full sync: the first one, the periodic one, and every
-one after a failure). A backend may use `changed` to write less (a partial sync) but must
-reach the same kernel state either way; when it cannot apply a partial sync it raises, and
-the core's next sync is a full one.
+`ServiceProxy` (service_proxy.py) owns the watches, the catalog and the sync runner; a backend
+(`ProxyBackend`, one per mode, built by factory.py) only turns a `ProxyState` snapshot into
+kernel state. Each sync hands it the whole desired state plus `changed`: the service ports that
+differ from the last state the backend programmed successfully (`None` asks for a full sync:
+the first one, the periodic one, and every one after a failure). A backend may use `changed` to
+write less (a partial sync) but must reach the same kernel state either way; when it cannot
+apply a partial sync it raises, and the core's next sync is a full one. Its
+`BackendSyncReport` says what it wrote and names the service ports the kernel refused
+(`unprogrammed`: the core rejects those while the rest stays programmed).
 
-`programmed()` reads back what is in the kernel (not what was meant), for
-`netagent status services`; `cleanup()` removes everything the backend owns.
+`programmed()` reads back what is in the kernel (not what was meant), for `netagent status
+services`; `cleanup()` removes everything the backend owns; `next_sync_due()` asks for a timed
+sync (IPVS: a draining real server) and `table_fill()` reports fixed-size tables (eBPF's maps)
+for the metrics. `ProxyMode` lives here because this module imports no backend and no daemon
+code, so every one of them can name the modes from it.
 """
 from __future__ import annotations
 

@@ -1,11 +1,16 @@
-"""The host-gw backend: per peer, a route to its pod CIDR via its underlay address.
+"""host-gw mode: per peer, a route to each of its pod CIDRs via its underlay address.
 
 No device and no encapsulation: the underlay itself carries pod packets, so the peer must
 be directly reachable on the underlay's L2 segment (its public IP inside the connected
-prefix of our underlay address). A peer elsewhere would need a router that knows pod
-CIDRs, which the underlay does not: such a peer is refused with the reason, never
-programmed. The routes live on a device we share with everyone else, which is why they
-carry our route protocol.
+prefix of our underlay address: `on_underlay_subnet`). A peer elsewhere would need a router
+that knows pod CIDRs, which the underlay does not: such a peer is `Refused` with the reason
+(the agent reports it), never programmed. The same test is auto mode's choice (`auto.py`:
+host-gw on our subnet, BGP or encapsulation beyond it), which is why it is a function here.
+
+Like every mode module it renders one family: the planner hands it that family's `LocalNode`
+and the peer projected onto the family (`Peer.in_family`), so IPv6 is the same route in IPv6
+addresses. The routes live on a device we share with everyone else, which is why they carry
+our route protocol (`owned.ROUTE_PROTOCOL`): drift repair and `netagent cleanup` find ours by it.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ def on_underlay_subnet(local: LocalNode, peer: Peer) -> bool:
 
 
 def render_host_gw_peer(local: LocalNode, peer: Peer, cidrs: tuple) -> PeerPlan | Refused:
-    """`<cidr> via <peer public IP> dev <underlay>` for each of the peer's IPv4 `cidrs`."""
+    """`<cidr> via <peer public IP> dev <underlay>` for each of the peer's `cidrs` (the planned family's)."""
     if not on_underlay_subnet(local, peer):
         return Refused(f"public IP {peer.public_ip} is not on this node's underlay subnet "
                        f"{local.underlay_network} ({local.underlay_ifname}); host-gw needs all nodes "
