@@ -1,10 +1,10 @@
 """Chain and set names of the iptables service proxy: what it owns, and how to recognise it.
 
 Every name starts with `NETAGENT-` (the project's prefix) and fits iptables' 28 characters.
-A service port's chains share one hash: `NETAGENT-<KIND>-` plus the first 15 characters of
-base32(sha256("namespace/name:port/PROTOCOL")), so a chain's kind and owner are readable
-from its name, the same service port always gets the same names (an agent restart adopts
-them), and a stale chain is recognisable by its shape alone (`PER_SERVICE_CHAIN`). Endpoint
+A service port's chains share one hash (`proxy/service_hash.py`, the nftables backend's too):
+`NETAGENT-<KIND>-` plus the first 15 characters of base32(sha256("namespace/name:port/PROTOCOL")),
+so a chain's kind and owner are readable from its name, the same service port always gets the
+same names (an agent restart adopts them), and a stale chain is recognisable by its shape alone (`PER_SERVICE_CHAIN`). Endpoint
 chains (only with ClientIP affinity) hash the endpoint address in as well.
 
 The fixed chains are named apart from masquerade.py's `NETAGENT-POSTRTG` and
@@ -13,17 +13,14 @@ service chain but is not one: service chains end in exactly 15 base32 characters
 """
 from __future__ import annotations
 
-import base64
 import enum
-import functools
-import hashlib
 import re
 
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import OWNED_PREFIX
-from proxy.model import Endpoint, Protocol, ServicePort, ServicePortName
-
-HASH_LENGTH = 15
+from proxy.model import Endpoint, ServicePort
+from proxy.service_hash import HASH_LENGTH, text_hash
+from proxy.service_hash import service_hash as service_hash   # re-exported: proxy/iptables/render.py
 
 # Fixed chains.
 SERVICES_CHAIN = f"{OWNED_PREFIX}SERVICES"          # nat, from PREROUTING and OUTPUT
@@ -55,16 +52,6 @@ PER_SERVICE_CHAIN = re.compile(
     rf"^{re.escape(OWNED_PREFIX)}(?:{'|'.join(kind.value for kind in ChainKind)})-[A-Z2-7]{{{HASH_LENGTH}}}$")
 
 
-def _digest(text: str) -> str:
-    # 10 bytes are 16 base32 characters: enough for 15 without encoding the whole digest.
-    return base64.b32encode(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:10]).decode()[:HASH_LENGTH]
-
-
-@functools.lru_cache(maxsize=65536)
-def service_hash(name: ServicePortName, protocol: Protocol) -> str:
-    return _digest(f"{name}/{protocol.value}")
-
-
 def chain_name(kind: ChainKind, service_port_hash: str) -> str:
     return f"{OWNED_PREFIX}{kind.value}-{service_port_hash}"
 
@@ -74,7 +61,7 @@ def service_chain(kind: ChainKind, service: ServicePort) -> str:
 
 
 def endpoint_chain(service: ServicePort, endpoint: Endpoint) -> str:
-    return chain_name(ChainKind.ENDPOINT, _digest(f"{service.name}/{service.protocol.value}/{endpoint.address}"))
+    return chain_name(ChainKind.ENDPOINT, text_hash(f"{service.name}/{service.protocol.value}/{endpoint.address}"))
 
 
 def is_owned_chain(name: str) -> bool:

@@ -62,7 +62,7 @@ from netagent.errors import NetagentError
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import text
-from proxy.iptables.names import service_hash
+from proxy.service_hash import service_hash
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import names as N
 from proxy.nftables.names import KeySpace, Role
