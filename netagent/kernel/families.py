@@ -10,6 +10,7 @@ a `":"`), `family.holds(x)` says whether `x` is of this family.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 
 
@@ -52,10 +53,7 @@ class IpFamily(enum.Enum):
         """The family of an address or network (text: an address, else a network; ValueError
         when it is neither)."""
         if isinstance(value, str):
-            try:
-                value = ipaddress.ip_address(value)
-            except ValueError:
-                value = ipaddress.ip_network(value, strict=False)
+            return _of_text(value)
         return cls(value.version)
 
     def holds(self, value: str | ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -73,3 +71,14 @@ class IpFamily(enum.Enum):
             if family.label == label:
                 return family
         raise ValueError(f"unknown IP family {label!r} (IPv4 or IPv6)")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _of_text(text: str) -> IpFamily:
+    """`IpFamily.of` for text, parsed once per spelling (set members and pod IPs recur every sync)."""
+    try:
+        value: ipaddress.IPv4Address | ipaddress.IPv6Address | ipaddress.IPv4Network | ipaddress.IPv6Network = \
+            ipaddress.ip_address(text)
+    except ValueError:
+        value = ipaddress.ip_network(text, strict=False)
+    return IpFamily(value.version)

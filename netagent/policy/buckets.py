@@ -12,6 +12,7 @@ import hashlib
 import ipaddress
 
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
 
 HEADER = "netagent policy: "
 HEX = "0123456789abcdef"
@@ -25,7 +26,7 @@ def block_bucket(kind: str, ip: str) -> str | None:
     """The bucket of an IPv4 address's /28 (R, S, D). IPv6: a /120's name would not fit a chain
     name, so R hooks sit in the hook chain itself and S, D buckets are named by a digest of the
     /120 and entered unconditionally (each hook in them matches its own address)."""
-    if ":" in ip:
+    if IpFamily.of(ip) is IpFamily.V6:
         return None if kind == "R" else directory_bucket(ip).replace(DIRECTORY_PREFIX, BUCKET_PREFIX + kind, 1)
     block = ipaddress.IPv4Network(f"{ip}/28", strict=False)
     return f"{BUCKET_PREFIX}{kind}{int(block.network_address):08x}"

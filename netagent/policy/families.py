@@ -36,9 +36,9 @@ from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, SetKi
 
 
 def in_family(text: str, family: IpFamily) -> bool:
-    """Whether an address, network or `ip,proto:port` member is of `family` (the plan's values
-    are canonical, so a colon before the first comma is IPv6)."""
-    return (":" in text.partition(",")[0]) is (family is IpFamily.V6)
+    """Whether an address, network or `ip,proto:port` member (its address before the first
+    comma) is of `family`."""
+    return IpFamily.of(text.partition(",")[0]) is family
 
 
 class _Projector:
