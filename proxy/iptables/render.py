@@ -425,7 +425,7 @@ def _balance(chain: str, service: ServicePort, endpoints: tuple[Endpoint, ...],
     """The endpoint choice: affinity checks first (with affinity), then one rule per endpoint
     taking 1/(n-i) of what is left, the last one taking the rest."""
     proto = service.protocol.lowercase
-    ordered = sorted(endpoints, key=_endpoint_key)
+    ordered = sorted(endpoints, key=lambda endpoint: _endpoint_key(endpoint, family))
     mask = _HOST_MASK[family]
     count = len(ordered)
     rules = []
@@ -433,7 +433,7 @@ def _balance(chain: str, service: ServicePort, endpoints: tuple[Endpoint, ...],
         for index, endpoint in enumerate(ordered):
             choice = f"-m statistic --mode random --probability {_probability(count - index)} " \
                 if index < count - 1 else ""
-            rules.append(f"-A {chain} -p {proto} {choice}-j DNAT --to-destination {_dnat_to(endpoint)}")
+            rules.append(f"-A {chain} -p {proto} {choice}-j DNAT --to-destination {_dnat_to(endpoint, family)}")
         return rules
     seps = [endpoint_chain(service, endpoint) for endpoint in ordered]
     for sep, endpoint in zip(seps, ordered):
@@ -441,7 +441,7 @@ def _balance(chain: str, service: ServicePort, endpoints: tuple[Endpoint, ...],
                      f"--name {sep} --mask {mask} --rsource -j {sep}")
         endpoint_chains[sep] = RenderedChain("nat", sep, (
             f"-A {sep} -p {proto} -m recent --set --name {sep} --mask {mask} --rsource "
-            f"-j DNAT --to-destination {_dnat_to(endpoint)}",))
+            f"-j DNAT --to-destination {_dnat_to(endpoint, family)}",))
     for index, sep in enumerate(seps):
         choice = f"-m statistic --mode random --probability {_probability(count - index)} " \
             if index < count - 1 else ""
@@ -455,13 +455,14 @@ def _canonical_network(text: str) -> str:
     return str(ipaddress.ip_network(text, strict=False))
 
 
-def _dnat_to(endpoint: Endpoint) -> str:
-    """`10.0.0.5:8080`, `[fd00::5]:8080`: DNAT's address and port, as save prints them."""
-    return f"[{endpoint.ip}]:{endpoint.port}" if ":" in endpoint.ip else endpoint.address
+def _dnat_to(endpoint: Endpoint, family: IpFamily) -> str:
+    """`10.0.0.5:8080`, `[fd00::5]:8080`: DNAT's address and port, as save prints them
+    (`family`: the state's, every endpoint's)."""
+    return f"[{endpoint.ip}]:{endpoint.port}" if family is IpFamily.V6 else endpoint.address
 
 
-def _endpoint_key(endpoint: Endpoint) -> tuple[bytes, int]:
-    if ":" in endpoint.ip:
+def _endpoint_key(endpoint: Endpoint, family: IpFamily) -> tuple[bytes, int]:
+    if family is IpFamily.V6:
         return socket.inet_pton(socket.AF_INET6, endpoint.ip), endpoint.port
     return socket.inet_aton(endpoint.ip), endpoint.port
 

@@ -190,7 +190,7 @@ def _check_address(address: str) -> None:
 
 
 def _bracketed(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
+    return f"[{address}]" if IpFamily.V6.holds(address) else address
 
 
 
