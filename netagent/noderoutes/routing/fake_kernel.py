@@ -72,9 +72,9 @@ class FakeKernel(RoutingKernel):
     def underlay_snapshot(self) -> UnderlaySnapshot:
         indexes = {name: index for index, name in enumerate(self.links, start=1)}
         interfaces = tuple(InterfaceInfo(name=name, index=indexes[name], mtu=link.mtu,
-                                         addresses=tuple(sorted(a for a in link.addresses if a.version == 4)),
+                                         addresses=tuple(sorted(a for a in link.addresses if IpFamily.V4.holds(a))),
                                          addresses6=tuple(sorted(a for a in link.addresses
-                                                                 if a.version == 6 and not a.is_link_local)))
+                                                                 if IpFamily.V6.holds(a) and not a.is_link_local)))
                            for name, link in self.links.items())
 
         def defaults(family: IpFamily) -> tuple:
@@ -101,8 +101,8 @@ class FakeKernel(RoutingKernel):
         underlay = self.links.get(device.underlay_ifname)
         if underlay is None:
             raise kernel_error(errno.ENODEV, f"vxlan {device.ifname}: no underlay device {device.underlay_ifname}")
-        headroom = VXLAN_HEADROOM + (20 if device.local.version == 6 else 0)  # the outer header's size
-        if device.local not in {a.ip for a in underlay.addresses} and device.local.version == 6:
+        headroom = VXLAN_HEADROOM + (20 if IpFamily.V6.holds(device.local) else 0)  # the outer header's size
+        if device.local not in {a.ip for a in underlay.addresses} and IpFamily.V6.holds(device.local):
             raise kernel_error(errno.EADDRNOTAVAIL, f"vxlan {device.ifname}: local {device.local} is not an "
                                                     f"address of {underlay.ifname}")
         if device.mtu > underlay.mtu - headroom:

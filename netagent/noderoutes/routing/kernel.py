@@ -221,7 +221,7 @@ class NetlinkKernel(RoutingKernel):
 
     @namespaces.in_own_netns
     def ensure_vxlan(self, device: VxlanDevice) -> DeviceChange:
-        local = {"vxlan_local6" if device.local.version == 6 else "vxlan_local": str(device.local)}
+        local = {"vxlan_local6" if IpFamily.V6.holds(device.local) else "vxlan_local": str(device.local)}
 
         def create() -> None:
             self._ipr.link("add", ifname=device.ifname, kind="vxlan", vxlan_id=device.vni,
@@ -283,7 +283,7 @@ class NetlinkKernel(RoutingKernel):
             for address in drift.remove_addresses:
                 self._ipr.addr("del", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
             for address in drift.add_addresses:  # IPv6: no duplicate address detection (usable at once)
-                nodad = {"flags": IFA_F_NODAD} if address.version == 6 else {}
+                nodad = {"flags": IFA_F_NODAD} if IpFamily.V6.holds(address) else {}
                 self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen,
                                **nodad)
         if drift.tx_checksum is not None:

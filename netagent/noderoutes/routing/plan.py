@@ -104,14 +104,14 @@ def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettin
     admission = Admission(local, by_name.values(), bounds=bounds, devices=devices,
                           reserved_addresses=reserved_addresses(learnt))
     planned, refused, pending = {}, {}, {}
-    ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if c.version != 4] \
+    ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if not family.holds(c)] \
         if family is IpFamily.V4 else []
     ignored_ipv6: list[str] = []
     for peer in sorted(by_name.values(), key=lambda p: p.seniority):
         name = peer.name
         cidrs = peer.cidrs_of(family)
         if family is IpFamily.V4 and len(cidrs) != len(peer.pod_cidrs):
-            ignored_ipv6.extend(f"{name} {c}" for c in peer.pod_cidrs if c.version != 4)
+            ignored_ipv6.extend(f"{name} {c}" for c in peer.pod_cidrs if not family.holds(c))
         if not peer.pod_cidrs:
             pending[name] = "no pod CIDR yet"
             continue
@@ -160,7 +160,7 @@ def describe_plan(plan: Plan) -> str:
         lines.append(f"peer {name} {peer.mode.value}")
         lines.extend(f"  {describe(obj)}" for obj in peer.objects())
     lines.extend(f"pending {name}: {why}" for name, why in plan.pending.items())
-    lines.extend(f"refused {name}: {why.reason}" for name, why in plan.refused.items())
+    lines.extend(f"refused {name}: {why.detail}" for name, why in plan.refused.items())
     lines.extend(f"ignored IPv6 {entry}" for entry in plan.ignored_ipv6)
     return "\n".join(lines)
 
