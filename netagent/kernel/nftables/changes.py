@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from netagent.kernel.nftables import text
 from netagent.kernel.nftables.model import BaseChain, Element, Map, Rule, Set, Table, render_table, set_spec
-from netagent.kernel.nftables.tables import canonical_part
+from netagent.kernel.nftables.tables import canonical_part, dynamic, shape
 
 ELEMENTS_PER_COMMAND = 5000   # elements per `add`/`delete element` line: libnftables takes any length
 Key = tuple[str, ...]
@@ -115,13 +115,15 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
     `read_back`: `held` came from the kernel, so its names and keys are checked before they
     are written again; False for the table this process applied last (rendered here)."""
     changes = Changes(wanted.family, wanted.name)
-    if held is None or not _adoptable(wanted, held, read_back):
+    if held is None or not _adoptable(wanted, held, read_back=read_back):
         changes.rebuild = wanted
         return changes
     recreated: set[str] = set()
     for entry in wanted.sets:
         found = held.set(entry.name)
-        if found is None or _shape(found) != _shape(entry):
+        if found is entry or (not read_back and found == entry):
+            continue             # unchanged since the last apply (a renderer's cached value): nothing to compare
+        if found is None or shape(found) != shape(entry):
             if found is not None:
                 recreated.add(entry.name)
                 changes.delete_sets[entry.name] = _kind(found)
@@ -129,7 +131,8 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
             for element in entry.elements:
                 changes.add_element(entry.name, element)
             continue
-        _element_changes(changes, found, entry, read_back)
+        if not dynamic(entry):
+            _element_changes(changes, found, entry, read_back=read_back)
     for entry in held.sets:
         if wanted.set(entry.name) is None:
             changes.delete_sets[entry.name] = _kind(entry)
@@ -138,7 +141,7 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
         if held_chain is None:
             changes.add_chains[chain.name] = chain.base
             changes.rules[chain.name] = chain.rules
-        elif (_comments(held_chain.rules) != _comments(chain.rules)
+        elif (held_chain.rules is not chain.rules and _comments(held_chain.rules) != _comments(chain.rules)
               or any(name in recreated for rule in chain.rules for name in rule.sets)):
             changes.rewrite(chain.name, chain.rules)
     for chain in held.chains:
@@ -148,7 +151,7 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
     return changes
 
 
-def _adoptable(wanted: Table, held: Table, read_back: bool) -> bool:
+def _adoptable(wanted: Table, held: Table, *, read_back: bool) -> bool:
     """Whether `held` can be changed in place: every base chain in both has the spec wanted,
     and (`read_back`) every name and element key read back can be written again through
     `text`'s gates."""
@@ -162,6 +165,9 @@ def _adoptable(wanted: Table, held: Table, read_back: bool) -> bool:
         for name in [*(c.name for c in held.chains), *(s.name for s in held.sets)]:
             text.name(name)
         for entry in held.sets:
+            kept = wanted.set(entry.name)
+            if kept is not None and dynamic(kept):
+                continue      # the packet path's elements: never written again
             for element in entry.elements:
                 written(entry, element.key)
     except text.UnsafeNftText:
@@ -178,17 +184,17 @@ def written(entry: Set | Map, key: Key) -> Key:
     deleted); UnsafeNftText when one of its parts cannot be."""
     if len(key) != len(entry.key_type):
         raise text.UnsafeNftText(f"{entry.name}: key {key} does not fit {entry.key_type}")
-    return tuple(_part(datatype, part, "interval" in entry.flags) for datatype, part in zip(entry.key_type, key))
+    return tuple(_part(datatype, part, interval="interval" in entry.flags) for datatype, part in zip(entry.key_type, key))
 
 
-def _part(datatype: str, part: str, interval: bool) -> str:
+def _part(datatype: str, part: str, *, interval: bool) -> str:
     if datatype in ("ipv4_addr", "ipv6_addr"):
         return text.network(part) if interval or "/" in part or "-" in part else text.address(part)
     if datatype == "ifname":
         return text.interface(part[1:-1] if part.startswith('"') else part)
     if datatype == "inet_proto":
         return text.protocol(part)
-    if datatype in ("inet_service", "mark"):
+    if datatype in ("inet_service", "mark", "integer"):
         try:
             return text.number(int(part, 0))
         except ValueError as exc:
@@ -196,7 +202,7 @@ def _part(datatype: str, part: str, interval: bool) -> str:
     raise text.UnsafeNftText(f"no gate spells a {datatype} read back")
 
 
-def _element_changes(changes: Changes, held: Set | Map, wanted: Set | Map, read_back: bool) -> None:
+def _element_changes(changes: Changes, held: Set | Map, wanted: Set | Map, *, read_back: bool) -> None:
     present = {_canonical_key(e.key): e for e in held.elements}
     want = {_canonical_key(e.key): e for e in wanted.elements}
     for key, element in present.items():
@@ -228,6 +234,3 @@ def _comments(rules: tuple[Rule, ...]) -> list[str | None]:
 def _kind(entry: Set | Map) -> str:
     return "map" if isinstance(entry, Map) else "set"
 
-
-def _shape(entry: Set | Map) -> tuple[object, ...]:
-    return (isinstance(entry, Map), entry.key_type, getattr(entry, "value_type", None), frozenset(entry.flags))
