@@ -21,11 +21,18 @@ apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
   qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 clang libclang-rt-dev \
-  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 curl unzip >/dev/null
+  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 curl unzip prometheus >/dev/null
 # bird2's package enables a host-wide BIRD where systemd runs; netagent runs its own per node
-# (--backend bgp) and the tests run theirs in namespaces, so the host's is stopped.
+# (--backend bgp) and the tests run theirs in namespaces, so the host's is stopped. Likewise
+# prometheus (promtool and the binary for tests/unit/test_monitoring_rules.py and
+# tests/cluster/test_monitoring.py, which runs its own in a lab node's namespace): without
+# systemd its postinst starts it through its init script, unless policy-rc.d forbids it.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
   systemctl disable --now bird.service >/dev/null 2>&1 || true
+  systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+elif [ -x /etc/init.d/prometheus ]; then
+  /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+  update-rc.d prometheus disable >/dev/null 2>&1 || true
 fi
 
 # bcc compiles the eBPF programs at agent start and wants this kernel's headers in

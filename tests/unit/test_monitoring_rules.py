@@ -165,7 +165,7 @@ def test_the_metric_walk_finds_what_the_registries_hold():
     NodeAgentMetrics(registry)
     PolicyMetrics(registry)
     Rejections(registry)
-    BgpSpeaker.register_metrics(SimpleNamespace(sessions=lambda: [], skipped=()), registry)  # type: ignore[arg-type]
+    BgpSpeaker.register_metrics(SimpleNamespace(sessions=lambda: [], skipped=()), registry)
     built = dict(re.findall(r"^# TYPE (\S+) (\S+)$", registry.render(), flags=re.M))
     assert len(built) >= MIN_EXPORTED - 5, built
     wrong = {name: kind for name, kind in built.items() if exported.get(name) != kind}
