@@ -2,10 +2,12 @@
 
 Modules, one job each:
 - `names`: the table, map, set and chain names, the hook priorities, and why;
+- `spelling`: what differs between the `ip` and `ip6` tables, and the fixed maps and sets;
 - `render`: the pure renderer: a service port's elements and chains (`render_port`), the
-  table assembled from them (`Assembly`, kept up to date port by port for partial syncs);
-- `batch`: the difference to write (`Changes`) and its text, one transaction per sync;
-- `readback`: the table read back from libnftables JSON (full sync, status);
+  fixed and balancing chains, all as `netagent/kernel/nftables` model values;
+- `assembly`: the ports put together (`Assembly.table()`: the whole `model.Table`), and a
+  partial sync's `changes.Changes` from the changed ports alone;
+- `status`: `netagent status services` from the table read back;
 - `backend`: `NftablesProxy`, the `ProxyBackend`.
 """
 from proxy.nftables.backend import NftablesProxy

@@ -1,20 +1,24 @@
 """`NftablesProxy`: the nftables service-proxy backend, one nft transaction per sync.
 
 Full sync (the first, the periodic one, every one after a failure): the table is read back
-(`Nft.list_table`, libnftables JSON: readback.py) and only the difference from the rendered
-contents is written (batch.py), so an agent restarted over its own table writes NOTHING, and
-an element or rule deleted by hand comes back at the next full sync. Partial sync (`changed`
-given, and the backend remembers what it last wrote): only the changed service ports are
-rendered again, and only their elements (and the balancing or affinity chains they start or
-stop needing) are written; nothing is read. Either is ONE `Nft.apply` (one transaction); any
-failure raises and forgets the memory, so the next sync is full even if the core did not ask.
+(`Nft.list_table`, libnftables JSON, `tables.read_table`) and only the difference from the
+rendered table is written (`changes.table_changes`; a table in a layout this version does not
+write is replaced whole in the same transaction), so an agent restarted over its own table
+writes NOTHING, and an element or rule deleted by hand comes back at the next full sync.
+Partial sync (`changed` given, and the backend remembers what it last wrote): only the changed
+service ports are rendered again, and only their elements (and the balancing or affinity
+chains they start or stop needing) are written; nothing is read. Either is ONE `Nft.apply`
+(one transaction); any failure raises and forgets the memory, so the next sync is full even
+if the core did not ask.
 
 Text, not JSON batches. Measured on the same state (10,000 Services x 10 endpoints, 220,000
 elements, into the same empty skeleton, twice each, on a loaded 2-core machine): text 2.7 and
 3.2 s, JSON (`json_cmd`) 3.0 and 2.3 s plus 0.3-0.45 s to serialise the document; a one-element
-change costs a few ms either way. No measurable gain, so text: nft-core's seam takes text
-(`Nft.apply(batch: str)`), `FakeNft` reads it, every string in it is built by
-`netagent.kernel.nftables.text`, and the batch is readable in a log. Reading back is JSON.
+change costs a few ms either way. No measurable gain, so text: `netagent/kernel/nftables`' seam
+takes text (`Nft.apply(batch: str)`), `FakeNft` reads it, and the batch is readable in a log.
+This module writes none of it: a full sync builds the whole `model.Table` (assembly.py) and
+`changes.table_changes` diffs it with the table read back (`tables.read_table`); a partial
+sync fills a `changes.Changes` from the changed ports alone; `Changes.text` renders either.
 
 Costs that stay (nft 1.0.6): listing the table is about 3 s per 130,000 elements (libnftables'
 own listing, text or JSON), paid by every full sync (the periodic one too); and the first
@@ -26,9 +30,9 @@ spelled by spelling.py), each fed that family's `ProxyState`, as kube-proxy runs
 family; the two never touch each other's table, but `cleanup` removes both.
 
 A service port whose values nft text cannot carry (render.UnrenderablePort: an address of the
-other family, a string `text` refuses) is left out and reported in `BackendSyncReport.unprogrammed`, as the iptables
-backend reports the ports its tool refused; the core rejects it through the proxy's
-`RejectionScope` until it changes.
+other family, a string `text` refuses) is left out and reported in
+`BackendSyncReport.unprogrammed`, as the iptables backend reports the ports its tool refused;
+the core rejects it through the proxy's `RejectionScope` until it changes.
 """
 from __future__ import annotations
 
@@ -37,15 +41,17 @@ from types import MappingProxyType
 
 from netagent.infra.sync_runner import SyncKind
 from netagent.kernel.families import IpFamily
+from netagent.kernel.nftables.changes import Changes, table_changes
+from netagent.kernel.nftables.model import render_delete
 from netagent.kernel.nftables.runner import Nft
+from netagent.kernel.nftables.tables import read_table
 from proxy.backend import BackendSyncReport, ProgrammedService, ProxyBackend, ProxyMode
 from proxy.large_sync import collector_paused
 from proxy.model import ProxyState, ServicePortName
 from proxy.nftables import names as N
-from proxy.nftables.batch import Changes, full_changes
-from proxy.nftables.readback import programmed_services, read_table
-from proxy.nftables.render import (Assembly, ElementKey, NftProxySettings, PortObjects, UnrenderablePort,
-                                   assemble, count_chain_rules, render_port)
+from proxy.nftables.assembly import Assembly, assemble, changed_ports
+from proxy.nftables.render import NftProxySettings, PortObjects, UnrenderablePort, render_port
+from proxy.nftables.status import programmed_services
 
 log = logging.getLogger("netagent.proxy.nftables")
 
@@ -103,79 +109,29 @@ class NftablesProxy(ProxyBackend):
         self._refused.clear()
         ports = [port for port in (self._render(state, name) for name in state.services) if port is not None]
         assembly = assemble(ports, node=state.node, settings=self.settings)
-        objects = self.nft.list_table(self.family.nft, N.TABLE)
-        view = read_table(objects) if objects is not None else None
-        return assembly, full_changes(view, assembly.contents(), family=self.family), len(ports)
+        held = read_table(self.family.nft, N.TABLE, self.nft.list_table(self.family.nft, N.TABLE))
+        return assembly, table_changes(assembly.table(), held), len(ports)
 
     def _partial(self, assembly: Assembly, state: ProxyState,
                  changed: frozenset[ServicePortName]) -> tuple[Assembly, Changes, int]:
-        changes = Changes(family=self.family)
-        chains_before = assembly.count_chains()
+        changes = Changes(self.family.nft, N.TABLE)
         renders: dict[ServicePortName, tuple[PortObjects | None, PortObjects | None]] = {}
-        keys: set[ElementKey] = set()
         for name in sorted(changed):
-            old = assembly.ports.get(name)
-            new = self._render(state, name)
-            if old is None and new is None:
-                continue
-            renders[name] = (old, new)
-            keys |= {key for key, _ in (old.elements if old else ())}
-            keys |= {key for key, _ in (new.elements if new else ())}
-        before = {key: assembly.value(key) for key in keys}   # every key, before any port changes
-        for name, (old, new) in renders.items():
-            assembly.put(new, name)
-            _own_objects(changes, old, new)
-        for key in keys:
-            after = assembly.value(key)
-            if after == before[key]:
-                continue
-            holder, element = key
-            if before[key] is not None:
-                changes.delete_element(holder, element)
-            if after is not None:
-                changes.add_element(holder, element, after)
-        written = len(renders)
-        chains_after = assembly.count_chains()
-        for chain in chains_after - chains_before:
-            changes.add_chains.add(chain)
-            changes.rules[chain] = count_chain_rules(chain, assembly.node, self.settings)
-        for chain in chains_before - chains_after:
-            changes.flush.add(chain)
-            changes.delete_chains.add(chain)
-        return assembly, changes, written
+            old, new = assembly.ports.get(name), self._render(state, name)
+            if old is not None or new is not None:
+                renders[name] = (old, new)
+        changed_ports(assembly, renders, changes)
+        return assembly, changes, len(renders)
 
     # ---- read back and clean up ----------------------------------------------------------------
 
     def programmed(self) -> list[ProgrammedService]:
-        objects = self.nft.list_table(self.family.nft, N.TABLE)
-        return [] if objects is None else programmed_services(read_table(objects), self.family)
+        table = read_table(self.family.nft, N.TABLE, self.nft.list_table(self.family.nft, N.TABLE))
+        return [] if table is None else programmed_services(table, self.family)
 
     def cleanup(self) -> None:
         """Delete our table (every family's); idempotent."""
         self._written = None
         ours = [(family, name) for family, name in self.nft.tables() if name == N.TABLE and family in N.FAMILIES]
         if ours:
-            self.nft.apply("".join(f"delete table {family} {name}\n" for family, name in ours))
-
-
-def _own_objects(changes: Changes, old: PortObjects | None, new: PortObjects | None) -> None:
-    """A changed port's own chains and sets (affinity): added, rewritten or deleted."""
-    old_chains = dict(old.chains) if old else {}
-    new_chains = dict(new.chains) if new else {}
-    old_sets = dict(old.sets) if old else {}
-    new_sets = dict(new.sets) if new else {}
-    recreated = {name for name in old_sets.keys() & new_sets.keys() if old_sets[name] != new_sets[name]}
-    for chain, rules in new_chains.items():
-        if chain not in old_chains:
-            changes.add_chains.add(chain)
-            changes.rules[chain] = rules
-        elif old_chains[chain] != rules or any(f"@{name} " in rule for rule in rules for name in recreated):
-            changes.flush.add(chain)
-            changes.rules[chain] = rules
-    for chain in old_chains.keys() - new_chains.keys():
-        changes.flush.add(chain)
-        changes.delete_chains.add(chain)
-    for name in (old_sets.keys() - new_sets.keys()) | recreated:
-        changes.delete_sets.add(name)
-    for name in (new_sets.keys() - old_sets.keys()) | recreated:
-        changes.add_sets[name] = new_sets[name]
+            self.nft.apply("".join(render_delete(family, name) for family, name in ours))

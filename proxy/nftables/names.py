@@ -1,9 +1,10 @@
 """Names and hook priorities of the nftables service proxy: its table, maps, sets and chains.
 
 Everything lives in ONE table per family, `owned.NFT_PROXY_TABLE` ("netagent": `ip netagent`
-and `ip6 netagent`, the same names in both; spelling.py says how the two differ), so cleanup is `delete table` and nothing of ours can sit in another
-user's table. Inside it every name holds an uppercase letter (nft-core's `text.name` rule:
-no nft keyword does), so none can be read as a keyword.
+and `ip6 netagent`, the same names in both; spelling.py says how the two differ), so cleanup
+is `delete table` and nothing of ours can sit in another user's table. Inside it every name
+holds an uppercase letter (`netagent/kernel/nftables/text.py`'s `name` rule: no nft keyword
+does), so none can be read as a keyword.
 
 Hook priorities (chosen as kube-proxy's nftables mode chose its own, so both coexist with
 iptables-nft, iptables-legacy and other nft tables; ARCHITECTURE.md says the same):
@@ -49,7 +50,7 @@ LOCAL_IPS_OUTSIDE = "LOCAL-IPS-OUTSIDE"        # Local policy, everyone else: lo
 LOCAL_NODEPORTS_INSIDE = "LOCAL-NODEPORTS-INSIDE"
 LOCAL_NODEPORTS_OUTSIDE = "LOCAL-NODEPORTS-OUTSIDE"
 # endpoints, one map per protocol (`ENDPOINTS-TCP`: daddr . dport . slot : endpoint . port;
-# `NODEPORT-ENDPOINTS-TCP`: dport . slot : ...): see render.py's MAP_DECLARATIONS for why
+# `NODEPORT-ENDPOINTS-TCP`: dport . slot : ...): see spelling.py's `endpoint_typeof` for why
 ENDPOINTS = "ENDPOINTS"
 LOCAL_ENDPOINTS = "LOCAL-ENDPOINTS"
 NODEPORT_ENDPOINTS = "NODEPORT-ENDPOINTS"
@@ -109,7 +110,7 @@ def affinity_chain(port_hash: str, role: Role) -> str:
 
 
 def affinity_endpoint(port_hash: str, ip: str, port: int) -> str:
-    """`AFE-<hash>-10-244-1-5-8080`: the endpoint is readable from the name (status reads it)."""
+    """`AFE-<hash>-10-244-1-5-8080`: the endpoint is readable from the name."""
     return f"AFE-{port_hash}-{_endpoint_word(ip, port)}"
 
 
@@ -120,17 +121,3 @@ def affinity_set(port_hash: str, ip: str, port: int) -> str:
 def _endpoint_word(ip: str, port: int) -> str:
     """`10-244-1-5-8080`, `fd00_10_244__5-8080` (IPv6: `:` as `_`)."""
     return f"{ip.replace('.', '-').replace(':', '_')}-{port}"
-
-
-AFFINITY_ENDPOINT = re.compile(r"AFE-([A-Z2-7]+)-([0-9]+(?:-[0-9]+){3}|[0-9a-f]*(?:_[0-9a-f]*){2,7})-([0-9]+)")
-
-
-def endpoint_of_affinity_chain(name: str) -> str | None:
-    """`10.244.1.5:8080` (`[fd00::5]:8080`) from an `AFE-` chain's name, None for any other name."""
-    found = AFFINITY_ENDPOINT.fullmatch(name)
-    if found is None:
-        return None
-    word = found.group(2)
-    if "_" in word:
-        return f"[{word.replace('_', ':')}]:{found.group(3)}"
-    return f"{word.replace('-', '.')}:{found.group(3)}"

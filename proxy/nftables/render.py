@@ -37,14 +37,18 @@ packet path, are dynamic and take `size` (`NftProxySettings.affinity_set_size` c
 endpoint; past it a new client is still balanced, without affinity, until entries time out:
 the `update` is a rule of its own, before the DNAT).
 
-Every rule carries a comment with a digest of its text, so a full sync compares a chain read
-back as JSON with the rendered one without parsing rule expressions. Element comments name
-the service port and entry kind (readability and `netagent status services`; in the sets
-`SERVICE-*-NAMES`, see names.py), bounded by nft-core's `text.comment`. Every string reaching
-the text goes through `netagent.kernel.nftables.text` (addresses through `Spelling.address`,
+Every rule is a `model.Rule` whose comment names its purpose and carries the digest of its
+statements (`model.digested_rule`), so a full sync compares a chain read back with the rendered
+one without parsing rule expressions, and names every set and map it uses (`Rule.sets`);
+statements are composed here from `netagent.kernel.nftables`' text gates and `model.ref()`.
+Elements are `model.Element`s whose keys are tuples of parts (`('10.96.0.10', 'tcp', '80')`).
+Element comments name the service port and entry kind (readability and `netagent status
+services`; in the sets `SERVICE-*-NAMES`, see names.py), bounded by `text.safe_comment_text`.
+Every string reaching the text goes through the gates (addresses through `Spelling.address`,
 which also refuses one of the other family; source ranges through `Spelling.network`, before
-and after collapsing); a service port whose values it refuses is
-`UnrenderablePort` (left out and reported).
+and after collapsing); a service port whose values they refuse is `UnrenderablePort` (left
+out and reported). An affinity rule's purpose names its endpoint (`affinity to
+10.244.1.5:8080`): status reads it back from the comment.
 
 IPv6: the same shape in `ip6 netagent`, written with the family's spelling (spelling.py,
 `NftProxySettings.family`): `ip6 daddr`, `ipv6_addr` keys, `dnat ip6 to`, `::1` as the loopback
@@ -53,15 +57,14 @@ NodePorts skip; `reject` answers ICMPv6 port unreachable there.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from netagent.errors import NetagentError
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
-from netagent.kernel.nftables import text
+from netagent.kernel.nftables import model, text
+from netagent.kernel.nftables.model import BaseChain, Chain, Element, Rule, Set
 from proxy.service_hash import service_hash
 from proxy.model import Endpoint, EntryKind, NodeContext, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import names as N
@@ -72,9 +75,9 @@ from proxy.source_ranges import source_ranges
 
 DEFAULT_AFFINITY_SET_SIZE = 65536   # clients remembered per endpoint of an affinity service
 
-# (holder, key) -> (value or None for a set, comment or None)
-ElementKey = tuple[str, str]
-ElementValue = tuple[str | None, str | None]
+Key = tuple[str, ...]            # an element's key, one rendered part per datatype
+ElementKey = tuple[str, Key]     # (holder, key): an element's identity in the table
+AFFINITY_PURPOSE = "affinity to "   # + the endpoint: the purpose of an affinity role chain's rule
 
 
 class UnrenderablePort(NetagentError, ValueError):
@@ -109,47 +112,31 @@ class NftProxySettings:
 
 @dataclass(frozen=True)
 class PortObjects:
-    """Everything one service port contributes: elements of the shared maps and sets, the
-    balancing chains it needs (shared, by name), and its own chains and sets (affinity)."""
+    """Everything one service port contributes: elements of the shared maps and sets (by
+    holder), the balancing chains it needs (shared, by name), and its own chains and sets
+    (affinity: the sets declared, their elements the packet path's)."""
     name: ServicePortName
-    elements: tuple[tuple[ElementKey, ElementValue], ...] = ()
+    elements: tuple[tuple[str, Element], ...] = ()
     count_chains: frozenset[str] = frozenset()
-    chains: tuple[tuple[str, tuple[str, ...]], ...] = ()   # own chains: name, rules
-    sets: tuple[tuple[str, str], ...] = ()                  # own sets: name, declaration body
-
-
-@dataclass
-class Contents:
-    """The whole table as wanted: elements by holder, chains with their rules (fixed,
-    balancing and affinity), and the declarations of the sets that are not fixed."""
-    elements: dict[str, dict[str, ElementValue]] = field(default_factory=dict)
-    chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    sets: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        """Elements plus rules: what `BackendSyncReport.rules` counts."""
-        return sum(len(held) for held in self.elements.values()) + sum(len(r) for r in self.chains.values())
+    chains: tuple[Chain, ...] = ()
+    sets: tuple[Set, ...] = ()
 
 
 # ---- the fixed skeleton ---------------------------------------------------------------------
 
 PORT_KEY = "meta l4proto . th dport"
 
-BASE_CHAINS: dict[str, str] = {   # name -> hook declaration
-    N.PREROUTING: f"type nat hook prerouting priority {N.PRIORITY_DSTNAT}; policy accept",
-    N.OUTPUT: f"type nat hook output priority {N.PRIORITY_DSTNAT}; policy accept",
-    N.POSTROUTING: f"type nat hook postrouting priority {N.PRIORITY_SRCNAT}; policy accept",
+BASE_CHAINS: dict[str, BaseChain] = {
+    N.PREROUTING: BaseChain("nat", "prerouting", N.PRIORITY_DSTNAT),
+    N.OUTPUT: BaseChain("nat", "output", N.PRIORITY_DSTNAT),
+    N.POSTROUTING: BaseChain("nat", "postrouting", N.PRIORITY_SRCNAT),
 }
 
 
-def rule(body: str) -> str:
-    """A rule with the digest comment a full sync compares (`digest_of`)."""
-    return f"{body} comment {text.comment(digest(body))}"
-
-
-def digest(body: str) -> str:
-    return "h" + hashlib.sha256(body.encode()).hexdigest()[:12]
+def rule(statements: str, purpose: str, *sets: str) -> Rule:
+    """A rule whose comment says `purpose` and carries its digest; `sets`: the sets and maps
+    its statements name through `model.ref`."""
+    return model.digested_rule(statements, purpose, sets=sets)
 
 
 def _mark(settings: NftProxySettings) -> str:
@@ -178,7 +165,7 @@ def _nodeport_addresses(node: NodeContext, spell: Spelling) -> list[str]:
     return sorted({spell.address(a) for a in node.nodeport_addresses if spell.of_family(a)})
 
 
-def fixed_chains(node: NodeContext, settings: NftProxySettings) -> dict[str, tuple[str, ...]]:
+def fixed_chains(node: NodeContext, settings: NftProxySettings) -> dict[str, tuple[Rule, ...]]:
     """The hooked chains and the fixed regular chains; their rules depend on the node only."""
     mark = f"{settings.masquerade_mark:#x}"
     spell = settings.spelling
@@ -191,44 +178,57 @@ def fixed_chains(node: NodeContext, settings: NftProxySettings) -> dict[str, tup
     cidr = _cluster_cidr(node, spell)
     inside = [f"{ip} saddr {cidr}"] if cidr else []
     inside.append("fib saddr type local")
+    ref = model.ref
     return {
-        N.PREROUTING: (rule(f"jump {N.SERVICES}"),),
-        N.OUTPUT: (rule(f"jump {N.SERVICES}"),),
+        N.PREROUTING: (rule(text.jump(N.SERVICES), "to the services"),),
+        N.OUTPUT: (rule(text.jump(N.SERVICES), "to the services"),),
         N.POSTROUTING: (
-            rule(f"{ip} saddr . {ip} daddr @{N.HAIRPIN} masquerade fully-random"),
-            rule(f"meta mark & {mark} == 0 return"),
-            rule(f"meta mark set meta mark ^ {mark}"),
-            rule("masquerade fully-random"),
+            rule(f"{ip} saddr . {ip} daddr {ref(N.HAIRPIN)} masquerade fully-random", "hairpin", N.HAIRPIN),
+            rule(f"meta mark & {mark} == 0 return", "unmarked: untouched"),
+            rule(f"meta mark set meta mark ^ {mark}", "mark cleared"),
+            rule("masquerade fully-random", "marked: masqueraded"),
         ),
         N.SERVICES: (
-            rule(f"{address_key} @{N.FIREWALL_IPS} {address_key} . {ip} saddr != @{N.FIREWALL_ALLOW} drop"),
-            rule(f"{address_key} vmap @{N.SERVICE_IPS}"),
-            rule(f"{where} {PORT_KEY} vmap @{N.SERVICE_NODEPORTS}"),
+            rule(f"{address_key} {ref(N.FIREWALL_IPS)} {address_key} . {ip} saddr != {ref(N.FIREWALL_ALLOW)} drop",
+                 "source ranges", N.FIREWALL_IPS, N.FIREWALL_ALLOW),
+            rule(f"{address_key} vmap {ref(N.SERVICE_IPS)}", "service addresses", N.SERVICE_IPS),
+            rule(f"{where} {PORT_KEY} vmap {ref(N.SERVICE_NODEPORTS)}", "node ports", N.SERVICE_NODEPORTS),
         ),
-        N.LOCAL_IP: (*(rule(f"{match} {address_key} vmap @{N.LOCAL_IPS_INSIDE}") for match in inside),
-                     rule(f"{address_key} vmap @{N.LOCAL_IPS_OUTSIDE}")),
-        N.LOCAL_NODEPORT: (*(rule(f"{match} {PORT_KEY} vmap @{N.LOCAL_NODEPORTS_INSIDE}") for match in inside),
-                           rule(f"{PORT_KEY} vmap @{N.LOCAL_NODEPORTS_OUTSIDE}")),
-        N.REJECT: (rule("meta l4proto tcp counter reject with tcp reset"), rule("counter reject")),
+        N.LOCAL_IP: (*(rule(f"{match} {address_key} vmap {ref(N.LOCAL_IPS_INSIDE)}", "pods and the node",
+                            N.LOCAL_IPS_INSIDE) for match in inside),
+                     rule(f"{address_key} vmap {ref(N.LOCAL_IPS_OUTSIDE)}", "local endpoints", N.LOCAL_IPS_OUTSIDE)),
+        N.LOCAL_NODEPORT: (*(rule(f"{match} {PORT_KEY} vmap {ref(N.LOCAL_NODEPORTS_INSIDE)}", "pods and the node",
+                                  N.LOCAL_NODEPORTS_INSIDE) for match in inside),
+                           rule(f"{PORT_KEY} vmap {ref(N.LOCAL_NODEPORTS_OUTSIDE)}", "local endpoints",
+                                N.LOCAL_NODEPORTS_OUTSIDE)),
+        N.REJECT: (rule("meta l4proto tcp counter reject with tcp reset", "tcp reset"),
+                   rule("counter reject", "port unreachable")),
     }
 
 
-def count_chain_rules(name: str, node: NodeContext, settings: NftProxySettings) -> tuple[str, ...]:
+def count_chain_rules(name: str, node: NodeContext, settings: NftProxySettings) -> tuple[Rule, ...]:
     """The rules of a balancing chain, from its name alone (`IP-C-3`)."""
     found = N.COUNT_CHAIN.fullmatch(name)
     if found is None:
         raise ValueError(f"not a balancing chain: {name}")
     space, role, count = KeySpace(found.group(1)), Role(found.group(2)), int(found.group(3))
-    rules = []
-    if role is Role.CLUSTER:
-        rules.append(rule(_cluster_mark(node, settings)))
-    elif role is Role.EXTERNAL:
-        rules.append(rule(_mark(settings)))
+    rules = _mark_rules(role, node, settings)
     ip = settings.spelling.ip
     key = f"{ip} daddr . th dport" if space is KeySpace.ADDRESS else "th dport"
-    rules.extend(rule(f"meta l4proto {proto} dnat {ip} to {key} . numgen random mod {count} "
-                      f"map @{N.endpoint_map(space, role, proto)}") for proto in N.PROTOCOLS)
+    for proto in N.PROTOCOLS:
+        endpoints = N.endpoint_map(space, role, proto)
+        rules.append(rule(f"meta l4proto {proto} dnat {ip} to {key} . numgen random mod {text.number(count)} "
+                          f"map {model.ref(endpoints)}", f"{proto} endpoints", endpoints))
     return tuple(rules)
+
+
+def _mark_rules(role: Role, node: NodeContext, settings: NftProxySettings) -> list[Rule]:
+    """What a balancing chain of `role` does first: mark for masquerade (or not)."""
+    if role is Role.CLUSTER:
+        return [rule(_cluster_mark(node, settings), "mark unless from a pod")]
+    if role is Role.EXTERNAL:
+        return [rule(_mark(settings), "mark")]
+    return []
 
 
 # ---- one service port -------------------------------------------------------------------------
@@ -246,51 +246,54 @@ class _PortBuilder:
         self.service, self.node, self.settings = service, node, settings
         self.spell = settings.spelling
         self.proto = text.protocol(service.protocol.value)
-        self.elements: dict[ElementKey, ElementValue] = {}
+        self.elements: dict[ElementKey, Element] = {}
         self.count_chains: set[str] = set()
-        self.chains: dict[str, tuple[str, ...]] = {}
-        self.sets: dict[str, str] = {}
+        self.chains: dict[str, Chain] = {}
+        self.sets: dict[str, Set] = {}
         self.hash = service_hash(service.name, service.protocol)
 
-    def element(self, holder: str, key: str, value: str | None = None, comment: str | None = None) -> None:
-        self.elements.setdefault((holder, key), (value, text.safe_comment_text(comment) if comment else None))
+    def element(self, holder: str, key: Key, value: str | None = None, comment: str | None = None) -> None:
+        if (holder, key) not in self.elements:
+            self.elements[(holder, key)] = Element(key, value, text.safe_comment_text(comment) if comment else None)
 
-    def slots(self, space: KeySpace, role: Role, key: str, endpoints: tuple[Endpoint, ...]) -> str:
-        """The verdict balancing `endpoints` for the entry `key`: its slots written, and the
-        balancing (or affinity) chain named."""
+    def slots(self, space: KeySpace, role: Role, slot_key: Key, endpoints: tuple[Endpoint, ...]) -> str:
+        """The verdict balancing `endpoints` for an entry point (`slot_key`: its address and
+        port, or its port alone): its slots written, and the balancing (or affinity) chain named."""
         if self.service.affinity_timeout is not None:
-            return "goto " + self.affinity(role, endpoints)
+            return text.goto(self.affinity(role, endpoints))
         holder = N.endpoint_map(space, role, self.proto)
-        slot_key = key.replace(f" . {self.proto} . ", " . ") if space is KeySpace.ADDRESS else key.split(" . ")[1]
         for slot, endpoint in enumerate(endpoints):
-            self.elements.setdefault((holder, f"{slot_key} . {slot}"),
-                                     (f"{self.spell.address(endpoint.ip)} . {text.port(endpoint.port)}", None))
+            key = (*slot_key, str(slot))
+            value = text.concat((self.spell.address(endpoint.ip), text.port(endpoint.port)))
+            if (holder, key) not in self.elements:
+                self.elements[(holder, key)] = Element(key, value)
         chain = N.count_chain(space, role, len(endpoints))
         self.count_chains.add(chain)
-        return "goto " + chain
+        return text.goto(chain)
 
     def affinity(self, role: Role, endpoints: tuple[Endpoint, ...]) -> str:
-        timeout = text.number(self.service.affinity_timeout or 0)
+        timeout = int(text.number(self.service.affinity_timeout or 0))
+        size = int(text.number(self.settings.affinity_set_size))
         chain = N.affinity_chain(self.hash, role)
-        rules = []
-        if role is Role.CLUSTER:
-            rules.append(rule(_cluster_mark(self.node, self.settings)))
-        elif role is Role.EXTERNAL:
-            rules.append(rule(_mark(self.settings)))
+        rules = _mark_rules(role, self.node, self.settings)
         choices = []
+        family = self.spell.ip
         for slot, endpoint in enumerate(endpoints):
             ip, port = self.spell.address(endpoint.ip), text.port(endpoint.port)
             target_address = self.spell.host_port(ip, port)
             members, target = N.affinity_set(self.hash, ip, endpoint.port), N.affinity_endpoint(self.hash, ip, endpoint.port)
-            self.sets[members] = (f"type {self.spell.addr_type}; flags dynamic,timeout; timeout {timeout}s; "
-                                  f"size {text.number(self.settings.affinity_set_size)}")
-            family = self.spell.ip
-            self.chains[target] = (rule(f"update @{text.name(members)} {{ {family} saddr }}"),
-                                   rule(f"meta l4proto {self.proto} dnat {family} to {target_address}"))
-            rules.append(rule(f"{family} saddr @{members} meta l4proto {self.proto} dnat {family} to {target_address}"))
-            choices.append(f"{slot} : goto {text.name(target)}")
-        rules.append(rule(f"numgen random mod {len(endpoints)} vmap {{ {', '.join(choices)} }}"))
-        self.chains[text.name(chain)] = tuple(rules)
+            self.sets[members] = Set(text.name(members), (self.spell.addr_type,), ("dynamic", "timeout"),
+                                     timeout=timeout, size=size)
+            dnat = f"meta l4proto {self.proto} dnat {family} to {target_address}"
+            self.chains[target] = Chain(text.name(target), (
+                rule(f"update {model.ref(members)} {{ {family} saddr }}", "remember the client", members),
+                rule(dnat, f"to {target_address}")))
+            rules.append(rule(f"{family} saddr {model.ref(members)} {dnat}", AFFINITY_PURPOSE + target_address,
+                              members))
+            choices.append(text.element(str(slot), text.goto(target)))
+        rules.append(rule(f"numgen random mod {len(endpoints)} vmap {text.element_block(choices)}",
+                          "a new client's endpoint"))
+        self.chains[chain] = Chain(text.name(chain), tuple(rules))
         return chain
 
 
@@ -300,43 +303,47 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
     spell = b.spell
     cluster = tuple(sorted(selection.cluster, key=lambda e: (spell.sort_key(e.ip), e.port)))
     external = tuple(sorted(selection.external, key=lambda e: (spell.sort_key(e.ip), e.port)))
-    refuse = "goto " + N.REJECT if not selection.has_endpoints else "drop"
+    refuse = text.goto(N.REJECT) if not selection.has_endpoints else "drop"
     local_policy = service.external_policy is TrafficPolicy.LOCAL
     fence = source_ranges(service.load_balancer_source_ranges, spell.family)
     for point in service.entry_points():
         label = f"{service.name} {point.kind.value}"
         port = text.port(point.port)
+        key: Key
+        slot_key: Key
         if point.kind is EntryKind.NODE_PORT:
-            space, key = KeySpace.NODEPORT, f"{b.proto} . {port}"
+            space, key, slot_key = KeySpace.NODEPORT, (b.proto, port), (port,)
             dispatch, inside, outside = N.SERVICE_NODEPORTS, N.LOCAL_NODEPORTS_INSIDE, N.LOCAL_NODEPORTS_OUTSIDE
             local_chain, names = N.LOCAL_NODEPORT, N.NODEPORT_NAMES
         else:
-            space, key = KeySpace.ADDRESS, f"{spell.address(point.address or '')} . {b.proto} . {port}"
+            address = spell.address(point.address or "")
+            space, key, slot_key = KeySpace.ADDRESS, (address, b.proto, port), (address, port)
             dispatch, inside, outside = N.SERVICE_IPS, N.LOCAL_IPS_INSIDE, N.LOCAL_IPS_OUTSIDE
             local_chain, names = N.LOCAL_IP, N.IP_NAMES
         if not selection.has_endpoints:
             verdict = refuse
         elif point.kind is EntryKind.CLUSTER_IP:
-            verdict = b.slots(space, Role.CLUSTER, key, cluster) if cluster else refuse
+            verdict = b.slots(space, Role.CLUSTER, slot_key, cluster) if cluster else refuse
         elif not local_policy:
-            verdict = b.slots(space, Role.EXTERNAL, key, external) if external else refuse
+            verdict = b.slots(space, Role.EXTERNAL, slot_key, external) if external else refuse
         else:   # Local: pods and the node like cluster-IP clients, the rest to local endpoints
             if cluster:
-                b.element(inside, key, b.slots(space, Role.CLUSTER, key, cluster))
-            b.element(outside, key, b.slots(space, Role.LOCAL, key, external) if external else refuse)
-            verdict = "goto " + local_chain
+                b.element(inside, key, b.slots(space, Role.CLUSTER, slot_key, cluster))
+            b.element(outside, key, b.slots(space, Role.LOCAL, slot_key, external) if external else refuse)
+            verdict = text.goto(local_chain)
         b.element(dispatch, key, verdict)
         b.element(names, key, None, label)
         if point.kind is EntryKind.LOAD_BALANCER and fence is not None:
             b.element(N.FIREWALL_IPS, key)
             for allowed in _fence_elements(fence, spell):
-                b.element(N.FIREWALL_ALLOW, f"{key} . {allowed}")
+                b.element(N.FIREWALL_ALLOW, (*key, allowed))
     for endpoint in selection.all_selected:
         if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
             ip = spell.address(endpoint.ip)
-            b.element(N.HAIRPIN, f"{ip} . {ip}")
-    return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
-                       tuple(sorted(b.chains.items())), tuple(sorted(b.sets.items())))
+            b.element(N.HAIRPIN, (ip, ip))
+    return PortObjects(service.name, tuple((holder, element) for (holder, _), element in b.elements.items()),
+                       frozenset(b.count_chains), tuple(b.chains[name] for name in sorted(b.chains)),
+                       tuple(b.sets[name] for name in sorted(b.sets)))
 
 
 def _fence_elements(fence: tuple[str, ...], spell: Spelling) -> list[str]:
@@ -351,80 +358,3 @@ def _fence_elements(fence: tuple[str, ...], spell: Spelling) -> list[str]:
         else:
             out.append(spell.network(str(network)))
     return out
-
-
-# ---- the whole table --------------------------------------------------------------------------
-
-class Assembly:
-    """Service ports' objects put together, kept up to date port by port (a partial sync
-    replaces only the changed ports' contributions). An element two ports both name (the
-    same address and port: a clash) takes the value of the port first in name order."""
-
-    def __init__(self, node: NodeContext, settings: NftProxySettings) -> None:
-        self.node, self.settings = node, settings
-        self.ports: dict[ServicePortName, PortObjects] = {}
-        self._owners: dict[ElementKey, dict[ServicePortName, ElementValue]] = {}
-        self._chain_users: dict[str, set[ServicePortName]] = {}
-        self._port_rules = 0    # rules of the ports' own chains (affinity), kept as ports come and go
-
-    def put(self, port: PortObjects | None, name: ServicePortName) -> set[ElementKey]:
-        """Replace `name`'s contribution with `port` (None: remove it); the element keys touched."""
-        touched: set[ElementKey] = set()
-        old = self.ports.pop(name, None)
-        if old is not None:
-            self._port_rules -= sum(len(r) for _, r in old.chains)
-            for key, _ in old.elements:
-                owners = self._owners[key]
-                del owners[name]
-                if not owners:
-                    del self._owners[key]
-                touched.add(key)
-            for chain in old.count_chains:
-                users = self._chain_users[chain]
-                users.discard(name)
-                if not users:
-                    del self._chain_users[chain]
-        if port is not None:
-            self.ports[name] = port
-            self._port_rules += sum(len(r) for _, r in port.chains)
-            for key, value in port.elements:
-                self._owners.setdefault(key, {})[name] = value
-                touched.add(key)
-            for chain in port.count_chains:
-                self._chain_users.setdefault(chain, set()).add(name)
-        return touched
-
-    def value(self, key: ElementKey) -> ElementValue | None:
-        owners = self._owners.get(key)
-        if not owners:
-            return None
-        return owners[min(owners)]
-
-    def count_chains(self) -> set[str]:
-        return set(self._chain_users)
-
-    def size(self) -> int:
-        """Elements plus rules, as `Contents.size` counts them, without building the contents or
-        walking every port (a partial sync asks for it)."""
-        rules = sum(len(r) for r in fixed_chains(self.node, self.settings).values())
-        rules += sum(len(count_chain_rules(chain, self.node, self.settings)) for chain in self._chain_users)
-        return len(self._owners) + rules + self._port_rules
-
-    def contents(self) -> Contents:
-        out = Contents(elements={holder: {} for holder in N.ELEMENT_HOLDERS})
-        for (holder, key), owners in self._owners.items():
-            out.elements[holder][key] = owners[min(owners)]
-        out.chains = dict(fixed_chains(self.node, self.settings))
-        for chain in sorted(self._chain_users):
-            out.chains[chain] = count_chain_rules(chain, self.node, self.settings)
-        for port in self.ports.values():
-            out.chains.update(port.chains)
-            out.sets.update(port.sets)
-        return out
-
-
-def assemble(ports: Iterable[PortObjects], *, node: NodeContext, settings: NftProxySettings) -> Assembly:
-    assembly = Assembly(node, settings)
-    for port in ports:
-        assembly.put(port, port.name)
-    return assembly

@@ -5,7 +5,8 @@ tables have the same maps, sets and chains under the same names (names.py), and 
 what this module spells: the table family and header keyword (`ip` / `ip6`: `ip6 daddr`,
 `dnat ip6 to`), the address datatype (`ipv4_addr` / `ipv6_addr`), the loopback range NodePorts
 never answer on, how an endpoint is written in a single DNAT (`[addr]:port` for IPv6), and so
-the declarations of the fixed maps and sets and what libnftables lists for them (readback.py).
+the fixed maps and sets (`holders`: `model.Map` and `model.Set` declarations, which the table
+read back is compared with).
 Everything else (`fib daddr type local`, `masquerade`, `reject`: ICMPv6 port unreachable in the
 ip6 table, TCP reset for TCP in both) is the same text in both tables.
 
@@ -19,10 +20,10 @@ import functools
 import ipaddress
 import socket
 from dataclasses import dataclass
-from typing import Any
 
 from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import text
+from netagent.kernel.nftables.model import Map, Set
 from proxy.large_sync import CANONICAL_IPV4
 from proxy.nftables import names as N
 from proxy.nftables.names import KeySpace, Role
@@ -104,54 +105,34 @@ class Spelling:
 
     # ---- the fixed maps and sets ---------------------------------------------------------------
 
-    def endpoint_declaration(self, space: KeySpace, proto: str) -> str:
+    def endpoint_typeof(self, space: KeySpace, proto: str) -> str:
         """The endpoint maps: one per protocol, the data `typeof ip daddr . <proto> dport`. Measured
         with nft 1.0.6: a map whose data is `ip daddr . th dport` cannot be used by a rule added once
         the map is in the kernel ("conflicting protocols specified: ip vs. th"), and a protocol's
         `dport` there makes nft add `meta l4proto <proto>` to every rule using the map: so one map
         per protocol, and a balancing chain holds one dnat rule per protocol."""
         key = f"{self.ip} daddr . th dport" if space is KeySpace.ADDRESS else "th dport"
-        return f"typeof {key} . numgen random mod 1 : {self.ip} daddr . {proto} dport"
+        return f"{key} . numgen random mod 1 : {self.ip} daddr . {proto} dport"
 
     @functools.cached_property
-    def map_declarations(self) -> dict[str, str]:
+    def holders(self) -> tuple[Set | Map, ...]:
+        """The fixed maps and sets, declared (no elements): what libnftables lists for each is its
+        `key_type` and `value_type` (an endpoint map's `typeof` lists as
+        `ipv4_addr . inet_service . integer : ipv4_addr . inet_service`)."""
         addr = self.addr_type
-        return {
-            **{holder: f"type {addr} . inet_proto . inet_service : verdict" for holder in N.ADDRESS_KEYED},
-            **{holder: "type inet_proto . inet_service : verdict" for holder in N.VERDICT_MAPS
-               if holder not in N.ADDRESS_KEYED},
-            **{N.endpoint_map(space, role, proto): self.endpoint_declaration(space, proto)
-               for space in KeySpace for role in (Role.CLUSTER, Role.LOCAL) for proto in N.PROTOCOLS},
-        }
-
-    @functools.cached_property
-    def set_declarations(self) -> dict[str, str]:
-        addr = self.addr_type
-        return {
-            N.FIREWALL_IPS: f"type {addr} . inet_proto . inet_service",
-            N.FIREWALL_ALLOW: f"type {addr} . inet_proto . inet_service . {addr}; flags interval",
-            N.HAIRPIN: f"type {addr} . {addr}",
-            N.IP_NAMES: f"type {addr} . inet_proto . inet_service",
-            N.NODEPORT_NAMES: "type inet_proto . inet_service",
-        }
-
-    @functools.cached_property
-    def expected_holders(self) -> dict[str, tuple[Any, Any, tuple[str, ...]]]:
-        """What libnftables lists for each fixed holder: (type, map value, flags)."""
-        addr = self.addr_type
-        return {
-            **{holder: ([addr, "inet_proto", "inet_service"], "verdict", ()) for holder in N.ADDRESS_KEYED},
-            **{holder: (["inet_proto", "inet_service"], "verdict", ()) for holder in N.VERDICT_MAPS
-               if holder not in N.ADDRESS_KEYED},
-            **{holder: (([addr, "inet_service", "integer"] if not holder.startswith("NODEPORT")
-                         else ["inet_service", "integer"]), f"{addr} . inet_service", ())
-               for holder in N.ENDPOINT_MAPS},
-            N.FIREWALL_IPS: ([addr, "inet_proto", "inet_service"], None, ()),
-            N.FIREWALL_ALLOW: ([addr, "inet_proto", "inet_service", addr], None, ("interval",)),
-            N.HAIRPIN: ([addr, addr], None, ()),
-            N.IP_NAMES: ([addr, "inet_proto", "inet_service"], None, ()),
-            N.NODEPORT_NAMES: (["inet_proto", "inet_service"], None, ()),
-        }
+        entry, port = (addr, "inet_proto", "inet_service"), ("inet_proto", "inet_service")
+        return (
+            *(Map(holder, entry if holder in N.ADDRESS_KEYED else port, "verdict") for holder in N.VERDICT_MAPS),
+            *(Map(N.endpoint_map(space, role, proto),
+                  (addr, "inet_service", "integer") if space is KeySpace.ADDRESS else ("inet_service", "integer"),
+                  f"{addr} . inet_service", typeof=self.endpoint_typeof(space, proto))
+              for space in KeySpace for role in (Role.CLUSTER, Role.LOCAL) for proto in N.PROTOCOLS),
+            Set(N.FIREWALL_IPS, entry),
+            Set(N.FIREWALL_ALLOW, (*entry, addr), ("interval",)),
+            Set(N.HAIRPIN, (addr, addr)),
+            Set(N.IP_NAMES, entry),
+            Set(N.NODEPORT_NAMES, port),
+        )
 
 
 @functools.cache

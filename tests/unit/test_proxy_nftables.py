@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from netagent.kernel.nftables import tables
 from netagent.kernel.nftables.fake import FakeNft
+from netagent.kernel.nftables.model import Element
 from netagent.kernel.nftables.runner import NftError
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import NftablesProxy
 from proxy.nftables import names as N
-from proxy.nftables.readback import read_table
 from proxy.nftables.render import NftProxySettings, render_port
 
 NODE = NodeContext(name="node", cluster_cidr="10.244.0.0/16")
@@ -32,15 +33,28 @@ def state(*entries) -> ProxyState:
     return ProxyState(NODE, {s.name: s for s, _ in entries}, {s.name: e for s, e in entries})
 
 
-def table(nft: FakeNft):
-    """The table as a comparable value: elements as dicts, chains by their rule digests."""
-    view = read_table(nft.list_table("ip", N.TABLE) or [])
-    return view.elements, view.chains, view.sets
+def table(nft: FakeNft, family: str = "ip"):
+    """The table read back as a comparable value: each set's and map's shape and elements (in
+    no order), each chain's spec and rule comments (each carries its statements' digest)."""
+    held = tables.read_table(family, N.TABLE, nft.list_table(family, N.TABLE))
+    assert held is not None
+    return ({entry.name: (tables.shape(entry), frozenset(entry.elements)) for entry in held.sets},
+            {chain.name: (chain.base, [rule.comment for rule in chain.rules]) for chain in held.chains})
 
 
-def elements(proxy_or_nft, holder: str) -> dict:
+def elements(proxy_or_nft, holder: str) -> dict[tuple[str, ...], Element]:
+    """A map's or set's elements read back, by key (a tuple of parts)."""
     nft = proxy_or_nft.nft if isinstance(proxy_or_nft, NftablesProxy) else proxy_or_nft
-    return read_table(nft.list_table("ip", N.TABLE)).elements[holder]
+    held = tables.read_table("ip", N.TABLE, nft.list_table("ip", N.TABLE))
+    found = held.set(holder) if held else None
+    assert found is not None
+    return {element.key: element for element in found.elements}
+
+
+def rendered(service: ServicePort, s: ProxyState) -> dict[tuple[str, tuple[str, ...]], Element]:
+    """A service port's elements, by (holder, key)."""
+    objects = render_port(service, s.selection(service.name), node=NODE, settings=NftProxySettings())
+    return {(holder, element.key): element for holder, element in objects.elements}
 
 
 WEB = port("web", "10.96.0.10", node_port=30080, external_ips=("192.0.2.1",))
@@ -50,34 +64,33 @@ WEB = port("web", "10.96.0.10", node_port=30080, external_ips=("192.0.2.1",))
 
 def test_a_service_port_is_one_dispatch_element_and_one_slot_per_endpoint():
     s = state((WEB, eps("10.244.2.2", "10.244.1.2", "10.244.3.2")))
-    rendered = dict(render_port(WEB, s.selection(WEB.name), node=NODE, settings=NftProxySettings()).elements)
-    assert rendered[(N.SERVICE_IPS, "10.96.0.10 . tcp . 80")] == ("goto IP-C-3", None)
-    assert rendered[(N.SERVICE_IPS, "192.0.2.1 . tcp . 80")] == ("goto IP-X-3", None)
-    assert rendered[(N.SERVICE_NODEPORTS, "tcp . 30080")] == ("goto NP-X-3", None)
-    assert [rendered[("ENDPOINTS-TCP", f"10.96.0.10 . 80 . {slot}")][0] for slot in range(3)] == [
+    found = rendered(WEB, s)
+    assert found[(N.SERVICE_IPS, ("10.96.0.10", "tcp", "80"))] == Element(("10.96.0.10", "tcp", "80"), "goto IP-C-3")
+    assert found[(N.SERVICE_IPS, ("192.0.2.1", "tcp", "80"))].value == "goto IP-X-3"
+    assert found[(N.SERVICE_NODEPORTS, ("tcp", "30080"))].value == "goto NP-X-3"
+    assert [found[("ENDPOINTS-TCP", ("10.96.0.10", "80", str(slot)))].value for slot in range(3)] == [
         "10.244.1.2 . 8080", "10.244.2.2 . 8080", "10.244.3.2 . 8080"]     # slots in address order
-    assert rendered[("NODEPORT-ENDPOINTS-TCP", "30080 . 2")] == ("10.244.3.2 . 8080", None)
-    assert rendered[(N.IP_NAMES, "10.96.0.10 . tcp . 80")] == (None, "default/web:p ClusterIP")
-    assert (N.HAIRPIN, "10.244.1.2 . 10.244.1.2") in rendered
+    assert found[("NODEPORT-ENDPOINTS-TCP", ("30080", "2"))].value == "10.244.3.2 . 8080"
+    assert found[(N.IP_NAMES, ("10.96.0.10", "tcp", "80"))] == Element(("10.96.0.10", "tcp", "80"), None,
+                                                                       "default/web:p ClusterIP")
+    assert (N.HAIRPIN, ("10.244.1.2", "10.244.1.2")) in found
 
 
 def test_only_endpoints_on_this_node_get_a_hairpin_element():
     s = state((WEB, eps("10.244.1.2") + eps("10.244.3.2", node="other") + (Endpoint("10.244.4.2", 8080),)))
-    rendered = dict(render_port(WEB, s.selection(WEB.name), node=NODE, settings=NftProxySettings()).elements)
-    assert {key for holder, key in rendered if holder == N.HAIRPIN} == {"10.244.1.2 . 10.244.1.2",
-                                                                       "10.244.4.2 . 10.244.4.2"}
+    assert {key for holder, key in rendered(WEB, s) if holder == N.HAIRPIN} == {("10.244.1.2", "10.244.1.2"),
+                                                                                ("10.244.4.2", "10.244.4.2")}
 
 
 def test_no_endpoints_rejects_and_no_local_endpoint_drops():
     empty = port("empty", "10.96.0.11", protocol=Protocol.SCTP)
     local = port("local", "10.96.0.12", node_port=30081, external_policy=TrafficPolicy.LOCAL)
     s = state((empty, ()), (local, eps("10.244.3.2", node="other")))
-    rendered = dict(render_port(empty, s.selection(empty.name), node=NODE, settings=NftProxySettings()).elements)
-    assert rendered[(N.SERVICE_IPS, "10.96.0.11 . sctp . 80")] == ("goto REJECT-NEW", None)
-    rendered = dict(render_port(local, s.selection(local.name), node=NODE, settings=NftProxySettings()).elements)
-    assert rendered[(N.SERVICE_NODEPORTS, "tcp . 30081")] == ("goto LOCAL-NODEPORT", None)
-    assert rendered[(N.LOCAL_NODEPORTS_OUTSIDE, "tcp . 30081")] == ("drop", None)      # no local endpoint
-    assert rendered[(N.LOCAL_NODEPORTS_INSIDE, "tcp . 30081")] == ("goto NP-C-1", None)   # pods: cluster-wide
+    assert rendered(empty, s)[(N.SERVICE_IPS, ("10.96.0.11", "sctp", "80"))].value == "goto REJECT-NEW"
+    found = rendered(local, s)
+    assert found[(N.SERVICE_NODEPORTS, ("tcp", "30081"))].value == "goto LOCAL-NODEPORT"
+    assert found[(N.LOCAL_NODEPORTS_OUTSIDE, ("tcp", "30081"))].value == "drop"          # no local endpoint
+    assert found[(N.LOCAL_NODEPORTS_INSIDE, ("tcp", "30081"))].value == "goto NP-C-1"    # pods: cluster-wide
 
 
 def test_terminating_endpoints_serve_when_none_is_ready_and_hints_keep_traffic_close():
@@ -88,27 +101,25 @@ def test_terminating_endpoints_serve_when_none_is_ready_and_hints_keep_traffic_c
               Endpoint("10.244.2.2", 8080, node_hints=frozenset({"other"})))
     s = state((WEB, terminating), (close, hinted))
     for service in (WEB, close):
-        rendered = dict(render_port(service, s.selection(service.name), node=NODE,
-                                    settings=NftProxySettings()).elements)
-        assert rendered[(N.SERVICE_IPS, f"{service.cluster_ip} . tcp . 80")] == ("goto IP-C-1", None)
-        assert rendered[("ENDPOINTS-TCP", f"{service.cluster_ip} . 80 . 0")] == ("10.244.1.2 . 8080", None)
+        found = rendered(service, s)
+        assert found[(N.SERVICE_IPS, (service.cluster_ip, "tcp", "80"))].value == "goto IP-C-1"
+        assert found[("ENDPOINTS-TCP", (service.cluster_ip, "80", "0"))].value == "10.244.1.2 . 8080"
 
 
 def test_source_ranges_are_collapsed_into_one_interval_element_each():
     lb = port("lb", "10.96.0.13", load_balancer_ips=("203.0.113.7",),
               load_balancer_source_ranges=("10.0.0.0/8", "10.1.0.0/16", "192.168.1.9/32", "2001:db8::/32"))
-    s = state((lb, eps("10.244.1.2")))
-    rendered = dict(render_port(lb, s.selection(lb.name), node=NODE, settings=NftProxySettings()).elements)
-    assert {key for holder, key in rendered if holder == N.FIREWALL_ALLOW} == {
-        "203.0.113.7 . tcp . 80 . 10.0.0.0/8", "203.0.113.7 . tcp . 80 . 192.168.1.9"}
-    assert (N.FIREWALL_IPS, "203.0.113.7 . tcp . 80") in rendered
+    found = rendered(lb, state((lb, eps("10.244.1.2"))))
+    assert {key for holder, key in found if holder == N.FIREWALL_ALLOW} == {
+        ("203.0.113.7", "tcp", "80", "10.0.0.0/8"), ("203.0.113.7", "tcp", "80", "192.168.1.9")}
+    assert (N.FIREWALL_IPS, ("203.0.113.7", "tcp", "80")) in found
 
 
 def test_chains_do_not_grow_with_services():
     many = [(port(f"s{i}", f"10.96.{i // 250}.{i % 250 + 1}"), eps("10.244.1.2", "10.244.2.2")) for i in range(500)]
     proxy = NftablesProxy(nft=FakeNft())
     proxy.sync(state(*many), changed=None)
-    _, chains, _ = table(proxy.nft)
+    _, chains = table(proxy.nft)
     assert {chain for chain in chains if N.COUNT_CHAIN.fullmatch(chain)} == {"IP-C-2"}
     assert len(elements(proxy, N.SERVICE_IPS)) == 500 and len(elements(proxy, "ENDPOINTS-TCP")) == 1000
 
@@ -118,7 +129,7 @@ def test_a_hostile_name_reaches_the_table_only_as_a_bounded_comment():
                           "10.96.0.14")
     proxy = NftablesProxy(nft=FakeNft())
     proxy.sync(state((hostile, eps("10.244.1.2"))), changed=None)
-    (comment,) = [c for _, c in elements(proxy, N.IP_NAMES).values()]
+    (comment,) = [element.comment for element in elements(proxy, N.IP_NAMES).values()]
     assert '"' not in comment and len(comment.encode()) <= 128
     assert [service.address for service in proxy.programmed()] == ["10.96.0.14:80/TCP"]
 
@@ -148,7 +159,7 @@ def test_a_foreign_layout_is_replaced_in_one_transaction():
     proxy = NftablesProxy(nft=nft)
     proxy.sync(state((WEB, eps("10.244.1.2"))), changed=None)
     assert proxy.applies == 1
-    _, chains, _ = table(nft)
+    _, chains = table(nft)
     assert "OLD-CHAIN" not in chains and elements(proxy, N.HAIRPIN)
 
 
@@ -171,7 +182,7 @@ def test_a_failed_sync_raises_and_the_next_one_is_full():
     with pytest.raises(NftError):
         proxy.sync(moved, changed=frozenset({WEB.name}))
     assert proxy.sync(moved, changed=frozenset({WEB.name})).scope.value == "full"
-    assert elements(proxy, "ENDPOINTS-TCP")["10.96.0.10 . 80 . 0"][0] == "10.244.2.2 . 8080"
+    assert elements(proxy, "ENDPOINTS-TCP")[("10.96.0.10", "80", "0")].value == "10.244.2.2 . 8080"
 
 
 def test_an_ipv6_address_is_left_out_and_reported_and_the_rest_programmed():
@@ -179,7 +190,7 @@ def test_an_ipv6_address_is_left_out_and_reported_and_the_rest_programmed():
     proxy = NftablesProxy(nft=FakeNft())
     report = proxy.sync(state((bad, eps("10.244.1.2")), (WEB, eps("10.244.1.2"))), changed=None)
     assert set(report.unprogrammed) == {bad.name} and "IPv6" in report.unprogrammed[bad.name]
-    assert "10.96.0.10 . tcp . 80" in elements(proxy, N.SERVICE_IPS)
+    assert ("10.96.0.10", "tcp", "80") in elements(proxy, N.SERVICE_IPS)
     report = proxy.sync(state((WEB, eps("10.244.1.2"))), changed=frozenset({bad.name}))
     assert not report.unprogrammed
 
@@ -249,10 +260,10 @@ def test_the_listing_is_json_the_readback_understands():
 
 def test_node_ports_answer_on_every_local_address_or_only_the_configured_ones():
     from proxy.nftables.render import fixed_chains
-    everywhere = fixed_chains(NODE, NftProxySettings())[N.SERVICES][-1]
+    everywhere = fixed_chains(NODE, NftProxySettings())[N.SERVICES][-1].statements
     assert everywhere.startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap ")
     chosen = NodeContext(name="node", cluster_cidr="10.244.0.0/16", nodeport_addresses=("192.168.1.7", "10.0.0.1"))
-    only = fixed_chains(chosen, NftProxySettings())[N.SERVICES][-1]
+    only = fixed_chains(chosen, NftProxySettings())[N.SERVICES][-1].statements
     assert only.startswith("ip daddr { 10.0.0.1, 192.168.1.7 } meta l4proto . th dport vmap ")
     nft = FakeNft()
     NftablesProxy(nft=nft).sync(ProxyState(chosen, {WEB.name: WEB}, {WEB.name: eps("10.244.1.2")}), changed=None)

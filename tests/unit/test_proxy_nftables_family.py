@@ -24,9 +24,10 @@ from netagent.kernel.nftables.fake import FakeNft
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
 from proxy.nftables import NftablesProxy
 from proxy.nftables import names as N
-from proxy.nftables.readback import read_table
+from netagent.kernel.nftables.tables import read_table
 from proxy.nftables.render import NftProxySettings, fixed_chains
 from proxy.nftables.spelling import spelling
+from tests.unit.test_proxy_nftables import table as proxy_table
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "proxy_nftables"
 
@@ -65,8 +66,7 @@ def rich_state(family: IpFamily) -> ProxyState:
 
 
 def table(nft: FakeNft, family: IpFamily):
-    view = read_table(nft.list_table(family.nft, N.TABLE) or [])
-    return view.elements, view.chains, view.sets
+    return proxy_table(nft, family.nft)
 
 
 @pytest.mark.parametrize("family", list(IpFamily), ids=lambda f: f.label)
@@ -129,12 +129,12 @@ def test_node_port_addresses_and_the_cluster_cidr_are_taken_per_family():
     node = NodeContext(name="node", cluster_cidr="10.244.0.0/16", nodeport_addresses=("192.168.1.7", "2001:db8::7"),
                        family=IpFamily.V6)
     v6 = NftProxySettings(family=IpFamily.V6)
-    services = fixed_chains(node, v6)[N.SERVICES][-1]
+    services = fixed_chains(node, v6)[N.SERVICES][-1].statements
     assert services.startswith("ip6 daddr { 2001:db8::7 } meta l4proto")
-    assert not fixed_chains(node, v6)[N.LOCAL_IP][0].startswith("ip")   # no IPv6 cluster CIDR: no pod match
+    assert not fixed_chains(node, v6)[N.LOCAL_IP][0].statements.startswith("ip")   # no IPv6 cluster CIDR: no pod match
     only_v4 = NodeContext(name="node", nodeport_addresses=("192.168.1.7",))
-    assert fixed_chains(only_v4, v6)[N.SERVICES][-1].startswith("fib daddr type local ip6 daddr != ::1 ")
-    assert fixed_chains(only_v4, NftProxySettings())[N.SERVICES][-1].startswith("ip daddr { 192.168.1.7 } ")
+    assert fixed_chains(only_v4, v6)[N.SERVICES][-1].statements.startswith("fib daddr type local ip6 daddr != ::1 ")
+    assert fixed_chains(only_v4, NftProxySettings())[N.SERVICES][-1].statements.startswith("ip daddr { 192.168.1.7 } ")
 
 
 def test_ipv4_source_ranges_only_fence_every_ipv6_client_out():
@@ -142,9 +142,10 @@ def test_ipv4_source_ranges_only_fence_every_ipv6_client_out():
     nft = FakeNft()
     NftablesProxy(nft=nft, family=IpFamily.V6).sync(
         ProxyState(NodeContext(name="node", family=IpFamily.V6), {lb.name: lb}, {lb.name: (Endpoint("fd00::2", 80),)}), changed=None)
-    view = read_table(nft.list_table("ip6", N.TABLE) or [])
-    assert set(view.elements[N.FIREWALL_IPS]) == {"2001:db8::10 . tcp . 80"}
-    assert view.elements[N.FIREWALL_ALLOW] == {}
+    held = read_table("ip6", N.TABLE, nft.list_table("ip6", N.TABLE))
+    assert held is not None and held.set(N.FIREWALL_ALLOW) is not None
+    assert [element.key for element in held.set(N.FIREWALL_IPS).elements] == [("2001:db8::10", "tcp", "80")]
+    assert held.set(N.FIREWALL_ALLOW).elements == ()
 
 
 ZONED_RANGES = ("fe80::%eth0\nflush ruleset/64", "fe80::1%eth0\nflush ruleset", "fe80::1%eth0/128")
@@ -186,7 +187,6 @@ def test_affinity_chains_name_their_ipv6_endpoints_for_status():
     sticky = [entry for entry in proxy.programmed() if entry.name == "default/sticky:p"]
     assert [(entry.address, entry.backends) for entry in sticky] == [
         ("[fd00:10:96::13]:80/TCP", ("[fd00:10:244:1::2]:8080", "[fd00:10:244:1::3]:8080"))]
-    assert N.endpoint_of_affinity_chain(N.affinity_endpoint("ABC", "10.244.1.5", 8080)) == "10.244.1.5:8080"
 
 
 def test_partial_syncs_reach_what_a_full_sync_writes_and_a_restart_adopts_with_no_write():

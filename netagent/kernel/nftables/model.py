@@ -103,11 +103,16 @@ class Element:
 
 @dataclass(frozen=True)
 class Set:
-    """A named set: `key_type` one datatype per key part; `flags` as nft spells them."""
+    """A named set: `key_type` one datatype per key part; `flags` as nft spells them. A set
+    with `dynamic` in its flags is the packet path's (`update @set`): its elements are never
+    compared, deleted or written by the differ. `timeout` (seconds) and `size`, when given,
+    are declared (`timeout 60s; size 65536;`) and compared."""
     name: str
     key_type: tuple[str, ...]
     flags: tuple[str, ...] = ()
     elements: tuple[Element, ...] = ()
+    timeout: int | None = None
+    size: int | None = None
 
     @property
     def value_type(self) -> str | None:
@@ -116,12 +121,16 @@ class Set:
 
 @dataclass(frozen=True)
 class Map:
-    """A named map: a set whose elements carry a `value_type` value (`verdict`: a vmap)."""
+    """A named map: a set whose elements carry a `value_type` value (`verdict`: a vmap).
+    `typeof`, when given, is the declaration (`ip daddr . th dport : ip daddr . tcp dport`,
+    for a key nft cannot spell by type, such as a `numgen` slot); `key_type` and `value_type`
+    then say what the kernel lists for it (`ipv4_addr . inet_service . integer`)."""
     name: str
     key_type: tuple[str, ...]
     value_type: str
     flags: tuple[str, ...] = ()
     elements: tuple[Element, ...] = ()
+    typeof: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,11 +228,19 @@ def _kind(entry: Set | Map) -> str:
 
 
 def set_spec(entry: Set | Map) -> str:
-    """The body of a set's or map's declaration: `type ipv4_addr; flags interval;`."""
+    """The body of a set's or map's declaration: `type ipv4_addr; flags interval;`,
+    `typeof ...;`, `flags dynamic,timeout; timeout 60s; size 65536;`."""
     key = " . ".join(entry.key_type)
-    spec = f"type {key} : {entry.value_type};" if isinstance(entry, Map) else f"type {key};"
+    if isinstance(entry, Map):
+        spec = f"typeof {entry.typeof};" if entry.typeof else f"type {key} : {entry.value_type};"
+    else:
+        spec = f"type {key};"
     if entry.flags:
         spec += f" flags {','.join(entry.flags)};"
+    if isinstance(entry, Set) and entry.timeout is not None:
+        spec += f" timeout {text.number(entry.timeout)}s;"
+    if isinstance(entry, Set) and entry.size is not None:
+        spec += f" size {text.number(entry.size)};"
     return spec
 
 

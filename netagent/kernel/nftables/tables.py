@@ -4,7 +4,7 @@
   `model.Table` values, enough to compare: base chains' type, hook, priority and policy, rules
   in order by their comment (the kernel lists statements as `expr`, which we never parse: the
   comment's digest, `model.digest_comment`, stands for the statements), sets' and maps' types,
-  flags and elements, each key as its parts, with its comment.
+  flags, timeout and size, and elements, each key as its parts, with its comment.
 - `drift`: the one differ, one sentence per difference between the wanted table and the
   table read back (empty: in sync). Elements are compared as sets (the kernel lists them in
   hash order) in one canonical spelling (`canonical_part`).
@@ -42,8 +42,20 @@ def read_table(family: str, name: str, objects: list[dict[str, Any]] | None) -> 
         if "map" in body:
             sets.append(Map(set_name, key_type, str(body["map"]), flags, elements))
         else:
-            sets.append(Set(set_name, key_type, flags, elements))
+            sets.append(Set(set_name, key_type, flags, elements, body.get("timeout"), body.get("size")))
     return Table(family, name, tuple(chains), tuple(sets))
+
+
+def shape(entry: Set | Map) -> tuple[object, ...]:
+    """What a set's or map's declaration says, as compared with one read back: kind, key and
+    value types, flags (`dynamic` apart: libnftables does not list it), timeout and size."""
+    return (isinstance(entry, Map), entry.key_type, getattr(entry, "value_type", None),
+            frozenset(entry.flags) - {"dynamic"}, getattr(entry, "timeout", None), getattr(entry, "size", None))
+
+
+def dynamic(entry: Set | Map) -> bool:
+    """A set the packet path fills (`update @set`): its elements are not ours to compare."""
+    return "dynamic" in entry.flags
 
 
 def _parts(key: Any) -> tuple[str, ...]:
@@ -89,10 +101,9 @@ def drift(wanted: Table, held: Table | None) -> list[str]:
         if found is None or isinstance(found, Map) != isinstance(entry, Map):
             problems.append(f"{kind} {entry.name} missing")
             continue
-        shape = (entry.key_type, getattr(entry, "value_type", None), set(entry.flags))
-        if (found.key_type, getattr(found, "value_type", None), set(found.flags)) != shape:
+        if shape(found) != shape(entry):
             problems.append(f"{kind} {entry.name} is not {' . '.join(entry.key_type)} {sorted(entry.flags)}")
-        elif _canonical(found.elements) != _canonical(entry.elements):
+        elif not dynamic(entry) and _canonical(found.elements) != _canonical(entry.elements):
             shown = [" . ".join(e.key) for e in entry.elements]
             problems.append(f"{kind} {entry.name} holds other {_noun(entry)} than {shown}")
     for chain in wanted.chains:
