@@ -34,6 +34,7 @@ from cni.ipam import ipam_for
 from cni.kernel import Address, BridgeSpec, CniKernel, LinkExists, VethPair
 from cni.request import CniRequest
 from netagent.kernel.errors import KernelError
+from netagent.kernel.families import IpFamily
 from netagent.kernel.pod_attachment import PodAttachment
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class PluginHandlers:
         addresses = [ip.address for ip in allocated.ips]
         if not addresses:
             raise CniError(ErrorCode.INVALID_CONFIG, "IPAM returned no addresses")
-        gateways: dict[int, Address] = allocated.gateways()
+        gateways: dict[IpFamily, Address] = allocated.gateways()
 
         interfaces: list[dict[str, object]] = []
         bridge = None
@@ -213,7 +214,8 @@ class PluginHandlers:
             routed = conf.mode is PodAttachment.ROUTED
             entry: dict[str, object] = {"address": f"{addr.ip}/{addr.max_prefixlen}" if routed else str(addr),
                                         "interface": pod_index}
-            gateway = wiring.pod_gateway(conf.mode, addr.version, gateways.get(addr.version))
+            family = IpFamily.of(addr.ip)
+            gateway = wiring.pod_gateway(conf.mode, family, gateways.get(family))
             if gateway is not None:
                 entry["gateway"] = str(gateway)
             ips.append(entry)

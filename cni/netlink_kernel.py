@@ -297,12 +297,12 @@ class NetlinkCniKernel(CniKernel):
             addresses = frozenset(ip_interface(f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
                                   for a in pod_ipr.get_addr(index=index))
             routes = set()
-            for family, version in ((AF_INET, 4), (AF_INET6, 6)):
-                for r in pod_ipr.get_routes(family=family, oif=index, table=MAIN_TABLE):
+            for af, family in ((AF_INET, IpFamily.V4), (AF_INET6, IpFamily.V6)):
+                for r in pod_ipr.get_routes(family=af, oif=index, table=MAIN_TABLE):
                     dst = r.get_attr("RTA_DST")
                     gateway = r.get_attr("RTA_GATEWAY")
                     routes.add(Route(dst=ip_network(f"{dst}/{r['dst_len']}", strict=False) if dst
-                                     else DEFAULT_DST[version],
+                                     else DEFAULT_DST[family],
                                      gateway=ip_address(gateway) if gateway else None))
         return PodInterface(ifname=ifname, mac=link.get_attr("IFLA_ADDRESS"), up=bool(link["flags"] & 1),
                             addresses=addresses, routes=frozenset(routes))

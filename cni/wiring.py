@@ -59,7 +59,7 @@ ROUTED_HOST_MAC = "ee:ee:ee:ee:ee:ee"
 ROUTED_GATEWAY_V4 = ipaddress.ip_address("169.254.1.1")
 ROUTED_GATEWAY_V6 = ipaddress.ip_address("fe80::ecee:eeff:feee:eeee")
 ROUTED_GATEWAY_V6_ON_HOST = ipaddress.ip_interface(f"{ROUTED_GATEWAY_V6}/64")  # the host end's link-local
-DEFAULT_DST = {4: ipaddress.ip_network("0.0.0.0/0"), 6: ipaddress.ip_network("::/0")}
+DEFAULT_DST = {IpFamily.V4: ipaddress.ip_network("0.0.0.0/0"), IpFamily.V6: ipaddress.ip_network("::/0")}
 
 
 def host_veth_name(network: str, container_id: str, ifname: str) -> str:
@@ -125,9 +125,9 @@ def bridge_settings(gateways: Iterable[Interface]) -> tuple[LinkSetting, ...]:
 
 # ---------------------------------------------------------------- the pod side
 
-def pod_gateway(mode: PodAttachment, family: int, ipam_gateway: Address | None) -> Address | None:
+def pod_gateway(mode: PodAttachment, family: IpFamily, ipam_gateway: Address | None) -> Address | None:
     if mode is PodAttachment.ROUTED:
-        return ROUTED_GATEWAY_V4 if family == 4 else ROUTED_GATEWAY_V6
+        return ROUTED_GATEWAY_V4 if family is IpFamily.V4 else ROUTED_GATEWAY_V6
     return ipam_gateway
 
 
@@ -138,13 +138,13 @@ def pod_address(mode: PodAttachment, interface: Interface) -> Interface:
     return interface
 
 
-def bridge_gateways(addresses: Iterable[Interface], gateways: Mapping[int, Address]) -> tuple[Interface, ...]:
+def bridge_gateways(addresses: Iterable[Interface], gateways: Mapping[IpFamily, Address]) -> tuple[Interface, ...]:
     """The bridge's addresses: each family's IPAM gateway with its subnet's prefix length."""
-    return tuple(ipaddress.ip_interface(f"{gateways[a.version]}/{a.network.prefixlen}")
-                 for a in addresses if a.version in gateways)
+    return tuple(ipaddress.ip_interface(f"{gateways[family]}/{a.network.prefixlen}")
+                 for a in addresses if (family := IpFamily.of(a.ip)) in gateways)
 
 
-def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], gateways: Mapping[int, Address],
+def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], gateways: Mapping[IpFamily, Address],
              routes: list[dict], host_mac: str) -> tuple[PodSetup, list[dict]]:
     """The pod side of an ADD, and the routes it reports in the CNI result.
 
@@ -156,7 +156,7 @@ def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], ga
     kernel_routes: list[Route] = []
     neighbours: list[Neighbour] = []
     result_routes: list[dict] = []
-    for family in sorted({a.version for a in addresses}):
+    for family in sorted(families_of(addresses), key=lambda f: f.value):
         gateway = pod_gateway(mode, family, gateways.get(family))
         if gateway is None:
             continue
@@ -167,10 +167,11 @@ def plan_pod(*, ifname: str, mode: PodAttachment, addresses: list[Interface], ga
         result_routes.append({"dst": str(DEFAULT_DST[family]), "gw": str(gateway)})
     for route in routes:
         dst = ipaddress.ip_network(route["dst"], strict=False)
-        if dst == DEFAULT_DST[dst.version]:
+        family = IpFamily.of(dst)
+        if dst == DEFAULT_DST[family]:
             continue  # already added above
         gw = ipaddress.ip_address(route["gw"]) if route.get("gw") else \
-            pod_gateway(mode, dst.version, gateways.get(dst.version))
+            pod_gateway(mode, family, gateways.get(family))
         kernel_routes.append(Route(dst=dst, gateway=gw))
         result_routes.append({"dst": str(dst), **({"gw": str(gw)} if gw else {})})
     setup = PodSetup(ifname=ifname, addresses=tuple(pod_address(mode, a) for a in addresses),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from netagent.kernel.families import IpFamily
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Interface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -26,12 +28,12 @@ class Allocation:
     routes: tuple[dict, ...] = ()
     dns: dict = field(default_factory=dict)
 
-    def gateways(self) -> dict[int, Address]:
-        """The first gateway of each IP version."""
-        found: dict[int, Address] = {}
+    def gateways(self) -> dict[IpFamily, Address]:
+        """The first gateway of each IP family."""
+        found: dict[IpFamily, Address] = {}
         for ip in self.ips:
             if ip.gateway is not None:
-                found.setdefault(ip.address.version, ip.gateway)
+                found.setdefault(IpFamily.of(ip.address.ip), ip.gateway)
         return found
 
     def to_result(self) -> dict:

@@ -14,6 +14,7 @@ from cni.kernel import BridgeSpec, LinkExists, PodSetup, Route, VethPair
 from cni.wiring import network_veths, plan_node_routes, plan_pod
 from netagent.daemon.cleanup import remove_owned_links
 from netagent.kernel.errors import KernelError
+from netagent.kernel.families import IpFamily
 from netagent.kernel.pod_attachment import PodAttachment
 
 NETNS = "/var/run/netns/p"
@@ -59,7 +60,7 @@ def test_routed_plan_applies_in_its_order_and_not_in_another(fake):
 
 def test_bridge_plan_reaches_its_gateway_through_the_connected_prefix(fake):
     addresses = [ipaddress.ip_interface("10.244.1.2/24"), ipaddress.ip_interface("fd00::2/64")]
-    gateways = {4: ipaddress.ip_address("10.244.1.1"), 6: ipaddress.ip_address("fd00::1")}
+    gateways = {IpFamily.V4: ipaddress.ip_address("10.244.1.1"), IpFamily.V6: ipaddress.ip_address("fd00::1")}
     setup, _ = plan_pod(ifname="eth0", mode=PodAttachment.BRIDGE, addresses=addresses, gateways=gateways,
                         routes=[{"dst": "0.0.0.0/0"}, {"dst": "192.0.2.0/24", "gw": "10.244.1.254"}],
                         host_mac="02:00:00:00:00:01")

@@ -12,6 +12,7 @@ from cni.ipam import config as ipam_config
 from cni.ipam.allocation import AllocatedIp, Allocation
 from cni.ipam.builtin import BuiltinIpam
 from cni.request import CniRequest
+from netagent.kernel.families import IpFamily
 
 NETNS = "/var/run/netns/pod-a"
 
@@ -45,8 +46,8 @@ def test_the_builtin_allocation_is_values_and_renders_the_result_it_always_did(t
     allocation = BuiltinIpam().allocate(conf, CniRequest(command="ADD", container_id="c1", ifname="eth0"))
     assert allocation.ips[0] == AllocatedIp(address=ipaddress.ip_interface("10.244.1.2/24"),
                                             gateway=ipaddress.ip_address("10.244.1.1"))
-    assert allocation.gateways() == {4: ipaddress.ip_address("10.244.1.1"),
-                                     6: ipaddress.ip_address("fd00:244:1::1")}
+    assert allocation.gateways() == {IpFamily.V4: ipaddress.ip_address("10.244.1.1"),
+                                     IpFamily.V6: ipaddress.ip_address("fd00:244:1::1")}
     assert allocation.to_result()["ips"] == [{"address": "10.244.1.2/24", "gateway": "10.244.1.1"},
                                              {"address": "fd00:244:1::2/64", "gateway": "fd00:244:1::1"}]
 
@@ -55,5 +56,5 @@ def test_a_delegated_result_is_parsed_once_into_the_same_values():
     result = {"ips": [{"address": "10.1.0.5/16"}, {"address": "10.2.0.5/24", "gateway": "10.2.0.1"}],
               "routes": [{"dst": "0.0.0.0/0"}], "dns": {"nameservers": ["10.96.0.10"]}}
     allocation = Allocation.from_result(result)
-    assert allocation.gateways() == {4: ipaddress.ip_address("10.2.0.1")}
+    assert allocation.gateways() == {IpFamily.V4: ipaddress.ip_address("10.2.0.1")}
     assert allocation.to_result() == result
