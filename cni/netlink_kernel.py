@@ -218,7 +218,7 @@ class NetlinkCniKernel(CniKernel):
             for gateway in spec.gateways:
                 _ignore_exists(ipr.addr, "add", index=index, address=str(gateway.ip),
                                prefixlen=gateway.network.prefixlen,
-                               **({"flags": rtnl_msg.IFA_F_NODAD} if gateway.version == 6 else {}))
+                               **({"flags": rtnl_msg.IFA_F_NODAD} if IpFamily.V6.holds(gateway) else {}))
         bridge = Bridge(name=spec.name, index=index, mac=link.get_attr("IFLA_ADDRESS"))
         with self._bridges_lock:
             self._bridges[key] = bridge

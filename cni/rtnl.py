@@ -20,6 +20,8 @@ import threading
 
 from pyroute2 import NetlinkError
 
+from netagent.kernel.families import IpFamily
+
 NETLINK_ROUTE = 0
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_NEWROUTE, RTM_NEWNEIGH = 20, 24, 28
@@ -63,7 +65,7 @@ def _mac(text: str) -> bytes:
 
 
 def _family(addr) -> int:
-    return socket.AF_INET if addr.version == 4 else socket.AF_INET6
+    return socket.AF_INET if IpFamily.V4.holds(addr) else socket.AF_INET6
 
 
 class Rtnl:
@@ -188,7 +190,7 @@ def add_address(*, index: int, address, prefixlen: int):
     packed = address.packed
     body = _IFADDR.pack(family, prefixlen, 0, SCOPE_UNIVERSE, index) + _attr(IFA_LOCAL, packed) \
         + _attr(IFA_ADDRESS, packed)
-    if address.version == 6:
+    if IpFamily.V6.holds(address):
         body += _u32(IFA_FLAGS, IFA_F_NODAD)
     return RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body
 

@@ -295,7 +295,8 @@ def test_a_peer_refused_in_ipv6_only_is_rejected_with_the_reason_and_keeps_ipv4(
     assert {str(r.dst) for r in kernel.dump_routes(IpFamily.V4)} == {"10.244.2.0/24"}
     assert kernel.dump_routes(IpFamily.V6) == []
     (rejected,) = agent.rejections.snapshot()
-    assert rejected.ref.name == "node-2" and "IPv6" in rejected.detail and rejected.reason == "malformed"
+    assert rejected.ref.name == "node-2" and rejected.detail.startswith("IPv6: ") and rejected.reason == "malformed"
+    assert agent.last_report is not None and agent.last_report.refused["node-2"].family is IpFamily.V6
 
 
 def test_an_ipv6_only_agent_in_nftables_mode():
