@@ -40,6 +40,7 @@ from cni import wire
 from cni.dispatch import Handlers, render_error
 from cni.errors import CniError, ErrorCode
 from cni.ipam.plugin import LockedIpam
+from netagent.cniserver.metrics import CniMetrics
 from netagent.cniserver.plugins import execute_for
 
 log = logging.getLogger("netagent.cniserver.server")
@@ -76,7 +77,8 @@ class CniServer:
 
     def __init__(self, socket_path: str, *, handlers: Handlers, workers: int = 8, max_pending: int = 512,
                  not_ready: Callable[[], str | None] = lambda: None, request_deadline: float = REQUEST_DEADLINE,
-                 max_reading: int = MAX_READING, ipam_handlers: LockedIpam | None = None) -> None:
+                 max_reading: int = MAX_READING, ipam_handlers: LockedIpam | None = None,
+                 metrics: CniMetrics | None = None) -> None:
         self.socket_path = socket_path
         self.handlers = handlers
         self.ipam_handlers = ipam_handlers or LockedIpam()
@@ -84,6 +86,7 @@ class CniServer:
         self.not_ready = not_ready
         self.request_deadline = request_deadline
         self.max_reading = max_reading
+        self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cni")
         self._pending = 0
         self._pending_lock = threading.Lock()
@@ -330,8 +333,11 @@ class CniServer:
         started = time.monotonic()
         code, out = execute_for(plugin, env, stdin, handlers=self.handlers, ipam_handlers=self.ipam_handlers)
         self.requests_served += 1
+        elapsed = time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.observe(command, plugin, code=code, seconds=elapsed)
         log.info("CNI %s%s container=%s ifname=%s exit=%d %.1f ms", command,
                  "" if plugin == wire.PLUGIN_MAIN else f" ({plugin})",
                  env.get("CNI_CONTAINERID", "-")[:16], env.get("CNI_IFNAME", "-"), code,
-                 (time.monotonic() - started) * 1000)
+                 elapsed * 1000)
         return wire.encode_reply(code, out)

@@ -113,8 +113,9 @@ def _wait_for_signal() -> None:
 
 
 def _start_cni_server(cni: CniConfig, *, not_ready=lambda: None, runners: list | None = None, policy=None,
-                      add_wait: float = 0.0):
-    """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz).
+                      add_wait: float = 0.0, registry=None):
+    """Serve the CNI socket; returns its stop. The DEL journal's runner joins `runners` (/healthz);
+    its request metrics go to `registry` (`cniserver/metrics.py`) when given.
     With `policy` (the started engine) an ADD programs its pod before replying, waiting at most
     `add_wait` seconds for its Pod (policy_start.py)."""
     from cni.dispatch import Handlers
@@ -130,7 +131,9 @@ def _start_cni_server(cni: CniConfig, *, not_ready=lambda: None, runners: list |
     if policy is not None:
         from netagent.cniserver.policy_binding import PolicyBoundHandlers
         served = PolicyBoundHandlers(handlers, policy.engine, wait=add_wait)
-    server = CniServer(cni.socket, handlers=served, workers=cni.workers, not_ready=not_ready)
+    from netagent.cniserver.metrics import CniMetrics
+    server = CniServer(cni.socket, handlers=served, workers=cni.workers, not_ready=not_ready,
+                       metrics=CniMetrics(registry) if registry is not None else None)
     try:
         server.start(before_serving=lambda: deferred.adopt_shim_records(handlers))
     except BaseException:
@@ -315,7 +318,7 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
                                            pod_cidrs=[str(c) for c in agent.pod_cidrs],
                                            started=started)
             started.add(_start_cni_server(cni, runners=cni_runners, policy=policy,
-                                          add_wait=cluster.policy.add_wait))
+                                          add_wait=cluster.policy.add_wait, registry=registry))
         except (NetagentError, OSError) as exc:   # ours (AgentStartError, ...) or the system's
             log.error("%s", exc)
             raise
