@@ -51,7 +51,7 @@ from netagent.kernel.owned import NFT_POLICY_TABLE  # noqa: E402
 from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
 from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
-from netagent.policy.render import RenderSettings  # noqa: E402
+from netagent.policy.shared import RenderSettings  # noqa: E402
 
 NODE = "node-1"
 SUBNET = "10.244.0.0/20"

@@ -54,7 +54,7 @@ from netagent.policy.dataplane import PolicyDataplane  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
 from netagent.policy.programmer_nft import NftPolicyProgrammer  # noqa: E402
 from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
-from netagent.policy.render import RenderSettings  # noqa: E402
+from netagent.policy.shared import RenderSettings  # noqa: E402
 
 FIRST_CONNECT = r"""
 import json, socket, sys, time

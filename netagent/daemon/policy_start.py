@@ -285,14 +285,14 @@ def remove_policy_state(iptables_backend, *, iptables: bool = True, nft: bool = 
 def remove_nft_policy_state() -> list[str]:
     """The policy's nft table, when this host has nftables and the table."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
+    from netagent.kernel.families import IpFamily
     from netagent.policy.programmer_nft import NftPolicyProgrammer
-    from netagent.policy.render_nft import IPV4, IPV6
     try:
         nft = NftRunner()
     except NftError:
         return []                    # no libnftables here: no table of ours either
     try:
-        return [item for family in (IPV4, IPV6) for item in NftPolicyProgrammer(nft, family=family).cleanup()]
+        return [item for family in IpFamily for item in NftPolicyProgrammer(nft, family=family).cleanup()]
     except NftError as error:
         log.warning("network policy: could not check for a leftover nft policy table: %s", error)
         return []
@@ -340,7 +340,7 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
     from netagent.kube.resources import NAMESPACES, NETWORK_POLICIES, PODS
     from netagent.policy.engine import PolicyEngine, PolicySettings
     from netagent.policy.programmer import PolicyProgrammer
-    from netagent.policy.render import RenderSettings
+    from netagent.policy.shared import RenderSettings, ServicePath
     from proxy.backend import ProxyMode
 
     from netagent.daemon.dataplane import Netfilter
@@ -352,12 +352,11 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
     if dataplane.netfilter is Netfilter.NFTABLES:
         from netagent.kernel.nftables.runner import NftRunner
         from netagent.policy.programmer_nft import NftPolicyProgrammer
-        from netagent.policy.render_nft import Family
         for removed in remove_policy_state(iptables_backend, nft=False):   # a node switched from iptables
             log.info("network policy (nftables): removed the iptables dataplane's %s", removed)
         nft = NftRunner()
         for family in families:
-            dataplanes[family] = NftPolicyProgrammer(nft, family=Family.of(family))
+            dataplanes[family] = NftPolicyProgrammer(nft, family=family)
     else:
         for removed in remove_nft_policy_state():
             log.info("network policy (iptables): removed the nftables dataplane's %s", removed)
@@ -366,9 +365,9 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
             dataplanes[family] = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=family),
                                                   ipset=ipset, family=family)
     programmer = FamilyDataplanes(dataplanes)
-    ipvs = dataplane.proxy is ProxyMode.IPVS   # IPVS forwards past FORWARD: hook OUTPUT
+    services = ServicePath.OUTPUT if dataplane.proxy is ProxyMode.IPVS else ServicePath.FORWARD   # IPVS: past FORWARD
     settings = PolicySettings(config.node_name, RenderSettings(config.attachment,
-                                                              local_cidrs=tuple(pod_cidrs), ipvs=ipvs),
+                                                              local_cidrs=tuple(pod_cidrs), services=services),
                               limits=config.limits)
     engine = PolicyEngine(settings, programmer=programmer, registry=registry, rejections=rejections,
                           interface_of=ipam_interface_lookup(config.cni_data_dir, config.cni_network))

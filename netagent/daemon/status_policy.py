@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from netagent.errors import NetagentError
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import BackendChoice
-from netagent.policy.readback import KernelPolicy, Packet, parse_kernel_policy, trace
+from netagent.policy.readback import KernelPolicy, Packet, trace
+from netagent.policy.readback_iptables import parse_kernel_policy
 
 if TYPE_CHECKING:
     from netagent.kernel.iptables.runner import Iptables
@@ -44,13 +45,13 @@ def read_nft() -> Read | None:
     """The nft policy tables read back, by family, or None when this node has none (or no libnftables)."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from netagent.policy.readback_nft import parse_nft_policy
-    from netagent.policy.render_nft import TABLE, Family
+    from netagent.policy.render_nft import TABLE
     try:
         nft = NftRunner()
     except NftError:
         return None
     try:
-        found = {family: nft.list_table(Family.of(family).name, TABLE) for family in IpFamily}
+        found = {family: nft.list_table(family.nft, TABLE) for family in IpFamily}
     finally:
         nft.close()
     read = {family: parse_nft_policy(objects) for family, objects in found.items() if objects is not None}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from netagent.policy.readback import KernelPolicy
-    from netagent.policy.render import RenderSettings
+    from netagent.policy.shared import RenderSettings
     from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import NodePlan, PodPlan
 
@@ -52,7 +52,7 @@ W = TypeVar("W", bound=Rendered)
 
 
 class PolicyDataplane(abc.ABC, Generic[W]):
-    """`W`: the dataplane's rendered state (render.py's `WantedState`, render_nft.py's `NftWanted`)."""
+    """`W`: the dataplane's rendered state (render.py's `WantedState`, render_nft.py's `NftPolicy`)."""
 
     @abc.abstractmethod
     def render(self, plan: NodePlan, *, settings: RenderSettings,

@@ -48,7 +48,7 @@ from netagent.policy.kube_objects import (
 from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, PolicyType
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, bound_addresses, pod_key
-from netagent.policy.render import RenderSettings
+from netagent.policy.shared import RenderSettings
 from netagent.policy.pod_plan import PodAdded, PodRemoved, plan_with_pod, plan_without_pod
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
 

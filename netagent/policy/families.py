@@ -31,7 +31,7 @@ from netagent.kernel.families import IpFamily
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.readback import KernelPolicy
-from netagent.policy.render import RenderSettings
+from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, SetKind, SetRef, set_refs
 
 

@@ -33,7 +33,8 @@ from netagent.kernel.ipset.runner import Ipset, sync_sets
 from netagent.kernel.iptables.restore_format import Table, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
-from netagent.policy.readback import KernelPolicy, parse_kernel_policy
+from netagent.policy.readback import KernelPolicy
+from netagent.policy.readback_iptables import parse_kernel_policy
 from netagent.policy.render import (
     JUMP_COMMENT,
     OUTPUT_CHAIN,
@@ -43,13 +44,13 @@ from netagent.policy.render import (
     PARENT_CHAIN,
     TABLE,
     Rules,
-    RenderSettings,
     WantedState,
     render_chains,
     render_wanted,
     render_wanted_with_pod,
     render_wanted_without_pod,
 )
+from netagent.policy.shared import RenderSettings
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import NodePlan, PodPlan
 

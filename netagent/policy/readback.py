@@ -1,11 +1,12 @@
 """What the kernel enforces, read back: per pod and direction, the policies, the allow rules
 and the packets denied; and a tracer that answers "would A reach B on port P?" from those
-rules and the sets' members. Pure: it reads `iptables-save -c` text and ipset contents.
+rules and the sets' members. Pure: each dataplane reads its kernel state into these values
+(`readback_iptables.py`: `iptables-save -c` text; `readback_nft.py`: the table's listing).
 
 Why from the kernel and not from the agent's memory: the question an operator asks is what
 the node does now (after a restart, a hand edit, a failed sync), and the rules say it: each
 pod chain starts with a comment rule naming the pod, its address and the policies that
-isolate it (render.py), each allow rule's comment names its policy rule, and the final DROP
+isolate it, each allow rule's comment names its policy rule, and the final DROP
 carries the denied packet count; the pod directory chains (never jumped to) name every
 programmed local pod, open ones included, with its address. The tracer walks the same chains a new connection walks:
 the KNOWN guard of the hook chain, the source pod's egress chain, the destination pod's
@@ -16,23 +17,21 @@ empty.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from netagent.kernel import owned
-from netagent.kernel.iptables.restore_format import split_tokens
 from netagent.kernel.iptables.tracer import Packet, PacketTracer, TraceError
-from netagent.policy.render import DIRECTORY_PREFIX, HEADER, POD_ENTRY
 
-__all__ = ["KernelPolicy", "Packet", "PodDirection", "ReadRule", "describe_match", "parse_kernel_policy", "trace"]
+__all__ = ["KernelPolicy", "Packet", "PodDirection", "ReadRule", "describe_match", "trace"]
 
-_HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
-ALLOW_PREFIX = HEADER + "allow "
+ALLOW_PREFIX = "allow "        # an allow rule's purpose: + "<policy> <direction>[<index>]"
 
 
 @dataclass(frozen=True)
 class ReadRule:
+    """One rule as read back: its match in iptables' spelling (what the tracer judges), its
+    purpose (the comment without the dataplane's prefix and digest: `allow x/p ingress[0]`),
+    its target and the packets it counted."""
     spec: tuple[str, ...]
     comment: str
     target: str
@@ -70,61 +69,6 @@ class KernelPolicy:
                 return pod, ip
         chains = self.of(pod_or_ip)
         return (chains[0].pod, chains[0].ip) if chains else None
-
-
-def _comment(spec: Sequence[str]) -> str:
-    for index, token in enumerate(spec[:-1]):
-        if token == "--comment":
-            return spec[index + 1]
-    return ""
-
-
-def _target(spec: Sequence[str]) -> str:
-    return spec[spec.index("-j") + 1] if "-j" in spec[:-1] else ""
-
-
-def _match_only(spec: Sequence[str]) -> tuple[str, ...]:
-    """The spec without its comment match and target."""
-    out, index = [], 0
-    while index < len(spec):
-        if spec[index:index + 3] == ("-m", "comment", "--comment"):
-            index += 4
-        elif spec[index] == "-j":
-            index += 2
-        else:
-            out.append(spec[index])
-            index += 1
-    return tuple(out)
-
-
-def parse_kernel_policy(save_text: str) -> KernelPolicy:
-    """Our chains in `iptables-save -c -t filter` output (counters optional)."""
-    chains: dict[str, list[ReadRule]] = {}
-    for raw in save_text.splitlines():
-        line, packets = raw.strip(), 0
-        if line.startswith("["):
-            counters, _, line = line[1:].partition("]")
-            packets = int(counters.split(":")[0] or 0)
-            line = line.strip()
-        if not line.startswith(f"-A {owned.POLICY_PREFIX}"):
-            continue
-        _, chain, *tokens = split_tokens(line)
-        spec = tuple(tokens)
-        chains.setdefault(chain, []).append(ReadRule(_match_only(spec), _comment(spec), _target(spec), packets))
-    found = KernelPolicy(guard=[rule for rule in chains.get(owned.POLICY_CHAIN, []) if rule.target == "DROP"])
-    for chain, rules in chains.items():
-        if chain.startswith(DIRECTORY_PREFIX):
-            entries = (rule.comment.removeprefix(POD_ENTRY).split() for rule in rules if rule.comment.startswith(POD_ENTRY))
-            found.local.update((entry[0], entry[1]) for entry in entries if len(entry) == 2)
-    for chain, rules in sorted(chains.items()):
-        head = _HEADER.match(rules[0].comment) if rules else None
-        if head is None:
-            continue
-        direction, pod, ip, policies = head.groups()
-        denied = sum(rule.packets for rule in rules if rule.target == "DROP")
-        found.pods.append(PodDirection(pod, ip, direction, chain, tuple(filter(None, policies.split(","))),
-                                       tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
-    return found
 
 
 def describe_match(spec: Sequence[str]) -> str:
@@ -166,7 +110,7 @@ def trace(kernel: KernelPolicy, sets: Mapping[str, frozenset[str]], packet: Pack
     try:
         for rule in kernel.guard:
             if matcher.matches(rule.spec, packet):
-                return False, [f"dropped: {rule.comment.removeprefix(HEADER)} ({describe_match(rule.spec)})"]
+                return False, [f"dropped: {rule.comment} ({describe_match(rule.spec)})"]
         for direction, address in (("egress", packet.source), ("ingress", packet.destination)):
             chain = next((p for p in kernel.pods if p.direction == direction and p.ip == address), None)
             if chain is None:

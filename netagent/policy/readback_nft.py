@@ -10,10 +10,13 @@ negation, a protocol and destination port or range, the named-port concatenation
 for it, and the sets' elements become ipset spellings. An expression outside that vocabulary
 becomes `-m nft-<name>`, which the tracer refuses to judge (it says so), never a guess.
 
-Pods come from the table alone: each pod chain's header (render_nft.py) names the direction,
-address, pod and policies; the KNOWN set's elements, with their comments, name every
-programmed local pod, open ones included (the pod directory); a chain's `counter drop` holds
-the packets denied.
+The table is read through kernel/nftables/tables.py (`read_table`: chains, rules by their
+comments, sets and their elements as key parts); only the rules' expressions (`expr`, which
+the model never reads) are taken from the listing beside it. Pods come from the table alone:
+each pod chain's header (render_nft.py) names, in its purpose (`model.purpose_of`), the
+direction, address, pod and policies; the KNOWN set's elements, with their comments, name
+every programmed local pod, open ones included (the pod directory); a chain's `counter drop`
+holds the packets denied. A `ReadRule`'s comment is its rule's purpose.
 """
 from __future__ import annotations
 
@@ -21,16 +24,18 @@ import ipaddress
 import re
 from typing import Any
 
+from netagent.kernel.nftables import listing, tables
 from netagent.kernel.nftables.listing import element_text
+from netagent.kernel.nftables.model import Element, Set, purpose_of
 from netagent.policy.readback import KernelPolicy, PodDirection, ReadRule
-from netagent.policy.render_nft import BASE_CHAIN, HEADER, KNOWN_SET, plain_comment
+from netagent.policy.render_nft import BASE_CHAIN, KNOWN_SET, TABLE
 
-_HEADER = re.compile(rf"^{re.escape(HEADER)}(ingress|egress) (\S+) (\S+) selected by (.*)$")
+_HEADER = re.compile(r"^(ingress|egress) (\S+) (\S+) selected by (.*)$")
 _VERDICTS = {"return": "RETURN", "drop": "DROP", "accept": "ACCEPT", "jump": "jump", "goto": "goto", "vmap": "vmap"}
 
 
 def verdict_of(rule: dict[str, Any]) -> str:
-    """The rule's verdict as render_nft.py's `NftRule.verdict` spells it ("" for none)."""
+    """A listed rule's verdict: `return`, `drop`, `vmap`, ... ("" for none)."""
     for expr in reversed(rule.get("expr") or ()):
         if isinstance(expr, dict):
             for key in expr:
@@ -42,19 +47,21 @@ def verdict_of(rule: dict[str, Any]) -> str:
     return words[-1] if words and words[-1] in _VERDICTS else ""
 
 
-def ipset_members(elements: list[Any], *, interval: bool) -> frozenset[str]:
-    """nft elements in the spelling the iptables tracer's ipsets hold."""
+def ipset_members(elements: tuple[Element, ...], *, interval: bool) -> frozenset[str]:
+    """A set's elements (key parts, as `read_table` gives them) in the spelling the iptables
+    tracer's ipsets hold."""
     found = set()
     for element in elements:
-        text = element_text(element)
-        if " . " in text:
-            address, protocol, port = text.split(" . ")
+        if len(element.key) == 3:
+            address, protocol, port = element.key
             found.add(f"{address},{protocol}:{port}")
-        elif interval and "-" in text:
+            continue
+        (text,) = element.key[:1]
+        if interval and "-" in text:
             low, high = (ipaddress.ip_address(part) for part in text.split("-"))
             found.update(str(net) for net in ipaddress.summarize_address_range(low, high))
         else:
-            found.add(text)
+            found.add(tables.canonical_part(text))
     return frozenset(found)
 
 
@@ -115,32 +122,29 @@ def rule_spec(rule: dict[str, Any]) -> tuple[tuple[str, ...], str, int]:
 
 def parse_nft_policy(objects: list[dict[str, Any]]) -> tuple[KernelPolicy, dict[str, frozenset[str]]]:
     """The policy table's objects -> (its pods and rules, every set's members in ipset spelling)."""
+    table = tables.read_table("ip", TABLE, objects)
+    if table is None:
+        return KernelPolicy(), {}
+    sets = {entry.name: ipset_members(entry.elements, interval="interval" in entry.flags)
+            for entry in table.sets if isinstance(entry, Set)}
+    known = table.set(KNOWN_SET)
+    local = {element.comment or element.key[0]: element.key[0] for element in (known.elements if known else ())}
+    listed = listing.rules_by_chain(objects)
     chains: dict[str, list[ReadRule]] = {}
-    sets: dict[str, frozenset[str]] = {}
-    local: dict[str, str] = {}
-    for obj in objects:
-        if "rule" in obj:
-            rule = obj["rule"]
-            spec, target, packets = rule_spec(rule)
-            chains.setdefault(rule["chain"], []).append(ReadRule(spec, plain_comment(rule.get("comment", "")),
-                                                                 target, packets))
-        elif "set" in obj:
-            held = obj["set"]
-            elements = held.get("elem") or []
-            sets[held["name"]] = ipset_members(elements, interval="interval" in (held.get("flags") or ()))
-            if held["name"] == KNOWN_SET:
-                for element in elements:
-                    comment = element["elem"].get("comment", "") if isinstance(element, dict) and "elem" in element else ""
-                    local[comment or element_text(element)] = element_text(element)
+    for chain in table.chains:
+        read = chains[chain.name] = []
+        for rule, body in zip(chain.rules, listed.get(chain.name, ())):
+            spec, target, packets = rule_spec(body)
+            read.append(ReadRule(spec, purpose_of(rule.comment or ""), target, packets))
     found = KernelPolicy(guard=[rule for rule in chains.get(BASE_CHAIN, []) if rule.target == "DROP"], local=local)
     by_address = {ip: pod for pod, ip in local.items()}
-    for chain, rules in sorted(chains.items()):
+    for name, rules in sorted(chains.items()):
         head = _HEADER.match(rules[0].comment) if rules else None
         if head is None:
             continue
         direction, ip, pod, policies = head.groups()
         denied = sum(rule.packets for rule in rules if rule.target == "DROP")
-        found.pods.append(PodDirection(by_address.get(ip, pod), ip, direction, chain,
+        found.pods.append(PodDirection(by_address.get(ip, pod), ip, direction, name,
                                        tuple(filter(None, policies.split(","))),
                                        tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
     return found, sets

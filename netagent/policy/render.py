@@ -30,7 +30,7 @@ as with the other plugins; the pods' traffic to their own node (INPUT) is not fi
 Services: DNAT happens in PREROUTING, before FORWARD, so rules see the chosen endpoint; the
 eBPF proxy rewrites connect() or translates at the pod veth's tc hook, also before FORWARD.
 
-IPVS (`RenderSettings.ipvs`, the agent's `--proxy-mode ipvs`): IPVS takes a Service connection
+IPVS (`RenderSettings.services` `ServicePath.OUTPUT`: the daemon sets it for `--proxy-mode ipvs`): IPVS takes a Service connection
 in INPUT and sends it, translated, out through OUTPUT and POSTROUTING, so FORWARD never sees
 it. filter OUTPUT therefore jumps, for IPVS-forwarded packets only (`-m ipvs --ipvs --vdir
 ORIGINAL`), to NETAGENT-NP-OUTPUT: replies RETURN; packets the node itself originates (a local
@@ -52,25 +52,21 @@ inside a guard. A pod left out is `refused`: not in KNOWN, so it stays closed.
 """
 from __future__ import annotations
 
-import re
 import functools
-import hashlib
 import ipaddress
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.policy import ndp
-from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, canonical_member
+from netagent.kernel.ipset.model import IpsetSpec, canonical_member
 from netagent.kernel.iptables.restore_format import RestoreBuilder, canonical_spec, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.buckets import (  # the names readback.py reads here too
+from netagent.policy.buckets import (
     BUCKET_KINDS,
     BUCKET_PREFIX,
-    DIRECTORY_PREFIX,
     HEADER,
-    HEX,
     POD_ENTRY,
     V6_KEY,
     block_bucket as _block_bucket,
@@ -78,15 +74,15 @@ from netagent.policy.buckets import (  # the names readback.py reads here too
     interface_bucket as _interface_bucket,
 )
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.semantics import (
-    Allow,
-    CidrMatch,
-    NodePlan,
-    PodPlan,
-    PortMatch,
-    SetKind,
-    SetRef,
-    set_refs,
+from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetRef
+from netagent.policy.shared import (
+    INTERFACE_NAME,
+    SET_TYPES,
+    RenderSettings,
+    ServicePath,
+    checked_sets,
+    pod_directions,
+    removable_chains,
 )
 
 Rules = tuple[tuple[str, ...], ...]
@@ -97,23 +93,11 @@ OUTPUT_PARENT = "OUTPUT"
 OUTPUT_CHAIN = owned.POLICY_PREFIX + "-OUTPUT"     # filter OUTPUT jumps here, IPVS-forwarded packets only
 OUTPUT_JUMP_MATCH = ("-m", "ipvs", "--ipvs", "--vdir", "ORIGINAL")
 OUTPUT_JUMP_COMMENT = "netagent: network policy (IPVS-forwarded)"
-SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET,
-             SetKind.NAMED: IpsetType.HASH_IP_PORT, SetKind.NETS: IpsetType.HASH_NET}
 
 
-@dataclass(frozen=True)
-class RenderSettings:
-    mode: PodAttachment                        # how pods attach: the hooks match the bridge or the veth
-    bridge: str = owned.DEFAULT_BRIDGE
-    local_cidrs: tuple[str, ...] = ()          # this node's pod CIDRs: closed until programmed
-    ipvs: bool = False                         # the IPVS proxy forwards Services: hook OUTPUT too
-    family: IpFamily = IpFamily.V4             # the family rendered (families.py: one dataplane per family,
-                                               # handed local_cidrs of that family only)
-
-    @property
-    def known_set(self) -> str:
-        """KNOWN's name in this family (ipset's names are shared by both families)."""
-        return owned.POLICY_KNOWN_SET if self.family is IpFamily.V4 else owned.POLICY_KNOWN_SET6
+def known_set(family: IpFamily) -> str:
+    """KNOWN's name in this family (ipset's names are shared by both families)."""
+    return owned.POLICY_KNOWN_SET if family is IpFamily.V4 else owned.POLICY_KNOWN_SET6
 
 
 @dataclass(frozen=True)
@@ -123,27 +107,6 @@ class WantedState:
     known: frozenset[str]                      # local pod addresses programmed by this state
     pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
     refused: tuple[str, ...] = ()              # why local pods were left closed: they could not be rendered
-
-INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")    # what the kernel takes as a name (IFNAMSIZ)
-
-
-def pod_chain(prefix: str, pod_key: str) -> str:
-    return prefix + hashlib.sha256(pod_key.encode("utf-8", "surrogatepass")).hexdigest()[:15]
-
-
-def pod_directions(pod: PodPlan) -> tuple[list[tuple[tuple[Allow, ...], str, bool]], set[SetRef]]:
-    """(allows, chain name, ingress?) per direction the pod is isolated in (egress first), and
-    the sets those allows use: what either dataplane's renderer turns into the pod's chains."""
-    directions = []
-    refs: set[SetRef] = set()
-    for allows, prefix, ingress in ((pod.egress, owned.POLICY_EGRESS_PREFIX, False),
-                                    (pod.ingress, owned.POLICY_INGRESS_PREFIX, True)):
-        if allows is None:
-            continue
-        for allow in allows:
-            refs.update(set_refs(allow))
-        directions.append((allows, pod_chain(prefix, pod.key), ingress))
-    return directions, refs
 
 
 def _rule(*match: str, comment: str, target: str) -> tuple[str, ...]:
@@ -300,15 +263,15 @@ def _heads(settings: RenderSettings, loose: Sequence[tuple[str, ...]], buckets: 
                     comment="netagent policy: replies of allowed connections", target="RETURN")
     guard: list[tuple[str, ...]] = []
     for cidr in settings.local_cidrs:
-        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", settings.known_set, "src",
+        guard.append(_rule("-s", cidr, "-m", "set", "!", "--match-set", known_set(settings.family), "src",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
-        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", settings.known_set, "dst",
+        guard.append(_rule("-d", cidr, "-m", "set", "!", "--match-set", known_set(settings.family), "dst",
                           comment="netagent policy: pod not programmed yet", target="DROP"))
     ordered = _ordered(buckets)
     hook = [replies, *ndp.iptables_rules(settings.family), *guard, *sorted(loose)]
     hook.extend(_bucket_entry(bucket, settings) for bucket in ordered if bucket[len(BUCKET_PREFIX)] in "EIR")
     heads = {owned.POLICY_CHAIN: tuple(hook)}
-    if settings.ipvs:
+    if settings.services is ServicePath.OUTPUT:
         local = _rule("-m", "addrtype", "--src-type", "LOCAL",
                       comment="netagent policy: connections the node makes (IPVS)", target="RETURN")
         heads[OUTPUT_CHAIN] = (replies, local, *guard, *(_bucket_entry(bucket, settings) for bucket in ordered
@@ -396,14 +359,6 @@ def render_wanted_without_pod(previous: WantedState, removed: PodRemoved, *,
     return WantedState(chains, sets, previous.known - {pod.ip}, previous.pending, previous.refused)
 
 
-def removable_chains(pod: PodPlan, chains: Mapping[str, object], known: Container[str], *,
-                     clean: bool) -> set[str] | None:
-    """The names of `pod`'s chains when a one-pod removal applies: the state was `clean` (no pod
-    pending or refused) and holds the pod as rendered (in KNOWN, every chain there); else None."""
-    own = {chain for _, chain, _ in pod_directions(pod)[0]}
-    return own if clean and pod.ip in known and all(name in chains for name in own) else None
-
-
 def _rehead(chains: dict[str, Rules], previous: WantedState, settings: RenderSettings) -> None:
     """The hook chain(s) again, for the buckets `chains` now has (one came or went)."""
     head = previous.chains[owned.POLICY_CHAIN]
@@ -416,29 +371,6 @@ def _is_bucket(name: str) -> bool:
     kind = name[len(BUCKET_PREFIX):len(BUCKET_PREFIX) + 1]
     return name.startswith(BUCKET_PREFIX) and kind != "" and kind in BUCKET_KINDS and name not in (
         owned.POLICY_CHAIN, OUTPUT_CHAIN)
-
-
-def checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[str]], set[SetRef]]:
-    """Every set's members in the spelling ipset takes, checked as the ipset model checks them.
-    A member no set can hold is left out of an allow set (it allows less); an except set with
-    one is `broken` (leaving it out would allow more): the pods using it are refused."""
-    members: dict[SetRef, frozenset[str]] = {}
-    broken: set[SetRef] = set()
-    for ref, raw in plan.sets.items():
-        good = set()
-        for member in raw:
-            try:
-                good.add(canonical_member(SET_TYPES[ref.kind], member))
-            except (IpsetError, ValueError, TypeError):
-                refused.append(f"set {ref.key[:120]}: member {str(member)[:60]!r} cannot be written; "
-                               + ("its pods stay closed" if ref.kind is SetKind.EXCEPT else "left out"))
-                if ref.kind is SetKind.EXCEPT:
-                    broken.add(ref)
-        if len(good) > ref.capacity:
-            refused.append(f"set {ref.key[:120]}: {len(good)} members exceed its capacity; its pods stay closed")
-            broken.add(ref)
-        members[ref] = frozenset(good)
-    return members, broken
 
 
 def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
@@ -455,7 +387,7 @@ def _render_pod(pod: PodPlan, interface: str, settings: RenderSettings, *,
     for allows, chain, ingress in directions:
         chains[chain] = render_pod_chain(allows, pod=pod, ingress=ingress)
         hooks.extend(_hooks(pod, interface, settings, chain=chain, ingress=ingress))
-        if settings.ipvs:
+        if settings.services is ServicePath.OUTPUT:
             hooks.append(_output_hook(pod, interface, settings, chain=chain, ingress=ingress))
     if refs & broken:
         raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")

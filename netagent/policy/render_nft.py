@@ -1,6 +1,7 @@
 """The nftables form of a `NodePlan` (`--proxy-mode nftables`), rendered purely: table
-`ip netagent-policy` (kernel/owned.py's NFT_POLICY_TABLE; `ip6` the same shape, `Family`), in
-which every object is ours.
+`ip netagent-policy` (kernel/owned.py's NFT_POLICY_TABLE; `ip6` the same shape), in which every
+object is ours, as a `model.Table` of kernel/nftables/ (`render_nft` returns it in an
+`NftPolicy`, beside the pods it had to leave closed).
 
     chain NETAGENT-NP-FORWARD    type filter hook forward priority filter - 5; policy accept;
       ct state established,related return        replies and ICMP errors of allowed connections
@@ -33,135 +34,115 @@ policy denies is dropped (and counted) here whatever other tables say. Only drop
 across base chains: our `return`s (an accept of this base chain) leave every other table's
 verdict to it, which is all a policy needs, since it only takes away.
 
-Rules are compared with the kernel by their comments: each ends in ` #` + 8 hex digits, the
-digest of the rule's text, so a changed rule has a changed comment (the programmer reads them
-back and rewrites a chain whose comments or verdicts differ). nft keeps at most 128 bytes of a
-comment, so the text before the digest is cut to fit. Every string reaching nft text goes
-through kernel/nftables/text.py. A pod that cannot be rendered, or whose rules would use an
-except set that cannot be written, is `refused`: not in KNOWN, so it stays closed.
+Rules are recognised by their comments: `model.digested_rule`'s `netagent: <purpose> [digest]`,
+the purpose in words (a pod chain's header: direction, address, pod and the policies; an allow:
+its policy rule; the deny), the digest that of the rule's statements, so a changed rule has a
+changed comment; `model.purpose_of` gives the words back (`netagent status policy`). Every
+string reaching nft text goes through kernel/nftables/text.py; the table's differ and batch
+are kernel/nftables/changes.py's (programmer_nft.py). A pod that cannot be rendered, or whose
+rules would use an except set that cannot be written, is `refused`: not in KNOWN, so it stays
+closed.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import ipaddress
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-from netagent.kernel.families import IpFamily
 from netagent.kernel import owned
+from netagent.kernel.families import IpFamily
+from netagent.kernel.nftables import model
 from netagent.kernel.nftables import text as nft_text
+from netagent.kernel.nftables.model import BaseChain, Chain, Element, Map, Rule, Set, Table
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy import ndp
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.render import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
 from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
+from netagent.policy.shared import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
 
 TABLE = owned.NFT_POLICY_TABLE
 BASE_CHAIN = owned.POLICY_CHAIN
 PRIORITY = -5                                  # "filter - 5": see the module docstring
+HOOK = BaseChain("filter", "forward", PRIORITY)
 EGRESS_MAP = owned.POLICY_PREFIX + "-EGRESS"   # source address / input veth -> jump egress chain
 INGRESS_MAP = owned.POLICY_PREFIX + "-INGRESS"  # destination address / output veth -> jump ingress chain
 KNOWN_SET = owned.POLICY_KNOWN_SET
-COMMENT_MAX = 128                              # what nft keeps of a comment
-HEADER = "netagent policy: "
-DIGEST = re.compile(r" #[0-9a-f]{8}$")
-_SAFE = re.compile(r"[^A-Za-z0-9 ./:_,=()\[\]{}@+-]")   # kept as is by nft_text.comment
+HEADER_WORDS = ("ingress", "egress")           # a pod chain's header purpose starts with its direction
 
 
 @dataclass(frozen=True)
-class Family:
-    """What differs between `ip` and `ip6`: the table family, address type and payload."""
-    name: str
-    address_type: str
-    payload: str
-
-
-    @classmethod
-    def of(cls, family: IpFamily) -> Family:
-        return cls(family.nft, family.nft_address_type, family.nft)
-
-
-IPV4 = Family.of(IpFamily.V4)
-IPV6 = Family.of(IpFamily.V6)
-
-@dataclass(frozen=True)
-class NftRule:
-    body: str                 # matches and verdict, no comment
-    comment: str              # as the kernel lists it back (digest included)
-    verdict: str              # "return" | "drop" | "vmap" | "" (the header), compared on read-back
+class NftPolicy:
+    """What the plan asks of the policy table (`table`), and the local pods left out of it."""
+    table: Table
+    pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
+    refused: tuple[str, ...] = ()              # why local pods were left closed
 
     @property
-    def text(self) -> str:
-        return f"{self.body} comment {nft_text.comment(self.comment)}"
+    def family(self) -> IpFamily:
+        return IpFamily.V4 if self.table.family == IpFamily.V4.nft else IpFamily.V6
+
+    @functools.cached_property
+    def chains(self) -> dict[str, tuple[Rule, ...]]:
+        """The pod chains' rules by name (the base chain left out)."""
+        return {chain.name: chain.rules for chain in self.table.chains if chain.base is None}
+
+    @property
+    def base(self) -> tuple[Rule, ...]:
+        chain = self.table.chain(BASE_CHAIN)
+        return () if chain is None else chain.rules
+
+    @functools.cached_property
+    def sets(self) -> dict[str, Set | Map]:
+        """The selector sets by name (KNOWN and the verdict maps left out)."""
+        return {entry.name: entry for entry in self.table.sets if entry.name not in (KNOWN_SET, EGRESS_MAP, INGRESS_MAP)}
+
+    @functools.cached_property
+    def known(self) -> dict[str, str]:
+        """Programmed local pod address -> its KNOWN comment (ns/name)."""
+        return {element.key[0]: element.comment or "" for element in self._elements(KNOWN_SET)}
+
+    @functools.cached_property
+    def egress(self) -> dict[str, str]:
+        """EGRESS_MAP: address or host interface -> the pod chain it jumps to."""
+        return _jumps(self._elements(EGRESS_MAP))
+
+    @functools.cached_property
+    def ingress(self) -> dict[str, str]:
+        return _jumps(self._elements(INGRESS_MAP))
+
+    @property
+    def key_type(self) -> str:
+        """The verdict maps' key: an address type (bridge mode) or `ifname` (routed)."""
+        found = self.table.set(EGRESS_MAP)
+        return found.key_type[0] if found is not None else self.family.nft_address_type
+
+    def _elements(self, name: str) -> tuple[Element, ...]:
+        found = self.table.set(name)
+        return () if found is None else found.elements
 
 
-@dataclass(frozen=True)
-class NftSet:
-    name: str
-    type: str                        # nft type expression, e.g. "ipv4_addr . inet_proto . inet_service"
-    interval: bool
-    elements: frozenset[str]         # canonical members (`canonical_element`)
-    comment: str = ""
+def _jumps(elements: tuple[Element, ...]) -> dict[str, str]:
+    return {element.key[0].strip('"'): (element.value or "").removeprefix("jump ") for element in elements}
 
 
-@dataclass(frozen=True)
-class NftWanted:
-    """Everything the plan asks of the policy table; compared whole by programmer_nft.py."""
-    family: Family
-    base: tuple[NftRule, ...]
-    chains: Mapping[str, tuple[NftRule, ...]]     # pod chains
-    sets: Mapping[str, NftSet]                    # selector sets
-    egress: Mapping[str, str]                     # EGRESS_MAP: address or interface -> pod chain
-    ingress: Mapping[str, str]                    # INGRESS_MAP
-    known: Mapping[str, str]                      # programmed local pod address -> ns/name (KNOWN, comment)
-    key_type: str = "ipv4_addr"                   # the verdict maps' key: an address type or ifname
-    pending: tuple[str, ...] = ()                 # local pods left closed: no host interface found
-    refused: tuple[str, ...] = ()                 # why local pods were left closed
-    hook_priority: int = field(default=PRIORITY)
+def set_type(kind: SetKind, family: IpFamily) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(key type, flags) of a selector set of `kind`."""
+    if kind is SetKind.NAMED:
+        return (family.nft_address_type, "inet_proto", "inet_service"), ()
+    return (family.nft_address_type,), ("interval",) if kind in (SetKind.EXCEPT, SetKind.NETS) else ()
 
 
-def safe_text(text: str, room: int = COMMENT_MAX) -> str:
-    """`text` in characters nft keeps as they are (others become `?`), cut to `room` bytes:
-    what the kernel lists back is then exactly this."""
-    safe = _SAFE.sub("?", text)
-    return safe if len(safe) <= room else safe[:room - 3] + "..."
-
-
-def comment_text(text: str, body: str) -> str:
-    """A rule's comment: `text` made safe and cut to fit, + ` #` + the digest of the rule."""
-    digest = hashlib.sha256(f"{body}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{safe_text(text, COMMENT_MAX - 10)} #{digest}"
-
-
-def plain_comment(comment: str) -> str:
-    """A comment without its digest (what `netagent status policy` shows)."""
-    return DIGEST.sub("", comment)
-
-
-def _rule(body: str, text: str, verdict: str) -> NftRule:
-    return NftRule(body, comment_text(HEADER + text, body), verdict)
-
-
-def canonical_element(kind: SetKind, member: str) -> str:
-    """An ipset-spelled member (render.py's `checked_sets`) in the spelling this module writes
-    and the read-back normalises to: an address, a network, or `addr . proto . port`."""
+def element_key(kind: SetKind, member: str) -> tuple[str, ...]:
+    """An ipset-spelled member (shared.py's `checked_sets`) as an nft key, one part per
+    datatype, through kernel/nftables/text.py: an address, a network, or (addr, proto, port)."""
     if kind is SetKind.NAMED:
         address, _, protocol_port = member.partition(",")
         protocol, _, port = protocol_port.partition(":")
-        return f"{ipaddress.ip_address(address)} . {protocol.lower()} . {int(port)}"
+        return (nft_text.address(address), nft_text.protocol(protocol), nft_text.port(int(port)))
     if kind is SetKind.PODS:
-        return str(ipaddress.ip_address(member))
-    return str(ipaddress.ip_network(member, strict=False))
-
-
-def element_nft(member: str) -> str:
-    """A canonical member (`canonical_element`) as nft element text, through kernel/nftables/text.py."""
-    if " . " in member:
-        address, protocol, port = member.split(" . ")
-        return nft_text.concat([nft_text.address(address), nft_text.protocol(protocol), nft_text.port(int(port))])
-    return nft_text.network(member) if "/" in member else nft_text.address(member)
+        return (nft_text.address(member),)
+    return (nft_text.network(str(ipaddress.ip_network(member, strict=False))),)
 
 
 def collapsed(networks: frozenset[str] | set[str]) -> frozenset[str]:
@@ -172,21 +153,16 @@ def collapsed(networks: frozenset[str] | set[str]) -> frozenset[str]:
     return frozenset(str(net) for net in (*v4, *v6))
 
 
-def set_type(kind: SetKind, family: Family) -> tuple[str, bool]:
-    if kind is SetKind.NAMED:
-        return f"{family.address_type} . inet_proto . inet_service", False
-    return family.address_type, kind in (SetKind.EXCEPT, SetKind.NETS)
-
-
-def _peer(peer: SetRef | CidrMatch | None, side: str, family: Family) -> list[str]:
+def _peer(peer: SetRef | CidrMatch | None, side: str, family: IpFamily) -> tuple[list[str], list[str]]:
+    """(matches, sets named) of an allow's peer."""
     if peer is None:
-        return []
+        return [], []
     if isinstance(peer, SetRef):
-        return [f"{family.payload} {side} @{nft_text.name(peer.name)}"]
-    match = [] if peer.cidr.endswith("/0") else [f"{family.payload} {side} {nft_text.network(peer.cidr)}"]
-    if peer.excepts is not None:
-        match.append(f"{family.payload} {side} != @{nft_text.name(peer.excepts.name)}")
-    return match
+        return [f"{family.nft} {side} {model.ref(peer.name)}"], [peer.name]
+    match = [] if peer.cidr.endswith("/0") else [f"{family.nft} {side} {nft_text.network(peer.cidr)}"]
+    if peer.excepts is None:
+        return match, []
+    return [*match, f"{family.nft} {side} != {model.ref(peer.excepts.name)}"], [peer.excepts.name]
 
 
 def _port(port: PortMatch | None) -> list[str]:
@@ -200,60 +176,114 @@ def _port(port: PortMatch | None) -> list[str]:
     return [f"meta l4proto {protocol} th dport {ports}"]
 
 
-def _allow_body(allow: Allow, *, ingress: bool, family: Family) -> str:
-    match = _peer(allow.peer, "saddr" if ingress else "daddr", family) + _port(allow.port)
+def _allow_rule(allow: Allow, *, ingress: bool, family: IpFamily) -> Rule:
+    match, sets = _peer(allow.peer, "saddr" if ingress else "daddr", family)
+    match += _port(allow.port)
     if allow.named is not None:
-        match.append(f"{family.payload} daddr . meta l4proto . th dport @{nft_text.name(allow.named.name)}")
-    return " ".join([*match, "return"])
+        match.append(f"{family.nft} daddr . meta l4proto . th dport {model.ref(allow.named.name)}")
+        sets.append(allow.named.name)
+    return model.digested_rule(" ".join([*match, "return"]), f"allow {allow.origin}", sets=sets)
 
 
 def header_text(pod: PodPlan, *, ingress: bool) -> str:
-    """The header's words (the address before the key, so a long key is what gets cut)."""
+    """The header's purpose (the address before the key, so a long key is what gets cut)."""
     policies = pod.ingress_policies if ingress else pod.egress_policies
     return f"{'ingress' if ingress else 'egress'} {pod.ip} {pod.key} selected by {','.join(policies)}"
 
 
 @functools.lru_cache(maxsize=16384)
 def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool,
-                     family: Family = IPV4) -> tuple[NftRule, ...]:
-    """A pod chain; cached, since a sync re-renders every pod and most chains do not change
-    (and the programmer then compares the same objects)."""
-    rules = [_rule("counter", header_text(pod, ingress=ingress), "")]
-    for allow in allows:
-        rules.append(_rule(_allow_body(allow, ingress=ingress, family=family), f"allow {allow.origin}", "return"))
+                     family: IpFamily = IpFamily.V4) -> tuple[Rule, ...]:
+    """A pod chain's rules; cached, since a sync re-renders every pod and most chains do not
+    change (and the differ then finds the same objects)."""
+    rules = [model.digested_rule("counter", header_text(pod, ingress=ingress))]
+    rules += [_allow_rule(allow, ingress=ingress, family=family) for allow in allows]
     word = "ingress to" if ingress else "egress from"
-    rules.append(_rule("counter drop", f"deny {word} {pod.key}", "drop"))
+    rules.append(model.digested_rule("counter drop", f"deny {word} {pod.key}"))
     return tuple(rules)
 
 
-def _base_rules(settings: RenderSettings, family: Family) -> tuple[NftRule, ...]:
-    rules = [_rule("ct state established,related return", "replies of allowed connections", "return")]
-    if family.name == IPV6.name:
-        rules += [_rule(body, "IPv6 neighbour discovery and MLD", "return") for body in ndp.nft_bodies(IpFamily.V6)]
+@functools.lru_cache(maxsize=64)
+def _base_chain(settings: RenderSettings, family: IpFamily) -> Chain:
+    known = model.ref(KNOWN_SET)
+    rules = [model.digested_rule("ct state established,related return", "replies of allowed connections")]
+    rules += [model.digested_rule(body, "IPv6 neighbour discovery and MLD") for body in ndp.nft_bodies(family)]
     for cidr in settings.local_cidrs:
         network = nft_text.network(str(ipaddress.ip_network(cidr, strict=False)))
         for side in ("saddr", "daddr"):
-            rules.append(_rule(f"{family.payload} {side} {network} {family.payload} {side} != @{KNOWN_SET} drop",
-                               "pod not programmed yet", "drop"))
+            rules.append(model.digested_rule(f"{family.nft} {side} {network} {family.nft} {side} != {known} drop",
+                                             "pod not programmed yet", sets=(KNOWN_SET,)))
     if settings.mode is PodAttachment.ROUTED:
         egress, ingress = "iifname", "oifname"
     else:
-        egress, ingress = f"{family.payload} saddr", f"{family.payload} daddr"
-    rules.append(_rule(f"{egress} vmap @{EGRESS_MAP}", "isolated pods' egress", "vmap"))
-    rules.append(_rule(f"{ingress} vmap @{INGRESS_MAP}", "isolated pods' ingress", "vmap"))
-    return tuple(rules)
+        egress, ingress = f"{family.nft} saddr", f"{family.nft} daddr"
+    rules.append(model.digested_rule(f"{egress} vmap {model.ref(EGRESS_MAP)}", "isolated pods' egress",
+                                     sets=(EGRESS_MAP,)))
+    rules.append(model.digested_rule(f"{ingress} vmap {model.ref(INGRESS_MAP)}", "isolated pods' ingress",
+                                     sets=(INGRESS_MAP,)))
+    return Chain(BASE_CHAIN, tuple(rules), HOOK)
+
+
+@dataclass(frozen=True)
+class _Pod:
+    """One pod's pieces of the table (cached per pod: most pods are as before)."""
+    chains: tuple[tuple[Chain, bool], ...]     # (its chain, ingress?) per isolated direction
+    refs: frozenset[SetRef]                    # the sets its rules use
+    known: Element                             # its KNOWN element: address, comment ns/name
+    jumps: tuple[tuple[Element, bool], ...]    # (its verdict map element, ingress?) per chain
+
+
+def _map_key(interface: str, address: str) -> tuple[str, ...]:
+    return (nft_text.interface(interface),) if interface else (address,)
+
+
+@functools.lru_cache(maxsize=16384)
+def _render_pod(pod: PodPlan, interface: str, family: IpFamily, broken: frozenset[SetRef]) -> _Pod:
+    """One pod's chains, sets used and elements; raises when it cannot be rendered."""
+    if interface and not INTERFACE_NAME.match(interface):
+        raise ValueError(f"host interface {interface[:40]!r} is not an interface name")
+    address = nft_text.address(pod.ip)
+    directions, refs = pod_directions(pod)
+    if refs & broken:
+        raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
+    chains = tuple((Chain(chain, render_pod_chain(allows, pod=pod, ingress=ingress, family=family)), ingress)
+                   for allows, chain, ingress in directions)
+    key = _map_key(interface, address)
+    jumps = tuple((Element(key, nft_text.jump(chain.name)), ingress) for chain, ingress in chains)
+    return _Pod(chains, frozenset(refs), Element((address,), comment=nft_text.safe_comment_text(pod.key)), jumps)
+
+
+@functools.lru_cache(maxsize=16384)
+def _nft_set(ref: SetRef, members: frozenset[str], family: IpFamily) -> Set:
+    """A selector set; cached, since most sets keep their members from sync to sync."""
+    key_type, flags = set_type(ref.kind, family)
+    if flags:
+        members = collapsed(members)
+    return Set(ref.name, key_type, flags, tuple(Element(element_key(ref.kind, m)) for m in sorted(members)))
+
+
+def _table(family: IpFamily, base: Chain, chains: list[Chain], sets: list[Set | Map], known: list[Element],
+           egress: list[Element], ingress: list[Element], key_type: str) -> Table:
+    return Table(family.nft, TABLE, (base, *chains), (
+        *sets,
+        Set(KNOWN_SET, (family.nft_address_type,), elements=tuple(known)),
+        Map(EGRESS_MAP, (key_type,), "verdict", elements=tuple(egress)),
+        Map(INGRESS_MAP, (key_type,), "verdict", elements=tuple(ingress))))
+
+
+_NOTHING: frozenset[SetRef] = frozenset()
 
 
 def render_nft(plan: NodePlan, *, settings: RenderSettings, interface_of: Callable[[PodPlan], str | None],
-               family: Family = IPV4) -> NftWanted:
+               family: IpFamily = IpFamily.V4) -> NftPolicy:
     """Everything the plan asks of the table. Routed mode keys the maps by host veth: a pod
     whose veth is unknown is left out (and out of KNOWN: it stays closed) and `pending`."""
     refused: list[str] = []
     members, broken = checked_sets(plan, refused)
-    chains: dict[str, tuple[NftRule, ...]] = {}
-    egress: dict[str, str] = {}
-    ingress: dict[str, str] = {}
-    known: dict[str, str] = {}
+    frozen_broken = frozenset(broken) if broken else _NOTHING
+    chains: list[Chain] = []
+    known: list[Element] = []
+    jumps: tuple[list[Element], list[Element]] = ([], [])
     pending: list[str] = []
     used: set[SetRef] = set()
     routed = settings.mode is PodAttachment.ROUTED
@@ -263,60 +293,74 @@ def render_nft(plan: NodePlan, *, settings: RenderSettings, interface_of: Callab
             if interface is None:
                 pending.append(pod.key)
                 continue
-            pod_chains, refs, address, comment = _render_pod(pod, interface, family,
-                                                             frozenset(broken) if broken else _NOTHING)
+            rendered = _render_pod(pod, interface, family, frozen_broken)
         except Exception as error:     # the guard: this pod stays closed (not in KNOWN), the others go on
             refused.append(f"pod {pod.key}: cannot be rendered ({type(error).__name__}: {str(error)[:160]}); "
                            f"it stays closed")
             continue
-        known[address] = comment
-        for chain, (rules, is_ingress) in pod_chains.items():
-            chains[chain] = rules
-            (ingress if is_ingress else egress)[interface or pod.ip] = chain
-        used.update(refs)
-    sets = {ref.name: _nft_set(ref, held, family) for ref, held in members.items() if ref in used}
-    return NftWanted(family, _base_rules(settings, family), chains, sets, egress, ingress, known,
-                     key_type="ifname" if routed else family.address_type,
-                     pending=tuple(pending), refused=tuple(refused))
+        known.append(rendered.known)
+        chains.extend(chain for chain, _ in rendered.chains)
+        for element, ingress in rendered.jumps:
+            jumps[ingress].append(element)
+        used.update(rendered.refs)
+    sets: list[Set | Map] = [_nft_set(ref, held, family) for ref, held in members.items() if ref in used]
+    table = _table(family, _base_chain(settings, family), chains, sets, known, jumps[False], jumps[True],
+                   "ifname" if routed else family.nft_address_type)
+    return NftPolicy(table, pending=tuple(pending), refused=tuple(refused))
 
 
-def render_nft_with_pod(previous: NftWanted, added: PodAdded, *, settings: RenderSettings,
-                        interface_of: Callable[[PodPlan], str | None], family: Family = IPV4) -> NftWanted | None:
+def render_nft_with_pod(previous: NftPolicy, added: PodAdded, *, settings: RenderSettings,
+                        interface_of: Callable[[PodPlan], str | None],
+                        family: IpFamily = IpFamily.V4) -> NftPolicy | None:
     """`previous` (`render_nft` of the plan without the pod) with `added.pod`: what `render_nft(added.plan)`
-    gives, computed from the pod's own pieces (its chains, map entries, KNOWN entry, and its
+    gives, computed from the pod's own pieces (its chains, map elements, KNOWN element, and its
     address in the sets it joined). None when the pod would be pending or refused, or a set
     member could not be written: the full render says why."""
     pod = added.pod
-    if previous.refused or previous.family != family:
+    if previous.refused or previous.family is not family:
         return None
     interface = interface_of(pod) if pod.isolated and settings.mode is PodAttachment.ROUTED else ""
     if interface is None:
         return None
-    pod_chains, refs, address, comment = _render_pod(pod, interface, family, _NOTHING)
-    keys = [(ingress, interface or pod.ip) for _, ingress in pod_chains.values()]
-    if address in previous.known or any(key in (previous.ingress if ingress else previous.egress)
-                                        for ingress, key in keys):
+    rendered = _render_pod(pod, interface, family, _NOTHING)
+    if rendered.known.key[0] in previous.known or any(
+            element.key[0].strip('"') in (previous.ingress if ingress else previous.egress)
+            for element, ingress in rendered.jumps):
         return None
-    grown = {ref: frozenset((pod.ip,)) for ref in added.grown if ref.name in previous.sets}
-    new = {ref: members for ref, members in added.new.items() if ref in refs and ref.name not in previous.sets}
+    held = previous.sets
+    grown = {ref: frozenset((pod.ip,)) for ref in added.grown if ref.name in held}
+    new = {ref: members for ref, members in added.new.items() if ref in rendered.refs and ref.name not in held}
     refused: list[str] = []
     members, broken = checked_sets(NodePlan((), {**grown, **new}), refused)
-    if refused or broken or any(ref.name not in previous.sets and ref not in new for ref in refs):
+    if refused or broken or any(ref.name not in held and ref not in new for ref in rendered.refs):
         return None
-    sets = dict(previous.sets)
+    replaced: dict[str, Set | Map] = {}
     for ref in grown:
-        held = sets[ref.name]
-        sets[ref.name] = replace(held, elements=held.elements | {canonical_element(ref.kind, m) for m in members[ref]})
-    for ref in new:
-        sets[ref.name] = _nft_set(ref, members[ref], family)
-    egress, ingress = dict(previous.egress), dict(previous.ingress)
-    for chain, (_, is_ingress) in pod_chains.items():
-        (ingress if is_ingress else egress)[interface or pod.ip] = chain
-    return replace(previous, chains={**previous.chains, **{name: rules for name, (rules, _) in pod_chains.items()}},
-                   sets=sets, egress=egress, ingress=ingress, known={**previous.known, address: comment})
+        entry = held[ref.name]
+        if entry.flags:
+            return None                 # an interval set would need collapsing again: the full render
+        replaced[ref.name] = replace(entry, elements=(*entry.elements,
+                                                      *(Element(element_key(ref.kind, m)) for m in sorted(members[ref]))))
+    table = previous.table
+    sets = [replaced.get(entry.name, entry) for entry in table.sets]
+    sets[-3:-3] = [_nft_set(ref, members[ref], family) for ref in new]
+    sets = [_grown(entry, rendered) for entry in sets]
+    chains = (*table.chains, *(chain for chain, _ in rendered.chains))
+    return replace(previous, table=replace(table, chains=chains, sets=tuple(sets)))
 
 
-def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWanted | None:
+def _grown(entry: Set | Map, rendered: _Pod) -> Set | Map:
+    """KNOWN and the verdict maps with the pod's elements."""
+    if entry.name == KNOWN_SET:
+        return replace(entry, elements=(*entry.elements, rendered.known))
+    for name, ingress in ((EGRESS_MAP, False), (INGRESS_MAP, True)):
+        if entry.name == name:
+            added = tuple(element for element, is_ingress in rendered.jumps if is_ingress is ingress)
+            return replace(entry, elements=(*entry.elements, *added)) if added else entry
+    return entry
+
+
+def render_nft_without_pod(previous: NftPolicy, removed: PodRemoved) -> NftPolicy | None:
     """`previous` without `removed.pod`: what `render_nft(removed.plan)` gives. None when the
     pod is not there as rendered, or pods are pending or refused."""
     pod = removed.pod
@@ -324,41 +368,20 @@ def render_nft_without_pod(previous: NftWanted, removed: PodRemoved) -> NftWante
     if own is None:
         return None
     dropped = {ref.name for ref in removed.dropped}
-    sets = {name: spec for name, spec in previous.sets.items() if name not in dropped}
-    for ref in removed.shrunk:
-        if ref.name in sets:
-            sets[ref.name] = replace(sets[ref.name], elements=sets[ref.name].elements - {canonical_element(ref.kind, pod.ip)})
-    known = dict(previous.known)
-    del known[pod.ip]
-    return replace(previous, chains={name: rules for name, rules in previous.chains.items() if name not in own},
-                   sets=sets, egress={k: v for k, v in previous.egress.items() if v not in own} if own else previous.egress,
-                   ingress={k: v for k, v in previous.ingress.items() if v not in own} if own else previous.ingress,
-                   known=known)
-
-
-@functools.lru_cache(maxsize=16384)
-def _nft_set(ref: SetRef, members: frozenset[str], family: Family) -> NftSet:
-    """A selector set in nft spelling; cached, since most sets keep their members from sync to sync."""
-    type_text, interval = set_type(ref.kind, family)
-    elements = frozenset(canonical_element(ref.kind, member) for member in members)
-    return NftSet(ref.name, type_text, interval, collapsed(elements) if interval else elements, comment=ref.key)
-
-
-_NOTHING: frozenset[SetRef] = frozenset()
-
-
-@functools.lru_cache(maxsize=16384)
-def _render_pod(pod: PodPlan, interface: str, family: Family, broken: frozenset[SetRef]
-                ) -> tuple[dict[str, tuple[tuple[NftRule, ...], bool]], frozenset[SetRef], str, str]:
-    """(chain -> (rules, ingress?), sets used, address, KNOWN comment) of one pod; raises when
-    it cannot be rendered. Cached: a sync renders every local pod, and most are as before
-    (the result is shared: read, never changed)."""
-    if interface and not INTERFACE_NAME.match(interface):
-        raise ValueError(f"host interface {interface[:40]!r} is not an interface name")
-    address = str(ipaddress.ip_address(pod.ip))
-    directions, refs = pod_directions(pod)
-    chains = {chain: (render_pod_chain(allows, pod=pod, ingress=ingress, family=family), ingress)
-              for allows, chain, ingress in directions}
-    if refs & broken:
-        raise ValueError(f"it uses a set that cannot be written ({sorted(r.key[:60] for r in refs & broken)})")
-    return chains, frozenset(refs), address, safe_text(pod.key)
+    shrunk = {ref.name: ref for ref in removed.shrunk}
+    sets: list[Set | Map] = []
+    for entry in previous.table.sets:
+        if entry.name in dropped:
+            continue
+        if entry.name in shrunk:
+            gone = element_key(shrunk[entry.name].kind, pod.ip)
+            entry = replace(entry, elements=tuple(e for e in entry.elements if e.key != gone))
+        elif entry.name == KNOWN_SET:
+            entry = replace(entry, elements=tuple(e for e in entry.elements if e.key[0] != pod.ip))
+        elif entry.name in (EGRESS_MAP, INGRESS_MAP) and own:
+            entry = replace(entry, elements=tuple(e for e in entry.elements
+                                                  if (e.value or "").removeprefix("jump ") not in own))
+        sets.append(entry)
+    table = previous.table
+    chains = tuple(chain for chain in table.chains if chain.name not in own)
+    return replace(previous, table=replace(table, chains=chains, sets=tuple(sets)))

@@ -41,8 +41,7 @@ from netagent.policy.dataplane import PolicyDataplane
 from netagent.policy.families import FamilyDataplanes
 from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.programmer_nft import NftPolicyProgrammer
-from netagent.policy.render import RenderSettings
-from netagent.policy.render_nft import IPV6
+from netagent.policy.shared import RenderSettings
 from proxy.backend import ProxyMode
 from tests.unit.policy_objects import namespace as namespace_object
 from tests.unit.policy_objects import pod as pod_object
@@ -246,7 +245,7 @@ class PolicyLab:
             programmer = NftPolicyProgrammer(self.nft)
             if self.dual:
                 programmer = FamilyDataplanes({IpFamily.V4: programmer,
-                                               IpFamily.V6: NftPolicyProgrammer(self.nft, family=IPV6)})
+                                               IpFamily.V6: NftPolicyProgrammer(self.nft, family=IpFamily.V6)})
         else:
             programmer = PolicyProgrammer(iptables=self.iptables, ipset=IpsetRunner(exec_prefix=prefix))
             if self.dual:

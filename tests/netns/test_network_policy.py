@@ -23,7 +23,7 @@ from netagent.kernel import namespaces, owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.render import pod_chain
+from netagent.policy.shared import pod_chain
 from proxy.backend import ProxyMode
 from tests.netns.policy_cases import (  # noqa: F401 (fixtures)
     TCP80, TCP81, UDP80, UDP81, X, Y, Z, _root_and_no_leaks, cluster_block, host, labs, np, np_bridge,

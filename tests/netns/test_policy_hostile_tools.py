@@ -24,7 +24,7 @@ from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import RenderSettings
+from netagent.policy.shared import RenderSettings
 from tests.unit.hostile_policy_objects import GOOD_PODS, LOCAL_CIDR, NODE, good_objects
 from tests.unit.test_hostile_policy import hostile_objects
 

@@ -24,11 +24,13 @@ from netagent.kernel.nftables.runner import NftRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.programmer_nft import NftPolicyProgrammer, _read
-from netagent.policy.render import RenderSettings
-from netagent.policy.render_nft import IPV4, TABLE
+from netagent.kernel.nftables import tables
+from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.shared import RenderSettings
+from netagent.policy.render_nft import TABLE
 from tests.netns.policy_lab import SERVER
 from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.test_policy_incremental import comparable
 
 SUBNET = "10.244.1.0/24"
 CONNECT = r"""
@@ -86,7 +88,7 @@ class Dataplane:
 
     def state(self) -> object:
         if self.kind == "nft":
-            return _read(self.nft.list_table("ip", TABLE), IPV4)
+            return comparable(tables.read_table("ip", TABLE, self.nft.list_table("ip", TABLE)))
         table = self.iptables.table("filter")
         chains = {name: tuple(chain.rules) for name, chain in table.chains.items()
                   if name.startswith(owned.POLICY_PREFIX)}

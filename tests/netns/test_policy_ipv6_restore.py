@@ -16,7 +16,7 @@ from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.families import FamilyDataplanes
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import RenderSettings
+from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from tests.netns.test_restore_parity import comparable
 from tests.unit.test_policy_families import CIDRS, PODS, WEB, view_of

@@ -22,7 +22,8 @@ from netagent.kernel.iptables.runner import FlushMode, IptablesError, IptablesRu
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.noderoutes.masquerade import render_masquerade_rules
 from netagent.policy.programmer import KNOWN_SPEC
-from netagent.policy.render import RenderSettings, render_chains, render_wanted
+from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName

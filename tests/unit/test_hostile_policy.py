@@ -33,7 +33,8 @@ from netagent.policy.model import PolicyType
 from netagent.kernel.families import IpFamily
 from netagent.policy.families import DualWanted, FamilyDataplanes
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import RenderSettings, WantedState, pod_chain
+from netagent.policy.render import WantedState
+from netagent.policy.shared import RenderSettings, pod_chain
 from netagent.policy.semantics import set_refs
 from tests.unit.hostile_policy_objects import (
     GOOD_PODS,

@@ -31,8 +31,9 @@ from netagent.policy.programmer import PolicyProgrammer
 from netagent.policy.programmer_nft import NftPolicyProgrammer
 from netagent.policy.readback import Packet, trace
 from netagent.policy.ndp import NDP_TYPES, iptables_rules as ndp_rules
-from netagent.policy.render import RenderSettings, render_chains, render_wanted
-from netagent.policy.render_nft import IPV4, IPV6, render_nft
+from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.shared import RenderSettings, ServicePath
+from netagent.policy.render_nft import render_nft
 from netagent.policy.semantics import CidrMatch, SetKind, SetRef, plan_node
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_semantics import view_of
@@ -171,7 +172,8 @@ def test_ipv4_only_blocks_allow_no_ipv6_peer():
 # ---- goldens ----
 
 def wanted6(mode: PodAttachment, *, ipvs: bool = False):
-    settings = RenderSettings(mode, local_cidrs=("fd00:0:0:1::/64",), ipvs=ipvs, family=IpFamily.V6)
+    settings = RenderSettings(mode, local_cidrs=("fd00:0:0:1::/64",), family=IpFamily.V6,
+                              services=ServicePath.OUTPUT if ipvs else ServicePath.FORWARD)
     return render_wanted(plan_for_family(plan(WEB), IpFamily.V6), settings=settings, interface_of=lambda p: VETH)
 
 
@@ -201,7 +203,7 @@ def test_ipv6_nft_golden():
             super().apply(batch)
 
     nft = Recording()
-    programmer = NftPolicyProgrammer(nft, family=IPV6)
+    programmer = NftPolicyProgrammer(nft, family=IpFamily.V6)
     settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("fd00:0:0:1::/64",), family=IpFamily.V6)
     state = programmer.render(plan_for_family(plan(WEB), IpFamily.V6), settings=settings, interface_of=lambda p: VETH)
     programmer.apply(state, full=True)
@@ -238,16 +240,16 @@ def test_ipv6_neighbour_discovery_returns_in_the_hook_chain_before_any_pod_chain
 def test_nft_neighbour_discovery_is_one_base_rule_of_the_ip6_table_only():
     settings = RenderSettings(PodAttachment.BRIDGE, local_cidrs=("fd00:0:0:1::/64",), family=IpFamily.V6)
     base = render_nft(plan_for_family(plan(WEB), IpFamily.V6), settings=settings, interface_of=lambda p: VETH,
-                      family=IPV6).base
-    assert [rule.body for rule in base[1:3]] == [
+                      family=IpFamily.V6).base
+    assert [rule.statements for rule in base[1:3]] == [
         "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }"
         " ip6 hoplimit 255 return",
         "icmpv6 type { mld-listener-query, mld-listener-report, mld-listener-done, mld2-listener-report }"
         " ip6 hoplimit 1 return"]
-    assert {rule.verdict for rule in base[1:3]} == {"return"}      # the same nine types as the iptables flavour's
+    assert all(rule.statements.endswith(" return") for rule in base[1:3])   # the same nine types as iptables'
     v4 = render_nft(plan_for_family(plan(WEB), IpFamily.V4), settings=RenderSettings(PodAttachment.BRIDGE),
-                    interface_of=lambda p: VETH, family=IPV4)
-    assert not any("icmpv6" in rule.body for rule in v4.base)
+                    interface_of=lambda p: VETH, family=IpFamily.V4)
+    assert not any("icmpv6" in rule.statements for rule in v4.base)
 
 
 def test_the_ipv6_read_back_ignores_neighbour_discovery_and_still_traces():

@@ -24,9 +24,10 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy import engine as engine_module
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.programmer_nft import NftPolicyProgrammer, _read
-from netagent.policy.render import RenderSettings
-from netagent.policy.render_nft import IPV4, TABLE
+from netagent.kernel.nftables import tables
+from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.shared import RenderSettings, ServicePath
+from netagent.policy.render_nft import TABLE
 from tests.unit.policy_objects import namespace, pod, policy
 
 LONG = 30.0
@@ -50,7 +51,8 @@ class Node:
             self.iptables = FakeIptables()
             self.ipset = FakeIpset(in_use=iptables_references(self.iptables))
             programmer = PolicyProgrammer(iptables=self.iptables, ipset=self.ipset)
-        render = RenderSettings(mode, local_cidrs=("10.0.0.0/24",), ipvs=ipvs)
+        render = RenderSettings(mode, local_cidrs=("10.0.0.0/24",),
+                                services=ServicePath.OUTPUT if ipvs else ServicePath.FORWARD)
         self.registry = Registry()
         self.engine = PolicyEngine(PolicySettings("node-1", render), programmer=programmer,
                                    interface_of=lambda plan: veth(plan.ip), registry=self.registry)
@@ -79,8 +81,18 @@ class Node:
 
     def kernel(self) -> object:
         if self.dataplane == "nft":
-            return _read(self.nft.list_table("ip", TABLE), IPV4)
+            return comparable(tables.read_table("ip", TABLE, self.nft.list_table("ip", TABLE)))
         return self.iptables.save("filter"), {name: contents.members for name, contents in self.ipset.snapshot().items()}
+
+
+
+def comparable(table: tables.Table | None) -> object:
+    """A table read back, element order aside (the kernel lists in hash order)."""
+    assert table is not None
+    return ({chain.name: (chain.base, [rule.comment for rule in chain.rules]) for chain in table.chains},
+            {entry.name: (type(entry), entry.key_type, frozenset(entry.flags),
+                          frozenset((tables.canonical_part(" . ".join(e.key)), e.value, e.comment) for e in entry.elements))
+             for entry in table.sets})
 
 
 @st.composite

@@ -20,10 +20,10 @@ from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer_nft import NftPolicyProgrammer
 from netagent.policy.readback import Packet, trace
 from netagent.policy.readback_nft import parse_nft_policy
-from netagent.policy.render import RenderSettings, pod_chain
+from netagent.policy.shared import RenderSettings, pod_chain
+from netagent.kernel.nftables.text import COMMENT_MAX_BYTES as COMMENT_MAX
 from netagent.policy.render_nft import (
     BASE_CHAIN,
-    COMMENT_MAX,
     EGRESS_MAP,
     INGRESS_MAP,
     PRIORITY,
@@ -116,30 +116,32 @@ def test_bridge_mode_keys_the_verdict_maps_by_address_and_routed_mode_by_host_ve
     ingress_chain = pod_chain(owned.POLICY_INGRESS_PREFIX, "x/a")
     assert bridge.ingress == {"10.0.0.2": ingress_chain} and bridge.egress == {}
     assert bridge.key_type == "ipv4_addr" and bridge.known == {"10.0.0.2": "x/a", "10.0.0.3": "x/b"}
-    bodies = [rule.body for rule in bridge.base]
+    bodies = [rule.statements for rule in bridge.base]
     assert bodies[0] == "ct state established,related return"
     assert bodies[1:3] == [f"ip saddr 10.0.0.0/24 ip saddr != @{owned.POLICY_KNOWN_SET} drop",
                            f"ip daddr 10.0.0.0/24 ip daddr != @{owned.POLICY_KNOWN_SET} drop"]
     assert bodies[3:] == [f"ip saddr vmap @{EGRESS_MAP}", f"ip daddr vmap @{INGRESS_MAP}"]
     routed = render_nft(plan, settings=RenderSettings(PodAttachment.ROUTED), interface_of=veth)
     assert routed.ingress == {"na000000010002": ingress_chain} and routed.key_type == "ifname"
-    assert [rule.body for rule in routed.base][1:] == [f"iifname vmap @{EGRESS_MAP}", f"oifname vmap @{INGRESS_MAP}"]
+    assert [rule.statements for rule in routed.base][1:] == [f"iifname vmap @{EGRESS_MAP}", f"oifname vmap @{INGRESS_MAP}"]
     rules = routed.chains[ingress_chain]
-    assert rules[0].body == "counter" and rules[-1].body == "counter drop" and rules[-1].verdict == "drop"
+    assert rules[0].statements == "counter" and rules[-1].statements == "counter drop"
     (allow,) = rules[1:-1]
-    assert allow.body.startswith("ip saddr @NETAGENT-NPS-") and allow.body.endswith(" return")
+    assert allow.statements.startswith("ip saddr @NETAGENT-NPS-") and allow.statements.endswith(" return")
+    assert allow.sets and allow.comment.startswith("netagent: allow x/p ingress[0] [")
 
 
 def test_excepts_are_collapsed_interval_sets_and_named_ports_concatenations():
     wanted = render_nft(plan_of(BLOCKS), settings=RenderSettings(PodAttachment.ROUTED), interface_of=veth)
-    by_kind = {spec.type: spec for spec in wanted.sets.values()}
-    excepts = by_kind["ipv4_addr"]
-    assert excepts.interval and excepts.elements == {"10.1.0.0/16", "10.2.0.0/15"}   # 10.1.2.0/24 inside; merged
-    named = by_kind["ipv4_addr . inet_proto . inet_service"]
-    assert not named.interval and named.elements == {"10.0.0.2 . tcp . 80"}
+    by_kind = {spec.key_type: spec for spec in wanted.sets.values()}
+    excepts = by_kind[("ipv4_addr",)]
+    assert excepts.flags == ("interval",)                      # 10.1.2.0/24 inside; merged
+    assert {e.key for e in excepts.elements} == {("10.1.0.0/16",), ("10.2.0.0/15",)}
+    named = by_kind[("ipv4_addr", "inet_proto", "inet_service")]
+    assert not named.flags and {e.key for e in named.elements} == {("10.0.0.2", "tcp", "80")}
     (chain,) = wanted.chains.values()
-    assert chain[1].body == f"ip daddr 10.0.0.0/8 ip daddr != @{excepts.name} return"
-    assert chain[2].body == f"ip daddr . meta l4proto . th dport @{named.name} return"
+    assert chain[1].statements == f"ip daddr 10.0.0.0/8 ip daddr != @{excepts.name} return"
+    assert chain[2].statements == f"ip daddr . meta l4proto . th dport @{named.name} return"
 
 
 def test_comments_fit_nft_carry_the_rule_digest_and_hostile_names_stay_text():
@@ -148,7 +150,8 @@ def test_comments_fit_nft_carry_the_rule_digest_and_hostile_names_stay_text():
                         settings=RenderSettings(PodAttachment.BRIDGE), interface_of=veth)
     for rules in wanted.chains.values():
         for rule in rules:
-            assert len(rule.comment.encode()) <= COMMENT_MAX and '"' not in rule.comment and ";" not in rule.comment
+            assert len(rule.comment.encode()) <= COMMENT_MAX and '"' not in rule.comment   # `;` is text inside quotes
+            assert rule.comment.startswith("netagent: ") and rule.comment.endswith("]")
             assert rule.text.endswith('"') and rule.text.count('"') == 2
     assert all(len(key.encode()) <= COMMENT_MAX and '"' not in key for key in wanted.known.values())
     other = render_nft(plan_of(FROM_B), settings=RenderSettings(PodAttachment.BRIDGE), interface_of=veth)
@@ -235,7 +238,7 @@ def test_a_hook_of_another_priority_or_a_foreign_object_rebuilds_the_table_in_on
                    f"add set ip {TABLE} Stray {{ type ipv4_addr; }}\n")
     node.sync(SyncKind.FULL)
     batch = node.nft.batches[-1]
-    assert batch.startswith(f"delete table ip {TABLE}\nadd table ip {TABLE}\n")
+    assert batch.startswith(f"add table ip {TABLE}\ndelete table ip {TABLE}\nadd table ip {TABLE}\n")
     base = next(obj["chain"] for obj in node.table() if "chain" in obj and obj["chain"]["name"] == BASE_CHAIN)
     assert base["prio"] == PRIORITY and "Stray" not in {obj["set"]["name"] for obj in node.table() if "set" in obj}
     node.sync(SyncKind.FULL)
@@ -264,7 +267,8 @@ def test_routed_pods_wait_for_their_veth_and_switching_mode_rebuilds(node):
     bridge = Node(node.nft, mode=PodAttachment.BRIDGE)
     bridge.engine.policies.on_add(FROM_B)
     bridge.sync(SyncKind.FULL)
-    assert bridge.nft.batches[-1].startswith(f"delete table ip {TABLE}")       # the maps' key type changed
+    batch = bridge.nft.batches[-1]                      # the maps' key type changed: both made again
+    assert f"delete map ip {TABLE} {INGRESS_MAP}" in batch and f"add map ip {TABLE} {INGRESS_MAP}" in batch
     assert any("10.0.0.2" in element for element in bridge.elements(INGRESS_MAP))
 
 

@@ -18,7 +18,7 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.pod_binding import ClosedReason, pod_key
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import RenderSettings
+from netagent.policy.shared import RenderSettings
 from tests.unit.policy_objects import namespace, pod, policy
 
 ISOLATE_A = policy("x", "p", {"podSelector": {"matchLabels": {"app": "a"}},

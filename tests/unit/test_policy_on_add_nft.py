@@ -12,7 +12,7 @@ from netagent.kernel.nftables.fake import FakeNft
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer_nft import NftPolicyProgrammer
-from netagent.policy.render import RenderSettings
+from netagent.policy.shared import RenderSettings
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_nft import TABLE
 from tests.unit.test_policy_on_add import burst_while_a_sync_runs

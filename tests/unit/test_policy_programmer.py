@@ -14,7 +14,8 @@ from netagent.kernel.iptables.restore_format import RestoreBuilder, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import BUCKET_PREFIX, OUTPUT_CHAIN, OUTPUT_JUMP_MATCH, RenderSettings
+from netagent.policy.render import BUCKET_PREFIX, OUTPUT_CHAIN, OUTPUT_JUMP_MATCH
+from netagent.policy.shared import RenderSettings, ServicePath
 from tests.unit.policy_objects import namespace, pod, policy
 
 FOREIGN = "*filter\n:OTHER - [0:0]\n-A FORWARD -j OTHER\n-A OTHER -s 192.0.2.0/24 -j ACCEPT\nCOMMIT\n"
@@ -29,7 +30,8 @@ class Node:
         self.engine = self.new_engine()
 
     def new_engine(self, *, ipvs: bool = False) -> PolicyEngine:
-        settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("10.0.0.0/24",), ipvs=ipvs)
+        settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("10.0.0.0/24",),
+                                  services=ServicePath.OUTPUT if ipvs else ServicePath.FORWARD)
         engine = PolicyEngine(PolicySettings("node-1", settings),
                               programmer=PolicyProgrammer(iptables=self.iptables, ipset=self.ipset),
                               interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"),

@@ -8,8 +8,8 @@ from netagent.kernel.ipset import FakeIpset, iptables_references
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.readback import Packet, ReadRule, parse_kernel_policy, trace
-from netagent.policy.render import HEADER
+from netagent.policy.readback import Packet, ReadRule, trace
+from netagent.policy.readback_iptables import parse_kernel_policy
 from tests.unit.test_policy_render import WEB, wanted
 
 
@@ -58,8 +58,8 @@ def test_open_pods_are_named_from_the_pod_directory():
 def test_a_rule_the_tracer_cannot_read_is_said_so_and_an_unlisted_set_is_empty():
     kernel, sets = programmed()
     (ingress,) = [p for p in kernel.of("x/a") if p.direction == "ingress"]
-    odd = ReadRule(("-m", "physdev", "--physdev-in", "na1234"), HEADER + "allow x/odd ingress[0]", "RETURN")
-    unlisted = ReadRule(("-m", "set", "--match-set", "NETAGENT-NPS-GONE", "src"), HEADER + "allow x/gone", "RETURN")
+    odd = ReadRule(("-m", "physdev", "--physdev-in", "na1234"), "allow x/odd ingress[0]", "RETURN")
+    unlisted = ReadRule(("-m", "set", "--match-set", "NETAGENT-NPS-GONE", "src"), "allow x/gone", "RETURN")
     kernel.pods[kernel.pods.index(ingress)] = dataclasses.replace(ingress, allows=(unlisted, odd))
     allowed, steps = trace(kernel, sets, Packet("10.0.0.3", "10.0.0.2", "tcp", 80))
     assert not allowed and steps[-1].startswith("cannot judge: unsupported match -m physdev")

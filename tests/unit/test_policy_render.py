@@ -16,7 +16,8 @@ import pytest
 from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetType
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.render import RenderSettings, render_chains, render_wanted
+from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.shared import RenderSettings, ServicePath
 from netagent.policy.semantics import plan_node
 from tests.unit.policy_objects import policy
 from tests.unit.test_policy_semantics import PODS, view_of
@@ -32,9 +33,13 @@ WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress
                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "UDP", "port": 53}]}]})
 
 
+def _services(ipvs: bool) -> ServicePath:
+    return ServicePath.OUTPUT if ipvs else ServicePath.FORWARD
+
+
 def wanted(mode: PodAttachment, *policies: dict, interface=lambda plan: VETH, ipvs: bool = False):
     plan = plan_node(view_of(*PODS, *policies), node_name="node-1")
-    return render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",), ipvs=ipvs),
+    return render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",), services=_services(ipvs)),
                          interface_of=interface)
 
 

@@ -18,7 +18,8 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import RenderSettings, pod_chain, render_wanted
+from netagent.policy.render import render_wanted
+from netagent.policy.shared import RenderSettings, pod_chain
 from netagent.policy.semantics import (
     Allow,
     CidrMatch,
@@ -308,7 +309,8 @@ def test_a_namespace_cannot_claim_another_namespace_name_label(node):
 
 
 def test_the_tracer_follows_an_ip_block_set(node):
-    from netagent.policy.readback import Packet, parse_kernel_policy, trace
+    from netagent.policy.readback import Packet, trace
+    from netagent.policy.readback_iptables import parse_kernel_policy
     node.engine.policies.on_add(policy("x", "blocks", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
         {"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}, {"ipBlock": {"cidr": "198.51.100.7/32"}}],
          "ports": [{"port": 80}]}]}))

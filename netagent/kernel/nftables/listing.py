@@ -24,6 +24,16 @@ def rules(objects: list[dict[str, Any]], chain: str) -> list[dict[str, Any]]:
     return [entry["rule"] for entry in objects if "rule" in entry and entry["rule"]["chain"] == chain]
 
 
+def rules_by_chain(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every chain's rules in order, in one pass (`rules` of each chain of a large table would
+    read the listing once per chain)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for entry in objects:
+        if "rule" in entry:
+            found.setdefault(entry["rule"]["chain"], []).append(entry["rule"])
+    return found
+
+
 def sets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Set and map name -> its JSON body (a map's has `map`, the data type)."""
     found = {}

@@ -23,6 +23,7 @@ render their own text.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -146,10 +147,26 @@ class Table:
         return f"{self.family} {text.name(self.name)}"
 
     def chain(self, name: str) -> Chain | None:
-        return next((c for c in self.chains if c.name == name), None)
+        return self._chains_by_name.get(name)
 
     def set(self, name: str) -> Set | Map | None:
-        return next((s for s in self.sets if s.name == name), None)
+        return self._sets_by_name.get(name)
+
+    @functools.cached_property
+    def _chains_by_name(self) -> dict[str, Chain]:
+        """Name -> chain (the first of a name), built once: a table of thousands of pod chains
+        is looked up by name once per chain in every diff."""
+        found: dict[str, Chain] = {}
+        for chain in self.chains:
+            found.setdefault(chain.name, chain)
+        return found
+
+    @functools.cached_property
+    def _sets_by_name(self) -> dict[str, Set | Map]:
+        found: dict[str, Set | Map] = {}
+        for entry in self.sets:
+            found.setdefault(entry.name, entry)
+        return found
 
 
 def ref(name: str) -> str:

@@ -26,11 +26,12 @@ def read_table(family: str, name: str, objects: list[dict[str, Any]] | None) -> 
     if objects is None:
         return None
     chains = []
+    listed_rules = listing.rules_by_chain(objects)
     for chain_name, body in listing.chains(objects).items():
         base = None
         if "hook" in body:
             base = BaseChain(body.get("type", ""), body["hook"], body.get("prio", 0), policy=body.get("policy", "accept"))
-        rules = tuple(Rule("", rule.get("comment")) for rule in listing.rules(objects, chain_name))
+        rules = tuple(Rule("", rule.get("comment")) for rule in listed_rules.get(chain_name, ()))
         chains.append(Chain(chain_name, rules, base))
     sets: list[Set | Map] = []
     for set_name, body in listing.sets(objects).items():
