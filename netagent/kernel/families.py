@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import ipaddress
+import socket
 
 
 class IpFamily(enum.Enum):
@@ -75,7 +76,19 @@ class IpFamily(enum.Enum):
 
 @functools.lru_cache(maxsize=1 << 16)
 def _of_text(text: str) -> IpFamily:
-    """`IpFamily.of` for text, parsed once per spelling (set members and pod IPs recur every sync)."""
+    """`IpFamily.of` for text, parsed once per spelling (set members and pod IPs recur every
+    sync). The common forms (`address`, `address/prefix`) are parsed by `inet_pton`, many times
+    faster than `ipaddress` at 10^5 values a sync; anything else (a netmask, a scope id, an
+    error) is left to `ipaddress`, so the answer and the ValueError are `ipaddress`'s."""
+    address, slash, prefix = text.partition("/")
+    for family, af in ((IpFamily.V4, socket.AF_INET), (IpFamily.V6, socket.AF_INET6)):
+        try:
+            socket.inet_pton(af, address)
+        except (OSError, ValueError):
+            continue
+        if not slash or (prefix.isascii() and prefix.isdigit() and int(prefix) <= family.max_prefix):
+            return family
+        break
     try:
         value: ipaddress.IPv4Address | ipaddress.IPv6Address | ipaddress.IPv4Network | ipaddress.IPv6Network = \
             ipaddress.ip_address(text)
