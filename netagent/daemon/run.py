@@ -187,6 +187,21 @@ def _with_runner_health(base, runners: Callable[[], list], *, stale_after: float
     return health
 
 
+def _register_runner_metrics(registry, agent, proxy, started_policy: list, cni_runners: list) -> None:
+    """Every sync runner of the process, as it is at scrape time (`infra/runner_metrics.py`)."""
+    from netagent.infra.runner_metrics import register_runner_metrics
+    background = _background_runners(proxy, cni_runners)
+
+    def runners() -> list:
+        found = [agent.runner, *(p.runner for p in (proxy.proxies if proxy is not None else ()))]
+        for policy in started_policy:
+            found.append(policy.runner)
+            if policy.anti_spoofing is not None:
+                found.append(policy.anti_spoofing.runner)
+        return [runner for runner in (*found, *background()) if runner is not None]
+    register_runner_metrics(registry, runners)
+
+
 def _background_runners(proxy, cni_runners: list) -> Callable[[], list]:
     """The runners /healthz adds to the agent's: the CNI server's (once it serves) and the pod
     veth attacher of an eBPF proxy started with `--bpf-pod-veths`."""
@@ -258,6 +273,8 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     backend = resolve_backend(cluster.iptables_backend, family=IpFamily.V4) if dataplane.iptables else None
     nft = NftRunner() if dataplane.nftables else None
     registry = Registry()
+    from netagent.infra.process_metrics import register_process_metrics
+    register_process_metrics(registry)
     from netagent.daemon.rejection_reports import build_rejections, with_rejections
     rejections, event_poster = build_rejections(registry, api_client=api_client, node_name=settings.node_name)
     cluster_cidrs = {IpFamily.of(c): str(c) for c in reversed(settings.cluster_cidrs)}   # the first per family
@@ -279,6 +296,7 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
     cni_runners: list = []
+    _register_runner_metrics(registry, agent, proxy, started_policy, cni_runners)
     agent_health = _with_runner_health(agent.health, _background_runners(proxy, cni_runners), stale_after=60.0)
     health = with_rejections(
         with_policy_health(agent_health, started_policy, stale_after=max(2 * cluster.policy.sync_period, 60.0)),

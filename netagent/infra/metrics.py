@@ -281,6 +281,12 @@ class CallbackGauge(_Family):
         return lines
 
 
+class CallbackCounter(CallbackGauge):
+    """A counter whose value is read at scrape time (a total kept elsewhere: the process's CPU
+    seconds, a runner's failures); `read` as `CallbackGauge`'s."""
+    type_name = "counter"
+
+
 class _HistogramCell:
     __slots__ = ("counts", "sum", "count")
 
@@ -406,6 +412,11 @@ class Registry:
                        read: Callable[[], float | Mapping[tuple[str, ...], float]],
                        *, labels: Sequence[str] = ()) -> CallbackGauge:
         return self.register(CallbackGauge(name, help, read, labels=labels))
+
+    def callback_counter(self, name: str, help: str,
+                         read: Callable[[], float | Mapping[tuple[str, ...], float]],
+                         *, labels: Sequence[str] = ()) -> CallbackCounter:
+        return self.register(CallbackCounter(name, help, read, labels=labels))
 
     def histogram(self, name: str, help: str, *, labels: Sequence[str] = (),
                   buckets: Iterable[float] = SYNC_DURATION_BUCKETS) -> Histogram:

@@ -41,8 +41,10 @@ DASHBOARD = MONITORING / "netagent-dashboard.json"
 SOURCES = ("netagent", "proxy", "ebpf", "cni")
 MIN_EXPORTED = 30      # 37 families when this was written: far fewer means the walk broke
 
-_REGISTRY_METHODS = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "callback_gauge": "gauge"}
-_CLASSES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "CallbackGauge": "gauge"}
+_REGISTRY_METHODS = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "callback_gauge": "gauge",
+                     "callback_counter": "counter"}
+_CLASSES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "CallbackGauge": "gauge",
+            "CallbackCounter": "counter"}
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
@@ -150,8 +152,11 @@ def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:
 
 # ------------------------------------------------------------------ the tests
 def test_the_metric_walk_finds_what_the_registries_hold():
+    from netagent.cniserver.metrics import CniMetrics
     from netagent.infra.metrics import Registry
+    from netagent.infra.process_metrics import register_process_metrics
     from netagent.infra.rejections import Rejections
+    from netagent.infra.runner_metrics import register_runner_metrics
     from netagent.noderoutes.bgp.speaker import BgpSpeaker
     from netagent.noderoutes.metrics import NodeAgentMetrics
     from netagent.policy.engine import PolicyMetrics
@@ -159,13 +164,16 @@ def test_the_metric_walk_finds_what_the_registries_hold():
 
     exported = exported_metrics()
     assert len(exported) >= MIN_EXPORTED, f"only {len(exported)} metric families found: {sorted(exported)}"
-    assert all(name.startswith(("netagent_", "kubeproxy_")) for name in exported), sorted(exported)
+    assert all(name.startswith(("netagent_", "kubeproxy_", "process_")) for name in exported), sorted(exported)
     registry = Registry()
     ProxyMetrics(registry, table_fill=lambda: {"svc": (1, 2)})
     NodeAgentMetrics(registry)
     PolicyMetrics(registry)
     Rejections(registry)
     BgpSpeaker.register_metrics(SimpleNamespace(sessions=lambda: [], skipped=()), registry)
+    register_process_metrics(registry)
+    register_runner_metrics(registry, lambda: [])
+    CniMetrics(registry)
     built = dict(re.findall(r"^# TYPE (\S+) (\S+)$", registry.render(), flags=re.M))
     assert len(built) >= MIN_EXPORTED - 5, built
     wrong = {name: kind for name, kind in built.items() if exported.get(name) != kind}
