@@ -8,8 +8,8 @@ in `--namespaces` namespaces, and `--policies` policies: each isolates the pods 
 label for ingress and allows them from a namespace-and-pod selector peer on two ports, with
 an ipBlock peer, so every policy needs its own sets. The policy engine runs in this process
 on the node namespace's kernel through the dataplane `--backend` names: `iptables` (iptables
-legacy and ipset, `netagent/policy/programmer.py`) or `nftables` (the `ip netagent-policy`
-table through libnftables, `netagent/policy/programmer_nft.py`).
+legacy and ipset, `netagent/policy/iptables/`) or `nftables` (the `ip netagent-policy`
+table through libnftables, `netagent/policy/nftables/`).
 
 Figures printed (JSON at the end):
 - full sync from nothing (plan, render, apply), then a full sync that finds the kernel in
@@ -50,7 +50,7 @@ from netagent.kernel.iptables.runner import IptablesRunner  # noqa: E402
 from netagent.kernel.owned import NFT_POLICY_TABLE  # noqa: E402
 from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
-from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
+from netagent.policy.iptables.dataplane import IptablesDataplane  # noqa: E402
 from netagent.policy.shared import RenderSettings  # noqa: E402
 
 NODE = "node-1"
@@ -108,10 +108,10 @@ def make_programmer(backend: str, netns: str):
     from netagent.policy.families import FamilyDataplanes
     if backend == "nftables":
         from netagent.kernel.nftables.runner import NftRunner
-        from netagent.policy.programmer_nft import NftPolicyProgrammer
-        return FamilyDataplanes({IpFamily.V4: NftPolicyProgrammer(NftRunner(netns=netns))})
+        from netagent.policy.nftables.dataplane import NftablesDataplane
+        return FamilyDataplanes({IpFamily.V4: NftablesDataplane(NftRunner(netns=netns))})
     prefix = namespaces.exec_prefix(netns)
-    return FamilyDataplanes({IpFamily.V4: PolicyProgrammer(
+    return FamilyDataplanes({IpFamily.V4: IptablesDataplane(
         iptables=IptablesRunner(backend=IptablesBackend.LEGACY, exec_prefix=prefix), ipset=IpsetRunner(exec_prefix=prefix))})
 
 
@@ -198,7 +198,7 @@ def main() -> int:
             def engine_with(policies: int) -> PolicyEngine:
                 """A fresh engine (as after a start) that has seen every object and `policies` policies."""
                 engine = PolicyEngine(PolicySettings(NODE, RenderSettings(PodAttachment.ROUTED, local_cidrs=(SUBNET,))),
-                                      programmer=programmer,
+                                      dataplane=programmer,
                                       interface_of=lambda plan: veths.get(plan.ip, synthetic_veth(plan.ip)))
                 for recorder in (engine.policies, engine.pods, engine.namespaces):
                     recorder.on_synced()

@@ -52,8 +52,8 @@ from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
 from netagent.kernel.nftables.runner import NftRunner  # noqa: E402
 from netagent.policy.dataplane import PolicyDataplane  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
-from netagent.policy.programmer_nft import NftPolicyProgrammer  # noqa: E402
-from netagent.policy.programmer import PolicyProgrammer  # noqa: E402
+from netagent.policy.nftables.dataplane import NftablesDataplane  # noqa: E402
+from netagent.policy.iptables.dataplane import IptablesDataplane  # noqa: E402
 from netagent.policy.shared import RenderSettings  # noqa: E402
 
 FIRST_CONNECT = r"""
@@ -79,9 +79,9 @@ def timed_writes(programmer: PolicyDataplane) -> list[float]:
     """Wrap the dataplane's kernel writes (iptables-restore, ipset restore, nft batches) to add
     their wall time into the returned one-element list: where a bind's time goes."""
     spent = [0.0]
-    writers = [(programmer.nft, "apply")] if isinstance(programmer, NftPolicyProgrammer) else \
+    writers = [(programmer.nft, "apply")] if isinstance(programmer, NftablesDataplane) else \
         [(programmer.iptables, "restore"), (programmer.ipset, "_apply"), (programmer.ipset, "destroy")] \
-        if isinstance(programmer, PolicyProgrammer) else []
+        if isinstance(programmer, IptablesDataplane) else []
     for owner, method in writers:
         original = getattr(owner, method)
 
@@ -125,18 +125,18 @@ def main() -> int:
             prefix = namespaces.exec_prefix(node.node)
             programmer: PolicyDataplane
             if args.dataplane == "nft":
-                programmer = NftPolicyProgrammer(NftRunner(node.node))
+                programmer = NftablesDataplane(NftRunner(node.node))
             else:
                 backend = IptablesBackend.LEGACY if args.iptables_backend == "legacy" else IptablesBackend.NFT
                 results["iptables_backend"] = args.iptables_backend
-                programmer = PolicyProgrammer(iptables=IptablesRunner(backend=backend, exec_prefix=prefix),
+                programmer = IptablesDataplane(iptables=IptablesRunner(backend=backend, exec_prefix=prefix),
                                               ipset=IpsetRunner(exec_prefix=prefix))
             writing = timed_writes(programmer)
             spaces = [f"ns-{n}" for n in range(args.namespaces)]
             hosts = [str(address) for address in ipaddress.ip_network(SUBNET).hosts()]
             free = iter(hosts[16 + args.pods:])
             engine = PolicyEngine(PolicySettings(NODE, RenderSettings(PodAttachment.ROUTED, local_cidrs=(SUBNET,))),
-                                  programmer=programmer,
+                                  dataplane=programmer,
                                   interface_of=lambda plan: veths.get(plan.ip, synthetic_veth(plan.ip)))
             for recorder in (engine.policies, engine.pods, engine.namespaces):
                 recorder.on_synced()

@@ -30,8 +30,8 @@ A pod's host interface comes from the CNI plugin's IPAM store: the reservation f
 address names the container and interface, from which the plugin named the host veth.
 
 The dataplane follows the proxy mode: `--proxy-mode nftables` programs the `ip netagent-policy`
-nft table (policy/programmer_nft.py), so no iptables rule of ours exists; every other mode the
-iptables chains and ipsets (policy/programmer.py). The engine sees one `PolicyDataplane`
+nft table (policy/nftables/), so no iptables rule of ours exists; every other mode the
+iptables chains and ipsets (policy/iptables/). The engine sees one `PolicyDataplane`
 either way. What the other dataplane left (a node switched between modes) is removed at start.
 
 Dual-stack: one dataplane per family of this node's pod CIDRs (`policy_families`; none given
@@ -265,7 +265,7 @@ def remove_policy_state(iptables_backend, *, iptables: bool = True, nft: bool = 
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.backend import missing_binaries
     from netagent.kernel.iptables.runner import IptablesError, IptablesRunner
-    from netagent.policy.programmer import PolicyProgrammer
+    from netagent.policy.iptables.dataplane import IptablesDataplane
 
     removed = remove_nft_policy_state() if nft else []
     if not iptables or iptables_backend is None:
@@ -274,7 +274,7 @@ def remove_policy_state(iptables_backend, *, iptables: bool = True, nft: bool = 
         if family is IpFamily.V6 and missing_binaries(family, iptables_backend):
             continue
         try:
-            programmer = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=family),
+            programmer = IptablesDataplane(iptables=IptablesRunner(backend=iptables_backend, family=family),
                                           ipset=IpsetRunner(), family=family)
             removed += programmer.cleanup()
         except (IptablesError, IpsetError, OSError) as error:
@@ -286,13 +286,13 @@ def remove_nft_policy_state() -> list[str]:
     """The policy's nft table, when this host has nftables and the table."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from netagent.kernel.families import IpFamily
-    from netagent.policy.programmer_nft import NftPolicyProgrammer
+    from netagent.policy.nftables.dataplane import NftablesDataplane
     try:
         nft = NftRunner()
     except NftError:
         return []                    # no libnftables here: no table of ours either
     try:
-        return [item for family in IpFamily for item in NftPolicyProgrammer(nft, family=family).cleanup()]
+        return [item for family in IpFamily for item in NftablesDataplane(nft, family=family).cleanup()]
     except NftError as error:
         log.warning("network policy: could not check for a leftover nft policy table: %s", error)
         return []
@@ -339,7 +339,7 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
     from netagent.kube.reflector import Reflector
     from netagent.kube.resources import NAMESPACES, NETWORK_POLICIES, PODS
     from netagent.policy.engine import PolicyEngine, PolicySettings
-    from netagent.policy.programmer import PolicyProgrammer
+    from netagent.policy.iptables.dataplane import IptablesDataplane
     from netagent.policy.shared import RenderSettings, ServicePath
     from proxy.backend import ProxyMode
 
@@ -351,25 +351,25 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
     dataplanes: dict[IpFamily, PolicyDataplane] = {}
     if dataplane.netfilter is Netfilter.NFTABLES:
         from netagent.kernel.nftables.runner import NftRunner
-        from netagent.policy.programmer_nft import NftPolicyProgrammer
+        from netagent.policy.nftables.dataplane import NftablesDataplane
         for removed in remove_policy_state(iptables_backend, nft=False):   # a node switched from iptables
             log.info("network policy (nftables): removed the iptables dataplane's %s", removed)
         nft = NftRunner()
         for family in families:
-            dataplanes[family] = NftPolicyProgrammer(nft, family=family)
+            dataplanes[family] = NftablesDataplane(nft, family=family)
     else:
         for removed in remove_nft_policy_state():
             log.info("network policy (iptables): removed the nftables dataplane's %s", removed)
         ipset = IpsetRunner()
         for family in families:
-            dataplanes[family] = PolicyProgrammer(iptables=IptablesRunner(backend=iptables_backend, family=family),
+            dataplanes[family] = IptablesDataplane(iptables=IptablesRunner(backend=iptables_backend, family=family),
                                                   ipset=ipset, family=family)
     programmer = FamilyDataplanes(dataplanes)
     services = ServicePath.OUTPUT if dataplane.proxy is ProxyMode.IPVS else ServicePath.FORWARD   # IPVS: past FORWARD
     settings = PolicySettings(config.node_name, RenderSettings(config.attachment,
                                                               local_cidrs=tuple(pod_cidrs), services=services),
                               limits=config.limits)
-    engine = PolicyEngine(settings, programmer=programmer, registry=registry, rejections=rejections,
+    engine = PolicyEngine(settings, dataplane=programmer, registry=registry, rejections=rejections,
                           interface_of=ipam_interface_lookup(config.cni_data_dir, config.cni_network))
     runner = SyncRunner(name="network-policy", sync=engine.sync, min_interval=config.min_sync_period,
                         max_interval=config.sync_period, retry_interval=1.0)

@@ -3,7 +3,7 @@ node's pods and the tracer's answer, read from the kernel (policy/readback.py sa
 
 One `iptables-save -c -t filter` (counters: packets each pod's DROP has denied) and one
 `ipset save`, or, when the node holds the nft policy table (`--proxy-mode nftables`), one
-listing of that table (policy/readback_nft.py, into the same values); works while the agent
+listing of that table (policy/nftables/readback.py, into the same values); works while the agent
 is down. POD is `ns/name`, a bare name or an address
 of a pod of this node, isolated or open (the policy engine's pod directory names them all);
 the tracer's FROM and TO are the same, or any address (a pod of another node, the outside).
@@ -23,7 +23,7 @@ from netagent.errors import NetagentError
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import BackendChoice
 from netagent.policy.readback import KernelPolicy, Packet, trace
-from netagent.policy.readback_iptables import parse_kernel_policy
+from netagent.policy.iptables.readback import parse_kernel_policy
 
 if TYPE_CHECKING:
     from netagent.kernel.iptables.runner import Iptables
@@ -44,8 +44,8 @@ Read = dict[IpFamily, tuple[KernelPolicy, dict[str, frozenset[str]]]]
 def read_nft() -> Read | None:
     """The nft policy tables read back, by family, or None when this node has none (or no libnftables)."""
     from netagent.kernel.nftables.runner import NftError, NftRunner
-    from netagent.policy.readback_nft import parse_nft_policy
-    from netagent.policy.render_nft import TABLE
+    from netagent.policy.nftables.readback import parse_nft_policy
+    from netagent.policy.nftables.render import TABLE
     try:
         nft = NftRunner()
     except NftError:

@@ -2,12 +2,14 @@
 the rules: `PolicyDataplane`. The engine plans (semantics.py) and hands the plan to
 `render`, then the result to `apply`; it never learns which tables or tools are behind them.
 
-Two implementations: `programmer.PolicyProgrammer` (iptables chains and ipsets, render.py) and
-`programmer_nft.NftPolicyProgrammer` (the `ip netagent-policy` nft table, render_nft.py);
+Two implementations, one sub-package each (as proxy/'s backends): `iptables.dataplane.IptablesDataplane`
+(iptables chains and ipsets, `iptables/render.py`) and `nftables.dataplane.NftablesDataplane` (the
+`ip netagent-policy` nft table, `nftables/render.py`);
 `daemon/policy_start.py` chooses by the proxy mode. Both keep the same contract: a PARTIAL
 apply writes only what changed since the last one, a FULL one compares with the kernel (a
 restarted agent adopts with zero writes, drift is repaired), the writes never open a pod, and
-after any failure the next apply reads the kernel again. Both read back into readback.py's
+after any failure the next apply reads the kernel again. Both read back (each its `readback.py`) into
+readback.py's
 `KernelPolicy` (and the selector sets' members in ipset spelling), so `netagent status policy`,
 its tracer and the denied-packets metric are the same code for either.
 """
@@ -52,7 +54,8 @@ W = TypeVar("W", bound=Rendered)
 
 
 class PolicyDataplane(abc.ABC, Generic[W]):
-    """`W`: the dataplane's rendered state (render.py's `WantedState`, render_nft.py's `NftPolicy`)."""
+    """`W`: the dataplane's rendered state (iptables/render.py's `WantedState`,
+    nftables/render.py's `NftPolicy`)."""
 
     @abc.abstractmethod
     def render(self, plan: NodePlan, *, settings: RenderSettings,

@@ -109,10 +109,10 @@ class PolicyMetrics:
 class PolicyEngine:
     """Owns the recorders and the view; `sync` is the SyncRunner's function."""
 
-    def __init__(self, settings: PolicySettings, *, programmer: PolicyDataplane, interface_of: InterfaceLookup,
+    def __init__(self, settings: PolicySettings, *, dataplane: PolicyDataplane, interface_of: InterfaceLookup,
                  registry: Registry | None = None, rejections: RejectionScope | None = None) -> None:
         self.settings = settings
-        self.programmer = programmer
+        self.dataplane = dataplane
         self.interface_of = interface_of
         self._request: Callable[[], None] = lambda: None
         poke = self._poke
@@ -230,14 +230,14 @@ class PolicyEngine:
         self._planned_bindings = version
         self._planned_view = view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
         self.plan = plan_node(view, node_name=self.settings.node_name)
-        self.wanted = wanted = self.programmer.render(self.plan, settings=self.settings.render,
+        self.wanted = wanted = self.dataplane.render(self.plan, settings=self.settings.render,
                                                       interface_of=self._interface)
         unprogrammed = self.plan.problems + self.wanted.refused
         if unprogrammed != self.unprogrammed:        # said once, not every sync
             for problem in unprogrammed:
                 log.warning("network policy: %s", problem)
         self.unprogrammed = unprogrammed
-        self.last_report = self.programmer.apply(wanted, full=kind is SyncKind.FULL)
+        self.last_report = self.dataplane.apply(wanted, full=kind is SyncKind.FULL)
         self._in_sync = not self.wanted.pending
         self.bindings.synced(epoch, self.plan.pods, self.wanted.pending)
         if self.metrics is not None:
@@ -310,12 +310,12 @@ class PolicyEngine:
                 if ip is not None:
                     change = plan_with_pod(view, self.plan, key, node_name=node)
                     if change is not None:
-                        done = self.programmer.apply_pod(self.wanted, change, settings=render,
+                        done = self.dataplane.apply_pod(self.wanted, change, settings=render,
                                                          interface_of=self._interface)
                 else:
                     change = plan_without_pod(view, self.plan, key) if reported.ip in (None, info.ip) else None
                     if change is not None:
-                        done = self.programmer.remove_pod(self.wanted, change, settings=render)
+                        done = self.dataplane.remove_pod(self.wanted, change, settings=render)
             except Exception:
                 log.exception("network policy: programming one pod alone failed; a full sync follows")
                 self._in_sync = False

@@ -1,7 +1,7 @@
 """What the kernel enforces, read back: per pod and direction, the policies, the allow rules
 and the packets denied; and a tracer that answers "would A reach B on port P?" from those
 rules and the sets' members. Pure: each dataplane reads its kernel state into these values
-(`readback_iptables.py`: `iptables-save -c` text; `readback_nft.py`: the table's listing).
+(`iptables/readback.py`: `iptables-save -c` text; `nftables/readback.py`: the table's listing).
 
 Why from the kernel and not from the agent's memory: the question an operator asks is what
 the node does now (after a restart, a hand edit, a failed sync), and the rules say it: each

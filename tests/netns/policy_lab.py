@@ -39,8 +39,8 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.dataplane import PolicyDataplane
 from netagent.policy.families import FamilyDataplanes
-from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
+from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings
 from proxy.backend import ProxyMode
 from tests.unit.policy_objects import namespace as namespace_object
@@ -242,19 +242,19 @@ class PolicyLab:
         if self.dataplane is ProxyMode.NFTABLES:
             if self.nft is None:
                 self.nft = NftRunner(netns=self.node.node)
-            programmer = NftPolicyProgrammer(self.nft)
+            programmer = NftablesDataplane(self.nft)
             if self.dual:
                 programmer = FamilyDataplanes({IpFamily.V4: programmer,
-                                               IpFamily.V6: NftPolicyProgrammer(self.nft, family=IpFamily.V6)})
+                                               IpFamily.V6: NftablesDataplane(self.nft, family=IpFamily.V6)})
         else:
-            programmer = PolicyProgrammer(iptables=self.iptables, ipset=IpsetRunner(exec_prefix=prefix))
+            programmer = IptablesDataplane(iptables=self.iptables, ipset=IpsetRunner(exec_prefix=prefix))
             if self.dual:
                 iptables6 = IptablesRunner(backend=self.backend, family=IpFamily.V6, exec_prefix=prefix,
                                            lock_wait_seconds=60)
-                programmer = FamilyDataplanes({IpFamily.V4: programmer, IpFamily.V6: PolicyProgrammer(
+                programmer = FamilyDataplanes({IpFamily.V4: programmer, IpFamily.V6: IptablesDataplane(
                     iptables=iptables6, ipset=IpsetRunner(exec_prefix=prefix), family=IpFamily.V6)})
         settings = PolicySettings(NODE_NAME, RenderSettings(self.mode, local_cidrs=self.subnets))
-        engine = PolicyEngine(settings, programmer=programmer, interface_of=lambda plan: self.veths.get(plan.ip))
+        engine = PolicyEngine(settings, dataplane=programmer, interface_of=lambda plan: self.veths.get(plan.ip))
         for recorder in (engine.policies, engine.pods, engine.namespaces):
             recorder.on_synced()
         return engine

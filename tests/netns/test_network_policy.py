@@ -220,7 +220,7 @@ def test_adoption_after_restart_writes_nothing_on_either_backend(np_iptables, ba
         "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "serve"}]}, {"ports": [{"protocol": "UDP"}]}]}))
     try:
         if backend is not used:
-            np.engine.programmer.cleanup()
+            np.engine.dataplane.cleanup()
             np.restart_engine(backend)
             np.sync(SyncKind.FULL)
         engine = np.restart_engine()
@@ -231,7 +231,7 @@ def test_adoption_after_restart_writes_nothing_on_either_backend(np_iptables, ba
                  [TCP80], sources=["x/a", "x/b", "y/b"], targets=["x/a", "y/a"])
     finally:
         if backend is not used:
-            np.engine.programmer.cleanup()
+            np.engine.dataplane.cleanup()
             np.restart_engine(used)
             np.sync(SyncKind.FULL)
 

@@ -23,7 +23,7 @@ from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
-from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.shared import RenderSettings
 from tests.unit.hostile_policy_objects import GOOD_PODS, LOCAL_CIDR, NODE, good_objects
 from tests.unit.test_hostile_policy import hostile_objects
@@ -53,9 +53,9 @@ def test_hostile_samples_are_accepted_by_the_real_tools(node):
               print_blob=True)
     @given(objects=hostile_objects, mode=st.sampled_from(list(PodAttachment)))
     def sample(objects, mode):
-        programmer = PolicyProgrammer(iptables=iptables, ipset=ipset)
+        programmer = IptablesDataplane(iptables=iptables, ipset=ipset)
         engine = PolicyEngine(PolicySettings(NODE, RenderSettings(mode, local_cidrs=(LOCAL_CIDR,))),
-                              programmer=programmer,
+                              dataplane=programmer,
                               interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"))
         for recorder in (engine.namespaces, engine.pods, engine.policies):
             recorder.on_synced()

@@ -23,11 +23,11 @@ from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.nftables.runner import NftRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
-from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.kernel.nftables import tables
-from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings
-from netagent.policy.render_nft import TABLE
+from netagent.policy.nftables.render import TABLE
 from tests.netns.policy_lab import SERVER
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_incremental import comparable
@@ -77,11 +77,11 @@ class Dataplane:
         prefix = namespaces.exec_prefix(node_netns)
         if kind == "nft":
             self.nft = CountingNft(node_netns)
-            self.programmer: PolicyProgrammer | NftPolicyProgrammer = NftPolicyProgrammer(self.nft)
+            self.programmer: IptablesDataplane | NftablesDataplane = NftablesDataplane(self.nft)
         else:
             self.iptables = CountingIptables(backend=IptablesBackend.LEGACY, exec_prefix=prefix)
             self.ipset = CountingIpset(exec_prefix=prefix)
-            self.programmer = PolicyProgrammer(iptables=self.iptables, ipset=self.ipset)
+            self.programmer = IptablesDataplane(iptables=self.iptables, ipset=self.ipset)
 
     def writes(self) -> tuple[int, ...]:
         return (self.nft.batches,) if self.kind == "nft" else (self.iptables.restores, self.ipset.writes)
@@ -102,7 +102,7 @@ class Dataplane:
 
 def engine_for(dataplane: Dataplane, veths: dict[str, str]) -> PolicyEngine:
     engine = PolicyEngine(PolicySettings("node-1", RenderSettings(PodAttachment.ROUTED, local_cidrs=(SUBNET,))),
-                          programmer=dataplane.programmer, interface_of=lambda plan: veths.get(plan.ip))
+                          dataplane=dataplane.programmer, interface_of=lambda plan: veths.get(plan.ip))
     for recorder in (engine.namespaces, engine.pods, engine.policies):
         recorder.on_synced()
     engine.namespaces.on_add(namespace("x"))

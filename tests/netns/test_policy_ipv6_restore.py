@@ -15,7 +15,7 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.runner import IptablesRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.families import FamilyDataplanes
-from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from tests.netns.test_restore_parity import comparable
@@ -25,7 +25,7 @@ SETTINGS = RenderSettings(PodAttachment.BRIDGE, local_cidrs=CIDRS)     # no IPVS
 
 
 def _dataplanes(iptables: dict, ipset) -> FamilyDataplanes:
-    return FamilyDataplanes({family: PolicyProgrammer(iptables=iptables[family], ipset=ipset, family=family)
+    return FamilyDataplanes({family: IptablesDataplane(iptables=iptables[family], ipset=ipset, family=family)
                              for family in IpFamily})
 
 

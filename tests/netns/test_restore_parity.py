@@ -21,8 +21,8 @@ from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS
 from netagent.kernel.iptables.runner import FlushMode, IptablesError, IptablesRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.noderoutes.masquerade import render_masquerade_rules
-from netagent.policy.programmer import KNOWN_SPEC
-from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.iptables.dataplane import KNOWN_SPEC
+from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset

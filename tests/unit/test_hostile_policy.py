@@ -32,8 +32,8 @@ from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.model import PolicyType
 from netagent.kernel.families import IpFamily
 from netagent.policy.families import DualWanted, FamilyDataplanes
-from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import WantedState
+from netagent.policy.iptables.dataplane import IptablesDataplane
+from netagent.policy.iptables.render import WantedState
 from netagent.policy.shared import RenderSettings, pod_chain
 from netagent.policy.semantics import set_refs
 from tests.unit.hostile_policy_objects import (
@@ -54,7 +54,7 @@ def new_engine(mode: PodAttachment) -> tuple[PolicyEngine, FakeIptables, FakeIps
     iptables = FakeIptables()
     ipset = FakeIpset(in_use=iptables_references(iptables))
     engine = PolicyEngine(PolicySettings(NODE, RenderSettings(mode, local_cidrs=(LOCAL_CIDR,))),
-                          programmer=FamilyDataplanes({IpFamily.V4: PolicyProgrammer(iptables=iptables, ipset=ipset)}),
+                          dataplane=FamilyDataplanes({IpFamily.V4: IptablesDataplane(iptables=iptables, ipset=ipset)}),
                           interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"))
     for recorder in (engine.namespaces, engine.pods, engine.policies):
         recorder.on_synced()

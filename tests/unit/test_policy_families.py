@@ -27,13 +27,13 @@ from netagent.policy.families import FamilyDataplanes, plan_for_family
 from netagent.policy.kube_objects import parse_ip_block, parse_pod, parse_policy
 from netagent.policy.model import IpBlock
 from netagent.policy.pod_binding import bound_addresses
-from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
+from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.readback import Packet, trace
 from netagent.policy.ndp import NDP_TYPES, iptables_rules as ndp_rules
-from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings, ServicePath
-from netagent.policy.render_nft import render_nft
+from netagent.policy.nftables.render import render_nft
 from netagent.policy.semantics import CidrMatch, SetKind, SetRef, plan_node
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_semantics import view_of
@@ -203,7 +203,7 @@ def test_ipv6_nft_golden():
             super().apply(batch)
 
     nft = Recording()
-    programmer = NftPolicyProgrammer(nft, family=IpFamily.V6)
+    programmer = NftablesDataplane(nft, family=IpFamily.V6)
     settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("fd00:0:0:1::/64",), family=IpFamily.V6)
     state = programmer.render(plan_for_family(plan(WEB), IpFamily.V6), settings=settings, interface_of=lambda p: VETH)
     programmer.apply(state, full=True)
@@ -256,7 +256,7 @@ def test_the_ipv6_read_back_ignores_neighbour_discovery_and_still_traces():
     """The NDP RETURNs are neither guard nor allow rules: the read-back's guard is the KNOWN
     DROPs, and its tracer (which does not read icmp6) judges a connection as before."""
     iptables, ipset = FakeIptables(family=IpFamily.V6), FakeIpset()
-    programmer = PolicyProgrammer(iptables=iptables, ipset=ipset, family=IpFamily.V6)
+    programmer = IptablesDataplane(iptables=iptables, ipset=ipset, family=IpFamily.V6)
     state = wanted6(PodAttachment.BRIDGE)
     programmer.apply(state, full=True)
     assert not programmer.apply(wanted6(PodAttachment.BRIDGE), full=True).wrote      # read back: no drift
@@ -278,11 +278,11 @@ class DualNode:
         self.iptables = iptables or {family: FakeIptables(family=family) for family in IpFamily}
         refs = [iptables_references(fake) for fake in self.iptables.values()]
         self.ipset = ipset or FakeIpset(in_use=lambda name: any(ref(name) for ref in refs))
-        self.dataplanes = FamilyDataplanes({family: PolicyProgrammer(iptables=self.iptables[family], ipset=self.ipset,
+        self.dataplanes = FamilyDataplanes({family: IptablesDataplane(iptables=self.iptables[family], ipset=self.ipset,
                                                                      family=family) for family in IpFamily})
         self.reservations = {"10.0.0.2": "ca", "fd00:0:0:1::2": "ca", "10.0.0.3": "cb", "fd00:0:0:1::3": "cb"}
         self.engine = PolicyEngine(PolicySettings("node-1", RenderSettings(PodAttachment.ROUTED, local_cidrs=CIDRS)),
-                                   programmer=self.dataplanes, interface_of=lambda p: self._veth(p.ip))
+                                   dataplane=self.dataplanes, interface_of=lambda p: self._veth(p.ip))
         self.engine.set_requester(lambda: None)
         for recorder in (self.engine.namespaces, self.engine.pods, self.engine.policies):
             recorder.on_synced()

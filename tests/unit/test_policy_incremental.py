@@ -23,11 +23,11 @@ from netagent.kernel.nftables.fake import FakeNft
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy import engine as engine_module
 from netagent.policy.engine import PolicyEngine, PolicySettings
-from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.kernel.nftables import tables
-from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings, ServicePath
-from netagent.policy.render_nft import TABLE
+from netagent.policy.nftables.render import TABLE
 from tests.unit.policy_objects import namespace, pod, policy
 
 LONG = 30.0
@@ -46,15 +46,15 @@ class Node:
         self.dataplane = dataplane
         if dataplane == "nft":
             self.nft = FakeNft()
-            programmer: PolicyProgrammer | NftPolicyProgrammer = NftPolicyProgrammer(self.nft)
+            programmer: IptablesDataplane | NftablesDataplane = NftablesDataplane(self.nft)
         else:
             self.iptables = FakeIptables()
             self.ipset = FakeIpset(in_use=iptables_references(self.iptables))
-            programmer = PolicyProgrammer(iptables=self.iptables, ipset=self.ipset)
+            programmer = IptablesDataplane(iptables=self.iptables, ipset=self.ipset)
         render = RenderSettings(mode, local_cidrs=("10.0.0.0/24",),
                                 services=ServicePath.OUTPUT if ipvs else ServicePath.FORWARD)
         self.registry = Registry()
-        self.engine = PolicyEngine(PolicySettings("node-1", render), programmer=programmer,
+        self.engine = PolicyEngine(PolicySettings("node-1", render), dataplane=programmer,
                                    interface_of=lambda plan: veth(plan.ip), registry=self.registry)
         for recorder in (self.engine.namespaces, self.engine.pods, self.engine.policies):
             recorder.on_synced()

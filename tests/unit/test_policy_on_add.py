@@ -17,7 +17,7 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.pod_binding import ClosedReason, pod_key
-from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.shared import RenderSettings
 from tests.unit.policy_objects import namespace, pod, policy
 
@@ -40,7 +40,7 @@ class Node:
         self.registry = Registry()
         settings = RenderSettings(PodAttachment.BRIDGE, local_cidrs=("10.0.0.0/24",))
         self.engine = PolicyEngine(PolicySettings("node-1", settings),
-                                   programmer=PolicyProgrammer(iptables=self.iptables, ipset=self.ipset),
+                                   dataplane=IptablesDataplane(iptables=self.iptables, ipset=self.ipset),
                                    interface_of=self.lookup, registry=self.registry)
         self.requests = 0
         self.engine.set_requester(self._requested)

@@ -11,7 +11,7 @@ from netagent.kernel import owned
 from netagent.kernel.nftables.fake import FakeNft
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
-from netagent.policy.programmer_nft import NftPolicyProgrammer
+from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings
 from tests.unit.policy_objects import namespace, pod, policy
 from tests.unit.test_policy_nft import TABLE
@@ -28,7 +28,7 @@ class Node:
     def __init__(self) -> None:
         self.nft = FakeNft()
         settings = RenderSettings(PodAttachment.BRIDGE, local_cidrs=("10.0.0.0/24",))
-        self.engine = PolicyEngine(PolicySettings("node-1", settings), programmer=NftPolicyProgrammer(self.nft),
+        self.engine = PolicyEngine(PolicySettings("node-1", settings), dataplane=NftablesDataplane(self.nft),
                                    interface_of=lambda plan: veth(plan.ip), registry=Registry())
         for recorder in (self.engine.namespaces, self.engine.pods, self.engine.policies):
             recorder.on_synced()

@@ -1,4 +1,4 @@
-"""`PolicyProgrammer` and `PolicyEngine` against FakeIptables and FakeIpset: what a sync
+"""`IptablesDataplane` and `PolicyEngine` against FakeIptables and FakeIpset: what a sync
 writes (only the difference), the order that keeps new pods closed, adoption after a restart
 with no writes, drift repair, failures, and cleanup that leaves everything else alone."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.iptables.restore_format import RestoreBuilder, jump_target
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
-from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import BUCKET_PREFIX, OUTPUT_CHAIN, OUTPUT_JUMP_MATCH
+from netagent.policy.iptables.dataplane import IptablesDataplane
+from netagent.policy.iptables.render import BUCKET_PREFIX, OUTPUT_CHAIN, OUTPUT_JUMP_MATCH
 from netagent.policy.shared import RenderSettings, ServicePath
 from tests.unit.policy_objects import namespace, pod, policy
 
@@ -33,7 +33,7 @@ class Node:
         settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("10.0.0.0/24",),
                                   services=ServicePath.OUTPUT if ipvs else ServicePath.FORWARD)
         engine = PolicyEngine(PolicySettings("node-1", settings),
-                              programmer=PolicyProgrammer(iptables=self.iptables, ipset=self.ipset),
+                              dataplane=IptablesDataplane(iptables=self.iptables, ipset=self.ipset),
                               interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"),
                               registry=Registry())
         for recorder in (engine.namespaces, engine.pods, engine.policies):
@@ -175,11 +175,11 @@ def test_a_failed_write_makes_the_next_sync_read_the_kernel(node, monkeypatch):
 def test_cleanup_removes_ours_only(node):
     node.engine.policies.on_add(DENY_FROM_NON_B)
     node.sync(SyncKind.FULL)
-    removed = node.engine.programmer.cleanup()
+    removed = node.engine.dataplane.cleanup()
     assert removed and not node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
     assert node.ipset.owned_names(prefix=owned.POLICY_PREFIX) == []
     assert node.chain("FORWARD") == [("-j", "OTHER")] and "OTHER" in node.iptables.table("filter").chains
-    assert node.engine.programmer.cleanup() == []
+    assert node.engine.dataplane.cleanup() == []
 
 
 def test_unreadable_fields_are_reported_once_and_counted(node, caplog):
@@ -230,5 +230,5 @@ def test_cleanup_removes_the_ipvs_output_hook_too(node):
     node.engine.policies.on_add(DENY_FROM_NON_B)
     node.sync(SyncKind.FULL)
     assert jump_target(node.chain("OUTPUT")[0]) == OUTPUT_CHAIN
-    assert node.engine.programmer.cleanup()
+    assert node.engine.dataplane.cleanup()
     assert node.chain("OUTPUT") == [] and not node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)

@@ -7,16 +7,16 @@ import dataclasses
 from netagent.kernel.ipset import FakeIpset, iptables_references
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.programmer import PolicyProgrammer
+from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.readback import Packet, ReadRule, trace
-from netagent.policy.readback_iptables import parse_kernel_policy
+from netagent.policy.iptables.readback import parse_kernel_policy
 from tests.unit.test_policy_render import WEB, wanted
 
 
 def programmed():
     iptables = FakeIptables()
     ipset = FakeIpset(in_use=iptables_references(iptables))
-    PolicyProgrammer(iptables=iptables, ipset=ipset).apply(wanted(PodAttachment.BRIDGE, WEB), full=True)
+    IptablesDataplane(iptables=iptables, ipset=ipset).apply(wanted(PodAttachment.BRIDGE, WEB), full=True)
     text = iptables.save("filter")
     # counters as `iptables-save -c` prints them: 7 packets hit x/a's ingress DROP
     text = "\n".join(("[7:420] " + line) if "deny ingress to x/a" in line else line for line in text.splitlines())

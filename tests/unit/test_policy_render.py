@@ -16,7 +16,7 @@ import pytest
 from netagent.kernel import owned
 from netagent.kernel.ipset.model import IpsetType
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings, ServicePath
 from netagent.policy.semantics import plan_node
 from tests.unit.policy_objects import policy
@@ -114,7 +114,7 @@ def test_ipvs_output_chain_reaches_every_pod_chain_once_by_address(mode):
     the KNOWN guard, and reaches each pod chain once: egress by source, ingress by destination
     and the device the packet leaves by (the veth when routed, the bridge otherwise)."""
     from netagent.kernel.iptables.restore_format import jump_target
-    from netagent.policy.render import OUTPUT_CHAIN
+    from netagent.policy.iptables.render import OUTPUT_CHAIN
     state = wanted(mode, WEB, ipvs=True)
     head = state.chains[OUTPUT_CHAIN]
     assert "RELATED,ESTABLISHED" in head[0] and ("--src-type", "LOCAL") == head[1][head[1].index("--src-type"):][:2]

@@ -17,8 +17,8 @@ from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS
 from netagent.kernel.iptables.fake import FakeIptables
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
-from netagent.policy.programmer import PolicyProgrammer
-from netagent.policy.render import render_wanted
+from netagent.policy.iptables.dataplane import IptablesDataplane
+from netagent.policy.iptables.render import render_wanted
 from netagent.policy.shared import RenderSettings, pod_chain
 from netagent.policy.semantics import (
     Allow,
@@ -42,7 +42,7 @@ class Node:
         self.ipset = FakeIpset(in_use=iptables_references(self.iptables))
         settings = RenderSettings(PodAttachment.ROUTED, local_cidrs=("10.0.0.0/24",))
         self.engine = PolicyEngine(PolicySettings("node-1", settings),
-                                   programmer=PolicyProgrammer(iptables=self.iptables, ipset=self.ipset),
+                                   dataplane=IptablesDataplane(iptables=self.iptables, ipset=self.ipset),
                                    interface_of=lambda plan: "na" + plan.ip.replace(".", "")[-12:].rjust(12, "0"),
                                    registry=Registry())
         for recorder in (self.engine.namespaces, self.engine.pods, self.engine.policies):
@@ -310,7 +310,7 @@ def test_a_namespace_cannot_claim_another_namespace_name_label(node):
 
 def test_the_tracer_follows_an_ip_block_set(node):
     from netagent.policy.readback import Packet, trace
-    from netagent.policy.readback_iptables import parse_kernel_policy
+    from netagent.policy.iptables.readback import parse_kernel_policy
     node.engine.policies.on_add(policy("x", "blocks", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
         {"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}, {"ipBlock": {"cidr": "198.51.100.7/32"}}],
          "ports": [{"port": 80}]}]}))

@@ -24,7 +24,7 @@ from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, Table, parse
 from netagent.kernel.iptables.runner import FlushMode
 from netagent.kernel.iptables.tokens import COMMENT_MAX_BYTES, comment_text, split_ipset_line
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.render import render_chains, render_wanted
+from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset

@@ -331,10 +331,10 @@ def policy_save_text(denied: int) -> str:
     from netagent.kernel.ipset import FakeIpset, iptables_references
     from netagent.kernel.iptables.fake import FakeIptables
     from netagent.kernel.pod_attachment import PodAttachment
-    from netagent.policy.programmer import PolicyProgrammer
+    from netagent.policy.iptables.dataplane import IptablesDataplane
     from tests.unit.test_policy_render import WEB, wanted
     iptables = FakeIptables()
-    PolicyProgrammer(iptables=iptables, ipset=FakeIpset(in_use=iptables_references(iptables))).apply(
+    IptablesDataplane(iptables=iptables, ipset=FakeIpset(in_use=iptables_references(iptables))).apply(
         wanted(PodAttachment.BRIDGE, WEB), full=True)
     return "\n".join((f"[{denied}:{denied * 60}] " + line) if "deny ingress to x/a" in line else line
                      for line in iptables.save("filter").splitlines())

@@ -3,7 +3,7 @@
 IPVS takes a pod's connection to a cluster IP in INPUT and sends it, translated, out through
 OUTPUT: FORWARD, where the per-pod chains hang, never sees it. The agent in `--proxy-mode
 ipvs --network-policy` therefore also hooks filter OUTPUT for IPVS-forwarded packets
-(netagent/policy/render.py). One node, pods on the CNI bridge (br_netfilter loaded, as on
+(netagent/policy/iptables/render.py). One node, pods on the CNI bridge (br_netfilter loaded, as on
 Kubernetes nodes): `web` (the Service's only endpoint), `friend` and `stranger`. Real
 connections, each check polled until the kernel enforces it (the agent programs
 asynchronously; bounded waits, no timing asserts):

@@ -1,5 +1,5 @@
 """The `ip netagent-policy` table read back (libnftables JSON, `Nft.list_table`) into
-readback.py's `KernelPolicy` and the sets' members, so `netagent status policy`, its tracer
+policy/readback.py's `KernelPolicy` and the sets' members, so `netagent status policy`, its tracer
 and the denied-packets metric are the same code in nftables mode as in iptables mode. Pure.
 
 Why translate rather than match nft expressions on their own: there is one rule matcher
@@ -13,7 +13,7 @@ becomes `-m nft-<name>`, which the tracer refuses to judge (it says so), never a
 The table is read through kernel/nftables/tables.py (`read_table`: chains, rules by their
 comments, sets and their elements as key parts); only the rules' expressions (`expr`, which
 the model never reads) are taken from the listing beside it. Pods come from the table alone:
-each pod chain's header (render_nft.py) names, in its purpose (`model.purpose_of`), the
+each pod chain's header (render.py) names, in its purpose (`model.purpose_of`), the
 direction, address, pod and policies; the KNOWN set's elements, with their comments, name
 every programmed local pod, open ones included (the pod directory); a chain's `counter drop`
 holds the packets denied. A `ReadRule`'s comment is its rule's purpose.
@@ -28,7 +28,7 @@ from netagent.kernel.nftables import listing, tables
 from netagent.kernel.nftables.listing import element_text
 from netagent.kernel.nftables.model import Element, Set, purpose_of
 from netagent.policy.readback import KernelPolicy, PodDirection, ReadRule
-from netagent.policy.render_nft import BASE_CHAIN, KNOWN_SET, TABLE
+from netagent.policy.nftables.render import BASE_CHAIN, KNOWN_SET, TABLE
 
 _HEADER = re.compile(r"^(ingress|egress) (\S+) (\S+) selected by (.*)$")
 _VERDICTS = {"return": "RETURN", "drop": "DROP", "accept": "ACCEPT", "jump": "jump", "goto": "goto", "vmap": "vmap"}

@@ -16,7 +16,7 @@ The writes, in an order that never opens a pod:
 After a failure the applied record is dropped, so the next (FULL, the runner's rule) sync
 reads the kernel again.
 
-One programmer per family (`family`: its `Iptables` is that family's, iptables or ip6tables):
+One dataplane per family (`family`: its `Iptables` is that family's, iptables or ip6tables):
 ipset's names are shared by both families, so each owns the policy sets of its own ipset
 family only (`family inet` or `inet6`, as the kernel reports them), and its KNOWN set.
 """
@@ -34,8 +34,8 @@ from netagent.kernel.iptables.restore_format import Table, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
 from netagent.policy.readback import KernelPolicy
-from netagent.policy.readback_iptables import parse_kernel_policy
-from netagent.policy.render import (
+from netagent.policy.iptables.readback import parse_kernel_policy
+from netagent.policy.iptables.render import (
     JUMP_COMMENT,
     OUTPUT_CHAIN,
     OUTPUT_JUMP_COMMENT,
@@ -87,7 +87,7 @@ def _jumps_into(table: Table, chains: list[str]) -> list[tuple[str, tuple[str, .
     return found
 
 
-class PolicyProgrammer(PolicyDataplane[WantedState]):
+class IptablesDataplane(PolicyDataplane[WantedState]):
     """Applies wanted states through an `Iptables` and an `Ipset` (real or fake)."""
 
     def __init__(self, *, iptables: Iptables, ipset: Ipset, family: IpFamily = IpFamily.V4) -> None:
@@ -101,7 +101,7 @@ class PolicyProgrammer(PolicyDataplane[WantedState]):
         return SetContents(name, set_type, self.family.ipset, members)
 
     def _our_sets(self) -> dict[str, SetContents]:
-        """The policy sets of this family (the other family's programmer owns the rest)."""
+        """The policy sets of this family (the other family's dataplane owns the rest)."""
         return {name: contents for name, contents in self.ipset.snapshot().items()
                 if name.startswith(owned.POLICY_PREFIX) and contents.family == self.family.ipset}
 

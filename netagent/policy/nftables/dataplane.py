@@ -1,5 +1,5 @@
-"""Making the `ip netagent-policy` table hold an `NftPolicy` (render_nft.py): the nft
-`PolicyDataplane`, with the iptables programmer's contract (dataplane.py).
+"""Making the `ip netagent-policy` table hold an `NftPolicy` (render.py): the nft
+`PolicyDataplane`, with the iptables dataplane's contract (policy/dataplane.py).
 
 It writes nothing of its own: the difference between the table wanted and the table held is
 kernel/nftables/changes.py's (`table_changes`), and so is its one batch (`Changes.text`), ONE
@@ -9,7 +9,7 @@ table before or after, never between.
 - A PARTIAL sync compares with the table this process last applied (`read_back=False`) and
   writes only changed elements and chains (a label change: set elements only); the one-pod
   paths of a CNI ADD or DEL (`apply_pod`, `remove_pod`) are partial syncs of the table
-  render_nft.py derives with or without that pod.
+  render.py derives with or without that pod.
 - A FULL sync reads the table back (`tables.read_table` of `list_table`) and writes the
   difference, so a restarted agent adopts its predecessor's table with zero writes and drift
   is repaired (rules compared by their digest comments, sets and maps by their elements, KNOWN
@@ -31,15 +31,15 @@ from netagent.kernel.nftables.runner import Nft
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.readback import KernelPolicy
-from netagent.policy.readback_nft import parse_nft_policy
-from netagent.policy.render_nft import BASE_CHAIN, TABLE, NftPolicy, render_nft, render_nft_with_pod, render_nft_without_pod
+from netagent.policy.nftables.readback import parse_nft_policy
+from netagent.policy.nftables.render import BASE_CHAIN, TABLE, NftPolicy, render_nft, render_nft_with_pod, render_nft_without_pod
 from netagent.policy.semantics import NodePlan, PodPlan
 from netagent.policy.shared import RenderSettings
 
 log = logging.getLogger("netagent.policy")
 
 
-class NftPolicyProgrammer(PolicyDataplane[NftPolicy]):
+class NftablesDataplane(PolicyDataplane[NftPolicy]):
     """Applies wanted states to the policy table through an `Nft` (real or fake)."""
 
     def __init__(self, nft: Nft, *, family: IpFamily = IpFamily.V4) -> None:

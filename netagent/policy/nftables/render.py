@@ -39,7 +39,7 @@ the purpose in words (a pod chain's header: direction, address, pod and the poli
 its policy rule; the deny), the digest that of the rule's statements, so a changed rule has a
 changed comment; `model.purpose_of` gives the words back (`netagent status policy`). Every
 string reaching nft text goes through kernel/nftables/text.py; the table's differ and batch
-are kernel/nftables/changes.py's (programmer_nft.py). A pod that cannot be rendered, or whose
+are kernel/nftables/changes.py's (dataplane.py). A pod that cannot be rendered, or whose
 rules would use an except set that cannot be written, is `refused`: not in KNOWN, so it stays
 closed.
 """

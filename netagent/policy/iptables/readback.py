@@ -1,5 +1,5 @@
 """The iptables dataplane's chains read back (`iptables-save -c -t filter` text) into
-readback.py's `KernelPolicy`: each pod chain's header comment (render.py) names the
+policy/readback.py's `KernelPolicy`: each pod chain's header comment (render.py) names the
 direction, pod, address and policies; the pod directory chains name every programmed local
 pod; a `ReadRule`'s comment is the rule's purpose (the comment without `netagent policy: `)."""
 from __future__ import annotations
