@@ -139,7 +139,7 @@ class FakeCniKernel(CniKernel):
         self.namespaces: dict[str, FakeNamespace] = {}
         self.add_netns(NODE)
         self.open_handles: dict[int, str] = {}  # fd -> namespace path
-        self.sysctls = FakeSysctls({forwarding(f.value).key: "0" for f in IpFamily})
+        self.sysctls = FakeSysctls({forwarding(f).key: "0" for f in IpFamily})
         self.node.settings = self.sysctls.values  # the node's sysctls are one store
         self.ensured: dict[tuple[str, tuple[str, ...]], Bridge] = {}
         self.calls: list[str] = []
@@ -363,7 +363,7 @@ class FakeCniKernel(CniKernel):
 
     def enable_forwarding(self, family: IpFamily) -> None:
         fault = self._begin("enable_forwarding")
-        ensure_sysctls(self.sysctls, [forwarding(family.value)])
+        ensure_sysctls(self.sysctls, [forwarding(family)])
         self._end(fault)
 
     def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:

@@ -269,7 +269,7 @@ class NetlinkCniKernel(CniKernel):
         """Once per family and process: a warm agent does not even read the sysctl again."""
         if family in self._forwarding_enabled:
             return
-        ensure_sysctls(ProcSysctls(), [sysctl.forwarding(family.value)])
+        ensure_sysctls(ProcSysctls(), [sysctl.forwarding(family)])
         self._forwarding_enabled.add(family)
 
     def set_link_settings(self, name: str, settings: tuple[LinkSetting, ...]) -> None:

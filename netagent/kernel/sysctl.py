@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from netagent.kernel.families import IpFamily
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,6 @@ IP_FORWARD = Sysctl("net.ipv4.ip_forward", "1",
 IPV6_FORWARD = Sysctl("net.ipv6.conf.all.forwarding", "1", "the same for IPv6 pods")
 
 
-def forwarding(family: int) -> Sysctl:
-    """The forwarding sysctl of an IP family (4 or 6)."""
-    return IP_FORWARD if family == 4 else IPV6_FORWARD
+def forwarding(family: IpFamily) -> Sysctl:
+    """The forwarding sysctl of an IP family."""
+    return IP_FORWARD if family is IpFamily.V4 else IPV6_FORWARD

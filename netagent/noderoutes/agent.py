@@ -253,7 +253,7 @@ class NodeAgent:
 
     def _enable_forwarding(self) -> None:
         """Pods' traffic is routed through this node: forwarding must be on in its namespace (per family)."""
-        ensure_sysctls(self.host.sysctls, [forwarding(family.value) for family in self.families()])
+        ensure_sysctls(self.host.sysctls, [forwarding(family) for family in self.families()])
 
     def _build_managers(self, underlay: Underlay, family: IpFamily = IpFamily.V4, own: dict | None = None) \
             -> RoutedFamily:

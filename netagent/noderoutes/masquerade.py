@@ -39,6 +39,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.restore_format import (
     RestoreBuilder,
     Table,
@@ -56,7 +57,7 @@ from netagent.kernel.iptables.runner import (
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-MULTICAST = {4: ipaddress.ip_network("224.0.0.0/4"), 6: ipaddress.ip_network("ff00::/8")}
+MULTICAST = {IpFamily.V4: ipaddress.ip_network("224.0.0.0/4"), IpFamily.V6: ipaddress.ip_network("ff00::/8")}
 POSTROUTING_JUMP_COMMENT = "netagent: pod egress masquerade"
 FORWARD_JUMP_COMMENT = "netagent: forward pod traffic"
 
@@ -80,7 +81,7 @@ def masquerade_chains(*, cluster_cidrs: Iterable[IpNetwork | str], pod_cidrs: It
                       ports: PortRandomization = PortRandomization.FULLY) -> tuple[OwnedChain, OwnedChain]:
     """The two chains (nat, filter) with their wanted rules, in canonical save form."""
     cluster, pods = validated_networks(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
-    multicast = MULTICAST[cluster[0].version]
+    multicast = MULTICAST[IpFamily.of(cluster[0])]
     masquerade = ("-j", *ports.target)
     nat: list[tuple[str, ...]] = []
     for source in cluster:
@@ -115,11 +116,11 @@ def validated_networks(*, cluster_cidrs: Iterable[IpNetwork | str],
     pods = _networks(pod_cidrs, what="pod CIDR")
     if not cluster:
         raise ValueError("at least one cluster CIDR is needed")
-    version = cluster[0].version
+    family = IpFamily.of(cluster[0])
     for network in cluster + pods:
-        if network.version != version:
-            raise ValueError(f"{network} is not IPv{version} like {cluster[0]}")
-    multicast = MULTICAST[version]
+        if not family.holds(network):
+            raise ValueError(f"{network} is not {family.label} like {cluster[0]}")
+    multicast = MULTICAST[family]
     for network in cluster:
         if network.overlaps(multicast):
             raise ValueError(f"cluster CIDR {network} overlaps multicast {multicast}")
@@ -154,9 +155,9 @@ class MasqueradeManager:
         chains = masquerade_chains(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs,
                                    chain_prefix=chain_prefix, ports=ports)
         self.chains: tuple[OwnedChain, ...] = chains[1:] if forward_only else chains
-        version = ipaddress.ip_network(next(iter(cluster_cidrs))).version
-        if version != runner.family.value:
-            raise ValueError(f"IPv{version} cluster CIDRs need an IPv{version} iptables, "
+        family = IpFamily.of(next(iter(cluster_cidrs)))
+        if family is not runner.family:
+            raise ValueError(f"{family.label} cluster CIDRs need an {family.label} iptables, "
                              f"not {runner.family.name}")
 
     def check(self) -> list[str]:

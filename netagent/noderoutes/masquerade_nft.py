@@ -72,11 +72,11 @@ def masquerade_table(*, cluster_cidrs: Iterable[IpNetwork | str],
     """The wanted table; the CIDRs checked as the iptables rendering checks them
     (`masquerade.validated_networks`)."""
     cluster, pods = validated_networks(cluster_cidrs=cluster_cidrs, pod_cidrs=pod_cidrs)
-    if cluster[0].version != family.value:
+    if not family.holds(cluster[0]):
         raise ValueError(f"the nftables masquerade table of {family.label} is table {family.nft} {TABLE}; "
                          f"{cluster[0]} is not {family.label}")
     cluster_set, pods_set = model.ref(CLUSTER_SET), model.ref(LOCAL_PODS_SET)
-    multicast = text.network(str(MULTICAST[family.value]))
+    multicast = text.network(str(MULTICAST[family]))
     ip = family.nft  # the address match: `ip saddr`, `ip6 saddr`
     cluster_only, pods_only = (CLUSTER_SET,), (LOCAL_PODS_SET,)
     postrouting = model.Chain(POSTROUTING_CHAIN, (

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 
 from netagent.noderoutes.routing.model import Peer, RefusalReason
 from netagent.errors import NetagentError
+from netagent.kernel.families import IpFamily
 
 PREFIX = "netagent.io/"
 BACKEND_TYPE = PREFIX + "backend-type"
@@ -88,12 +89,13 @@ def node_pod_cidrs(node: dict, *, cluster_cidrs: list) -> tuple:
             cidr = ipaddress.ip_network(text, strict=True)
         except ValueError as exc:
             raise LeaseError(f"node {node_name(node)}: spec.podCIDR {text!r}: {exc}") from None
-        same_family = [c for c in cluster_cidrs if c.version == cidr.version]
+        family = IpFamily.of(cidr)
+        same_family = [c for c in cluster_cidrs if family.holds(c)]
         if same_family and not any(cidr.subnet_of(c) for c in same_family):
             raise LeaseError(f"node {node_name(node)}: pod CIDR {cidr} is outside the cluster CIDR "
                              f"{', '.join(map(str, same_family))} (--cluster-cidr)")
-        if any(c.version == cidr.version for c in cidrs):
-            raise LeaseError(f"node {node_name(node)}: spec.podCIDRs holds two IPv{cidr.version} CIDRs "
+        if any(family.holds(c) for c in cidrs):
+            raise LeaseError(f"node {node_name(node)}: spec.podCIDRs holds two {family.label} CIDRs "
                              f"({', '.join(map(str, raw))}); at most one per IP family")
         cidrs.append(cidr)
     return tuple(cidrs)
@@ -103,7 +105,7 @@ def render_announcement(*, backend_type: str, public_ip, backend_data: dict, pub
     """The annotations this node's agent patches onto its Node: `public-ip` for an IPv4
     `public_ip` (an IPv6 one, on an IPv6-only node, is `public-ipv6`), `public-ipv6` for `public_ipv6`."""
     notes = {BACKEND_TYPE: backend_type}
-    if public_ip is not None and ipaddress.ip_address(str(public_ip)).version == 6:
+    if public_ip is not None and IpFamily.V6.holds(str(public_ip)):
         public_ip, public_ipv6 = None, public_ip
     if public_ip is not None:
         notes[PUBLIC_IP] = str(public_ip)

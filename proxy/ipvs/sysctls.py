@@ -28,4 +28,4 @@ IPVS_SYSCTLS: tuple[Sysctl, ...] = (
 
 def ipvs_sysctls(family: IpFamily) -> tuple[Sysctl, ...]:
     """What `family`'s backend sets: the IPVS settings and that family's forwarding."""
-    return (*IPVS_SYSCTLS[:-1], forwarding(family.value))
+    return (*IPVS_SYSCTLS[:-1], forwarding(family))
