@@ -142,7 +142,7 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
             changes.add_chains[chain.name] = chain.base
             changes.rules[chain.name] = chain.rules
         elif (held_chain.rules is not chain.rules and _comments(held_chain.rules) != _comments(chain.rules)
-              or any(name in recreated for rule in chain.rules for name in rule.sets)):
+              or (recreated and any(name in recreated for rule in chain.rules for name in rule.sets))):
             changes.rewrite(chain.name, chain.rules)
     for chain in held.chains:
         if wanted.chain(chain.name) is None:

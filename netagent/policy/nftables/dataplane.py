@@ -6,8 +6,9 @@ kernel/nftables/changes.py's (`table_changes`), and so is its one batch (`Change
 nft transaction (`Nft.apply`): the kernel commits all of it or nothing, and packets see the
 table before or after, never between.
 
-- A PARTIAL sync compares with the table this process last applied (`read_back=False`) and
-  writes only changed elements and chains (a label change: set elements only); the one-pod
+- A PARTIAL sync compares with the table this process last applied (`read_back=False`), cut
+  first to what the render did not reuse (`_narrowed`), and writes only changed elements and
+  chains (a label change: set elements only); the one-pod
   paths of a CNI ADD or DEL (`apply_pod`, `remove_pod`) are partial syncs of the table
   render.py derives with or without that pod.
 - A FULL sync reads the table back (`tables.read_table` of `list_table`) and writes the
@@ -22,17 +23,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
+from typing import TypeVar
 
 from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import tables
 from netagent.kernel.nftables.changes import Changes, table_changes
-from netagent.kernel.nftables.model import Table
+from netagent.kernel.nftables.model import Map, Set, Table
 from netagent.kernel.nftables.runner import Nft
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.readback import KernelPolicy
 from netagent.policy.nftables.readback import parse_nft_policy
 from netagent.policy.nftables.render import BASE_CHAIN, TABLE, NftPolicy, render_nft, render_nft_with_pod, render_nft_without_pod
+from netagent.policy.readback import KernelPolicy
 from netagent.policy.semantics import NodePlan, PodPlan
 from netagent.policy.shared import RenderSettings
 
@@ -67,7 +70,7 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
                 changes = table_changes(wanted.table, held)
             else:
                 held = self._applied
-                changes = table_changes(wanted.table, held, read_back=False)
+                changes = table_changes(*_narrowed(wanted.table, held), read_back=False)
             batch = changes.text()
             if batch:
                 self.nft.apply(batch)
@@ -104,6 +107,56 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
         if not tables.remove_table(self.nft, self.family.nft, TABLE):
             return []
         return [f"nft table {self.family.nft} {TABLE}"]
+
+
+def _narrowed(wanted: Table, held: Table) -> tuple[Table, Table]:
+    """`wanted` and `held` (the table applied last) without what they share by identity: the
+    chains, sets and elements a render reused (render.py caches them) are as the kernel holds
+    them, so `table_changes` of the rest is that of the whole tables, at the cost of what
+    changed (a label change, one pod's chains and elements) rather than of every pod. A set
+    whose type changed (its chains must be rewritten) leaves both whole."""
+    chains, stale = _differing(held.chains, wanted.chains)
+    sets: list[Set | Map] = []
+    old_sets: list[Set | Map] = []
+    for entry in wanted.sets:
+        old = held.set(entry.name)
+        if old is entry:
+            continue
+        if old is None:
+            sets.append(entry)
+            continue
+        if _shape(old) != _shape(entry):
+            return wanted, held
+        added, gone = _differing(old.elements, entry.elements)
+        sets.append(replace(entry, elements=added))
+        old_sets.append(replace(old, elements=gone))
+    old_sets += [entry for entry in held.sets if wanted.set(entry.name) is None]
+    return replace(wanted, chains=chains, sets=tuple(sets)), replace(held, chains=stale, sets=tuple(old_sets))
+
+
+T = TypeVar("T")
+
+
+def _differing(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[tuple[T, ...], tuple[T, ...]]:
+    """(what `new` holds that `old` does not, what `old` holds that `new` does not), by
+    identity, in order: the common head and tail first (a pod added appends, one removed
+    leaves a gap), then the middle by identity."""
+    start, limit = 0, min(len(old), len(new))
+    while start < limit and old[start] is new[start]:
+        start += 1
+    end = 0
+    while end < limit - start and old[len(old) - 1 - end] is new[len(new) - 1 - end]:
+        end += 1
+    old_middle, new_middle = old[start:len(old) - end], new[start:len(new) - end]
+    if not old_middle or not new_middle:
+        return new_middle, old_middle
+    kept, made = {id(item) for item in old_middle}, {id(item) for item in new_middle}
+    return (tuple(item for item in new_middle if id(item) not in kept),
+            tuple(item for item in old_middle if id(item) not in made))
+
+
+def _shape(entry: Set | Map) -> tuple[object, ...]:
+    return (type(entry), entry.key_type, getattr(entry, "value_type", None), frozenset(entry.flags))
 
 
 def _report(changes: Changes, *, existed: bool) -> ApplyReport:

@@ -342,11 +342,27 @@ def render_nft_with_pod(previous: NftPolicy, added: PodAdded, *, settings: Rende
         replaced[ref.name] = replace(entry, elements=(*entry.elements,
                                                       *(Element(element_key(ref.kind, m)) for m in sorted(members[ref]))))
     table = previous.table
+    made = {ref.name: _nft_set(ref, members[ref], family) for ref in new}
     sets = [replaced.get(entry.name, entry) for entry in table.sets]
-    sets[-3:-3] = [_nft_set(ref, members[ref], family) for ref in new]
+    sets[-3:-3] = made.values()
     sets = [_grown(entry, rendered) for entry in sets]
     chains = (*table.chains, *(chain for chain, _ in rendered.chains))
-    return replace(previous, table=replace(table, chains=chains, sets=tuple(sets)))
+    jumps: tuple[dict[str, str], dict[str, str]] = ({}, {})
+    for element, ingress in rendered.jumps:
+        jumps[ingress].update(_jumps((element,)))
+    return _primed(replace(previous, table=replace(table, chains=chains, sets=tuple(sets))),
+                   chains={**previous.chains, **{chain.name: chain.rules for chain, _ in rendered.chains}},
+                   sets={**held, **replaced, **made},
+                   known={**previous.known, rendered.known.key[0]: rendered.known.comment or ""},
+                   egress={**previous.egress, **jumps[False]}, ingress={**previous.ingress, **jumps[True]})
+
+
+def _primed(policy: NftPolicy, **views: dict) -> NftPolicy:
+    """`policy` with its lookups (`chains`, `sets`, `known`, `egress`, `ingress`) given rather
+    than built from the table again: the one-pod paths derive them from the previous state's
+    in a few changes, where building them walks every pod."""
+    policy.__dict__.update(views)
+    return policy
 
 
 def _grown(entry: Set | Map, rendered: _Pod) -> Set | Map:
@@ -369,6 +385,7 @@ def render_nft_without_pod(previous: NftPolicy, removed: PodRemoved) -> NftPolic
         return None
     dropped = {ref.name for ref in removed.dropped}
     shrunk = {ref.name: ref for ref in removed.shrunk}
+    address = nft_text.address(pod.ip)
     sets: list[Set | Map] = []
     for entry in previous.table.sets:
         if entry.name in dropped:
@@ -377,11 +394,16 @@ def render_nft_without_pod(previous: NftPolicy, removed: PodRemoved) -> NftPolic
             gone = element_key(shrunk[entry.name].kind, pod.ip)
             entry = replace(entry, elements=tuple(e for e in entry.elements if e.key != gone))
         elif entry.name == KNOWN_SET:
-            entry = replace(entry, elements=tuple(e for e in entry.elements if e.key[0] != pod.ip))
+            entry = replace(entry, elements=tuple(e for e in entry.elements if e.key[0] != address))
         elif entry.name in (EGRESS_MAP, INGRESS_MAP) and own:
             entry = replace(entry, elements=tuple(e for e in entry.elements
                                                   if (e.value or "").removeprefix("jump ") not in own))
         sets.append(entry)
     table = previous.table
     chains = tuple(chain for chain in table.chains if chain.name not in own)
-    return replace(previous, table=replace(table, chains=chains, sets=tuple(sets)))
+    kept = {name: entry for name, entry in ((s.name, s) for s in sets) if name in previous.sets}
+    return _primed(replace(previous, table=replace(table, chains=chains, sets=tuple(sets))),
+                   chains={name: rules for name, rules in previous.chains.items() if name not in own},
+                   sets=kept, known={ip: key for ip, key in previous.known.items() if ip != address},
+                   egress={k: v for k, v in previous.egress.items() if v not in own},
+                   ingress={k: v for k, v in previous.ingress.items() if v not in own})
