@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from operator import attrgetter
 
 from netagent.kernel.nftables.changes import Changes
 from netagent.kernel.nftables.model import Chain, Element, Map, Rule, Set, Table
@@ -21,9 +20,6 @@ from proxy.model import NodeContext, ServicePortName
 from proxy.nftables import names as N
 from proxy.nftables.render import (BASE_CHAINS, ElementKey, NftProxySettings, PortObjects, count_chain_rules,
                                    fixed_chains)
-
-_KEY = attrgetter("key")
-
 
 class Assembly:
     """Service ports' objects put together, kept up to date port by port."""
@@ -40,8 +36,7 @@ class Assembly:
         old = self.ports.pop(name, None)
         if old is not None:
             self._port_rules -= sum(len(chain.rules) for chain in old.chains)
-            for holder, element in old.elements:
-                key = (holder, element.key)
+            for key, _ in old.elements:
                 owners = self._owners[key]
                 del owners[name]
                 if not owners:
@@ -54,8 +49,8 @@ class Assembly:
         if port is not None:
             self.ports[name] = port
             self._port_rules += sum(len(chain.rules) for chain in port.chains)
-            for holder, element in port.elements:
-                self._owners.setdefault((holder, element.key), {})[name] = element
+            for key, element in port.elements:
+                self._owners.setdefault(key, {})[name] = element
             for chain in port.count_chains:
                 self._chain_users.setdefault(chain, set()).add(name)
 
@@ -76,14 +71,14 @@ class Assembly:
         return len(self._owners) + rules + self._port_rules
 
     def table(self) -> Table:
-        """The whole table: the fixed maps and sets with every port's elements (in key order),
+        """The whole table: the fixed maps and sets with every port's elements (in port order),
         the ports' own sets, the hooked and fixed chains, the balancing chains in use and the
         ports' own chains."""
         spell = self.settings.spelling
         held: dict[str, list[Element]] = {holder.name: [] for holder in spell.holders}
         for (holder, _), owners in self._owners.items():
             held[holder].append(owners[min(owners)] if len(owners) > 1 else next(iter(owners.values())))
-        sets: list[Set | Map] = [dataclasses.replace(holder, elements=tuple(sorted(held[holder.name], key=_KEY)))
+        sets: list[Set | Map] = [dataclasses.replace(holder, elements=tuple(held[holder.name]))
                                  for holder in spell.holders]
         own_sets = {entry.name: entry for port in self.ports.values() for entry in port.sets}
         sets += [own_sets[name] for name in sorted(own_sets)]
@@ -107,8 +102,7 @@ def changed_ports(assembly: Assembly, renders: Mapping[ServicePortName, tuple[Po
     """Put each changed port's new contribution (`renders`: name -> (old, new), None for none)
     into `assembly`, and into `changes` what that changed in the table."""
     chains_before = assembly.count_chains()
-    keys = {(holder, element.key) for old, new in renders.values() for port in (old, new) if port is not None
-            for holder, element in port.elements}
+    keys = {key for old, new in renders.values() for port in (old, new) if port is not None for key, _ in port.elements}
     before = {key: assembly.value(key) for key in keys}   # every key, before any port changes
     for name, (old, new) in renders.items():
         assembly.put(new, name)

@@ -112,11 +112,11 @@ class NftProxySettings:
 
 @dataclass(frozen=True)
 class PortObjects:
-    """Everything one service port contributes: elements of the shared maps and sets (by
-    holder), the balancing chains it needs (shared, by name), and its own chains and sets
-    (affinity: the sets declared, their elements the packet path's)."""
+    """Everything one service port contributes: elements of the shared maps and sets (each
+    with its (holder, key)), the balancing chains it needs (shared, by name), and its own
+    chains and sets (affinity: the sets declared, their elements the packet path's)."""
     name: ServicePortName
-    elements: tuple[tuple[str, Element], ...] = ()
+    elements: tuple[tuple[ElementKey, Element], ...] = ()
     count_chains: frozenset[str] = frozenset()
     chains: tuple[Chain, ...] = ()
     sets: tuple[Set, ...] = ()
@@ -341,9 +341,8 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
         if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
             ip = spell.address(endpoint.ip)
             b.element(N.HAIRPIN, (ip, ip))
-    return PortObjects(service.name, tuple((holder, element) for (holder, _), element in b.elements.items()),
-                       frozenset(b.count_chains), tuple(b.chains[name] for name in sorted(b.chains)),
-                       tuple(b.sets[name] for name in sorted(b.sets)))
+    return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
+                       tuple(b.chains[name] for name in sorted(b.chains)), tuple(b.sets[name] for name in sorted(b.sets)))
 
 
 def _fence_elements(fence: tuple[str, ...], spell: Spelling) -> list[str]:

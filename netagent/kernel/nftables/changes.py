@@ -118,6 +118,14 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
     if held is None or not _adoptable(wanted, held, read_back=read_back):
         changes.rebuild = wanted
         return changes
+    try:
+        _in_place(changes, wanted, held, read_back=read_back)
+    except text.UnsafeNftText:   # a stale element read back whose key our gates cannot write to delete it
+        return Changes(wanted.family, wanted.name, rebuild=wanted)
+    return changes
+
+
+def _in_place(changes: Changes, wanted: Table, held: Table, *, read_back: bool) -> None:
     recreated: set[str] = set()
     for entry in wanted.sets:
         found = held.set(entry.name)
@@ -148,13 +156,12 @@ def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) 
         if wanted.chain(chain.name) is None:
             changes.flush.add(chain.name)
             changes.delete_chains.add(chain.name)
-    return changes
 
 
 def _adoptable(wanted: Table, held: Table, *, read_back: bool) -> bool:
     """Whether `held` can be changed in place: every base chain in both has the spec wanted,
-    and (`read_back`) every name and element key read back can be written again through
-    `text`'s gates."""
+    and (`read_back`) every name read back can be written again through `text`'s gates (an
+    element key only needs to be when the element is deleted: `_element_changes`)."""
     for chain in wanted.chains:
         found = held.chain(chain.name)
         if found is not None and _spec(found.base) != _spec(chain.base):
@@ -164,12 +171,6 @@ def _adoptable(wanted: Table, held: Table, *, read_back: bool) -> bool:
     try:
         for name in [*(c.name for c in held.chains), *(s.name for s in held.sets)]:
             text.name(name)
-        for entry in held.sets:
-            kept = wanted.set(entry.name)
-            if kept is not None and dynamic(kept):
-                continue      # the packet path's elements: never written again
-            for element in entry.elements:
-                written(entry, element.key)
     except text.UnsafeNftText:
         return False
     return True
@@ -203,20 +204,30 @@ def _part(datatype: str, part: str, *, interval: bool) -> str:
 
 
 def _element_changes(changes: Changes, held: Set | Map, wanted: Set | Map, *, read_back: bool) -> None:
-    present = {_canonical_key(e.key): e for e in held.elements}
-    want = {_canonical_key(e.key): e for e in wanted.elements}
-    for key, element in present.items():
-        new = want.get(key)
-        if new is not None and _canonical_value(new) == _canonical_value(element):
+    """Elements compared whole as spelt first (the common case: the renderer writes what the
+    kernel lists; a set difference at C speed), and only those that differ matched again by
+    canonical key (`canonical_part`): an element spelt apart is kept, one whose value or comment
+    changed is replaced. A stale element read back is deleted under its key spelt again through
+    the gates (`written`)."""
+    wanted_elements = set(wanted.elements)
+    if len(held.elements) == len(wanted_elements) and wanted_elements.issuperset(held.elements):
+        return   # in agreement (the kernel lists each element once): one lookup per element
+    held_elements = set(held.elements)
+    stale, new = held_elements - wanted_elements, wanted_elements - held_elements
+    by_canonical = {_canonical_key(element.key): element for element in stale}
+    for element in new:
+        old = by_canonical.pop(_canonical_key(element.key), None)
+        if old is not None and _same_value(old, element):
             continue
-        if new is not None:
-            changes.delete_element(held.name, new.key)
-        else:
-            changes.delete_element(held.name, written(held, element.key) if read_back else element.key)
-    for key, element in want.items():
-        old = present.get(key)
-        if old is None or _canonical_value(old) != _canonical_value(element):
-            changes.add_element(held.name, element)
+        if old is not None:
+            changes.delete_element(held.name, element.key)
+        changes.add_element(held.name, element)
+    for element in by_canonical.values():
+        changes.delete_element(held.name, written(held, element.key) if read_back else element.key)
+
+
+def _same_value(old: Element, new: Element) -> bool:
+    return _canonical_value(old) == _canonical_value(new)
 
 
 def _canonical_key(key: Key) -> Key:

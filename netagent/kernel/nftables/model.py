@@ -3,10 +3,10 @@
 Every component that owns a table (kernel/owned.py's `NFT_*_TABLE`) builds a `Table` of frozen
 values and nothing else; this module turns it into the batch that (re)creates it in one
 transaction, and `tables.py` reads a table back from its JSON listing into the same values,
-says whether it drifted and writes it. Moved onto it so far: masquerade
-(`noderoutes/masquerade_nft.py`), the tunnel source filter (`noderoutes/tunnel_filter_nft.py`)
-and pod anti-spoofing's nft flavour (`policy/antispoof.py`); the policy and proxy tables still
-render their own text.
+says whether it drifted and writes it. Built on it: masquerade (`noderoutes/masquerade_nft.py`),
+the tunnel source filter (`noderoutes/tunnel_filter_nft.py`), pod anti-spoofing's nft flavour
+(`policy/antispoof.py`), the policy's table (`policy/nftables/`) and the service proxy's
+(`proxy/nftables/`, which also fills `changes.Changes` itself on a partial sync).
 
 - `Table` (family, name, chains, sets and maps), `Chain` (a regular chain, or a base chain
   when it carries a `BaseChain`: type, hook, priority, policy), `Set` and `Map` (key type as a
@@ -27,6 +27,7 @@ import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from netagent.kernel.nftables import text
 
@@ -85,12 +86,13 @@ class Chain:
     base: BaseChain | None = None
 
 
-@dataclass(frozen=True)
-class Element:
+class Element(NamedTuple):
     """A set element (`key` only) or a map element (`key : value`). `key` holds one rendered
     part per datatype of the key (`('"na0"', '10.0.0.1')` for `ifname . ipv4_addr`); `value`
     is the rendered value (an address, `goto CHAIN`, `drop`); `comment` the element's comment
-    as the kernel will hold it (`text.safe_comment_text`), None for none."""
+    as the kernel will hold it (`text.safe_comment_text`), None for none. A NamedTuple, not a
+    frozen dataclass: a service table holds 130,000 of them, made, hashed and compared at C
+    speed (measured: half the cost to make, and the differ compares sets of them)."""
     key: tuple[str, ...]
     value: str | None = None
     comment: str | None = None

@@ -38,8 +38,7 @@ def read_table(family: str, name: str, objects: list[dict[str, Any]] | None) -> 
         key_type = tuple(body["type"]) if isinstance(body.get("type"), list) else (str(body.get("type")),)
         flags = body.get("flags", ())
         flags = (flags,) if isinstance(flags, str) else tuple(flags)
-        elements = tuple(Element(_parts(key), None if value is None else listing.element_text(value), comment)
-                         for key, value, comment in listing.commented_elements(body))
+        elements = _elements(body)
         if "map" in body:
             sets.append(Map(set_name, key_type, str(body["map"]), flags, elements))
         else:
@@ -59,10 +58,38 @@ def dynamic(entry: Set | Map) -> bool:
     return "dynamic" in entry.flags
 
 
+def _elements(body: dict[str, Any]) -> tuple[Element, ...]:
+    """A set's or map's elements as listed (`listing.commented_elements`, inlined: a table of
+    100,000 elements is read back on every full sync)."""
+    is_map = "map" in body
+    found = []
+    for item in body.get("elem", ()):
+        key, value = (item[0], item[1]) if is_map else (item, None)
+        comment = None
+        if key.__class__ is dict and "elem" in key:
+            wrapped = key["elem"]
+            key = wrapped.get("val")
+            comment = None if wrapped.get("comment") is None else str(wrapped["comment"])
+        found.append(Element(_parts(key), None if value is None else _text(value), comment))
+    return tuple(found)
+
+
 def _parts(key: Any) -> tuple[str, ...]:
-    if isinstance(key, dict) and "concat" in key:
-        return tuple(listing.element_text(part) for part in key["concat"])
-    return (listing.element_text(key),)
+    if key.__class__ is dict and "concat" in key:
+        return tuple(part if part.__class__ is str else _text(part) for part in key["concat"])
+    return (_text(key),)
+
+
+def _text(value: Any) -> str:
+    """`listing.element_text`, with the common cases first: an address or word, a number, a
+    concatenation of those."""
+    if value.__class__ is str:
+        return value
+    if value.__class__ is int:
+        return str(value)
+    if value.__class__ is dict and "concat" in value:
+        return " . ".join(part if part.__class__ is str else _text(part) for part in value["concat"])
+    return listing.element_text(value)
 
 
 def canonical_part(part: str) -> str:
