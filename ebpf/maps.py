@@ -1,7 +1,7 @@
 """Typed views of every key and value in ebpf/sock_lb.c's maps: ctypes structures and packers.
 
 The C structs are the contract between the programs and the agent. Each has here a ctypes
-`Structure` with the same field names, sizes and offsets (tests/unit/test_ebpf_maps.py checks
+`Structure` with the same field names, sizes and offsets (tests/unit/ebpf/test_ebpf_maps.py checks
 them against the ctypes bcc derives from the C source, and against the packers), a
 `struct.Struct` packer the backend uses to build and compare entries as bytes (fast at a
 million entries), and small decode helpers for read-back. Addresses and ports are in network

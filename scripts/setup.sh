@@ -24,7 +24,7 @@ apt-get install -y -qq --no-install-recommends \
   podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 curl unzip prometheus >/dev/null
 # bird2's package enables a host-wide BIRD where systemd runs; netagent runs its own per node
 # (--backend bgp) and the tests run theirs in namespaces, so the host's is stopped. Likewise
-# prometheus (promtool and the binary for tests/unit/test_monitoring_rules.py and
+# prometheus (promtool and the binary for tests/unit/deploy/test_monitoring_rules.py and
 # tests/cluster/test_monitoring.py, which runs its own in a lab node's namespace): without
 # systemd its postinst starts it through its init script, unless policy-rc.d forbids it.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then

@@ -7,7 +7,7 @@
 #                                 cluster, then apply", step 3: the underlay is the default
 #                                 route's interface unless told otherwise); control-plane.sh
 #                                 pipes it into `kubectl apply -f -`
-# Each fails unless it finds exactly one value (one --backend line). tests/unit/test_vagrant.py
+# Each fails unless it finds exactly one value (one --backend line). tests/unit/lab/test_vagrant.py
 # runs them on the real manifest.
 #
 #     manifest.sh image|cluster-cidr|with-iface IFACE     # NETAGENT_SRC=DIR: the checkout

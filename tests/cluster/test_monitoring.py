@@ -40,7 +40,7 @@ from netagent.kernel import namespaces
 from netagent.noderoutes import node_objects as nodes
 from netagent.noderoutes.routing.vxlan import vtep_mac
 from tests.cluster.lab_tools import lab_cluster, wait_for
-from tests.unit.test_monitoring_rules import (DASHBOARD, RULES, dashboard_queries, exported_metrics,
+from tests.unit.deploy.test_monitoring_rules import (DASHBOARD, RULES, dashboard_queries, exported_metrics,
                                               sample_names)
 
 PROMETHEUS = "/usr/bin/prometheus"

@@ -26,7 +26,7 @@ from lab.daemonset import ProbeKind
 from tests.cluster.lab_tools import serve, stop_stream, stream, wait_for
 from tests.cluster.test_services import answered_by, http_port, manifest, poll, programmed
 from tests.deploy.conftest import deploy_lab
-from tests.unit.test_deploy_manifests import AGENT_CAPABILITIES
+from tests.unit.deploy.test_deploy_manifests import AGENT_CAPABILITIES
 
 pytestmark = pytest.mark.deploy
 WEB_PORT = 8080

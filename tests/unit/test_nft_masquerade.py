@@ -140,7 +140,7 @@ def test_the_node_agent_masquerades_in_nft_when_given_an_nft():
     from netagent.infra.sync_runner import SyncKind, SyncResult
     from netagent.noderoutes.agent import NodeAgent
     from netagent.noderoutes.host import Masquerade
-    from tests.unit.node_agent_support import AgentWorld
+    from tests.unit.noderoutes.node_agent_support import AgentWorld
 
     world = AgentWorld(masquerade=Masquerade.ON)
     nft = FakeNft()

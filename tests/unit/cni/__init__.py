@@ -1,0 +1,1 @@
+"""Unit tests of cni/ (tests mirror the source tree)."""

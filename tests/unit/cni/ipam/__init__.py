@@ -1,0 +1,1 @@
+"""Unit tests of cni/ipam/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of cniserver/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of daemon/ (tests mirror the source tree)."""

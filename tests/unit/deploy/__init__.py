@@ -1,0 +1,1 @@
+"""Unit tests of deploy/ (tests mirror the source tree)."""

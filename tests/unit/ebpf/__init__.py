@@ -1,0 +1,1 @@
+"""Unit tests of ebpf/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of infra/ (tests mirror the source tree)."""

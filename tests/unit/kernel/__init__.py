@@ -1,0 +1,1 @@
+"""Unit tests of kernel/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of kernel/ipset/ (tests mirror the source tree)."""

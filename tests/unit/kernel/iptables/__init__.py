@@ -1,0 +1,1 @@
+"""Unit tests of kernel/iptables/ (tests mirror the source tree)."""

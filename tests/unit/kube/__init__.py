@@ -1,0 +1,1 @@
+"""Unit tests of kube/ (tests mirror the source tree)."""

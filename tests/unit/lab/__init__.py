@@ -1,0 +1,1 @@
+"""Unit tests of lab/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of noderoutes/ (tests mirror the source tree)."""

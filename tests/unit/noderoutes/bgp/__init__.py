@@ -1,0 +1,1 @@
+"""Unit tests of noderoutes/bgp/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of noderoutes/routing/ (tests mirror the source tree)."""

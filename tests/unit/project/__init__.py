@@ -1,0 +1,1 @@
+"""Unit tests of project/ (tests mirror the source tree)."""

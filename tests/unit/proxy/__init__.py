@@ -1,0 +1,1 @@
+"""Unit tests of proxy/ (tests mirror the source tree)."""

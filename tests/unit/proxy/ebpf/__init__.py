@@ -1,0 +1,1 @@
+"""Unit tests of proxy/ebpf/ (tests mirror the source tree)."""

@@ -1,0 +1,1 @@
+"""Unit tests of proxy/iptables/ (tests mirror the source tree)."""

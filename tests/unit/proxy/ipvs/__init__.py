@@ -1,0 +1,1 @@
+"""Unit tests of proxy/ipvs/ (tests mirror the source tree)."""
