@@ -262,11 +262,10 @@ class _PortBuilder:
         if self.service.affinity_timeout is not None:
             return text.goto(self.affinity(role, endpoints))
         holder = N.endpoint_map(space, role, self.proto)
+        add = self.elements.setdefault
         for slot, endpoint in enumerate(endpoints):
             key = (*slot_key, str(slot))
-            value = text.concat((self.spell.address(endpoint.ip), text.port(endpoint.port)))
-            if (holder, key) not in self.elements:
-                self.elements[(holder, key)] = Element(key, value)
+            add((holder, key), Element(key, text.concat((self.spell.address(endpoint.ip), text.port(endpoint.port)))))
         chain = N.count_chain(space, role, len(endpoints))
         self.count_chains.add(chain)
         return text.goto(chain)
@@ -281,7 +280,8 @@ class _PortBuilder:
         for slot, endpoint in enumerate(endpoints):
             ip, port = self.spell.address(endpoint.ip), text.port(endpoint.port)
             target_address = self.spell.host_port(ip, port)
-            members, target = N.affinity_set(self.hash, ip, endpoint.port), N.affinity_endpoint(self.hash, ip, endpoint.port)
+            members = N.affinity_set(self.hash, ip, endpoint.port)
+            target = N.affinity_endpoint(self.hash, ip, endpoint.port)
             self.sets[members] = Set(text.name(members), (self.spell.addr_type,), ("dynamic", "timeout"),
                                      timeout=timeout, size=size)
             dnat = f"meta l4proto {self.proto} dnat {family} to {target_address}"
@@ -342,7 +342,8 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
             ip = spell.address(endpoint.ip)
             b.element(N.HAIRPIN, (ip, ip))
     return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
-                       tuple(b.chains[name] for name in sorted(b.chains)), tuple(b.sets[name] for name in sorted(b.sets)))
+                       tuple(b.chains[name] for name in sorted(b.chains)),
+                       tuple(b.sets[name] for name in sorted(b.sets)))
 
 
 def _fence_elements(fence: tuple[str, ...], spell: Spelling) -> list[str]:
