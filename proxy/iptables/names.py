@@ -19,8 +19,7 @@ import re
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.runner import OWNED_PREFIX
 from proxy.model import Endpoint, ServicePort
-from proxy.service_hash import HASH_LENGTH, text_hash
-from proxy.service_hash import service_hash as service_hash   # re-exported: proxy/iptables/render.py
+from proxy.service_hash import HASH_LENGTH, service_hash, text_hash
 
 # Fixed chains.
 SERVICES_CHAIN = f"{OWNED_PREFIX}SERVICES"          # nat, from PREROUTING and OUTPUT

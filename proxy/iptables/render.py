@@ -74,6 +74,7 @@ from netagent.kernel.ipset import entry as ipset_entry
 from netagent.kernel.ipset.model import IpsetError
 from netagent.kernel.iptables.restore_format import BUILTIN_CHAINS, join_tokens, quote_comment
 from netagent.kernel.iptables.runner import PortRandomization
+from proxy.service_hash import service_hash
 from proxy.iptables.names import (
     FILTER_CHAIN,
     FORWARD_CHAIN,
@@ -84,7 +85,6 @@ from proxy.iptables.names import (
     ChainKind,
     chain_name,
     endpoint_chain,
-    service_hash,
 )
 from proxy.large_sync import CANONICAL_IPV4
 from proxy.model import (
