@@ -1,4 +1,4 @@
-"""The differ's walks (tests/unit/test_nft_changes.py) on the real kernel: libnftables in a
+"""The differ's walks (tests/unit/kernel/nftables/test_nft_changes.py) on the real kernel: libnftables in a
 throwaway namespace accepts every batch `Changes.text` writes, in its order, and the table it
 lists back afterwards has no difference left from the wanted one (element comments, verdict
 maps, recreated sets, foreign objects and a rebuild included)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from netagent.kernel.nftables.runner import NftRunner
-from tests.unit import test_nft_changes as walks
+from tests.unit.kernel.nftables import test_nft_changes as walks
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from netagent.kernel import namespaces, owned
 from netagent.kernel.nftables import listing, text
 from netagent.kernel.nftables.fake import FakeNft
 from netagent.kernel.nftables.runner import Nft, NftError, NftRunner, nftables_usable
-from tests.unit.test_nft_fake import BAD_BATCHES, GOOD_BATCHES, SETUP
-from tests.unit.test_nft_text import ATTACKS
+from tests.unit.kernel.nftables.test_nft_fake import BAD_BATCHES, GOOD_BATCHES, SETUP
+from tests.unit.kernel.nftables.test_nft_text import ATTACKS
 
 TABLE = ("ip", "netagent-test")
 

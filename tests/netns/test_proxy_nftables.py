@@ -27,7 +27,7 @@ from tests.netns.test_nft_parity import relevant
 from tests.netns.test_proxy_iptables import (DNS, ENDPOINT_IPS, ENDPOINT_IPS6, NODE_OF, NODE_OUTSIDE, NODE_OUTSIDE6,
                                              OUTSIDE, OUTSIDE6, POD, POD6, SERVER_PORT, SPREAD, WEB, Lab, endpoints,
                                              name, seen_sources, state, who)
-from tests.unit.test_proxy_nftables_family import rich_state
+from tests.unit.proxy.nftables.test_proxy_nftables_family import rich_state
 
 
 @dataclass(frozen=True)
@@ -254,7 +254,7 @@ def test_a_zoned_source_range_costs_its_port_not_the_ipv6_transaction(netns):
     """Through libnftables: the IPv6 golden state plus a load balancer whose source ranges carry
     IPv6 zones with a newline and `flush ruleset` (what a lax server lets through) is written in
     one transaction the kernel takes, that port left out and reported, a table of others kept."""
-    from tests.unit.test_proxy_nftables_family import hostile_zone_state
+    from tests.unit.proxy.nftables.test_proxy_nftables_family import hostile_zone_state
     runner = NftRunner(netns)
     try:
         runner.apply("add table ip6 other\n")

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.limits import ProxyLimits, add_limit_arguments, limits_from_args
-from tests.unit.test_service_proxy import fetch, free_port
+from tests.unit.proxy.test_service_proxy import fetch, free_port
 
 
 def free_ports(count: int) -> list[int]:

@@ -14,7 +14,7 @@ from netagent.infra.rejections import Rejections
 from proxy.catalog import ServiceCatalog
 from proxy.limits import DEFAULT_LIMITS, ProxyLimits
 from proxy.model import NodeContext, ServicePortName
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 
 def limits(**values) -> ProxyLimits:

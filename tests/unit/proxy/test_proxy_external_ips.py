@@ -25,7 +25,7 @@ from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.limits import ProxyLimits
 from proxy.model import ServicePortName
 from proxy.service_proxy import ProxySettings, ServiceProxy
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 API_SERVER, NODE_ADDRESS = "192.168.1.2", "192.168.1.10"
 GOOD = "203.0.113.7"

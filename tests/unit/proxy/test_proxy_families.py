@@ -15,7 +15,7 @@ from netagent.kernel.iptables.fake import FakeIptables
 from proxy.iptables import IptablesProxy
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 from proxy.nodeport_addresses import of_family, parse_nodeport_cidrs
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 V4, V6 = IpFamily.V4, IpFamily.V6
 WEB = ServicePortName("default", "web", "http")

@@ -16,7 +16,7 @@ from netagent.infra.sync_runner import SyncKind
 from proxy.catalog import ServiceCatalog
 from proxy.limits import ProxyLimits
 from proxy.model import NodeContext, ServicePortName
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 from tests.unit.proxy.test_proxy_untrusted import make_proxy
 
 HTTP = ServicePortName("default", "web", "http")

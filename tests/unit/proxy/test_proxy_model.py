@@ -16,7 +16,7 @@ from proxy.model import (
     TrafficPolicy,
 )
 from proxy.selection import select_endpoints
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 NODE = NodeContext(name="node-a", zone="zone-1", cluster_cidr="10.244.0.0/16")
 

@@ -17,8 +17,8 @@ from proxy.catalog import ServiceCatalog
 from proxy.limits import ProxyLimits
 from proxy.model import NodeContext, ServicePortName
 from proxy.service_proxy import ProxySettings, ServiceProxy
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
-from tests.unit.test_service_proxy import RecordingBackend
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.test_service_proxy import RecordingBackend
 
 
 def web(name: str, ip: str = "10.96.0.10", **kwargs) -> dict:

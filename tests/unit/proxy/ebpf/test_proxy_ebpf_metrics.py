@@ -13,8 +13,8 @@ from netagent.infra.metrics import Registry
 from proxy.ebpf.backend import EbpfProxy
 from proxy.metrics import ProxyMetrics
 from proxy.service_proxy import ProxySettings, ServiceProxy
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
-from tests.unit.test_service_proxy import node, server, wait_for  # noqa: F401 (server: a fixture)
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.test_service_proxy import node, server, wait_for  # noqa: F401 (server: a fixture)
 
 
 def samples(registry: Registry, name: str) -> dict[str, float]:

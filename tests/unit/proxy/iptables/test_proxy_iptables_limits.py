@@ -23,7 +23,7 @@ from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, POSTROUTING_CHAIN
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
 from proxy.service_proxy import ProxySettings, ServiceProxy
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 NODE = NodeContext(name="node-a", cluster_cidr="10.244.0.0/16")
 

@@ -20,7 +20,7 @@ from proxy.fake_local_addresses import FakeLocalAddresses
 from proxy.iptables import IptablesProxy
 from proxy.model import EntryKind, EntryPoint, NodeContext, Protocol, ServicePort, ServicePortName
 from proxy.service_proxy import ProxySettings, ServiceProxy
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 DNS = ServicePortName("default", "dns", "dns")
 UDP_PORTS = [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]

@@ -35,7 +35,7 @@ from proxy.ipvs.sysctls import IPVS_SYSCTLS
 from proxy.limits import ProxyLimits
 from proxy.model import NodeContext, ProxyState
 from proxy.selection import select_endpoints
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 EXAMPLES = int(os.environ.get("NETAGENT_FUZZ_EXAMPLES") or 150)
 NODE = NodeContext(name="node-a", cluster_cidr="10.244.0.0/16", local_addresses=("192.168.1.10",))

@@ -27,7 +27,7 @@ from proxy.healthcheck import HealthCheckAnswer, HealthCheckPorts
 from proxy.model import NodeContext, ServicePortName
 from proxy.service_proxy import NodeSource, ProxySettings, ServiceProxy, health_check_answers
 from tests.unit.project.free_ports import ports_below_the_ephemeral_range
-from tests.unit.proxy_objects import endpoint, endpoint_slice, service
+from tests.unit.proxy.proxy_objects import endpoint, endpoint_slice, service
 
 WEB = ServicePortName("default", "web", "http")
 

@@ -6,7 +6,7 @@ adoption with zero writes in ip6 (the real kernel: tests/netns/test_proxy_nftabl
 also feeds the golden state to libnftables and FakeNft and compares the listings).
 
 Update the goldens with
-`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_proxy_nftables_family.py -q` and
+`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/proxy/nftables/test_proxy_nftables_family.py -q` and
 review `git diff tests/unit/golden/proxy_nftables/`.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from proxy.nftables import names as N
 from netagent.kernel.nftables.tables import read_table
 from proxy.nftables.render import NftProxySettings, fixed_chains
 from proxy.nftables.spelling import spelling
-from tests.unit.test_proxy_nftables import table as proxy_table
+from tests.unit.proxy.nftables.test_proxy_nftables import table as proxy_table
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "proxy_nftables"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "proxy_nftables"
 
 # every way in and every structure of the table, in each family's addresses
 ADDRESSES: dict[IpFamily, dict[str, Any]] = {

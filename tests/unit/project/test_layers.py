@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRODUCT_PACKAGES = ("netagent", "cni", "proxy", "ebpf")
 SOURCE_PACKAGES = PRODUCT_PACKAGES + ("lab",)
 # the one import of the lab from the product: (file, the function it sits in)

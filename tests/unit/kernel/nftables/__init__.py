@@ -1,0 +1,1 @@
+"""Unit tests of kernel/nftables/ (tests mirror the source tree)."""

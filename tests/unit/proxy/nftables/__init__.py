@@ -1,0 +1,1 @@
+"""Unit tests of proxy/nftables/ (tests mirror the source tree)."""
