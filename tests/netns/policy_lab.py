@@ -43,8 +43,8 @@ from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings
 from proxy.backend import ProxyMode
-from tests.unit.policy_objects import namespace as namespace_object
-from tests.unit.policy_objects import pod as pod_object
+from tests.unit.policy.policy_objects import namespace as namespace_object
+from tests.unit.policy.policy_objects import pod as pod_object
 
 NAMESPACES = ("x", "y", "z")
 PODS = ("a", "b", "c")

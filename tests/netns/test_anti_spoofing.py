@@ -27,7 +27,7 @@ from netagent.policy.antispoof import AntiSpoofing, ports_from_ipam
 from proxy.backend import ProxyMode
 from tests.conftest import require_root_netns
 from tests.netns.policy_lab import Expect, PolicyLab
-from tests.unit.policy_objects import policy
+from tests.unit.policy.policy_objects import policy
 
 PORT = 9999
 RECEIVER = r"""

@@ -1,4 +1,4 @@
-"""A sample of the hostile-object suite (tests/unit/test_hostile_policy.py) through the real
+"""A sample of the hostile-object suite (tests/unit/policy/test_hostile_policy.py) through the real
 tools: the policy engine programs a throwaway network namespace with the real
 `iptables-restore` and `ipset restore`, so whatever hostile NetworkPolicies, Pods and
 Namespaces make it render is accepted by the tools' own parsers (the fakes are checked
@@ -25,8 +25,8 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.shared import RenderSettings
-from tests.unit.hostile_policy_objects import GOOD_PODS, LOCAL_CIDR, NODE, good_objects
-from tests.unit.test_hostile_policy import hostile_objects
+from tests.unit.policy.hostile_policy_objects import GOOD_PODS, LOCAL_CIDR, NODE, good_objects
+from tests.unit.policy.test_hostile_policy import hostile_objects
 
 EXAMPLES = int(os.environ.get("NETAGENT_FUZZ_EXAMPLES") or 12)
 

@@ -29,8 +29,8 @@ from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings
 from netagent.policy.nftables.render import TABLE
 from tests.netns.policy_lab import SERVER
-from tests.unit.policy_objects import namespace, pod, policy
-from tests.unit.test_policy_incremental import comparable
+from tests.unit.policy.policy_objects import namespace, pod, policy
+from tests.unit.policy.test_policy_incremental import comparable
 
 SUBNET = "10.244.1.0/24"
 CONNECT = r"""

@@ -19,7 +19,7 @@ from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from tests.netns.test_restore_parity import comparable
-from tests.unit.test_policy_families import CIDRS, PODS, WEB, view_of
+from tests.unit.policy.test_policy_families import CIDRS, PODS, WEB, view_of
 
 SETTINGS = RenderSettings(PodAttachment.BRIDGE, local_cidrs=CIDRS)     # no IPVS match in this kernel
 

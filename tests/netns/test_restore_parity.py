@@ -27,8 +27,8 @@ from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
-from tests.unit.policy_objects import namespace, pod, policy
-from tests.unit.test_policy_semantics import view_of
+from tests.unit.policy.policy_objects import namespace, pod, policy
+from tests.unit.policy.test_policy_semantics import view_of
 
 ATTACK = "x\n-I INPUT -j ACCEPT\n#"
 NAMES = [ATTACK, 'a" -j DROP "', "back\\slash\\", "\u2028-A INPUT -j ACCEPT", "é" * 140, "a\rb\x00c", "-j"]

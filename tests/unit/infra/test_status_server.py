@@ -327,12 +327,12 @@ def test_one_server_listens_on_several_addresses_with_the_same_pages():
 # ------------------------------------------------------------------ snapshots: scrapes never fork per request
 def policy_save_text(denied: int) -> str:
     """What `iptables-save -c -t filter` prints for the renderer's policy chains, x/a's DROP
-    having counted `denied` packets (as tests/unit/test_policy_readback.py builds it)."""
+    having counted `denied` packets (as tests/unit/policy/iptables/test_policy_readback.py builds it)."""
     from netagent.kernel.ipset import FakeIpset, iptables_references
     from netagent.kernel.iptables.fake import FakeIptables
     from netagent.kernel.pod_attachment import PodAttachment
     from netagent.policy.iptables.dataplane import IptablesDataplane
-    from tests.unit.test_policy_render import WEB, wanted
+    from tests.unit.policy.iptables.test_policy_render import WEB, wanted
     iptables = FakeIptables()
     IptablesDataplane(iptables=iptables, ipset=FakeIpset(in_use=iptables_references(iptables))).apply(
         wanted(PodAttachment.BRIDGE, WEB), full=True)

@@ -29,8 +29,8 @@ from netagent.policy.shared import RenderSettings
 from netagent.policy.semantics import plan_node
 from proxy.iptables.render import IptablesProxySettings, JumpLines, render_ruleset
 from proxy.model import Endpoint, EntryKind, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName
-from tests.unit.policy_objects import namespace, pod, policy
-from tests.unit.test_policy_semantics import view_of
+from tests.unit.policy.policy_objects import namespace, pod, policy
+from tests.unit.policy.test_policy_semantics import view_of
 
 EXAMPLES = int(os.environ.get("NETAGENT_FUZZ_EXAMPLES", "60"))
 ATTACKS = ["x\n-I INPUT -j ACCEPT\n#", "x\n-A INPUT -j ACCEPT", '"', "\\", '\\"', 'a" -j ACCEPT "', "a\x00b",
@@ -152,7 +152,7 @@ def test_adversarial_and_long_names_program_once_and_then_look_in_sync():
     the renderer kept its own text, so every FULL sync saw drift and rewrote the chains; a
     name with a newline could not be written at all. Now the spec carries the safe form."""
     from netagent.infra.sync_runner import SyncKind, SyncResult
-    from tests.unit.test_policy_programmer import Node
+    from tests.unit.policy.iptables.test_policy_programmer import Node
 
     node = Node()
     for index, text in enumerate(["é" * 200, "x\n-I INPUT -j ACCEPT\n#", "𝕏" * 70 + '"\\']):

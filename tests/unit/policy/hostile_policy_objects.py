@@ -1,5 +1,5 @@
 """Hypothesis strategies of hostile NetworkPolicies, Pods and Namespaces, and the fixed good
-objects they are mixed with, for tests/unit/test_hostile_policy.py and the netns sample in
+objects they are mixed with, for tests/unit/policy/test_hostile_policy.py and the netns sample in
 tests/netns/test_network_policy.py.
 
 Hostile objects are what a lax or compromised API server could deliver: nulls and wrong
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
 NODE = "node-1"
 LOCAL_CIDR = "10.0.0.0/24"

@@ -28,7 +28,7 @@ from netagent.kernel.nftables import tables
 from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings, ServicePath
 from netagent.policy.nftables.render import TABLE
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
 LONG = 30.0
 NAMESPACES = ("x", "y")

@@ -10,7 +10,7 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.readback import Packet, ReadRule, trace
 from netagent.policy.iptables.readback import parse_kernel_policy
-from tests.unit.test_policy_render import WEB, wanted
+from tests.unit.policy.iptables.test_policy_render import WEB, wanted
 
 
 def programmed():

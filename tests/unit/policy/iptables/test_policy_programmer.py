@@ -16,7 +16,7 @@ from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.iptables.render import BUCKET_PREFIX, OUTPUT_CHAIN, OUTPUT_JUMP_MATCH
 from netagent.policy.shared import RenderSettings, ServicePath
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
 FOREIGN = "*filter\n:OTHER - [0:0]\n-A FORWARD -j OTHER\n-A OTHER -s 192.0.2.0/24 -j ACCEPT\nCOMMIT\n"
 DENY_FROM_NON_B = policy("x", "p", {"podSelector": {"matchLabels": {"pod": "a"}},

@@ -5,7 +5,7 @@ through the real parsers (hostile ones refused alone), the family-free plan spli
 programmed, adopted with no write, a dual-stack ADD programmed alone in both, cleaned up.
 
 Goldens: tests/unit/golden/policy/*-ipv6.rules and nft_ipv6_routed.nft; rewrite them with
-`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_policy_families.py -q`.
+`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/policy/test_policy_families.py -q`.
 """
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings, ServicePath
 from netagent.policy.nftables.render import render_nft
 from netagent.policy.semantics import CidrMatch, SetKind, SetRef, plan_node
-from tests.unit.policy_objects import namespace, pod, policy
-from tests.unit.test_policy_semantics import view_of
+from tests.unit.policy.policy_objects import namespace, pod, policy
+from tests.unit.policy.test_policy_semantics import view_of
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "policy"
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden" / "policy"
 VETH = "na0123456789ab"
 CIDRS = ("10.0.0.0/24", "fd00:0:0:1::/64")
 LONG = 30.0

@@ -8,7 +8,7 @@ import pytest
 from netagent.policy.kube_objects import ObjectError, parse_pod, parse_policy, parse_port, parse_selector
 from netagent.policy.model import PolicyType, Protocol
 from netagent.policy.semantics import CidrMatch, ClusterView, PortMatch, SetKind, SetRef, plan_node
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
 
 def view_of(*objects: dict) -> ClusterView:

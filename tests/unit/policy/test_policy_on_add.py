@@ -19,7 +19,7 @@ from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.pod_binding import ClosedReason, pod_key
 from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.shared import RenderSettings
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
 ISOLATE_A = policy("x", "p", {"podSelector": {"matchLabels": {"app": "a"}},
                               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}]}]})

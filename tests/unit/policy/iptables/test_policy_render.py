@@ -3,7 +3,7 @@
 The goldens in tests/unit/golden/policy/ are the complete restore text for one policy that
 uses every kind of match (selector peer, ipBlock with except, named port on ingress and on
 egress, an SCTP range, UDP to 0.0.0.0/0). After an intended change, rewrite them with
-`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_policy_render.py -q` and review
+`UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/policy/iptables/test_policy_render.py -q` and review
 `git diff tests/unit/golden/policy/`.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings, ServicePath
 from netagent.policy.semantics import plan_node
-from tests.unit.policy_objects import policy
-from tests.unit.test_policy_semantics import PODS, view_of
+from tests.unit.policy.policy_objects import policy
+from tests.unit.policy.test_policy_semantics import PODS, view_of
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "policy"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "policy"
 VETH = "na0123456789ab"
 DIRECTORY = "NETAGENT-NP-N0a000000"             # the pod directory of 10.0.0.0/28
 WEB = policy("x", "web", {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [
@@ -88,7 +88,7 @@ def test_every_pod_chain_is_reached_through_exactly_one_bucket(mode):
     import hashlib
 
     from netagent.kernel.iptables.restore_format import jump_target
-    from tests.unit.policy_objects import pod
+    from tests.unit.policy.policy_objects import pod
     many = [pod("x", f"p{i}", f"10.0.0.{10 + i}", {"pod": "a"}) for i in range(60)]
     plan = plan_node(view_of(*PODS, *many, WEB), node_name="node-1")
     state = render_wanted(plan, settings=RenderSettings(mode, local_cidrs=("10.0.0.0/24",)),

@@ -31,9 +31,9 @@ from netagent.policy.nftables.render import (
     render_nft,
 )
 from netagent.policy.semantics import ClusterView, plan_node
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
-GOLDEN = pathlib.Path(__file__).parent / "golden" / "policy" / "nft_table_bridge.json"
+GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "golden" / "policy" / "nft_table_bridge.json"
 FROM_B = policy("x", "p", {"podSelector": {"matchLabels": {"pod": "a"}},
                            "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]})
 BLOCKS = policy("x", "blocks", {"podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Egress"], "egress": [

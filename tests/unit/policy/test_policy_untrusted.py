@@ -29,7 +29,7 @@ from netagent.policy.semantics import (
     SetRef,
     capacity_for,
 )
-from tests.unit.policy_objects import namespace, pod, policy
+from tests.unit.policy.policy_objects import namespace, pod, policy
 
 DENY_ALL_Y = policy("y", "deny-all", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
 

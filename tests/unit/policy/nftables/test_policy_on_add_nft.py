@@ -13,9 +13,9 @@ from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
 from netagent.policy.nftables.dataplane import NftablesDataplane
 from netagent.policy.shared import RenderSettings
-from tests.unit.policy_objects import namespace, pod, policy
-from tests.unit.test_policy_nft import TABLE
-from tests.unit.test_policy_on_add import burst_while_a_sync_runs
+from tests.unit.policy.policy_objects import namespace, pod, policy
+from tests.unit.policy.nftables.test_policy_nft import TABLE
+from tests.unit.policy.test_policy_on_add import burst_while_a_sync_runs
 
 LONG = 30.0
 

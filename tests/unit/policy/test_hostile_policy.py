@@ -1,5 +1,5 @@
 """The hostile-object suite of the policy engine (issue 18): Hypothesis draws wrongly typed,
-oversized and adversarial NetworkPolicies, Pods and Namespaces (tests/unit/hostile_policy_objects.py)
+oversized and adversarial NetworkPolicies, Pods and Namespaces (tests/unit/policy/hostile_policy_objects.py)
 and feeds them, mixed with fixed good objects, through the engine's real path (recorders,
 drain, parsers, semantics, renderer, programmer) into FakeIptables and FakeIpset, which parse
 and validate what they are given as the tools do. For every draw:
@@ -36,7 +36,7 @@ from netagent.policy.iptables.dataplane import IptablesDataplane
 from netagent.policy.iptables.render import WantedState
 from netagent.policy.shared import RenderSettings, pod_chain
 from netagent.policy.semantics import set_refs
-from tests.unit.hostile_policy_objects import (
+from tests.unit.policy.hostile_policy_objects import (
     GOOD_PODS,
     LOCAL_CIDR,
     NODE,

@@ -1,0 +1,1 @@
+"""Unit tests of policy/ (tests mirror the source tree)."""

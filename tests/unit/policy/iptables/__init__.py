@@ -1,0 +1,1 @@
+"""Unit tests of policy/iptables/ (tests mirror the source tree)."""

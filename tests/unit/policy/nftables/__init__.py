@@ -1,0 +1,1 @@
+"""Unit tests of policy/nftables/ (tests mirror the source tree)."""
