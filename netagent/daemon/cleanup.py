@@ -91,6 +91,7 @@ def remove_owned_nft_tables(nft: Nft | None = None) -> list[str]:
     from netagent.kernel import owned
     from netagent.kernel.nftables.runner import NftError, NftRunner
     from netagent.kernel.nftables.text import UnsafeNftText, name_for_listing
+    from netagent.kernel.nftables.model import render_delete
     made = None
     if nft is None:
         try:
@@ -107,7 +108,7 @@ def remove_owned_nft_tables(nft: Nft | None = None) -> list[str]:
             except UnsafeNftText:    # a name we never write: not made by us
                 continue
         if ours:
-            nft.apply("".join(f"delete table {family} {name}\n" for family, name in ours))
+            nft.apply("".join(render_delete(family, name) for family, name in ours))
         return [f"nft table {family} {name}" for family, name in ours]
     finally:
         if made is not None:

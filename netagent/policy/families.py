@@ -204,7 +204,7 @@ class DualWanted:
 
 class FamilyDataplanes(PolicyDataplane[DualWanted]):
     """The engine's dataplane in a cluster of one or two families: one dataplane per family,
-    each built with its family (`PolicyProgrammer(family=...)`, `NftPolicyProgrammer(family=...)`)."""
+    each built with its family (`IptablesDataplane(family=...)`, `NftablesDataplane(family=...)`)."""
 
     def __init__(self, dataplanes: Mapping[IpFamily, PolicyDataplane]) -> None:
         if not dataplanes:

@@ -17,7 +17,7 @@ against the cluster CIDR and reserved ranges of that family only.
 - **addresses that are not a node's**: a public IP equal to one of this node's own addresses
   (`PeerBounds.reserved`'s host entries), to an external BGP peer of the operator's or to one of
   this node's gateways (`reserved_addresses`, handed over by the BGP speaker through
-  `bgp/mirror.LearntTable`) is refused: a Node announcing the top-of-rack router's address must
+  `routing/bgp.LearntTable`) is refused: a Node announcing the top-of-rack router's address must
   not replace the router's session (`bgp/topology.py` never lets it) nor be routed through;
 - **claims**: a pod CIDR overlapping this node's or another accepted peer's, a public IP
   or a VTEP MAC equal to ours or another accepted peer's, is a conflict. Peers are
