@@ -46,6 +46,12 @@ EVERY_LAYER_MAY_IMPORT = "netagent.errors"
 NOT_SIDEWAYS: dict[str, set[str]] = {
     # routing renders every mode (bgp's too, `routing/bgp.py`); the BGP speaker fills its input
     "netagent.noderoutes.routing": {"netagent.noderoutes.bgp"},
+    # backends share through the layer below them (proxy/, policy/), never sideways
+    "proxy.iptables": {"proxy.ipvs", "proxy.nftables", "proxy.ebpf"},
+    "proxy.nftables": {"proxy.iptables", "proxy.ipvs", "proxy.ebpf"},
+    "proxy.ebpf": {"proxy.iptables", "proxy.ipvs", "proxy.nftables"},
+    "netagent.policy.iptables": {"netagent.policy.nftables"},
+    "netagent.policy.nftables": {"netagent.policy.iptables"},
 }
 
 
