@@ -17,7 +17,8 @@ empty.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from netagent.kernel.iptables.tracer import Packet, PacketTracer, TraceError
@@ -69,6 +70,29 @@ class KernelPolicy:
                 return pod, ip
         chains = self.of(pod_or_ip)
         return (chains[0].pod, chains[0].ip) if chains else None
+
+
+POD_HEADER = re.compile(r"^(ingress|egress) (\S+) (\S+) selected by (.*)$")
+
+
+def pod_directions(chains: Mapping[str, Sequence[ReadRule]], *, address_first: bool,
+                   pod_of: Callable[[str, str], str] = lambda pod, ip: pod) -> list[PodDirection]:
+    """The pod chains among `chains` (name -> rules read back, in order): each whose first
+    rule's comment is a pod header, `<direction> <pod> <ip> selected by <policies>` (the
+    nftables renderer writes the address first: `address_first`), with its allows (the
+    RETURN rules after it) and its denied packets (its DROP rules' counters). `pod_of(pod, ip)`
+    names the pod (the nft dataplane looks the address up in its directory)."""
+    found = []
+    for name, rules in sorted(chains.items()):
+        head = POD_HEADER.match(rules[0].comment) if rules else None
+        if head is None:
+            continue
+        direction, first, second, policies = head.groups()
+        pod, ip = (second, first) if address_first else (first, second)
+        denied = sum(rule.packets for rule in rules if rule.target == "DROP")
+        found.append(PodDirection(pod_of(pod, ip), ip, direction, name, tuple(filter(None, policies.split(","))),
+                                  tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
+    return found
 
 
 def describe_match(spec: Sequence[str]) -> str:

@@ -4,15 +4,13 @@ direction, pod, address and policies; the pod directory chains name every progra
 pod; a `ReadRule`'s comment is the rule's purpose (the comment without `netagent policy: `)."""
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from netagent.kernel import owned
 from netagent.kernel.iptables.restore_format import split_tokens
 from netagent.policy.buckets import DIRECTORY_PREFIX, HEADER, POD_ENTRY
-from netagent.policy.readback import KernelPolicy, PodDirection, ReadRule
+from netagent.policy.readback import KernelPolicy, ReadRule, pod_directions
 
-_HEADER = re.compile(r"^(ingress|egress) (\S+) (\S+) selected by (.*)$")
 _POD_ENTRY = POD_ENTRY.removeprefix(HEADER)      # a directory rule's purpose: + "ns/name ip"
 
 
@@ -60,12 +58,5 @@ def parse_kernel_policy(save_text: str) -> KernelPolicy:
         if chain.startswith(DIRECTORY_PREFIX):
             entries = (rule.comment.removeprefix(_POD_ENTRY).split() for rule in rules if rule.comment.startswith(_POD_ENTRY))
             found.local.update((entry[0], entry[1]) for entry in entries if len(entry) == 2)
-    for chain, rules in sorted(chains.items()):
-        head = _HEADER.match(rules[0].comment) if rules else None
-        if head is None:
-            continue
-        direction, pod, ip, policies = head.groups()
-        denied = sum(rule.packets for rule in rules if rule.target == "DROP")
-        found.pods.append(PodDirection(pod, ip, direction, chain, tuple(filter(None, policies.split(","))),
-                                       tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
+    found.pods.extend(pod_directions(chains, address_first=False))
     return found

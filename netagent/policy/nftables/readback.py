@@ -21,16 +21,14 @@ holds the packets denied. A `ReadRule`'s comment is its rule's purpose.
 from __future__ import annotations
 
 import ipaddress
-import re
 from typing import Any
 
 from netagent.kernel.nftables import listing, tables
 from netagent.kernel.nftables.listing import element_text
 from netagent.kernel.nftables.model import Element, Set, purpose_of
-from netagent.policy.readback import KernelPolicy, PodDirection, ReadRule
+from netagent.policy.readback import KernelPolicy, ReadRule, pod_directions
 from netagent.policy.nftables.render import BASE_CHAIN, KNOWN_SET, TABLE
 
-_HEADER = re.compile(r"^(ingress|egress) (\S+) (\S+) selected by (.*)$")
 _VERDICTS = {"return": "RETURN", "drop": "DROP", "accept": "ACCEPT", "jump": "jump", "goto": "goto", "vmap": "vmap"}
 
 
@@ -138,13 +136,5 @@ def parse_nft_policy(objects: list[dict[str, Any]]) -> tuple[KernelPolicy, dict[
             read.append(ReadRule(spec, purpose_of(rule.comment or ""), target, packets))
     found = KernelPolicy(guard=[rule for rule in chains.get(BASE_CHAIN, []) if rule.target == "DROP"], local=local)
     by_address = {ip: pod for pod, ip in local.items()}
-    for name, rules in sorted(chains.items()):
-        head = _HEADER.match(rules[0].comment) if rules else None
-        if head is None:
-            continue
-        direction, ip, pod, policies = head.groups()
-        denied = sum(rule.packets for rule in rules if rule.target == "DROP")
-        found.pods.append(PodDirection(by_address.get(ip, pod), ip, direction, name,
-                                       tuple(filter(None, policies.split(","))),
-                                       tuple(rule for rule in rules[1:] if rule.target == "RETURN"), denied))
+    found.pods.extend(pod_directions(chains, address_first=True, pod_of=lambda pod, ip: by_address.get(ip, pod)))
     return found, sets
