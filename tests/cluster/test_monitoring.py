@@ -90,14 +90,19 @@ class Prometheus:
             return log.read()[-4000:]
 
     def get(self, path: str, **params: str) -> dict | None:
-        """An API answer's `data`, None while Prometheus does not answer."""
+        """An API answer's `data`, None while Prometheus does not answer with JSON (starting
+        up, it answers 503 "Service Unavailable" until its storage is ready: seen on a loaded
+        machine)."""
         if self.proc.poll() is not None:
             raise AssertionError(f"prometheus exited {self.proc.returncode}:\n{self.log()}")
         url = f"http://{LISTEN}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
         result = self.lab.exec(NODE, [sys.executable, "-c", FETCH, url], timeout=30)
         if result.returncode != 0 or not result.stdout:
             return None
-        answer = json.loads(result.stdout)
+        try:
+            answer = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            return None
         assert answer.get("status") == "success", answer
         return answer["data"]
 
@@ -129,7 +134,7 @@ def lab():
 def prometheus(lab):
     server = Prometheus(lab.netns_of(NODE), lab)
     try:
-        wait_for(lambda: server.get("/api/v1/status/buildinfo"), what="prometheus to answer")
+        wait_for(lambda: server.get("/api/v1/status/buildinfo"), timeout=180, what="prometheus to answer")
         yield server
     finally:
         server.stop()
