@@ -231,7 +231,7 @@ class LabCluster(LabPods):
     def api(self) -> LabApiClient:
         return LabApiClient(unix_path=self.api_socket)
 
-    def start_apiserver(self, *, timeout: float = 60.0) -> None:
+    def start_apiserver(self, *, timeout: float = 180.0) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.api_socket)
         with host_listener(self.state.host_api_port) as host_socket:  # served from the router namespace
@@ -398,7 +398,7 @@ class LabCluster(LabPods):
         if wait:
             self.wait_for_agent(name)
 
-    def wait_for_agent(self, name: str, *, timeout: float = 180.0) -> None:
+    def wait_for_agent(self, name: str, *, timeout: float = 360.0) -> None:
         """Until the agent serves CNI (it does so only after its first route sync)."""
         node = self._node(name)
         if self.agent_pods:  # and its probes pass
