@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 
 from netagent import __version__
@@ -105,6 +106,20 @@ def _cmd_status_policy(args) -> int:
     return 0
 
 
+def _cmd_status_html(args) -> int:
+    from netagent.daemon.status_page import kernel_page
+    from netagent.kernel.iptables.backend import BackendChoice
+    page = kernel_page(node=args.node_name or os.uname().nodename, iptables_backend=BackendChoice(args.iptables_backend),
+                       bpf_root=args.bpf_root, bgp_state_dir=args.bgp_state_dir)
+    if args.html == "-":
+        sys.stdout.write(page)
+    else:
+        with open(args.html, "w", encoding="utf-8") as out:
+            out.write(page)
+        print(f"wrote {args.html}")
+    return 0
+
+
 def _cmd_lab(args, lab_argv: list[str]) -> int:
     """`netagent lab ...`: the lab (`lab/`, beside this package: a client of the product, not
     part of it, and not in the image) parses its own arguments; imported only here."""
@@ -178,6 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--json", action="store_true")
     policy.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
     policy.set_defaults(func=_cmd_status_policy)
+    page = status.add_parser("html", help="this node, its peers, Services, pods' policy and BGP sessions as one HTML "
+                                          "page (the agent serves it at /status on its metrics address)")
+    page.add_argument("--html", metavar="FILE", default="-", help="write the page here (default: stdout)")
+    page.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                      help="this node's name on the page (default: $NODE_NAME, then the host name)")
+    page.add_argument("--iptables-backend", choices=["auto", "legacy", "nft"], default="auto")
+    page.add_argument("--bpf-root", help="read the eBPF proxy's maps pinned under this bpffs directory")
+    page.add_argument("--bgp-state-dir", default=owned.BIRD_STATE_DIR, help="where our BIRD's control socket is")
+    page.set_defaults(func=_cmd_status_html)
 
     # The lab's own arguments are parsed by _cmd_lab: building this parser never imports it.
     sub.add_parser("lab", help=LAB_HELP, add_help=False)

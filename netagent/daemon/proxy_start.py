@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -155,7 +155,8 @@ def proxy_families(cluster_cidrs: Mapping[IpFamily, str]) -> tuple[IpFamily, ...
 
 def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: Sequence[str], api_client,
                 iptables_backend, registry, cluster_cidrs: Mapping[IpFamily, str],
-                rejections: RejectionScope | None = None) -> ProxyParts | None:
+                rejections: RejectionScope | None = None,
+                pages: Mapping[str, tuple[str, Callable[[], str]]] | None = None) -> ProxyParts | None:
     """Build the proxies of `mode` (one per family of `cluster_cidrs`: family -> that family's
     cluster CIDR) and their servers, /metrics on `metrics_binds`; None when `mode` is None
     (--proxy-mode none). What depends on the node (local addresses inside
@@ -165,7 +166,8 @@ def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: S
     `parts.node_listeners` from the Node reflector it already runs. Services and EndpointSlices
     a proxy refuses are recorded in `rejections` (a private scope when None; the IPv6 proxy's
     in a scope of its own beside it) and listed in /healthz's details (on the loopback metrics
-    server only; 10256 says healthy or not) without making the node unhealthy."""
+    server only; 10256 says healthy or not) without making the node unhealthy. `pages` are the
+    caller's extra pages on the metrics server (the agent's `/status`)."""
     if mode is None:
         return None
     running: ProxyMode = mode   # for the pages' lambdas
@@ -242,6 +244,7 @@ def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: S
         "/proxyMode": ("text/plain; charset=utf-8", lambda: running.value),
         "/services": ("application/json",
                       lambda: services_json(running, [s for p in proxies for s in p.backend.programmed()])),
+        **(pages or {}),
     }) if binds else None
     servers = (healthz, metrics_server) if metrics_server is not None else (healthz,)
     return ProxyParts(proxies=tuple(proxies), servers=servers)

@@ -254,7 +254,7 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     from netagent.infra.metrics import Registry
     from netagent.infra.status_server import StatusServer
     from netagent.kernel.families import IpFamily
-    from netagent.kernel.iptables.backend import resolve_backend
+    from netagent.kernel.iptables.backend import BackendChoice, resolve_backend
     from netagent.kernel.iptables.runner import IptablesRunner
     from netagent.kernel.sysctl import ProcSysctls
     from netagent.kube.config import api_server_addresses, load_api_client
@@ -278,9 +278,17 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     from netagent.daemon.rejection_reports import build_rejections, with_rejections
     rejections, event_poster = build_rejections(registry, api_client=api_client, node_name=settings.node_name)
     cluster_cidrs = {IpFamily.of(c): str(c) for c in reversed(settings.cluster_cidrs)}   # the first per family
+    # /status on the metrics address; its policy read takes the backend resolved here (no detection per read)
+    from netagent.daemon.status_page import AgentSources
+    page = AgentSources(node_name=settings.node_name, routing_mode=settings.routing.mode.value,
+                        proxy_mode=dataplane.proxy, policy_on=cluster.policy.enabled,
+                        bgp_state_dir=cluster.bgp.state_dir if cluster.bgp.wanted else None,
+                        iptables_backend=BackendChoice(backend.value) if backend else cluster.iptables_backend)
     proxy = build_proxy(cluster.proxy, mode=dataplane.proxy, metrics_binds=cluster.status.metrics_binds,
                         api_client=api_client, iptables_backend=backend, registry=registry,
-                        cluster_cidrs=cluster_cidrs, rejections=rejections.scope("proxy"))   # or ProxyStartError
+                        cluster_cidrs=cluster_cidrs, rejections=rejections.scope("proxy"),
+                        pages=page.pages())   # or ProxyStartError
+    page.proxies = proxy.proxies if proxy is not None else ()
     # one Node reflector per process: the proxy hears about its own Node through the agent's
     from netagent.daemon.bgp_start import build_bgp
     bgp, bgp_config = build_bgp(cluster.bgp, api_client=api_client, rejections=rejections.scope("bgp"))
@@ -293,6 +301,7 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     agent = NodeAgent(settings, api=KubeNodeApi(api_client), host=host, registry=registry,
                       node_listeners=proxy.node_listeners if proxy is not None else [],
                       rejections=rejections.scope("noderoutes"), on_lease=_cni_config_writer(cni))
+    page.agent = agent
     from netagent.daemon.policy_start import with_policy_health
     started_policy: list = []
     cni_runners: list = []
@@ -313,7 +322,8 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
         status.start()
         started.add(status.stop)
         policy = None
-        metrics = _metrics_server(cluster.status, registry=registry, health=health) if proxy is None else None
+        metrics = _metrics_server(cluster.status, registry=registry, health=health,
+                                  pages=page.pages()) if proxy is None else None
         try:
             started.add(agent.stop)   # before start: a start that fails half-way is stopped too
             agent.start()
@@ -353,11 +363,12 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
     return 0
 
 
-def _metrics_server(status: StatusConfig, *, registry, health):
-    """/metrics on `--metrics-bind-address` when no proxy serves it (the proxy's server does)."""
+def _metrics_server(status: StatusConfig, *, registry, health, pages=None):
+    """/metrics (and `pages`: /status) on `--metrics-bind-address` when no proxy serves it (the
+    proxy's server does)."""
     from netagent.infra.status_server import StatusServer
     binds = list(status.metrics_binds)
-    return StatusServer(bind=binds, registry=registry, health=health) if binds else None
+    return StatusServer(bind=binds, registry=registry, health=health, pages=pages) if binds else None
 
 
 def _start_anti_spoofing_alone(config: PolicyConfig, *, dataplane: Dataplane, backend, pod_cidrs: list[str],
