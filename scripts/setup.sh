@@ -21,7 +21,9 @@ apt-get install -y -qq --no-install-recommends \
   iproute2 iputils-ping iptables ipset conntrack tcpdump util-linux procps \
   containernetworking-plugins containerd runc busybox-static iperf3 ethtool \
   qemu-system-x86 linux-image-amd64 cpio musl-tools linux-headers-amd64 clang libclang-rt-dev \
-  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 curl unzip prometheus >/dev/null
+  podman buildah mmdebstrap shellcheck vagrant nftables python3-nftables bird2 curl unzip prometheus \
+  chromium >/dev/null
+# chromium: the headless browser tests/cluster/test_status_page.py loads the agent's /status page in.
 # bird2's package enables a host-wide BIRD where systemd runs; netagent runs its own per node
 # (--backend bgp) and the tests run theirs in namespaces, so the host's is stopped. Likewise
 # prometheus (promtool and the binary for tests/unit/deploy/test_monitoring_rules.py and
