@@ -1,6 +1,9 @@
 """The one interface the policy engine programs the kernel through, whichever dataplane holds
 the rules: `PolicyDataplane`. The engine plans (semantics.py) and hands the plan to
 `render`, then the result to `apply`; it never learns which tables or tools are behind them.
+A CNI ADD or DEL takes the same `apply`: the planner gives one pod's change (pod_plan.py), the
+dataplane renders the state with or without that pod (`render_with_pod`, `render_without_pod`),
+and a PARTIAL apply writes the difference, which is that pod's.
 
 Two implementations, one sub-package each (as proxy/'s backends): `iptables.dataplane.IptablesDataplane`
 (iptables chains and ipsets, `iptables/render.py`) and `nftables.dataplane.NftablesDataplane` (the
@@ -64,18 +67,20 @@ class PolicyDataplane(abc.ABC, Generic[W]):
 
     @abc.abstractmethod
     def apply(self, wanted: W, *, full: bool) -> ApplyReport:
-        """Make the kernel hold `wanted` (a `render` result of this dataplane)."""
+        """Make the kernel hold `wanted` (a `render` or one-pod render result of this
+        dataplane): PARTIAL, the difference from the last apply (shared values skipped by
+        identity, the rest compared by value); FULL, from what the kernel holds."""
 
-    def apply_pod(self, wanted: W, added: PodAdded, *, settings: RenderSettings,
-                  interface_of: Callable[[PodPlan], str | None]) -> tuple[W, ApplyReport] | None:
-        """The incremental path of one new pod: `wanted` (what the last apply wrote) with
-        `added.pod`, written as exactly that difference, and the new state, equal to what
-        `render(added.plan)` gives, so the next apply writes nothing. None when it does not
-        apply (nothing written: the caller takes the full path); raises as `apply` does."""
+    def render_with_pod(self, wanted: W, added: PodAdded, *, settings: RenderSettings,
+                        interface_of: Callable[[PodPlan], str | None]) -> W | None:
+        """The one-pod render of a CNI ADD (pure): `wanted` (what the last apply wrote) with
+        `added.pod`, equal to `render(added.plan)` and sharing every unchanged value with
+        `wanted`, so `apply(new, full=False)` finds the difference by identity in a few steps.
+        None when it does not apply (the caller renders the whole plan)."""
         return None
 
-    def remove_pod(self, wanted: W, removed: PodRemoved, *, settings: RenderSettings) -> tuple[W, ApplyReport] | None:
-        """`apply_pod`'s reverse, for a DEL: `wanted` without `removed.pod`, written as exactly that."""
+    def render_without_pod(self, wanted: W, removed: PodRemoved, *, settings: RenderSettings) -> W | None:
+        """`render_with_pod`'s reverse, for a DEL: `wanted` without `removed.pod`."""
         return None
 
     @abc.abstractmethod

@@ -286,9 +286,11 @@ class PolicyEngine:
     def _one_pod(self, key: str, ips: tuple[str, ...], deadline: float) -> bool:
         """The pod alone (`ips`: bound by an ADD, primary first; (): released by a DEL), when the engine holds
         the plan of everything else and nothing but this binding changed since: its chains, set
-        memberships and KNOWN entry in one small write (`PolicyDataplane.apply_pod` /
-        `remove_pod`), and the plan, wanted state and applied record as a full sync would leave
-        them. False (nothing written) when that does not apply: the caller takes the full path."""
+        memberships and KNOWN entry: pod_plan.py's change to the plan, the dataplane's render of
+        the state with or without the pod (`render_with_pod`, `render_without_pod`), and the
+        same PARTIAL `apply` as a sync, which writes that difference; the plan and wanted state
+        as a full sync would leave them. False (nothing written) when that does not apply: the
+        caller takes the full path."""
         if not self._sync_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False
         try:
@@ -305,26 +307,27 @@ class PolicyEngine:
             view = ClusterView({**planned.pods, key: bound}, planned.namespaces, planned.policies)
             node, render = self.settings.node_name, self.settings.render
             change: PodAdded | PodRemoved | None
-            done: tuple[Rendered, ApplyReport] | None = None
+            new: Rendered | None = None
             try:
                 if ip is not None:
                     change = plan_with_pod(view, self.plan, key, node_name=node)
                     if change is not None:
-                        done = self.dataplane.apply_pod(self.wanted, change, settings=render,
-                                                         interface_of=self._interface)
+                        new = self.dataplane.render_with_pod(self.wanted, change, settings=render,
+                                                             interface_of=self._interface)
                 else:
                     change = plan_without_pod(view, self.plan, key) if reported.ip in (None, info.ip) else None
                     if change is not None:
-                        done = self.dataplane.remove_pod(self.wanted, change, settings=render)
+                        new = self.dataplane.render_without_pod(self.wanted, change, settings=render)
+                if change is None or new is None:
+                    return False
+                report = self.dataplane.apply(new, full=False)
             except Exception:
                 log.exception("network policy: programming one pod alone failed; a full sync follows")
                 self._in_sync = False
                 self._request()
                 return False
-            if change is None or done is None:
-                return False
             self.plan, self._planned_bindings, self._planned_view = change.plan, version, view
-            self.wanted, self.last_report = done
+            self.wanted, self.last_report = new, report
             self._count_pods()
             self.bindings.synced(epoch, None, added=change.pod if ip is not None else None,
                                  gone=key if ip is None else None)

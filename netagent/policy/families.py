@@ -224,35 +224,34 @@ class FamilyDataplanes(PolicyDataplane[DualWanted]):
         reports = [self.dataplanes[part.family].apply(part.wanted, full=full) for part in wanted.parts]
         return _sum(reports)
 
-    def apply_pod(self, wanted: DualWanted, added: PodAdded, *, settings: RenderSettings,
-                  interface_of: Callable[[PodPlan], str | None]) -> tuple[DualWanted, ApplyReport] | None:
+    def render_with_pod(self, wanted: DualWanted, added: PodAdded, *, settings: RenderSettings,
+                        interface_of: Callable[[PodPlan], str | None]) -> DualWanted | None:
         return self._one_pod(wanted, lambda part, dataplane: (
             None if (mine := added_for_family(added, part.plan, part.family)) is None
-            else (mine.plan, dataplane.apply_pod(part.wanted, mine, interface_of=interface_of,
-                                                 settings=settings_for_family(settings, part.family)))))
+            else (mine.plan, dataplane.render_with_pod(part.wanted, mine, interface_of=interface_of,
+                                                       settings=settings_for_family(settings, part.family)))))
 
-    def remove_pod(self, wanted: DualWanted, removed: PodRemoved, *,
-                   settings: RenderSettings) -> tuple[DualWanted, ApplyReport] | None:
+    def render_without_pod(self, wanted: DualWanted, removed: PodRemoved, *,
+                           settings: RenderSettings) -> DualWanted | None:
         return self._one_pod(wanted, lambda part, dataplane: (
             None if (mine := removed_for_family(removed, part.plan, part.family)) is None
-            else (mine.plan, dataplane.remove_pod(part.wanted, mine,
-                                                  settings=settings_for_family(settings, part.family)))))
+            else (mine.plan, dataplane.render_without_pod(part.wanted, mine,
+                                                          settings=settings_for_family(settings, part.family)))))
 
-    def _one_pod(self, wanted: DualWanted, step: Callable) -> tuple[DualWanted, ApplyReport] | None:
-        """Each family's one-pod write; None (the engine's full path follows, which also settles a
-        family already written) as soon as one family's does not apply."""
-        parts, reports = [], []
+    def _one_pod(self, wanted: DualWanted, step: Callable) -> DualWanted | None:
+        """Each family's one-pod render (a family the pod has no address in keeps its state);
+        None (the engine renders the whole plan) as soon as one family's does not apply."""
+        parts = []
         for part in wanted.parts:
             done = step(part, self.dataplanes[part.family])
             if done is None:
                 parts.append(part)
                 continue
-            plan, result = done
-            if result is None:
+            plan, rendered = done
+            if rendered is None:
                 return None
-            parts.append(FamilyState(part.family, plan, result[0]))
-            reports.append(result[1])
-        return DualWanted(tuple(parts)), _sum(reports)
+            parts.append(FamilyState(part.family, plan, rendered))
+        return DualWanted(tuple(parts))
 
     def cleanup(self) -> list[str]:
         return [item for family in reversed(self.dataplanes) for item in self.dataplanes[family].cleanup()]

@@ -93,7 +93,7 @@ class BindOutcome:
     programmed: bool
     reason: ClosedReason | None = None
     syncs_run: int = 0              # syncs this caller ran itself (the rest it found done)
-    incremental: bool = False       # programmed alone (PolicyDataplane.apply_pod), not by a sync
+    incremental: bool = False       # programmed alone (PolicyEngine._one_pod), not by a sync
 
 
 class PodBindings:

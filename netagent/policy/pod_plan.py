@@ -1,5 +1,6 @@
 """One pod's change to the node's plan, computed from that pod alone: the CNI ADD's and DEL's
-incremental path (engine.py `bind_pod`/`unbind_pod`, dataplane.py `apply_pod`/`remove_pod`).
+incremental path (engine.py `bind_pod`/`unbind_pod`; dataplane.py `render_with_pod`,
+`render_without_pod`, then the same partial `apply` as any sync).
 
 A new local pod changes its own allows (the policies of its namespace, planned by
 semantics.py's own `policy_allows`) and the members of every pod set whose scope means it

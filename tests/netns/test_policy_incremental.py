@@ -1,4 +1,4 @@
-"""The one-pod path on the real kernel (`PolicyEngine.bind_pod` -> `PolicyDataplane.apply_pod`),
+"""The one-pod path on the real kernel (`PolicyEngine.bind_pod` -> `PolicyDataplane.render_with_pod` + `apply`),
 both dataplanes: a node namespace with real pods wired by our CNI plugin (routed mode), the
 policy engine in this process writing the node's iptables/ipset or its `ip netagent-policy`
 table. A pod bound by its ADD (and released by its DEL) is programmed alone, in the writes counted here (nft: one batch;

@@ -4,7 +4,9 @@ A sync compares the wanted state with what is there and writes only the differen
 - a FULL sync reads the kernel (one iptables-save of filter, one `ipset save`), so a
   restarted agent adopts what its predecessor left with no write at all, and drift (a chain
   edited or flushed by hand, a set member removed, our FORWARD jump moved) is repaired;
-- a PARTIAL sync compares with what this process last applied, reading nothing.
+- a PARTIAL sync compares with the state this process last applied, reading nothing: by
+  identity first, so a CNI ADD's one-pod render (render.py's `render_wanted_with_pod`, which
+  shares every unchanged chain and set) costs its own pod's writes and a walk of the names.
 The writes, in an order that never opens a pod:
   1. ipsets: create missing sets and change members (one `ipset restore`); addresses leave
      KNOWN here, but none joins it yet;
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
-from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents, canonical_member
+from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents
 from netagent.kernel.ipset.runner import Ipset, sync_sets
 from netagent.kernel.iptables.restore_format import Table, jump_target
 from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
@@ -62,7 +64,8 @@ KNOWN_SPECS = {IpFamily.V4: KNOWN_SPEC,
 
 
 @dataclass
-class _Applied:
+class _Held:
+    """The policy chains and sets of this family as the kernel holds them (a FULL apply's read)."""
     chains: dict[str, Rules]
     sets: dict[str, SetContents]
 
@@ -95,7 +98,7 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
         self.ipset = ipset
         self.family = family
         self.known = KNOWN_SPECS[family]
-        self._applied: _Applied | None = None
+        self._last: WantedState | None = None     # what the last apply left the kernel holding
 
     def _contents(self, name: str, members: frozenset[str], set_type: IpsetType = IpsetType.HASH_IP) -> SetContents:
         return SetContents(name, set_type, self.family.ipset, members)
@@ -105,11 +108,11 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
         return {name: contents for name, contents in self.ipset.snapshot().items()
                 if name.startswith(owned.POLICY_PREFIX) and contents.family == self.family.ipset}
 
-    def _read_kernel(self) -> tuple[_Applied, Table]:
+    def _read_kernel(self) -> tuple[_Held, Table]:
         table = self.iptables.table(TABLE)
         chains = {name: tuple(chain.rules) for name, chain in table.chains.items()
                   if name.startswith(owned.POLICY_PREFIX) and not chain.builtin}
-        return _Applied(chains, self._our_sets()), table
+        return _Held(chains, self._our_sets()), table
 
     def render(self, plan: NodePlan, *, settings: RenderSettings,
                interface_of: Callable[[PodPlan], str | None]) -> WantedState:
@@ -123,17 +126,24 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
 
     def apply(self, wanted: WantedState, *, full: bool) -> ApplyReport:
         try:
-            return self._apply(wanted, full=full)
+            last = self._last
+            if full or last is None or _needs_kernel(last, wanted, self.known.name):
+                report = self._apply_from_kernel(wanted)
+            else:
+                report = self._apply_difference(last, wanted)
         except BaseException:
-            self._applied = None
+            self._last = None
             raise
+        self._last = wanted
+        if report.wrote:
+            log.info("network policy: %d chain(s) written, %d removed, %d set(s) changed, %d destroyed%s",
+                     report.chains_written, report.chains_removed, report.sets_changed, report.sets_destroyed,
+                     ", hook jump repaired" if report.jump_repaired else "")
+        return report
 
-    def _apply(self, wanted: WantedState, *, full: bool) -> ApplyReport:
-        table: Table | None = None
-        if full or self._applied is None:
-            current, table = self._read_kernel()
-        else:
-            current = self._applied
+    def _apply_from_kernel(self, wanted: WantedState) -> ApplyReport:
+        """The FULL apply: the difference between `wanted` and what the kernel holds."""
+        current, table = self._read_kernel()
         # 1. sets: everything but KNOWN's additions
         known = self.known
         held_known = current.sets.get(known.name)
@@ -142,15 +152,13 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
         counts = sync_sets(self.ipset, first, current=current.sets)
         sets_changed = sum(1 for added, removed in counts.values() if added or removed)
         sets_changed += sum(1 for spec in first if spec.name not in current.sets)
-        # 2. chains and the FORWARD jump
+        # 2. chains and the hook jumps
         changed = {name: rules for name, rules in wanted.chains.items() if current.chains.get(name) != rules}
         stale = sorted(name for name in current.chains if name not in wanted.chains)
-        if table is None and any(name in HOOKS for name in stale):   # a hook chain no longer wanted
-            table = self.iptables.table(TABLE)
-        builder = render_chains(changed, remove=stale, unhook=_jumps_into(table, stale) if table else ())
+        builder = render_chains(changed, remove=stale, unhook=_jumps_into(table, stale))
         repair = False
-        for chain, (parent, spec) in HOOKS.items():    # read (and so checked) on FULL syncs
-            if table is not None and chain in wanted.chains and not _jump_is_first(table, parent, spec):
+        for chain, (parent, spec) in HOOKS.items():
+            if chain in wanted.chains and not _jump_is_first(table, parent, spec):
                 add_jump_repair(builder, table, parent, spec, position=JumpPosition.FIRST)
                 repair = True
         if builder:
@@ -164,74 +172,47 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
         doomed = sorted(name for name in current.sets if name not in wanted_names)
         for name in doomed:
             self.ipset.destroy(name)
-        self._applied = _Applied(dict(wanted.chains), {
-            **{spec.name: self._contents(spec.name, frozenset(_canonical(spec, members)), spec.type)
-               for spec, members in wanted.sets.items()},
-            known.name: self._contents(known.name, wanted.known)})
-        report = ApplyReport(len(changed), len(stale), sets_changed, len(doomed), repair)
-        if report.wrote:
-            log.info("network policy: %d chain(s) written, %d removed, %d set(s) changed, %d destroyed%s",
-                     report.chains_written, report.chains_removed, report.sets_changed, report.sets_destroyed,
-                     ", hook jump repaired" if repair else "")
-        return report
+        return ApplyReport(len(changed), len(stale), sets_changed, len(doomed), repair)
 
-    def apply_pod(self, wanted: WantedState, added: PodAdded, *, settings: RenderSettings,
-                  interface_of: Callable[[PodPlan], str | None]) -> tuple[WantedState, ApplyReport] | None:
-        if self._applied is None or self.known.name in (spec.name for spec in wanted.sets):
-            return None
-        new = render_wanted_with_pod(wanted, added, settings=settings, interface_of=interface_of)
-        return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
-
-    def remove_pod(self, wanted: WantedState, removed: PodRemoved, *,
-                   settings: RenderSettings) -> tuple[WantedState, ApplyReport] | None:
-        if self._applied is None or self.known.name in (spec.name for spec in wanted.sets):
-            return None
-        new = render_wanted_without_pod(wanted, removed, settings=settings)
-        return None if new is None else (new, self._apply_delta(self._applied, wanted, new))
-
-    def _apply_delta(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
-        """`apply`'s writes, in its order, for what differs between `wanted` (last applied) and
-        `new`, found by identity (the one-pod renders share every unchanged value): sets and
-        KNOWN's departures (one `ipset restore`), changed and removed chains (one
-        `iptables-restore --noflush`), KNOWN's arrivals, then sets no longer named destroyed."""
-        try:
-            return self._write_delta(applied, wanted, new)
-        except BaseException:
-            self._applied = None
-            raise
-
-    def _write_delta(self, applied: _Applied, wanted: WantedState, new: WantedState) -> ApplyReport:
-        touched = [spec for spec, members in new.sets.items() if wanted.sets.get(spec) is not members]
-        doomed = [spec for spec in wanted.sets if spec not in new.sets]
-        # the delta as sync_sets sees it: a set holding what leaves, asked to hold what arrives
-        first = {spec: new.sets[spec] - wanted.sets.get(spec, frozenset()) for spec in touched}
-        held = {spec.name: self._contents(spec.name, wanted.sets[spec] - new.sets[spec], spec.type)
-                for spec in touched if spec in wanted.sets}
+    def _apply_difference(self, last: WantedState, wanted: WantedState) -> ApplyReport:
+        """The PARTIAL apply: what differs between `last` (what the last apply left the kernel
+        holding) and `wanted`, found by identity first (a one-pod render shares every
+        unchanged chain and member set), then by value; written in the FULL apply's order."""
+        if wanted is last:
+            return ApplyReport()
+        touched = [spec for spec, members in wanted.sets.items()
+                   if (held := last.sets.get(spec)) is not members and held != members]
+        doomed = [spec for spec in last.sets if spec not in wanted.sets]
+        # the difference as sync_sets sees it: a set holding what leaves, asked to hold what arrives
+        first = {spec: wanted.sets[spec] - last.sets.get(spec, frozenset()) for spec in touched}
+        held_sets = {spec.name: self._contents(spec.name, last.sets[spec] - wanted.sets[spec], spec.type)
+                     for spec in touched if spec in last.sets}
         known = self.known
-        left = wanted.known - new.known
+        left = last.known - wanted.known
         if left:
             first[known] = frozenset()
-            held[known.name] = self._contents(known.name, left)
+            held_sets[known.name] = self._contents(known.name, left)
         if first:
-            sync_sets(self.ipset, first, current=held)
-        changed = {name: rules for name, rules in new.chains.items() if wanted.chains.get(name) is not rules}
-        stale = [name for name in wanted.chains if name not in new.chains]
+            sync_sets(self.ipset, first, current=held_sets)
+        changed = {name: rules for name, rules in wanted.chains.items()
+                   if (held_rules := last.chains.get(name)) is not rules and held_rules != rules}
+        stale = [name for name in last.chains if name not in wanted.chains]
         if changed or stale:
             self.iptables.restore(render_chains(changed, remove=stale).text())
-        joined = new.known - wanted.known
+        joined = wanted.known - last.known
         if joined:
             sync_sets(self.ipset, {known: joined}, current={known.name: self._contents(known.name, frozenset())})
         for spec in doomed:
             self.ipset.destroy(spec.name)
-        applied.chains.update(changed)
-        for name in stale:
-            del applied.chains[name]
-        for spec in touched:
-            applied.sets[spec.name] = self._contents(spec.name, frozenset(new.sets[spec]), spec.type)
-        for spec in doomed:
-            del applied.sets[spec.name]
-        applied.sets[known.name] = self._contents(known.name, new.known)
         return ApplyReport(len(changed), len(stale), len(touched) + bool(left or joined), len(doomed), False)
+
+    def render_with_pod(self, wanted: WantedState, added: PodAdded, *, settings: RenderSettings,
+                        interface_of: Callable[[PodPlan], str | None]) -> WantedState | None:
+        return render_wanted_with_pod(wanted, added, settings=settings, interface_of=interface_of)
+
+    def render_without_pod(self, wanted: WantedState, removed: PodRemoved, *,
+                           settings: RenderSettings) -> WantedState | None:
+        return render_wanted_without_pod(wanted, removed, settings=settings)
 
     def cleanup(self) -> list[str]:
         """Remove every chain and set of the policy engine in this family (and the FORWARD jump)."""
@@ -239,9 +220,15 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
         for name in sorted(self._our_sets()):
             self.ipset.destroy(name)
             removed.append(f"ipset {name}")
-        self._applied = None
+        self._last = None
         return removed
 
 
-def _canonical(spec: IpsetSpec, members: frozenset[str]) -> set[str]:
-    return {canonical_member(spec.type, member) for member in members}
+def _needs_kernel(last: WantedState, wanted: WantedState, known: str) -> bool:
+    """Whether the difference from `last` cannot be written alone: a hook chain coming or
+    going (its jump is read from the kernel), a set name changing its kind, or a policy set
+    named as KNOWN. The FULL apply handles those."""
+    if any((name in last.chains) != (name in wanted.chains) for name in HOOKS):
+        return True
+    kinds = {spec.name: spec for spec in last.sets}
+    return any(kinds.get(spec.name, spec) != spec or spec.name == known for spec in wanted.sets)

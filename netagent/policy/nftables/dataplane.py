@@ -8,9 +8,8 @@ table before or after, never between.
 
 - A PARTIAL sync compares with the table this process last applied (`read_back=False`), cut
   first to what the render did not reuse (`_narrowed`), and writes only changed elements and
-  chains (a label change: set elements only); the one-pod
-  paths of a CNI ADD or DEL (`apply_pod`, `remove_pod`) are partial syncs of the table
-  render.py derives with or without that pod.
+  chains (a label change: set elements only); a CNI ADD or DEL is a partial sync of the table
+  render.py derives with or without that pod (`render_with_pod`, `render_without_pod`).
 - A FULL sync reads the table back (`tables.read_table` of `list_table`) and writes the
   difference, so a restarted agent adopts its predecessor's table with zero writes and drift
   is repaired (rules compared by their digest comments, sets and maps by their elements, KNOWN
@@ -65,6 +64,8 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
 
     def apply(self, wanted: NftPolicy, *, full: bool) -> ApplyReport:
         try:
+            if not full and wanted.table is self._applied:
+                return ApplyReport()
             if full or self._applied is None:
                 held = tables.read_table(self.family.nft, TABLE, self._list())
                 changes = table_changes(wanted.table, held)
@@ -85,21 +86,15 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
                      report.sets_destroyed, ", base chain repaired" if report.jump_repaired else "")
         return report
 
-    def apply_pod(self, wanted: NftPolicy, added: PodAdded, *, settings: RenderSettings,
-                  interface_of: Callable[[PodPlan], str | None]) -> tuple[NftPolicy, ApplyReport] | None:
-        """One new pod in one transaction: its chains, its address into the sets it joined, its
-        map elements and its KNOWN element."""
-        if self._applied is None:
-            return None
-        new = render_nft_with_pod(wanted, added, settings=settings, interface_of=interface_of, family=self.family)
-        return None if new is None else (new, self.apply(new, full=False))
+    def render_with_pod(self, wanted: NftPolicy, added: PodAdded, *, settings: RenderSettings,
+                        interface_of: Callable[[PodPlan], str | None]) -> NftPolicy | None:
+        """One new pod: its chains, its address in the sets it joined, its map elements and its
+        KNOWN element, beside everything of `wanted` reused."""
+        return render_nft_with_pod(wanted, added, settings=settings, interface_of=interface_of, family=self.family)
 
-    def remove_pod(self, wanted: NftPolicy, removed: PodRemoved, *,
-                   settings: RenderSettings) -> tuple[NftPolicy, ApplyReport] | None:
-        if self._applied is None:
-            return None
-        new = render_nft_without_pod(wanted, removed)
-        return None if new is None else (new, self.apply(new, full=False))
+    def render_without_pod(self, wanted: NftPolicy, removed: PodRemoved, *,
+                           settings: RenderSettings) -> NftPolicy | None:
+        return render_nft_without_pod(wanted, removed)
 
     def cleanup(self) -> list[str]:
         """Remove the policy table (everything of the policy engine in nft)."""

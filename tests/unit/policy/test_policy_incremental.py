@@ -1,4 +1,4 @@
-"""The incremental path of one new pod (`semantics.plan_with_pod`, `PolicyDataplane.apply_pod`),
+"""The incremental path of one new pod (`semantics.plan_with_pod`, `PolicyDataplane.render_with_pod` + `apply`),
 against the stateful fakes of both dataplanes.
 
 The property: for a random cluster (namespaces, local and remote pods, labels, policies) and a
