@@ -3,6 +3,9 @@ writes (only the difference), the order that keeps new pods closed, adoption aft
 with no writes, drift repair, failures, and cleanup that leaves everything else alone."""
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import pytest
 
 from netagent.infra.metrics import Registry
@@ -232,3 +235,33 @@ def test_cleanup_removes_the_ipvs_output_hook_too(node):
     assert jump_target(node.chain("OUTPUT")[0]) == OUTPUT_CHAIN
     assert node.engine.dataplane.cleanup()
     assert node.chain("OUTPUT") == [] and not node.iptables.list_chains("filter", prefix=owned.POLICY_PREFIX)
+
+
+def test_partial_apply_compares_by_value_what_is_not_shared(node):
+    """A PARTIAL apply finds the difference by identity first; a state equal in value but sharing
+    nothing (every chain and member set rebuilt) writes nothing, and a changed member still is."""
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    node.sync(SyncKind.FULL)
+    dataplane, wanted = node.engine.dataplane, node.engine.wanted
+    before = node.writes()
+    rebuilt = copy.deepcopy(wanted)
+    assert rebuilt.chains is not wanted.chains and rebuilt == wanted
+    assert not dataplane.apply(rebuilt, full=False).wrote and node.writes() == before
+    spec = next(iter(rebuilt.sets))
+    grown = replace(rebuilt, sets={**rebuilt.sets, spec: rebuilt.sets[spec] | {"10.0.0.9"}})
+    report = dataplane.apply(grown, full=False)
+    assert (report.sets_changed, report.chains_written, len(node.iptables.restores)) == (1, 0, before[0])
+    assert "10.0.0.9" in node.ipset.members(spec.name)
+
+
+def test_partial_apply_of_a_new_hook_chain_reads_the_kernel_and_hooks_it(node):
+    node.engine.policies.on_add(DENY_FROM_NON_B)
+    node.sync(SyncKind.FULL)
+    ipvs = node.new_engine(ipvs=True)
+    ipvs.policies.on_add(DENY_FROM_NON_B)
+    with_output = ipvs.dataplane.render(node.engine.plan, settings=ipvs.settings.render,
+                                        interface_of=node.engine.interface_of)
+    assert OUTPUT_CHAIN in with_output.chains
+    report = node.engine.dataplane.apply(with_output, full=False)     # the engine's dataplane: its last state has none
+    assert report.jump_repaired
+    assert any(jump_target(rule) == OUTPUT_CHAIN for rule in node.chain("OUTPUT"))
