@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
@@ -72,54 +72,74 @@ HEADER_WORDS = ("ingress", "egress")           # a pod chain's header purpose st
 
 
 @dataclass(frozen=True)
+class TableIndex:
+    """An `NftPolicy` table's lookups by name: what the one-pod renders and `removable_chains`
+    read. `of` builds them from a table (a walk of every pod's objects); a one-pod render
+    derives the next from the previous in a few changes."""
+    chains: dict[str, tuple[Rule, ...]]        # the pod chains' rules (the base chain left out)
+    sets: dict[str, Set | Map]                 # the selector sets (KNOWN and the verdict maps left out)
+    known: dict[str, str]                      # programmed local pod address -> its KNOWN comment (ns/name)
+    egress: dict[str, str]                     # EGRESS_MAP: address or host interface -> its pod chain
+    ingress: dict[str, str]
+
+    @classmethod
+    def of(cls, table: Table) -> TableIndex:
+        def elements(name: str) -> tuple[Element, ...]:
+            found = table.set(name)
+            return () if found is None else found.elements
+        return cls({chain.name: chain.rules for chain in table.chains if chain.base is None},
+                   {entry.name: entry for entry in table.sets if entry.name not in (KNOWN_SET, EGRESS_MAP, INGRESS_MAP)},
+                   {element.key[0]: element.comment or "" for element in elements(KNOWN_SET)},
+                   _jumps(elements(EGRESS_MAP)), _jumps(elements(INGRESS_MAP)))
+
+
+@dataclass(frozen=True)
 class NftPolicy:
-    """What the plan asks of the policy table (`table`), and the local pods left out of it."""
+    """What the plan asks of the policy table (`table`), the local pods left out of it, and the
+    table's lookups (`index`; `NftPolicy.of` builds them)."""
     table: Table
-    pending: tuple[str, ...] = ()              # local pods left closed: no host interface found
-    refused: tuple[str, ...] = ()              # why local pods were left closed
+    pending: tuple[str, ...]                   # local pods left closed: no host interface found
+    refused: tuple[str, ...]                   # why local pods were left closed
+    index: TableIndex = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, table: Table, *, pending: tuple[str, ...] = (), refused: tuple[str, ...] = ()) -> NftPolicy:
+        return cls(table, pending, refused, TableIndex.of(table))
 
     @property
     def family(self) -> IpFamily:
         return IpFamily.V4 if self.table.family == IpFamily.V4.nft else IpFamily.V6
 
-    @functools.cached_property
+    @property
     def chains(self) -> dict[str, tuple[Rule, ...]]:
-        """The pod chains' rules by name (the base chain left out)."""
-        return {chain.name: chain.rules for chain in self.table.chains if chain.base is None}
+        return self.index.chains
 
     @property
     def base(self) -> tuple[Rule, ...]:
         chain = self.table.chain(BASE_CHAIN)
         return () if chain is None else chain.rules
 
-    @functools.cached_property
+    @property
     def sets(self) -> dict[str, Set | Map]:
-        """The selector sets by name (KNOWN and the verdict maps left out)."""
-        return {entry.name: entry for entry in self.table.sets if entry.name not in (KNOWN_SET, EGRESS_MAP, INGRESS_MAP)}
+        return self.index.sets
 
-    @functools.cached_property
+    @property
     def known(self) -> dict[str, str]:
-        """Programmed local pod address -> its KNOWN comment (ns/name)."""
-        return {element.key[0]: element.comment or "" for element in self._elements(KNOWN_SET)}
+        return self.index.known
 
-    @functools.cached_property
+    @property
     def egress(self) -> dict[str, str]:
-        """EGRESS_MAP: address or host interface -> the pod chain it jumps to."""
-        return _jumps(self._elements(EGRESS_MAP))
+        return self.index.egress
 
-    @functools.cached_property
+    @property
     def ingress(self) -> dict[str, str]:
-        return _jumps(self._elements(INGRESS_MAP))
+        return self.index.ingress
 
     @property
     def key_type(self) -> str:
         """The verdict maps' key: an address type (bridge mode) or `ifname` (routed)."""
         found = self.table.set(EGRESS_MAP)
         return found.key_type[0] if found is not None else self.family.nft_address_type
-
-    def _elements(self, name: str) -> tuple[Element, ...]:
-        found = self.table.set(name)
-        return () if found is None else found.elements
 
 
 def _jumps(elements: tuple[Element, ...]) -> dict[str, str]:
@@ -306,7 +326,7 @@ def render_nft(plan: NodePlan, *, settings: RenderSettings, interface_of: Callab
     sets: list[Set | Map] = [_nft_set(ref, held, family) for ref, held in members.items() if ref in used]
     table = _table(family, _base_chain(settings, family), chains, sets, known, jumps[False], jumps[True],
                    "ifname" if routed else family.nft_address_type)
-    return NftPolicy(table, pending=tuple(pending), refused=tuple(refused))
+    return NftPolicy.of(table, pending=tuple(pending), refused=tuple(refused))
 
 
 def render_nft_with_pod(previous: NftPolicy, added: PodAdded, *, settings: RenderSettings,
@@ -350,19 +370,11 @@ def render_nft_with_pod(previous: NftPolicy, added: PodAdded, *, settings: Rende
     jumps: tuple[dict[str, str], dict[str, str]] = ({}, {})
     for element, ingress in rendered.jumps:
         jumps[ingress].update(_jumps((element,)))
-    return _primed(replace(previous, table=replace(table, chains=chains, sets=tuple(sets))),
-                   chains={**previous.chains, **{chain.name: chain.rules for chain, _ in rendered.chains}},
-                   sets={**held, **replaced, **made},
-                   known={**previous.known, rendered.known.key[0]: rendered.known.comment or ""},
-                   egress={**previous.egress, **jumps[False]}, ingress={**previous.ingress, **jumps[True]})
-
-
-def _primed(policy: NftPolicy, **views: dict) -> NftPolicy:
-    """`policy` with its lookups (`chains`, `sets`, `known`, `egress`, `ingress`) given rather
-    than built from the table again: the one-pod paths derive them from the previous state's
-    in a few changes, where building them walks every pod."""
-    policy.__dict__.update(views)
-    return policy
+    return NftPolicy(replace(table, chains=chains, sets=tuple(sets)), previous.pending, previous.refused, TableIndex(
+        chains={**previous.chains, **{chain.name: chain.rules for chain, _ in rendered.chains}},
+        sets={**held, **replaced, **made},
+        known={**previous.known, rendered.known.key[0]: rendered.known.comment or ""},
+        egress={**previous.egress, **jumps[False]}, ingress={**previous.ingress, **jumps[True]}))
 
 
 def _grown(entry: Set | Map, rendered: _Pod) -> Set | Map:
@@ -402,8 +414,8 @@ def render_nft_without_pod(previous: NftPolicy, removed: PodRemoved) -> NftPolic
     table = previous.table
     chains = tuple(chain for chain in table.chains if chain.name not in own)
     kept = {name: entry for name, entry in ((s.name, s) for s in sets) if name in previous.sets}
-    return _primed(replace(previous, table=replace(table, chains=chains, sets=tuple(sets))),
-                   chains={name: rules for name, rules in previous.chains.items() if name not in own},
-                   sets=kept, known={ip: key for ip, key in previous.known.items() if ip != address},
-                   egress={k: v for k, v in previous.egress.items() if v not in own},
-                   ingress={k: v for k, v in previous.ingress.items() if v not in own})
+    return NftPolicy(replace(table, chains=chains, sets=tuple(sets)), previous.pending, previous.refused, TableIndex(
+        chains={name: rules for name, rules in previous.chains.items() if name not in own},
+        sets=kept, known={ip: key for ip, key in previous.known.items() if ip != address},
+        egress={k: v for k, v in previous.egress.items() if v not in own},
+        ingress={k: v for k, v in previous.ingress.items() if v not in own}))
