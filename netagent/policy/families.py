@@ -32,29 +32,28 @@ from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.readback import KernelPolicy
 from netagent.policy.shared import RenderSettings
-from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, SetKind, SetRef, set_refs
+from netagent.policy.semantics import Allow, CidrMatch, Member, NodePlan, PodPlan, SetKind, SetRef, member_address, set_refs
 
 
-def in_family(text: str, family: IpFamily) -> bool:
-    """Whether an address, network or `ip,proto:port` member (its address before the first
-    comma) is of `family`."""
-    return IpFamily.of(text.partition(",")[0]) is family
+def in_family(member: Member, family: IpFamily) -> bool:
+    """Whether an address, network or set member (a named port's by its address) is of `family`."""
+    return IpFamily.of(member_address(member)) is family
 
 
 class _Projector:
     """One family's view of one plan's values; allows and set references memoised, so values
     shared in the plan stay shared (and unchanged ones are the plan's own)."""
 
-    def __init__(self, family: IpFamily, sets: Mapping[SetRef, frozenset[str]]) -> None:
+    def __init__(self, family: IpFamily, sets: Mapping[SetRef, frozenset[Member]]) -> None:
         self.family = family
         self.sets = sets
-        self._members: dict[SetRef, frozenset[str]] = {}
+        self._members: dict[SetRef, frozenset[Member]] = {}
         self._allows: dict[Allow, Allow | None] = {}
 
     def ref(self, ref: SetRef) -> SetRef:
         return ref if ref.family is self.family else replace(ref, family=self.family)
 
-    def members(self, ref: SetRef, held: frozenset[str] | None = None) -> frozenset[str]:
+    def members(self, ref: SetRef, held: frozenset[Member] | None = None) -> frozenset[Member]:
         found = self._members.get(ref) if held is None else None
         if found is None:
             held = self.sets.get(ref, frozenset()) if held is None else held
@@ -101,11 +100,11 @@ class _Projector:
             return pod
         return replace(pod, ip=address, ingress=ingress, egress=egress, ips=())
 
-    def changed(self, changes: Mapping[SetRef, frozenset[str]],
-                sets: dict[SetRef, frozenset[str]]) -> dict[SetRef, frozenset[str]]:
+    def changed(self, changes: Mapping[SetRef, frozenset[Member]],
+                sets: dict[SetRef, frozenset[Member]]) -> dict[SetRef, frozenset[Member]]:
         """The family's part of a one-pod change to sets' members (pod_plan.py's `grown`,
         `shrunk`): those of the family's sets whose members of the family changed, updated in `sets`."""
-        found: dict[SetRef, frozenset[str]] = {}
+        found: dict[SetRef, frozenset[Member]] = {}
         for ref, members in changes.items():
             mine = self.ref(ref)
             if mine in sets:
@@ -114,7 +113,7 @@ class _Projector:
                     found[mine] = sets[mine] = kept
         return found
 
-    def used(self, pods: Sequence[PodPlan]) -> dict[SetRef, frozenset[str]]:
+    def used(self, pods: Sequence[PodPlan]) -> dict[SetRef, frozenset[Member]]:
         """The family's sets the pods' allows name, with the family's members."""
         distinct = {allow for pod in pods for allows in (pod.ingress, pod.egress) if allows for allow in allows}
         used = {ref for allow in distinct for ref in set_refs(allow)}
@@ -143,7 +142,7 @@ def added_for_family(added: PodAdded, previous: NodePlan, family: IpFamily) -> P
         return None
     sets = dict(previous.sets)
     grown = projector.changed(added.grown, sets)
-    new: dict[SetRef, frozenset[str]] = {}
+    new: dict[SetRef, frozenset[Member]] = {}
     originals = {projector.ref(ref): ref for ref in added.plan.sets}
     for allow in (*(pod.ingress or ()), *(pod.egress or ())):
         for ref in set_refs(allow):

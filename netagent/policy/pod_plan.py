@@ -21,12 +21,14 @@ from netagent.policy.model import PolicyType
 from netagent.policy.semantics import (
     Allow,
     ClusterView,
+    Member,
     NodePlan,
     Planner,
     PodPlan,
     SetKind,
     SetRef,
     capacity_for,
+    member_address,
     pod_plan_of,
     policy_allows,
     set_refs,
@@ -38,8 +40,8 @@ class PodAdded:
     """`plan_with_pod`'s answer: the node's plan with one more pod, and what that pod changed."""
     plan: NodePlan
     pod: PodPlan
-    grown: Mapping[SetRef, frozenset[str]]     # sets that existed and gained the pod's address
-    new: Mapping[SetRef, frozenset[str]]       # sets the pod's own rules name that did not exist
+    grown: Mapping[SetRef, frozenset[Member]]     # sets that existed and gained the pod's address
+    new: Mapping[SetRef, frozenset[Member]]       # sets the pod's own rules name that did not exist
 
 
 def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name: str) -> PodAdded | None:
@@ -64,7 +66,7 @@ def plan_with_pod(view: ClusterView, previous: NodePlan, key: str, *, node_name:
     scopes = {scope.key(): scope for policy in view.policies.values() for scope in policy.scopes}
     planner = Planner(view)
     sets = dict(previous.sets)
-    grown: dict[SetRef, frozenset[str]] = {}
+    grown: dict[SetRef, frozenset[Member]] = {}
     for ref, members in previous.sets.items():
         if ref.kind is not SetKind.PODS:
             continue
@@ -99,7 +101,7 @@ class PodRemoved:
     """`plan_without_pod`'s answer: the node's plan without one pod, and what that changed."""
     plan: NodePlan
     pod: PodPlan
-    shrunk: Mapping[SetRef, frozenset[str]]    # sets that lost the pod's address (their new members)
+    shrunk: Mapping[SetRef, frozenset[Member]]    # sets that lost the pod's address (their new members)
     dropped: frozenset[SetRef]                 # sets only the pod's rules named
 
 
@@ -123,9 +125,9 @@ def plan_without_pod(view: ClusterView, previous: NodePlan, key: str) -> PodRemo
         distinct = {allow for plan in pods for allows in (plan.ingress or (), plan.egress or ()) for allow in allows}
         named -= {ref for allow in distinct for ref in set_refs(allow)}
     sets = {ref: members for ref, members in previous.sets.items() if ref not in named}
-    shrunk: dict[SetRef, frozenset[str]] = {}
+    shrunk: dict[SetRef, frozenset[Member]] = {}
     for ref, members in sets.items():
-        if ref.kind is SetKind.NAMED and any(member.partition(",")[0] in addresses for member in members):
+        if ref.kind is SetKind.NAMED and any(member_address(member) in addresses for member in members):
             return None
         if ref.kind is SetKind.PODS and not addresses.isdisjoint(members):
             shrunk[ref] = sets[ref] = members - addresses

@@ -39,6 +39,7 @@ import functools
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 from dataclasses import dataclass, field
 
 from netagent.kernel import owned
@@ -63,6 +64,23 @@ class SetKind(enum.Enum):
     EXCEPT = "except"        # hash:net, an ipBlock's except list
     NETS = "nets"            # hash:net, a rule's ipBlocks that have no except (two or more)
     NAMED = "named"          # hash:ip,port, a named port resolved on each destination pod
+
+
+class PortMember(NamedTuple):
+    """A named-port set's member: a destination pod's address and the port its name resolved to
+    there. Typed, so each dataplane spells it its own way (ipset `addr,proto:port`, an nft
+    concatenation) and nothing parses it back."""
+    address: str
+    protocol: str            # lower case, as both tools spell it: tcp, udp, sctp
+    port: int
+
+
+Member = str | PortMember    # an address or network (PODS, EXCEPT, NETS), or a PortMember (NAMED)
+
+
+def member_address(member: Member) -> str:
+    """The address (or network) a set member is about."""
+    return member.address if isinstance(member, PortMember) else member
 
 
 def capacity_for(members: int) -> int:
@@ -170,7 +188,7 @@ class PodPlan:
 @dataclass(frozen=True)
 class NodePlan:
     pods: tuple[PodPlan, ...]
-    sets: Mapping[SetRef, frozenset[str]] = field(default_factory=dict)
+    sets: Mapping[SetRef, frozenset[Member]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()            # policies that could not be planned (read closed)
 
 
@@ -183,11 +201,11 @@ class ClusterView:
 
 
 class Planner:
-    def __init__(self, view: ClusterView, *, known: Mapping[SetRef, frozenset[str]] | None = None) -> None:
+    def __init__(self, view: ClusterView, *, known: Mapping[SetRef, frozenset[Member]] | None = None) -> None:
         """`known`: sets whose members are already known for this view (`plan_with_pod`'s)."""
         self.view = view
         self._known = {(ref.kind, ref.key): (ref, members) for ref, members in (known or {}).items()}
-        self.sets: dict[SetRef, frozenset[str]] = {}
+        self.sets: dict[SetRef, frozenset[Member]] = {}
         self._refs: dict[tuple[SetKind, str], SetRef] = {}
         self._scope_pods: dict[PodScope, tuple[PodInfo, ...]] = {}
         self._rule_allows: dict[tuple[int, PolicyType], list] = {}
@@ -245,7 +263,7 @@ class Planner:
     def all_pods(self) -> Iterable[PodInfo]:
         return (pod for pods in self.by_namespace.values() for pod in pods)
 
-    def set_ref(self, kind: SetKind, key: str, members: Callable[[], Iterable[str]]) -> SetRef:
+    def set_ref(self, kind: SetKind, key: str, members: Callable[[], Iterable[Member]]) -> SetRef:
         """The set meaning `key`, its members computed once per plan."""
         ref = self._refs.get((kind, key))
         if ref is None and (kind, key) in self._known:
@@ -275,7 +293,7 @@ class Planner:
                  else _block_key(peer.ip_block))
         port_name, protocol = spec.port, spec.protocol
 
-        def members() -> set[str]:
+        def members() -> set[PortMember]:
             if peer is None:
                 population: Iterable[PodInfo] = self.all_pods()
             elif peer.scope is not None:
@@ -284,12 +302,14 @@ class Planner:
                 block = peer.ip_block
                 assert block is not None
                 population = self.all_pods()
-            found = set()
+            found: set[PortMember] = set()
             for pod in population:
                 number = pod.named_port(port_name, protocol)
-                for ip in pod.addresses if number is not None else ():
+                if number is None:
+                    continue
+                for ip in pod.addresses:
                     if peer is None or peer.ip_block is None or peer.ip_block.contains(ip):
-                        found.add(f"{ip},{protocol.value.lower()}:{number}")
+                        found.add(PortMember(ip, protocol.value.lower(), number))
             return found
         return self.set_ref(SetKind.NAMED, f"{where} port {port_name}/{protocol.value}", members)
 

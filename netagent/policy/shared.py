@@ -20,12 +20,12 @@ from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset.model import IpsetError, IpsetType, canonical_member
 from netagent.kernel.pod_attachment import PodAttachment
-from netagent.policy.semantics import Allow, NodePlan, PodPlan, SetKind, SetRef, set_refs
+from netagent.policy.semantics import Allow, Member, NodePlan, PodPlan, PortMember, SetKind, SetRef, set_refs
 
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")    # what the kernel takes as a name (IFNAMSIZ)
 
-# the ipset type each kind's members are checked against: semantics spells members as ipset
-# does (`addr,proto:port` for a named port), and both dataplanes take them checked this way
+# the ipset type each kind's members are checked against (a named port's as its ipset spelling),
+# so both dataplanes take members every tool can hold
 SET_TYPES = {SetKind.PODS: IpsetType.HASH_IP, SetKind.EXCEPT: IpsetType.HASH_NET,
              SetKind.NAMED: IpsetType.HASH_IP_PORT, SetKind.NETS: IpsetType.HASH_NET}
 
@@ -73,19 +73,35 @@ def removable_chains(pod: PodPlan, chains: Mapping[str, object] | Container[str]
     return own if clean and pod.ip in known and all(name in chains for name in own) else None
 
 
-def checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[str]], set[SetRef]]:
-    """Every set's members in the spelling ipset takes, checked as the ipset model checks them.
-    A member no set can hold is left out of an allow set (it allows less); an except set with
-    one is `broken` (leaving it out would allow more): the pods using it are refused."""
-    members: dict[SetRef, frozenset[str]] = {}
+def ipset_spelling(member: Member) -> str:
+    """A set member as ipset spells it: an address or network as is, a named port `addr,proto:port`."""
+    return f"{member.address},{member.protocol}:{member.port}" if isinstance(member, PortMember) else member
+
+
+def _checked(kind: SetKind, member: Member) -> Member:
+    """`member` canonical for a set of `kind`; IpsetError, ValueError or TypeError when it cannot be held."""
+    if (kind is SetKind.NAMED) != isinstance(member, PortMember):
+        raise TypeError(f"a {type(member).__name__} is not a member of a {kind.value} set")
+    canonical = canonical_member(SET_TYPES[kind], ipset_spelling(member))    # checks every part
+    if isinstance(member, PortMember):
+        return PortMember(canonical_member(IpsetType.HASH_IP, member.address), member.protocol.lower(), member.port)
+    return canonical
+
+
+def checked_sets(plan: NodePlan, refused: list[str]) -> tuple[dict[SetRef, frozenset[Member]], set[SetRef]]:
+    """Every set's members checked as the ipset model checks them, addresses in its canonical
+    spelling (a named port stays a `PortMember`). A member no set can hold is left out of an
+    allow set (it allows less); an except set with one is `broken` (leaving it out would allow
+    more): the pods using it are refused."""
+    members: dict[SetRef, frozenset[Member]] = {}
     broken: set[SetRef] = set()
     for ref, raw in plan.sets.items():
-        good = set()
+        good: set[Member] = set()
         for member in raw:
             try:
-                good.add(canonical_member(SET_TYPES[ref.kind], member))
+                good.add(_checked(ref.kind, member))
             except (IpsetError, ValueError, TypeError):
-                refused.append(f"set {ref.key[:120]}: member {str(member)[:60]!r} cannot be written; "
+                refused.append(f"set {ref.key[:120]}: member {str(ipset_spelling(member))[:60]!r} cannot be written; "
                                + ("its pods stay closed" if ref.kind is SetKind.EXCEPT else "left out"))
                 if ref.kind is SetKind.EXCEPT:
                     broken.add(ref)

@@ -56,6 +56,7 @@ import functools
 import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
@@ -74,18 +75,27 @@ from netagent.policy.buckets import (
     interface_bucket as _interface_bucket,
 )
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetRef
+from netagent.policy.semantics import Allow, CidrMatch, Member, NodePlan, PodPlan, PortMatch, SetKind, SetRef
 from netagent.policy.shared import (
     INTERFACE_NAME,
     SET_TYPES,
     RenderSettings,
     ServicePath,
     checked_sets,
+    ipset_spelling,
     pod_directions,
     removable_chains,
 )
 
 Rules = tuple[tuple[str, ...], ...]
+
+
+def spelled(ref: SetRef, members: frozenset[Member]) -> frozenset[str]:
+    """A set's members as ipset spells them: a named-port set's `PortMember`s as `addr,proto:port`,
+    the others' (addresses and networks, checked_sets' canonical text) as they are."""
+    if ref.kind is SetKind.NAMED:
+        return frozenset(ipset_spelling(member) for member in members)
+    return cast(frozenset[str], members)
 TABLE = "filter"
 PARENT_CHAIN = "FORWARD"
 JUMP_COMMENT = "netagent: network policy"
@@ -244,7 +254,7 @@ def render_wanted(plan: NodePlan, *, settings: RenderSettings,
         used.update(refs)
     buckets = [b for b in hooks if b is not None]
     heads = _heads(settings, hooks.get(None, ()), buckets)
-    sets = {set_spec(ref): held for ref, held in members.items() if ref in used}
+    sets = {set_spec(ref): spelled(ref, held) for ref, held in members.items() if ref in used}
     pods_by_block = {name: tuple(sorted(directory[name])) for name in sorted(directory)}
     return WantedState({**heads, **{b: tuple(sorted(hooks[b])) for b in _ordered(buckets)}, **chains, **pods_by_block},
                        sets, frozenset(known), tuple(pending), tuple(refused))
@@ -307,9 +317,9 @@ def render_wanted_with_pod(previous: WantedState, added: PodAdded, *, settings: 
         return None
     sets = dict(previous.sets)
     for ref in grown:
-        sets[specs[ref.name]] = previous.sets[specs[ref.name]] | members[ref]
+        sets[specs[ref.name]] = previous.sets[specs[ref.name]] | spelled(ref, members[ref])
     for ref in new:
-        sets[set_spec(ref)] = members[ref]
+        sets[set_spec(ref)] = spelled(ref, members[ref])
     chains = dict(previous.chains)
     chains.update(pod_chains)
     block = _directory_bucket(pod.ip)

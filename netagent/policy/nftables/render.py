@@ -58,7 +58,8 @@ from netagent.kernel.nftables.model import BaseChain, Chain, Element, Map, Rule,
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy import ndp
 from netagent.policy.pod_plan import PodAdded, PodRemoved
-from netagent.policy.semantics import Allow, CidrMatch, NodePlan, PodPlan, PortMatch, SetKind, SetRef
+from netagent.policy.semantics import (Allow, CidrMatch, Member, NodePlan, PodPlan, PortMatch, PortMember, SetKind,
+                                       SetRef, member_address)
 from netagent.policy.shared import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
 
 TABLE = owned.NFT_POLICY_TABLE
@@ -153,13 +154,11 @@ def set_type(kind: SetKind, family: IpFamily) -> tuple[tuple[str, ...], tuple[st
     return (family.nft_address_type,), ("interval",) if kind in (SetKind.EXCEPT, SetKind.NETS) else ()
 
 
-def element_key(kind: SetKind, member: str) -> tuple[str, ...]:
-    """An ipset-spelled member (shared.py's `checked_sets`) as an nft key, one part per
-    datatype, through kernel/nftables/text.py: an address, a network, or (addr, proto, port)."""
-    if kind is SetKind.NAMED:
-        address, _, protocol_port = member.partition(",")
-        protocol, _, port = protocol_port.partition(":")
-        return (nft_text.address(address), nft_text.protocol(protocol), nft_text.port(int(port)))
+def element_key(kind: SetKind, member: Member) -> tuple[str, ...]:
+    """A checked set member (shared.py's `checked_sets`) as an nft key, one part per datatype,
+    through kernel/nftables/text.py: an address, a network, or a named port's (addr, proto, port)."""
+    if isinstance(member, PortMember):
+        return (nft_text.address(member.address), nft_text.protocol(member.protocol), nft_text.port(member.port))
     if kind is SetKind.PODS:
         return (nft_text.address(member),)
     return (nft_text.network(str(ipaddress.ip_network(member, strict=False))),)
@@ -274,11 +273,11 @@ def _render_pod(pod: PodPlan, interface: str, family: IpFamily, broken: frozense
 
 
 @functools.lru_cache(maxsize=16384)
-def _nft_set(ref: SetRef, members: frozenset[str], family: IpFamily) -> Set:
+def _nft_set(ref: SetRef, members: frozenset[Member], family: IpFamily) -> Set:
     """A selector set; cached, since most sets keep their members from sync to sync."""
     key_type, flags = set_type(ref.kind, family)
     if flags:
-        members = collapsed(members)
+        members = collapsed(frozenset(member_address(member) for member in members))
     return Set(ref.name, key_type, flags, tuple(Element(element_key(ref.kind, m)) for m in sorted(members)))
 
 

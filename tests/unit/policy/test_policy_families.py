@@ -34,7 +34,7 @@ from netagent.policy.ndp import NDP_TYPES, iptables_rules as ndp_rules
 from netagent.policy.iptables.render import render_chains, render_wanted
 from netagent.policy.shared import RenderSettings, ServicePath
 from netagent.policy.nftables.render import render_nft
-from netagent.policy.semantics import CidrMatch, SetKind, SetRef, plan_node
+from netagent.policy.semantics import CidrMatch, PortMember, SetKind, SetRef, plan_node
 from tests.unit.policy.policy_objects import namespace, pod, policy
 from tests.unit.policy.test_policy_semantics import view_of
 
@@ -146,7 +146,7 @@ def test_the_plan_splits_per_family_sets_members_names_and_blocks():
     members = {ref.kind: held for ref, held in v6.sets.items()}
     assert members[SetKind.PODS] == {"fd00:0:0:1::3"}
     assert members[SetKind.EXCEPT] == {"fd00:0:0:2::/64"}
-    assert members[SetKind.NAMED] == {"fd00:0:0:2::2,tcp:8080"}
+    assert members[SetKind.NAMED] == {PortMember("fd00:0:0:2::2", "tcp", 8080)}
     assert all(ref.family is IpFamily.V6 and ref.name.startswith(owned.POLICY_SET6_PREFIX) and len(ref.name) <= 31
                for ref in v6.sets)
     assert not {ref.name for ref in v4.sets} & {ref.name for ref in v6.sets}

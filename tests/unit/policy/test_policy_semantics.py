@@ -7,7 +7,7 @@ import pytest
 
 from netagent.policy.kube_objects import ObjectError, parse_pod, parse_policy, parse_port, parse_selector
 from netagent.policy.model import PolicyType, Protocol
-from netagent.policy.semantics import CidrMatch, ClusterView, PortMatch, SetKind, SetRef, plan_node
+from netagent.policy.semantics import CidrMatch, ClusterView, PortMatch, PortMember, SetKind, SetRef, plan_node
 from tests.unit.policy.policy_objects import namespace, pod, policy
 
 
@@ -94,7 +94,8 @@ def test_egress_named_port_is_a_set_of_address_port_pairs():
         {"to": [{"namespaceSelector": {}}], "ports": [{"port": "serve"}]}]}))
     (allow,) = pods["x/a"].egress
     assert allow.peer is None and allow.named is not None and allow.named.kind is SetKind.NAMED
-    assert sets[allow.named] == {"10.0.0.2,tcp:80", "10.0.0.3,tcp:81", "10.0.1.2,tcp:8080"}
+    assert sets[allow.named] == {PortMember("10.0.0.2", "tcp", 80), PortMember("10.0.0.3", "tcp", 81),
+                                 PortMember("10.0.1.2", "tcp", 8080)}
 
 
 def test_ip_block_except_is_its_own_set():
