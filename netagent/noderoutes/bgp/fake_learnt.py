@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from netagent.kernel.families import IpFamily
 from netagent.noderoutes.bgp.learnt import LearntRoutes
 from netagent.noderoutes.routing.model import Route
 
@@ -25,7 +26,7 @@ class FakeLearntRoutes(LearntRoutes):
         return tuple(sorted(self.main_gateways))
 
     def ensure_blackholes(self, cidrs: tuple) -> None:
-        self.blackholes = {c for c in cidrs if c.version == 4}
+        self.blackholes = {c for c in cidrs if IpFamily.V4.holds(c)}
 
     def flush(self) -> list[str]:
         removed = [f"route {dst} table fake" for dst in self.routes] + [f"blackhole {c}" for c in self.blackholes]

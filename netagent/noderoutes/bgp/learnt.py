@@ -20,6 +20,7 @@ import threading
 from ipaddress import IPv4Address, IPv4Network
 from typing import Callable
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel import namespaces, owned
 from netagent.noderoutes.routing.model import Route
 
@@ -110,7 +111,7 @@ class NetlinkLearntRoutes(LearntRoutes):
 
     @namespaces.in_own_netns
     def ensure_blackholes(self, cidrs: tuple) -> None:
-        wanted = {c for c in cidrs if c.version == 4}
+        wanted = {c for c in cidrs if IpFamily.V4.holds(c)}
         have = self._blackholes()
         for cidr, metric in have.items():
             if cidr not in wanted or metric != owned.BGP_BLACKHOLE_METRIC:

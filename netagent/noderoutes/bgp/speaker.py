@@ -22,6 +22,7 @@ import logging
 from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Iterable
 
+from netagent.kernel.families import IpFamily
 from netagent.infra.rejections import ObjectRef, RejectionScope, standalone
 from netagent.noderoutes.bgp.bird_config import render_bird_config
 from netagent.noderoutes.bgp.cluster_config import (
@@ -102,7 +103,7 @@ class BgpSpeaker:
                                    detail=f"{PEERS_ANNOTATION}: " + "; ".join(refusals[:5]))
         else:
             self.rejections.accept(kind="Node", key=node_name)
-        local = BgpNode(node_name, address, tuple(c for c in pod_cidrs if c.version == 4),
+        local = BgpNode(node_name, address, tuple(c for c in pod_cidrs if IpFamily.V4.holds(c)),
                         reflector=is_reflector(own, label))
         admitted = list(admitted)
         others = [BgpNode(p.name, p.public_ip, tuple(p.pod_cidrs), reflector=is_reflector(nodes(p.name), label))

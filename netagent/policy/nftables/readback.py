@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import listing, tables
 from netagent.kernel.nftables.listing import element_text
 from netagent.kernel.nftables.model import Element, Set, purpose_of
@@ -78,8 +79,8 @@ def _match_spec(match: dict[str, Any]) -> list[str]:
         if isinstance(right, str) and right.startswith("@"):
             return ["-m", "set", *bang, "--match-set", right[1:], side]
         address = element_text(right)
-        host = "/128" if ":" in address else "/32"
-        return [*bang, "-s" if side == "src" else "-d", address if "/" in address else address + host]
+        host = "" if "/" in address else f"/{IpFamily.of(address).max_prefix}"
+        return [*bang, "-s" if side == "src" else "-d", address + host]
     if isinstance(left, dict) and "concat" in left and isinstance(right, str) and right.startswith("@"):
         return ["-m", "set", *bang, "--match-set", right[1:], "dst,dst"]
     if isinstance(left, dict) and left.get("meta", {}).get("key") == "l4proto" and not negated:
