@@ -7,9 +7,9 @@
 - node routing: routes carrying our route protocol number and our `na-` VXLAN/IPIP devices
   (their neighbour and FDB entries go with them); `--backend bgp`: our BIRD (by the pid file
   in its state directory; SIGTERM, so peers withdraw our routes) and our BGP table's routes;
-- iptables: every `NETAGENT-` chain and every jump to one, on both backends (legacy and
-  nft), since a previous run may have used either; then the tunnel source filter's ipsets
-  (after its ip6tables chain);
+- iptables and ip6tables: every `NETAGENT-` chain and every jump to one, on both backends
+  (legacy and nft), since a previous run may have used either; then the tunnel source
+  filter's ipsets;
 - nftables: every table whose name starts with `owned.NFT_TABLE_PREFIX`, in every family
   (the proxy's, the masquerade's and the policy engine's of `--proxy-mode nftables`), in one
   transaction; nothing when the libnftables bindings are not installed (no run of ours could
@@ -54,36 +54,30 @@ def remove_owned_routing() -> list[str]:
 
 
 def remove_owned_chains() -> list[str]:
+    """Every `NETAGENT-` chain and jump, iptables and ip6tables, on each backend present; then
+    the tunnel source filter's ipsets, which no rule names any more."""
     from netagent.kernel.families import IpFamily
     from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
     from netagent.kernel.iptables.runner import IptablesRunner
     removed = []
-    for backend in IptablesBackend:
-        if missing_binaries(IpFamily.V4, backend):
-            continue
-        removed += [f"iptables ({backend.value}) chain {chain}"
-                    for chain in IptablesRunner(backend=backend, family=IpFamily.V4).delete_owned()]
+    for family in IpFamily:
+        for backend in IptablesBackend:
+            if missing_binaries(family, backend):
+                continue
+            removed += [f"{family.command} ({backend.value}) chain {chain}"
+                        for chain in IptablesRunner(backend=backend, family=family).delete_owned()]
     return removed + remove_tunnel_filter_sets()
 
 
 def remove_tunnel_filter_sets() -> list[str]:
-    """The tunnel source filter's ipsets (`owned.TUNNEL_FILTER_SET`...), once no rule names them:
-    its ip6tables chain goes first (the sweep above is iptables only); nothing without `ipset`."""
+    """The tunnel source filter's ipsets (`owned.TUNNEL_FILTER_SET`...); nothing without `ipset`."""
     from netagent.kernel import owned
-    from netagent.kernel.families import IpFamily
     from netagent.kernel.ipset.model import IpsetNotInstalled
     from netagent.kernel.ipset.runner import IpsetRunner, delete_owned_sets
-    from netagent.kernel.iptables.backend import IptablesBackend, missing_binaries
-    from netagent.kernel.iptables.runner import IptablesRunner
-    removed = []
-    for backend in IptablesBackend:
-        if not missing_binaries(IpFamily.V6, backend) and IptablesRunner(backend=backend, family=IpFamily.V6) \
-                .delete_chains("filter", [owned.TUNNEL_FILTER_CHAIN]):
-            removed.append(f"ip6tables ({backend.value}) chain filter/{owned.TUNNEL_FILTER_CHAIN}")
     try:
-        return removed + [f"ipset {name}" for name in delete_owned_sets(IpsetRunner(), prefix=owned.TUNNEL_FILTER_SET)]
+        return [f"ipset {name}" for name in delete_owned_sets(IpsetRunner(), prefix=owned.TUNNEL_FILTER_SET)]
     except IpsetNotInstalled:
-        return removed
+        return []
 
 
 def remove_owned_nft_tables(nft: Nft | None = None) -> list[str]:

@@ -77,6 +77,10 @@ def test_vxlan_checksum_offload_stays_on_with_a_fixed_kernel(lab):
 def test_cleanup_removes_routes_devices_and_chains_only(lab):
     lab.stop_agent("node-2")
     lab.exec("node-2", ["ip", "route", "add", "192.0.2.0/24", "via", "198.18.16.1"], check=True)  # not ours
+    for tool in ("ip6tables-nft", "ip6tables-legacy"):    # what an IPv6 run leaves (masquerade, policy)
+        lab.exec("node-2", [tool, "-t", "nat", "-N", "NETAGENT-POSTRTG-LEFT"], check=True)
+        lab.exec("node-2", [tool, "-t", "nat", "-A", "POSTROUTING", "-j", "NETAGENT-POSTRTG-LEFT"], check=True)
+        lab.exec("node-2", [tool, "-N", "OTHER6"], check=True)                                     # not ours
     out = lab.exec("node-2", [sys.executable, "-m", "netagent.cli", "cleanup"], check=True).stdout
     assert "removed device na-vxlan (vxlan)" in out and "NETAGENT-POSTRTG" in out, out
     routes = json.loads(lab.exec("node-2", ["ip", "-j", "route"], check=True).stdout)
@@ -84,8 +88,11 @@ def test_cleanup_removes_routes_devices_and_chains_only(lab):
     assert "192.0.2.0/24" in [r["dst"] for r in routes]
     links = json.loads(lab.exec("node-2", ["ip", "-j", "link"], check=True).stdout)
     assert not [link["ifname"] for link in links if link["ifname"].startswith("na")]
-    for save in ("iptables-nft-save", "iptables-legacy-save"):
-        assert "NETAGENT" not in lab.exec("node-2", [save], check=True).stdout
+    for save in ("iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save"):
+        assert "NETAGENT" not in lab.exec("node-2", [save], check=True).stdout, save
+    for save in ("ip6tables-nft-save", "ip6tables-legacy-save"):
+        assert ":OTHER6" in lab.exec("node-2", [save], check=True).stdout, save
+    assert "ip6tables (legacy) chain nat/NETAGENT-POSTRTG-LEFT" in out, out
     assert "service proxy state (iptables" in out, out
     sets = lab.exec("node-2", ["ipset", "list", "-n"], check=True).stdout.split()
     assert not [name for name in sets if name.startswith("NETAGENT-")], sets
