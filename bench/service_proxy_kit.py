@@ -19,6 +19,7 @@ import ipaddress
 import json
 import multiprocessing
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -123,6 +124,12 @@ def rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its waited-for children (nft, iptables-restore)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def count_iptables_rules(netns: str, backend: str, family: IpFamily = IpFamily.V4) -> int:
@@ -256,9 +263,11 @@ def _bench_in(netns: str, mode: str, services: int, samples: int, connects: int,
         load = backend.load_report
         extra = {"start": time.perf_counter() - started, "compile": load.compile_seconds, "load": load.load_seconds}
     state = with_listener(make_state(services, family))
+    cpu_before = cpu_seconds()
     started = time.perf_counter()
     report = backend.sync(state, changed=None)
     full = time.perf_counter() - started
+    extra["cpu"] = cpu_seconds() - cpu_before
     memory = rss_mib()
     changes = []
     for sample in range(samples):

@@ -63,7 +63,7 @@ def test_json_records_have_exactly_the_issue_fields(bench_path, tmp_path) -> Non
     assert [list(rec) for rec in loaded] == [list(FIELDS)] * 3
     assert loaded[0] == {"mode": "nftables", "services": 100, "full_sync_s": 0.5, "change_s": 0.002,
                          "agent_change_s": 0.02, "connect_median_us": 30.0, "connect_p99_us": 90.0, "rss_mib": 80.0,
-                         "rules": 2300}
+                         "cpu_s": None, "rules": 2300, "version": None}
     assert loaded[2]["full_sync_s"] is None and loaded[2]["mode"].startswith("floor-kube-proxy-")
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]   # no temporary file left
 
@@ -82,6 +82,24 @@ def test_the_table_puts_modes_side_by_side_with_ratios(bench_path) -> None:
     assert "nftables / iptables-legacy: full 0.50x, change 2.00x, agent change -, connect median 0.50x, RSS 2.00x" \
         in lines[6]
     assert lines[-1] == "  note: floor-kube-proxy-iptables-nft: skipped"
+
+
+def test_the_real_kube_proxy_is_recorded_and_set_beside_its_mode(bench_path, tmp_path) -> None:
+    from bench_records import goal_lines, record, table_lines, write_json
+    records = [record("nftables", 1000, full=0.2, change=0.002, agent=0.01, connect=(20e-6, 50e-6), rss=40.0,
+                      rules=30, cpu=0.1, version="0.1.0 (abc)"),
+               record("kube-proxy-nftables", 1000, full=0.8, change=0.04, agent=0.04, connect=(25e-6, 60e-6),
+                      rss=80.0, rules=1400, cpu=0.5, version="v1.37.2"),
+               record("iptables-legacy", 1000, full=0.4, agent=0.03, rss=30.0, cpu=0.2)]
+    write_json(str(tmp_path / "r.json"), records)
+    peer = json.loads((tmp_path / "r.json").read_text())[1]
+    assert peer["version"] == "v1.37.2" and peer["cpu_s"] == 0.5 and peer["mode"] == "kube-proxy-nftables"
+    lines = table_lines(1000, records, [])
+    assert lines[1].split()[-2:] == ["CPU", "s"] and lines[2].split()[-1] == "0.10"
+    assert ("nftables / kube-proxy-nftables: full 0.25x, change through the API 0.25x, connect median 0.80x, "
+            "RSS 0.50x, CPU 0.20x") in lines
+    assert not any(line.startswith("iptables-legacy / ") for line in lines)   # no real peer of that mode ran
+    assert "full sync <= 0.5x the real kube-proxy-nftables: 0.25x: met" in goal_lines(records)
 
 
 def test_goals_are_judged_at_the_largest_size(bench_path) -> None:
@@ -104,7 +122,11 @@ def test_service_proxy_arguments_are_checked(bench_path) -> None:
     from service_proxy import parse_args
     args = parse_args(["--services", "100,1000", "--modes", "nftables,ebpf", "--json", "x.json"])
     assert args.services == [100, 1000] and args.modes == ["nftables", "ebpf"] and args.json == "x.json"
-    for bad in (["--services", "1k"], ["--services", "0"], ["--modes", "nftables,userspace"], ["--modes", ","]):
+    assert args.kube_proxy == ["kube-proxy-iptables-legacy", "kube-proxy-iptables-nft", "kube-proxy-nftables"]
+    assert args.floors == "auto"
+    assert parse_args(["--kube-proxy", "kube-proxy-nftables"]).kube_proxy == ["kube-proxy-nftables"]
+    for bad in (["--services", "1k"], ["--services", "0"], ["--modes", "nftables,userspace"], ["--modes", ","],
+                ["--kube-proxy", "kube-proxy-ipvs"], ["--floors", "sometimes"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
