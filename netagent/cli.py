@@ -120,6 +120,34 @@ def _cmd_status_html(args) -> int:
     return 0
 
 
+def _cmd_flows(args) -> int:
+    from netagent.daemon.status_flows import show_flows
+    from netagent.infra.flows import FlowFilter, Verdict
+    keep = FlowFilter(pod=args.pod or "", namespace=args.namespace or "",
+                      verdict=Verdict(args.verdict) if args.verdict else None)
+    try:
+        return show_flows(args.address, keep, as_json=args.json, follow=args.follow)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_connectivity_test(args) -> int:
+    from netagent.daemon.connectivity_plan import DEFAULT_IMAGE
+    from netagent.daemon.connectivity_test import Options, main as connectivity_test
+    options = Options(timeout=args.timeout, image=args.image or DEFAULT_IMAGE, external=args.external)
+    return connectivity_test(kubeconfig=args.kubeconfig, as_json=args.json, options=options)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    if not 1 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: want 1 to 3600 seconds")
+    return seconds
+
+
 def _cmd_lab(args, lab_argv: list[str]) -> int:
     """`netagent lab ...`: the lab (`lab/`, beside this package: a client of the product, not
     part of it, and not in the image) parses its own arguments; imported only here."""
@@ -202,6 +230,30 @@ def build_parser() -> argparse.ArgumentParser:
     page.add_argument("--bpf-root", help="read the eBPF proxy's maps pinned under this bpffs directory")
     page.add_argument("--bgp-state-dir", default=owned.BIRD_STATE_DIR, help="where our BIRD's control socket is")
     page.set_defaults(func=_cmd_status_html)
+
+    flows = sub.add_parser("flows", help="recent flows on this node and their verdicts (policy drops naming the "
+                                         "policy), read from the agent")
+    flows.add_argument("--pod", help="only flows from or to this pod (ns/name or name)")
+    flows.add_argument("--namespace", help="only flows from or to pods of this namespace")
+    flows.add_argument("--verdict", choices=["forwarded", "dropped", "translated"])
+    flows.add_argument("--follow", "-f", action="store_true", help="then print new flows as they come, until ^C")
+    flows.add_argument("--json", action="store_true", help="one JSON object per line")
+    flows.add_argument("--address", default="127.0.0.1:10249", metavar="HOST:PORT",
+                       help="the agent's metrics address, where it serves /flows (default %(default)s)")
+    flows.set_defaults(func=_cmd_flows)
+
+    connectivity = sub.add_parser("connectivity-test", help="check a cluster's network with test pods of its own "
+                                                            "(pod to pod, Services, DNS, host, egress, NetworkPolicy)")
+    connectivity.add_argument("--kubeconfig", help="the cluster's kubeconfig (default: $KUBECONFIG, then in-cluster)")
+    connectivity.add_argument("--image", help="the agnhost image of the servers and clients (default: the one "
+                                              "the pinned Kubernetes' e2e suite uses)")
+    connectivity.add_argument("--timeout", type=_positive_seconds, default=90.0, metavar="S",
+                              help="seconds each stage may take: servers Ready, each check with its retries "
+                                   "(default %(default)s)")
+    connectivity.add_argument("--external", metavar="HOST:PORT", help="also check egress to this address outside the "
+                                                                      "cluster (skipped otherwise)")
+    connectivity.add_argument("--json", action="store_true")
+    connectivity.set_defaults(func=_cmd_connectivity_test)
 
     # The lab's own arguments are parsed by _cmd_lab: building this parser never imports it.
     sub.add_parser("lab", help=LAB_HELP, add_help=False)

@@ -104,6 +104,8 @@ class PolicyConfig:
     limits: PolicyLimits             # --policy-max-*
     cni_data_dir: str                # the IPAM store: a pod address's host interface
     cni_network: str = CNI_NETWORK
+    flows: bool = True               # --flows: policy drops recorded for `netagent flows`
+    flow_ring_size: int = 4096       # --flow-ring-size
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,8 @@ def _policy(args: argparse.Namespace, node_name: str) -> PolicyConfig:
                         add_wait=_positive(args.policy_add_wait, "--policy-add-wait", zero=True),
                         sync_period=_positive(args.policy_sync_period, "--policy-sync-period"),
                         min_sync_period=_positive(args.min_sync_period, "--min-sync-period", zero=True),
-                        anti_spoofing=_on(args.pod_anti_spoofing), limits=limits, cni_data_dir=args.cni_data_dir)
+                        anti_spoofing=_on(args.pod_anti_spoofing), limits=limits, cni_data_dir=args.cni_data_dir,
+                        flows=_on(args.flows), flow_ring_size=args.flow_ring_size)
 
 
 def _bgp(args: argparse.Namespace, mode: Mode) -> BgpConfig:

@@ -47,6 +47,15 @@ removes what a previous run left. The flavour follows the netfilter dataplane as
 does. With `--network-policy` the policy parts start and stop it (`PolicyParts.anti_spoofing`);
 without, `run.py` does.
 
+Flow records (`--flows on`, the default; `--flow-ring-size`): each pod chain logs what it drops
+to an nflog group (rate limited in the kernel), and `PolicyFlows` (policy/flows.py) records
+those drops, named with the pod and the policies, in a bounded ring served at `/flows` on the
+loopback metrics address (`serve_flows`), read by `netagent flows`. On by default because it
+costs nothing on the forwarding path: only packets a policy drops reach a log rule, a
+connection's first packets, at most `LOG_RATE` a second per chain (bench/flows.py measures it);
+and when the group cannot be bound (another listener, no nfnetlink_log) the policy runs
+without it, with a warning.
+
 The flags are declared here and parsed once by config.py: `build_policy` and
 `build_anti_spoofing` take its `PolicyConfig` and the `Dataplane` dataplane.py chose (its
 `Netfilter` picks the dataplane; `--proxy-mode ipvs` also hooks OUTPUT).
@@ -72,6 +81,7 @@ if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.kernel.nftables.runner import NftRunner
     from netagent.kube.reflector import Reflector
     from netagent.policy.engine import PolicyEngine
+    from netagent.policy.flows import PolicyFlows
     from netagent.policy.semantics import PodPlan
 
 log = logging.getLogger("netagent.daemon.policy_start")
@@ -90,6 +100,11 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pod-anti-spoofing", choices=["on", "off"], default="on",
                        help="drop packets a pod sends with a source address that is not its own "
                             "(both families; off removes the rules a previous run left)")
+    group.add_argument("--flows", choices=["on", "off"], default="on",
+                       help="record what the policy drops (pod, policy, direction) in a ring the agent serves "
+                            "at /flows on its metrics address, read by `netagent flows`")
+    group.add_argument("--flow-ring-size", type=_ring_size, default=4096, metavar="N",
+                       help="how many recent flows the agent keeps (16 to 1048576; the oldest go first)")
     from netagent.policy.kube_objects import DEFAULT_LIMITS
     for field, what in LIMIT_FLAGS:
         group.add_argument(f"--policy-max-{field.replace('_', '-')}", type=positive_int, metavar="N",
@@ -106,6 +121,16 @@ def _add_wait(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 <= value <= 60:
         raise argparse.ArgumentTypeError(f"{text} is not between 0 and 60 seconds")
+    return value
+
+
+def _ring_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of flows") from None
+    if not 16 <= value <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text} is not between 16 and 1048576")
     return value
 
 
@@ -204,6 +229,7 @@ class PolicyParts:
     runner: SyncRunner
     reflectors: list[Reflector]
     anti_spoofing: AntiSpoofParts | None = None
+    flows: PolicyFlows | None = None          # --flows on: the nflog listener (started here)
 
     def start(self) -> None:
         if self.anti_spoofing is not None:
@@ -211,6 +237,12 @@ class PolicyParts:
         self.runner.start()
         for reflector in self.reflectors:
             reflector.start()
+        if self.flows is not None:
+            try:
+                self.flows.start()
+            except OSError as error:          # flows are for looking: the policy runs without them
+                log.warning("flow records off: cannot listen to the policy's nflog group: %s", error)
+                self.flows = None
 
     def wait_first_sync(self, timeout: float) -> bool:
         """Until the caches are synced and one sync has written the kernel (the KNOWN guard
@@ -223,11 +255,23 @@ class PolicyParts:
         return False
 
     def stop(self) -> None:
+        if self.flows is not None:
+            self.flows.stop()
         for reflector in self.reflectors:
             reflector.stop()
         self.runner.stop()
         if self.anti_spoofing is not None:
             self.anti_spoofing.stop()
+
+    def serve_flows(self, servers) -> None:
+        """`/flows` (the ring as JSON) on the status servers among `servers` that serve details
+        (loopback: the metrics address), once the listener runs."""
+        from netagent.infra.status_server import Snapshot, serves_details
+        if self.flows is None:
+            return
+        for server in servers:
+            if server is not None and server.registry is not None and serves_details(server.host):
+                server.pages["/flows"] = ("application/json", Snapshot(self.flows.ring.to_json))
 
     def health(self, stale_after: float) -> HealthFunction:
         from netagent.infra.status_server import health_from_sync_runner
@@ -379,9 +423,16 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
         "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
         lambda: _denied(programmer.read_policy().pods),
         labels=("pod", "direction")))
+    flows = None
+    if config.flows:
+        from netagent.infra.flows import FlowRing
+        from netagent.policy.flows import FlowNames, PolicyFlows
+        flows = PolicyFlows(FlowRing(size=config.flow_ring_size, registry=registry),
+                            FlowNames(lambda: engine.plan))
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),
                   Reflector(api_client=api_client, resource=NAMESPACES, handler=engine.namespaces)]
     return PolicyParts(engine, runner, reflectors,
                        anti_spoofing=build_anti_spoofing(config, netfilter=dataplane.netfilter,
-                                                         iptables_backend=iptables_backend, pod_cidrs=pod_cidrs))
+                                                         iptables_backend=iptables_backend, pod_cidrs=pod_cidrs),
+                       flows=flows)

@@ -341,6 +341,7 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
             if policy is not None:
                 started_policy.append(policy)
                 started.add(policy.stop)
+                policy.serve_flows([metrics, *(proxy.servers if proxy is not None else ())])   # /flows
             else:
                 _start_anti_spoofing_alone(cluster.policy, dataplane=dataplane, backend=backend,
                                            pod_cidrs=[str(c) for c in agent.pod_cidrs],

@@ -11,5 +11,6 @@ Modules, one job each, in the order data flows through them:
   `nftables/` (the `netagent-policy` table, a `Table` of kernel/nftables/), each a pure
   `render`, a `dataplane` that writes the difference, and a pure `readback`;
 - `families`: one dataplane per IP family under one `PolicyDataplane`;
-- `engine`: the watch recorders, the parsed view and the sync function a `SyncRunner` calls.
+- `engine`: the watch recorders, the parsed view and the sync function a `SyncRunner` calls;
+- `flows`: the pod chains' logged drops (nflog) as flow records named from the engine's plan.
 """

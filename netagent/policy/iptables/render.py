@@ -22,8 +22,9 @@ filter FORWARD -> NETAGENT-NP-FORWARD (the first rule of FORWARD), in order:
      `-o bridge -d podIP ! --physdev-is-bridged`.
   A pod chain RETURNs what a rule allows (so a packet between two local pods is judged by the
   sender's egress chain, then the receiver's ingress chain) and ends in a counted DROP: no
-  REJECT, which would tell the sender a policy exists. Nothing here ACCEPTs: what passes goes
-  on through FORWARD as if the policy engine did not exist.
+  REJECT, which would tell the sender a policy exists. Before the DROP, an NFLOG rule (rate
+  limited) hands what it drops to the flow records, prefixed with the chain's name. Nothing
+  here ACCEPTs: what passes goes on through FORWARD as if the policy engine did not exist.
 
 Traffic from the node itself to its pods (kubelet probes) never crosses FORWARD, so it passes,
 as with the other plugins; the pods' traffic to their own node (INPUT) is not filtered.
@@ -58,7 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from netagent.kernel import owned
+from netagent.kernel import nflog, owned
 from netagent.kernel.families import IpFamily
 from netagent.policy import ndp
 from netagent.kernel.ipset.model import IpsetSpec, canonical_member
@@ -83,6 +84,7 @@ from netagent.policy.shared import (
     ServicePath,
     checked_sets,
     ipset_spelling,
+    pod_chain,
     pod_directions,
     removable_chains,
 )
@@ -164,8 +166,21 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool) 
             match += ["-m", "set", "--match-set", allow.named.name, "dst,dst"]
         rules.append(_rule(*match, comment=f"netagent policy: allow {allow.origin}", target="RETURN"))
     word = "ingress to" if ingress else "egress from"
+    rules.append(_log_rule(pod, ingress=ingress))
     rules.append(_rule(comment=f"netagent policy: deny {word} {pod.key}", target="DROP"))
     return tuple(rules)
+
+
+def _log_rule(pod: PodPlan, *, ingress: bool) -> tuple[str, ...]:
+    """What reaches the DROP first goes to the policy's nflog group (at most nflog.LOG_RATE a
+    second per chain), prefixed with the chain's name: `netagent flows` names the pod and policies
+    from it (policy/flows.py). The prefix is the chain name, ours and plain; escaped as any
+    token by the restore writer."""
+    chain = pod_chain(owned.POLICY_INGRESS_PREFIX if ingress else owned.POLICY_EGRESS_PREFIX, pod.key)
+    return canonical_spec(["-m", "limit", "--limit", f"{nflog.LOG_RATE}/sec", "--limit-burst", str(nflog.LOG_BURST),
+                           "-m", "comment", "--comment", f"netagent policy: log denied {pod.key}"[:250],
+                           "-j", "NFLOG", "--nflog-prefix", chain[:nflog.PREFIX_MAX],
+                           "--nflog-group", str(nflog.POLICY_LOG_GROUP), "--nflog-size", str(nflog.COPY_RANGE)])
 
 
 def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,

@@ -11,7 +11,8 @@ object is ours, as a `model.Table` of kernel/nftables/ (`render_nft` returns it 
       ip saddr vmap @NETAGENT-NP-EGRESS          bridge mode; routed mode: iifname vmap
       ip daddr vmap @NETAGENT-NP-INGRESS         bridge mode; routed mode: oifname vmap
     chain NETAGENT-NPE-<hash> / NETAGENT-NPI-<hash>   one per isolated pod and direction:
-      counter (a header: whose chain, which policies), allow rules `... return`, `counter drop`
+      counter (a header: whose chain, which policies), allow rules `... return`, a rate-limited
+      `log group` (the flow records: prefix the chain's name), `counter drop`
 
 One lookup per packet: a verdict map keyed by the pod's address (bridge mode) or its host veth
 (routed mode) jumps into the pod's chain; a pod that is not isolated has no element and costs
@@ -50,7 +51,7 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from netagent.kernel import owned
+from netagent.kernel import nflog, owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import model
 from netagent.kernel.nftables import text as nft_text
@@ -60,7 +61,8 @@ from netagent.policy import ndp
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.semantics import (Allow, CidrMatch, Member, NodePlan, PodPlan, PortMatch, PortMember, SetKind,
                                        SetRef, member_address)
-from netagent.policy.shared import INTERFACE_NAME, RenderSettings, checked_sets, pod_directions, removable_chains
+from netagent.policy.shared import (INTERFACE_NAME, RenderSettings, checked_sets, pod_chain, pod_directions,
+                                    removable_chains)
 
 TABLE = owned.NFT_POLICY_TABLE
 BASE_CHAIN = owned.POLICY_CHAIN
@@ -218,8 +220,19 @@ def render_pod_chain(allows: tuple[Allow, ...], *, pod: PodPlan, ingress: bool,
     rules = [model.digested_rule("counter", header_text(pod, ingress=ingress))]
     rules += [_allow_rule(allow, ingress=ingress, family=family) for allow in allows]
     word = "ingress to" if ingress else "egress from"
+    rules.append(model.digested_rule(_log_statement(pod, ingress=ingress), f"log denied {pod.key}"))
     rules.append(model.digested_rule("counter drop", f"deny {word} {pod.key}"))
     return tuple(rules)
+
+
+def _log_statement(pod: PodPlan, *, ingress: bool) -> str:
+    """What reaches the drop first goes to the policy's nflog group (at most nflog.LOG_RATE a
+    second per chain), prefixed with the chain's name (quoted through text.py), from which
+    `netagent flows` names the pod and policies (policy/flows.py)."""
+    chain = pod_chain(owned.POLICY_INGRESS_PREFIX if ingress else owned.POLICY_EGRESS_PREFIX, pod.key)
+    return (f"limit rate {nflog.LOG_RATE}/second burst {nflog.LOG_BURST} packets "
+            f"log prefix {nft_text.comment(chain[:nflog.PREFIX_MAX])} group {nflog.POLICY_LOG_GROUP} "
+            f"snaplen {nflog.COPY_RANGE}")
 
 
 @functools.lru_cache(maxsize=64)

@@ -126,7 +126,9 @@ def test_bridge_mode_keys_the_verdict_maps_by_address_and_routed_mode_by_host_ve
     assert [rule.statements for rule in routed.base][1:] == [f"iifname vmap @{EGRESS_MAP}", f"oifname vmap @{INGRESS_MAP}"]
     rules = routed.chains[ingress_chain]
     assert rules[0].statements == "counter" and rules[-1].statements == "counter drop"
-    (allow,) = rules[1:-1]
+    (allow,) = rules[1:-2]
+    assert rules[-2].statements == (f'limit rate 100/second burst 100 packets log prefix "{ingress_chain}" '
+                                    f'group 7878 snaplen 128')      # the flow records (policy/flows.py)
     assert allow.statements.startswith("ip saddr @NETAGENT-NPS-") and allow.statements.endswith(" return")
     assert allow.sets and allow.comment.startswith("netagent: allow x/p ingress[0] [")
 
@@ -152,7 +154,8 @@ def test_comments_fit_nft_carry_the_rule_digest_and_hostile_names_stay_text():
         for rule in rules:
             assert len(rule.comment.encode()) <= COMMENT_MAX and '"' not in rule.comment   # `;` is text inside quotes
             assert rule.comment.startswith("netagent: ") and rule.comment.endswith("]")
-            assert rule.text.endswith('"') and rule.text.count('"') == 2
+            quoted = 2 if " log prefix " in rule.statements else 1     # the log rule's prefix: our chain's name
+            assert rule.text.endswith('"') and rule.text.count('"') == 2 * quoted
     assert all(len(key.encode()) <= COMMENT_MAX and '"' not in key for key in wanted.known.values())
     other = render_nft(plan_of(FROM_B), settings=RenderSettings(PodAttachment.BRIDGE), interface_of=veth)
     digests = {rule.comment for rules in other.chains.values() for rule in rules}
