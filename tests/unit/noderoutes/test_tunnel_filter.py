@@ -207,9 +207,11 @@ def test_netagent_cleanup_removes_the_ip6tables_chain_then_the_sets(monkeypatch)
     tunnel_filter.ensure()
     ipset.ensure_set(IpsetSpec("NETAGENT-NPS-0123456789abcdef", IpsetType.HASH_IP))  # not the filter's
     monkeypatch.setattr(iptables_backend, "missing_binaries", lambda family, backend: backend.value != "nft")
-    monkeypatch.setattr(iptables_runner, "IptablesRunner", lambda **kwargs: iptables6)
+    iptables4 = FakeIptables()
+    monkeypatch.setattr(iptables_runner, "IptablesRunner",
+                        lambda *, backend, family: iptables6 if family is IpFamily.V6 else iptables4)
     monkeypatch.setattr(ipset_runner, "IpsetRunner", lambda: ipset)
-    assert cleanup.remove_tunnel_filter_sets() == [f"ip6tables (nft) chain filter/{CHAIN}", f"ipset {SET6}"]
+    assert cleanup.remove_owned_chains() == [f"ip6tables (nft) chain filter/{CHAIN}", f"ipset {SET6}"]
     assert set(ipset.sets) == {"NETAGENT-NPS-0123456789abcdef"} and CHAIN not in iptables6.table("filter").chains
 
 
