@@ -16,7 +16,8 @@
 - the iptables backend is picked the way kube-proxy's images do it: `iptables`,
   `iptables-save`, `iptables-restore` (and ip6tables') first on its PATH are links to the
   `-legacy` or `-nft` binaries (`backend_links`);
-- every figure is read from the kernel, never from kube-proxy's log: full sync is kube-proxy's
+- every figure is read from the kernel (`kube_proxy_kernel.py` owns the readings), never from
+  kube-proxy's log: full sync is kube-proxy's
   start (objects present) to the service dispatch (KUBE-SERVICES jumps, or the nftables
   `service-ips` map) holding every service, confirmed by a whole count of the DNAT rules
   (`count_iptables_save`, `count_nft_json`); one change is an EndpointSlice update in the API
@@ -35,12 +36,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 
 from lab.apiserver import ApiServer
@@ -48,20 +47,15 @@ from lab.apiserver.objects import Subresource
 from lab.kubernetes import binaries
 from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
+from kube_proxy_kernel import (MODES, KubeProxyError, LegacyEntries, NftMonitor, Probe, proc_figures,
+                               service_chains)
 from proxy.model import ProxyState, ServicePortName
 from service_proxy_kit import (NODE, SERVICE_CIDRS, bench_namespace, connect_latency, last_service, make_state,
                                with_listener, with_one_endpoint_changed)
 
-MODES = {"kube-proxy-iptables-legacy": ("iptables", "legacy"), "kube-proxy-iptables-nft": ("iptables", "nft"),
-         "kube-proxy-nftables": ("nftables", None)}
 NODE_NAME = "node-a"
 METRICS_PORT, HEALTHZ_PORT = 10249, 10256   # loopback of the bench namespace
-NFT_TABLE = "kube-proxy"
 IPTABLES_TOOLS = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore")
-
-
-class KubeProxyError(RuntimeError):
-    pass
 
 
 def binary() -> str:
@@ -151,180 +145,6 @@ def endpoint_slice(state: ProxyState, name: ServicePortName) -> dict:
                           for e in endpoints]}
 
 
-def count_iptables_save(text: str) -> dict:
-    """Of `iptables-save -t nat` text: kube-proxy's rules (`-A KUBE-...`), its DNATs (one per
-    endpoint) and the service dispatch's jumps (one per service port's cluster IP)."""
-    rules = dnat = services = 0
-    for line in text.splitlines():
-        if not line.startswith("-A KUBE-"):
-            continue
-        rules += 1
-        dnat += line.endswith("-j DNAT") or " -j DNAT " in line
-        services += line.startswith("-A KUBE-SERVICES ") and " -j KUBE-SVC-" in line
-    return {"rules": rules, "dnat": dnat, "services": services}
-
-
-def count_nft_json(text: str) -> dict:
-    """Of `nft -j list table ip kube-proxy`: rules, set and map elements, the endpoints its DNATs
-    reach and the `service-ips` map's elements (one per service port's cluster IP)."""
-    objects = json.loads(text)["nftables"]
-    rules = [obj["rule"] for obj in objects if "rule" in obj]
-    elements = sum(len(obj.get(kind, {}).get("elem", ())) for obj in objects for kind in ("set", "map"))
-    services = sum(len(obj["map"].get("elem", ())) for obj in objects
-                   if "map" in obj and obj["map"].get("name") == "service-ips")
-    dnat = sum(_dnat_targets(expr["dnat"]) for rule in rules for expr in rule.get("expr", ()) if "dnat" in expr)
-    return {"rules": len(rules), "elements": elements, "dnat": dnat, "services": services}
-
-
-def _dnat_targets(dnat: dict) -> int:
-    """Endpoints one nft `dnat` reaches: one address, or a numgen map's entries (kube-proxy 1.37
-    picks among a service's endpoints in one rule; earlier it jumped to a chain per endpoint)."""
-    addr = dnat.get("addr")
-    if isinstance(addr, dict) and "map" in addr:
-        return len(addr["map"].get("data", {}).get("set", ()))
-    return 1
-
-
-def proc_figures(pid: int) -> tuple[float, float]:
-    """(RSS MiB, CPU seconds: user + system + waited-for children's) of a process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = sum(int(value) for value in fields[11:15]) / ticks   # utime stime cutime cstime
-    with open(f"/proc/{pid}/status") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-    return rss, cpu
-
-
-def service_chains(mode: str, listing: str) -> dict[str, str]:
-    """cluster IP -> the chain kube-proxy gave that service port, from the whole listing
-    (`iptables-save` text, or `nft -j list table` JSON for nftables)."""
-    chains: dict[str, str] = {}
-    if MODES[mode][0] == "nftables":
-        for obj in json.loads(listing)["nftables"]:
-            if obj.get("map", {}).get("name") != "service-ips":
-                continue
-            for elem in obj["map"].get("elem", ()):
-                key, verdict = elem
-                ip = key["concat"][0]
-                chains[ip] = verdict["goto"]["target"]
-        return chains
-    for line in listing.splitlines():
-        if line.startswith("-A KUBE-SERVICES ") and " -j KUBE-SVC-" in line:
-            words = line.split()
-            chains[words[words.index("-d") + 1].split("/")[0]] = words[-1]
-    return chains
-
-
-class Probe:
-    """Reads kube-proxy's kernel state in the namespace for one mode."""
-
-    def __init__(self, mode: str, netns: str) -> None:
-        self.kind, self.backend = MODES[mode]
-        self.netns = netns
-        self.durations: list[float] = []
-        self.endpoint_chains: set[str] = set()   # iptables: the KUBE-SEP chains seen (`known`)
-
-    def known(self, listing: str) -> None:
-        """Remember the endpoint chains of a whole listing (iptables): a change's is a new one."""
-        if self.kind == "iptables":
-            self.endpoint_chains |= set(re.findall(r"^:(KUBE-SEP-\w+)", listing, re.MULTILINE))
-
-    def _run(self, argv: list[str]) -> str:
-        done = namespaces.run_in(self.netns, argv, timeout=1800)
-        return done.stdout if done.returncode == 0 else ""   # not there yet: an empty listing
-
-    def listing(self) -> str:
-        if self.kind == "nftables":
-            return self._run(["nft", "-j", "list", "table", "ip", NFT_TABLE]) or '{"nftables": []}'
-        return self._run([f"iptables-{self.backend}-save"])
-
-    def counts(self, listing: str) -> dict:
-        return count_nft_json(listing) if self.kind == "nftables" else count_iptables_save(listing)
-
-    def dispatch_size(self) -> int:
-        """Service ports in the dispatch (a listing of it alone: cheaper than the whole)."""
-        if self.kind == "nftables":
-            text = self._run(["nft", "-j", "list", "map", "ip", NFT_TABLE, "service-ips"])
-            return count_nft_json(text)["services"] if text else 0
-        text = self._run([f"iptables-{self.backend}", "-t", "nat", "-S", "KUBE-SERVICES"])
-        return sum(" -j KUBE-SVC-" in line for line in text.splitlines())
-
-    def chain_holds(self, chain: str, ip: str) -> bool:
-        """Whether the service's chain picks an endpoint at `ip` (nft: its numgen map holds
-        `IP . PORT`, or before 1.37 an endpoint chain named `...__IP/PORT`; iptables: a KUBE-SEP
-        chain it jumps to, new since the full sync, DNATs to `IP:PORT`: above 1,000 endpoints
-        kube-proxy writes no comments that would name it)."""
-        if self.kind == "nftables":
-            text = self._run(["nft", "list", "chain", "ip", NFT_TABLE, chain])
-            return f"__{ip}/" in text or f" {ip} . " in text
-        command = f"iptables-{self.backend}"
-        for endpoint_chain in re.findall(r"-j (KUBE-SEP-\w+)", self._run([command, "-t", "nat", "-S", chain])):
-            if endpoint_chain not in self.endpoint_chains:
-                rules = self._run([command, "-t", "nat", "-S", endpoint_chain])
-                if f"--to-destination {ip}:" in rules:
-                    self.endpoint_chains.add(endpoint_chain)
-                    return True
-        return False
-
-    def until(self, check, started: float, timeout: float, alive) -> float:
-        """Seconds from `started` to the probe that first saw `check()` true (its midpoint: the
-        kernel was read during it); each poll's duration is kept as the resolution."""
-        while True:
-            before = time.perf_counter()
-            ok = check()
-            after = time.perf_counter()
-            self.durations.append(after - before)
-            if ok:
-                return (before + after) / 2 - started
-            alive()
-            if after - started > timeout:
-                raise KubeProxyError(f"not in the kernel after {timeout:.0f} s")
-            time.sleep(min(0.05, (after - before) / 2))
-
-
-class NftMonitor:
-    """`nft monitor` in the namespace: the kernel's nftables events, each line timestamped as it
-    arrives. A commit is announced when it is made, so a change is timed without polling (a
-    listing of one chain reads the whole table: 0.3 s at 1,000 services)."""
-
-    def __init__(self, netns: str) -> None:
-        self.proc = subprocess.Popen([*namespaces.exec_prefix(netns), "nft", "monitor"], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.lines: list[tuple[float, str]] = []
-        self.arrived = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.arrived:
-                self.lines.append((time.perf_counter(), line))
-                self.arrived.notify_all()
-
-    def first(self, address: str, since: float, timeout: float) -> float:
-        """When the first event after `since` naming `address` arrived."""
-        pattern = re.compile(rf"(?<![\d.]){re.escape(address)}(?![\d])")
-        deadline, seen = time.monotonic() + timeout, 0
-        with self.arrived:
-            while True:
-                for at, line in self.lines[seen:]:
-                    if at >= since and pattern.search(line):
-                        del self.lines[:]
-                        return at
-                seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    raise KubeProxyError(f"no nftables event naming {address} in {timeout:.0f} s")
-                self.arrived.wait(min(left, 1.0))
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.reader.join(30)
-
-
 @contextlib.contextmanager
 def api_server_in(netns: str, objects: list[dict], service_cidr: str):
     """The lab API server, holding `objects`, serving on a socket opened inside `netns`; yields
@@ -372,6 +192,7 @@ def bench_kube_proxy(mode: str, services: int, samples: int, connects: int = 0, 
                 f.write(text)
         log_path = os.path.join(work, "kube-proxy.log")
         probe = Probe(mode, netns)
+        entries = LegacyEntries(netns) if backend == "legacy" else None
         with open(log_path, "wb") as log:
             started = time.perf_counter()
             proc = subprocess.Popen([*namespaces.exec_prefix(netns), binary(), "--config",
@@ -397,6 +218,12 @@ def bench_kube_proxy(mode: str, services: int, samples: int, connects: int = 0, 
                     raise KubeProxyError(f"every service in the dispatch but {counted['dnat']} of {want_endpoints} "
                                          f"endpoints' DNAT rules after {timeout:.0f} s")
             full_poll = probe.durations[-1]
+            if entries is not None:   # the table replace itself, to within a 2 ms sample
+                landed = entries.reached(entries.entries())
+                if landed is not None:   # a poll's midpoint misleads here: it waits for kube-proxy's xtables lock
+                    full, full_poll = landed - started, 0.002
+                entries.close()
+                entries = None
             chains = service_chains(mode, listing)
             probe.known(listing)
             changes, last, polls = [], last_service(state), len(probe.durations)
@@ -437,6 +264,8 @@ def bench_kube_proxy(mode: str, services: int, samples: int, connects: int = 0, 
             alive()
             return result
         finally:
+            if entries is not None:
+                entries.close()
             proc.terminate()
             try:
                 proc.wait(30)

@@ -1,5 +1,6 @@
 """bench/real_kube_proxy.py's pure parts: the configuration kube-proxy is given, the PATH that picks
-its iptables backend, the API objects of the bench state, and the counting of its kernel state.
+its iptables backend, the API objects of the bench state; and bench/kube_proxy_kernel.py's
+counting of its kernel state.
 
 The bench itself needs root, the kube-proxy binary and minutes, so it is not run here; the
 objects are created in the lab API server (in process: its validation is the real server's
@@ -27,6 +28,12 @@ def kp():
         yield real_kube_proxy
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def kernel(kp):
+    import kube_proxy_kernel
+    return kube_proxy_kernel
 
 
 def test_the_config_names_the_mode_the_server_and_loopback_ports(kp) -> None:
@@ -113,11 +120,11 @@ COMMIT
 """
 
 
-def test_iptables_listings_are_counted(kp) -> None:
-    assert kp.count_iptables_save(IPTABLES_SAVE) == {"rules": 8, "dnat": 2, "services": 2}
-    assert kp.service_chains("kube-proxy-iptables-nft", IPTABLES_SAVE) == {"10.96.0.0": "KUBE-SVC-AAAA",
+def test_iptables_listings_are_counted(kernel) -> None:
+    assert kernel.count_iptables_save(IPTABLES_SAVE) == {"rules": 8, "dnat": 2, "services": 2}
+    assert kernel.service_chains("kube-proxy-iptables-nft", IPTABLES_SAVE) == {"10.96.0.0": "KUBE-SVC-AAAA",
                                                                            "10.96.0.1": "KUBE-SVC-BBBB"}
-    assert kp.count_iptables_save("") == {"rules": 0, "dnat": 0, "services": 0}
+    assert kernel.count_iptables_save("") == {"rules": 0, "dnat": 0, "services": 0}
 
 
 def _numgen_dnat(ips: list[str]) -> dict:
@@ -141,14 +148,14 @@ NFT = {"nftables": [
 ]}
 
 
-def test_nftables_listings_are_counted(kp) -> None:
+def test_nftables_listings_are_counted(kernel) -> None:
     text = json.dumps(NFT)
-    assert kp.count_nft_json(text) == {"rules": 3, "elements": 4, "dnat": 4, "services": 2}
-    assert kp.service_chains("kube-proxy-nftables", text) == {"10.96.0.0": "service-X-bench/svc-0/tcp/http",
+    assert kernel.count_nft_json(text) == {"rules": 3, "elements": 4, "dnat": 4, "services": 2}
+    assert kernel.service_chains("kube-proxy-nftables", text) == {"10.96.0.0": "service-X-bench/svc-0/tcp/http",
                                                               "10.96.0.1": "service-Y-bench/svc-1/tcp/http"}
-    assert kp.count_nft_json('{"nftables": []}') == {"rules": 0, "elements": 0, "dnat": 0, "services": 0}
+    assert kernel.count_nft_json('{"nftables": []}') == {"rules": 0, "elements": 0, "dnat": 0, "services": 0}
 
 
-def test_proc_figures_read_a_live_process(kp) -> None:
-    rss, cpu = kp.proc_figures(os.getpid())
+def test_proc_figures_read_a_live_process(kernel) -> None:
+    rss, cpu = kernel.proc_figures(os.getpid())
     assert 5 < rss < 4096 and cpu > 0
