@@ -21,6 +21,11 @@ agent around: a lower bound on what kube-proxy pays, to hold netagent's figures 
   chain flushed (deleted by a later sync).
 
 Rendered here from the bench state (pure functions), loaded into a bench namespace.
+
+Since the bench runs the real kube-proxy (`bench/real_kube_proxy.py`), a floor runs only where
+the real one did not (`--floors auto`), or beside it when asked (`--floors always`). The
+nftables shape here is an earlier kube-proxy's: the real v1.37.2 writes no chain per endpoint
+(one `dnat to numgen random mod N map { ... }` rule per service), so the two differ there.
 """
 from __future__ import annotations
 

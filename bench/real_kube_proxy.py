@@ -13,15 +13,15 @@
   inside the namespace (kube-proxy reaches 127.0.0.1 there); it holds the very state netagent
   programs (`service_proxy_kit.make_state`, the last service's one endpoint the listener),
   as Services and EndpointSlices (`api_objects`) created before kube-proxy starts;
-- the iptables backend is picked the way kube-proxy's images do it: `iptables`,
-  `iptables-save`, `iptables-restore` (and ip6tables') first on its PATH are links to the
-  `-legacy` or `-nft` binaries (`backend_links`);
+- the iptables backend is picked as kube-proxy's images end up doing (their wrapper links
+  `iptables` to one variant): `iptables`, `iptables-save`, `iptables-restore` (and
+  ip6tables') first on its PATH are links to the `-legacy` or `-nft` binaries (`backend_links`);
 - every figure is read from the kernel (`kube_proxy_kernel.py` owns the readings), never from
-  kube-proxy's log: full sync is kube-proxy's
-  start (objects present) to the service dispatch (KUBE-SERVICES jumps, or the nftables
-  `service-ips` map) holding every service, confirmed by a whole count of the DNAT rules
-  (`count_iptables_save`, `count_nft_json`); one change is an EndpointSlice update in the API
-  server to the new endpoint's address in that service's chain: seen by `nft monitor` (the
+  kube-proxy's log. Full sync: kube-proxy's start (objects present) to the service dispatch
+  (KUBE-SERVICES jumps, or the nftables `service-ips` map) holding every service, confirmed by
+  a whole count of the endpoints DNATed; on iptables-legacy, the moment the nat table reached
+  its final entry count (sampled every 2 ms). One change: an EndpointSlice update in the API
+  server to the new endpoint's address in that service's chain, seen by `nft monitor` (the
   commit's own event) in nftables mode, by polling the service's chain in iptables mode. Each
   poll's duration is the resolution and is printed with the figures. RSS and CPU (user +
   system, its waited-for children `iptables-restore`/`nft` included) come from /proc of the
