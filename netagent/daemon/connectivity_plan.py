@@ -41,8 +41,9 @@ CONNECT_TIMEOUT = 5   # seconds one `agnhost connect` waits
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _EXTERNAL_HOST = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$")
+# what the "restricted" Pod Security Standard asks, so a namespace default of it admits our pods
 _SECURITY = {"runAsNonRoot": True, "runAsUser": 65534, "allowPrivilegeEscalation": False,
-             "capabilities": {"drop": ["ALL"]}}
+             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 class ConnectivityPlanError(NetagentError, ValueError):
@@ -141,6 +142,9 @@ def _kubelet_port(node: dict) -> int:
 def _unusable(node: dict) -> str:
     """Why the node cannot hold our pods ('' when it can)."""
     status = node.get("status", {})
+    os_label = (node.get("metadata", {}).get("labels") or {}).get("kubernetes.io/os", "linux")
+    if os_label != "linux":
+        return f"not a Linux node ({str(os_label)[:32]})"
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     if not ready:
         return "not Ready"

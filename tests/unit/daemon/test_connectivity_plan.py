@@ -29,6 +29,7 @@ def test_usable_nodes_are_ready_schedulable_and_validated_sorted_by_name():
         node("loop", "127.0.0.1"),
         {"metadata": {"name": "cordoned"}, "spec": {"unschedulable": True},
          "status": node("cordoned", "198.18.16.18")["status"]},
+        {**node("win", "198.18.16.19"), "metadata": {"name": "win", "labels": {"kubernetes.io/os": "windows"}}},
     ]
     nodes, ignored = cp.usable_nodes(items)
     assert [n.name for n in nodes] == ["node-1", "node-2", "soft"]
@@ -38,7 +39,7 @@ def test_usable_nodes_are_ready_schedulable_and_validated_sorted_by_name():
         "down: not Ready", "master: tainted node-role.kubernetes.io/control-plane:NoSchedule",
         "'Bad_Name;rm': not a valid node name", "'../etc': not a valid node name",
         "noaddr: no valid InternalIP", "garbage: no valid InternalIP", "loop: no valid InternalIP",
-        "cordoned: cordoned"])
+        "cordoned: cordoned", "win: not a Linux node (windows)"])
 
 
 def test_a_missing_kubelet_port_falls_back_to_10250_and_a_bad_one_too():
@@ -114,6 +115,11 @@ def test_objects_are_labelled_ours_pinned_and_clients_never_restart():
     assert client["metadata"]["labels"] == {cp.LABEL_OWNER: cp.OWNER, cp.LABEL_ROLE: "client",
                                             cp.LABEL_ACCESS: "allowed"}
     assert client["spec"]["nodeName"] == "node-1" and client["spec"]["restartPolicy"] == "Never"
+    # the restricted Pod Security Standard's asks, servers and clients alike
+    for pod in (client, cp.server_pod("s", nodes[0], image="i", role="echo")):
+        context = pod["spec"]["containers"][0]["securityContext"]
+        assert context["runAsNonRoot"] and not context["allowPrivilegeEscalation"]
+        assert context["capabilities"] == {"drop": ["ALL"]} and context["seccompProfile"]["type"] == "RuntimeDefault"
     assert client["spec"]["containers"][0]["args"] == ["connect", "10.1.2.3:8080", "--timeout=5s", "--protocol=tcp"]
     server = cp.server_pod("server-b", nodes[1], image=plan.image, role="echo")
     assert server["spec"]["nodeName"] == "node-2"
