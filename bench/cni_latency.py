@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """CNI ADD/DEL latency: netagent (the static C shim and the Python client through the agent,
 and the Python client in-process) against the reference `bridge` + `host-local` plugins from
-Debian's containernetworking-plugins, in one run; and the reference `bridge` with its IPAM
-delegated to the `netagent-ipam` shim (served by the agent) beside `bridge` + `host-local`.
+Debian's containernetworking-plugins and from the latest upstream release (built from the Go
+module proxy at the version bench/peers/go.mod pins: bench/upstream_plugins.py), in one run;
+and the reference `bridge` with its IPAM delegated to the `netagent-ipam` shim (served by the
+agent) beside `bridge` + `host-local`. Ratios are against Debian's pair; `--json FILE` writes
+one record per contender (`mode`, `version`, the figures).
 
 Every contender gets its own node namespace and the same number of fresh pod namespaces.
 The benchmark enters the node namespace itself (setns on its main thread, inherited by
@@ -15,6 +18,7 @@ count and address uniqueness.
 IPv4 one, so a dual-stack ADD can be set against an IPv4 one (run the script once per family).
 
     sudo .venv/bin/python bench/cni_latency.py [--pods 60] [--concurrent 100] [--family dual]
+        [--no-upstream] [--json FILE]
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,17 +38,21 @@ from cni import invoke, netns  # noqa: E402
 from lab import LabNode  # noqa: E402
 from netagent.cniserver.install import PluginBinary  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
+import upstream_plugins  # noqa: E402  (bench/, beside this file)
 
 REFERENCE_DIR = "/usr/lib/cni"
+REFERENCE = "reference bridge+host-local"
 
 
 class Contender:
-    def __init__(self, label: str, node: LabNode, binary: str, config: bytes) -> None:
+    def __init__(self, label: str, node: LabNode, binary: str, config: bytes, *, version: str,
+                 plugin_dir: str = REFERENCE_DIR) -> None:
         self.label, self.node, self.binary, self.config = label, node, binary, config
+        self.version, self.plugin_dir = version, plugin_dir
 
     def call(self, command: str, container_id: str, netns_path: str) -> tuple[float, dict | None]:
         env = invoke.cni_environment(command=command, container_id=container_id, netns=netns_path,
-                                     ifname="eth0", path=(self.node.bin_dir, REFERENCE_DIR))
+                                     ifname="eth0", path=(self.node.bin_dir, self.plugin_dir))
         started = time.perf_counter()
         proc = subprocess.run([self.binary], input=self.config, env=env, capture_output=True)
         elapsed = time.perf_counter() - started
@@ -69,7 +78,13 @@ def bridge_config(ipam_type: str, ranges: tuple, data_dir: str, **ipam) -> bytes
                  **ipam}}).encode()
 
 
-def contenders(stack, family: str = "ipv4") -> list:
+def debian_version() -> str:
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "containernetworking-plugins"],
+                          capture_output=True, text=True)
+    return f"debian {proc.stdout.strip()}" if proc.returncode == 0 else "debian (version unknown)"
+
+
+def contenders(stack, family: str = "ipv4", upstream: tuple[str, str] | None = None) -> list:
     shim = stack(LabNode(prefix="na-bench", subnets=subnets(3, family), plugin=PluginBinary.SHIM))
     ours = stack(LabNode(prefix="na-bench", subnets=subnets(0, family)))
     ours_config = ours.plugin_config()
@@ -79,13 +94,22 @@ def contenders(stack, family: str = "ipv4") -> list:
     ipam_shim = stack(LabNode(prefix="na-bench", plugin=PluginBinary.SHIM))
     ipam_shim_config = bridge_config("netagent-ipam", subnets(4, family), ipam_shim.data_dir,
                                      agentSocket=ipam_shim.socket_path)
-    return [Contender("reference bridge+host-local", ref, f"{REFERENCE_DIR}/bridge", ref_config),
-            Contender("bridge+netagent-ipam shim", ipam_shim, f"{REFERENCE_DIR}/bridge", ipam_shim_config),
-            Contender("netagent shim (agent)", shim, os.path.join(shim.bin_dir, "netagent"),
-                      shim.plugin_config()),
-            Contender("netagent python (agent)", ours, os.path.join(ours.bin_dir, "netagent"), ours_config),
-            Contender("netagent python (in-process)", inproc, os.path.join(inproc.bin_dir, "netagent"),
-                      inproc.plugin_config())]
+    debian, netagent = debian_version(), "netagent " + version("netagent")
+    found = [Contender(REFERENCE, ref, f"{REFERENCE_DIR}/bridge", ref_config, version=debian)]
+    if upstream is not None:
+        directory, release = upstream
+        latest = stack(LabNode(prefix="na-bench", with_agent=False))
+        found.append(Contender(f"upstream bridge+host-local {release}", latest, f"{directory}/bridge",
+                               bridge_config("host-local", subnets(5, family), latest.data_dir),
+                               version=f"upstream {release}", plugin_dir=directory))
+    return found + [
+        Contender("bridge+netagent-ipam shim", ipam_shim, f"{REFERENCE_DIR}/bridge", ipam_shim_config, version=netagent),
+        Contender("netagent shim (agent)", shim, os.path.join(shim.bin_dir, "netagent"), shim.plugin_config(),
+                  version=netagent),
+        Contender("netagent python (agent)", ours, os.path.join(ours.bin_dir, "netagent"), ours_config,
+                  version=netagent),
+        Contender("netagent python (in-process)", inproc, os.path.join(inproc.bin_dir, "netagent"),
+                  inproc.plugin_config(), version=netagent)]
 
 
 def percentile(values: list, pct: float) -> float:
@@ -133,20 +157,32 @@ def measure(contender: Contender, *, pods: int, concurrent: int) -> dict:
             "errors": [r["error"] for r in results if r and "error" in r][:3]}
 
 
+def record(label: str, row: dict, *, version: str, family: str, pods: int, reference: dict) -> dict:
+    """One contender's figures as a JSON record (ms; ratios against Debian's reference pair)."""
+    add, remove = statistics.median(row["add"]), statistics.median(row["del"])
+    return {"mode": label, "version": version, "family": family, "pods": pods,
+            "add_median_ms": round(add * 1000, 2), "add_p95_ms": round(percentile(row["add"], 95) * 1000, 2),
+            "del_median_ms": round(remove * 1000, 2), "del_p95_ms": round(percentile(row["del"], 95) * 1000, 2),
+            "add_ratio": round(add / statistics.median(reference["add"]), 3),
+            "del_ratio": round(remove / statistics.median(reference["del"]), 3),
+            "burst_add_s": round(row["burst_add"], 3), "burst_ok": row["burst_ok"],
+            "burst_unique": row["burst_unique"], "burst_del_s": round(row["burst_del"], 3)}
+
+
 def report(rows: dict, *, pods: int, concurrent: int, family: str = "ipv4") -> None:
     ms = lambda s: s * 1000  # noqa: E731
-    ref = rows["reference bridge+host-local"]
+    ref = rows[REFERENCE]
     ref_add, ref_del = statistics.median(ref["add"]), statistics.median(ref["del"])
     print(f"\nCNI latency, {family}, {pods} sequential pods per contender (ms; ratio = median / reference median)")
-    print(f"{'contender':<30}{'ADD med':>9}{'ADD p95':>9}{'ratio':>7}{'DEL med':>10}{'DEL p95':>9}{'ratio':>7}")
+    print(f"{'contender':<38}{'ADD med':>9}{'ADD p95':>9}{'ratio':>7}{'DEL med':>10}{'DEL p95':>9}{'ratio':>7}")
     for label, row in rows.items():
         add_med, del_med = statistics.median(row["add"]), statistics.median(row["del"])
-        print(f"{label:<30}{ms(add_med):9.1f}{ms(percentile(row['add'], 95)):9.1f}{add_med / ref_add:7.2f}"
+        print(f"{label:<38}{ms(add_med):9.1f}{ms(percentile(row['add'], 95)):9.1f}{add_med / ref_add:7.2f}"
               f"{ms(del_med):10.1f}{ms(percentile(row['del'], 95)):9.1f}{del_med / ref_del:7.2f}")
     print(f"\n{concurrent} concurrent ADDs, then {concurrent} concurrent DELs")
-    print(f"{'contender':<30}{'ADD wall s':>11}{'ok':>6}{'unique':>8}{'DEL wall s':>12}")
+    print(f"{'contender':<38}{'ADD wall s':>11}{'ok':>6}{'unique':>8}{'DEL wall s':>12}")
     for label, row in rows.items():
-        print(f"{label:<30}{row['burst_add']:11.2f}{row['burst_ok']:6d}{row['burst_unique']:8d}"
+        print(f"{label:<38}{row['burst_add']:11.2f}{row['burst_ok']:6d}{row['burst_unique']:8d}"
               f"{row['burst_del']:12.2f}")
         for error in row["errors"]:
             print(f"    error: {error[:300]}")
@@ -158,6 +194,9 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=100)
     parser.add_argument("--family", choices=FAMILIES, default="ipv4",
                         help="the pods' address families (default ipv4)")
+    parser.add_argument("--no-upstream", action="store_true",
+                        help="leave out the upstream plugins (built with Go from the module proxy)")
+    parser.add_argument("--json", metavar="FILE", help="also write one record per contender to FILE")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (it builds network namespaces)", file=sys.stderr)
@@ -166,6 +205,12 @@ def main() -> int:
         print("the reference plugins are missing: apt-get install containernetworking-plugins",
               file=sys.stderr)
         return 1
+    upstream = None
+    if not args.no_upstream:
+        try:
+            upstream = upstream_plugins.build()
+        except upstream_plugins.BuildError as error:
+            print(f"the upstream plugins are left out: {error}", file=sys.stderr)
     nodes: list = []
 
     def stack(node: LabNode) -> LabNode:
@@ -173,10 +218,15 @@ def main() -> int:
         return node
 
     try:
-        rows = {}
-        for contender in contenders(stack, args.family):
+        rows, versions = {}, {}
+        for contender in contenders(stack, args.family, upstream):
             rows[contender.label] = measure(contender, pods=args.pods, concurrent=args.concurrent)
+            versions[contender.label] = contender.version
         report(rows, pods=args.pods, concurrent=args.concurrent, family=args.family)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([record(label, row, version=versions[label], family=args.family, pods=args.pods,
+                                  reference=rows[REFERENCE]) for label, row in rows.items()], f, indent=1)
     finally:
         for node in nodes:
             node.close()
