@@ -6,16 +6,19 @@ A node namespace (a `LabNode`, routed mode) holds three real pods wired by our C
 `server` (isolated for ingress by one policy that allows `client`), `client`, and `intruder`
 (denied). The policy engine runs in this process on the node's kernel through the dataplane
 `--backend` names (iptables legacy + ipset, or the nft table). Each round measures both
-states, off then on (rounds alternate so drift shows in both):
+states in an order that rotates from round to round (so an order effect shows in none):
 - off: the pod chain's log rule deleted from the kernel (what a policy without flows is);
 - on: the rules as rendered (a rate-limited `-j NFLOG` / `log group` before the drop) and
-  `PolicyFlows` bound to the group, recording into a ring.
+  `PolicyFlows` bound to the group, recording into a ring;
+- on + conntrack: also `ConntrackFlows` (`--flow-conntrack on`): an event per new connection.
 
 Figures: TCP connect latency of an allowed connection (median and p99 of `--connects`
-sequential connects, client -> server), TCP throughput of an allowed stream (`--megabytes`
+sequential connects, client -> server), the CPU this process (the listeners' threads: the
+agent's share) spent per 1000 of those connects, TCP throughput of an allowed stream (`--megabytes`
 over one connection, MB/s), and the denied path: `--seconds` of UDP datagrams from the
 intruder at the server as fast as one sender goes, the node's drop counter per second (what
-the node dropped) and the flows recorded. Medians of `--rounds`, and on/off ratios.
+the node dropped) and the flows recorded (the connects' flows too with conntrack). Medians of
+`--rounds`, and ratios to off.
 
     sudo .venv/bin/python bench/flows.py [--backend {iptables,nftables}] [--connects 2000] [--rounds 3]
 """
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,8 +40,10 @@ from lab import LabNode  # noqa: E402
 from netagent.infra.flows import FlowRing  # noqa: E402
 from netagent.infra.sync_runner import SyncKind  # noqa: E402
 from netagent.kernel import namespaces, nflog, owned  # noqa: E402
+from netagent.kernel.ctevents import ConntrackEvents  # noqa: E402
 from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
+from netagent.policy.conntrack_flows import ConntrackFlows  # noqa: E402
 from netagent.policy.flows import FlowNames, PolicyFlows  # noqa: E402
 from netagent.policy.shared import RenderSettings, pod_chain  # noqa: E402
 
@@ -162,7 +168,10 @@ def run(node: LabNode, pod_name: str, script: str, *args: str) -> str:
 
 
 def measure(node: LabNode, server_ip: str, args, backend: str, chain: str, ring: FlowRing | None) -> dict:
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
     times = sorted(json.loads(run(node, "client", CONNECTS, server_ip, str(args.connects))))
+    spent = resource.getrusage(resource.RUSAGE_SELF)
+    listener_ms = (spent.ru_utime + spent.ru_stime - cpu.ru_utime - cpu.ru_stime) * 1000
     throughput = float(run(node, "client", STREAM, server_ip, str(args.megabytes)))
     before, recorded = dropped_packets(backend, node.node, chain), len(ring.flows()) if ring else 0
     started = time.perf_counter()
@@ -171,13 +180,14 @@ def measure(node: LabNode, server_ip: str, args, backend: str, chain: str, ring:
     dropped = dropped_packets(backend, node.node, chain) - before
     return {"connect_median_us": round(statistics.median(times) * 1e6, 1),
             "connect_p99_us": round(times[int(len(times) * 0.99) - 1] * 1e6, 1),
+            "listener_cpu_ms_per_1000_connects": round(listener_ms * 1000 / args.connects, 2),
             "stream_mb_s": round(throughput, 1),
             "denied_sent_per_s": round(sent / elapsed), "denied_dropped_per_s": round(dropped / elapsed),
             "flows_recorded": (len(ring.flows()) - recorded) if ring else 0}
 
 
 def median_of(rounds: list[dict]) -> dict:
-    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    return {key: round(statistics.median(r[key] for r in rounds), 1) for key in rounds[0]}
 
 
 def main() -> int:
@@ -191,6 +201,7 @@ def main() -> int:
     chain = pod_chain(owned.POLICY_INGRESS_PREFIX, "bench/server")
     off: list[dict] = []
     on: list[dict] = []
+    with_conntrack: list[dict] = []
     with LabNode(prefix="na-bench-fl", mode=PodAttachment.ROUTED, subnets=(SUBNET,), with_agent=False) as node:
         server, client, intruder = node.add_pod("server"), node.add_pod("client"), node.add_pod("intruder")
         veths = {p.ip: next(i["name"] for i in p.result["interfaces"] if "sandbox" not in i)
@@ -209,32 +220,54 @@ def main() -> int:
             for name, address in (("server", server.ip), ("client", client.ip), ("intruder", intruder.ip)):
                 engine.pods.on_add(pod(name, address, {"app": name}))
             engine.policies.on_add(POLICY)
-            for _ in range(args.rounds):
-                engine.sync(SyncKind.FULL)                 # the rules as rendered, log rule included
+            def flows_off() -> None:
+                engine.sync(SyncKind.FULL)                 # the rules as rendered, then the log rule deleted
                 delete_log_rule(args.backend, node.node, chain)
                 off.append(measure(node, server.ip, args, args.backend, chain, None))
+
+            def flows_on(conntrack: bool = False) -> None:
                 engine.sync(SyncKind.FULL)                 # the log rule back
                 ring = FlowRing(size=4096)
-                listener = PolicyFlows(ring, FlowNames(lambda: engine.plan),
-                                       open_socket=lambda: nflog.NflogSocket(netns=node.node))
-                listener.start()
+                names = FlowNames(lambda: engine.plan)
+                listeners = [PolicyFlows(ring, names, open_socket=lambda: nflog.NflogSocket(netns=node.node))]
+                if conntrack:
+                    listeners.append(ConntrackFlows(ring, names, open_socket=lambda: ConntrackEvents(netns=node.node)))
+                for listener in listeners:
+                    listener.start()
                 try:
-                    on.append(measure(node, server.ip, args, args.backend, chain, ring))
+                    (with_conntrack if conntrack else on).append(measure(node, server.ip, args, args.backend, chain,
+                                                                         ring))
                 finally:
-                    listener.stop()
-                print(f"round: off {off[-1]}\n       on  {on[-1]}", flush=True)
+                    for listener in listeners:
+                        listener.stop()
+
+            states = [flows_off, flows_on, lambda: flows_on(conntrack=True)]
+            for index in range(args.rounds):               # the order rotates: what comes later pays no more
+                for state in states[index % 3:] + states[:index % 3]:
+                    state()
+                print(f"round {index}: off {off[-1]}\n         on  {on[-1]}\n         ct  {with_conntrack[-1]}",
+                      flush=True)
             programmer.cleanup()
         finally:
             proc.kill()
             proc.wait()
-    quiet, flowing = median_of(off), median_of(on)
-    results = {"backend": args.backend, "rounds": args.rounds, "off": quiet, "on": flowing,
+    quiet, flowing, tracked = median_of(off), median_of(on), median_of(with_conntrack)
+    results = {"backend": args.backend, "rounds": args.rounds, "off": quiet, "on": flowing, "conntrack": tracked,
                "on_over_off": {key: round(flowing[key] / quiet[key], 3) if quiet[key] else None
-                               for key in quiet if key != "flows_recorded"}}
-    print(f"{'':24}{'flows off':>12}{'flows on':>12}{'on/off':>8}")
+                               for key in quiet if key != "flows_recorded"},
+               "conntrack_over_off": {key: round(tracked[key] / quiet[key], 3) if quiet[key] else None
+                                      for key in quiet if key != "flows_recorded"}}
+    print(f"{'':36}{'flows off':>12}{'flows on':>12}{'on/off':>8}{'+conntrack':>12}{'ct/off':>8}")
     for key in quiet:
-        ratio = results["on_over_off"].get(key)
-        print(f"{key:24}{quiet[key]:>12}{flowing[key]:>12}{'' if ratio is None else ratio:>8}")
+        ratio, ct_ratio = results["on_over_off"].get(key), results["conntrack_over_off"].get(key)
+        print(f"{key:36}{quiet[key]:>12}{flowing[key]:>12}{'' if ratio is None else ratio:>8}"
+              f"{tracked[key]:>12}{'' if ct_ratio is None else ct_ratio:>8}")
+    for name, rounds in (("off", off), ("on", on), ("on + conntrack", with_conntrack)):
+        spread = sorted(r["connect_median_us"] for r in rounds)
+        print(f"connect median per round, flows {name}: {spread}")
+    results["connect_median_us_rounds"] = {"off": [r["connect_median_us"] for r in off],
+                                           "on": [r["connect_median_us"] for r in on],
+                                           "conntrack": [r["connect_median_us"] for r in with_conntrack]}
     print(json.dumps(results))
     return 0
 

@@ -106,6 +106,7 @@ class PolicyConfig:
     cni_network: str = CNI_NETWORK
     flows: bool = True               # --flows: policy drops recorded for `netagent flows`
     flow_ring_size: int = 4096       # --flow-ring-size
+    flow_conntrack: bool = False     # --flow-conntrack: forwarded and translated flows too
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,8 @@ def _policy(args: argparse.Namespace, node_name: str) -> PolicyConfig:
                         sync_period=_positive(args.policy_sync_period, "--policy-sync-period"),
                         min_sync_period=_positive(args.min_sync_period, "--min-sync-period", zero=True),
                         anti_spoofing=_on(args.pod_anti_spoofing), limits=limits, cni_data_dir=args.cni_data_dir,
-                        flows=_on(args.flows), flow_ring_size=args.flow_ring_size)
+                        flows=_on(args.flows), flow_ring_size=args.flow_ring_size,
+                        flow_conntrack=_on(args.flow_conntrack))
 
 
 def _bgp(args: argparse.Namespace, mode: Mode) -> BgpConfig:

@@ -54,7 +54,10 @@ loopback metrics address (`serve_flows`), read by `netagent flows`. On by defaul
 costs nothing on the forwarding path: only packets a policy drops reach a log rule, a
 connection's first packets, at most `LOG_RATE` a second per chain (bench/flows.py measures it);
 and when the group cannot be bound (another listener, no nfnetlink_log) the policy runs
-without it, with a warning.
+without it, with a warning. `--flow-conntrack on` (off by default: conntrack sends an event
+for every new connection of the node once anyone listens, a cost on allowed traffic) adds
+forwarded and Service-translated connections of local pods to the same ring
+(policy/conntrack_flows.py).
 
 The flags are declared here and parsed once by config.py: `build_policy` and
 `build_anti_spoofing` take its `PolicyConfig` and the `Dataplane` dataplane.py chose (its
@@ -81,6 +84,7 @@ if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.kernel.nftables.runner import NftRunner
     from netagent.kube.reflector import Reflector
     from netagent.policy.engine import PolicyEngine
+    from netagent.policy.conntrack_flows import ConntrackFlows
     from netagent.policy.flows import PolicyFlows
     from netagent.policy.semantics import PodPlan
 
@@ -103,6 +107,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--flows", choices=["on", "off"], default="on",
                        help="record what the policy drops (pod, policy, direction) in a ring the agent serves "
                             "at /flows on its metrics address, read by `netagent flows`")
+    group.add_argument("--flow-conntrack", choices=["on", "off"], default="off",
+                       help="with --flows on, record forwarded and Service-translated connections of local pods "
+                            "too, from conntrack events (off by default: a cost on every new connection)")
     group.add_argument("--flow-ring-size", type=_ring_size, default=4096, metavar="N",
                        help="how many recent flows the agent keeps (16 to 1048576; the oldest go first)")
     from netagent.policy.kube_objects import DEFAULT_LIMITS
@@ -230,6 +237,7 @@ class PolicyParts:
     reflectors: list[Reflector]
     anti_spoofing: AntiSpoofParts | None = None
     flows: PolicyFlows | None = None          # --flows on: the nflog listener (started here)
+    connections: ConntrackFlows | None = None  # --flow-conntrack on: conntrack events into the same ring
 
     def start(self) -> None:
         if self.anti_spoofing is not None:
@@ -243,6 +251,12 @@ class PolicyParts:
             except OSError as error:          # flows are for looking: the policy runs without them
                 log.warning("flow records off: cannot listen to the policy's nflog group: %s", error)
                 self.flows = None
+        if self.connections is not None:
+            try:
+                self.connections.start()
+            except OSError as error:
+                log.warning("forwarded flows off: cannot listen to conntrack events: %s", error)
+                self.connections = None
 
     def wait_first_sync(self, timeout: float) -> bool:
         """Until the caches are synced and one sync has written the kernel (the KNOWN guard
@@ -255,6 +269,8 @@ class PolicyParts:
         return False
 
     def stop(self) -> None:
+        if self.connections is not None:
+            self.connections.stop()
         if self.flows is not None:
             self.flows.stop()
         for reflector in self.reflectors:
@@ -423,16 +439,19 @@ def build_policy(config: PolicyConfig, *, dataplane: Dataplane, api_client, ipta
         "(the kernel's counters of each pod chain's DROP rule, read at scrape time)",
         lambda: _denied(programmer.read_policy().pods),
         labels=("pod", "direction")))
-    flows = None
+    flows = connections = None
     if config.flows:
         from netagent.infra.flows import FlowRing
         from netagent.policy.flows import FlowNames, PolicyFlows
-        flows = PolicyFlows(FlowRing(size=config.flow_ring_size, registry=registry),
-                            FlowNames(lambda: engine.plan))
+        names = FlowNames(lambda: engine.plan)
+        flows = PolicyFlows(FlowRing(size=config.flow_ring_size, registry=registry), names)
+        if config.flow_conntrack:
+            from netagent.policy.conntrack_flows import ConntrackFlows
+            connections = ConntrackFlows(flows.ring, names)
     reflectors = [Reflector(api_client=api_client, resource=NETWORK_POLICIES, handler=engine.policies),
                   Reflector(api_client=api_client, resource=PODS, handler=engine.pods),
                   Reflector(api_client=api_client, resource=NAMESPACES, handler=engine.namespaces)]
     return PolicyParts(engine, runner, reflectors,
                        anti_spoofing=build_anti_spoofing(config, netfilter=dataplane.netfilter,
                                                          iptables_backend=iptables_backend, pod_cidrs=pod_cidrs),
-                       flows=flows)
+                       flows=flows, connections=connections)

@@ -57,6 +57,8 @@ class Flow:
     pod: str = ""                        # the pod whose policy decided
     policies: tuple[str, ...] = ()       # ns/name of the policies isolating it in that direction
     sequence: int = 0
+    translated_to: str = ""              # translated: the endpoint DNAT chose (destination: the Service)
+    translated_port: int | None = None
 
     def to_dict(self) -> dict:
         found = asdict(self)
@@ -203,6 +205,8 @@ def describe(flow: Flow) -> str:
     if flow.verdict is Verdict.DROPPED and flow.reason == "policy":
         policies = ",".join(flow.policies) or "no policy known"
         return f"dropped by policy {policies} ({flow.direction} of {flow.pod})"
+    if flow.verdict is Verdict.TRANSLATED:
+        return f"translated to {_end(flow.translated_to, flow.translated_port, '')}"
     if flow.reason:
         return f"{flow.verdict.value} ({flow.reason})"
     return flow.verdict.value

@@ -12,5 +12,6 @@ Modules, one job each, in the order data flows through them:
   `render`, a `dataplane` that writes the difference, and a pure `readback`;
 - `families`: one dataplane per IP family under one `PolicyDataplane`;
 - `engine`: the watch recorders, the parsed view and the sync function a `SyncRunner` calls;
-- `flows`: the pod chains' logged drops (nflog) as flow records named from the engine's plan.
+- `flows`: the pod chains' logged drops (nflog) as flow records named from the engine's plan;
+  `conntrack_flows`: forwarded and Service-translated connections from conntrack events.
 """

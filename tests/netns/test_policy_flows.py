@@ -66,3 +66,43 @@ def test_an_egress_drop_names_the_sender_and_its_policy(flows):
     assert found, f"no flow recorded; lost: {ring.lost}"
     assert {(f.direction, f.pod, f.policies, f.source_pod) for f in found} == {
         ("egress", "x/b", ("x/no-egress",), "x/b")}
+
+
+SERVICE = "10.96.7.7"
+
+
+@pytest.fixture
+def conntrack_flows(np):
+    from netagent.kernel.ctevents import ConntrackEvents
+    from netagent.kernel import namespaces
+    from netagent.policy.conntrack_flows import ConntrackFlows
+    node = np.netns_of["node"]
+    rules = (f"add table ip na-flowtest\nadd chain ip na-flowtest pre {{ type nat hook prerouting priority -100; }}\n"
+             f"add rule ip na-flowtest pre ip daddr {SERVICE} tcp dport 80 dnat to {np.addresses['x/a']}:80\n")
+    namespaces.run_in(node, ["nft", "-f", "-"], input=rules, check=True)
+    ring = FlowRing(size=256)
+    listener = ConntrackFlows(ring, FlowNames(lambda: np.engine.plan), open_socket=lambda: ConntrackEvents(netns=node))
+    listener.start()
+    try:
+        yield np, ring
+    finally:
+        listener.stop()
+        namespaces.run_in(node, ["nft", "delete", "table", "ip", "na-flowtest"], check=True)
+
+
+def test_conntrack_records_forwarded_and_translated_connections(conntrack_flows):
+    lab, ring = conntrack_flows
+    lab.check(Expect(True), [TCP80], sources=["x/b"], targets=["x/c"])
+    forwarded = _wait_for(ring, FlowFilter(pod="x/c", verdict=Verdict.FORWARDED))
+    assert forwarded, f"no forwarded flow; held: {ring.flows()}"
+    assert (forwarded[0].source_pod, forwarded[0].destination_pod, forwarded[0].destination_port) == ("x/b", "x/c", 80)
+    lab.addresses["service"] = SERVICE              # the probe's target list: a Service address
+    try:
+        lab.check(Expect(True), [TCP80], sources=["x/b"], targets=["service"])
+    finally:
+        del lab.addresses["service"]
+    translated = _wait_for(ring, FlowFilter(verdict=Verdict.TRANSLATED))
+    assert translated, f"no translated flow; held: {ring.flows()}"
+    flow = translated[0]
+    assert (flow.source_pod, flow.destination, flow.destination_port) == ("x/b", SERVICE, 80)
+    assert (flow.translated_to, flow.translated_port, flow.pod) == (lab.addresses["x/a"], 80, "x/a")

@@ -27,6 +27,9 @@ def test_the_flags():
     assert (config.cluster.policy.flows, config.cluster.policy.flow_ring_size) == (False, 100)
     default = parse_run_config(parser.parse_args(BASE)).cluster
     assert default is not None and (default.policy.flows, default.policy.flow_ring_size) == (True, 4096)
+    assert default.policy.flow_conntrack is False
+    conntrack = parse_run_config(parser.parse_args([*BASE, "--flow-conntrack", "on"])).cluster
+    assert conntrack is not None and conntrack.policy.flow_conntrack is True
     for bad in ("0", "15", "2000000", "many"):
         with pytest.raises(SystemExit):
             parser.parse_args([*BASE, "--flow-ring-size", bad])
