@@ -166,14 +166,23 @@ class Probe:
             time.sleep(min(0.05, (after - before) / 2))
 
 
+class MonitorLost(KubeProxyError):
+    """`nft monitor` ended (its socket overran, say): the run fails and says so."""
+
+
 class NftMonitor:
     """`nft monitor` in the namespace: the kernel's nftables events, each line timestamped as it
     arrives. A commit is announced when it is made, so a change is timed without polling (a
-    listing of one chain reads the whole table: 0.3 s at 1,000 services)."""
+    listing of one chain reads the whole table: 0.3 s at 1,000 services, 27 s at 10,000 with
+    nft 1.0.6). `nft monitor` reads the whole ruleset before it reports (as long again), so
+    `ready` makes a table of its own and waits to see it announced."""
+
+    READY_TABLE = "netagent-bench-ready"
 
     def __init__(self, netns: str) -> None:
+        self.netns = netns
         self.proc = subprocess.Popen([*namespaces.exec_prefix(netns), "nft", "monitor"], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[tuple[float, str]] = []
         self.arrived = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -185,6 +194,23 @@ class NftMonitor:
             with self.arrived:
                 self.lines.append((time.perf_counter(), line))
                 self.arrived.notify_all()
+
+    def ready(self, timeout: float) -> float:
+        """Seconds until the monitor reported a table added (and deleted) here to mark its start."""
+        started = time.perf_counter()
+        for verb in ("add", "delete"):
+            namespaces.run_in(self.netns, ["nft", verb, "table", "ip", self.READY_TABLE], check=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        with self.arrived:
+            while not any(f"delete table ip {self.READY_TABLE}" in line for _, line in self.lines):
+                left = deadline - time.monotonic()
+                if self.proc.poll() is not None:
+                    raise MonitorLost(f"nft monitor exited {self.proc.returncode} before it reported")
+                if left <= 0:
+                    raise KubeProxyError(f"nft monitor reported nothing in {timeout:.0f} s")
+                self.arrived.wait(min(left, 1.0))
+            del self.lines[:]
+        return time.perf_counter() - started
 
     def first(self, address: str, since: float, timeout: float) -> float:
         """When the first event after `since` naming `address` arrived."""
@@ -198,8 +224,11 @@ class NftMonitor:
                         return at
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    raise KubeProxyError(f"no nftables event naming {address} in {timeout:.0f} s")
+                if self.proc.poll() is not None:
+                    raise MonitorLost(f"nft monitor exited {self.proc.returncode} after {len(self.lines)} lines")
+                if left <= 0:
+                    raise KubeProxyError(f"no nftables event naming {address} in {timeout:.0f} s "
+                                         f"({len(self.lines)} event lines since the last match)")
                 self.arrived.wait(min(left, 1.0))
 
     def close(self) -> None:

@@ -229,6 +229,9 @@ def bench_kube_proxy(mode: str, services: int, samples: int, connects: int = 0, 
             changes, last, polls = [], last_service(state), len(probe.durations)
             monitor = NftMonitor(netns) if kind == "nftables" else None
             try:
+                change_timeout = max(120.0, 5 * full)
+                if monitor is not None:
+                    monitor.ready(max(300.0, 5 * full))
                 for sample in range(samples):
                     time.sleep(1.1)   # past kube-proxy's minSyncPeriod (1 s): a lone change in a quiet cluster
                     state, name = with_one_endpoint_changed(state, sample)
@@ -236,10 +239,11 @@ def bench_kube_proxy(mode: str, services: int, samples: int, connects: int = 0, 
                     began = time.perf_counter()
                     api.update(endpoint_slice(state, name))
                     if monitor is not None:
-                        changes.append(monitor.first(new_ip, began, 120) - began)
+                        changes.append(monitor.first(new_ip, began, change_timeout) - began)
                         alive()
                     else:
-                        changes.append(probe.until(lambda: probe.chain_holds(chain, new_ip), began, 120, alive))
+                        changes.append(probe.until(lambda: probe.chain_holds(chain, new_ip), began, change_timeout,
+                                                   alive))
                 if monitor is not None:   # the event was the commit: the chain holds the address now
                     if not probe.chain_holds(chain, new_ip):
                         raise KubeProxyError(f"an event named {new_ip} but {chain} does not hold it")
