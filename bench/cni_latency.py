@@ -2,7 +2,7 @@
 """CNI ADD/DEL latency: netagent (the static C shim and the Python client through the agent,
 and the Python client in-process) against the reference `bridge` + `host-local` plugins from
 Debian's containernetworking-plugins and from the latest upstream release (built from the Go
-module proxy at the version bench/peers/go.mod pins: bench/upstream_plugins.py), in one run;
+module proxy at the version bench/peers/cni-plugins/go.mod pins: bench/go_peers.py), in one run;
 and the reference `bridge` with its IPAM delegated to the `netagent-ipam` shim (served by the
 agent) beside `bridge` + `host-local`. Ratios are against Debian's pair; `--json FILE` writes
 one record per contender (`mode`, `version`, the figures).
@@ -38,7 +38,7 @@ from cni import invoke, netns  # noqa: E402
 from lab import LabNode  # noqa: E402
 from netagent.cniserver.install import PluginBinary  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
-import upstream_plugins  # noqa: E402  (bench/, beside this file)
+import go_peers  # noqa: E402  (bench/, beside this file)
 
 REFERENCE_DIR = "/usr/lib/cni"
 REFERENCE = "reference bridge+host-local"
@@ -208,8 +208,8 @@ def main() -> int:
     upstream = None
     if not args.no_upstream:
         try:
-            upstream = upstream_plugins.build()
-        except upstream_plugins.BuildError as error:
+            upstream = go_peers.build(go_peers.CNI_PLUGINS)
+        except go_peers.BuildError as error:
             print(f"the upstream plugins are left out: {error}", file=sys.stderr)
     nodes: list = []
 

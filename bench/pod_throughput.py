@@ -1,7 +1,9 @@
-"""Benchmark: pod-to-pod throughput per routing mode and IP family (issue 22's 0.95x goal).
+"""Benchmark: pod-to-pod throughput per routing mode and IP family (issue 22's 0.95x goal), beside
+the real flannel (its vxlan and host-gw backends, IPv4) in the same run.
 
     sudo .venv/bin/python bench/pod_throughput.py [--modes host-gw,vxlan,auto] [--family ipv4,ipv6]
                                                   [--iperf-seconds 5] [--rounds 3]
+                                                  [--flannel vxlan,host-gw|none] [--json FILE]
 
 For each mode and family: two node namespaces on one L2 segment (a bridge in an underlay
 namespace), one pod namespace behind a veth on each, and the node routing code itself
@@ -9,18 +11,23 @@ namespace), one pod namespace behind a veth on each, and the node routing code i
 VXLAN devices with tx checksum offload on, as the agent chooses on this kernel, pods at the MTU
 the agent would report for a node of that family). Then iperf3 (TCP, one stream) from one pod
 to the other. Rounds alternate the families so a noisy neighbour on the shared machine hits
-both alike; the median per cell is printed with the IPv6/IPv4 ratio per mode.
+both alike; the median per cell is printed with the IPv6/IPv4 ratio per mode. flanneld (built
+from the module proxy, bench/go_peers.py; run by bench/flannel_peer.py against the lab's API
+server) routes the same two-node shape in each round beside ours; its rows carry the ratio of
+netagent's same mode to flannel's.
 `bench/node_routes.py --family ipv4,ipv6` runs the same table after its own.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from importlib.metadata import version
 from ipaddress import ip_network
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,6 +45,8 @@ from netagent.noderoutes.routing.model import (  # noqa: E402
     pod_mtu,
 )
 from netagent.noderoutes.routing.routes import RouteManager  # noqa: E402
+import flannel_peer  # noqa: E402  (bench/, beside this file)
+import go_peers  # noqa: E402
 
 SEGMENT = {IpFamily.V4: ip_network("192.0.2.0/24"), IpFamily.V6: ip_network("2001:db8:a::/64")}
 CLUSTER = {IpFamily.V4: ip_network("10.244.0.0/16"), IpFamily.V6: ip_network("fd00:10:244::/56")}
@@ -117,7 +126,6 @@ def two_nodes(mode: Mode, family: IpFamily):
 
 
 def iperf(client_ns: str, server_ns: str, address: str, seconds: float) -> float:
-    import json
     server = subprocess.Popen([*namespaces.exec_prefix(server_ns), "iperf3", "-s", "-1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -137,15 +145,23 @@ def iperf(client_ns: str, server_ns: str, address: str, seconds: float) -> float
         server.wait()
 
 
-def measure(modes: list[Mode], families: list[IpFamily], *, seconds: float, rounds: int) -> dict:
+def measure(modes: list[Mode], families: list[IpFamily], *, seconds: float, rounds: int,
+            flannel: tuple[str, list[str]] | None = None) -> tuple[dict, dict]:
+    """(netagent's medians by (mode, family), flannel's by backend)."""
     results: dict = {(mode, family): [] for mode in modes for family in families}
+    theirs: dict[str, list[float]] = {backend: [] for backend in (flannel[1] if flannel else [])}
     for round_index in range(rounds):
         order = families if round_index % 2 == 0 else list(reversed(families))
         for mode in modes:
             for family in order:
                 with two_nodes(mode, family) as (client, server, address):
                     results[(mode, family)].append(iperf(client, server, address, seconds))
-    return {key: statistics.median(values) for key, values in results.items()}
+        for backend in theirs:
+            assert flannel is not None
+            with flannel_peer.flannel_nodes(backend, flannel[0]) as (client, server, address):
+                theirs[backend].append(iperf(client, server, address, seconds))
+    return ({key: statistics.median(values) for key, values in results.items()},
+            {backend: statistics.median(values) for backend, values in theirs.items()})
 
 
 def print_table(medians: dict, modes: list[Mode], families: list[IpFamily]) -> None:
@@ -158,20 +174,53 @@ def print_table(medians: dict, modes: list[Mode], families: list[IpFamily]) -> N
         print(f"  {mode.value:<8}{cells}{ratio}")
 
 
+def print_flannel(medians: dict, theirs: dict, version: str) -> None:
+    for backend, gbps in theirs.items():
+        ours = medians.get((Mode(backend), IpFamily.V4))
+        ratio = f"   netagent {backend} / flannel: {ours / gbps:.2f}x" if ours else ""
+        print(f"  flannel {backend:<8} ({version}){gbps:>9.2f} Gb/s (IPv4){ratio}")
+
+
+def records(medians: dict, theirs: dict, flannel_version: str) -> list[dict]:
+    netagent = "netagent " + version("netagent")
+    found = [{"mode": mode.value, "family": family.label, "gbps": round(gbps, 3), "version": netagent}
+             for (mode, family), gbps in medians.items()]
+    return found + [{"mode": f"flannel-{backend}", "family": IpFamily.V4.label, "gbps": round(gbps, 3),
+                     "version": f"flannel {flannel_version}"} for backend, gbps in theirs.items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default="host-gw,vxlan,auto")
     parser.add_argument("--family", default="ipv4,ipv6", help="ipv4, ipv6 or both (comma-separated)")
     parser.add_argument("--iperf-seconds", type=float, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--flannel", default="vxlan,host-gw",
+                        help="flannel backends run beside ours (IPv4), or none")
+    parser.add_argument("--json", metavar="FILE", help="also write one record per mode and family to FILE")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (it builds network namespaces)", file=sys.stderr)
         return 1
     modes = [Mode(m) for m in args.modes.split(",")]
     families = [FAMILY_NAMES[f] for f in args.family.split(",")]
+    flannel, flannel_version = None, ""
+    backends = [] if args.flannel == "none" else args.flannel.split(",")
+    if any(backend not in flannel_peer.BACKENDS for backend in backends):
+        parser.error(f"--flannel takes {', '.join(flannel_peer.BACKENDS)} or none")
+    if backends:
+        try:
+            directory, flannel_version = go_peers.build(go_peers.FLANNEL)
+            flannel = (os.path.join(directory, "flanneld"), backends)
+        except go_peers.BuildError as error:
+            print(f"flannel is left out: {error}", file=sys.stderr)
     print(f"== pod-to-pod throughput per family (iperf3 TCP, one stream, median of {args.rounds})")
-    print_table(measure(modes, families, seconds=args.iperf_seconds, rounds=args.rounds), modes, families)
+    medians, theirs = measure(modes, families, seconds=args.iperf_seconds, rounds=args.rounds, flannel=flannel)
+    print_table(medians, modes, families)
+    print_flannel(medians, theirs, flannel_version)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records(medians, theirs, flannel_version), f, indent=1)
     return 0
 
 
