@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from netagent.errors import NetagentError
-from netagent.kernel import namespaces
+from netagent.kernel import namespaces, owned
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_ULOG = 4
@@ -44,7 +44,7 @@ CMD_BIND, CMD_UNBIND = 1, 2
 COPY_PACKET = 2
 NLA_TYPE_MASK = 0x3FFF          # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
-POLICY_LOG_GROUP = 7878         # the nflog group the policy chains' drop rules log to
+POLICY_LOG_GROUP = owned.POLICY_LOG_GROUP
 COPY_RANGE = 128                # bytes of each packet copied: IP + transport headers
 LOG_RATE, LOG_BURST = 100, 100  # packets a log rule hands over per second, and its burst
 PREFIX_MAX = 63                 # iptables' --nflog-prefix (64 with its NUL); nft allows more
