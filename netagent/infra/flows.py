@@ -14,15 +14,23 @@ what never became one (sampled out, the kernel's buffer overrun, unreadable mess
 """
 from __future__ import annotations
 
+import abc
 import enum
 import json
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from netagent.infra.metrics import Counter, Registry
+
+log = logging.getLogger("netagent.flows")
+RECEIVE_TIMEOUT = 0.5          # how long a listener waits for a batch before looking at its stop flag
+B = TypeVar("B")
+B_co = TypeVar("B_co", covariant=True)
 
 DEFAULT_RING_SIZE = 4096
 DEFAULT_MAX_PER_SECOND = 1000
@@ -225,3 +233,55 @@ def render_table(flows: Iterable[Flow]) -> str:
 
 def render_json_lines(flows: Sequence[Flow]) -> str:
     return "\n".join(json.dumps(f.to_dict(), sort_keys=True) for f in flows)
+
+
+class EventSocket(Protocol[B_co]):
+    """A kernel event socket: a batch of what arrived within `timeout` seconds (OSError when it
+    cannot be read), and close."""
+    def receive(self, timeout: float) -> B_co: ...
+
+    def close(self) -> None: ...
+
+
+class FlowListener(abc.ABC, Generic[B]):
+    """One kernel event socket read on its own thread into `ring`: `take` turns each batch into
+    flows. `open_socket` makes the socket when `start` is called (its error is the caller's: a
+    group another listener holds, a kernel without the module); a read error is logged and
+    retried a second later, never ending the thread; `stop` joins it and closes the socket."""
+
+    thread_name = "flows"
+
+    def __init__(self, ring: FlowRing, open_socket: Callable[[], EventSocket[B]]) -> None:
+        self.ring = ring
+        self._open_socket = open_socket
+        self._socket: EventSocket[B] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._socket = self._open_socket()
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._socket is not None
+        while not self._stop.is_set():
+            try:
+                batch = self._socket.receive(RECEIVE_TIMEOUT)
+            except OSError as error:
+                log.warning("flow records: %s could not be read: %s", self.thread_name, error)
+                self._stop.wait(1.0)
+                continue
+            self.take(batch)
+
+    @abc.abstractmethod
+    def take(self, batch: B) -> None:
+        """Record a batch's flows and count what it lost."""
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import os
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -129,15 +128,7 @@ class ConntrackEvents:
     """A socket subscribed to new-connection events (`netns`: a namespace under /run/netns)."""
 
     def __init__(self, *, netns: str | None = None, receive_buffer: int = RECEIVE_BUFFER) -> None:
-        if netns is None:
-            self.sock = self._open(receive_buffer)
-        else:
-            fd = os.open(namespaces.netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                with namespaces.entered(fd):
-                    self.sock = self._open(receive_buffer)
-            finally:
-                os.close(fd)
+        self.sock = namespaces.made_in(netns, lambda: self._open(receive_buffer))
 
     @staticmethod
     def _open(receive_buffer: int) -> socket.socket:

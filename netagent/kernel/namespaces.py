@@ -17,7 +17,10 @@ import functools
 import os
 import secrets
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 NETNS_DIR = "/var/run/netns"
 THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -54,6 +57,19 @@ def entered(netns_fd: int) -> Iterator[None]:
             setns(home)
     finally:
         os.close(home)
+
+
+def made_in(name: str | None, make: Callable[[], T]) -> T:
+    """`make()` run inside the named namespace (under /run/netns), or where the thread is when
+    `name` is None: a socket belongs to the namespace it is opened in, for life."""
+    if name is None:
+        return make()
+    fd = os.open(netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with entered(fd):
+            return make()
+    finally:
+        os.close(fd)
 
 
 def in_own_netns(method):

@@ -221,15 +221,7 @@ class NflogSocket:
             raise NflogError(errno.EINVAL, f"nflog group {group} is not between 0 and 65535")
         self.group = group
         self._sequence = 0
-        if netns is None:
-            self.sock = self._open(receive_buffer)
-        else:
-            fd = os.open(namespaces.netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                with namespaces.entered(fd):
-                    self.sock = self._open(receive_buffer)
-            finally:
-                os.close(fd)
+        self.sock = namespaces.made_in(netns, lambda: self._open(receive_buffer))
         try:
             self._configure([(CFG_CMD, bytes([CMD_BIND]))], "bind")
             self._configure([(CFG_MODE, struct.pack(">IBx", copy_range, COPY_PACKET)),

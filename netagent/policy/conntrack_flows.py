@@ -14,15 +14,13 @@ measures it); the drops cost only what a policy drops, rate limited in the kerne
 """
 from __future__ import annotations
 
-import logging
-import threading
+import time
 from collections.abc import Callable
 
-from netagent.infra.flows import Flow, FlowRing, LostReason, Verdict
+from netagent.infra.flows import Flow, FlowListener, FlowRing, LostReason, Verdict
 from netagent.kernel import ctevents
-from netagent.policy.flows import RECEIVE_TIMEOUT, FlowNames
+from netagent.policy.flows import FlowNames
 
-log = logging.getLogger("netagent.policy.conntrack_flows")
 
 
 def connection_flow(event: ctevents.NewConnection, names: FlowNames, when: float) -> Flow | None:
@@ -42,36 +40,17 @@ def connection_flow(event: ctevents.NewConnection, names: FlowNames, when: float
     return flow
 
 
-class ConntrackFlows:
+class ConntrackFlows(FlowListener[ctevents.EventBatch]):
     """The conntrack event listener feeding `ring` on its own thread."""
+
+    thread_name = "conntrack-flows"
 
     def __init__(self, ring: FlowRing, names: FlowNames, *,
                  open_socket: Callable[[], ctevents.ConntrackEvents] = ctevents.ConntrackEvents,
-                 clock: Callable[[], float] | None = None) -> None:
-        import time
-        self.ring = ring
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(ring, open_socket)
         self.names = names
-        self._open_socket = open_socket
-        self._clock = clock or time.time
-        self._socket: ctevents.ConntrackEvents | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._socket = self._open_socket()
-        self._thread = threading.Thread(target=self._run, name="conntrack-flows", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        assert self._socket is not None
-        while not self._stop.is_set():
-            try:
-                batch = self._socket.receive(RECEIVE_TIMEOUT)
-            except OSError as error:
-                log.warning("flow records: reading conntrack events failed: %s", error)
-                self._stop.wait(1.0)
-                continue
-            self.take(batch)
+        self._clock = clock
 
     def take(self, batch: ctevents.EventBatch) -> None:
         self.ring.lose(LostReason.OVERRUN, batch.overruns)
@@ -81,11 +60,3 @@ class ConntrackFlows:
             flow = connection_flow(event, self.names, now)
             if flow is not None:
                 self.ring.add(flow)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None

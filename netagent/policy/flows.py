@@ -19,18 +19,16 @@ message: one flow is worth less than the listener.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from netagent.infra.flows import Flow, FlowRing, LostReason, Verdict
+from netagent.infra.flows import Flow, FlowListener, FlowRing, LostReason, Verdict
 from netagent.kernel import nflog, owned
 from netagent.policy.semantics import NodePlan
 from netagent.policy.shared import pod_directions
 
 log = logging.getLogger("netagent.policy.flows")
 
-RECEIVE_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,35 +91,15 @@ def policy_flow(packet: nflog.LoggedPacket, names: FlowNames) -> Flow | None:
                 reason="policy", direction=owner.direction, pod=owner.pod, policies=owner.policies)
 
 
-class PolicyFlows:
+class PolicyFlows(FlowListener[nflog.ParsedBatch]):
     """The nflog listener feeding `ring`; `open_socket` makes its socket (tests: in a netns)."""
+
+    thread_name = "policy-flows"
 
     def __init__(self, ring: FlowRing, names: FlowNames, *,
                  open_socket: Callable[[], nflog.NflogSocket] = nflog.NflogSocket) -> None:
-        self.ring = ring
+        super().__init__(ring, open_socket)
         self.names = names
-        self._open_socket = open_socket
-        self._socket: nflog.NflogSocket | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Bind the group now (an error is the caller's: another listener holds it, no
-        nfnetlink_log), then read on a thread."""
-        self._socket = self._open_socket()
-        self._thread = threading.Thread(target=self._run, name="policy-flows", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        assert self._socket is not None
-        while not self._stop.is_set():
-            try:
-                batch = self._socket.receive(RECEIVE_TIMEOUT)
-            except OSError as error:
-                log.warning("flow records: reading the nflog group failed: %s", error)
-                self._stop.wait(1.0)
-                continue
-            self.take(batch)
 
     def take(self, batch: nflog.ParsedBatch) -> None:
         """Record a batch's flows and count what it lost."""
@@ -139,10 +117,3 @@ class PolicyFlows:
                 self.ring.add(flow)
         self.ring.lose(LostReason.UNREADABLE, unreadable)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
