@@ -45,6 +45,7 @@ from netagent.kernel.pod_attachment import PodAttachment  # noqa: E402
 from netagent.policy.engine import PolicyEngine, PolicySettings  # noqa: E402
 from netagent.policy.conntrack_flows import ConntrackFlows  # noqa: E402
 from netagent.policy.flows import FlowNames, PolicyFlows  # noqa: E402
+from network_policy import CLIENT as CONNECTS  # noqa: E402  (bench/: the same timed connects)
 from netagent.policy.shared import RenderSettings, pod_chain  # noqa: E402
 
 NODE = "node-1"
@@ -69,16 +70,6 @@ threading.Thread(target=accept_close, daemon=True).start()
 threading.Thread(target=sink, daemon=True).start()
 print("ready", flush=True)
 threading.Event().wait()
-"""
-CONNECTS = r"""
-import json, socket, sys, time
-address, count = sys.argv[1], int(sys.argv[2])
-times = []
-for _ in range(count):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    started = time.perf_counter(); s.connect((address, 80)); times.append(time.perf_counter() - started)
-    s.close()
-print(json.dumps(times))
 """
 STREAM = r"""
 import socket, sys, time
