@@ -20,7 +20,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from ipaddress import ip_network
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -29,8 +29,8 @@ from lab.apiclient import LabApiClient  # noqa: E402
 from lab.kubeconfig import render_kubeconfig  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
 
-SEGMENT = ip_network("192.0.2.0/24")
-SERVER = "192.0.2.254"
+SEGMENT = ip_network("198.18.0.0/16")     # room for simulated peers (bench/node_routes.py)
+SERVER = "198.18.255.254"
 CLUSTER = ip_network("10.244.0.0/16")
 BACKENDS = ("vxlan", "host-gw")
 START_TIMEOUT = 60.0
@@ -52,6 +52,27 @@ def node_object(index: int) -> dict:
             "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
             "status": {"addresses": [{"type": "InternalIP", "address": str(SEGMENT.network_address + index)},
                                      {"type": "Hostname", "address": f"node-{index}"}]}}
+
+
+ANNOTATION = "flannel.alpha.coreos.com/"
+
+
+def announced_node(name: str, cidr: str, address: str, backend: str, vtep_mac: str) -> dict:
+    """A Node as another flanneld leaves it: its lease announced in flannel's annotations (a
+    simulated peer: nothing answers at `address`, and programming a route does not need it to)."""
+    data = json.dumps({"VNI": 1, "VtepMAC": vtep_mac}) if backend == "vxlan" else "null"
+    notes = {ANNOTATION + "backend-type": backend, ANNOTATION + "backend-data": data,
+             ANNOTATION + "kube-subnet-manager": "true", ANNOTATION + "public-ip": address}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": notes},
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
+
+
+class FlannelNodes(NamedTuple):
+    client_pod: str            # a pod namespace on node-1
+    server_pod: str            # a pod namespace on node-2
+    server_address: str
+    node_netns: str            # node-1's namespace (its routes are flannel's)
+    api: LabApiClient          # the API server flanneld watches
 
 
 def subnet_mtu(path: str) -> int:
@@ -80,8 +101,8 @@ def _has_route(netns: str, cidr) -> bool:
 
 
 @contextmanager
-def flannel_nodes(backend: str, flanneld: str) -> Iterator[tuple[str, str, str]]:
-    """(client pod netns, server pod netns, server pod address) across two nodes flannel routes."""
+def flannel_nodes(backend: str, flanneld: str) -> Iterator[FlannelNodes]:
+    """Two nodes flannel routes, with a pod on each."""
     if backend not in BACKENDS:
         raise ValueError(f"flannel backend {backend!r} is not one of {BACKENDS}")
     made: list[str] = []
@@ -144,7 +165,7 @@ def flannel_nodes(backend: str, flanneld: str) -> Iterator[tuple[str, str, str]]
             run(pod, "ip", "addr", "add", f"{cidr.network_address + 2}/{cidr.prefixlen}", "dev", "eth0")
             run(pod, "ip", "link", "set", "eth0", "up")
             run(pod, "ip", "route", "add", "default", "via", str(cidr.network_address + 1))
-        yield pods[0][1], pods[1][1], str(pod_cidr(2).network_address + 2)
+        yield FlannelNodes(pods[0][1], pods[1][1], str(pod_cidr(2).network_address + 2), pods[0][0], api)
     finally:
         for process in processes:
             process.terminate()

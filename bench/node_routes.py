@@ -1,7 +1,9 @@
-"""Benchmark: how fast Node changes become usable routes, what the agent costs, what pods get.
+"""Benchmark: how fast Node changes become usable routes, what the agent costs, what pods get,
+beside the real flannel.
 
     sudo .venv/bin/python bench/node_routes.py [--peers 10,100,1000] [--samples 20] [--iperf-seconds 3]
                                                [--family ipv4,ipv6] [--throughput-only]
+                                               [--flannel vxlan,host-gw|none] [--json FILE]
 
 1. Convergence, per mode (host-gw, vxlan): a one-node lab (the real agent, the in-repo API
    server), then simulated peers: Node objects whose announcements point at addresses on the
@@ -9,6 +11,9 @@
    peer count, the time to program the whole batch, then, one by one, `--samples` single
    Nodes created in the API: the time from just before the create call to the kernel's route
    notification (`ip -ts monitor route` in the node's namespace), and the same for deletion.
+   flannel (bench/flannel_peer.py: flanneld v<pinned> with its kube subnet manager, against the
+   lab's API server) gets the same peers, announced as flanneld announces a node, and the
+   same measurement in its node's namespace; its rows are `flannel-<backend>`.
 2. The agent's resident memory at each peer count (VmRSS).
 3. Throughput: iperf3 between two pods on two nodes per mode, against two namespaces joined
    by a bare veth (the ceiling) in the same run. IPIP runs only in the VM tier (this kernel
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.metadata import version
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,6 +40,8 @@ from lab import physical  # noqa: E402
 from lab.cluster import LabCluster  # noqa: E402
 from netagent.kernel import namespaces  # noqa: E402
 from netagent.noderoutes import node_objects as nodes  # noqa: E402
+import flannel_peer  # noqa: E402  (bench/, beside this file)
+import go_peers  # noqa: E402
 
 
 class RouteMonitor:
@@ -100,48 +108,86 @@ def percentile(values, q):
 
 
 def convergence(mode: str, peer_counts: list[int], samples: int) -> list[dict]:
-    rows = []
     with LabCluster.create(nodes=1, mode=mode, prefix="na-bench", resync_period=3600) as lab:
-        api = lab.api()
         node = lab.state.nodes["node-1"]
         monitor = RouteMonitor(node.netns)
         network = physical.segment_network(node.segment)
-        created = 0
         try:
-            for count in peer_counts:
-                batch = [fake_node(i, network, mode) for i in range(created, count)]
-                started = time.time()
-                for obj in batch:
-                    api.create(obj)
-                monitor.wait(monitor.added, [o["spec"]["podCIDR"] for o in batch])
-                batch_seconds = max([monitor.added[o["spec"]["podCIDR"]] for o in batch] or [started]) - started
-                created = count
-                add_ms, del_ms = [], []
-                for k in range(samples):
-                    obj = fake_node(count + 500 + k, network, mode)
-                    cidr = obj["spec"]["podCIDR"]
-                    posted = time.time()
-                    api.create(obj)
-                    monitor.wait(monitor.added, [cidr])
-                    add_ms.append((monitor.added[cidr] - posted) * 1000)
-                    posted = time.time()
-                    api.delete("v1", "Node", obj["metadata"]["name"])
-                    monitor.wait(monitor.deleted, [cidr])
-                    del_ms.append((monitor.deleted[cidr] - posted) * 1000)
-                    with monitor.lock:
-                        monitor.added.pop(cidr, None)
-                        monitor.deleted.pop(cidr, None)
-                rows.append({"mode": mode, "peers": count, "batch_s": batch_seconds,
-                             "add_median_ms": statistics.median(add_ms), "add_p95_ms": percentile(add_ms, 0.95),
-                             "del_median_ms": statistics.median(del_ms), "del_p95_ms": percentile(del_ms, 0.95),
-                             "agent_rss_mib": rss_mib(node.agent_pid)})
-                print(f"  {mode:<8} {count:>5} peers: batch {batch_seconds:6.2f} s; one Node -> route "
-                      f"median {rows[-1]['add_median_ms']:6.1f} ms (p95 {rows[-1]['add_p95_ms']:6.1f}); "
-                      f"delete -> gone median {rows[-1]['del_median_ms']:6.1f} ms; agent RSS "
-                      f"{rows[-1]['agent_rss_mib']:.1f} MiB", flush=True)
+            return measure_peers(mode, lambda i: fake_node(i, network, mode), lab.api(), monitor, peer_counts,
+                                 samples, lambda: rss_mib(node.agent_pid))
+        finally:
+            monitor.stop()
+
+
+def measure_peers(mode: str, make_node, api, monitor: RouteMonitor, peer_counts: list[int], samples: int,
+                  rss) -> list[dict]:
+    """For each peer count: the batch of Nodes created up to it, then `samples` single Nodes
+    created and deleted, each timed from just before the API call to the route's notification."""
+    rows, created = [], 0
+    for count in peer_counts:
+        batch = [make_node(i) for i in range(created, count)]
+        started = time.time()
+        for obj in batch:
+            api.create(obj)
+        monitor.wait(monitor.added, [o["spec"]["podCIDR"] for o in batch])
+        batch_seconds = max([monitor.added[o["spec"]["podCIDR"]] for o in batch] or [started]) - started
+        created = count
+        add_ms, del_ms = [], []
+        for k in range(samples):
+            obj = make_node(count + 500 + k)
+            cidr = obj["spec"]["podCIDR"]
+            posted = time.time()
+            api.create(obj)
+            monitor.wait(monitor.added, [cidr])
+            add_ms.append((monitor.added[cidr] - posted) * 1000)
+            posted = time.time()
+            api.delete("v1", "Node", obj["metadata"]["name"])
+            monitor.wait(monitor.deleted, [cidr])
+            del_ms.append((monitor.deleted[cidr] - posted) * 1000)
+            with monitor.lock:
+                monitor.added.pop(cidr, None)
+                monitor.deleted.pop(cidr, None)
+        rows.append({"mode": mode, "peers": count, "batch_s": batch_seconds,
+                     "add_median_ms": statistics.median(add_ms), "add_p95_ms": percentile(add_ms, 0.95),
+                     "del_median_ms": statistics.median(del_ms), "del_p95_ms": percentile(del_ms, 0.95),
+                     "agent_rss_mib": rss()})
+        print(f"  {mode:<15} {count:>5} peers: batch {batch_seconds:6.2f} s; one Node -> route "
+              f"median {rows[-1]['add_median_ms']:6.1f} ms (p95 {rows[-1]['add_p95_ms']:6.1f}); "
+              f"delete -> gone median {rows[-1]['del_median_ms']:6.1f} ms; RSS "
+              f"{rows[-1]['agent_rss_mib']:.1f} MiB", flush=True)
+    return rows
+
+
+def flannel_node(index: int, backend: str) -> dict:
+    """Simulated peer `index` as another flanneld would announce it (bench/flannel_peer.py's segment)."""
+    cidr = f"10.244.{128 + index // 16}.{(index % 16) * 16}/28"
+    address = str(flannel_peer.SEGMENT.network_address + 1000 + index)
+    return flannel_peer.announced_node(f"sim-{index}", cidr, address, backend,
+                                       f"0e:42:{(index >> 8) & 0xff:02x}:{index & 0xff:02x}:00:01")
+
+
+def flannel_convergence(backend: str, flanneld: str, peer_counts: list[int], samples: int) -> list[dict]:
+    """`convergence`'s figures for flanneld, measured in its node-1's namespace."""
+    rows = []
+    with flannel_peer.flannel_nodes(backend, flanneld) as lab:
+        monitor = RouteMonitor(lab.node_netns)
+        pid = flanneld_pid(lab.node_netns)
+        try:
+            rows = measure_peers(f"flannel-{backend}", lambda i: flannel_node(i, backend), lab.api, monitor,
+                                 peer_counts, samples, lambda: rss_mib(pid))
         finally:
             monitor.stop()
     return rows
+
+
+def flanneld_pid(netns: str) -> int:
+    """The flanneld running in `netns` (for its RSS)."""
+    found = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout.split()
+    for pid in found:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() == "flanneld":
+                return int(pid)
+    raise RuntimeError(f"no flanneld in {netns}")
 
 
 def iperf(lab_or_none, client_ns: str, server_ns: str, address: str, seconds: float) -> float:
@@ -188,6 +234,8 @@ def main() -> int:
     parser.add_argument("--family", default="", help="ipv4,ipv6: also the per-family throughput table")
     parser.add_argument("--rounds", type=int, default=3, help="--family: rounds per cell (median)")
     parser.add_argument("--throughput-only", action="store_true", help="skip convergence")
+    parser.add_argument("--flannel", default="vxlan,host-gw", help="flannel backends measured beside ours, or none")
+    parser.add_argument("--json", metavar="FILE", help="also write the convergence rows to FILE")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (it builds network namespaces)", file=sys.stderr)
@@ -197,7 +245,18 @@ def main() -> int:
     rows = []
     if not args.throughput_only:
         print("== convergence: Node created in the API -> route in the kernel")
-        rows = [row for mode in modes for row in convergence(mode, counts, args.samples)]
+        netagent = "netagent " + version("netagent")
+        rows = [{**row, "version": netagent} for mode in modes for row in convergence(mode, counts, args.samples)]
+        backends = [] if args.flannel == "none" else args.flannel.split(",")
+        if backends:
+            try:
+                directory, flannel_version = go_peers.build(go_peers.FLANNEL)
+            except go_peers.BuildError as error:
+                print(f"flannel is left out: {error}", file=sys.stderr)
+                backends = []
+            for backend in backends:
+                found = flannel_convergence(backend, os.path.join(directory, "flanneld"), counts, args.samples)
+                rows += [{**row, "version": f"flannel {flannel_version}"} for row in found]
     print("\n== pod-to-pod throughput (iperf3 TCP, one stream)")
     baseline = veth_baseline(args.iperf_seconds)
     print(f"  bare veth between two namespaces: {baseline:6.2f} Gbit/s (the ceiling)")
@@ -210,10 +269,13 @@ def main() -> int:
         families = [pod_throughput.FAMILY_NAMES[f] for f in args.family.split(",")]
         routing_modes = [Mode(m) for m in modes]
         print(f"\n== pod-to-pod throughput per family (two nodes, median of {args.rounds})")
-        pod_throughput.print_table(pod_throughput.measure(routing_modes, families, seconds=args.iperf_seconds,
-                                                          rounds=args.rounds), routing_modes, families)
+        medians, _ = pod_throughput.measure(routing_modes, families, seconds=args.iperf_seconds, rounds=args.rounds)
+        pod_throughput.print_table(medians, routing_modes, families)
     print("\n== summary (json)")
     print(json.dumps(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 

@@ -158,8 +158,8 @@ def measure(modes: list[Mode], families: list[IpFamily], *, seconds: float, roun
                     results[(mode, family)].append(iperf(client, server, address, seconds))
         for backend in theirs:
             assert flannel is not None
-            with flannel_peer.flannel_nodes(backend, flannel[0]) as (client, server, address):
-                theirs[backend].append(iperf(client, server, address, seconds))
+            with flannel_peer.flannel_nodes(backend, flannel[0]) as nodes:
+                theirs[backend].append(iperf(nodes.client_pod, nodes.server_pod, nodes.server_address, seconds))
     return ({key: statistics.median(values) for key, values in results.items()},
             {backend: statistics.median(values) for backend, values in theirs.items()})
 

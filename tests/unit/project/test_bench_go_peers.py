@@ -57,7 +57,7 @@ def test_flannel_reads_its_nodes_and_subnet_file(bench_modules, tmp_path):
         sys.path.remove(str(BENCH))
     node = flannel_peer.node_object(2)
     assert node["spec"]["podCIDR"] == "10.244.2.0/24" and node["metadata"]["annotations"]   # flanneld writes into it
-    assert {"type": "InternalIP", "address": "192.0.2.2"} in node["status"]["addresses"]
+    assert {"type": "InternalIP", "address": "198.18.0.2"} in node["status"]["addresses"]
     subnet = tmp_path / "subnet.env"
     subnet.write_text("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.2.1/24\nFLANNEL_MTU=1450\n")
     assert flannel_peer.subnet_mtu(str(subnet)) == 1450
