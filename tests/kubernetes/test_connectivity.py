@@ -19,6 +19,13 @@ from netagent.daemon import connectivity_plan as cp
 from tests.kubernetes.conftest import wait_for
 
 NETAGENT = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "netagent")
+
+
+def sigint_default() -> None:
+    """SIGINT as a user's terminal leaves it (default). scripts/test runs this tier in the
+    background, where the shell has SIGINT ignored, and an ignored signal stays ignored across
+    exec: Python then installs no KeyboardInterrupt handler, and the command never sees Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 LISTENER = """
 import socket, sys
 s = socket.socket(); s.bind(("0.0.0.0", 0)); s.listen(16)
@@ -86,7 +93,7 @@ def test_a_real_failure_fails_with_its_reason(kube_lab: KubernetesLab, internet_
 def test_sigint_mid_run_removes_the_namespace(kube_lab: KubernetesLab):
     before = set(ours(kube_lab))
     proc = subprocess.Popen([NETAGENT, "connectivity-test", "--kubeconfig", kube_lab.host_kubeconfig],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         made = wait_for(lambda: set(ours(kube_lab)) - before, what="the connectivity test's namespace", timeout=60)
         # its pods exist: it is mid-run, not before or after
