@@ -11,14 +11,13 @@ untrusted: the parser stops at the first broken header and counts it, never rais
 """
 from __future__ import annotations
 
-import errno
 import ipaddress
 import socket
 import struct
 from dataclasses import dataclass, field
 
 from netagent.kernel import namespaces
-from netagent.kernel.nflog import NETLINK_NETFILTER, NLA_TYPE_MASK, PROTOCOLS
+from netagent.kernel.nflog import NETLINK_NETFILTER, NLA_TYPE_MASK, PROTOCOLS, receive_batch
 
 NFNL_SUBSYS_CTNETLINK = 1
 MSG_NEW = NFNL_SUBSYS_CTNETLINK << 8              # IPCTNL_MSG_CT_NEW
@@ -142,15 +141,7 @@ class ConntrackEvents:
         return sock
 
     def receive(self, timeout: float) -> EventBatch:
-        self.sock.settimeout(timeout)
-        try:
-            return parse_events(self.sock.recv(1 << 16))
-        except TimeoutError:
-            return EventBatch()
-        except OSError as error:
-            if error.errno == errno.ENOBUFS:
-                return EventBatch(overruns=1)
-            raise
+        return receive_batch(self.sock, timeout, parse_events, EventBatch)
 
     def close(self) -> None:
         self.sock.close()

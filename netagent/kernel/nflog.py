@@ -22,10 +22,14 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from netagent.errors import NetagentError
 from netagent.kernel import namespaces, owned
+
+B = TypeVar("B")
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_ULOG = 4
@@ -209,6 +213,20 @@ def config_message(group: int, attributes: list[tuple[int, bytes]], *, sequence:
     return _HEADER.pack(_HEADER.size + len(body), MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, sequence, 0) + body
 
 
+def receive_batch(sock: socket.socket, timeout: float, parse: Callable[[bytes], B], batch: Callable[..., B]) -> B:
+    """One datagram of a netlink event socket, parsed; `batch()` (empty) after `timeout` seconds,
+    `batch(overruns=1)` when the kernel dropped messages (ENOBUFS), and reading goes on."""
+    sock.settimeout(timeout)
+    try:
+        return parse(sock.recv(65536))
+    except TimeoutError:
+        return batch()
+    except OSError as error:
+        if error.errno == errno.ENOBUFS:
+            return batch(overruns=1)
+        raise
+
+
 class NflogSocket:
     """A socket bound to one nflog group, copying `copy_range` bytes of each packet.
 
@@ -264,15 +282,7 @@ class NflogSocket:
     def receive(self, timeout: float) -> ParsedBatch:
         """One datagram's packets, or an empty batch after `timeout` seconds. An overrun (the
         kernel dropped messages: ENOBUFS) is counted in `overruns`, and reading goes on."""
-        self.sock.settimeout(timeout)
-        try:
-            return parse_datagram(self.sock.recv(65536))
-        except TimeoutError:
-            return ParsedBatch()
-        except OSError as error:
-            if error.errno == errno.ENOBUFS:
-                return ParsedBatch(overruns=1)
-            raise
+        return receive_batch(self.sock, timeout, parse_datagram, ParsedBatch)
 
     def close(self) -> None:
         try:
