@@ -10,7 +10,8 @@ header, and counts what it could not read (`ParsedBatch.unreadable`) rather than
 
 The copy range is small (`COPY_RANGE` bytes of each packet: the IP and transport headers),
 so a flood of logged packets costs the kernel a small copy each and this process a small read;
-the rules that log are limited in the kernel too (the policy renderers' `LOG_LIMIT`).
+the rules that log are limited in the kernel too (`LOG_RATE`): `iptables_log` and `nft_log` are the
+one spelling of such a rule, for the policy's pod chains and the proxy's no-endpoints refusals.
 `parse_headers` reads addresses, protocol and ports from those bytes (IPv4 and IPv6, TCP, UDP,
 SCTP ports; ICMP type/code), refusing anything short or malformed with None.
 """
@@ -28,6 +29,7 @@ from typing import TypeVar
 
 from netagent.errors import NetagentError
 from netagent.kernel import namespaces, owned
+from netagent.kernel.nftables import text as nft_text
 
 B = TypeVar("B")
 
@@ -61,6 +63,20 @@ PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp"}
 _PORTED = (6, 17, 132)
 _V6_EXTENSIONS = (0, 43, 60)            # hop-by-hop, routing, destination options: skipped
 _V6_FRAGMENT = 44
+
+
+def iptables_log(prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(match, target) tokens of an iptables rule that hands a packet to our group, at most
+    LOG_RATE a second; the prefix is ours (a chain name or a constant of owned.py), cut to fit."""
+    return (("-m", "limit", "--limit", f"{LOG_RATE}/sec", "--limit-burst", str(LOG_BURST)),
+            ("-j", "NFLOG", "--nflog-prefix", prefix[:PREFIX_MAX], "--nflog-group", str(POLICY_LOG_GROUP),
+             "--nflog-size", str(COPY_RANGE)))
+
+
+def nft_log(prefix: str) -> str:
+    """The nft statements of the same rule (the prefix quoted through nftables/text.py)."""
+    return (f"limit rate {LOG_RATE}/second burst {LOG_BURST} packets "
+            f"log prefix {nft_text.comment(prefix[:PREFIX_MAX])} group {POLICY_LOG_GROUP} snaplen {COPY_RANGE}")
 
 
 class NflogError(NetagentError, OSError):

@@ -53,6 +53,7 @@ POLICY_EGRESS_PREFIX = POLICY_PREFIX + "E-"      # per-pod egress chains: + 15 h
 POLICY_SET_PREFIX = POLICY_PREFIX + "S-"         # selector, except and named-port sets: + 16 hex digits
 POLICY_KNOWN_SET = POLICY_PREFIX + "-KNOWN"      # addresses of the local pods already programmed
 POLICY_LOG_GROUP = 7878                          # the nflog group pod chains log their drops to (flow records)
+NO_ENDPOINTS_LOG_PREFIX = "NETAGENT-NO-ENDPOINTS"   # the proxy's refusals (no endpoints) logged to that group
 POLICY_SET6_PREFIX = POLICY_PREFIX + "S6-"       # the same sets' IPv6 (`family inet6`) halves: + 16 hex digits
 POLICY_KNOWN_SET6 = POLICY_KNOWN_SET + "6"       # KNOWN's IPv6 half
 TUNNEL_FILTER_CHAIN = CHAIN_PREFIX + "TUNNEL-IN"  # filter INPUT: tunnel packets only from admitted peers

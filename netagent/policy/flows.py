@@ -14,13 +14,14 @@ gives its direction, with the pod unknown.
 `PolicyFlows` owns one `NflogSocket` (kernel/nflog.py) and one thread: read a datagram
 (half-second timeout, so stopping takes at most that), turn each packet into a `Flow` in the
 `FlowRing` (infra/flows.py), count what could not be read. The thread never stops on a bad
-message: one flow is worth less than the listener.
+message: one flow is worth less than the listener. The proxy's refusals of a Service with no
+endpoints reach the same group under a fixed prefix and are recorded the same way.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from netagent.infra.flows import Flow, FlowListener, FlowRing, LostReason, Verdict
 from netagent.kernel import nflog, owned
@@ -79,16 +80,22 @@ class FlowNames:
 
 
 def policy_flow(packet: nflog.LoggedPacket, names: FlowNames) -> Flow | None:
-    """The flow of one logged packet; None when it is not one of ours or not an IP packet."""
-    owner = names.chain(packet.prefix)
+    """The flow of one logged packet; None when it is not one of ours or not an IP packet.
+    Besides the pod chains, the service proxy logs to the same group what it refuses for want
+    of endpoints (prefix owned.NO_ENDPOINTS_LOG_PREFIX): dropped, reason `no-endpoints`."""
+    no_endpoints = packet.prefix == owned.NO_ENDPOINTS_LOG_PREFIX
+    owner = None if no_endpoints else names.chain(packet.prefix)
     headers = nflog.parse_headers(packet.payload)
-    if owner is None or headers is None:
+    if (owner is None and not no_endpoints) or headers is None:
         return None
-    return Flow(time=packet.time, verdict=Verdict.DROPPED, protocol=headers.protocol,
+    flow = Flow(time=packet.time, verdict=Verdict.DROPPED, protocol=headers.protocol,
                 source=headers.source, destination=headers.destination,
                 source_port=headers.source_port, destination_port=headers.destination_port,
                 source_pod=names.pod(headers.source), destination_pod=names.pod(headers.destination),
-                reason="policy", direction=owner.direction, pod=owner.pod, policies=owner.policies)
+                reason="no-endpoints")
+    if owner is None:
+        return flow
+    return replace(flow, reason="policy", direction=owner.direction, pod=owner.pod, policies=owner.policies)
 
 
 class PolicyFlows(FlowListener[nflog.ParsedBatch]):

@@ -31,8 +31,9 @@ nat table (first match wins; `M` is the masquerade mark, 0x4000 by default):
 filter table:
 
     INPUT, FORWARD, OUTPUT (new connections) -> NETAGENT-SVC-FILTER
-      a service port with no endpoints at all: REJECT (icmp-port-unreachable, which makes a
-      TCP connect fail at once too); endpoints but none for this traffic (a Local policy
+      a service port with no endpoints at all: NFLOG to the flow records' group (rate limited,
+      prefix owned.NO_ENDPOINTS_LOG_PREFIX: `netagent flows` shows it "dropped (no-endpoints)"),
+      then REJECT (icmp-port-unreachable, which makes a TCP connect fail at once too); endpoints but none for this traffic (a Local policy
       with no local endpoint): DROP; load-balancer IPs with source ranges: DROP. These only
       see packets nat left alone (a DNATed packet no longer has the service address), which
       is how a source range filters in nat's stead: DROP is not valid in nat.
@@ -68,7 +69,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from netagent.errors import NetagentError
-from netagent.kernel import owned
+from netagent.kernel import nflog, owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import entry as ipset_entry
 from netagent.kernel.ipset.model import IpsetError
@@ -104,6 +105,7 @@ LOOPBACK = "127.0.0.0/8"
 REJECT = "REJECT --reject-with icmp-port-unreachable"
 _LOOPBACK = {IpFamily.V4: LOOPBACK, IpFamily.V6: "::1/128"}
 _REJECT = {IpFamily.V4: REJECT, IpFamily.V6: "REJECT --reject-with icmp6-port-unreachable"}
+_LOG_NO_ENDPOINTS = " ".join(token for part in nflog.iptables_log(owned.NO_ENDPOINTS_LOG_PREFIX) for token in part)
 _HOST_MASK = {IpFamily.V4: "255.255.255.255", IpFamily.V6: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"}
 
 
@@ -357,7 +359,8 @@ def render_service_port(service: ServicePort, selection: EndpointSelection, *, n
 
     if not selection.has_endpoints:
         rejected = [cluster_entry, *external_entries, *balancer_entries, *nodeport_entries]
-        return ServicePortRules(service.name, (), filter=tuple(f"{line} -j {_REJECT[family]}" for line in rejected))
+        return ServicePortRules(service.name, (), filter=tuple(
+            rule for line in rejected for rule in (f"{line} {_LOG_NO_ENDPOINTS}", f"{line} -j {_REJECT[family]}")))
 
     hashed = service_hash(service.name, service.protocol)
     svc, svl, ext, fw = (chain_name(kind, hashed) for kind in

@@ -19,15 +19,18 @@ from our REJECT, and the control probes before the first sync show it.
 """
 import subprocess
 import sys
+import time
 
 import pytest
 
-from netagent.kernel import namespaces
+from netagent.infra.flows import FlowRing, Verdict
+from netagent.kernel import namespaces, nflog
 from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesTool, binary_name
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.policy.flows import FlowNames, PolicyFlows
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, HAIRPIN_SET6, is_owned_chain
 from proxy.iptables.render import render_ruleset
@@ -238,12 +241,26 @@ def test_no_endpoints_refuses_at_once_and_partial_syncs_follow_endpoint_changes(
     assert lab.answers("pod", "10.96.0.10", 80, timeout=0.5) == ["timeout"]   # control: nothing refuses yet
     empty = state((WEB, ()))
     proxy.sync(empty, changed=None)
-    for role, host, port in (("pod", "10.96.0.10", 80), ("out", NODE_OUTSIDE, 30080)):
-        # refused, not timed out: only our REJECT answers (the control above); the SYN it answered
-        # was the first, not a retransmission, however slowly the machine ran the probe
-        before = rejected(runner)
-        assert lab.answers(role, host, port) == ["refused"]
-        assert rejected(runner) == before + 1
+    assert_kernel_holds_the_render(runner, proxy, empty)
+    ring = FlowRing(size=16)
+    listener = PolicyFlows(ring, FlowNames(lambda: None),
+                           open_socket=lambda: nflog.NflogSocket(netns=lab.names["node"]))
+    listener.start()
+    try:
+        for role, host, port in (("pod", "10.96.0.10", 80), ("out", NODE_OUTSIDE, 30080)):
+            # refused, not timed out: only our REJECT answers (the control above); the SYN it answered
+            # was the first, not a retransmission, however slowly the machine ran the probe
+            before = rejected(runner)
+            assert lab.answers(role, host, port) == ["refused"]
+            assert rejected(runner) == before + 1
+        # each refusal was logged first: a flow record, dropped for no endpoints
+        deadline = time.monotonic() + 30
+        while len(ring.flows()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        listener.stop()
+    assert {(flow.verdict, flow.reason, flow.destination, flow.destination_port) for flow in ring.flows()} == {
+        (Verdict.DROPPED, "no-endpoints", "10.96.0.10", 80), (Verdict.DROPPED, "no-endpoints", NODE_OUTSIDE, 30080)}
 
     one = state((WEB, endpoints("ep1")))
     assert proxy.sync(one, changed=frozenset({WEB.name})).scope.value == "partial"

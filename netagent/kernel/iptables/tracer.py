@@ -25,8 +25,9 @@ which `recent` lists already hold the source (ClientIP affinity's prior state).
 It understands what the service proxy, the masquerade manager and the policy engine's
 allow rules write: -s/-d/-p with `!`, matches tcp/udp/sctp (--dport, --sport), comment,
 addrtype (LOCAL), mark, statistic (random), recent, set (members exact, or networks for a
-one-part set: hash:net), conntrack (--ctstate; the packet is NEW), and targets ACCEPT, DROP,
-REJECT, RETURN, MARK, DNAT, SNAT, MASQUERADE and jumps/gotos to user chains. Anything else
+one-part set: hash:net), conntrack (--ctstate; the packet is NEW), limit (the packet is within
+the rate), and targets ACCEPT, DROP, REJECT, RETURN, MARK, DNAT, SNAT, MASQUERADE, NFLOG (a log
+copy, not a verdict) and jumps/gotos to user chains. Anything else
 raises `TraceError`: a tracer that guessed would make tests pass that should fail.
 """
 from __future__ import annotations
@@ -259,6 +260,8 @@ class PacketTracer:
             address = _option(args, "--to-destination", rule.text)
             ip, _, port = address.partition(":")
             return [(probability, replace(state, destination=ip, port=int(port) if port else state.port), _Flow.NAT)]
+        if target == "NFLOG":                   # a copy to the log: not a verdict
+            return [(probability, state, _Flow.FELL_OFF)]
         if target in ("MASQUERADE", "SNAT"):
             return [(probability, replace(state, masqueraded=True), _Flow.NAT)]
         if target in table.chains and not table.chains[target].builtin:
@@ -359,6 +362,8 @@ class PacketTracer:
             if option == "--probability":
                 chance = float(need(value))
                 return 2, lambda state: chance
+        if module == "limit" and option in ("--limit", "--limit-burst"):
+            return 2, None                      # the traced packet is within the rate
         if module == "recent":
             return self._recent_option(option, value, rest, text)
         if module == "set" and option == "--match-set":
@@ -441,7 +446,7 @@ class _RecentSet:
 _PORT_PART = re.compile(r"[a-z]+:\d+")      # an ipset member's `proto:port` part
 
 
-_MODULES = frozenset({"tcp", "udp", "sctp", "comment", "addrtype", "mark", "statistic", "recent", "set",
+_MODULES = frozenset({"tcp", "udp", "sctp", "comment", "addrtype", "mark", "statistic", "recent", "set", "limit",
                       "conntrack"})
 
 

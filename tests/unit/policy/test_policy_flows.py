@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import socket
 
-from netagent.infra.flows import FlowRing, LostReason, Verdict
+from netagent.infra.flows import FlowRing, LostReason, Verdict, describe
 from netagent.kernel import nflog, owned
 from netagent.policy.flows import FlowNames, PolicyFlows, policy_flow
 from netagent.policy.iptables.render import render_pod_chain as iptables_chain
 from netagent.policy.nftables.render import render_pod_chain as nft_chain
 from netagent.policy.semantics import NodePlan, PodPlan
 from netagent.policy.shared import pod_chain
+from proxy.iptables.render import IptablesProxySettings, render_service_port
+from proxy.model import NodeContext, Protocol, ServicePort, ServicePortName
+from proxy.selection import EndpointSelection
 from tests.unit.kernel.test_nflog import SYN
 
 A = PodPlan("x/a", "10.9.9.2", ingress=(), egress=None, ingress_policies=("x/deny", "x/other"))
 B = PodPlan("y/b", "10.9.9.1", ingress=None, egress=None)
 INGRESS_A = pod_chain(owned.POLICY_INGRESS_PREFIX, "x/a")
+NO_ENDPOINTS = ServicePort(ServicePortName("x", "web", "http"), Protocol.TCP, 80, "10.96.0.10")
 
 
 def logged(prefix: str, payload: bytes | None = None) -> nflog.LoggedPacket:
@@ -45,6 +49,18 @@ def test_the_names_follow_the_plan_and_a_gone_chain_keeps_its_direction():
     gone = names.chain(INGRESS_A)
     assert (gone.pod, gone.direction, gone.policies) == ("", "ingress", ())
     assert names.chain("something else") is None and names.pod("10.9.9.2") == ""
+
+
+def test_the_proxys_no_endpoints_refusal_is_a_drop_of_its_own_kind():
+    flow = policy_flow(logged(owned.NO_ENDPOINTS_LOG_PREFIX), FlowNames(lambda: NodePlan((A, B))))
+    assert flow is not None
+    assert (flow.verdict, flow.reason, flow.pod, flow.policies) == (Verdict.DROPPED, "no-endpoints", "", ())
+    assert (flow.source_pod, flow.destination, flow.destination_port) == ("y/b", "10.9.9.2", 80)
+    assert describe(flow) == "dropped (no-endpoints)"
+    rules = render_service_port(NO_ENDPOINTS, EndpointSelection((), (), 0, False),
+                                node=NodeContext(name="n"), settings=IptablesProxySettings()).filter
+    assert len(rules) == 2 and rules[1].endswith("REJECT --reject-with icmp-port-unreachable")
+    assert f"--nflog-prefix {owned.NO_ENDPOINTS_LOG_PREFIX} --nflog-group {nflog.POLICY_LOG_GROUP}" in rules[0]
 
 
 def test_the_renderers_log_with_the_prefix_read_here():
