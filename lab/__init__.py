@@ -6,7 +6,8 @@ defaults, validates and allocates for Services); `cluster.py` builds N nodes on 
 underlay (`physical.py`; its saved state `state.py`, its processes `processes.py`), each with its agent watching that API server, and publishes its pods as v1 Pods
 (`pod_objects.py`); `endpointslice_controller.py` (running inside the API server, deciding
 with `endpointslices.py`) turns Services with selectors and those pods into EndpointSlices;
-`manifests.py` is `lab apply/delete -f`; `service_status.py` the services part of `lab status`;
+`kubelet.py` is the kubelet stand-in for the Pods API clients create (agnhost only: each pod's
+life in `kubelet_pod.py`, what it runs and reports in `kubelet_status.py`); `manifests.py` is `lab apply/delete -f`; `service_status.py` the services part of `lab status`;
 `commands.py` the `netagent lab` CLI.
 
 A client of the agent, beside `netagent/`, `cni/`, `proxy/` and `ebpf/`: it imports the product,

@@ -12,6 +12,7 @@
   containerd does, and v1 Pod objects reporting them (labels, named container ports, IP,
   the Ready condition, termination with a grace period): `lab_pods.py` (the `LabPods` mixin)
   and `pod_objects.py`;
+- the kubelet of the Pods API clients create (agnhost pods): the process `kubelet.py`;
 - the machines and wires: `physical.py`; the processes (API server, agents): `processes.py`.
 
 Every agent is the real `netagent run`, started with `ip netns exec` in its node, with the
@@ -169,6 +170,7 @@ class LabCluster(LabPods):
                                 data_dir="", plugin=cni_install.PluginBinary.PYTHON)
             lab._write_kubeconfig()
             lab.start_apiserver()
+            lab.start_kubelet()
             if lab.fabric:
                 lab.fabric.publish_topology(lab.api())
             for i in range(nodes):
@@ -204,6 +206,7 @@ class LabCluster(LabPods):
 
     def down(self) -> None:
         """Stop every process and remove every namespace and file of the lab; safe to repeat."""
+        self.stop_kubelet()   # first: it tears its pods down through the agents' CNI
         if self.agent_pods:
             self.agent_pods.remove_all()
         for node in self.state.nodes.values():
@@ -255,6 +258,16 @@ class LabCluster(LabPods):
             if not process_alive(pid) or time.monotonic() > deadline:
                 raise LabError("the API server did not start:\n" + tail(os.path.join(self.workdir, "apiserver.log")))
             time.sleep(0.05)
+
+    def start_kubelet(self) -> None:
+        """The kubelet stand-in (`kubelet.py`): it runs the Pods clients create on the lab's nodes."""
+        self.state.kubelet_pid = self.processes.spawn(None, [sys.executable, "-m", "lab.kubelet", "--workdir",
+                                                             self.workdir], os.path.join(self.workdir, "kubelet.log"))
+        self.save()
+
+    def stop_kubelet(self) -> None:
+        from lab.kubelet import stop
+        stop(self.processes, self.state)
 
     @property
     def _advertised(self) -> str:
@@ -475,9 +488,7 @@ class LabCluster(LabPods):
                          "ready": None if found is None else pod_is_ready(found),
                          "terminating": None if found is None else bool(found["metadata"].get("deletionTimestamp"))})
         api_server = {"url": self.api_url, "hostUrl": self.host_api_url, "unixSocket": self.api_socket,
-                      "running": api_running}
-        if api_error:
-            api_server["error"] = api_error
+                      "running": api_running, **({"error": api_error} if api_error else {})}
         return {"mode": self.state.mode, "proxyMode": self.state.proxy_mode, "segments": self.state.segments,
                 "ipFamily": self.state.ip_family,
                 "workdir": self.workdir, "apiServer": api_server,

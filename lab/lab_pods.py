@@ -5,7 +5,9 @@ plus its v1 Pod object (`pod_objects.py` renders it), kept Ready or not as a rea
 would, terminated with a grace period, and torn down (plugin DEL, then the object). It is a
 mixin of `LabCluster` (which owns the state, the nodes and the API client) so that the
 cluster keeps one public API (`lab.add_pod`, `lab.remove_pod`, ...) while this module keeps
-the pods' life cycle apart from the nodes' and the control plane's.
+the pods' life cycle apart from the nodes' and the control plane's. The sandbox (`sandbox_up`,
+`sandbox_down`: the namespace and the plugin's ADD and DEL) is shared with the kubelet stand-in
+(`kubelet.py`), which runs the Pods API clients create.
 
 In the kubelet's order: the Pod object exists (scheduled, no address) before the runtime's ADD,
 which names it in `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`); the address reaches the
@@ -22,6 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from cni.errors import CniError
 from lab import pod_objects
 from lab.apiclient import LabApiClient, LabApiError
 from lab.node import exec_plugin, raise_for_failure
@@ -102,28 +105,46 @@ class LabPods:
             if scheduled:
                 self.create_pod_object(name)
                 created = True
-            namespaces.create(netns)
-            code, out = self._exec_plugin(pod, "ADD")
-            raise_for_failure(code, out, "ADD")
+            pod.ips = self.sandbox_up(pod)
             wired = True
-            pod.ips = result_addresses(out, self.state.families)
-            pod.ip = pod.ips[0] if pod.ips else out["ips"][0]["address"].split("/")[0]
+            pod.ip = pod.ips[0]
             if scheduled:
                 status = {"status": self._rendered(pod, ready=ready)["status"]}
                 self._report_status(pod, status, delay=self.state.pod_status_delay)
         except BaseException:
             if wired:
                 with contextlib.suppress(Exception):
-                    self._exec_plugin(pod, "DEL")
+                    self.sandbox_down(pod)
             if created:
                 with contextlib.suppress(Exception):
                     self.api().delete("v1", "Pod", name, namespace=namespace, grace_period_seconds=0)
-            namespaces.remove(netns)
             del self.state.pods[name]
             self.save()
             raise
         self.save()
         return pod
+
+    def sandbox_up(self, pod: PodState) -> list[str]:
+        """The runtime's sandbox: `pod.netns` created and wired by the node's plugin (ADD); its
+        addresses, one per family of the cluster (the primary first). Undone when it fails."""
+        namespaces.create(pod.netns)
+        try:
+            code, out = self._exec_plugin(pod, "ADD")
+            raise_for_failure(code, out, "ADD")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._exec_plugin(pod, "DEL")
+            namespaces.remove(pod.netns)
+            raise
+        return result_addresses(out, self.state.families) or [out["ips"][0]["address"].split("/")[0]]
+
+    def sandbox_down(self, pod: PodState) -> None:
+        """The sandbox's end: the plugin's DEL, then its namespace (removed even when DEL fails)."""
+        try:
+            code, out = self._exec_plugin(pod, "DEL")
+        finally:
+            namespaces.remove(pod.netns)
+        raise_for_failure(code, out, "DEL")
 
     def _rendered(self, pod: PodState, *, ready: bool = True) -> dict:
         return pod_objects.render_pod(pod.name, namespace=pod.namespace, node=pod.node,
@@ -219,8 +240,11 @@ class LabPods:
     def finish_pod_removal(self, name: str) -> None:
         """What the kubelet does at the end: tear the network down, then delete the Pod for good."""
         pod = self._pod(name)
-        code, out = self._exec_plugin(pod, "DEL")
-        namespaces.remove(pod.netns)
+        try:
+            self.sandbox_down(pod)
+            del_error = None
+        except CniError as error:
+            del_error = error
         del self.state.pods[name]
         self.save()
         api_error = None
@@ -231,7 +255,8 @@ class LabPods:
                 api_error = str(error)
         except OSError as error:
             api_error = f"the API server is not reachable ({error})"
-        raise_for_failure(code, out, "DEL")
+        if del_error is not None:
+            raise del_error
         if api_error:
             raise LabError(f"pod {name}: its network is gone but its Pod object is not: {api_error}; "
                            f"delete it with the API (namespace {pod.namespace}) once the server is back")

@@ -4,11 +4,14 @@ What the rest of a cluster sees of a lab node: its hostname and zone labels (the
 segment, for topology-aware routing), `spec.podCIDR(s)` as kube-controller-manager's node
 IPAM assigns them (one per family of the cluster), its InternalIP (one per underlay family) and Hostname addresses, and the Ready condition a kubelet
 posts once it runs (reason KubeletReady, with heartbeat and transition times), so kubectl
-shows the node Ready rather than Unknown. Pure: `cluster.py` writes it.
+shows the node Ready rather than Unknown, and the kubelet's port (`daemonEndpoints`), which the
+lab's kubelet stand-in serves and the API server reads a pod's log from. Pure: `cluster.py` writes it.
 """
 from __future__ import annotations
 
 from lab.pod_objects import now_rfc3339
+
+KUBELET_PORT = 10250   # the kubelet's port, where the lab's kubelet stand-in (`kubelet.py`) listens
 
 
 def ready_condition(*, since: str) -> dict:
@@ -30,5 +33,6 @@ def render_node(name: str, *, segment: int, pod_cidr: str, address: str, pod_cid
         "spec": {"podCIDR": pod_cidrs[0], "podCIDRs": pod_cidrs},
         "status": {"addresses": [*({"type": "InternalIP", "address": ip} for ip in addresses or [address]),
                                  {"type": "Hostname", "address": name}],
-                   "conditions": [ready_condition(since=now_rfc3339())]},
+                   "conditions": [ready_condition(since=now_rfc3339())],
+                   "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}}},
     }

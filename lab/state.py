@@ -61,6 +61,7 @@ class LabState:
     router: str
     internet: str
     api_pid: int | None = None
+    kubelet_pid: int | None = None    # the kubelet stand-in (`kubelet.py`): runs the Pods API clients create
     host_api_port: int | None = None  # the API server's loopback port in the namespace that ran `lab up`
     proxy_mode: str = "iptables"
     network_policy: bool = False   # the agents run with --network-policy

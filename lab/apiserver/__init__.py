@@ -39,7 +39,8 @@ terminal can observe of a real server:
   namespace is 404; unknown fields and empty metadata maps are never stored.
 - Pods: DELETE with `gracePeriodSeconds` > 0 only sets `metadata.deletionTimestamp` and
   `deletionGracePeriodSeconds`, as the real server does; the lab's kubelet part deletes the
-  pod for good later. Without a grace period, or with 0, a pod goes at once.
+  pod for good later. Without a grace period, or with 0, a pod goes at once. `pods/NAME/log`
+  is read from the pod's node's kubelet port, as the real server proxies it (`pod_logs.py`).
 - In-process listeners (`Store.add_listener`) see every write, in order, under the store
   lock: the lab's EndpointSlice controller (`--endpointslice-controller`) runs on them.
 - Persistence (optional `state_file`): a snapshot written atomically (temp + rename) plus
@@ -62,7 +63,7 @@ The package, one job a module, leaves first: `kinds.py` (the served kinds), `err
 `protobuf.py` + `bodies.py` (request bodies and what a request asks for), `tables.py`,
 `persistence.py`, `strategy.py` (what a write stores, per resource), `watch.py`, `store.py`
 (the state and its one lock), `builtin_objects.py` (`default/kubernetes`),
-`endpoints_mirror.py`, `routing.py` and `discovery.py`, `watch_response.py`, `handler.py`
+`endpoints_mirror.py`, `routing.py` and `discovery.py`, `pod_logs.py`, `watch_response.py`, `handler.py`
 (HTTP requests), `server.py` (`ApiServer`) and `__main__.py` (`python -m
 lab.apiserver`). This file only re-exports the names the rest of the project
 imports.

@@ -4,7 +4,8 @@ HTTP/1.1 with keep-alive on the stdlib's threading server, one thread per connec
 `_route` answers the health and version endpoints, the lab's own `/_lab/` endpoints (not
 Kubernetes API: `POST /_lab/compact` drops the history and continue snapshots, `GET
 /_lab/watchers` counts open watch streams), discovery, and the verbs on collections and
-objects: list/watch/create/deletecollection, get/replace/patch/delete, the PATCH type
+objects: list/watch/create/deletecollection, get/replace/patch/delete, a pod's `log` (read from its
+node's kubelet: `pod_logs.py`), the PATCH type
 chosen by Content-Type (`kube.config.PatchType`, server-side apply, 415 for others); writes
 run under the request's options (`dryRun`, `fieldValidation`, the field manager). Every `ApiError` raised
 below is answered as its Status; any other exception is a bug in this server and answered
@@ -21,6 +22,7 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
+from lab.apiserver import pod_logs
 from lab.apiserver.bodies import APPLY_PATCH, decode_body, dry_run, media_type, patch_type_of, wants_table
 from lab.apiserver.discovery import VERSION_INFO, discovery
 from lab.apiserver.errors import ApiError
@@ -136,6 +138,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send_json(200, openapi_document(path))
         if path.startswith("/_lab/"):
             return self._lab_admin(method, path)
+        log = pod_logs.log_target(path)
+        if log is not None:
+            if method != "GET":
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a pod's log")
+            return self._send_body(200, pod_logs.read_log(api.store, *log, query), "text/plain")
         target = parse_target(path)
         if target is None:
             document = discovery(path, server_address=self._reached_address()) if method == "GET" else None
