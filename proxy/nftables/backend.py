@@ -11,14 +11,15 @@ chains they start or stop needing) are written; nothing is read. Either is ONE `
 (one transaction); any failure raises and forgets the memory, so the next sync is full even
 if the core did not ask.
 
-Text, not JSON batches. Measured on the same state (10,000 Services x 10 endpoints, 220,000
-elements, into the same empty skeleton, twice each, on a loaded 2-core machine): text 2.7 and
-3.2 s, JSON (`json_cmd`) 3.0 and 2.3 s plus 0.3-0.45 s to serialise the document; a one-element
-change costs a few ms either way. No measurable gain, so text: `netagent/kernel/nftables`' seam
-takes text (`Nft.apply(batch: str)`), `FakeNft` reads it, and the batch is readable in a log.
-This module writes none of it: a full sync builds the whole `model.Table` (assembly.py) and
-`changes.table_changes` diffs it with the table read back (`tables.read_table`); a partial
-sync fills a `changes.Changes` from the changed ports alone; `Changes.text` renders either.
+How it is written (`Changes.apply`). Chains, rules and set declarations: nft text through
+libnftables (`Nft.apply`); a change of elements only (every partial sync that starts or stops
+no chain, a full sync repairing elements) and the elements of a table the kernel does not
+hold yet (the first sync: skeleton as text, then the elements): netlink messages written by
+`netagent/kernel/nftables/netlink.py` (`Nft.apply_elements`), one transaction each. Measured
+at 10,000 Services x 10 endpoints (132,000 elements): libnftables parsing the text took
+1.2-1.5 s of CPU and left 260 MiB of heap in the process; JSON was no faster; the netlink
+batch is encoded in about 0.5 s and the kernel's share is 0.3 s. The text stays the
+readable form of every change (`Changes.text`, what `FakeNft` runs and the goldens hold).
 
 Costs that stay (nft 1.0.6): listing the table is about 3 s per 130,000 elements (libnftables'
 own listing, text or JSON), paid by every full sync (the periodic one too); and the first
@@ -80,11 +81,10 @@ class NftablesProxy(ProxyBackend):
         else:
             with collector_paused():   # hundreds of thousands of short-lived objects (large_sync.py)
                 assembly, changes, written = self._full(state)
+                self.applies += changes.apply(self.nft)   # the encoding's too (netlink.py)
             scope = SyncKind.FULL
-        batch = changes.text()
-        if batch:
-            self.nft.apply(batch)
-            self.applies += 1
+        if scope is SyncKind.PARTIAL:
+            self.applies += changes.apply(self.nft)
         self._written = assembly
         contents_size = assembly.size()
         unprogrammed = MappingProxyType(dict(self._refused))
@@ -114,7 +114,8 @@ class NftablesProxy(ProxyBackend):
 
     def _partial(self, assembly: Assembly, state: ProxyState,
                  changed: frozenset[ServicePortName]) -> tuple[Assembly, Changes, int]:
-        changes = Changes(self.family.nft, N.TABLE)
+        declared = {entry.name: entry for entry in self.settings.spelling.holders}   # element writes encode by type
+        changes = Changes(self.family.nft, N.TABLE, declared=declared)
         renders: dict[ServicePortName, tuple[PortObjects | None, PortObjects | None]] = {}
         for name in sorted(changed):
             old, new = assembly.ports.get(name), self._render(state, name)

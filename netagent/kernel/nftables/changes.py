@@ -15,6 +15,10 @@ one order in which every name exists when used and nothing is deleted while refe
 Deleting chains in any order after the flush was measured to work (nft 1.0.6: a flushed
 chain no longer holds references in the same transaction).
 
+`Changes.apply(nft)` writes it: a change of elements only as one `Nft.apply_elements`
+(netlink messages on the real runner), a table the kernel lacks as its skeleton and then its
+elements (see `apply`), anything else as the one text batch.
+
 `table_changes(wanted, held)` is the differ: `held` is the table read back from the kernel
 (`tables.read_table`: a full sync, which adopts a predecessor's table and repairs drift) or
 the table this process last applied (a partial sync); both are `model.Table`s. Rules are
@@ -28,14 +32,14 @@ it (`Rule.sets`) rewritten.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from netagent.kernel.nftables import text
-from netagent.kernel.nftables.model import BaseChain, Element, Map, Rule, Set, Table, render_table, set_spec
+from netagent.kernel.nftables.model import (BaseChain, Element, ElementWrite, Map, Rule, Set, Table, element_lines,
+                                            render_delete, render_table, set_spec)
+from netagent.kernel.nftables.runner import Nft
 from netagent.kernel.nftables.tables import canonical_part, dynamic, shape
 
-ELEMENTS_PER_COMMAND = 5000   # elements per `add`/`delete element` line: libnftables takes any length
 Key = tuple[str, ...]
 
 
@@ -53,6 +57,8 @@ class Changes:
     add_chains: dict[str, BaseChain | None] = field(default_factory=dict)
     rules: dict[str, tuple[Rule, ...]] = field(default_factory=dict)
     add_elements: dict[str, dict[Key, Element]] = field(default_factory=dict)
+    declared: dict[str, Set | Map] = field(default_factory=dict)   # holders' declarations (element writes)
+    missing: bool = False          # `rebuild` of a table the kernel does not hold
 
     def __bool__(self) -> bool:
         return bool(self.rebuild or self.flush or any(self.delete_elements.values()) or self.delete_chains
@@ -87,9 +93,8 @@ class Changes:
             return render_table(self.rebuild)
         where = f"{self.family} {text.name(self.table)}"
         out = [f"flush chain {where} {text.name(chain)}" for chain in sorted(self.flush)]
-        for holder, keys in sorted(self.delete_elements.items()):
-            out.extend(f"delete element {where} {text.name(holder)} {text.element_block(chunk)}"
-                       for chunk in _chunks([text.concat(key) for key in sorted(keys)]))
+        out += element_lines("delete", where, {holder: [text.concat(key) for key in sorted(keys)]
+                                               for holder, keys in self.delete_elements.items() if keys})
         out.extend(f"delete chain {where} {text.name(chain)}" for chain in sorted(self.delete_chains))
         out.extend(f"delete {kind} {where} {text.name(name)}" for name, kind in sorted(self.delete_sets.items()))
         out.extend(f"add {'map' if isinstance(entry, Map) else 'set'} {where} {text.name(name)} "
@@ -98,25 +103,58 @@ class Changes:
             out.append(f"add chain {where} {text.name(chain)}" + ("" if base is None else f" {{ {base.declaration} }}"))
         for chain, rules in sorted(self.rules.items()):
             out.extend(f"add rule {where} {text.name(chain)} {rule.text}" for rule in rules)
-        for holder, elements in sorted(self.add_elements.items()):
-            items = [element.render() for _, element in sorted(elements.items())]
-            out.extend(f"add element {where} {text.name(holder)} {text.element_block(chunk)}"
-                       for chunk in _chunks(items))
+        out += element_lines("add", where, {holder: [element.render() for _, element in sorted(elements.items())]
+                                            for holder, elements in self.add_elements.items() if elements})
         return "\n".join(out) + "\n" if out else ""
 
+    def element_write(self) -> ElementWrite | None:
+        """The change as an `ElementWrite` when it changes elements only (None otherwise)."""
+        if self.rebuild is not None or self.flush or self.delete_chains or self.delete_sets or self.add_sets \
+                or self.add_chains or self.rules:
+            return None
+        return ElementWrite(self.family, self.table, self.declared,
+                            {holder: tuple(sorted(keys)) for holder, keys in self.delete_elements.items() if keys},
+                            {holder: tuple(element for _, element in sorted(elements.items()))
+                             for holder, elements in self.add_elements.items() if elements})
 
-def _chunks(items: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(items), ELEMENTS_PER_COMMAND):
-        yield items[start:start + ELEMENTS_PER_COMMAND]
+    def apply(self, nft: Nft) -> int:
+        """Write the change; how many transactions that took (0: nothing to write).
+
+        Elements only: one `Nft.apply_elements` (netlink messages on the real runner). A table
+        the kernel does not hold, rebuilt, on a runner that writes elements natively: its
+        skeleton (chains, rules, empty sets) as text, then its elements, two transactions; the
+        table did not exist, so no packet met a half-written one, and a refused element write
+        deletes the skeleton again (nothing changed). Anything else: one text batch."""
+        rebuild = self.rebuild
+        if rebuild is not None and self.missing and nft.native_elements and any(s.elements for s in rebuild.sets):
+            nft.apply(render_table(replace(rebuild, sets=tuple(replace(s, elements=()) for s in rebuild.sets))))
+            try:
+                nft.apply_elements(ElementWrite(rebuild.family, rebuild.name, {s.name: s for s in rebuild.sets}, {},
+                                                {s.name: s.elements for s in rebuild.sets if s.elements}))
+            except BaseException:
+                nft.apply(render_delete(rebuild.family, rebuild.name))
+                raise
+            return 2
+        write = self.element_write()
+        if write is not None:
+            if not len(write):
+                return 0
+            nft.apply_elements(write)
+            return 1
+        batch = self.text()
+        if batch:
+            nft.apply(batch)
+            return 1
+        return 0
 
 
 def table_changes(wanted: Table, held: Table | None, *, read_back: bool = True) -> Changes:
     """What makes the table that reads back as `held` (None: missing) hold exactly `wanted`.
     `read_back`: `held` came from the kernel, so its names and keys are checked before they
     are written again; False for the table this process applied last (rendered here)."""
-    changes = Changes(wanted.family, wanted.name)
+    changes = Changes(wanted.family, wanted.name, declared={entry.name: entry for entry in wanted.sets})
     if held is None or not _adoptable(wanted, held, read_back=read_back):
-        changes.rebuild = wanted
+        changes.rebuild, changes.missing = wanted, held is None
         return changes
     try:
         _in_place(changes, wanted, held, read_back=read_back)

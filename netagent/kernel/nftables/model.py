@@ -171,6 +171,41 @@ class Table:
         return found
 
 
+@dataclass(frozen=True)
+class ElementWrite:
+    """A transaction that only deletes and adds elements of existing sets and maps of one
+    table (`Nft.apply_elements`): `declared` holds each touched set's or map's declaration
+    (its elements unused), which an element writer needs to encode keys and values by type;
+    `delete` keys, then `add` elements, per holder. `text()` is the same change as nft text."""
+    family: str
+    table: str
+    declared: dict[str, Set | Map]
+    delete: dict[str, tuple[tuple[str, ...], ...]]
+    add: dict[str, tuple[Element, ...]]
+
+    def __len__(self) -> int:
+        return sum(map(len, self.delete.values())) + sum(map(len, self.add.values()))
+
+    def text(self) -> str:
+        where = f"{self.family} {text.name(self.table)}"
+        out = element_lines("delete", where, {holder: [text.concat(key) for key in keys]
+                                              for holder, keys in self.delete.items()})
+        out += element_lines("add", where, {holder: [element.render() for element in elements]
+                                            for holder, elements in self.add.items()})
+        return "\n".join(out) + "\n" if out else ""
+
+
+def element_lines(verb: str, where: str, rendered: dict[str, list[str]]) -> list[str]:
+    """`add|delete element <where> HOLDER { ... }` lines, ELEMENTS_PER_COMMAND a line, holders
+    in name order."""
+    out = []
+    for holder, items in sorted(rendered.items()):
+        for start in range(0, len(items), ELEMENTS_PER_COMMAND):
+            out.append(f"{verb} element {where} {text.name(holder)} "
+                       f"{text.element_block(items[start:start + ELEMENTS_PER_COMMAND])}")
+    return out
+
+
 def ref(name: str) -> str:
     """A set or map named in a rule's statements: `@NAME` (list it in `Rule.sets` too)."""
     return "@" + text.name(name)

@@ -41,7 +41,7 @@ def held(nft: Nft) -> Table | None:
 def converge(nft: Nft, wanted: Table) -> Changes:
     """Write the difference; the table then reads back with no difference left."""
     changes = table_changes(wanted, held(nft))
-    nft.apply(changes.text())
+    changes.apply(nft)   # on the real runner: elements through netlink.py (tests/netns/test_nft_changes.py)
     assert not table_changes(wanted, held(nft)), "the table holds what was wanted"
     assert not tables.drift(wanted, held(nft))
     return changes
