@@ -1,6 +1,8 @@
 """Compiling, loading, pinning and attaching the socket load balancer; finding and removing it.
 
-`SocketLbLoader.ensure_loaded()` compiles ebpf/sock_lb.c with bcc (the pinned maps under
+`SocketLbLoader.ensure_loaded()` compiles ebpf/sock_lb.c with bcc, in a process of its own
+(ebpf/compiler.py: the agent never maps LLVM; the programs come back as descriptors, which this
+module attaches with plain bpf(2) and netlink calls; the pinned maps under
 `<bpf root>/netagent-v1/` are reused when they exist, created and pinned when not, so a
 restarted agent keeps the dataplane's state), loads the eight CGROUP_SOCK_ADDR programs (IPv4's
 and IPv6's: ebpf/sock_lb6.c, compiled with it over maps of its own) and
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebpf import syscall
+from ebpf.compiler import CompileError, ProgramSpec, compile_and_load
 from ebpf.maps import LAYOUTS, LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
 from ebpf.mapset import MapSet
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
@@ -65,6 +68,9 @@ PROGRAMS = {
     "na_recvmsg6": 20,       # BPF_CGROUP_UDP6_RECVMSG
     "na_getpeername6": 30,   # BPF_CGROUP_INET6_GETPEERNAME
 }
+CGROUP_SPECS = tuple(ProgramSpec(name, PROG_TYPE_CGROUP_SOCK_ADDR, attach_type)
+                     for name, attach_type in PROGRAMS.items())
+TC_SPECS = tuple(ProgramSpec(name, PROG_TYPE_SCHED_CLS) for name in TC_PROGRAMS)
 ATTACH_TYPE_NAMES = {10: "connect4", 14: "sendmsg4", 19: "recvmsg4", 29: "getpeername4",
                      11: "connect6", 15: "sendmsg6", 20: "recvmsg6", 30: "getpeername6"}
 
@@ -126,8 +132,8 @@ class AttachedProgram:
 
 @dataclass(frozen=True)
 class LoadReport:
-    compile_seconds: float   # bcc: C to BPF, maps created or opened from their pins
-    load_seconds: float      # the verifier, and attaching
+    compile_seconds: float   # bcc's process: C to BPF, maps created or opened, programs through the verifier
+    load_seconds: float      # attaching
     attached: tuple[str, ...]   # programs newly attached or replaced
     kept: tuple[str, ...]       # programs found attached with the same code
     resized: tuple[str, ...] = ()   # pinned maps recreated at another capacity (or retired), one line each
@@ -228,38 +234,34 @@ class SocketLbLoader:
         check_bpf_root(self.bpf_root)
         check_cgroup(self.cgroup)
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
-        from bcc import BPF   # Debian's python3-bpfcc; imported only here (LLVM is heavy)
         started = time.monotonic()
-        compiled, resized = self._compile(BPF)
+        with_tc = bool(self.tc_device or self.pod_veths)
+        fds, resized = self._compile([*CGROUP_SPECS, *(TC_SPECS if with_tc else ())])
         compiled_at = time.monotonic()
         attached, kept = [], []
-        cg_fd = _cgroup_fd(self.cgroup)
         try:
-            for name, attach_type in PROGRAMS.items():
-                try:
-                    fn = compiled.load_func(name.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
-                except Exception as error:
-                    raise EbpfError(f"loading {name}: {error}") from None
-                if self._attach(cg_fd, fn.fd, name, attach_type, force=bool(resized)):
-                    attached.append(name)
-                else:
-                    kept.append(name)
-            if self.tc_device or self.pod_veths:
+            cg_fd = _cgroup_fd(self.cgroup)
+            try:
+                for name, attach_type in PROGRAMS.items():
+                    if self._attach(cg_fd, fds[name], name, attach_type, force=bool(resized)):
+                        attached.append(name)
+                    else:
+                        kept.append(name)
+            finally:
+                os.close(cg_fd)
+            if self.tc_device:
                 from ebpf.tc import attach_tc
                 try:
-                    fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
-                    if self.tc_device:
-                        attach_tc(self.tc_device, fds)
+                    attach_tc(self.tc_device, fds)
                 except Exception as error:
                     raise EbpfError(f"attaching the tc programs to {self.tc_device}: {error}") from None
-                if self.tc_device:
-                    attached += [f"{name} on {self.tc_device}" for name in ("na_tc_ingress", "na_tc_egress")]
-                if self.pod_veths:
-                    from ebpf.pod_veths import PROGRAMS as POD_VETH_PROGRAMS
-                    self.pod_veth_fds = {name: os.dup(fds[name]) for name in POD_VETH_PROGRAMS}
+                attached += [f"{name} on {self.tc_device}" for name in ("na_tc_ingress", "na_tc_egress")]
+            if self.pod_veths:
+                from ebpf.pod_veths import PROGRAMS as POD_VETH_PROGRAMS
+                self.pod_veth_fds = {name: os.dup(fds[name]) for name in POD_VETH_PROGRAMS}
         finally:
-            os.close(cg_fd)
-            compiled.cleanup()   # the programs stay alive while attached, the maps while pinned
+            for fd in fds.values():   # the programs stay alive while attached, the maps while pinned
+                os.close(fd)
         for name in RETIRED_MAPS:   # an earlier version's, unused once its programs are replaced
             path = os.path.join(self.pin_dir, name)
             if os.path.exists(path):
@@ -268,18 +270,23 @@ class SocketLbLoader:
         return LoadReport(compile_seconds=compiled_at - started, load_seconds=time.monotonic() - compiled_at,
                           attached=tuple(attached), kept=tuple(kept), resized=tuple(resized))
 
-    def _compile(self, bpf_class) -> tuple:
-        """bcc's BPF object over our pinned maps, and what was recreated at another capacity."""
+    def _compile(self, programs: list[ProgramSpec]) -> tuple[dict[str, int], list[str]]:
+        """`programs` compiled and loaded by bcc's own process (ebpf/compiler.py) over our pinned
+        maps: name -> descriptor (the caller closes them), and what was recreated at another
+        capacity."""
         old = self._unpin_resized()
         try:
             try:
-                compiled = bpf_class(text=self.source().encode())
-            except Exception as error:   # bcc raises plain Exception
-                for name, (fd, _) in old.items():   # the old maps stay (pinned again where bcc left none)
+                fds = compile_and_load(self.source(), programs)
+            except CompileError as error:
+                for name, (fd, before) in old.items():   # the old maps stay (pinned again where bcc left none)
                     if not os.path.exists(os.path.join(self.pin_dir, name)):
                         syscall.obj_pin(fd, os.path.join(self.pin_dir, name))
-                raise EbpfError(f"compiling {SOURCE.name}: {error}") from None
-            return compiled, [self._refill(name, fd, before) for name, (fd, before) in old.items()]
+                    else:   # bcc made the new map before the kernel refused a program: keep the entries
+                        self._refill(name, fd, before)
+                what = f"loading {error.program}" if error.program else f"compiling {SOURCE.name}"
+                raise EbpfError(f"{what}: {error.detail}") from None
+            return fds, [self._refill(name, fd, before) for name, (fd, before) in old.items()]
         finally:
             for fd, _ in old.values():
                 os.close(fd)
@@ -352,25 +359,20 @@ class SocketLbLoader:
         them (tests attach them themselves; the agent attaches through `ensure_loaded`)."""
         check_bpf_root(self.bpf_root)
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
-        from bcc import BPF
-        compiled, _ = self._compile(BPF)
-        try:
-            fds = {name: compiled.load_func(name.encode(), BPF.SCHED_CLS).fd for name in TC_PROGRAMS}
-        except Exception as error:   # bcc raises plain Exception
-            compiled.cleanup()
-            raise EbpfError(f"loading the tc programs: {error}") from None
-        return TcPrograms(compiled, fds)
+        fds, _ = self._compile(list(TC_SPECS))
+        return TcPrograms(fds)
 
 
 class TcPrograms:
     """Loaded tc programs by name (file descriptors), alive until `close()`."""
 
-    def __init__(self, compiled, fds: dict[str, int]):
-        self._compiled = compiled
+    def __init__(self, fds: dict[str, int]):
         self.fds = fds
 
     def close(self) -> None:
-        self._compiled.cleanup()
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def __enter__(self) -> TcPrograms:
         return self

@@ -4,7 +4,8 @@ The bpffs is mounted on a temporary directory the test owns (never the host's /s
 the cgroup is a child of the cgroup v2 mount made for the test; processes that must be load
 balanced are started inside it by `run_in_cgroup`; everything is detached, unpinned, unmounted
 and removed afterwards. `private_bpffs` and `child_cgroup` are the same as context managers,
-for a module that compiles its programs once (a module-scoped fixture).
+for a module that compiles its programs once (a module-scoped fixture). `compiler_mappings`
+reads a process's maps for bcc and LLVM (an agent must have none: ebpf/compiler.py).
 """
 import contextlib
 import os
@@ -13,6 +14,16 @@ import time
 import uuid
 
 import pytest
+
+COMPILER_LIBRARIES = ("libLLVM", "libclang", "libbcc")   # what importing bcc maps into a process
+
+
+def compiler_mappings(pid: int | str) -> set[str]:
+    """The compiler's shared objects process `pid` ("self": this one) has mapped, by file name."""
+    with open(f"/proc/{pid}/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/" in line}
+    return {os.path.basename(path) for path in paths if any(lib in path for lib in COMPILER_LIBRARIES)}
+
 
 def require_bcc():
     try:
