@@ -235,7 +235,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send(400, b"tailLines and limitBytes are whole numbers")
         path = self.kubelet.log_file(*parts[1:])
         if path is None:
-            return self._send(404, f"container {parts[3]} of pod {parts[1]}/{parts[2]} is not on this node".encode())
+            return self._send(404, f"container {parts[3]} of pod {parts[1]}/{parts[2]} has not started on this node"
+                                   .encode())
         try:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)

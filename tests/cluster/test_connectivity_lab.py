@@ -10,6 +10,9 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -97,3 +100,61 @@ def test_every_check_passes_and_nothing_is_left(lab, internet_listener):
         time.sleep(0.2)
     assert not lab.api().list("v1", "Pod", label_selector=f"{cp.LABEL_OWNER}={cp.OWNER}")
     assert os.listdir(os.path.join(lab.workdir, "kubelet", "pods")) == []
+
+
+def pod_log(lab, namespace: str, name: str, **query: str) -> tuple[int, str]:
+    """GET pods/NAME/log from the host, as kubectl logs asks it."""
+    url = f"{lab.host_api_url}/api/v1/namespaces/{namespace}/pods/{name}/log?{urllib.parse.urlencode(query)}"
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())["message"]
+
+
+def wait_for(what: str, condition):
+    deadline = time.monotonic() + CONVERGE_SECONDS
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return found
+
+
+def test_a_pod_a_client_creates_runs_serves_logs_and_goes(lab):
+    api = lab.api()
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kt"}})
+    try:
+        server = cp.server_pod("web", cp.Node("node-2", "", 0), image=cp.DEFAULT_IMAGE, role="echo")
+        server["metadata"]["namespace"] = "kt"
+        server["spec"]["terminationGracePeriodSeconds"] = 5
+        api.create(server)
+        other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nginx", "namespace": "kt"},
+                 "spec": {"nodeName": "node-1", "containers": [{"name": "nginx", "image": "nginx:1.27"}]}}
+        api.create(other)
+
+        def ready():
+            status = api.get("v1", "Pod", "web", namespace="kt").get("status") or {}
+            conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+            return status if conditions.get("Ready") == "True" else None
+        status = wait_for("the server to be Ready", ready)
+        assert status["phase"] == "Running" and status["hostIP"] == lab.state.nodes["node-2"].address
+        refused = wait_for("nginx to fail", lambda: (api.get("v1", "Pod", "nginx", namespace="kt").get("status") or {})
+                           .get("phase") == "Failed" and api.get("v1", "Pod", "nginx", namespace="kt")["status"])
+        assert "runs only agnhost images, not 'nginx:1.27'" in refused["message"]
+        # a real packet from the other node to the pod's address, answered by agnhost netexec
+        echo = lab.exec("node-1", ["curl", "-sS", "--max-time", "10",
+                                   f"http://{status['podIP']}:{cp.HTTP_PORT}/echo?msg=across"], timeout=30)
+        assert echo.stdout == "across", echo.stderr
+        code, text = pod_log(lab, "kt", "web", tailLines="50")
+        assert code == 200 and "Started HTTP server on port 8080" in text, text
+        assert pod_log(lab, "kt", "web", container="other")[0] == 400
+        assert pod_log(lab, "kt", "nginx") == (404, "the kubelet of pod nginx: container nginx of pod kt/nginx "
+                                                    "has not started on this node")
+        sandbox = sandboxes(lab)
+        api.delete("v1", "Pod", "web", namespace="kt", grace_period_seconds=5)   # graceful: the stand-in ends it
+        wait_for("the server's Pod to go", lambda: not api.list("v1", "Pod", namespace="kt",
+                                                                field_selector="metadata.name=web"))
+        assert len(sandboxes(lab)) == len(sandbox) - 1
+    finally:
+        api.delete("v1", "Namespace", "kt")
+    wait_for("every sandbox to go", lambda: not sandboxes(lab) and not kubelet_children(lab))
