@@ -15,7 +15,7 @@ namespace) does, per lab node, what a kubelet does for them:
   `daemonEndpoints.kubeletEndpoint`) on every address of the node's namespace: `/healthz` and
   `/containerLogs/NS/POD/CONTAINER?tailLines=N`, which the API server's `pods/NAME/log` reads
   (`apiserver/pod_logs.py`), as the real one proxies to the real kubelet.
-The lab's own pods (image `pod_objects.CONTAINER_IMAGE`) are left to `lab_pods.py`. On SIGTERM
+The lab's own pods are left to `lab_pods.py` (`kubelet_status.ours`). On SIGTERM
 (`LabCluster.down`) it tears every pod down while the agents still serve CNI, then exits.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import subprocess
 import threading
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from lab import bpf_places, pod_objects
+from lab import bpf_places, kubelet_status
 from lab.cluster import LabCluster
 from lab.kubelet_pod import Phase, PodWorker
 from lab.kubelet_status import Container
@@ -164,9 +164,9 @@ class NodeKubelet:
         pass
 
     def _seen(self, pod: dict) -> None:
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        if all(c.get("image") == pod_objects.CONTAINER_IMAGE for c in spec.get("containers") or [{}]):
-            return   # the lab's own pod: lab_pods.py runs it
+        meta = pod.get("metadata") or {}
+        if not kubelet_status.ours(pod):
+            return   # the lab's own pod (lab_pods.py runs it), or no pod any kubelet runs
         uid = str(meta.get("uid"))
         with self.lock:
             worker = self.workers.get(uid)

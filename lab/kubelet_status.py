@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from lab.pod_objects import now_rfc3339, ready_conditions
+from lab.pod_objects import CONTAINER_IMAGE, now_rfc3339, ready_conditions
 
 AGNHOST_IMAGE = re.compile(r"^([a-z0-9.-]+(:[0-9]+)?/)?([a-z0-9._-]+/)*agnhost(:[A-Za-z0-9._-]{1,128})?$")
 AGNHOST_COMMANDS: tuple[list[str], ...] = ([], ["/agnhost"], ["agnhost"])
@@ -50,6 +50,15 @@ def _user(security: dict, key: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2 ** 31:
         raise Refused(f"securityContext.{key} {str(value)[:32]!r} is not a user or group id")
     return value
+
+
+def ours(pod: dict) -> bool:
+    """Whether the stand-in runs this Pod: not the lab's own (`pod_objects.CONTAINER_IMAGE`:
+    `lab_pods.py` runs those) and not one whose containers lack an image (no kubelet could run it:
+    an object standing for a pod run elsewhere, as the benches write). Any other it runs or refuses."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    images = [c.get("image") if isinstance(c, dict) else None for c in containers]
+    return bool(images) and all(images) and not all(image == CONTAINER_IMAGE for image in images)
 
 
 def container_of(pod: dict) -> Container:

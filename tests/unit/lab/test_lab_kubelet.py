@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab import kubelet_status
+from lab import kubelet_status, pod_objects
 from lab.apiserver import ApiServer
 from lab.apiserver.errors import ApiError
 from lab.apiserver.pod_logs import kubelet_url, log_target
@@ -289,3 +289,12 @@ def test_status_patches_are_what_the_connectivity_test_reads():
     assert parse_outcome(running, "").finished is False
     pending = kubelet_status.pending(container, message="ADD failed")
     assert "ContainerCreating: ADD failed" in parse_outcome(pending, "").detail
+
+
+def test_it_leaves_the_labs_own_pods_and_imageless_objects_alone():
+    assert kubelet_status.ours(pod())
+    assert not kubelet_status.ours(pod(image=pod_objects.CONTAINER_IMAGE))   # lab_pods.py runs it
+    imageless = pod()
+    del imageless["spec"]["containers"][0]["image"]
+    assert not kubelet_status.ours(imageless) and not kubelet_status.ours({"spec": {}})
+    assert kubelet_status.ours(pod(image="nginx:1.27")), "not agnhost: it is ours to refuse"
