@@ -6,7 +6,10 @@ A sync compares the wanted state with what is there and writes only the differen
   edited or flushed by hand, a set member removed, our FORWARD jump moved) is repaired;
 - a PARTIAL sync compares with the state this process last applied, reading nothing: by
   identity first, so a CNI ADD's one-pod render (render.py's `render_wanted_with_pod`, which
-  shares every unchanged chain and set) costs its own pod's writes and a walk of the names.
+  shares every unchanged chain and set) costs its own pod's writes and a walk of the names;
+  changed chains are edited in place (edits.py), and members joining sets that exist join
+  after the chains, with KNOWN's (one ipset exec fewer). A partial write that fails falls
+  back at once to the FULL apply, which repairs whatever part of it was written.
 The writes, in an order that never opens a pod:
   1. ipsets: create missing sets and change members (one `ipset restore`); addresses leave
      KNOWN here, but none joins it yet;
@@ -30,12 +33,13 @@ from dataclasses import dataclass
 
 from netagent.kernel import owned
 from netagent.kernel.families import IpFamily
-from netagent.kernel.ipset.model import IpsetSpec, IpsetType, SetContents
+from netagent.kernel.ipset.model import IpsetError, IpsetSpec, IpsetType, SetContents
 from netagent.kernel.ipset.runner import Ipset, sync_sets
 from netagent.kernel.iptables.restore_format import Table, jump_target
-from netagent.kernel.iptables.runner import Iptables, JumpPosition, add_jump_repair, jump_spec
+from netagent.kernel.iptables.runner import Iptables, IptablesError, JumpPosition, add_jump_repair, jump_spec
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
 from netagent.policy.readback import KernelPolicy
+from netagent.policy.iptables.edits import render_edits
 from netagent.policy.iptables.readback import parse_kernel_policy
 from netagent.policy.iptables.render import (
     JUMP_COMMENT,
@@ -130,7 +134,13 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
             if full or last is None or _needs_kernel(last, wanted, self.known.name):
                 report = self._apply_from_kernel(wanted)
             else:
-                report = self._apply_difference(last, wanted)
+                try:
+                    report = self._apply_difference(last, wanted)
+                except (IptablesError, IpsetError) as error:
+                    # a write of the difference was refused (a chain edited behind our back, a
+                    # set gone): what it wrote is repaired by the FULL apply, which reads the kernel
+                    log.warning("network policy: the partial write failed (%s); applying from the kernel", error)
+                    report = self._apply_from_kernel(wanted)
         except BaseException:
             self._last = None
             raise
@@ -177,31 +187,42 @@ class IptablesDataplane(PolicyDataplane[WantedState]):
     def _apply_difference(self, last: WantedState, wanted: WantedState) -> ApplyReport:
         """The PARTIAL apply: what differs between `last` (what the last apply left the kernel
         holding) and `wanted`, found by identity first (a one-pod render shares every
-        unchanged chain and member set), then by value; written in the FULL apply's order."""
+        unchanged chain and member set), then by value. Written in the FULL apply's order,
+        except that members arriving in sets that exist join after the chains, with KNOWN's
+        (a tighter order: a set only grows once the rules that match it are in place), so a
+        CNI ADD that creates no set costs one iptables-restore and one ipset restore; changed
+        chains are edited, not rewritten (edits.py)."""
         if wanted is last:
             return ApplyReport()
         touched = [spec for spec, members in wanted.sets.items()
                    if (held := last.sets.get(spec)) is not members and held != members]
         doomed = [spec for spec in last.sets if spec not in wanted.sets]
-        # the difference as sync_sets sees it: a set holding what leaves, asked to hold what arrives
-        first = {spec: wanted.sets[spec] - last.sets.get(spec, frozenset()) for spec in touched}
-        held_sets = {spec.name: self._contents(spec.name, last.sets[spec] - wanted.sets[spec], spec.type)
-                     for spec in touched if spec in last.sets}
+        # each write as sync_sets sees it: a set holding what leaves (or arrives), asked to hold nothing
+        # (or what arrives); a set not held yet is created with its members before the chains use it
+        before = {spec: wanted.sets[spec] for spec in touched if spec not in last.sets}
+        before.update({spec: frozenset() for spec in touched if spec in last.sets and last.sets[spec] - wanted.sets[spec]})
+        leaving = {spec.name: self._contents(spec.name, last.sets[spec] - wanted.sets[spec], spec.type)
+                   for spec in touched if spec in last.sets}
+        after = {spec: wanted.sets[spec] - last.sets[spec] for spec in touched if spec in last.sets}
         known = self.known
-        left = last.known - wanted.known
+        left, joined = last.known - wanted.known, wanted.known - last.known
         if left:
-            first[known] = frozenset()
-            held_sets[known.name] = self._contents(known.name, left)
-        if first:
-            sync_sets(self.ipset, first, current=held_sets)
+            before[known] = frozenset()
+            leaving[known.name] = self._contents(known.name, left)
+        if before:
+            sync_sets(self.ipset, before, current=leaving)
         changed = {name: rules for name, rules in wanted.chains.items()
                    if (held_rules := last.chains.get(name)) is not rules and held_rules != rules}
         stale = [name for name in last.chains if name not in wanted.chains]
         if changed or stale:
-            self.iptables.restore(render_chains(changed, remove=stale).text())
-        joined = wanted.known - last.known
+            builder, _ = render_edits(TABLE, changed, last.chains, remove=stale)
+            self.iptables.restore(builder.text())
+        arriving = {spec: members for spec, members in after.items() if members}
         if joined:
-            sync_sets(self.ipset, {known: joined}, current={known.name: self._contents(known.name, frozenset())})
+            arriving[known] = joined
+        if arriving:
+            sync_sets(self.ipset, arriving, current={spec.name: self._contents(spec.name, frozenset(), spec.type)
+                                                     for spec in arriving})
         for spec in doomed:
             self.ipset.destroy(spec.name)
         return ApplyReport(len(changed), len(stale), len(touched) + bool(left or joined), len(doomed), False)
