@@ -2,7 +2,7 @@
 both dataplanes: a node namespace with real pods wired by our CNI plugin (routed mode), the
 policy engine in this process writing the node's iptables/ipset or its `ip netagent-policy`
 table. A pod bound by its ADD (and released by its DEL) is programmed alone, in the writes counted here (nft: one batch;
-iptables: one iptables-restore, its sets, KNOWN), connects to the server that allows it on the
+iptables: one iptables-restore, then its sets and KNOWN in one ipset restore), connects to the server that allows it on the
 first SYN (no SYN retransmitted), a pod the policy does not allow is dropped, and then a full
 sync, the kubelet's report and a node programmed from scratch agree: nothing more is written
 and the kernel holds the same state either way.
@@ -20,6 +20,7 @@ from netagent.kernel import namespaces, owned
 from netagent.kernel.ipset.runner import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.iptables.runner import IptablesRunner
+from netagent.kernel.nftables.model import ElementWrite
 from netagent.kernel.nftables.runner import NftRunner
 from netagent.kernel.pod_attachment import PodAttachment
 from netagent.policy.engine import PolicyEngine, PolicySettings
@@ -64,11 +65,15 @@ class CountingIpset(IpsetRunner):
 
 
 class CountingNft(NftRunner):
-    batches = 0
+    batches = 0          # transactions: text batches and netlink element writes
 
     def apply(self, batch: str) -> None:
         self.batches += 1
         super().apply(batch)
+
+    def apply_elements(self, write: ElementWrite) -> None:
+        self.batches += 1
+        super().apply_elements(write)
 
 
 class Dataplane:
@@ -79,7 +84,8 @@ class Dataplane:
             self.nft = CountingNft(node_netns)
             self.programmer: IptablesDataplane | NftablesDataplane = NftablesDataplane(self.nft)
         else:
-            self.iptables = CountingIptables(backend=IptablesBackend.LEGACY, exec_prefix=prefix)
+            backend = IptablesBackend.NFT if kind == "iptables-nft" else IptablesBackend.LEGACY
+            self.iptables = CountingIptables(backend=backend, exec_prefix=prefix)
             self.ipset = CountingIpset(exec_prefix=prefix)
             self.programmer = IptablesDataplane(iptables=self.iptables, ipset=self.ipset)
 
@@ -120,7 +126,7 @@ def connect(node, source: str, address: str, timeout: float) -> tuple[str, int]:
     return lines[0], int(lines[1])
 
 
-@pytest.mark.parametrize("dataplane", ["iptables", "nft"])
+@pytest.mark.parametrize("dataplane", ["iptables", "iptables-nft", "nft"])
 def test_a_pod_bound_alone_connects_at_once_and_nothing_more_is_written(make_node, dataplane):
     node = make_node(mode=PodAttachment.ROUTED, with_agent=False, subnets=(SUBNET,))
     node.exec_in("node", ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
@@ -144,8 +150,9 @@ def test_a_pod_bound_alone_connects_at_once_and_nothing_more_is_written(make_nod
                                   container_id=client.container_id, deadline=time.monotonic() + 60)
         assert outcome.programmed and outcome.incremental
         written = tuple(after - was for after, was in zip(first.writes(), before))
-        # nft: one batch. iptables: one iptables-restore; ipset: the client into the role=client set, then KNOWN
-        assert written == ((1,) if dataplane == "nft" else (1, 2))
+        # nft: one batch. iptables: one iptables-restore (the edits), then one ipset restore: the client
+        # into the role=client set and KNOWN
+        assert written == ((1,) if dataplane == "nft" else (1, 1))
 
         assert connect(node, "client", server.ip, 30) == ("connected", 0)      # the first SYN answered
         assert connect(node, "denied", server.ip, 2)[0] == "failed TimeoutError"     # dropped, not refused

@@ -2,9 +2,11 @@
 `PolicyDataplane`, with the iptables dataplane's contract (policy/dataplane.py).
 
 It writes nothing of its own: the difference between the table wanted and the table held is
-kernel/nftables/changes.py's (`table_changes`), and so is its one batch (`Changes.text`), ONE
-nft transaction (`Nft.apply`): the kernel commits all of it or nothing, and packets see the
-table before or after, never between.
+kernel/nftables/changes.py's (`table_changes`), and so is its write (`Changes.apply`), ONE
+nft transaction: the kernel commits all of it or nothing, and packets see the table before or
+after, never between. A change of elements only goes as netlink messages (`Nft.apply_elements`):
+libnftables would fetch every interval set's elements before an `add element` (nft 1.0.6: one
+dump per ipBlock set, 200 at 200 policies), which was most of a one-pod ADD's cost.
 
 - A PARTIAL sync compares with the table this process last applied (`read_back=False`), cut
   first to what the render did not reuse (`_narrowed`), and writes only changed elements and
@@ -15,8 +17,9 @@ table before or after, never between.
   is repaired (rules compared by their digest comments, sets and maps by their elements, KNOWN
   by element and comment); what cannot be changed in place (the base chain's hook or
   priority, a name our text gates refuse) rebuilds the whole table in the same transaction.
-- After any failure the applied record is dropped, so the next sync (FULL, the runner's rule)
-  reads the table again.
+- A PARTIAL write the kernel refuses (nothing of it written: one transaction) falls back at
+  once to the FULL apply. After any other failure the applied record is dropped, so the next
+  sync (FULL, the runner's rule) reads the table again.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import tables
 from netagent.kernel.nftables.changes import Changes, table_changes
 from netagent.kernel.nftables.model import Map, Set, Table
-from netagent.kernel.nftables.runner import Nft
+from netagent.kernel.nftables.runner import Nft, NftError
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
 from netagent.policy.pod_plan import PodAdded, PodRemoved
 from netagent.policy.nftables.readback import parse_nft_policy
@@ -67,14 +70,17 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
             if not full and wanted.table is self._applied:
                 return ApplyReport()
             if full or self._applied is None:
-                held = tables.read_table(self.family.nft, TABLE, self._list())
-                changes = table_changes(wanted.table, held)
+                held, changes = self._from_kernel(wanted)
             else:
                 held = self._applied
                 changes = table_changes(*_narrowed(wanted.table, held), read_back=False)
-            batch = changes.text()
-            if batch:
-                self.nft.apply(batch)
+                try:
+                    self._write(changes)
+                except NftError as error:
+                    # refused (the table changed behind our back): nothing of the transaction was
+                    # written; the FULL apply reads the table and writes what it lacks
+                    log.warning("network policy (nft): the partial write failed (%s); applying from the kernel", error)
+                    held, changes = self._from_kernel(wanted)
         except BaseException:
             self._applied = None
             raise
@@ -85,6 +91,20 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
                      "%d destroyed%s", report.chains_written, report.chains_removed, report.sets_changed,
                      report.sets_destroyed, ", base chain repaired" if report.jump_repaired else "")
         return report
+
+    def _from_kernel(self, wanted: NftPolicy) -> tuple[Table | None, Changes]:
+        """The FULL apply: the difference from the table read back, written."""
+        held = tables.read_table(self.family.nft, TABLE, self._list())
+        changes = table_changes(wanted.table, held)
+        self._write(changes)
+        return held, changes
+
+    def _write(self, changes: Changes) -> None:
+        """One transaction (`Changes.apply`): a change of elements only (a CNI ADD of a pod no
+        policy isolates: KNOWN and the selector sets it joins; a label change) as netlink
+        messages, without libnftables' parse and its fetch of every interval set's elements;
+        anything else as one text batch."""
+        changes.apply(self.nft)
 
     def render_with_pod(self, wanted: NftPolicy, added: PodAdded, *, settings: RenderSettings,
                         interface_of: Callable[[PodPlan], str | None]) -> NftPolicy | None:

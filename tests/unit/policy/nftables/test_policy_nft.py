@@ -248,14 +248,25 @@ def test_a_hook_of_another_priority_or_a_foreign_object_rebuilds_the_table_in_on
     assert not node.engine.last_report.wrote
 
 
-def test_after_a_failure_the_next_sync_reads_the_table(node):
+def test_a_refused_partial_write_reads_the_table_at_once(node):
+    node.engine.policies.on_add(FROM_B)
+    node.sync(SyncKind.FULL)
+    node.nft.apply(f"delete element ip {TABLE} {owned.POLICY_KNOWN_SET} {{ 10.0.0.3 }}\n")   # unseen drift
+    node.nft.fail_next = NftError("injected")
+    node.engine.pods.on_add(pod("x", "d", "10.0.0.5", {"pod": "z"}))
+    assert node.sync() is SyncResult.SUCCEEDED      # the partial write refused: the FULL apply, at once
+    known = node.elements(owned.POLICY_KNOWN_SET)
+    assert any("10.0.0.3" in element for element in known) and any("10.0.0.5" in element for element in known)
+
+
+def test_after_a_failed_full_apply_the_next_sync_reads_the_table(node):
     node.engine.policies.on_add(FROM_B)
     node.sync(SyncKind.FULL)
     node.nft.apply(f"delete element ip {TABLE} {owned.POLICY_KNOWN_SET} {{ 10.0.0.3 }}\n")   # unseen drift
     node.nft.fail_next = NftError("injected")
     node.engine.pods.on_add(pod("x", "d", "10.0.0.5", {"pod": "z"}))
     with pytest.raises(NftError):
-        node.sync()
+        node.sync(SyncKind.FULL)
     node.sync(SyncKind.PARTIAL)        # the runner would ask FULL; the dropped record reads the table anyway
     known = node.elements(owned.POLICY_KNOWN_SET)
     assert any("10.0.0.3" in element for element in known) and any("10.0.0.5" in element for element in known)

@@ -78,3 +78,17 @@ def test_fifty_concurrent_binds_are_one_transaction():
     assert len(node.nft.batches) == before + 1
     known = node.known()
     assert all(f"10.0.0.{100 + i}" in known for i in range(50))
+
+
+def test_a_refused_partial_write_falls_back_to_the_full_apply(caplog):
+    node = Node()
+    node.engine.pods.on_add(scheduled("a", {"app": "a"}))
+    node.engine.sync(SyncKind.PARTIAL)
+    node.nft.apply(f"delete table ip {TABLE}\n")           # someone removed the table behind our back
+    outcome = node.add("a", "10.0.0.2")
+    assert outcome.programmed and outcome.incremental, outcome
+    assert any("applying from the kernel" in record.getMessage() for record in caplog.records)
+    assert "10.0.0.2" in node.known() and "10.0.0.3" in node.known()    # the whole table written again
+    before = len(node.nft.batches)
+    node.engine.sync(SyncKind.FULL)
+    assert len(node.nft.batches) == before
