@@ -4,6 +4,7 @@ Modules, one job each, in the order data flows through them:
 - `model`: frozen values (selectors, peers, ports, rules, policies, pods, namespaces);
 - `kube_objects`: API dicts -> model values, failing closed with a sentence per bad field;
 - `semantics`: pure; which policies isolate which local pod and what they allow -> `NodePlan`;
+  `incremental`: the plan after a change, from the last one and only what the change reaches;
 - `dataplane`: `PolicyDataplane`, the one interface the engine renders and applies through;
   `shared`: what both dataplanes share above their renderers (settings, pod chains' names,
   checked set members); `readback`: the kernel's rules as values, and the tracer;

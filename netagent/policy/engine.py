@@ -4,7 +4,9 @@ Seam 1 of ARCHITECTURE.md: the NetworkPolicy, Pod and Namespace reflectors deliv
 `ChangeRecorder`s that only keep (previous, current) and ask for a sync; updates that change
 nothing the policies read (a pod's status conditions, a namespace's annotations) are not
 even recorded. On the sync thread, `sync(kind)` drains them into a `ClusterView` (parsing
-only what changed), plans (semantics.py), and hands the plan to its `PolicyDataplane` (dataplane.py: iptables
+only what changed), plans (incremental.py: from the last plan, only the pods and sets the
+changes reach; semantics.py's whole-node plan on a FULL sync, which checks the incremental one
+against it, and whenever the incremental one cannot be sure), and hands the plan to its `PolicyDataplane` (dataplane.py: iptables
 or nftables, the engine does not know which) to render and apply, which writes only the difference: a PARTIAL sync against what it last wrote, a FULL one
 against the kernel (adoption, drift repair).
 
@@ -49,6 +51,7 @@ from netagent.policy.model import LabelSelector, NamespaceInfo, NetworkPolicy, P
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane, Rendered
 from netagent.policy.pod_binding import BindOutcome, Binding, ClosedReason, PodBindings, bound_addresses, pod_key
 from netagent.policy.shared import RenderSettings
+from netagent.policy.incremental import Basis, replan, snapshot
 from netagent.policy.pod_plan import PodAdded, PodRemoved, plan_with_pod, plan_without_pod
 from netagent.policy.semantics import ClusterView, NodePlan, PodPlan, plan_node
 
@@ -101,6 +104,12 @@ class PolicyMetrics:
         self.programming_seconds = registry.register(Histogram(
             "netagent_policy_pod_programming_seconds", "from a pod's CNI ADD to its policy programmed",
             buckets=exponential_buckets(0.0005, 2, 16)))
+        self.plans = registry.register(Counter(
+            "netagent_policy_plans_total", "plans made: of the whole node, or incremental (only what a change "
+            "reaches)", labels=("kind",)))
+        self.plan_mismatches = registry.register(Counter(
+            "netagent_policy_incremental_plan_mismatches_total", "FULL syncs whose whole-node plan differed from "
+            "the incremental plan of the same view (the whole-node plan is programmed; a bug to report)"))
         self.closed_after_add = registry.register(Counter(
             "netagent_policy_pods_closed_after_add_total", "CNI ADDs that returned with the pod still closed "
             "(programmed later, when the reason clears)", labels=("reason",)))
@@ -132,6 +141,7 @@ class PolicyEngine:
         self._sync_lock = threading.Lock()
         self._planned_bindings = -1          # bindings.version the last plan was made with
         self._planned_view = self.view       # what it was made from (bound addresses laid over)
+        self._basis: Basis | None = None     # the plan and a snapshot of its view: the next plan's start
 
     def set_requester(self, request: Callable[[], None]) -> None:
         self._request = request
@@ -229,7 +239,7 @@ class PolicyEngine:
         self._in_sync = False
         self._planned_bindings = version
         self._planned_view = view = self.bindings.overlay(self.view, node_name=self.settings.node_name)
-        self.plan = plan_node(view, node_name=self.settings.node_name)
+        self.plan = self._plan(view, full=kind is SyncKind.FULL)
         self.wanted = wanted = self.dataplane.render(self.plan, settings=self.settings.render,
                                                       interface_of=self._interface)
         unprogrammed = self.plan.problems + self.wanted.refused
@@ -251,6 +261,29 @@ class PolicyEngine:
                         ", ".join(self.wanted.pending))
         return SyncResult.SUCCEEDED
 
+    def _plan(self, view: ClusterView, *, full: bool) -> NodePlan:
+        """Only what changed since the last plan (incremental.py), else the whole node. A FULL
+        sync plans the whole node and checks the incremental plan against it: the safety net."""
+        node, basis, metrics = self.settings.node_name, self._basis, self.metrics
+        incremental = None
+        if basis is not None:
+            try:
+                incremental = replan(basis, view, node_name=node)
+            except Exception:
+                log.exception("network policy: incremental planning failed; planning the whole node")
+        if incremental is None or full:
+            plan = plan_node(view, node_name=node)
+            if incremental is not None and incremental != plan:
+                log.error("network policy: the incremental plan differed from the whole node's; "
+                          "the whole node's is programmed")
+                if metrics is not None:
+                    metrics.plan_mismatches.inc()
+        else:
+            plan = incremental
+        if metrics is not None:
+            metrics.plans.labels(kind="incremental" if plan is incremental else "node").inc()
+        self._basis = Basis(snapshot(view), plan)
+        return plan
 
     def _count_pods(self) -> None:
         if self.metrics is None or self.plan is None or self.wanted is None:
@@ -327,6 +360,7 @@ class PolicyEngine:
                 self._request()
                 return False
             self.plan, self._planned_bindings, self._planned_view = change.plan, version, view
+            self._basis = Basis(snapshot(view), change.plan)
             self.wanted, self.last_report = new, report
             self._count_pods()
             self.bindings.synced(epoch, None, added=change.pod if ip is not None else None,

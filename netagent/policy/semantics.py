@@ -172,6 +172,14 @@ class PodPlan:
     egress_policies: tuple[str, ...] = ()         # ... for egress
     ips: tuple[str, ...] = ()                     # dual-stack: every address, `ip` first (families.py splits)
 
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.key, self.ip, self.ingress, self.egress, self.ingress_policies, self.egress_policies,
+                     self.ips))
+
+    def __hash__(self) -> int:       # computed once: the renderers' caches are keyed by pod plans
+        return self._hash
+
     @property
     def addresses(self) -> tuple[str, ...]:
         return self.ips or (self.ip,)
@@ -216,7 +224,7 @@ class Planner:
         """Pods with an address, by namespace (built when first needed: one pod's plan may not)."""
         found: dict[str, list[PodInfo]] = defaultdict(list)
         for pod in self.view.pods.values():
-            if pod.ip is not None and not pod.host_network:
+            if addressed(pod):
                 found[pod.namespace].append(pod)
         return found
 
@@ -289,8 +297,6 @@ class Planner:
 
     def named_set(self, peer: Peer | None, spec: PortSpec) -> SetRef:
         assert isinstance(spec.port, str)
-        where = ("any peer" if peer is None else peer.scope.key() if peer.scope is not None
-                 else _block_key(peer.ip_block))
         port_name, protocol = spec.port, spec.protocol
 
         def members() -> set[PortMember]:
@@ -311,7 +317,7 @@ class Planner:
                     if peer is None or peer.ip_block is None or peer.ip_block.contains(ip):
                         found.add(PortMember(ip, protocol.value.lower(), number))
             return found
-        return self.set_ref(SetKind.NAMED, f"{where} port {port_name}/{protocol.value}", members)
+        return self.set_ref(SetKind.NAMED, named_key(peer, spec), members)
 
     def allows(self, rule: Rule, *, direction: PolicyType, pod: PodInfo, origin: str) -> list[Allow]:
         """The rule's allows for `pod`. Everything but an ingress named port is the same for
@@ -378,6 +384,17 @@ class Planner:
 
     def _peer(self, peer: Peer | None) -> SetRef | CidrMatch | None:
         return None if peer is None else self.peer_match(peer)
+
+
+def addressed(pod: PodInfo) -> bool:
+    """Whether the pod counts at all: a set member (and, when local, planned) once it has an address."""
+    return pod.ip is not None and not pod.host_network
+
+
+def named_key(peer: Peer | None, spec: PortSpec) -> str:
+    """What an egress named-port set means (its `SetRef.key`): the peer and the port's name."""
+    where = "any peer" if peer is None else peer.scope.key() if peer.scope is not None else _block_key(peer.ip_block)
+    return f"{where} port {spec.port}/{spec.protocol.value}"
 
 
 def _pod_matches(scope: PodScope, pod: PodInfo) -> bool:
