@@ -18,16 +18,22 @@ from netagent.kernel.nftables.changes import Changes
 from netagent.kernel.nftables.model import Chain, Element, Map, Rule, Set, Table
 from proxy.model import NodeContext, ServicePortName
 from proxy.nftables import names as N
-from proxy.nftables.render import (BASE_CHAINS, ElementKey, NftProxySettings, PortObjects, count_chain_rules,
-                                   fixed_chains)
+from proxy.nftables.render import BASE_CHAINS, Key, NftProxySettings, PortObjects, count_chain_rules, fixed_chains
+
+
+_Owned = tuple[ServicePortName, Element] | dict[ServicePortName, Element]   # one owner, or a clash's owners
+
 
 class Assembly:
-    """Service ports' objects put together, kept up to date port by port."""
+    """Service ports' objects put together, kept up to date port by port. Elements are held
+    per holder by key, each with its one owning port (`(name, element)`), or in a clash the
+    owners' elements by name: at 10,000 Services that is 132,000 keys, so no dict or
+    (holder, key) pair is kept per element."""
 
     def __init__(self, node: NodeContext, settings: NftProxySettings) -> None:
         self.node, self.settings = node, settings
         self.ports: dict[ServicePortName, PortObjects] = {}
-        self._owners: dict[ElementKey, dict[ServicePortName, Element]] = {}
+        self._held: dict[str, dict[Key, _Owned]] = {}
         self._chain_users: dict[str, set[ServicePortName]] = {}
         self._port_rules = 0    # rules of the ports' own chains (affinity), kept as ports come and go
 
@@ -36,11 +42,17 @@ class Assembly:
         old = self.ports.pop(name, None)
         if old is not None:
             self._port_rules -= sum(len(chain.rules) for chain in old.chains)
-            for key, _ in old.elements:
-                owners = self._owners[key]
-                del owners[name]
-                if not owners:
-                    del self._owners[key]
+            for holder, elements in old.elements:
+                held = self._held[holder]
+                for element in elements:
+                    owned = held[element.key]
+                    if owned.__class__ is tuple:
+                        del held[element.key]
+                        continue
+                    assert isinstance(owned, dict)
+                    del owned[name]
+                    if len(owned) == 1:
+                        held[element.key] = next(iter(owned.items()))
             for chain in old.count_chains:
                 users = self._chain_users[chain]
                 users.discard(name)
@@ -49,16 +61,22 @@ class Assembly:
         if port is not None:
             self.ports[name] = port
             self._port_rules += sum(len(chain.rules) for chain in port.chains)
-            for key, element in port.elements:
-                self._owners.setdefault(key, {})[name] = element
+            for holder, elements in port.elements:
+                held = self._held.setdefault(holder, {})
+                for element in elements:
+                    owned = held.setdefault(element.key, (name, element))
+                    if owned.__class__ is tuple and owned[0] is not name and owned[0] != name:
+                        first, value = owned
+                        held[element.key] = {first: value, name: element}
+                    elif owned.__class__ is dict:
+                        assert isinstance(owned, dict)
+                        owned[name] = element
             for chain in port.count_chains:
                 self._chain_users.setdefault(chain, set()).add(name)
 
-    def value(self, key: ElementKey) -> Element | None:
-        owners = self._owners.get(key)
-        if not owners:
-            return None
-        return owners[min(owners)] if len(owners) > 1 else next(iter(owners.values()))
+    def value(self, holder: str, key: Key) -> Element | None:
+        owned = self._held.get(holder, {}).get(key)
+        return None if owned is None else _first(owned)
 
     def count_chains(self) -> set[str]:
         return set(self._chain_users)
@@ -68,18 +86,17 @@ class Assembly:
         walking every port (a partial sync asks for it)."""
         rules = sum(len(r) for r in fixed_chains(self.node, self.settings).values())
         rules += sum(len(count_chain_rules(chain, self.node, self.settings)) for chain in self._chain_users)
-        return len(self._owners) + rules + self._port_rules
+        return sum(map(len, self._held.values())) + rules + self._port_rules
 
     def table(self) -> Table:
         """The whole table: the fixed maps and sets with every port's elements (in port order),
         the ports' own sets, the hooked and fixed chains, the balancing chains in use and the
         ports' own chains."""
         spell = self.settings.spelling
-        held: dict[str, list[Element]] = {holder.name: [] for holder in spell.holders}
-        for (holder, _), owners in self._owners.items():
-            held[holder].append(owners[min(owners)] if len(owners) > 1 else next(iter(owners.values())))
-        sets: list[Set | Map] = [dataclasses.replace(holder, elements=tuple(held[holder.name]))
-                                 for holder in spell.holders]
+        sets: list[Set | Map] = [
+            dataclasses.replace(holder, elements=tuple([owned[1] if owned.__class__ is tuple else _first(owned)
+                                                        for owned in self._held.get(holder.name, {}).values()]))
+            for holder in spell.holders]
         own_sets = {entry.name: entry for port in self.ports.values() for entry in port.sets}
         sets += [own_sets[name] for name in sorted(own_sets)]
         own_chains = {chain.name: chain for port in self.ports.values() for chain in port.chains}
@@ -88,6 +105,14 @@ class Assembly:
         chains += [Chain(name, count_chain_rules(name, self.node, self.settings)) for name in sorted(self._chain_users)]
         chains += [own_chains[name] for name in sorted(own_chains)]
         return Table(spell.ip, N.TABLE, tuple(chains), tuple(sets))
+
+
+def _first(owned: _Owned) -> Element:
+    """The element of the one owner, or of the owner first in name order (a clash)."""
+    if owned.__class__ is tuple:
+        return owned[1]
+    assert isinstance(owned, dict)
+    return owned[min(owned)]
 
 
 def assemble(ports: Iterable[PortObjects], *, node: NodeContext, settings: NftProxySettings) -> Assembly:
@@ -102,13 +127,14 @@ def changed_ports(assembly: Assembly, renders: Mapping[ServicePortName, tuple[Po
     """Put each changed port's new contribution (`renders`: name -> (old, new), None for none)
     into `assembly`, and into `changes` what that changed in the table."""
     chains_before = assembly.count_chains()
-    keys = {key for old, new in renders.values() for port in (old, new) if port is not None for key, _ in port.elements}
-    before = {key: assembly.value(key) for key in keys}   # every key, before any port changes
+    keys = {(holder, element.key) for old, new in renders.values() for port in (old, new) if port is not None
+            for holder, elements in port.elements for element in elements}
+    before = {key: assembly.value(*key) for key in keys}   # every key, before any port changes
     for name, (old, new) in renders.items():
         assembly.put(new, name)
         _own_objects(changes, old, new)
     for key in keys:
-        after = assembly.value(key)
+        after = assembly.value(*key)
         if after == before[key]:
             continue
         holder, element_key = key

@@ -112,11 +112,12 @@ class NftProxySettings:
 
 @dataclass(frozen=True)
 class PortObjects:
-    """Everything one service port contributes: elements of the shared maps and sets (each
-    with its (holder, key)), the balancing chains it needs (shared, by name), and its own
-    chains and sets (affinity: the sets declared, their elements the packet path's)."""
+    """Everything one service port contributes: elements of the shared maps and sets (grouped
+    by holder: no (holder, key) pair is kept per element), the balancing chains it needs
+    (shared, by name), and its own chains and sets (affinity: the sets declared, their
+    elements the packet path's)."""
     name: ServicePortName
-    elements: tuple[tuple[ElementKey, Element], ...] = ()
+    elements: tuple[tuple[str, tuple[Element, ...]], ...] = ()
     count_chains: frozenset[str] = frozenset()
     chains: tuple[Chain, ...] = ()
     sets: tuple[Set, ...] = ()
@@ -246,26 +247,37 @@ class _PortBuilder:
         self.service, self.node, self.settings = service, node, settings
         self.spell = settings.spelling
         self.proto = text.protocol(service.protocol.value)
-        self.elements: dict[ElementKey, Element] = {}
+        self.elements: dict[str, dict[Key, Element]] = {}
         self.count_chains: set[str] = set()
         self.chains: dict[str, Chain] = {}
         self.sets: dict[str, Set] = {}
         self.hash = service_hash(service.name, service.protocol)
+        self._targets: dict[int, list[str]] = {}
 
     def element(self, holder: str, key: Key, value: str | None = None, comment: str | None = None) -> None:
-        if (holder, key) not in self.elements:
-            self.elements[(holder, key)] = Element(key, value, text.safe_comment_text(comment) if comment else None)
+        held = self.elements.setdefault(holder, {})
+        if key not in held:
+            held[key] = Element(key, value, text.safe_comment_text(comment) if comment else None)
+
+    def targets(self, endpoints: tuple[Endpoint, ...]) -> list[str]:
+        """Each endpoint as a slot's value (`10.244.1.5 . 8080`), through the gates; made once
+        per endpoint tuple (a NodePort balances the same endpoints as the cluster IP)."""
+        found = self._targets.get(id(endpoints))
+        if found is None:
+            address, port = self.spell.address, _port_text
+            found = self._targets[id(endpoints)] = [f"{address(e.ip)} . {port(e.port)}" for e in endpoints]
+        return found
 
     def slots(self, space: KeySpace, role: Role, slot_key: Key, endpoints: tuple[Endpoint, ...]) -> str:
         """The verdict balancing `endpoints` for an entry point (`slot_key`: its address and
         port, or its port alone): its slots written, and the balancing (or affinity) chain named."""
         if self.service.affinity_timeout is not None:
             return text.goto(self.affinity(role, endpoints))
-        holder = N.endpoint_map(space, role, self.proto)
-        add = self.elements.setdefault
-        for slot, endpoint in enumerate(endpoints):
-            key = (*slot_key, str(slot))
-            add((holder, key), Element(key, text.concat((self.spell.address(endpoint.ip), text.port(endpoint.port)))))
+        held = self.elements.setdefault(N.endpoint_map(space, role, self.proto), {})
+        for slot, target in enumerate(self.targets(endpoints)):
+            key = (*slot_key, _SLOTS[slot] if slot < len(_SLOTS) else str(slot))
+            if key not in held:
+                held[key] = Element(key, target)
         chain = N.count_chain(space, role, len(endpoints))
         self.count_chains.add(chain)
         return text.goto(chain)
@@ -301,8 +313,8 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
                  settings: NftProxySettings) -> PortObjects:
     b = _PortBuilder(service, node, settings)
     spell = b.spell
-    cluster = tuple(sorted(selection.cluster, key=lambda e: (spell.sort_key(e.ip), e.port)))
-    external = tuple(sorted(selection.external, key=lambda e: (spell.sort_key(e.ip), e.port)))
+    cluster = _in_address_order(selection.cluster, spell)
+    external = cluster if selection.external is selection.cluster else _in_address_order(selection.external, spell)
     refuse = text.goto(N.REJECT) if not selection.has_endpoints else "drop"
     local_policy = service.external_policy is TrafficPolicy.LOCAL
     fence = source_ranges(service.load_balancer_source_ranges, spell.family)
@@ -337,13 +349,37 @@ def _render_port(service: ServicePort, selection: EndpointSelection, *, node: No
             b.element(N.FIREWALL_IPS, key)
             for allowed in _fence_elements(fence, spell):
                 b.element(N.FIREWALL_ALLOW, (*key, allowed))
-    for endpoint in selection.all_selected:
-        if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
-            ip = spell.address(endpoint.ip)
-            b.element(N.HAIRPIN, (ip, ip))
-    return PortObjects(service.name, tuple(b.elements.items()), frozenset(b.count_chains),
+    for endpoints in (selection.cluster, selection.external):   # `all_selected`, without hashing every endpoint
+        for endpoint in endpoints:
+            if endpoint.node_name in (None, node.name):   # only a pod on this node can reach itself here
+                ip = spell.address(endpoint.ip)
+                b.element(N.HAIRPIN, (ip, ip))
+    return PortObjects(service.name, tuple((holder, tuple(held.values())) for holder, held in b.elements.items()),
+                       frozenset(b.count_chains),
                        tuple(b.chains[name] for name in sorted(b.chains)),
                        tuple(b.sets[name] for name in sorted(b.sets)))
+
+
+def _in_address_order(endpoints: tuple[Endpoint, ...], spell: Spelling) -> tuple[Endpoint, ...]:
+    if len(endpoints) < 2:
+        return endpoints
+    return tuple(sorted(endpoints, key=lambda e: (spell.sort_key(e.ip), e.port)))
+
+
+_SLOTS = tuple(str(slot) for slot in range(64))   # a slot's text, made once
+
+
+_PORT_TEXTS: dict[int, str] = {}
+
+
+def _port_text(port: int) -> str:
+    """`text.port`, remembered per port number (at most 65,536: endpoints share a few)."""
+    if type(port) is not int:
+        return text.port(port)   # refuses it, a bool included
+    found = _PORT_TEXTS.get(port)
+    if found is None:
+        found = _PORT_TEXTS[port] = text.port(port)
+    return found
 
 
 def _fence_elements(fence: tuple[str, ...], spell: Spelling) -> list[str]:

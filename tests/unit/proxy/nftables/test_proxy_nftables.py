@@ -54,7 +54,7 @@ def elements(proxy_or_nft, holder: str) -> dict[tuple[str, ...], Element]:
 def rendered(service: ServicePort, s: ProxyState) -> dict[tuple[str, tuple[str, ...]], Element]:
     """A service port's elements, by (holder, key)."""
     objects = render_port(service, s.selection(service.name), node=NODE, settings=NftProxySettings())
-    return dict(objects.elements)
+    return {(holder, element.key): element for holder, elements in objects.elements for element in elements}
 
 
 WEB = port("web", "10.96.0.10", node_port=30080, external_ips=("192.0.2.1",))
