@@ -14,6 +14,10 @@ sync, which re-ensures devices). pyroute2's `NetlinkError` is translated to `Ker
 (`netagent/kernel/errors.py`, worded by `model.kernel_error`) so the reconciler never depends
 on pyroute2. Deletes of objects already gone succeed.
 
+The per-peer writes (replace and delete of a route, neighbour or FDB entry) go through
+`rtnl.py`'s hand-packed requests on a plain netlink socket, not pyroute2: they are the Node
+change's hot path. `addresses_changed` reads `rtnl.AddressEvents`.
+
 The VXLAN checksum workaround uses pyroute2's ethtool ioctl support (`IoctlEthtool`,
 `ETHTOOL_SFEATURES`) to set `tx-checksum-ip-generic` (off or on, `ChecksumOffload`): no `ethtool` binary is needed
 (none is installed on the build machine).
@@ -56,6 +60,7 @@ from netagent.noderoutes.routing.model import (
     kernel_error,
 )
 from netagent.noderoutes.routing.plan import describe, device_drift
+from netagent.noderoutes.routing.rtnl import AddressEvents, RtnlSocket
 from netagent.noderoutes.underlay import UnderlaySnapshot, read_underlay_snapshot
 
 log = logging.getLogger("netagent.noderoutes.routing")
@@ -111,6 +116,8 @@ class NetlinkKernel(RoutingKernel):
         self._netns_identity = namespaces.identity(self._netns_fd)
         self._ipr = IPRoute()
         self._ethtool = IoctlEthtool()
+        self._rtnl = RtnlSocket()  # the per-peer writes (rtnl.py)
+        self._address_events = AddressEvents()
         self._indexes: dict[str, int] = {}
 
     @classmethod
@@ -126,6 +133,8 @@ class NetlinkKernel(RoutingKernel):
     def close(self) -> None:
         self._ipr.close()
         self._ethtool.close()
+        self._rtnl.close()
+        self._address_events.close()
         os.close(self._netns_fd)
 
     def __enter__(self) -> "NetlinkKernel":
@@ -167,6 +176,10 @@ class NetlinkKernel(RoutingKernel):
     @namespaces.in_own_netns
     def underlay_snapshot(self) -> UnderlaySnapshot:
         return read_underlay_snapshot(self._ipr)
+
+    def addresses_changed(self) -> bool:
+        """The kernel announced a link or address change since the last call (`rtnl.AddressEvents`)."""
+        return self._address_events.changed()
 
     @namespaces.in_own_netns
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
@@ -335,9 +348,9 @@ class NetlinkKernel(RoutingKernel):
             if route.encap_dst is not None:
                 self._replace_encap_route(route)
                 return
-            self._ipr.route("replace", dst=str(route.dst), family=_AF[IpFamily.of(route.dst)],
-                            gateway=str(route.gateway), oif=self._index(route.ifname),
-                            flags=RTNH_F_ONLINK if route.onlink else 0, proto=self.protocol, table=MAIN_TABLE)
+            self._rtnl.replace_route(dst=route.dst, gateway=route.gateway, oif=self._index(route.ifname),
+                                     onlink=route.onlink, protocol=self.protocol, table=MAIN_TABLE,
+                                     what=f"replace {describe(route)}")
 
     def _replace_encap_route(self, route: Route) -> None:
         """`route replace <dst> encap ip6 dst <encap_dst> dev <ifname>`, built by hand: pyroute2's
@@ -359,8 +372,8 @@ class NetlinkKernel(RoutingKernel):
     def delete_route(self, route: Route) -> None:
         """Delete our route to `route.dst` (the kernel matches dst, table and our protocol only)."""
         with self._call(f"delete {describe(route)}", if_gone=IfGone.SUCCEED):
-            self._ipr.route("del", dst=str(route.dst), family=_AF[IpFamily.of(route.dst)], proto=self.protocol,
-                            table=MAIN_TABLE)
+            self._rtnl.delete_route(dst=route.dst, protocol=self.protocol, table=MAIN_TABLE,
+                                    what=f"delete {describe(route)}")
 
     # ------------------------------------------------------------ neighbours
     @namespaces.in_own_netns
@@ -379,15 +392,14 @@ class NetlinkKernel(RoutingKernel):
     @namespaces.in_own_netns
     def replace_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"replace {describe(neighbour)}", ifname=neighbour.ifname):
-            self._ipr.neigh("replace", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address),
-                            family=_AF[IpFamily.of(neighbour.address)],
-                            lladdr=neighbour.mac, state=NUD_PERMANENT)
+            self._rtnl.replace_neighbour(ifindex=self._index(neighbour.ifname), address=neighbour.address,
+                                         mac=neighbour.mac, what=f"replace {describe(neighbour)}")
 
     @namespaces.in_own_netns
     def delete_neighbour(self, neighbour: Neighbour) -> None:
         with self._call(f"delete {describe(neighbour)}", ifname=neighbour.ifname, if_gone=IfGone.SUCCEED):
-            self._ipr.neigh("del", ifindex=self._index(neighbour.ifname), dst=str(neighbour.address),
-                            family=_AF[IpFamily.of(neighbour.address)])
+            self._rtnl.delete_neighbour(ifindex=self._index(neighbour.ifname), address=neighbour.address,
+                                        what=f"delete {describe(neighbour)}")
 
     # ------------------------------------------------------------ FDB
     @namespaces.in_own_netns
@@ -405,11 +417,11 @@ class NetlinkKernel(RoutingKernel):
     @namespaces.in_own_netns
     def replace_fdb(self, entry: FdbEntry) -> None:
         with self._call(f"replace {describe(entry)}", ifname=entry.ifname):
-            self._ipr.fdb("replace", ifindex=self._index(entry.ifname), lladdr=entry.mac, dst=str(entry.dst),
-                          state=NUD_PERMANENT, flags=NTF_SELF)
+            self._rtnl.replace_fdb(ifindex=self._index(entry.ifname), mac=entry.mac, dst=entry.dst,
+                                   what=f"replace {describe(entry)}")
 
     @namespaces.in_own_netns
     def delete_fdb(self, entry: FdbEntry) -> None:
         """Delete the MAC's whole entry on the device (every destination it has)."""
         with self._call(f"delete {describe(entry)}", ifname=entry.ifname, if_gone=IfGone.SUCCEED):
-            self._ipr.fdb("del", ifindex=self._index(entry.ifname), lladdr=entry.mac)
+            self._rtnl.delete_fdb(ifindex=self._index(entry.ifname), mac=entry.mac, what=f"delete {describe(entry)}")

@@ -364,6 +364,11 @@ class RoutingKernel(abc.ABC):
     def underlay_snapshot(self) -> UnderlaySnapshot:
         """The namespace's links, their IPv4 and global IPv6 addresses and default routes."""
 
+    def addresses_changed(self) -> bool:
+        """Whether links or addresses may have changed since the last call (so a new
+        `underlay_snapshot` is worth its cost); a kernel that cannot tell says True."""
+        return True
+
     @abc.abstractmethod
     def links_with_prefix(self, prefix: str) -> dict[str, str]:
         """Our links: name -> kind."""
