@@ -28,6 +28,9 @@ against the cluster CIDR and reserved ranges of that family only.
   away the refused one is admitted at the next render (the reconciler re-plans on every
   change).
 
+The incremental plan (`incremental.py`) keeps one `Admission` over a `ReleasableClaims` index
+across changes: a changed peer `release`s what it held and is checked again against every holder.
+
 Overlap checks walk the prefix lengths of one CIDR (at most 33, or 129, integer lookups), never
 all pairs, and only when a sort-and-sweep over all CIDRs found an overlap at all: a plan
 for 1,000 peers renders in about 20 ms.
@@ -35,7 +38,7 @@ for 1,000 peers renders in about 20 ms.
 from __future__ import annotations
 
 from ipaddress import IPv4Address
-from typing import Iterable
+from typing import Callable, Iterable
 
 from netagent.kernel.families import IpFamily
 
@@ -82,6 +85,44 @@ class _Claims:
             self._below.setdefault((network & self._masks[prefixlen], prefixlen), owner)
 
 
+class ReleasableClaims(_Claims):
+    """`_Claims` whose holders can give a claim back (the incremental plan keeps one across
+    changes). A prefix under several claims answers its oldest holder by `rank`, as the full
+    render's first claimer would be."""
+
+    def __init__(self, family: IpFamily, rank: Callable[[str], tuple]) -> None:
+        super().__init__(family)
+        self._rank = rank
+        self._under: dict[tuple, dict[str, None]] = {}  # a supernet of claimed prefixes -> their owners
+
+    def overlapping_owner(self, cidr) -> str | None:
+        network = int(cidr.network_address)
+        for prefixlen in range(cidr.prefixlen, -1, -1):
+            owner = self._exact.get((network & self._masks[prefixlen], prefixlen))
+            if owner is not None:
+                return owner
+        owners = self._under.get((network, cidr.prefixlen))
+        return min(owners, key=self._rank) if owners else None
+
+    def claim(self, cidr, owner: str) -> None:
+        network = int(cidr.network_address)
+        self._exact[(network, cidr.prefixlen)] = owner
+        for prefixlen in range(cidr.prefixlen):
+            self._under.setdefault((network & self._masks[prefixlen], prefixlen), {})[owner] = None
+
+    def release(self, cidr, owner: str) -> None:
+        network = int(cidr.network_address)
+        if self._exact.get((network, cidr.prefixlen)) == owner:
+            del self._exact[(network, cidr.prefixlen)]
+        for prefixlen in range(cidr.prefixlen):
+            key = (network & self._masks[prefixlen], prefixlen)
+            owners = self._under.get(key)
+            if owners is not None:
+                owners.pop(owner, None)
+                if not owners:
+                    del self._under[key]
+
+
 class _NoClaims:
     """Stands in for `_Claims` when a sweep has shown that no two CIDRs overlap."""
 
@@ -118,13 +159,15 @@ class Admission:
     """One render's claims; `check` before a peer's backend render, `check_macs` and `admit` after."""
 
     def __init__(self, local: LocalNode, peers: Iterable[Peer], *, bounds: PeerBounds,
-                 devices: tuple, reserved_addresses: Iterable = ()) -> None:
-        """`reserved_addresses`: (address, what it is), ...: no peer's public IP."""
+                 devices: tuple, reserved_addresses: Iterable = (), claims: ReleasableClaims | None = None) -> None:
+        """`reserved_addresses`: (address, what it is), ...: no peer's public IP. `claims`: a
+        releasable index (then `release` works and `peers` is not looked at)."""
         self.local = local
         self.family = family = local.family
         self.bounds = bounds
         self.cluster = tuple(c for c in bounds.cluster_cidrs if family.holds(c))
-        self.claims = _claims_for(local, peers, family)
+        self.claims: _Claims | _NoClaims = claims if claims is not None else _claims_for(local, peers, family)
+        self._held: dict[str, tuple] = {}  # peer -> (CIDRs, public IP, MACs) it holds
         ours = f"this node ({local.name})"
         for cidr in local.pod_cidrs:
             if family.holds(cidr):
@@ -185,6 +228,26 @@ class Admission:
         for cidr in cidrs:
             self.claims.claim(cidr, peer.name)
         self.public_ips[peer.public_ip] = peer.name
-        if isinstance(result, PeerPlan):
-            for entry in result.fdb:
-                self.macs[entry.mac] = peer.name
+        macs = tuple(entry.mac for entry in result.fdb) if isinstance(result, PeerPlan) else ()
+        for mac in macs:
+            self.macs[mac] = peer.name
+        self._held[peer.name] = (cidrs, peer.public_ip, macs)
+
+    def holds(self, name: str) -> bool:
+        """Whether the peer holds claims in this admission."""
+        return name in self._held
+
+    def release(self, name: str) -> None:
+        """The peer holds nothing any more (needs releasable `claims`); a peer holding nothing is a no-op."""
+        held = self._held.pop(name, None)
+        if held is None:
+            return
+        cidrs, public_ip, macs = held
+        assert isinstance(self.claims, ReleasableClaims), "release needs a releasable claims index"
+        for cidr in cidrs:
+            self.claims.release(cidr, name)
+        if self.public_ips.get(public_ip) == name:
+            del self.public_ips[public_ip]
+        for mac in macs:
+            if self.macs.get(mac) == name:
+                del self.macs[mac]

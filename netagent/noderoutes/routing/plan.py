@@ -91,45 +91,64 @@ def _render_peer(local: LocalNode, peer: Peer, cidrs: tuple, settings: RoutingSe
 
 
 def render_plan(local: LocalNode, peers: Iterable[Peer], settings: RoutingSettings, *,
-                bounds: PeerBounds, learnt: Mapping | None = None) -> Plan:
+                bounds: PeerBounds, learnt: Mapping | None = None, admission: Admission | None = None) -> Plan:
     """Everything the kernel should hold for `peers` (a peer named like the local node is skipped);
     only peers inside `bounds` and holding their claims (`admission.py`) get objects. `learnt`:
     the routes BIRD learnt over BGP (destination -> Route, `noderoutes/bgp/learnt.py`), which
     `bgp` mode (and `auto` across subnets) copies for the admitted peers' own CIDRs only; the
     speaker's `LearntTable` (`bgp.py`) also names the addresses no peer may hold (external BGP peers, gateways).
-    Only `local.family` is planned: `ignored_ipv6` lists the IPv6 CIDRs an IPv4 plan skipped."""
+    Only `local.family` is planned: `ignored_ipv6` lists the IPv6 CIDRs an IPv4 plan skipped.
+    `admission`: an empty one to fill (`incremental.py` keeps it to plan later changes alone)."""
     devices = render_devices(local, settings)
-    family = local.family
     by_name = {peer.name: peer for peer in peers if peer.name != local.name}
-    admission = Admission(local, by_name.values(), bounds=bounds, devices=devices,
-                          reserved_addresses=reserved_addresses(learnt))
-    planned, refused, pending = {}, {}, {}
-    ignored_local = [f"{local.name} {c}" for c in local.pod_cidrs if not family.holds(c)] \
-        if family is IpFamily.V4 else []
+    if admission is None:
+        admission = Admission(local, by_name.values(), bounds=bounds, devices=devices,
+                              reserved_addresses=reserved_addresses(learnt))
+    planned: dict[str, PeerPlan] = {}
+    refused: dict[str, Refused] = {}
+    pending: dict[str, str] = {}
     ignored_ipv6: list[str] = []
     for peer in sorted(by_name.values(), key=lambda p: p.seniority):
-        name = peer.name
-        cidrs = peer.cidrs_of(family)
-        if family is IpFamily.V4 and len(cidrs) != len(peer.pod_cidrs):
-            ignored_ipv6.extend(f"{name} {c}" for c in peer.pod_cidrs if not family.holds(c))
-        if not peer.pod_cidrs:
-            pending[name] = "no pod CIDR yet"
-            continue
-        if not cidrs:  # nothing of this family to route (another family's planner routes the rest)
-            continue
-        projected = peer.in_family(family)
-        if isinstance(projected, Peer):
-            result = _render_peer(local, projected, cidrs, settings, admission=admission, learnt=learnt or {})
-        else:
-            result = projected
-        if isinstance(result, PeerPlan):
-            planned[name] = result
-        elif isinstance(result, Pending):
-            pending[name] = result.reason
-        else:
-            refused[name] = result
+        result = plan_peer(local, peer, settings, admission=admission, learnt=learnt or {})
+        ignored_ipv6.extend(ignored_cidrs(local, peer))
+        file_outcome(peer.name, result, planned=planned, refused=refused, pending=pending)
     return Plan(devices=devices, peers=dict(sorted(planned.items())), refused=dict(sorted(refused.items())),
-                pending=dict(sorted(pending.items())), ignored_ipv6=tuple(ignored_local + sorted(ignored_ipv6)))
+                pending=dict(sorted(pending.items())), ignored_ipv6=tuple(ignored_cidrs(local) + sorted(ignored_ipv6)))
+
+
+def plan_peer(local: LocalNode, peer: Peer, settings: RoutingSettings, *, admission: Admission,
+              learnt: Mapping) -> PeerPlan | Pending | Refused | None:
+    """One peer's outcome in `local.family`'s plan, its claims recorded in `admission` when it
+    holds them; None when it has nothing of this family to route (another family's planner routes it)."""
+    family = local.family
+    cidrs = peer.cidrs_of(family)
+    if not peer.pod_cidrs:
+        return Pending("no pod CIDR yet")
+    if not cidrs:
+        return None
+    projected = peer.in_family(family)
+    if isinstance(projected, Peer):
+        return _render_peer(local, projected, cidrs, settings, admission=admission, learnt=learnt)
+    return projected
+
+
+def ignored_cidrs(local: LocalNode, peer: Peer | None = None) -> list[str]:
+    """The IPv6 pod CIDRs an IPv4 plan skips: the peer's ("name cidr"), or the local node's."""
+    if local.family is not IpFamily.V4:
+        return []
+    node = local if peer is None else peer
+    return [f"{node.name} {c}" for c in node.pod_cidrs if not IpFamily.V4.holds(c)]
+
+
+def file_outcome(name: str, result: PeerPlan | Pending | Refused | None, *, planned: dict, refused: dict,
+                 pending: dict) -> None:
+    """Put one peer's outcome where a `Plan` keeps it."""
+    if isinstance(result, PeerPlan):
+        planned[name] = result
+    elif isinstance(result, Pending):
+        pending[name] = result.reason
+    elif isinstance(result, Refused):
+        refused[name] = result
 
 
 # ---------------------------------------------------------------- text form (logs, goldens)

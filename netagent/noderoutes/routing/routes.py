@@ -7,10 +7,10 @@ Two ways in, both ending in the same diff-and-apply (`plan.diff_objects`):
   VXLAN device), diff with the plan, write what is missing or different, delete what
   nobody wants. A correct object is left alone, so an agent restart adopts the kernel
   state without a single write (no flush, no blip).
-* `apply_changes(upserts=..., removals=...)` - one watch event's worth: the plan is
-  re-rendered (pure, about 20 ms at 1,000 peers) and compared with the state this
-  manager last programmed, kept in memory per peer, for just the peers whose plan
-  changed. A new node among 1,000 costs its own three netlink writes and no dump.
+* `apply_changes(upserts=..., removals=...)` - one watch event's worth: the changed peers
+  alone are planned (`incremental.py`; a full re-render when only that can tell) and
+  compared with the state this manager last programmed, kept in memory per peer. A new
+  node among 1,000 costs its own planning, its three netlink writes and no dump.
 
 Writes go in programming order (neighbour, FDB, route per peer) and before deletes, so a
 peer that changes mode gets its new route before its old next hop disappears. When a
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
+from operator import attrgetter
 from typing import Callable, Container, Iterable, Mapping
 
 from netagent.kernel.errors import KernelError
@@ -49,10 +51,12 @@ from netagent.noderoutes.routing.model import (
     SyncReport,
     VxlanDevice,
 )
-from netagent.noderoutes.routing.plan import ObjectChanges, describe, diff_objects, render_devices, render_plan
+from netagent.noderoutes.routing.incremental import IncrementalPlanner
+from netagent.noderoutes.routing.plan import ObjectChanges, describe, diff_objects, render_devices
 from netagent.noderoutes.routing.vxlan import is_vtep_mac, normalize_mac, random_vtep_mac, vxlan_ifname
 
 _log = logging.getLogger("netagent.noderoutes.routing")
+_MODE_OF = attrgetter("mode")
 _CONCRETE_MODES = (Mode.HOST_GW, Mode.VXLAN, Mode.IPIP)  # always reported; bgp where it may occur
 
 
@@ -75,6 +79,8 @@ class RouteManager:
         self.ipv6_routed = False  # an IPv6 manager exists: the IPv4 plan's skipped IPv6 CIDRs are not news
         self._peers: dict[str, Peer] = {}
         self._programmed: dict[str, PeerPlan] = {}
+        self._planner = IncrementalPlanner()
+        self._unsure: set[str] = set()  # peers whose programmed objects may differ from their plan
         self._logged_status: dict[str, str] = {}  # peer -> its last logged pending/refused reason
         self._ipv6_logged = False
 
@@ -105,6 +111,7 @@ class RouteManager:
         changes = diff_objects(plan.peers.values(), self._dump_ours())
         report, failures, failed_peers = self._apply(changes)
         self._programmed = {name: peer for name, peer in plan.peers.items() if name not in failed_peers}
+        self._unsure = set(failed_peers)
         return self._finish(report, plan, failures)
 
     def apply_changes(self, *, upserts: Iterable[Peer], removals: Iterable[str]) -> SyncReport:
@@ -114,11 +121,16 @@ class RouteManager:
             self._peers[peer.name] = peer
         for name in removals:
             self._peers.pop(name, None)
-        plan = self._render()
-        # a change can also move another peer (e.g. a removed node frees a CIDR another claimed)
-        touched = {peer.name for peer in upserts} | set(removals) | {
-            name for name in plan.peers.keys() | self._programmed.keys()
-            if plan.peers.get(name) != self._programmed.get(name)}
+        changed = {peer.name for peer in upserts} | set(removals)
+        plan = self._planner.change(self.local, self._peers, self.settings, bounds=self.bounds, names=changed) \
+            if self.learnt is None else None
+        if plan is not None:  # only the changed peers' outcomes moved (incremental.py)
+            self._log_status(plan)
+            touched = changed | self._unsure
+        else:  # a change can also move another peer (e.g. a removed node frees a CIDR another claimed)
+            plan = self._render()
+            touched = changed | {name for name in plan.peers.keys() | self._programmed.keys()
+                                 if plan.peers.get(name) != self._programmed.get(name)}
         desired = [plan.peers[name] for name in sorted(touched) if name in plan.peers]
         current = [obj for name in touched if name in self._programmed for obj in self._programmed[name].objects()]
         report, failures, failed_peers = self._apply(diff_objects(desired, current))
@@ -127,6 +139,7 @@ class RouteManager:
                 self._programmed[name] = plan.peers[name]
             else:
                 self._programmed.pop(name, None)
+        self._unsure = set(failed_peers)
         return self._finish(report, plan, failures)
 
     def cleanup(self) -> None:
@@ -161,11 +174,12 @@ class RouteManager:
         self._programmed = {name: dataclasses.replace(peer, neighbours=kept(peer.neighbours), fdb=kept(peer.fdb),
                                                       routes=kept(peer.routes))
                             for name, peer in self._programmed.items()}
+        self._unsure |= self._programmed.keys()
 
     # ------------------------------------------------------------ objects
     def _render(self) -> Plan:
-        plan = render_plan(self.local, self._peers.values(), self.settings, bounds=self.bounds,
-                           learnt=self.learnt() if self.learnt is not None else None)
+        plan = self._planner.full(self.local, self._peers, self.settings, bounds=self.bounds,
+                                  learnt=self.learnt() if self.learnt is not None else None)
         self._log_status(plan)
         return plan
 
@@ -219,8 +233,8 @@ class RouteManager:
         report.peers_by_mode = {mode.value: 0 for mode in _CONCRETE_MODES}
         if self.settings.mode is Mode.BGP or self.learnt is not None:
             report.peers_by_mode[Mode.BGP.value] = 0
-        for peer in self._programmed.values():
-            report.peers_by_mode[peer.mode.value] = report.peers_by_mode.get(peer.mode.value, 0) + 1
+        for mode, count in Counter(map(_MODE_OF, self._programmed.values())).items():  # C speed: 1,000 peers each sync
+            report.peers_by_mode[mode.value] = report.peers_by_mode.get(mode.value, 0) + count
         if report.added or report.removed:
             self.log.info("routing: %d written, %d removed, %d unchanged", report.added, report.removed,
                           report.unchanged)
