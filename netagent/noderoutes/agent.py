@@ -71,15 +71,8 @@ from netagent.noderoutes.agent_inputs import (  # noqa: F401  (re-exported: the 
     routing_inputs_differ,
 )
 from netagent.noderoutes.host import HostAccess, Lease, Masquerade, NodeApi, NodeWatch
-from netagent.noderoutes.routing.model import (
-    LocalNode,
-    Mode,
-    PeerBounds,
-    RefusalReason,
-    Refused,
-    pod_mtu,
-)
-from netagent.noderoutes.tunnel_filter import sync_tunnel_filters
+from netagent.noderoutes.routing.model import LocalNode, Mode, PeerBounds, RefusalReason, Refused, pod_mtu
+from netagent.noderoutes.tunnel_filter import TunnelFilterLoop
 from netagent.noderoutes.underlay import Underlay, choose_underlay
 
 if TYPE_CHECKING:  # imported where used, at start-up
@@ -122,12 +115,13 @@ class NodeAgent:
         self.node_listeners = tuple(node_listeners)
         self.reflector: NodeWatch | None = None
         self.routed: dict[IpFamily, RoutedFamily] = {}  # one per routed family, IPv4 first
-        self.tunnel_filters: dict = {}  # IpFamily -> TunnelFilter, built at the first sync
+        self.filter_loop = TunnelFilterLoop(host, resync_interval=settings.resync_interval)
+        self.tunnel_filters = self.filter_loop.filters  # IpFamily -> TunnelFilter, built at the first sync
         self.runner: SyncRunner | None = None
         self.underlay: Underlay | None = None
         self.pod_cidrs: tuple = ()
         self.last_report: SyncReport | None = None
-        self._runner_health: HealthFunction | None = None
+        self._runner_health: tuple[HealthFunction, ...] = ()  # the route runner's, the tunnel filter's
         self.rejections = rejections if rejections is not None else standalone("noderoutes")
         self.host_networks: tuple = ()  # (network, what): this node's own, read again at every sync
         self._unusable: dict[str, nodes.Unusable] = {}  # Nodes read_peer refused, by name
@@ -144,9 +138,12 @@ class NodeAgent:
         runner = self.runner = SyncRunner(name="node-routes", sync=self._sync,
                                           min_interval=self.settings.min_sync_interval,
                                           max_interval=self.settings.resync_interval, retry_interval=1.0)
+        self.filter_loop.runner.start()
         runner.start()
         if runner.run_now_and_wait(timeout=120, kind=SyncKind.FULL) is not SyncResult.SUCCEEDED:
             raise AgentStartError(f"the first route sync failed: {runner.status().last_error}")
+        if self.filter_loop.runner.run_now_and_wait(timeout=120) is not SyncResult.SUCCEEDED:
+            raise AgentStartError(f"the first tunnel filter sync failed: {self.filter_loop.runner.status().last_error}")
         report = self.last_report
         assert report is not None, "a succeeded sync records its report"
         log.info("first sync: %d peer(s) %s (added %d, removed %d, unchanged %d); refused %s; pending %s",
@@ -187,17 +184,19 @@ class NodeAgent:
         if self.runner is None:
             return HealthReport(healthy=False, reason="starting: waiting for the lease and the first sync",
                                 details={})
-        if self._runner_health is None:
-            self._runner_health = health_from_sync_runner(
-                self.runner, stale_after=max(60.0, 2 * self.settings.resync_interval))
+        if not self._runner_health:
+            self._runner_health = tuple(health_from_sync_runner(runner, stale_after=max(
+                60.0, 2 * self.settings.resync_interval)) for runner in (self.runner, self.filter_loop.runner))
         bird_down = self.host.bgp.health_error() if self.host.bgp is not None else ""
         if bird_down:
             return HealthReport(healthy=False, reason=bird_down, details={})
-        return self._runner_health()  # refused Nodes: the daemon lists every rejection (rejection_reports.py)
+        reports = [health() for health in self._runner_health]  # refused Nodes: the daemon lists every rejection
+        return next((report for report in reports if not report.healthy), reports[0])
 
     def stop(self) -> None:
         if self.runner is not None:
             self.runner.stop(timeout=5)
+        self.filter_loop.runner.stop(timeout=5)
         if self.reflector is not None:
             self.reflector.stop()
         if self.host.bgp is not None:  # peers hold our routes while the next agent starts BIRD again
@@ -310,8 +309,11 @@ class NodeAgent:
         """Where peers' pod CIDRs of `family` may lie (`agent_inputs.peer_bounds`)."""
         return peer_bounds(self.settings, family, pod_cidrs=self.pod_cidrs, host_networks=self.host_networks)
 
-    def _refresh_own_networks(self) -> None:
-        """Read this node's own addresses again (each sync): one added after start is no peer's either."""
+    def _refresh_own_networks(self, *, always: bool = True) -> None:
+        """Read this node's own addresses again (full syncs; partial ones after the kernel announced a
+        link or address change): one added after start is no peer's either."""
+        if not self.host.kernel.addresses_changed() and not always:  # called every sync: drains the news
+            return
         networks = own_networks(self.host.kernel.underlay_snapshot())
         if networks != self.host_networks:
             if self.host_networks:
@@ -416,7 +418,7 @@ class NodeAgent:
         assert self.routed, "start() builds the managers before the runner that syncs"
         started = time.monotonic()
         try:
-            self._refresh_own_networks()
+            self._refresh_own_networks(always=kind is SyncKind.FULL)
             if kind is SyncKind.FULL:
                 self.tracker.drain()
                 self._reassert_announcement()
@@ -441,7 +443,7 @@ class NodeAgent:
             raise
         self._record_rejections(report)
         self._configure_bgp(report)
-        sync_tunnel_filters(self.tunnel_filters, self.host, {f: r.routes for f, r in self.routed.items()}, report)
+        self.filter_loop.hand({f: r.routes for f, r in self.routed.items()}, report, kind)  # its own runner writes
         self.last_report = report  # refused and pending peers are logged by the RouteManager, once per reason
         self.metrics.record_sync(kind.name.lower(), time.monotonic() - started, report)
 

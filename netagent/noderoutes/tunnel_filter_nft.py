@@ -74,6 +74,7 @@ class NftTunnelFilter:
         self.rules = tunnel_rules(settings, family)
         self.own = tuple(own)
         self.admitted: tuple[Address, ...] = ()
+        self._written: tuple[Address, ...] | None = None  # the members of the last ensure
         self.update(())
 
     def update(self, peers: Iterable[Address]) -> None:
@@ -96,8 +97,18 @@ class NftTunnelFilter:
         if not self.rules:
             problems = self.check()
             self.cleanup()
+            self._written = self.admitted
             return problems
-        return tables.ensure_table(self.nft, self.wanted())
+        self._written = None
+        problems = tables.ensure_table(self.nft, self.wanted())
+        self._written = self.admitted
+        return problems
+
+    def ensure_members(self) -> list[str]:
+        """A partial sync's write: nothing when the members are those of the last `ensure` (nothing
+        read; with no tunnel, nothing after the `ensure` that removed the table), else `ensure`."""
+        return [] if self._written is not None and (self._written == self.admitted or not self.rules) \
+            else self.ensure()
 
     def cleanup(self) -> None:
         """Delete the table; quiet when gone."""

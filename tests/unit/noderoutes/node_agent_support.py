@@ -113,7 +113,9 @@ class AgentHarness(AgentWorld):
         self.agent.prepare()
 
     def sync(self, kind: SyncKind = SyncKind.PARTIAL) -> None:
+        """A route sync, then the tunnel filter's run it asks for (their runners' threads, in order)."""
         self.agent._sync(kind)
+        self.agent.filter_loop.sync(kind)
 
 
 def announcement_json(data: object) -> str:

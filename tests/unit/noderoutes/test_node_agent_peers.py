@@ -140,12 +140,16 @@ def test_a_rejected_node_is_listed_and_the_node_stays_healthy():
     harness.put(node("evil", 50, cidr="169.254.169.254/32"))
     runner = harness.agent.runner = SyncRunner(name="node-routes", sync=harness.agent._sync, min_interval=0,
                                                max_interval=3600, retry_interval=1.0)
+    filters = harness.agent.filter_loop.runner  # the tunnel filter's runner, which the route sync asks
     runner.start()
+    filters.start()
     try:
         assert runner.run_now_and_wait(timeout=60, kind=SyncKind.FULL) is SyncResult.SUCCEEDED
+        assert filters.run_now_and_wait(timeout=60) is SyncResult.SUCCEEDED
         report = harness.agent.health()
     finally:
         runner.stop()
+        filters.stop()
     assert report.healthy  # a refused peer costs the node nothing; it is listed as rejected
     (line,) = harness.agent.rejections.health_details()
     assert "Node evil rejected (outside-cluster-cidr)" in line and "169.254.169.254/32" in line

@@ -117,6 +117,30 @@ def test_ensure_writes_once_repairs_drift_and_cleans_up():
     assert CHAIN not in filter_table.chains and filter_table.chains["INPUT"].rules == [] and ipset.sets == {}
 
 
+def test_a_partial_sync_writes_only_the_changed_members_and_reads_nothing(monkeypatch):
+    """`ensure_members` (a Node change): one set write of the difference, no iptables-save, no
+    ipset read; nothing at all when the members are unchanged; `ensure` when the set would outgrow
+    its maxelem or nothing was written yet."""
+    iptables, ipset, tunnel_filter = world()
+    tunnel_filter.update([PEER])
+    assert tunnel_filter.ensure_members()  # nothing written yet: the whole ensure
+    reads = []
+    monkeypatch.setattr(iptables, "table", lambda name: reads.append(name))
+    monkeypatch.setattr(ipset, "read", lambda name: reads.append(name))
+    writes = len(ipset.writes)
+    assert tunnel_filter.ensure_members() == [] and len(ipset.writes) == writes
+    tunnel_filter.update([PEER, OTHER])
+    assert tunnel_filter.ensure_members() == [f"ipset {SET}: 1 admitted, 0 no longer"]
+    tunnel_filter.update([OTHER])
+    assert tunnel_filter.ensure_members() == [f"ipset {SET}: 0 admitted, 1 no longer"]
+    assert reads == [] and len(ipset.writes) == writes + 2
+    assert ipset.members(SET) == {"192.0.2.1", "192.0.2.3"}
+    monkeypatch.undo()
+    tunnel_filter.update(IPv4Address(int(OTHER) + i) for i in range(set_capacity(2)))  # beyond maxelem
+    assert tunnel_filter.ensure_members() == [f"ipset {SET}: maxelem 1024 is below the 1025 admitted"]
+    assert len(ipset.members(SET)) == 1025
+
+
 def test_cleanup_removes_the_rules_before_the_set_they_name():
     iptables, ipset, tunnel_filter = world()
     tunnel_filter.ensure()
@@ -285,6 +309,7 @@ def test_the_agent_in_nftables_mode_writes_no_iptables_rule_for_the_filter():
                       registry=Registry())
     agent.prepare()
     agent._sync(SyncKind.FULL)
+    agent.filter_loop.sync(SyncKind.FULL)
     assert "NETAGENT" not in world.iptables.save()
     assert agent.tunnel_filters[IpFamily.V4].check() == []
     assert [str(a) for a in agent.tunnel_filters[IpFamily.V4].admitted] == [str(LOCAL_IP), "198.18.16.12"]
@@ -313,3 +338,33 @@ def test_the_nft_batch_is_pinned_and_its_rules_name_their_set():
     batch = render_tunnel_nft(IpFamily.V4, rules, [IPv4Address("192.0.2.1"), IPv4Address("192.0.2.2")])
     assert batch == NFT_GOLDEN
     FakeNft().apply(batch)
+
+
+def test_without_a_tunnel_a_partial_sync_reads_nothing_after_the_first_look(monkeypatch):
+    """host-gw: the first `ensure_members` looks for leftovers (and removes them); later ones, on
+    every Node change, run no iptables-save and no ipset list."""
+    iptables, ipset, tunnel_filter = world(mode=Mode.HOST_GW)
+    tunnel_filter.update([PEER])
+    assert tunnel_filter.ensure_members() == []
+    reads = []
+    monkeypatch.setattr(iptables, "table", lambda name: reads.append(name))
+    monkeypatch.setattr(ipset, "describe", lambda name: reads.append(name))
+    tunnel_filter.update([PEER, OTHER])
+    assert tunnel_filter.ensure_members() == [] and reads == []
+
+
+def test_the_nft_flavour_reads_nothing_on_a_partial_sync_that_changes_no_member(monkeypatch):
+    from netagent.kernel.nftables.fake import FakeNft
+    from netagent.noderoutes.tunnel_filter_nft import NftTunnelFilter
+
+    nft = FakeNft()
+    tunnel_filter = NftTunnelFilter(nft=nft, settings=RoutingSettings(mode=Mode.VXLAN), own=(OWN,))
+    tunnel_filter.update([PEER])
+    assert tunnel_filter.ensure_members()  # nothing written yet: the whole ensure
+    reads = []
+    monkeypatch.setattr(nft, "list_table", lambda *args: reads.append(args))
+    assert tunnel_filter.ensure_members() == [] and reads == []
+    monkeypatch.undo()
+    tunnel_filter.update([PEER, OTHER])
+    assert tunnel_filter.ensure_members() and [str(a) for a in tunnel_filter.admitted] == [
+        str(OWN), str(PEER), str(OTHER)] and tunnel_filter.check() == []
