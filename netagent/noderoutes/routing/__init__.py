@@ -18,12 +18,16 @@ seams of ARCHITECTURE.md:
                     reserved ranges, claims (CIDR, public IP, VTEP MAC) kept by the older Node
     plan.py         `render_plan` (pure: local node + peers + settings + bounds -> Plan), the
                     object diff and the device drift check shared by both kernels
+    incremental.py  `IncrementalPlanner`: a Node change planned alone, equal to the full render
+                    (which it falls back to where only that can tell)
     kernel.py       `NetlinkKernel`: the real kernel over one pyroute2 IPRoute socket (the
                     agent's underlay snapshot is read through it too)
+    rtnl.py         the per-peer writes packed by hand on a plain netlink socket (the Node
+                    change's hot path), and the link and address change listener
     fake_kernel.py  `FakeKernel`: keeps state and validates like the kernel, for unit tests
     routes.py       `RouteManager`: ensure the devices, then diff the plan against what is
-                    programmed (a kernel dump for `sync_all`, memory for `apply_changes`)
-                    and change only the difference
+                    programmed (a kernel dump for `sync_all`, memory and the changed peers
+                    for `apply_changes`) and change only the difference
 
 Ownership: our devices are named `na-*` (kinds vxlan, ipip and ip6tnl) and everything on them is
 ours; our routes carry route protocol 78 (`ROUTE_PROTOCOL`), so routes we add on the
