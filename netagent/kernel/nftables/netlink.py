@@ -113,7 +113,7 @@ class _Parts(dict[str, bytes]):
     """One part's encodings by text, each made once on first use (a service address, `tcp`, a
     port, a slot repeat across elements)."""
 
-    def __init__(self, coder: Callable[[str], bytes], padded: bool) -> None:
+    def __init__(self, coder: Callable[[str], bytes], *, padded: bool) -> None:
         super().__init__()
         self.coder, self.padded = coder, padded
 
@@ -139,7 +139,7 @@ def _data(types: tuple[str, ...], outer: int) -> Callable[[tuple[str, ...]], byt
     head = (_NLA.pack(8 + length + (-length % 4), outer | NLA_F_NESTED)   # the nest counts the padding
             + _NLA.pack(4 + length, NFTA_DATA_VALUE))
     tail = b"\0" * (-length % 4)
-    caches = [_Parts(coder, padded) for coder, _ in found]
+    caches = [_Parts(coder, padded=padded) for coder, _ in found]
     if len(caches) == 1:
         (a,) = caches
         encode: Callable[[tuple[str, ...]], bytes] = lambda parts: head + a[parts[0]] + tail   # noqa: E731
