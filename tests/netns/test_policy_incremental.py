@@ -46,6 +46,8 @@ print(retrans)
 """
 ISOLATE_SERVER = policy("x", "server", {"podSelector": {"matchLabels": {"app": "server"}},
                                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]})
+ISOLATE_CLIENT = policy("x", "client", {"podSelector": {"matchLabels": {"role": "client"}},   # its ADD writes a chain
+                                        "policyTypes": ["Ingress"]})
 
 
 class CountingIptables(IptablesRunner):
@@ -113,6 +115,7 @@ def engine_for(dataplane: Dataplane, veths: dict[str, str]) -> PolicyEngine:
         recorder.on_synced()
     engine.namespaces.on_add(namespace("x"))
     engine.policies.on_add(ISOLATE_SERVER)
+    engine.policies.on_add(ISOLATE_CLIENT)
     return engine
 
 

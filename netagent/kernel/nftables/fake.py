@@ -7,7 +7,7 @@ caught in unit tests):
 - `add|create chain FAMILY TABLE NAME [{ type T hook H priority P; [policy accept|drop;] }]`,
   `delete|flush chain FAMILY TABLE NAME`
 - `add|create set|map FAMILY TABLE NAME { type A [. B ...] [: V]; | typeof EXPR [. EXPR] [: EXPR];
-  [flags f[,g];] [timeout T;] [size N;] [policy P;] }`, `delete|flush set|map ...`
+  [flags f[,g];] [timeout T;] [size N;] [policy P;] [elements = { e, ... }] }`, `delete|flush set|map ...`
 - `add|create|delete element FAMILY TABLE NAME { e, ... }` (elements as `text.element`
   writes them; `timeout T` and `comment "c"` after a key)
 - `add|insert rule FAMILY TABLE CHAIN <statements> [comment "c"]`,
@@ -216,15 +216,18 @@ class FakeNft(Nft):
         name, is_map = command[4], command[1] == "map"
         found = table.sets.get(name)
         if verb in ("add", "create"):
+            command, items = _without_elements(command)
             new = self._set_spec(table, name, command, is_map=is_map)
             if found is not None:
                 if verb == "create" or (found.keys, found.values, found.flags, found.is_map) != \
                         (new.keys, new.values, new.flags, new.is_map):
                     raise _refuse("Could not process rule: File exists", command)
                 found.size = new.size if new.size is not None else found.size
-                return
-            new.handle = table.take_handle()
-            table.sets[name] = new
+            else:
+                new.handle = table.take_handle()
+                table.sets[name] = found = new
+            for item in items:          # `elements = { ... }` in the body: added as `add element` adds them
+                self._element("add", table, found, item, command)
             return
         if found is None or found.is_map != is_map:
             raise _refuse("Could not process rule: No such file or directory", command)
@@ -395,6 +398,22 @@ def _chain_referenced(table: _Table, name: str, *, besides: _Chain) -> bool:
                                                for v in value.values()):
                 return True
     return False
+
+
+def _without_elements(command: list[str]) -> tuple[list[str], list[list[str]]]:
+    """A set or map declaration without its `elements = { ... }` statement, and those elements."""
+    body, end = parse.block(command, 5)
+    kept: list[str] = []
+    items: list[list[str]] = []
+    for statement in parse.split_on(body, ";"):
+        if statement[:2] == ["elements", "="]:
+            inner, after = parse.block(statement, 2)
+            if after != len(statement) or not inner:
+                raise _refuse("syntax error in the set's elements", command)
+            items += parse.split_on(inner, ",")
+        elif statement:
+            kept += [*statement, ";"]
+    return [*command[:5], "{", *kept, "}", *command[end:]], items
 
 
 def _set_referenced(table: _Table, name: str) -> bool:

@@ -31,7 +31,8 @@ from typing import TypeVar
 from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import tables
 from netagent.kernel.nftables.changes import Changes, table_changes
-from netagent.kernel.nftables.model import Map, Set, Table
+from netagent.kernel.nftables import text as nft_text
+from netagent.kernel.nftables.model import Map, Set, Table, set_spec
 from netagent.kernel.nftables.runner import Nft, NftError
 from netagent.policy.dataplane import ApplyReport, PolicyDataplane
 from netagent.policy.pod_plan import PodAdded, PodRemoved
@@ -100,11 +101,17 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
         return held, changes
 
     def _write(self, changes: Changes) -> None:
-        """One transaction (`Changes.apply`): a change of elements only (a CNI ADD of a pod no
-        policy isolates: KNOWN and the selector sets it joins; a label change) as netlink
-        messages, without libnftables' parse and its fetch of every interval set's elements;
-        anything else as one text batch."""
-        changes.apply(self.nft)
+        """One transaction: a change of elements only (a CNI ADD of a pod no policy isolates:
+        KNOWN and the selector sets it joins; a label change) as netlink messages
+        (`Changes.apply`); a table rebuilt as `Changes.apply` writes it; anything else (an
+        isolated pod's chains, rules and elements) as one text batch whose elements are added
+        by re-declaring their set or map (`_declared_batch`)."""
+        if changes.rebuild is not None or changes.element_write() is not None:
+            changes.apply(self.nft)
+            return
+        batch = _declared_batch(changes)
+        if batch:
+            self.nft.apply(batch)
 
     def render_with_pod(self, wanted: NftPolicy, added: PodAdded, *, settings: RenderSettings,
                         interface_of: Callable[[PodPlan], str | None]) -> NftPolicy | None:
@@ -122,6 +129,30 @@ class NftablesDataplane(PolicyDataplane[NftPolicy]):
         if not tables.remove_table(self.nft, self.family.nft, TABLE):
             return []
         return [f"nft table {self.family.nft} {TABLE}"]
+
+
+def _declared_batch(changes: Changes) -> str:
+    """`changes.text()` with each `add element` replaced by its set or map declared again with
+    `elements = { ... }`: the same transaction, but nft 1.0.6 fetches every interval set's
+    elements before an `add element` (one dump per ipBlock set) and not before a declaration
+    (measured at 1,000 pods / 200 policies: 12.9 ms of CPU for an isolated pod's batch, 7.2 ms
+    declared). A declaration must match the set's (the kernel refuses another type), so
+    interval and dynamic sets, and sets without a declaration, keep their `add element`."""
+    adds = {holder: elements for holder, elements in changes.add_elements.items() if elements}
+    declared = {holder: changes.declared.get(holder) for holder in adds}
+    moved = sorted(holder for holder, entry in declared.items() if entry is not None and not entry.flags)
+    if not moved:
+        return changes.text()
+    where = f"{changes.family} {nft_text.name(changes.table)}"
+    lines = []
+    for holder in moved:
+        entry = declared[holder]
+        assert entry is not None
+        items = nft_text.element_block(element.render() for _, element in sorted(adds[holder].items()))
+        lines.append(f"add {'map' if isinstance(entry, Map) else 'set'} {where} {nft_text.name(holder)} "
+                     f"{{ {set_spec(entry)} elements = {items} }}")
+    rest = replace(changes, add_elements={holder: adds[holder] for holder in adds if holder not in moved})
+    return rest.text() + "\n".join(lines) + "\n"
 
 
 def _narrowed(wanted: Table, held: Table) -> tuple[Table, Table]:

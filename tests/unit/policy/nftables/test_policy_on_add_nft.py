@@ -92,3 +92,16 @@ def test_a_refused_partial_write_falls_back_to_the_full_apply(caplog):
     before = len(node.nft.batches)
     node.engine.sync(SyncKind.FULL)
     assert len(node.nft.batches) == before
+
+
+def test_an_isolated_pods_batch_declares_its_sets_again_instead_of_adding_elements():
+    node = Node()
+    node.engine.pods.on_add(scheduled("a", {"app": "a"}))
+    node.engine.sync(SyncKind.PARTIAL)
+    before = len(node.nft.batches)
+    assert node.add("a", "10.0.0.2").programmed
+    (batch,) = node.nft.batches[before:]
+    assert "add element" not in batch and "add chain" in batch
+    assert f"add set ip {TABLE} {owned.POLICY_KNOWN_SET} {{ type ipv4_addr; elements = {{ 10.0.0.2 comment" in batch
+    node.engine.sync(SyncKind.FULL)                      # the table read back is the one rendered
+    assert len(node.nft.batches) == before + 1
