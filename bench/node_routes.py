@@ -16,14 +16,16 @@ beside the real flannel.
    same measurement in its node's namespace; its rows are `flannel-<backend>`.
 2. The agent's resident memory at each peer count (VmRSS).
 3. Throughput: iperf3 between two pods on two nodes per mode, against two namespaces joined
-   by a bare veth (the ceiling) in the same run. IPIP runs only in the VM tier (this kernel
-   has no IPIP), so it is not in this table.
+   by a bare veth (the ceiling) and the same veth carrying a plain kernel VXLAN pair (no agent:
+   the kernel's own VXLAN limit), in alternating rounds of the same run (`--rounds`, medians).
+   IPIP runs only in the VM tier (this kernel has no IPIP), so it is not in this table.
 4. With `--family`: pod-to-pod throughput per mode and IP family and the IPv6/IPv4 ratio
    (`bench/pod_throughput.py`: two nodes programmed by the routing code, one per family).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -35,6 +37,7 @@ import time
 from importlib.metadata import version
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # bench/'s own modules, when imported as bench.<name>
 
 from lab import physical  # noqa: E402
 from lab.cluster import LabCluster  # noqa: E402
@@ -204,6 +207,26 @@ def iperf(lab_or_none, client_ns: str, server_ns: str, address: str, seconds: fl
 
 
 def veth_baseline(seconds: float) -> float:
+    """Two namespaces joined by a bare veth: the ceiling."""
+    with veth_pair() as (a, b):
+        return iperf(None, a, b, "10.99.0.2", seconds)
+
+
+def vxlan_baseline(seconds: float) -> float:
+    """The same bare veth with a plain kernel VXLAN device on each end (`ip link add ... type
+    vxlan`, the kernel's defaults, no agent): what the kernel's VXLAN costs by itself."""
+    with veth_pair() as (a, b):
+        for ns, me, other in ((a, 1, 2), (b, 2, 1)):
+            namespaces.run_in(ns, ["ip", "link", "add", "vx0", "type", "vxlan", "id", "1", "local", f"10.99.0.{me}",
+                                   "remote", f"10.99.0.{other}", "dstport", "4789", "dev", "eth0"], check=True)
+            namespaces.run_in(ns, ["ip", "addr", "add", f"10.98.0.{me}/24", "dev", "vx0"], check=True)
+            namespaces.run_in(ns, ["ip", "link", "set", "vx0", "up"], check=True)
+        return iperf(None, a, b, "10.98.0.2", seconds)
+
+
+@contextlib.contextmanager
+def veth_pair():
+    """(a, b): two namespaces, eth0 in each joined as one veth, 10.99.0.1 and .2 /24; removed after."""
     a, b = namespaces.unique_name("na-bench-a"), namespaces.unique_name("na-bench-b")
     try:
         namespaces.create(a)
@@ -213,7 +236,7 @@ def veth_baseline(seconds: float) -> float:
         for ns, addr in ((a, "10.99.0.1/24"), (b, "10.99.0.2/24")):
             namespaces.run_in(ns, ["ip", "addr", "add", addr, "dev", "eth0"], check=True)
             namespaces.run_in(ns, ["ip", "link", "set", "eth0", "up"], check=True)
-        return iperf(None, a, b, "10.99.0.2", seconds)
+        yield a, b
     finally:
         namespaces.remove(a)
         namespaces.remove(b)
@@ -225,6 +248,17 @@ def throughput(mode: str, seconds: float) -> float:
         return iperf(lab, pods["node-1"].netns, pods["node-2"].netns, pods["node-2"].ip, seconds)
 
 
+def pod_to_pod(modes: list[str], seconds: float, rounds: int) -> dict[str, float]:
+    """Median Gbit/s of the two anchors and each mode, the rounds alternating so load hits all alike."""
+    runs: dict[str, list[float]] = {"bare veth": [], "bare vxlan": [], **{mode: [] for mode in modes}}
+    for _ in range(rounds):
+        runs["bare veth"].append(veth_baseline(seconds))
+        runs["bare vxlan"].append(vxlan_baseline(seconds))
+        for mode in modes:
+            runs[mode].append(throughput(mode, seconds))
+    return {name: statistics.median(values) for name, values in runs.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", default="10,100,1000")
@@ -232,7 +266,7 @@ def main() -> int:
     parser.add_argument("--modes", default="host-gw,vxlan")
     parser.add_argument("--iperf-seconds", type=float, default=3)
     parser.add_argument("--family", default="", help="ipv4,ipv6: also the per-family throughput table")
-    parser.add_argument("--rounds", type=int, default=3, help="--family: rounds per cell (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds per cell (median)")
     parser.add_argument("--throughput-only", action="store_true", help="skip convergence")
     parser.add_argument("--flannel", default="vxlan,host-gw", help="flannel backends measured beside ours, or none")
     parser.add_argument("--json", metavar="FILE", help="also write the convergence rows to FILE")
@@ -257,12 +291,17 @@ def main() -> int:
             for backend in backends:
                 found = flannel_convergence(backend, os.path.join(directory, "flanneld"), counts, args.samples)
                 rows += [{**row, "version": f"flannel {flannel_version}"} for row in found]
-    print("\n== pod-to-pod throughput (iperf3 TCP, one stream)")
-    baseline = veth_baseline(args.iperf_seconds)
-    print(f"  bare veth between two namespaces: {baseline:6.2f} Gbit/s (the ceiling)")
+    print(f"\n== pod-to-pod throughput (iperf3 TCP, one stream, median of {args.rounds} alternating rounds)")
+    found = pod_to_pod(modes, args.iperf_seconds, args.rounds)
+    baseline, kernel_vxlan = found["bare veth"], found["bare vxlan"]
+    print(f"  bare veth between two namespaces:     {baseline:6.2f} Gbit/s (the ceiling)")
+    print(f"  bare kernel vxlan over that veth:     {kernel_vxlan:6.2f} Gbit/s  ({kernel_vxlan / baseline:.2f}x the "
+          f"bare veth: the kernel's own VXLAN limit, no agent)")
     for mode in modes:
-        gbps = throughput(mode, args.iperf_seconds)
-        print(f"  {mode:<8} pod -> pod across nodes:    {gbps:6.2f} Gbit/s  ({gbps / baseline:.2f}x the bare veth)")
+        gbps = found[mode]
+        against = f", {gbps / kernel_vxlan:.2f}x the bare kernel vxlan" if mode == "vxlan" else ""
+        print(f"  {mode:<8} pod -> pod across nodes:        {gbps:6.2f} Gbit/s  ({gbps / baseline:.2f}x the bare veth"
+              f"{against})")
     if args.family:
         from bench import pod_throughput
         from netagent.noderoutes.routing.model import Mode

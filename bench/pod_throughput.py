@@ -31,6 +31,7 @@ from importlib.metadata import version
 from ipaddress import ip_network
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # bench/'s own modules, when imported as bench.<name>
 
 from netagent.kernel import namespaces  # noqa: E402
 from netagent.kernel.families import IpFamily  # noqa: E402
