@@ -79,6 +79,7 @@ class NftablesProxy(ProxyBackend):
             assembly, changes, written = self._partial(previous, state, changed)
             scope = SyncKind.PARTIAL
         else:
+            previous = None   # not kept beside the new one: a 10k-Service assembly is tens of MiB
             with collector_paused():   # hundreds of thousands of short-lived objects (large_sync.py)
                 assembly, changes, written = self._full(state)
                 self.applies += changes.apply(self.nft)   # the encoding's too (netlink.py)

@@ -27,6 +27,7 @@ test namespace can never act on the root namespace, and no call runs anywhere bu
 from __future__ import annotations
 
 import abc
+import ctypes
 import json
 import os
 import threading
@@ -164,6 +165,8 @@ class NftRunner(Nft):
     def apply(self, batch: str) -> None:
         def work() -> None:
             code, _output, error = self._cmd(batch)
+            if len(batch) > LARGE_OUTPUT:
+                _release_heap()
             if code != 0:
                 raise NftError(f"nft refused the batch: {error.strip() or 'no reason given'}")
         self._call(work)
@@ -197,6 +200,8 @@ class NftRunner(Nft):
                 if _missing(error):
                     return None
                 raise NftError(f"nft could not list table {family} {name}: {error.strip()}")
+            if len(output) > LARGE_OUTPUT:
+                _release_heap()
             return objects_of(output)
         return self._call(work)
 
@@ -224,6 +229,19 @@ class NftRunner(Nft):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+LARGE_OUTPUT = 1 << 20   # characters of a listing or batch after which libnftables' freed heap is returned
+
+
+def _release_heap() -> None:
+    """Give the kernel back the heap libnftables freed: listing or parsing a table of 130,000
+    elements leaves 250-300 MiB freed but mapped in glibc's arenas (measured: RSS 430 -> 157 MiB
+    at 10,000 Services after `malloc_trim`), which the process would keep until exit."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass   # not glibc: nothing to trim this way
 
 
 def nftables_usable(netns: str | None = None) -> tuple[bool, str]:
