@@ -69,7 +69,8 @@ def parallel(pool: ThreadPoolExecutor, fn, items) -> list:
 def create_cluster(client, size: objects.Size, mode: str, workers: int) -> tuple[list[dict], float]:
     """Every object of `size`; the created Services (their uids make the slices) and the seconds."""
     started = time.monotonic()
-    with ThreadPoolExecutor(workers) as pool:
+    pool = ThreadPoolExecutor(workers)
+    try:
         parallel(pool, lambda i: create(client, objects.namespace(i)), range(size.namespaces))
         parallel(pool, lambda i: client.json("POST", f"/api/v1/namespaces/{objects.namespace_name(i)}/serviceaccounts",
                                              objects.service_account(i)), range(size.namespaces))
@@ -81,6 +82,8 @@ def create_cluster(client, size: objects.Size, mode: str, workers: int) -> tuple
         parallel(pool, lambda i: create(client, objects.network_policy(i)), range(size.namespaces))
         services = parallel(pool, lambda i: create(client, objects.service(size, i)), range(size.services))
         parallel(pool, lambda i: create(client, objects.endpoint_slice(size, services[i], i)), range(size.services))
+    finally:   # Ctrl-C: the requests under way end, the queued ones are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
     return services, time.monotonic() - started
 
 
@@ -188,6 +191,11 @@ def relist(m, monitor: RouteMonitor, size: objects.Size, mode: str) -> dict:
             "verbs": verbs, "apiserver_ready_s": round(ready_s, 1)}
 
 
+def writes(size: objects.Size) -> int:
+    """Objects the harness writes for `size` (a pod is two writes: itself and its status)."""
+    return 3 * size.namespaces + size.nodes + 2 * size.pods + 2 * size.services
+
+
 def median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
@@ -209,6 +217,9 @@ def run_size(size: objects.Size, args) -> dict:
             start_s = wait_programmed(m, size, started, timeout=args.timeout)
             cpu_s, rss = kernel.process_cpu_s(pid), rss_mib(pid)
             print(f"  start -> programmed {start_s:.1f} s, CPU {cpu_s:.1f} s, RSS {rss:.0f} MiB", flush=True)
+            assert m.pids.apiserver and m.pids.etcd
+            notes.append(f"created at {writes(size) / create_s:.0f} writes/s; kube-apiserver RSS "
+                         f"{rss_mib(m.pids.apiserver):.0f} MiB, etcd {rss_mib(m.pids.etcd):.0f} MiB")
             node_ms = median(node_changes(m, monitor, size, args.mode, args.samples))
             endpoint_ms = median(endpoint_changes(m, size, services, args.samples))
             policy_ms = median(policy_changes(m, size, args.samples))
@@ -259,6 +270,7 @@ def main() -> int:
         print("needs root (it builds network namespaces)", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the finally blocks clean up
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C too, even if started with it ignored
     records = []
     for size in args.sizes:
         records.append(run_size(size, args))
