@@ -157,6 +157,17 @@ class Allow:
     def _hash(self) -> int:
         return hash((self.origin, *self.match))
 
+    @functools.cached_property
+    def refs(self) -> tuple[SetRef, ...]:
+        """The sets it refers to (`set_refs`): its named-port set, its peer's set or except set."""
+        peer = self.peer
+        found = () if self.named is None else (self.named,)
+        if isinstance(peer, SetRef):
+            return (*found, peer)
+        if isinstance(peer, CidrMatch) and peer.excepts is not None:
+            return (*found, peer.excepts)
+        return found
+
     def __hash__(self) -> int:
         return self._hash
 
@@ -474,11 +485,6 @@ def _dedup(allows: list[Allow] | None) -> tuple[Allow, ...] | None:
     return tuple(seen.values())
 
 
-def set_refs(allow: Allow) -> list[SetRef]:
+def set_refs(allow: Allow) -> tuple[SetRef, ...]:
     """The sets an allow refers to (its named-port set, its peer's set or except set)."""
-    refs = [ref for ref in (allow.named,) if ref is not None]
-    if isinstance(allow.peer, SetRef):
-        refs.append(allow.peer)
-    elif isinstance(allow.peer, CidrMatch) and allow.peer.excepts is not None:
-        refs.append(allow.peer.excepts)
-    return refs
+    return allow.refs
