@@ -164,19 +164,24 @@ def _narrowed(wanted: Table, held: Table) -> tuple[Table, Table]:
     chains, stale = _differing(held.chains, wanted.chains)
     sets: list[Set | Map] = []
     old_sets: list[Set | Map] = []
-    for entry in wanted.sets:
-        old = held.set(entry.name)
-        if old is entry:
-            continue
+    held_sets, matched = held.sets, 0         # wanted's sets that held has (by name): none stale when all
+    for index, entry in enumerate(wanted.sets):
+        old = held_sets[index] if index < len(held_sets) else None    # a render keeps the order
+        if old is not entry:
+            old = held.set(entry.name)
         if old is None:
             sets.append(entry)
+            continue
+        matched += 1
+        if old is entry:
             continue
         if _shape(old) != _shape(entry):
             return wanted, held
         added, gone = _differing(old.elements, entry.elements)
         sets.append(replace(entry, elements=added))
         old_sets.append(replace(old, elements=gone))
-    old_sets += [entry for entry in held.sets if wanted.set(entry.name) is None]
+    if matched < len(held_sets):
+        old_sets += [entry for entry in held_sets if wanted.set(entry.name) is None]
     return replace(wanted, chains=chains, sets=tuple(sets)), replace(held, chains=stale, sets=tuple(old_sets))
 
 

@@ -375,9 +375,9 @@ def render_nft_with_pod(previous: NftPolicy, added: PodAdded, *, settings: Rende
                                                       *(Element(element_key(ref.kind, m)) for m in sorted(members[ref]))))
     table = previous.table
     made = {ref.name: _nft_set(ref, members[ref], family) for ref in new}
-    sets = [replaced.get(entry.name, entry) for entry in table.sets]
+    sets = [replaced.get(entry.name, entry) for entry in table.sets] if replaced else list(table.sets)
     sets[-3:-3] = made.values()
-    sets = [_grown(entry, rendered) for entry in sets]
+    sets = [_grown(entry, rendered) if entry.name in _GROWN else entry for entry in sets]
     chains = (*table.chains, *(chain for chain, _ in rendered.chains))
     jumps: tuple[dict[str, str], dict[str, str]] = ({}, {})
     for element, ingress in rendered.jumps:
@@ -387,6 +387,9 @@ def render_nft_with_pod(previous: NftPolicy, added: PodAdded, *, settings: Rende
         sets={**held, **replaced, **made},
         known={**previous.known, rendered.known.key[0]: rendered.known.comment or ""},
         egress={**previous.egress, **jumps[False]}, ingress={**previous.ingress, **jumps[True]}))
+
+
+_GROWN = frozenset((KNOWN_SET, EGRESS_MAP, INGRESS_MAP))
 
 
 def _grown(entry: Set | Map, rendered: _Pod) -> Set | Map:
