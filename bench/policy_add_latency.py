@@ -13,6 +13,7 @@ Figures printed (JSON at the end):
   is cached (what the CNI server runs before replying), median and max of `--adds`, for a pod
   no policy selects and for one a policy isolates; with the engine at `--pods`/`--policies`;
   `bind_paths`: how many took the one-pod path (`incremental`) or a full sync;
+  `bind_cpu_ms`: the CPU time of each bind (this process and the tools it ran), beside its wall time;
   `bind_kernel_writes_ms`: the part of each bind spent in the kernel writes (iptables-restore
   and ipset restore execs, or the libnftables batch), the rest being Python;
 - `unbind_ms`: the DEL's `unbind_pod` of the isolated pods, each alone;
@@ -24,19 +25,22 @@ Figures printed (JSON at the end):
   packet is 0) and that connect's latency.
 
     sudo .venv/bin/python bench/policy_add_latency.py [--pods 1000] [--policies 200] [--adds 20]
-        [--dataplane nft] [--iptables-backend nft]
+        [--dataplane nft] [--iptables-backend nft] [--direct]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,6 +79,22 @@ def summary(seconds: list[float]) -> dict:
     return {"median": ms(statistics.median(seconds)), "max": ms(max(seconds))}
 
 
+@contextlib.contextmanager
+def node_fd(name: str) -> Iterator[int]:
+    fd = os.open(namespaces.netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (every thread: libnftables' too) and of its waited-for children
+    (the restore tools, and `ip netns exec` before them), user and system."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def timed_writes(programmer: PolicyDataplane) -> list[float]:
     """Wrap the dataplane's kernel writes (iptables-restore, ipset restore, nft batches) to add
     their wall time into the returned one-element list: where a bind's time goes."""
@@ -105,6 +125,9 @@ def main() -> int:
     parser.add_argument("--dataplane", choices=["iptables", "nft"], default="iptables")
     parser.add_argument("--iptables-backend", choices=["legacy", "nft"], default="legacy",
                         help="which iptables the iptables dataplane drives (legacy restores the whole table)")
+    parser.add_argument("--direct", action="store_true",
+                        help="run the iptables and ipset tools from this process inside the node's namespace, as "
+                             "the agent runs them in its own, not each through `ip netns exec`")
     args = parser.parse_args()
     results: dict = {"pods": args.pods, "policies": args.policies, "dataplane": args.dataplane}
     with LabNode(prefix="na-bench-pa", mode=PodAttachment.ROUTED, subnets=(SUBNET,), with_agent=False) as node:
@@ -120,9 +143,13 @@ def main() -> int:
                  for p in node.pods.values()}
         proc = subprocess.Popen([*namespaces.exec_prefix(server.netns_name), sys.executable, "-c", SERVER],
                                 stdout=subprocess.PIPE, text=True)
+        inside = contextlib.ExitStack()
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            prefix = namespaces.exec_prefix(node.node)
+            prefix = [] if args.direct else namespaces.exec_prefix(node.node)
+            if args.direct:              # this thread (and the burst's, made by it) in the node's namespace
+                inside.enter_context(namespaces.entered(inside.enter_context(node_fd(node.node))))
+            results["tools"] = "direct" if args.direct else "ip netns exec"
             programmer: PolicyDataplane
             if args.dataplane == "nft":
                 programmer = NftablesDataplane(NftRunner(node.node))
@@ -154,16 +181,19 @@ def main() -> int:
 
             paths = {"incremental": 0, "full": 0}
             write_share: list[float] = []
+            cpu: dict[str, list[float]] = {"open": [], "isolated": []}
 
             def bind(name: str, labels: dict, *, namespace: str = "ns-1") -> tuple[float, str]:
                 engine.pods.on_add(scheduled(namespace, name, labels))
                 engine.sync(SyncKind.PARTIAL)          # the Pod cached before the ADD, as scheduled
                 address = next(free)
                 writing[0] = 0.0
+                spent = cpu_seconds()
                 started = time.perf_counter()
                 outcome = engine.bind_pod(namespace, name, (f"{address}/32",), synthetic_veth(address),
                                           container_id=name, deadline=time.monotonic() + 30)
                 took = time.perf_counter() - started
+                cpu["open" if "open" in name else "isolated"].append(cpu_seconds() - spent)
                 write_share.append(writing[0])
                 assert outcome.programmed, outcome
                 paths["incremental" if outcome.incremental else "full"] += 1
@@ -173,6 +203,7 @@ def main() -> int:
                 "open": summary([bind(f"new-open-{i}", {"app": "none"})[0] for i in range(args.adds)]),
                 "isolated": summary([bind(f"new-iso-{i}", {"app": "app-1", "role": "role-1"})[0]
                                      for i in range(args.adds)])}
+            results["bind_cpu_ms"] = {kind: summary(seconds) for kind, seconds in cpu.items()}
             results["bind_paths"] = dict(paths)
             results["bind_kernel_writes_ms"] = summary(write_share)     # of bind_ms: the tools / libnftables
             unbinds = []
@@ -223,6 +254,7 @@ def main() -> int:
                                        **json.loads(done.stdout)}
             programmer.cleanup()
         finally:
+            inside.close()
             proc.kill()
             proc.wait()
     for key, value in results.items():
