@@ -31,6 +31,7 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -191,6 +192,13 @@ def relist(m, monitor: RouteMonitor, size: objects.Size, mode: str) -> dict:
             "verbs": verbs, "apiserver_ready_s": round(ready_s, 1)}
 
 
+def agent_version(root: str) -> str:
+    """The agent's version and the commit of the checkout it ran from (with a + when that has changes)."""
+    commit = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty=+"], capture_output=True,
+                            text=True).stdout.strip()
+    return f"{version('netagent')} ({commit or 'not a git checkout'})"
+
+
 def writes(size: objects.Size) -> int:
     """Objects the harness writes for `size` (a pod is two writes: itself and its status)."""
     return 3 * size.namespaces + size.nodes + 2 * size.pods + 2 * size.services
@@ -238,7 +246,7 @@ def run_size(size: objects.Size, args) -> dict:
                           node_change_ms=node_ms, endpoint_change_ms=endpoint_ms, policy_change_ms=policy_ms,
                           relist_requests=again["relist_requests"], relist_bytes=again["relist_bytes"],
                           mode=args.mode, create_s=round(create_s, 1), relist_s=again["relist_s"],
-                          load_1m=round(os.getloadavg()[0], 2), agent_version=version("netagent"),
+                          load_1m=round(os.getloadavg()[0], 2), agent_version=agent_version(args.agent_root),
                           apiserver=apiserver, notes="; ".join(notes))
 
 
