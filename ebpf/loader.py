@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ebpf import syscall
 from ebpf.compiler import CompileError, ProgramSpec, compile_and_load
-from ebpf.maps import LAYOUTS, LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
+from ebpf.maps import FLOW_MAPS, LAYOUTS, LRU_MAPS, PINNED_NAMES, RETIRED_MAPS
 from ebpf.mapset import MapSet
 from ebpf.sizes import DEFAULT_SIZES, MapSizes
 from netagent.kernel.owned import BPF_NAME_PREFIX, BPF_PIN_SUBDIR
@@ -192,7 +192,7 @@ def remove_pins(bpf_root: str) -> list[str]:
     """Unpin every map of ours under `bpf_root` and the directory; what was removed."""
     directory = pin_dir(bpf_root)
     removed = []
-    for name in (*PINNED_NAMES, *RETIRED_MAPS):
+    for name in (*PINNED_NAMES, *FLOW_MAPS, *RETIRED_MAPS):
         path = os.path.join(directory, name)
         if os.path.exists(path):
             os.unlink(path)

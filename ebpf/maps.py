@@ -15,6 +15,8 @@ IPv6 maps too (ebpf/nodeport6.c: `na_ct6`, `na_ct_new6`, `na_config6`; `na_lbsrc
 ebpf/sock_lb6.c, as `na_lbsrc` in sock_lb.c, since the socket load balancer checks source ranges too).
 A conntrack value keeps, per direction, its sender's next sequence number and last acknowledgement
 (`seq_end`, `ack`, valid under CT_F_SEQ / CT_F_ACKED): the tc path's RST check.
+The socket LB's flow events (`na_flow_events`, a ring buffer read by ebpf/ringbuf.py) are one
+`struct na_flow_event` each: `FLOW_EVENT` and `parse_flow_event` are their view.
 """
 from __future__ import annotations
 
@@ -52,6 +54,10 @@ LRU_MAPS = frozenset({AFFINITY_MAP, CT_MAP, CT_NEW_MAP, *(v6_name(n) for n in (A
 # (LRU maps, full, evict their least recently used entry; the others refuse)
 SOCKET_STORAGE_MAPS = (SOCK_REVNAT_MAP, SOCK_REVNAT6_MAP)   # no size, no key walk: their entries live in sockets
 PINNED_NAMES = (*MAP_NAMES, SOCK_REVNAT_MAP, *MAP_NAMES6, SOCK_REVNAT6_MAP)   # everything we pin
+FLOW_EVENTS_MAP = "na_flow_events"   # the socket LB's flow events (BPF ring buffer: ebpf/ringbuf.py reads it)
+FLOW_LOST_MAP = "na_flow_lost"       # events the full ring dropped (per-CPU array of one counter)
+FLOW_ON_MAP = "na_flow_on"           # 1: the programs write events (an array of one u32, set by the listener)
+FLOW_MAPS = (FLOW_EVENTS_MAP, FLOW_LOST_MAP, FLOW_ON_MAP)   # pinned too, but no entries to count: not in PINNED_NAMES
 
 # ---- flags and kinds (the C #defines) --------------------------------------------------------------
 F_NO_ENDPOINTS = 1
@@ -398,3 +404,43 @@ def parse_ct(key: bytes, value: bytes) -> CtEntry:
     return CtEntry(_ntop(saddr), int.from_bytes(sport, "big"), _ntop(daddr),
                    int.from_bytes(dport, "big"), proto, direction, flags, _ntop(nat_daddr),
                    int.from_bytes(nat_dport, "big"))
+
+
+# ---- flow events (sock_lb.c's struct na_flow_event, one ring buffer record each) -------------------
+FLOW_EVENT = struct.Struct("=Q16s16s16s2s2sBBBB")
+
+
+@dataclass(frozen=True)
+class FlowEvent:
+    """One translated (`error` 0) or refused (`error` the errno) connect/sendmsg of the socket LB."""
+
+    netns_cookie: int
+    family: IpFamily
+    protocol: str              # "TCP" | "UDP" | "SCTP"
+    service: str
+    service_port: int
+    backend: str               # "" when refused
+    backend_port: int
+    source: str                # "" when the hook did not know it
+    error: int
+
+
+_PROTOCOLS = {socket.IPPROTO_TCP: "TCP", socket.IPPROTO_UDP: "UDP", 132: "SCTP"}
+
+
+def parse_flow_event(raw: bytes) -> FlowEvent:
+    """A ring buffer record as a FlowEvent; ValueError for anything that is not one."""
+    if len(raw) != FLOW_EVENT.size:
+        raise ValueError(f"a flow event is {FLOW_EVENT.size} bytes, not {len(raw)}")
+    cookie, service, backend, source, sport, bport, family, proto, error, _ = FLOW_EVENT.unpack(raw)
+    if family not in (4, 6) or proto not in _PROTOCOLS:
+        raise ValueError(f"a flow event of family {family}, protocol {proto}")
+    width, kind = (4, socket.AF_INET) if family == 4 else (16, socket.AF_INET6)
+
+    def text(raw_address: bytes) -> str:
+        return "" if not any(raw_address[:width]) else socket.inet_ntop(kind, raw_address[:width])
+
+    return FlowEvent(netns_cookie=cookie, family=IpFamily.V4 if family == 4 else IpFamily.V6,
+                     protocol=_PROTOCOLS[proto], service=text(service), service_port=int.from_bytes(sport, "big"),
+                     backend=text(backend), backend_port=int.from_bytes(bport, "big"), source=text(source),
+                     error=error)

@@ -36,6 +36,15 @@
  * A known source outside the ranges: the call is refused with EPERM, which is what a local socket
  * sees of a packet dropped on its way out (iptables DROP in OUTPUT; the tc path drops it too).
  *
+ * Flow events (while `na_flow_on` holds 1: the agent's flow listener sets it, proxy/ebpf/flows.py): each translated
+ * connect/sendmsg and each refused one (no endpoints, none usable, outside the source ranges)
+ * puts one `na_flow_event` into `na_flow_events`, a BPF ring buffer of NA_FLOW_RING_BYTES; the
+ * agent reads it (ebpf/ringbuf.py) into flow records (proxy/ebpf/flows.py), since conntrack never
+ * sees a Service address this file rewrote. One reserve and one submit per call; a full ring
+ * drops the event and counts it in `na_flow_lost` (per CPU), which the agent reads as its loss.
+ * Off, an event costs one array lookup (inlined by the verifier); on or off, the programs' code
+ * is the same, so turning flows on or off never replaces a program.
+ *
  * IPv6 has maps and programs of its own beside these: ebpf/sock_lb6.c, compiled after this file.
  */
 #include <uapi/linux/bpf.h>
@@ -187,6 +196,81 @@ static __always_inline struct na_revnat_way *revnat_slot(struct na_sock_revnat *
 
 static __u64 (*na_netns_cookie)(void *ctx) = (void *)BPF_FUNC_get_netns_cookie;
 
+/* ---- flow events (see the top of this file; ebpf/maps.py's FLOW_EVENT is their Python view) ---- */
+struct na_flow_event {
+    __u64 netns_cookie;      /* the calling socket's network namespace */
+    __be32 service_addr[4];  /* IPv4: the first word only */
+    __be32 backend_addr[4];  /* translated: the backend chosen; refused: zero */
+    __be32 source_addr[4];   /* the client's address when the hook knows it (bound, IP_PKTINFO), else zero */
+    __be16 service_port;
+    __be16 backend_port;
+    __u8 family;             /* 4 or 6 */
+    __u8 proto;
+    __u8 error;              /* 0 translated, else the errno the call was refused with */
+    __u8 pad;
+};
+
+#ifndef NA_FLOW_RING_BYTES
+#define NA_FLOW_RING_BYTES 262144   /* a power of two, whole pages */
+#endif
+
+struct na_flow_events_table_t {   /* bcc's BPF_RINGBUF_OUTPUT, pinned (as na_sock_revnat below) */
+    int key;
+    u32 leaf;
+    int (*ringbuf_output)(void *, u64, u64);
+    void *(*ringbuf_reserve)(u64);
+    void (*ringbuf_discard)(void *, u64);
+    void (*ringbuf_submit)(void *, u64);
+    u32 max_entries;
+};
+__attribute__((section("maps/ringbuf:" NA_PIN_DIR "/na_flow_events")))
+struct na_flow_events_table_t na_flow_events = {.max_entries = NA_FLOW_RING_BYTES};
+BPF_ANNOTATE_KV_PAIR(na_flow_events, int, u32);
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, na_flow_lost, 1, NA_PIN_DIR "/na_flow_lost");
+BPF_TABLE_PINNED("array", __u32, __u32, na_flow_on, 1, NA_PIN_DIR "/na_flow_on");
+
+/* a zeroed event with its common fields, reserved in the ring (submit it), or NULL: the ring is
+ * full (counted) or events are off */
+static __always_inline struct na_flow_event *flow_reserve(void *ctx, int error, __u8 proto, __u8 family)
+{
+    __u32 zero = 0;
+    __u32 *on = na_flow_on.lookup(&zero);
+
+    if (!on || !*on)
+        return NULL;
+    struct na_flow_event *ev = na_flow_events.ringbuf_reserve(sizeof(struct na_flow_event));
+    if (!ev) {
+        __u64 *lost = na_flow_lost.lookup(&zero);
+        if (lost)
+            (*lost)++;   /* per CPU: no other writer */
+        return NULL;
+    }
+    __builtin_memset(ev, 0, sizeof(*ev));
+    ev->netns_cookie = na_netns_cookie(ctx);
+    ev->family = family;
+    ev->proto = proto;
+    ev->error = error;
+    return ev;
+}
+
+/* one IPv4 service's event: `chosen` is choose()'s answer (1 translated to `backend`, -errno refused) */
+static __always_inline void flow4(void *ctx, int chosen, struct na_svc_key *key, struct na_backend *backend,
+                                  __be32 src)
+{
+    struct na_flow_event *ev = flow_reserve(ctx, chosen < 0 ? -chosen : 0, key->proto, 4);
+
+    if (!ev)
+        return;
+    ev->service_addr[0] = key->addr;
+    ev->service_port = key->port;
+    ev->source_addr[0] = src;
+    if (chosen > 0) {
+        ev->backend_addr[0] = backend->addr;
+        ev->backend_port = backend->port;
+    }
+    na_flow_events.ringbuf_submit(ev, 0);
+}
+
 static __always_inline int refuse(int error)
 {
 #ifdef NA_HAVE_SET_RETVAL
@@ -245,10 +329,8 @@ static __always_inline int fenced(struct na_svc_value *svc, __be32 src)
     return na_lbsrc.lookup(&client) ? 0 : -NA_EPERM;
 }
 
-/* The service at `key` (an IPv4 one: na_svc) picks one of its backends into `out` for a client
- * whose source address is `src` (0: not known yet): 1 picked, 0 not a service or not ours to
- * translate (untouched), -errno when the call must be refused with it. */
-static __always_inline int choose(void *ctx, struct na_svc_key *key, __be32 src, struct na_backend *out)
+/* choose() before its flow event */
+static __always_inline int choose_backend(void *ctx, struct na_svc_key *key, __be32 src, struct na_backend *out)
 {
     struct na_svc_value *svc = na_svc.lookup(key);
 
@@ -263,6 +345,18 @@ static __always_inline int choose(void *ctx, struct na_svc_key *key, __be32 src,
     if (!pick_backend(who, svc->set_id, svc->count, svc->affinity_timeout, out))
         return -NA_ECONNREFUSED;
     return 1;
+}
+
+/* The service at `key` (an IPv4 one: na_svc) picks one of its backends into `out` for a client
+ * whose source address is `src` (0: not known yet): 1 picked, 0 not a service or not ours to
+ * translate (untouched), -errno when the call must be refused with it; a flow event for 1 and -errno. */
+static __always_inline int choose(void *ctx, struct na_svc_key *key, __be32 src, struct na_backend *out)
+{
+    int chosen = choose_backend(ctx, key, src, out);
+
+    if (chosen)
+        flow4(ctx, chosen, key, out, src);
+    return chosen;
 }
 
 /* 1: rewritten (or not a service: untouched); 0: refuse the call. `src`: the client's address

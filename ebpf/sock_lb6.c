@@ -16,6 +16,7 @@
  * is known: the bound address, sendmsg's IP_PKTINFO source; unbound: not translated), against
  * `na_lbsrc6` (shared with the tc path, ebpf/nodeport6.c), or `na_lbsrc` for a v4-mapped service
  * (the client's mapped source address, its last word).
+ * Flow events as sock_lb.c's (`flow6`, family 6; a v4-mapped service's are IPv4 ones, from choose()).
  */
 
 struct na_in6 {   /* an IPv6 address, assignable as a whole */
@@ -217,12 +218,51 @@ static __always_inline int translate_mapped(struct bpf_sock_addr *ctx, struct na
     return 1;
 }
 
+/* one IPv6 service's event (flow4's for na_svc6): `chosen` 1 translated to `backend`, -errno refused */
+static __always_inline void flow6(void *ctx, int chosen, struct na_svc_key6 *key, struct na_backend6 *backend,
+                                  struct na_in6 src)
+{
+    struct na_flow_event *ev = flow_reserve(ctx, chosen < 0 ? -chosen : 0, key->proto, 6);
+
+    if (!ev)
+        return;
+    __builtin_memcpy(ev->service_addr, &key->addr, sizeof(ev->service_addr));
+    __builtin_memcpy(ev->source_addr, &src, sizeof(ev->source_addr));
+    ev->service_port = key->port;
+    if (chosen > 0) {
+        __builtin_memcpy(ev->backend_addr, &backend->addr, sizeof(ev->backend_addr));
+        ev->backend_port = backend->port;
+    }
+    na_flow_events.ringbuf_submit(ev, 0);
+}
+
+/* choose() over na_svc6: 1 picked into `out`, 0 untouched, -errno refused (with its flow event) */
+static __always_inline int choose6(void *ctx, struct na_svc_key6 *key, struct na_in6 src, struct na_backend6 *out)
+{
+    struct na_svc_value *svc = na_svc6.lookup(key);
+    int chosen = 1;
+
+    if (!svc)
+        return 0;
+    int fence = fenced6(svc, src);
+    if (fence > 0)
+        return 0;
+    if (fence < 0)
+        chosen = fence;
+    else if (svc->count == 0)
+        chosen = -(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
+    else if (!pick_backend6(svc->affinity_timeout ? na_netns_cookie(ctx) : 0, svc->set_id, svc->count,
+                            svc->affinity_timeout, out))
+        chosen = -NA_ECONNREFUSED;
+    flow6(ctx, chosen, key, out, src);
+    return chosen;
+}
+
 /* translate() for an AF_INET6 socket: 1 rewritten (or untouched), 0 refuse the call; `src` the
  * client's address as far as it is chosen (zero when not) */
 static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto, struct na_in6 src)
 {
     struct na_svc_key6 key = {.port = (__be16)ctx->user_port, .proto = proto};
-    struct na_svc_value *svc;
     struct na_backend6 backend = {};
 
     key.addr.w[0] = ctx->user_ip6[0];
@@ -231,17 +271,9 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx, __u8 proto, str
     key.addr.w[3] = ctx->user_ip6[3];
     if (na_v4_mapped(key.addr))
         return translate_mapped(ctx, &key, src);
-    svc = na_svc6.lookup(&key);
-    if (!svc)
-        return 1;
-    int fence = fenced6(svc, src);
-    if (fence)
-        return fence > 0 ? 1 : refuse(-fence);
-    if (svc->count == 0)
-        return refuse(svc->flags & NA_F_NO_ENDPOINTS ? NA_ECONNREFUSED : NA_EHOSTUNREACH);
-    __u64 who = svc->affinity_timeout ? na_netns_cookie(ctx) : 0;
-    if (!pick_backend6(who, svc->set_id, svc->count, svc->affinity_timeout, &backend))
-        return refuse(NA_ECONNREFUSED);
+    int chosen = choose6(ctx, &key, src, &backend);
+    if (chosen <= 0)
+        return chosen == 0 ? 1 : refuse(-chosen);
     remember6(ctx, backend.addr, backend.port, key.addr, key.port);
     ctx->user_ip6[0] = backend.addr.w[0];
     ctx->user_ip6[1] = backend.addr.w[1];
