@@ -11,6 +11,8 @@ for none). Both servers are the agent's `StatusServer`: the healthz one answers 
 alone, the metrics one serves the agent's whole registry, kube-proxy's `/proxyMode`, and
 `/services` (what `netagent status services` shows, with the names the running agent knows).
 With `--proxy-mode none`, `netagent run` serves the registry on the same metrics addresses.
+In eBPF mode with flow records on, `start_ebpf_flows` adds the socket LB's events to the
+policy's flow ring (conntrack never sees the Service address the socket LB rewrote).
 
 One proxy per IP family of the cluster (the families of `--cluster-cidr`), as kube-proxy runs
 one proxier per family: each with its own backend (iptables through ip6tables for IPv6, the
@@ -43,6 +45,7 @@ if TYPE_CHECKING:  # imported when building: `netagent run --help` stays light
     from netagent.daemon.config import ProxyConfig
     from netagent.infra.rejections import RejectionScope
     from netagent.infra.status_server import HealthFunction, StatusServer
+    from netagent.policy.flows import PolicyFlows
     from proxy.service_proxy import ServiceProxy
 
 log = logging.getLogger("netagent.daemon.proxy_start")
@@ -248,6 +251,30 @@ def build_proxy(config: ProxyConfig, *, mode: ProxyMode | None, metrics_binds: S
     }) if binds else None
     servers = (healthz, metrics_server) if metrics_server is not None else (healthz,)
     return ProxyParts(proxies=tuple(proxies), servers=servers)
+
+
+def start_ebpf_flows(parts: ProxyParts | None, flows: PolicyFlows | None) -> Callable[[], None]:
+    """eBPF mode: the socket LB's translations and refusals (proxy/ebpf/flows.py) into the flow
+    ring the policy's listener fills (`flows`; the ring exists with --flows on and the policy on),
+    pods named as its drops are; without it, the programs' events are turned off (a run that
+    ended without stopping may have left them on). What stops it (nothing to stop: a no-op)."""
+    from proxy.ebpf.backend import EbpfProxy
+    backend = parts.proxy.backend if parts is not None else None
+    if not isinstance(backend, EbpfProxy) or backend.paths is None:
+        return lambda: None
+    from ebpf.loader import pin_dir
+    from proxy.ebpf.flows import EbpfFlows, set_flow_events
+    pins = pin_dir(backend.paths.bpf_root)
+    try:
+        if flows is None:
+            set_flow_events(pins, on=False)
+            return lambda: None
+        listener = EbpfFlows(flows.ring, pins, name_pod=flows.names.pod)
+        listener.start()
+    except OSError as error:   # flows are for looking: the proxy runs without them
+        log.warning("eBPF flow records off: cannot read the socket load balancer's ring buffer: %s", error)
+        return lambda: None
+    return listener.stop
 
 
 def _log_load_report(backend) -> None:

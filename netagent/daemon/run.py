@@ -346,6 +346,8 @@ def _run_cluster_mode(cni: CniConfig, cluster: ClusterConfig) -> int:
                 _start_anti_spoofing_alone(cluster.policy, dataplane=dataplane, backend=backend,
                                            pod_cidrs=[str(c) for c in agent.pod_cidrs],
                                            started=started)
+            from netagent.daemon.proxy_start import start_ebpf_flows   # eBPF mode: the socket LB's flows
+            started.add(start_ebpf_flows(proxy, policy.flows if policy is not None else None))
             started.add(_start_cni_server(cni, runners=cni_runners, policy=policy,
                                           add_wait=cluster.policy.add_wait, registry=registry))
         except (NetagentError, OSError) as exc:   # ours (AgentStartError, ...) or the system's
