@@ -58,6 +58,7 @@ from netagent.policy.model import (
     labels_of,
 )
 from netagent.errors import NetagentError
+from netagent.kube import labels
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 BOTH = frozenset({PolicyType.INGRESS, PolicyType.EGRESS})
@@ -110,6 +111,15 @@ def _string_map(raw: object, *, where: str) -> dict[str, str]:
     return raw
 
 
+def _check_label(key: str, value: str, *, where: str) -> None:
+    """Keys and values in the API's label syntax (kube/labels.py): the selector's text names
+    its sets, and only that syntax keeps two different selectors from one name."""
+    if not labels.valid_key(key):
+        raise ObjectError(f"{where}: {key[:80]!r} is not a label key")
+    if not labels.valid_value(value):
+        raise ObjectError(f"{where}: {value[:80]!r} is not a label value (for {key[:80]!r})")
+
+
 def parse_selector(raw: object, *, where: str) -> LabelSelector:
     if raw is None:
         return LabelSelector()
@@ -117,6 +127,8 @@ def parse_selector(raw: object, *, where: str) -> LabelSelector:
         raise ObjectError(f"{where}: a label selector must be an object, not {type(raw).__name__}")
     _check_fields(raw, SELECTOR_FIELDS, where=where)
     match_labels = _string_map(raw.get("matchLabels"), where=f"{where}.matchLabels")
+    for key, value in match_labels.items():
+        _check_label(key, value, where=f"{where}.matchLabels")
     requirements = []
     for index, item in enumerate(_list(raw.get("matchExpressions"), where=f"{where}.matchExpressions")):
         at = f"{where}.matchExpressions[{index}]"
@@ -131,6 +143,8 @@ def parse_selector(raw: object, *, where: str) -> LabelSelector:
         values = _list(item.get("values"), where=f"{at}.values")
         if not all(isinstance(v, str) for v in values):
             raise ObjectError(f"{at}: values must be a list of strings")
+        for value in values or [""]:          # the key alone for Exists, DoesNotExist
+            _check_label(item["key"], value, where=at)
         if operator in (Operator.IN, Operator.NOT_IN) and not values:
             raise ObjectError(f"{at}: {operator.value} needs at least one value")
         if operator in (Operator.EXISTS, Operator.DOES_NOT_EXIST) and values:

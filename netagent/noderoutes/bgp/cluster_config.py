@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from ipaddress import IPv4Address, IPv4Network
 
+from netagent.kube import labels
 from netagent.noderoutes.bgp.model import BgpConfigError, check_as_number, check_password
 from netagent.noderoutes.bgp.topology import TRUSTED_LABEL_PREFIX, ExternalPeer, TopologySettings
 
 PEERS_ANNOTATION = "netagent.io/bgp-peers"
 MAX_EXTERNAL_PEERS = 16
 MAX_TEXT = 16384
-_LABEL = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 def _boolean(value: object, key: str) -> bool:
@@ -124,7 +123,7 @@ def parse_topology(data: object, defaults: TopologySettings) -> tuple[TopologySe
 
 def check_label(value: object) -> str:
     """A label key under `node-restriction.kubernetes.io/` (the reflector label), or `BgpConfigError`."""
-    if not isinstance(value, str) or len(value) > 316 or not _LABEL.match(value):
+    if not labels.valid_key(value):
         raise BgpConfigError("reflectorLabel must be a label key")
     if not value.startswith(TRUSTED_LABEL_PREFIX) or value == TRUSTED_LABEL_PREFIX:
         raise BgpConfigError(f"reflectorLabel must lie under {TRUSTED_LABEL_PREFIX} (a kubelet may set any "
