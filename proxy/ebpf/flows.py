@@ -13,7 +13,10 @@ full (the programs' counter) is counted as the kernel's overrun; a record that i
 event, as unreadable. `name_pod` (optional) names a local pod's address, as the policy's
 `FlowNames` does. `start` turns the programs' events on (`na_flow_on`) and `stop` off, so
 an agent without flow records costs the socket LB one array lookup. The source is known only when the socket was bound (or IP_PKTINFO given)
-before the call, else it is left empty.
+before the call, else it is left empty. Once the flow ring refuses a flow (over its rate), the
+rest of the batch is counted as sampled out unparsed and the reader rests `BACKOFF`: a pod
+flooding a UDP Service costs the agent a bounded share of a CPU, the kernel's ring dropping
+(and counting) the rest.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from ebpf import syscall
 from ebpf.ringbuf import RingBatch, RingBuffer
 from netagent.infra.flows import Flow, FlowListener, FlowRing, LostReason, Verdict
 
+BACKOFF = 0.1   # seconds the reader rests once the flow ring samples out: a flood costs the kernel a
+                # failed reserve per call, not the agent a parse per event
 REASONS = {errno.ECONNREFUSED: "no-endpoints", errno.EHOSTUNREACH: "no-local-endpoints",
            errno.EPERM: "source-range"}
 
@@ -89,10 +94,13 @@ class EbpfFlows(FlowListener[RingBatch]):
         self.ring.lose(LostReason.OVERRUN, batch.lost)
         self.ring.lose(LostReason.UNREADABLE, batch.garbage)
         when = self._clock()
-        for record in batch.records:
+        for taken, record in enumerate(batch.records, 1):
             try:
                 event = M.parse_flow_event(record)
             except ValueError:
                 self.ring.lose(LostReason.UNREADABLE)
                 continue
-            self.ring.add(flow_of(event, when, self._name_pod))
+            if not self.ring.add(flow_of(event, when, self._name_pod)):
+                self.ring.lose(LostReason.SAMPLED_OUT, len(batch.records) - taken)   # not even parsed
+                self._stop.wait(BACKOFF)   # over the ring's rate: the kernel's ring drops (counted) meanwhile
+                return

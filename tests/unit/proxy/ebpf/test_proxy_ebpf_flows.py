@@ -65,3 +65,12 @@ def test_a_batch_counts_what_the_kernel_dropped_and_what_could_not_be_read():
 def test_a_listener_without_the_pinned_maps_fails_to_start():
     with pytest.raises(OSError):
         EbpfFlows(FlowRing(size=16), "/nonexistent").start()
+
+
+def test_over_the_ring_rate_the_rest_of_the_batch_is_sampled_out_unparsed():
+    ring = FlowRing(size=16, max_per_second=1, clock=lambda: 0.0)
+    listener = EbpfFlows(ring, "/nonexistent", clock=lambda: 5.0)
+    records = [event(service="10.96.0.10", port=80, backend="10.77.0.2", backend_port=8080)] * 3 + [b"junk"]
+    listener.take(RingBatch(records=records))
+    assert len(ring.flows()) == 1
+    assert ring.lost[LostReason.SAMPLED_OUT] == 3 and ring.lost[LostReason.UNREADABLE] == 0
