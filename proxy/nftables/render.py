@@ -24,7 +24,8 @@ to the fixed `LOCAL-IP`/`LOCAL-NODEPORT` chains, which look the entry point up a
 the one per-service-port structure (a chain per role and endpoint, a dynamic set per
 endpoint, as kube-proxy's); it is rare and says so in names.py.
 
-Refusal: a service port with no endpoints anywhere is `goto REJECT-NEW` (TCP reset, ICMP port
+Refusal: a service port with no endpoints anywhere is `goto REJECT-NEW` (logged first to the flow
+records' nflog group, rate limited, prefix owned.NO_ENDPOINTS_LOG_PREFIX; then TCP reset, ICMP port
 unreachable otherwise); endpoints but none for this traffic (a Local policy) is `drop`.
 Hairpin: `ip saddr . ip daddr @HAIRPIN masquerade` in POSTROUTING, the set holding
 `endpoint . endpoint` per selected endpoint on this node (or of no known node): a pod can only
@@ -61,7 +62,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from netagent.errors import NetagentError
-from netagent.kernel import owned
+from netagent.kernel import nflog, owned
 from netagent.kernel.families import IpFamily
 from netagent.kernel.nftables import model, text
 from netagent.kernel.nftables.model import BaseChain, Chain, Element, Rule, Set
@@ -202,7 +203,8 @@ def fixed_chains(node: NodeContext, settings: NftProxySettings) -> dict[str, tup
                                   N.LOCAL_NODEPORTS_INSIDE) for match in inside),
                            rule(f"{PORT_KEY} vmap {ref(N.LOCAL_NODEPORTS_OUTSIDE)}", "local endpoints",
                                 N.LOCAL_NODEPORTS_OUTSIDE)),
-        N.REJECT: (rule("meta l4proto tcp counter reject with tcp reset", "tcp reset"),
+        N.REJECT: (rule(nflog.nft_log(owned.NO_ENDPOINTS_LOG_PREFIX), "flow record: no endpoints"),
+                   rule("meta l4proto tcp counter reject with tcp reset", "tcp reset"),
                    rule("counter reject", "port unreachable")),
     }
 

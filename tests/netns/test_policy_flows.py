@@ -5,40 +5,20 @@ policy's name; on both dataplanes (iptables NFLOG and nft `log group`) and both 
 An allowed connection records nothing. The lab is policy_lab.py's (one per module)."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from netagent.infra.flows import FlowFilter, FlowRing, Verdict
-from netagent.kernel import nflog
-from netagent.policy.flows import FlowNames, PolicyFlows
+from netagent.policy.flows import FlowNames
 from tests.netns.policy_cases import (  # noqa: F401 (fixtures)
     TCP80, X, _root_and_no_leaks, labs, np, pods, policy)
+from tests.netns.flow_capture import flow_records, wait_for
 from tests.netns.policy_lab import Expect
-
-DEADLINE = 30.0
 
 
 @pytest.fixture
 def flows(np):
-    ring = FlowRing(size=64)
-    listener = PolicyFlows(ring, FlowNames(lambda: np.engine.plan),
-                           open_socket=lambda: nflog.NflogSocket(netns=np.netns_of["node"]))
-    listener.start()
-    try:
+    with flow_records(np.netns_of["node"], lambda: np.engine.plan) as ring:
         yield np, ring
-    finally:
-        listener.stop()
-
-
-def _wait_for(ring: FlowRing, keep: FlowFilter) -> list:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        found = ring.flows(keep=keep)
-        if found:
-            return found
-        time.sleep(0.1)
-    return []
 
 
 def test_a_denied_connection_is_recorded_with_its_policy(flows):
@@ -47,7 +27,7 @@ def test_a_denied_connection_is_recorded_with_its_policy(flows):
                                            "ingress": [{"from": [{"podSelector": pods(pod="b")}]}]}))
     # x/b is allowed (same namespace, pod=b); x/c is denied
     lab.check(Expect(True).deny(sources=["x/c"], targets=["x/a"]), [TCP80], sources=["x/b", "x/c"], targets=["x/a"])
-    found = _wait_for(ring, FlowFilter(pod="x/a", verdict=Verdict.DROPPED))
+    found = wait_for(ring, FlowFilter(pod="x/a", verdict=Verdict.DROPPED))
     assert found, f"no flow recorded; lost: {ring.lost}"
     flow = found[0]
     assert (flow.reason, flow.direction, flow.pod, flow.policies) == ("policy", "ingress", "x/a", ("x/deny-from-y",))
@@ -62,7 +42,7 @@ def test_an_egress_drop_names_the_sender_and_its_policy(flows):
     lab, ring = flows
     lab.apply(policy("x", "no-egress", {"podSelector": pods(pod="b"), "policyTypes": ["Egress"]}))
     lab.check(Expect(True).deny(sources=["x/b"]), [TCP80], sources=["x/b"], targets=X)
-    found = _wait_for(ring, FlowFilter(pod="x/b"))
+    found = wait_for(ring, FlowFilter(pod="x/b"))
     assert found, f"no flow recorded; lost: {ring.lost}"
     assert {(f.direction, f.pod, f.policies, f.source_pod) for f in found} == {
         ("egress", "x/b", ("x/no-egress",), "x/b")}
@@ -93,7 +73,7 @@ def conntrack_flows(np):
 def test_conntrack_records_forwarded_and_translated_connections(conntrack_flows):
     lab, ring = conntrack_flows
     lab.check(Expect(True), [TCP80], sources=["x/b"], targets=["x/c"])
-    forwarded = _wait_for(ring, FlowFilter(pod="x/c", verdict=Verdict.FORWARDED))
+    forwarded = wait_for(ring, FlowFilter(pod="x/c", verdict=Verdict.FORWARDED))
     assert forwarded, f"no forwarded flow; held: {ring.flows()}"
     assert (forwarded[0].source_pod, forwarded[0].destination_pod, forwarded[0].destination_port) == ("x/b", "x/c", 80)
     lab.addresses["service"] = SERVICE              # the probe's target list: a Service address
@@ -101,7 +81,7 @@ def test_conntrack_records_forwarded_and_translated_connections(conntrack_flows)
         lab.check(Expect(True), [TCP80], sources=["x/b"], targets=["service"])
     finally:
         del lab.addresses["service"]
-    translated = _wait_for(ring, FlowFilter(verdict=Verdict.TRANSLATED))
+    translated = wait_for(ring, FlowFilter(verdict=Verdict.TRANSLATED))
     assert translated, f"no translated flow; held: {ring.flows()}"
     flow = translated[0]
     assert (flow.source_pod, flow.destination, flow.destination_port) == ("x/b", SERVICE, 80)

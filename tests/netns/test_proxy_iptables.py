@@ -19,22 +19,21 @@ from our REJECT, and the control probes before the first sync show it.
 """
 import subprocess
 import sys
-import time
 
 import pytest
 
-from netagent.infra.flows import FlowRing, Verdict
-from netagent.kernel import namespaces, nflog
+from netagent.infra.flows import Verdict
+from netagent.kernel import namespaces
 from netagent.kernel.families import IpFamily
 from netagent.kernel.ipset import IpsetRunner
 from netagent.kernel.iptables.backend import IptablesTool, binary_name
 from netagent.kernel.iptables.restore_format import parse_save, split_tokens
 from netagent.kernel.iptables.runner import IptablesRunner
-from netagent.policy.flows import FlowNames, PolicyFlows
 from proxy.iptables import IptablesProxy
 from proxy.iptables.names import HAIRPIN_SET, HAIRPIN_SET6, is_owned_chain
 from proxy.iptables.render import render_ruleset
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, ServicePortName, TrafficPolicy
+from tests.netns.flow_capture import flow_records, wait_for
 from tests.netns.topology import NamespaceTopology
 
 NODE_NAME = "node"
@@ -242,24 +241,15 @@ def test_no_endpoints_refuses_at_once_and_partial_syncs_follow_endpoint_changes(
     empty = state((WEB, ()))
     proxy.sync(empty, changed=None)
     assert_kernel_holds_the_render(runner, proxy, empty)
-    ring = FlowRing(size=16)
-    listener = PolicyFlows(ring, FlowNames(lambda: None),
-                           open_socket=lambda: nflog.NflogSocket(netns=lab.names["node"]))
-    listener.start()
-    try:
+    with flow_records(lab.names["node"]) as ring:
         for role, host, port in (("pod", "10.96.0.10", 80), ("out", NODE_OUTSIDE, 30080)):
             # refused, not timed out: only our REJECT answers (the control above); the SYN it answered
             # was the first, not a retransmission, however slowly the machine ran the probe
             before = rejected(runner)
             assert lab.answers(role, host, port) == ["refused"]
             assert rejected(runner) == before + 1
-        # each refusal was logged first: a flow record, dropped for no endpoints
-        deadline = time.monotonic() + 30
-        while len(ring.flows()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        listener.stop()
-    assert {(flow.verdict, flow.reason, flow.destination, flow.destination_port) for flow in ring.flows()} == {
+        logged = wait_for(ring, count=2)        # each refusal was logged first: dropped for no endpoints
+    assert {(flow.verdict, flow.reason, flow.destination, flow.destination_port) for flow in logged} == {
         (Verdict.DROPPED, "no-endpoints", "10.96.0.10", 80), (Verdict.DROPPED, "no-endpoints", NODE_OUTSIDE, 30080)}
 
     one = state((WEB, endpoints("ep1")))

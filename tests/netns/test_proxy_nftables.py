@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from netagent.infra.flows import Verdict
 from netagent.kernel.families import IpFamily
 from netagent.kernel.iptables.backend import IptablesBackend
 from netagent.kernel.nftables.fake import FakeNft
@@ -23,6 +24,7 @@ from proxy.factory import programmed_mode
 from proxy.model import Endpoint, NodeContext, Protocol, ProxyState, ServicePort, TrafficPolicy
 from proxy.nftables import NftablesProxy
 from proxy.nftables import names as N
+from tests.netns.flow_capture import flow_records, wait_for
 from tests.netns.test_nft_parity import relevant
 from tests.netns.test_proxy_iptables import (DNS, ENDPOINT_IPS, ENDPOINT_IPS6, NODE_OF, NODE_OUTSIDE, NODE_OUTSIDE6,
                                              OUTSIDE, OUTSIDE6, POD, POD6, SERVER_PORT, SPREAD, WEB, Lab, endpoints,
@@ -155,12 +157,16 @@ def test_no_endpoints_refuses_at_once_and_partial_syncs_follow_endpoint_changes(
     web, dns = a.web(), a.dns()
     assert lab.answers("pod", web.cluster_ip, 80, timeout=0.5) == ["timeout"]   # control: nothing refuses yet
     proxy.sync(a.state((web, ()), (dns, ())), changed=None)
-    for role, host, port, protocol in (("pod", web.cluster_ip, 80, "tcp"), ("out", a.node_outside, 30080, "tcp"),
-                                       ("pod", dns.cluster_ip, 53, "udp")):
-        # refused, not timed out: only our reject answers (the control above), the first packet
-        before = rejected(lab, family)
-        assert lab.answers(role, host, port, protocol=protocol) == ["refused"]
-        assert rejected(lab, family) == before + 1
+    probes = (("pod", web.cluster_ip, 80, "tcp"), ("out", a.node_outside, 30080, "tcp"), ("pod", dns.cluster_ip, 53, "udp"))
+    with flow_records(lab.names["node"]) as ring:
+        for role, host, port, protocol in probes:
+            # refused, not timed out: only our reject answers (the control above), the first packet
+            before = rejected(lab, family)
+            assert lab.answers(role, host, port, protocol=protocol) == ["refused"]
+            assert rejected(lab, family) == before + 1
+        logged = wait_for(ring, count=len(probes))   # each refusal was logged first: dropped for no endpoints
+    assert {(flow.verdict, flow.reason, flow.destination, flow.destination_port, flow.protocol) for flow in logged} == {
+        (Verdict.DROPPED, "no-endpoints", host, port, protocol) for _, host, port, protocol in probes}
 
     one = a.state((web, a.endpoints("ep1")), (dns, ()))
     assert proxy.sync(one, changed=frozenset({web.name})).scope.value == "partial"

@@ -177,10 +177,8 @@ def _log_rule(pod: PodPlan, *, ingress: bool) -> tuple[str, ...]:
     from it (policy/flows.py). The prefix is the chain name, ours and plain; escaped as any
     token by the restore writer."""
     chain = pod_chain(owned.POLICY_INGRESS_PREFIX if ingress else owned.POLICY_EGRESS_PREFIX, pod.key)
-    return canonical_spec(["-m", "limit", "--limit", f"{nflog.LOG_RATE}/sec", "--limit-burst", str(nflog.LOG_BURST),
-                           "-m", "comment", "--comment", f"netagent policy: log denied {pod.key}"[:250],
-                           "-j", "NFLOG", "--nflog-prefix", chain[:nflog.PREFIX_MAX],
-                           "--nflog-group", str(nflog.POLICY_LOG_GROUP), "--nflog-size", str(nflog.COPY_RANGE)])
+    limit, target = nflog.iptables_log(chain)
+    return canonical_spec([*limit, "-m", "comment", "--comment", f"netagent policy: log denied {pod.key}"[:250], *target])
 
 
 def _hooks(plan: PodPlan, interface: str, settings: RenderSettings, *, chain: str,

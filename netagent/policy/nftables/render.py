@@ -230,9 +230,7 @@ def _log_statement(pod: PodPlan, *, ingress: bool) -> str:
     second per chain), prefixed with the chain's name (quoted through text.py), from which
     `netagent flows` names the pod and policies (policy/flows.py)."""
     chain = pod_chain(owned.POLICY_INGRESS_PREFIX if ingress else owned.POLICY_EGRESS_PREFIX, pod.key)
-    return (f"limit rate {nflog.LOG_RATE}/second burst {nflog.LOG_BURST} packets "
-            f"log prefix {nft_text.comment(chain[:nflog.PREFIX_MAX])} group {nflog.POLICY_LOG_GROUP} "
-            f"snaplen {nflog.COPY_RANGE}")
+    return nflog.nft_log(chain)
 
 
 @functools.lru_cache(maxsize=64)
