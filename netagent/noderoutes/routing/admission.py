@@ -70,13 +70,18 @@ class _Claims:
         self._exact: dict[tuple, str] = {}  # (network int, prefixlen) -> owner
         self._below: dict[tuple, str] = {}  # a supernet of some claimed prefix -> its owner
 
-    def overlapping_owner(self, cidr) -> str | None:
+    def _covering_owner(self, cidr) -> str | None:
+        """The owner of a claimed prefix equal to or holding `cidr`."""
         network = int(cidr.network_address)
         for prefixlen in range(cidr.prefixlen, -1, -1):
             owner = self._exact.get((network & self._masks[prefixlen], prefixlen))
             if owner is not None:
                 return owner
-        return self._below.get((network, cidr.prefixlen))
+        return None
+
+    def overlapping_owner(self, cidr) -> str | None:
+        owner = self._covering_owner(cidr)
+        return owner if owner is not None else self._below.get((int(cidr.network_address), cidr.prefixlen))
 
     def claim(self, cidr, owner: str) -> None:
         network = int(cidr.network_address)
@@ -96,12 +101,10 @@ class ReleasableClaims(_Claims):
         self._under: dict[tuple, dict[str, None]] = {}  # a supernet of claimed prefixes -> their owners
 
     def overlapping_owner(self, cidr) -> str | None:
-        network = int(cidr.network_address)
-        for prefixlen in range(cidr.prefixlen, -1, -1):
-            owner = self._exact.get((network & self._masks[prefixlen], prefixlen))
-            if owner is not None:
-                return owner
-        owners = self._under.get((network, cidr.prefixlen))
+        owner = self._covering_owner(cidr)
+        if owner is not None:
+            return owner
+        owners = self._under.get((int(cidr.network_address), cidr.prefixlen))
         return min(owners, key=self._rank) if owners else None
 
     def claim(self, cidr, owner: str) -> None:
