@@ -12,7 +12,7 @@ from netagent.infra.flows import FlowRing, LostReason, Verdict
 from netagent.kernel.families import IpFamily
 from proxy.ebpf.flows import EbpfFlows, open_events, set_flow_events
 from tests.netns.ebpf_fixtures import bpf_root, require_bcc, run_in_cgroup, test_cgroup  # noqa: F401
-from tests.netns.test_ebpf_socket_lb import CLUSTER_IPS, ClientAndBackends, family_backend, service_state
+from tests.netns.test_ebpf_socket_lb import CLUSTER_IPS, family_backend, lab, service_state  # noqa: F401
 
 CONNECTS = r"""
 import errno, json, socket, sys
@@ -37,17 +37,10 @@ def _bcc():
 
 
 @pytest.fixture
-def lab(bpf_root, test_cgroup):  # noqa: F811
-    from proxy.ebpf.backend import EbpfPaths
-    from proxy.factory import build_ebpf_backend
+def flow_lab(lab, bpf_root):  # noqa: F811
+    """test_ebpf_socket_lb's lab, with the directory its maps are pinned in."""
     from ebpf.loader import pin_dir
-    with ClientAndBackends() as topology:
-        paths = EbpfPaths(bpf_root=bpf_root, cgroup=test_cgroup)
-        backend = build_ebpf_backend(paths)
-        try:
-            yield topology, backend, paths, pin_dir(bpf_root)
-        finally:
-            backend.cleanup()
+    return (*lab, pin_dir(bpf_root))
 
 
 def connect(topology, paths, family: IpFamily) -> dict:
@@ -66,8 +59,8 @@ def wait_for(ring: FlowRing, count: int, timeout: float = 10.0) -> list:
 
 
 @pytest.mark.parametrize("family", list(IpFamily), ids=lambda f: f.label)
-def test_a_connect_to_a_cluster_ip_is_a_translated_flow_naming_the_backend_reached(lab, family):
-    topology, backend, paths, pins = lab
+def test_a_connect_to_a_cluster_ip_is_a_translated_flow_naming_the_backend_reached(flow_lab, family):
+    topology, backend, paths, pins = flow_lab
     family_backend(backend, family).sync(service_state(family=family), changed=None)
     ring = FlowRing(size=64)
     listener = EbpfFlows(ring, pins)
@@ -88,8 +81,8 @@ def test_a_connect_to_a_cluster_ip_is_a_translated_flow_naming_the_backend_reach
     assert len(flows) == 7 and ring.lost[LostReason.UNREADABLE] == ring.lost[LostReason.OVERRUN] == 0
 
 
-def test_events_are_off_until_a_listener_turns_them_on_and_a_full_ring_counts_its_drops(lab):
-    topology, backend, paths, pins = lab
+def test_events_are_off_until_a_listener_turns_them_on_and_a_full_ring_counts_its_drops(flow_lab):
+    topology, backend, paths, pins = flow_lab
     backend.sync(service_state(), changed=None)
     events = open_events(pins)
     try:
