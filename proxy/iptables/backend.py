@@ -43,6 +43,7 @@ from types import MappingProxyType
 
 from netagent.infra.rejections import printable
 from netagent.infra.sync_runner import SyncKind
+from netagent.kernel.heap import release_freed_heap
 from netagent.kernel.ipset import Ipset, IpsetSpec
 from netagent.kernel.ipset.model import DEFAULT_MAX_ELEMENTS, IpsetError
 from netagent.kernel.iptables.restore_format import RestoreBuilder, Table, canonical_spec, join_tokens, jump_target
@@ -119,6 +120,8 @@ class IptablesProxy(ProxyBackend):
                 state, changed, previous = without(state, {culprit}), None, None
         ruleset = applied.ruleset
         self._written = ruleset
+        if applied.scope is SyncKind.FULL:
+            release_freed_heap()     # the restore text and the save read back are gone: so is their heap
         unprogrammed = MappingProxyType({name: left.reason for name, left in self._left_out.items()})
         return BackendSyncReport(scope=applied.scope, services_written=applied.written, rules=ruleset.rule_count,
                                  detail=f"{applied.scope.value} sync: {applied.written} service port(s) written, "

@@ -27,7 +27,6 @@ test namespace can never act on the root namespace, and no call runs anywhere bu
 from __future__ import annotations
 
 import abc
-import ctypes
 import json
 import os
 import threading
@@ -36,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from netagent.kernel import namespaces
+from netagent.kernel.heap import release_freed_heap
 from netagent.kernel.errors import KernelError
 from netagent.kernel.nftables.model import ElementWrite
 
@@ -166,7 +166,7 @@ class NftRunner(Nft):
         def work() -> None:
             code, _output, error = self._cmd(batch)
             if len(batch) > LARGE_OUTPUT:
-                _release_heap()
+                release_freed_heap()
             if code != 0:
                 raise NftError(f"nft refused the batch: {error.strip() or 'no reason given'}")
         self._call(work)
@@ -201,7 +201,7 @@ class NftRunner(Nft):
                     return None
                 raise NftError(f"nft could not list table {family} {name}: {error.strip()}")
             if len(output) > LARGE_OUTPUT:
-                _release_heap()
+                release_freed_heap()
             return objects_of(output)
         return self._call(work)
 
@@ -231,17 +231,7 @@ class NftRunner(Nft):
         self.close()
 
 
-LARGE_OUTPUT = 1 << 20   # characters of a listing or batch after which libnftables' freed heap is returned
-
-
-def _release_heap() -> None:
-    """Give the kernel back the heap libnftables freed: listing or parsing a table of 130,000
-    elements leaves 250-300 MiB freed but mapped in glibc's arenas (measured: RSS 430 -> 157 MiB
-    at 10,000 Services after `malloc_trim`), which the process would keep until exit."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass   # not glibc: nothing to trim this way
+LARGE_OUTPUT = 1 << 20   # characters of a listing or batch after which libnftables' freed heap is returned (kernel/heap.py)
 
 
 def nftables_usable(netns: str | None = None) -> tuple[bool, str]:
