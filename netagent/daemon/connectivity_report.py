@@ -45,6 +45,7 @@ class CheckResult:
     reason: str = ""
     attempts: int = 0
     seconds: float = 0.0
+    client: str = ""       # the last client pod's address (its flows explain a failure)
 
     def to_json(self) -> dict:
         return {"check": self.check.name, "from": self.check.source, "to": self.check.destination,
@@ -133,7 +134,7 @@ def render_table(results: list[CheckResult]) -> str:
     """One row a check: CHECK FROM TO RESULT REASON (for a PASS: the note, if any)."""
     header = ("CHECK", "FROM", "TO", "RESULT", "REASON")
     rows = [header] + [(r.check.name, r.check.source, printable(r.check.destination, 60), r.status.value,
-                        printable(r.reason or (r.check.why if r.status is Status.PASS else ""), 200))
+                        printable(r.reason or (r.check.why if r.status is Status.PASS else ""), 400))
                        for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]

@@ -13,6 +13,11 @@ a failure, Ctrl-C or SIGTERM (turned into `_Terminated`, a KeyboardInterrupt) st
 Clients of one stage run at once and are polled with one pod list a second; a check whose
 answer is not yet the expected one is retried with a new pod while its time lasts (a policy
 or a Service takes a moment to be programmed on a real cluster), at most `MAX_ATTEMPTS` times.
+After the checks, each failure and the expected block are explained from the agents' flow
+records (connectivity_flows.py): `netagent flows --json` run in the agent pod of each node
+through the exec stream, as `cilium connectivity test` asks its agents. Records that cannot be
+read (no agent pod, exec refused or unsupported, flows off) are said once in the log, and the
+reasons stay the clients' own: a check never fails for that.
 Nothing here touches the local kernel.
 """
 from __future__ import annotations
@@ -27,8 +32,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TextIO
 
+from netagent.daemon import connectivity_flows as flows_
 from netagent.daemon import connectivity_plan as plan_
-from netagent.daemon.connectivity_plan import Check, Plan, Stage
+from netagent.daemon.connectivity_flows import FlowsUnavailable
+from netagent.daemon.connectivity_plan import Check, Expect, Plan, Stage
 from netagent.daemon.connectivity_report import CheckResult, Status, judge, parse_outcome, skipped
 from netagent.errors import NetagentError
 
@@ -55,6 +62,8 @@ class ClusterApi(Protocol):
     def ready_endpoints(self, namespace: str, service: str) -> int: ...
     def delete_namespace(self, name: str) -> None: ...
     def namespace_exists(self, name: str) -> bool: ...
+    # `netagent flows --json --namespace NS` in the agent pod on `node`; FlowsUnavailable says why not
+    def agent_flows(self, node: str, namespace: str) -> str: ...
 
 
 class Clock(Protocol):
@@ -88,6 +97,15 @@ def _pod_ip(pod: dict) -> str:
         return str(ipaddress.ip_address(str(raw)))
     except ValueError:
         raise ConnectivityTestError(f"pod {pod['metadata']['name']}: the API gave an invalid podIP {str(raw)[:64]!r}")
+
+
+def _client_ip(pod: dict) -> str:
+    """A client pod's address, '' when it has none or an invalid one (its flows are then not sought)."""
+    raw = (pod.get("status") or {}).get("podIP", "")
+    try:
+        return str(ipaddress.ip_address(str(raw))) if raw else ""
+    except ValueError:
+        return ""
 
 
 class Runner:
@@ -135,7 +153,28 @@ class Runner:
         if any(c.stage is Stage.ALLOWED for c in todo):
             self.api.create(ns, plan_.allow_policy())
             results.update(self.probe(ns, [c for c in todo if c.stage is Stage.ALLOWED], image=image))
-        return [results[c.name] for c in plan.checks]
+        return self.explain(plan, [results[c.name] for c in plan.checks])
+
+    def explain(self, plan: Plan, results: list[CheckResult]) -> list[CheckResult]:
+        """Each FAIL, and each expected block, with the verdicts of its flows on the plan's nodes."""
+        wanted = [r for r in results if r.client and r.check.target and
+                  (r.status is Status.FAIL or (r.status is Status.PASS and r.check.expect is Expect.BLOCKED))]
+        if not wanted:
+            return results
+        flows, unread = {}, []
+        started = self.clock.monotonic()
+        for node in plan.nodes:
+            try:
+                flows[node.name] = flows_.parse_lines(self.api.agent_flows(node.name, plan.namespace))
+            except FlowsUnavailable as error:
+                unread.append(f"{node.name}: {error}")
+        if unread:
+            self.say(f"flow records not read ({'; '.join(unread)}): those nodes' verdicts are not in the reasons")
+        if flows:
+            self.say(f"flow records of {', '.join(flows)} read in {self.clock.monotonic() - started:.1f} s")
+        explained = {id(r): dataclasses.replace(r, reason=flows_.with_verdicts(
+            r.reason, flows_.verdicts(flows, r.client, r.check.target))) for r in wanted}
+        return [explained.get(id(r), r) for r in results]
 
     def _servers_up(self, plan: Plan) -> dict[str, object]:
         """Wait for the servers to be Ready and the Services to have both endpoints; the values
@@ -216,12 +255,14 @@ class Runner:
                         continue
                     if status is Status.FAIL and run.attempt > 1:
                         reason += f" ({run.attempt} attempts)"
-                    results[run.check.name] = CheckResult(run.check, status, reason, run.attempt, spent)
+                    results[run.check.name] = CheckResult(run.check, status, reason, run.attempt, spent,
+                                                          _client_ip(pod))
                     self.say(f"{run.check.name}: {status.value}" + (f" ({reason})" if reason else ""))
                 elif spent > budget:
                     del running[name]
                     reason = f"no answer in {budget:.0f} s: {outcome.detail}"
-                    results[run.check.name] = CheckResult(run.check, Status.FAIL, reason, run.attempt, spent)
+                    results[run.check.name] = CheckResult(run.check, Status.FAIL, reason, run.attempt, spent,
+                                                          _client_ip(pod))
                     self.say(f"{run.check.name}: FAIL ({reason})")
             if running:
                 self.clock.sleep(self.options.poll)
@@ -358,6 +399,10 @@ class KubeClusterApi:
 
     def namespace_exists(self, name: str) -> bool:
         return self._call(self.core.read_namespace, name, missing_ok=True) is not None
+
+    def agent_flows(self, node: str, namespace: str) -> str:
+        from netagent.daemon.connectivity_exec import agent_flows
+        return agent_flows(self, node, namespace)
 
 
 def main(*, kubeconfig: str | None, options: Options, as_json: bool = False) -> int:

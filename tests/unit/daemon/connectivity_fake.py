@@ -1,8 +1,11 @@
 """A fake cluster for `netagent connectivity-test`'s unit tests: the `ClusterApi` calls over
-plain dicts, servers Ready at once, and each client pod ending as the test scripts it."""
+plain dicts, servers Ready at once, each client pod ending as the test scripts it, and the
+agents' flow records as the test gives them (a node not given has no agent pod)."""
 from __future__ import annotations
 
 import itertools
+
+from netagent.daemon.connectivity_flows import FlowsUnavailable
 
 
 def node(name: str, address: str = "", *, ready: bool = True, taints: list | None = None,
@@ -29,10 +32,14 @@ class FakeClock:
 
 class FakeClusterApi:
     """`answers`: a check's client pod name prefix -> (phase, log) per attempt (the last one
-    repeats); a client not named there Succeeds. `on_list`: called at every pod list (a fault)."""
+    repeats); a client not named there Succeeds. `on_list`: called at every pod list (a fault).
+    `flows`: node -> what `netagent flows --json` prints there; a node not named has no agent."""
 
     def __init__(self, nodes: list[dict], *, dns: bool = True, servers_ready: bool = True,
-                 answers: dict[str, list[tuple[str, str]]] | None = None, on_list=None) -> None:
+                 answers: dict[str, list[tuple[str, str]]] | None = None, on_list=None,
+                 flows: dict[str, str] | None = None) -> None:
+        self.flows = flows or {}
+        self.flow_calls: list[tuple[str, str]] = []
         self.nodes = nodes
         self.dns = dns
         self.servers_ready = servers_ready
@@ -45,6 +52,7 @@ class FakeClusterApi:
         self.created: list[tuple[str, str]] = []   # (kind, name) in order
         self.pod_specs: list[dict] = []             # every pod created, kept after its deletion
         self.ips = (f"10.244.0.{i}" for i in itertools.count(10))
+        self.client_ips = (f"10.244.9.{i}" for i in itertools.count(10))
 
     # the ClusterApi calls
     def list_nodes(self) -> list[dict]:
@@ -65,6 +73,8 @@ class FakeClusterApi:
         obj = {**obj, "status": {}}
         if kind == "Pod":
             self.pod_specs.append(obj)
+            if obj["spec"].get("restartPolicy") == "Never":
+                obj["ip"] = next(self.client_ips)
         if kind == "Service":
             obj["spec"] = {**obj["spec"], "clusterIP": "10.96.0.10"}
             if obj["spec"]["type"] == "NodePort":
@@ -86,8 +96,9 @@ class FakeClusterApi:
         phase, log = script[min(int(attempt), len(script)) - 1]
         pod["log"] = log
         if phase == "Failed":
-            return {"phase": phase, "containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]}
-        return {"phase": phase}
+            return {"phase": phase, "podIP": pod["ip"],
+                    "containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]}
+        return {"phase": phase, "podIP": pod["ip"]}
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         if self.on_list:
@@ -121,6 +132,16 @@ class FakeClusterApi:
     def namespace_exists(self, name: str) -> bool:
         return name in self.namespaces
 
+    def agent_flows(self, node: str, namespace: str) -> str:
+        self.flow_calls.append((node, namespace))
+        if node not in self.flows:
+            raise FlowsUnavailable("no running agent pod (kube-system, app.kubernetes.io/name=netagent)")
+        return self.flows[node]
+
     # for the tests
+    def client_ip(self, pod: str) -> str:
+        """The address a client pod (by name, e.g. policy-deny-1) had, deleted or not."""
+        return next(p["ip"] for p in self.pod_specs if p["metadata"]["name"] == pod)
+
     def pods(self, namespace: str | None = None) -> list[dict]:
         return [o for (ns, kind, _), o in self.objects.items() if kind == "Pod" and namespace in (None, ns)]

@@ -11,6 +11,7 @@ import pytest
 
 from netagent.daemon import connectivity_plan as cp
 from netagent.daemon.connectivity_test import ConnectivityTestError, Options, Runner, connectivity_test
+from netagent.infra.flows import Flow, Verdict, render_json_lines
 from tests.unit.daemon.connectivity_fake import FakeClock, FakeClusterApi, node
 
 NODES = [node("node-1", "198.18.16.11"), node("node-2", "198.18.16.12")]
@@ -198,3 +199,66 @@ def test_the_command_line_refuses_bad_arguments_before_reaching_any_cluster(caps
         with pytest.raises(SystemExit) as exit_:
             main(["connectivity-test", "--timeout", bad])
         assert exit_.value.code == 2
+
+
+# ------------------------------------------------------------------ reasons from the flow records
+def policy_drop(client: str, destination: str, namespace: str) -> str:
+    return render_json_lines([Flow(time=1.0, verdict=Verdict.DROPPED, protocol="tcp", source=client,
+                                   destination=destination, source_port=40000, destination_port=cp.HTTP_PORT,
+                                   reason="policy", direction="ingress", pod=f"{namespace}/guarded",
+                                   policies=(f"{namespace}/{cp.DENY_POLICY}",))])
+
+
+class FlowsAfterTheChecks(FakeClusterApi):
+    """Agents whose flow records hold the drops of the client pods named by `dropped` to the
+    guarded server, on node-2, among lines that do not parse."""
+
+    def __init__(self, *args, dropped: tuple[str, ...] = ("policy-deny-1",), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dropped = dropped
+
+    def agent_flows(self, node: str, namespace: str) -> str:
+        guarded = next(p["status"]["podIP"] for p in self.pods(namespace) if p["metadata"]["name"] == "guarded")
+        drops = [policy_drop(self.client_ip(pod), guarded, namespace) for pod in self.dropped]
+        self.flows = {"node-1": "garbage\n", "node-2": "\n".join(["{bad", *drops, "[]"])}
+        return super().agent_flows(node, namespace)
+
+
+def test_the_expected_block_names_the_deny_policy_from_the_flows():
+    api = FlowsAfterTheChecks(NODES, answers={"policy-deny": [("Failed", "TIMEOUT")]})
+    code, out, log = run(api, as_json=True)
+    assert code == 0
+    reasons = {c["check"]: c["reason"] for c in json.loads(out)["checks"]}
+    ns = json.loads(out)["namespace"]
+    assert reasons["policy/deny"] == \
+        f"blocked (TIMEOUT): dropped by policy {ns}/{cp.DENY_POLICY} (ingress of {ns}/guarded) on node-2"
+    assert reasons["policy/allow"] == "" and "flow records not read" not in log
+    assert sorted(api.flow_calls) == [("node-1", ns), ("node-2", ns)]   # once a node, after the checks
+    assert_cleaned_up(api)
+
+
+def test_a_failure_gets_the_drop_of_its_own_client_only():
+    api = FlowsAfterTheChecks(NODES, dropped=("policy-allow-3",),
+                              answers={"policy-deny": [("Failed", "TIMEOUT")], "policy-allow": [("Failed", "TIMEOUT")]})
+    code, out, _ = run(api, as_json=True)
+    assert code == 1
+    reasons = {c["check"]: c["reason"] for c in json.loads(out)["checks"]}
+    ns = json.loads(out)["namespace"]
+    assert reasons["policy/allow"] == (f"exit 1: TIMEOUT (3 attempts): dropped by policy {ns}/{cp.DENY_POLICY} "
+                                       f"(ingress of {ns}/guarded) on node-2")
+    assert reasons["policy/deny"] == "blocked (TIMEOUT)"     # its client's flows are not there
+
+
+def test_unreadable_flow_records_are_said_once_and_change_no_result():
+    api = healthy(answers={"pod-to-pod": [("Failed", "REFUSED")]})     # no agent pods at all
+    code, out, log = run(api, as_json=True)
+    reasons = {c["check"]: (c["result"], c["reason"]) for c in json.loads(out)["checks"]}
+    assert code == 1 and reasons["pod-to-pod"] == ("FAIL", "exit 1: REFUSED (3 attempts)")
+    assert reasons["policy/deny"] == ("PASS", "blocked (TIMEOUT)")
+    assert log.count("flow records not read") == 1 and "node-1: no running agent pod" in log
+
+
+def test_the_agent_of_each_planned_node_is_asked_once_also_on_one_node():
+    api = FakeClusterApi(NODES[:1], answers={"policy-deny": [("Failed", "DNS: no such host")]})   # a FAIL
+    code, out, _ = run(api, as_json=True)
+    assert code == 1 and api.flow_calls == [("node-1", json.loads(out)["namespace"])]
