@@ -1,7 +1,8 @@
 """`netagent connectivity-test` on the quick lab (issue 33), through the lab's kubelet stand-in
 (`lab/kubelet.py`): the command as a user runs it, with a kubeconfig of the lab, from the host.
 Every check passes on a 2-node lab with NetworkPolicy on (DNS skipped: the quick lab has no
-kube-dns; egress to a listener this test starts on the lab's internet), exit 0; the namespace
+kube-dns; egress to a listener this test starts on the lab's internet), exit 0, though the
+agents' flow records cannot be read here (no exec); the namespace
 is gone afterwards, with every pod's process, network namespace and log the stand-in made for it."""
 from __future__ import annotations
 
@@ -87,7 +88,11 @@ def test_every_check_passes_and_nothing_is_left(lab, internet_listener):
                                                 "policy/allow")}
     expected["dns"] = ("SKIP", "no kube-dns Service in kube-system: the cluster has no DNS to test")
     assert {k: v for k, v in results.items() if k != "policy/deny"} == expected
-    assert results["policy/deny"][0] == "PASS" and results["policy/deny"][1].startswith("blocked ("), results
+    # the quick lab's API server has no exec: the flow records are unreadable, said once, and the
+    # reasons are the clients' own
+    assert results["policy/deny"] in {("PASS", f"blocked ({word})") for word in ("TIMEOUT", "REFUSED", "OTHER")}, \
+        results
+    assert proc.stderr.count("flow records not read") == 1, proc.stderr
     assert sorted(report["nodes"]) == ["node-1", "node-2"]
     assert f"namespace {report['namespace']} removed" in proc.stderr
     print(f"connectivity-test on the lab: {time.monotonic() - started:.1f} s\n{proc.stderr}")

@@ -1,6 +1,7 @@
 """`netagent connectivity-test` on the real cluster: the command as a user runs it, with the lab's
 kubeconfig, passes every check (egress too: to a listener this test starts on the lab's
-internet), fails when a check really fails, and leaves no namespace behind, also when it is
+internet) and names the policy that blocked the deny check from the agents' flow records (read
+through exec in the DaemonSet's pods), fails when a check really fails, and leaves no namespace behind, also when it is
 interrupted with SIGINT mid-run."""
 from __future__ import annotations
 
@@ -71,7 +72,11 @@ def test_every_check_passes_and_the_namespace_is_gone(kube_lab: KubernetesLab, i
                             "pod-to-nodeport", "pod-to-nodeport/cross-node", "dns", "pod-to-host",
                             "pod-to-host/cross-node", "egress/external", "policy/deny", "policy/allow"}
     assert {result for result, _ in results.values()} == {"PASS"}, results
-    assert results["policy/deny"][1] in ("blocked (TIMEOUT)", "blocked (REFUSED)", "blocked (OTHER)")
+    ns, deny = report["namespace"], results["policy/deny"][1]
+    assert deny.split(":", 1)[0] in ("blocked (TIMEOUT)", "blocked (REFUSED)", "blocked (OTHER)"), deny
+    # the agent of the guarded server's node saw the drop, and named our own deny policy
+    assert f"dropped by policy {ns}/{cp.DENY_POLICY} (ingress of {ns}/guarded) on " in deny, (deny, proc.stderr)
+    assert "flow records not read" not in proc.stderr
     assert len(report["nodes"]) == 2
     assert report["namespace"] not in set(ours(kube_lab)) | before
     assert f"namespace {report['namespace']} removed" in proc.stderr
